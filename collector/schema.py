@@ -1,0 +1,173 @@
+"""The telemetry contract shared by every specwatch package.
+
+Raw counts travel; ratios are derived when read (as vLLM does):
+
+    acceptance rate          = num_accepted_tokens / num_draft_tokens
+    mean acceptance length   = 1 + num_accepted_tokens / num_drafts
+
+This module imports nothing heavier than pydantic so any producer can use it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+
+# 2000-01-01 .. 2100-01-01: anything outside is a unit error (ms, ns) or garbage.
+MIN_EPOCH_S = 946_684_800.0
+MAX_EPOCH_S = 4_102_444_800.0
+MAX_GAMMA = 64
+MAX_TAGS = 16
+
+Name = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+ShortText = Annotated[str, StringConstraints(max_length=256)]
+TagKey = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+TagValue = Annotated[str, StringConstraints(max_length=128)]
+Epoch = Annotated[float, Field(ge=MIN_EPOCH_S, le=MAX_EPOCH_S, allow_inf_nan=False)]
+Seconds = Annotated[float, Field(ge=0.0, le=86_400.0, allow_inf_nan=False)]
+Count = Annotated[int, Field(ge=0, le=2**62)]
+Fraction = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+NonNegative = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
+
+Mode = Literal["speculative", "autoregressive"]
+ModeReason = Literal["default", "canary", "load", "long_prompt", "low_acceptance", "alert", "memory", "manual"]
+Arm = Literal["spec", "control"]
+Status = Literal["ok", "error", "cancelled"]
+EnergySource = Literal["nvml", "rapl", "estimate"]
+EventKind = Literal["cold_start", "mode_switch", "defrag", "draft_unloaded", "draft_loaded", "oom", "config"]
+DRAFTER_PATTERN = r"^(ngram|model:[^\s]{1,200}|early-exit:[0-9]{1,4})$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+
+class RequestRecord(_Strict):
+    """One finished request; `request_id` is the idempotency key."""
+
+    request_id: Name
+    instance: Name
+    model: Name
+    drafter: Annotated[str, StringConstraints(pattern=DRAFTER_PATTERN)] | None = None
+    mode: Mode
+    mode_reason: ModeReason = "default"
+    arm: Arm | None = None
+    started_at: Epoch
+    queue_s: Seconds = 0.0
+    ttft_s: Seconds | None = None
+    e2e_s: Seconds
+    prompt_tokens: Count
+    output_tokens: Count
+    num_drafts: Count = 0
+    num_draft_tokens: Count = 0
+    num_accepted_tokens: Count = 0
+    accepted_per_position: list[Count] = Field(default_factory=list, max_length=MAX_GAMMA)
+    gamma: Annotated[int, Field(ge=0, le=MAX_GAMMA)] = 0
+    draft_s: Seconds = 0.0
+    verify_s: Seconds = 0.0
+    retries: Annotated[int, Field(ge=0, le=1000)] = 0
+    status: Status = "ok"
+    error: ShortText | None = None
+    energy_j: NonNegative | None = None
+    energy_source: EnergySource | None = None
+    load_at_admission: Annotated[float, Field(ge=0.0, le=1000.0, allow_inf_nan=False)] | None = None
+    tags: dict[TagKey, TagValue] = Field(default_factory=dict, max_length=MAX_TAGS)
+
+    @model_validator(mode="after")
+    def _consistent_counts(self) -> RequestRecord:
+        if self.num_accepted_tokens > self.num_draft_tokens:
+            raise ValueError("num_accepted_tokens must be <= num_draft_tokens")
+        if self.num_drafts > self.num_draft_tokens:
+            raise ValueError("num_drafts must be <= num_draft_tokens (a draft holds at least one token)")
+        if len(self.accepted_per_position) != self.gamma:
+            raise ValueError(f"accepted_per_position has {len(self.accepted_per_position)} entries, gamma is {self.gamma}")
+        _check_per_position(self.accepted_per_position, self.num_drafts, self.num_accepted_tokens)
+        if (self.energy_j is None) != (self.energy_source is None):
+            raise ValueError("energy_j and energy_source must be given together")
+        return self
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """accepted / drafted tokens (vLLM's definition); None when nothing was drafted."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """1 + accepted / drafts: tokens emitted per target forward pass while drafting."""
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else None
+
+
+def _check_per_position(per_position: list[int], num_drafts: int, num_accepted: int) -> None:
+    if not per_position:
+        return
+    if any(later > earlier for earlier, later in zip(per_position, per_position[1:])):
+        raise ValueError("accepted_per_position must be non-increasing")
+    if per_position[0] > num_drafts:
+        raise ValueError("accepted_per_position[0] must be <= num_drafts")
+    if sum(per_position) != num_accepted:
+        raise ValueError("accepted_per_position must sum to num_accepted_tokens")
+
+
+class DeviceSample(_Strict):
+    """A periodic reading of one instance's device and scheduler state."""
+
+    instance: Name
+    at: Epoch
+    device: Name
+    mem_allocated_bytes: Count
+    mem_reserved_bytes: Count
+    fragmentation: Annotated[float, Field(ge=0.0, le=1e6, allow_inf_nan=False)] | None = None
+    power_w: Annotated[float, Field(ge=0.0, le=1e5, allow_inf_nan=False)] | None = None
+    power_source: EnergySource | None = None
+    util_target: Fraction | None = None
+    util_draft: Fraction | None = None
+    active_requests: Count = 0
+    queue_depth: Count = 0
+    load: Annotated[float, Field(ge=0.0, le=1000.0, allow_inf_nan=False)] | None = None
+    draft_loaded: bool | None = None
+    default_mode: Mode | None = None
+
+    @model_validator(mode="after")
+    def _power_has_source(self) -> DeviceSample:
+        if (self.power_w is None) != (self.power_source is None):
+            raise ValueError("power_w and power_source must be given together")
+        return self
+
+
+class EngineEvent(_Strict):
+    """Something the engine did or suffered (mode switch, defrag, OOM, ...)."""
+
+    instance: Name
+    at: Epoch
+    kind: EventKind
+    detail: dict[str, Any] = Field(default_factory=dict)
+    duration_s: Seconds | None = None
+
+    @field_validator("detail")
+    @classmethod
+    def _small_finite_detail(cls, detail: dict[str, Any]) -> dict[str, Any]:
+        if len(repr(detail)) > 4096:
+            raise ValueError("detail is larger than 4 KiB")
+        _reject_non_finite(detail)
+        return detail
+
+
+def _reject_non_finite(value: Any) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError("detail holds a non-finite number")
+    if isinstance(value, dict):
+        for item in value.values():
+            _reject_non_finite(item)
+    elif isinstance(value, list):
+        for item in value:
+            _reject_non_finite(item)
+
+
+class IngestBatch(_Strict):
+    """One batch on the wire: {"requests": [...], "samples": [...], "events": [...]}."""
+
+    requests: list[RequestRecord] = Field(default_factory=list, max_length=100_000)
+    samples: list[DeviceSample] = Field(default_factory=list, max_length=100_000)
+    events: list[EngineEvent] = Field(default_factory=list, max_length=100_000)

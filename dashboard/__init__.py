@@ -1,0 +1,1 @@
+"""specwatch dashboard."""

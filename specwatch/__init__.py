@@ -1,0 +1,1 @@
+"""specwatch: the CLI that wires engine, collector, alerts and dashboard together."""

@@ -1,0 +1,50 @@
+"""`specwatch <command>`: each package registers its own subcommands.
+
+Packages are imported lazily, so `specwatch collector ...` never imports torch.
+A bad argument or input exits with code 2 and a one-line message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# command -> module that defines `register(subparsers)`; each handler returns an exit code.
+COMMANDS = {
+    "generate": "engine.cli",
+    "engine": "engine.cli",
+    "collector": "collector.cli",
+    "db": "collector.cli",
+    "up": "specwatch.up",
+}
+
+
+class UsageError(Exception):
+    """Bad input from the user: printed as one line, exit code 2."""
+
+
+def build_parser(command: str | None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specwatch", description="Watch speculative decoding pay off (or not).")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    modules = {COMMANDS[command]} if command in COMMANDS else sorted(set(COMMANDS.values()))
+    for module_name in modules:
+        try:
+            importlib.import_module(module_name).register(subparsers)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    command = argv[0] if argv and not argv[0].startswith("-") else None
+    args = build_parser(command).parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except UsageError as exc:
+        print(f"specwatch {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
