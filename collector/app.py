@@ -1,0 +1,38 @@
+"""The collector service: `create_app(settings)` builds the FastAPI app.
+
+The lifespan opens the database, upgrades its schema to the newest migration and starts
+the background jobs (retention, vLLM scrapes); route modules reach those through `deps.py`.
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
+
+from collector import routes_ingest
+from collector.db import make_engine, upgrade
+from collector.metrics import CollectorMetrics
+from collector.settings import Settings
+from collector.store import Store
+
+
+def create_app(settings: Settings | None = None, registry: CollectorRegistry | None = None) -> FastAPI:
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        engine = make_engine(settings.database_url_resolved)
+        upgrade(engine)
+        app.state.settings = settings
+        app.state.store = Store(engine)
+        app.state.metrics = CollectorMetrics(registry or CollectorRegistry())
+        try:
+            yield
+        finally:
+            engine.dispose()
+
+    app = FastAPI(title="specwatch collector", lifespan=lifespan)
+    app.include_router(routes_ingest.router)
+    return app

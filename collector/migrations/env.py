@@ -1,0 +1,25 @@
+"""Alembic environment: runs on the connection `collector.db.upgrade` hands over,
+or on `sqlalchemy.url` when alembic is run by hand."""
+
+from __future__ import annotations
+
+from alembic import context
+from sqlalchemy import create_engine
+
+from collector.models import Base
+
+config = context.config
+
+
+def run_migrations(connection) -> None:
+    context.configure(connection=connection, target_metadata=Base.metadata, render_as_batch=True)
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+connection = config.attributes.get("connection")
+if connection is not None:
+    run_migrations(connection)
+else:
+    with create_engine(config.get_main_option("sqlalchemy.url")).connect() as conn:
+        run_migrations(conn)

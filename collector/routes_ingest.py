@@ -1,0 +1,80 @@
+"""POST /v1/ingest, GET /healthz, GET /readyz, GET /metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy.exc import SQLAlchemyError
+from starlette.concurrency import run_in_threadpool
+
+from collector.db import is_current
+from collector.deps import EngineDep, MetricsDep, SettingsDep, StoreDep, json_response, require_ingest_token
+from collector.ingest import BatchRejected, parse_batch
+from collector.store import IngestCounts, Store
+
+router = APIRouter()
+
+
+@router.post("/v1/ingest", dependencies=[Depends(require_ingest_token)])
+async def ingest(request: Request, store: StoreDep, settings: SettingsDep, metrics: MetricsDep) -> Response:
+    """Store one batch atomically; duplicates (by idempotency key) are skipped and counted."""
+    try:
+        body = await _read_body(request, settings.max_body_bytes)
+        # Parsing and writing are CPU/IO bound: keep them off the event loop.
+        counts = await run_in_threadpool(_parse_and_store, store, body)
+    except BatchRejected as exc:
+        metrics.record_rejected(exc.reason)
+        raise HTTPException(exc.status, exc.detail) from None
+    metrics.record_batch(counts)
+    return json_response(_summary(counts))
+
+
+def _parse_and_store(store: Store, body: bytes) -> IngestCounts:
+    return store.insert(parse_batch(body))
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    too_large = BatchRejected(413, "too_large", {"error": "too_large", "limit_bytes": limit})
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _summary(c: IngestCounts) -> dict:
+    return {
+        "accepted": c.accepted,
+        "duplicates": c.duplicates,
+        "requests": {"accepted": c.requests, "duplicates": c.request_duplicates},
+        "samples": {"accepted": c.samples, "duplicates": c.sample_duplicates},
+        "events": {"accepted": c.events, "duplicates": c.event_duplicates},
+    }
+
+
+@router.get("/healthz")
+async def healthz() -> dict:
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+def readyz(engine: EngineDep) -> Response:
+    """Ready when the database answers and its schema is at the newest migration."""
+    try:
+        current = is_current(engine)
+    except SQLAlchemyError as exc:
+        return json_response({"status": "unavailable", "reason": type(exc).__name__}, status=503)
+    if not current:
+        return json_response({"status": "unavailable", "reason": "schema not migrated"}, status=503)
+    return json_response({"status": "ready"})
+
+
+@router.get("/metrics")
+def metrics_endpoint(metrics: MetricsDep) -> Response:
+    return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,34 @@
+"""Collector configuration: one `Settings` object, read once from `SPECWATCH_*` env vars.
+
+Build it once at start-up (`Settings()`), pass it down; nothing else reads the environment.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SPECWATCH_", frozen=True, extra="ignore")
+
+    data_dir: Path = Path("data")
+    # Empty means SQLite at <data_dir>/specwatch.db (see `database_url_resolved`).
+    database_url: str = ""
+    ingest_token: str | None = None
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
+    # Raw rows older than this are deleted; per-minute rollups are kept `rollup_retention_days`.
+    retention_days: float = Field(default=14.0, gt=0)
+    rollup_retention_days: float = Field(default=400.0, gt=0)
+    maintenance_interval_s: float = Field(default=60.0, gt=0)
+    scrape_vllm: list[str] = Field(default_factory=list)
+    scrape_interval_s: float = Field(default=15.0, gt=0)
+
+    @property
+    def database_url_resolved(self) -> str:
+        """The SQLAlchemy URL to use: the configured one, else a SQLite file under the data dir."""
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'specwatch.db').resolve()}"
