@@ -12,6 +12,7 @@ import orjson
 from pydantic import ValidationError
 
 from collector.schema import IngestBatch
+from collector.store import DataRejected, IngestCounts, Store
 
 MAX_REPORTED_ERRORS = 20
 
@@ -22,6 +23,15 @@ class BatchRejected(Exception):
     def __init__(self, status: int, reason: str, detail: Any) -> None:
         super().__init__(reason)
         self.status, self.reason, self.detail = status, reason, detail
+
+
+def store_body(store: Store, body: bytes) -> IngestCounts:
+    """Parse, validate and store one request body in one transaction."""
+    batch = parse_batch(body)
+    try:
+        return store.insert(batch)
+    except DataRejected as exc:
+        raise BatchRejected(422, "rejected_by_database", {"error": "rejected_by_database", "message": str(exc)}) from None
 
 
 def parse_batch(body: bytes) -> IngestBatch:

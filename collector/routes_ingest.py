@@ -10,8 +10,8 @@ from starlette.concurrency import run_in_threadpool
 
 from collector.db import is_current
 from collector.deps import EngineDep, MetricsDep, SettingsDep, StoreDep, json_response, require_ingest_token
-from collector.ingest import BatchRejected, parse_batch
-from collector.store import IngestCounts, Store
+from collector.ingest import BatchRejected, store_body
+from collector.store import IngestCounts
 
 router = APIRouter()
 
@@ -22,16 +22,12 @@ async def ingest(request: Request, store: StoreDep, settings: SettingsDep, metri
     try:
         body = await _read_body(request, settings.max_body_bytes)
         # Parsing and writing are CPU/IO bound: keep them off the event loop.
-        counts = await run_in_threadpool(_parse_and_store, store, body)
+        counts = await run_in_threadpool(store_body, store, body)
     except BatchRejected as exc:
         metrics.record_rejected(exc.reason)
         raise HTTPException(exc.status, exc.detail) from None
     metrics.record_batch(counts)
     return json_response(_summary(counts))
-
-
-def _parse_and_store(store: Store, body: bytes) -> IngestCounts:
-    return store.insert(parse_batch(body))
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

@@ -21,10 +21,12 @@ MAX_EPOCH_S = 4_102_444_800.0
 MAX_GAMMA = 64
 MAX_TAGS = 16
 
-Name = Annotated[str, StringConstraints(min_length=1, max_length=128)]
-ShortText = Annotated[str, StringConstraints(max_length=256)]
-TagKey = Annotated[str, StringConstraints(min_length=1, max_length=64)]
-TagValue = Annotated[str, StringConstraints(max_length=128)]
+# No NUL characters: PostgreSQL text cannot hold them, so they would fail at insert time.
+NO_NUL = r"^[^\x00]*$"
+Name = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=NO_NUL)]
+ShortText = Annotated[str, StringConstraints(max_length=256, pattern=NO_NUL)]
+TagKey = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=NO_NUL)]
+TagValue = Annotated[str, StringConstraints(max_length=128, pattern=NO_NUL)]
 Epoch = Annotated[float, Field(ge=MIN_EPOCH_S, le=MAX_EPOCH_S, allow_inf_nan=False)]
 Seconds = Annotated[float, Field(ge=0.0, le=86_400.0, allow_inf_nan=False)]
 Count = Annotated[int, Field(ge=0, le=2**62)]
@@ -37,7 +39,7 @@ Arm = Literal["spec", "control"]
 Status = Literal["ok", "error", "cancelled"]
 EnergySource = Literal["nvml", "rapl", "estimate"]
 EventKind = Literal["cold_start", "mode_switch", "defrag", "draft_unloaded", "draft_loaded", "oom", "config"]
-DRAFTER_PATTERN = r"^(ngram|model:[^\s]{1,200}|early-exit:[0-9]{1,4})$"
+DRAFTER_PATTERN = r"^(ngram|model:[^\s\x00]{1,200}|early-exit:[0-9]{1,4})$"
 
 
 class _Strict(BaseModel):

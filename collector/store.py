@@ -24,6 +24,10 @@ from collector.schema import DeviceSample, IngestBatch, RequestRecord
 _PG_TYPES = {Double: "float8", BigInteger: "int8", Integer: "int4", String: "text", Boolean: "bool", JSON: "json"}
 
 
+class DataRejected(ValueError):
+    """The database refused a validated batch for what it holds (the batch was rolled back)."""
+
+
 @dataclass(frozen=True)
 class IngestCounts:
     """What one batch did: rows stored and rows skipped as already present, per kind.
@@ -113,11 +117,16 @@ class Store:
     def insert(self, batch: IngestBatch) -> IngestCounts:
         """Store a whole batch in one transaction and count what was new."""
         parts = ((REQUESTS, batch.requests), (SAMPLES, batch.samples), (EVENTS, batch.events))
-        if self._write_lock is None:
-            stored = self._write(parts, _postgres_copy)
-        else:
-            with self._write_lock:
-                stored = self._write(parts, _sqlite_executemany)
+        dbapi = self.engine.dialect.dbapi
+        try:
+            if self._write_lock is None:
+                stored = self._write(parts, _postgres_copy)
+            else:
+                with self._write_lock:
+                    stored = self._write(parts, _sqlite_executemany)
+        except (dbapi.DataError, dbapi.IntegrityError) as exc:
+            # Validation should have caught it; still the client's data, not a server fault.
+            raise DataRejected(str(exc).splitlines()[0]) from exc
         (req, n_req), (smp, n_smp), (evt, n_evt) = [(new, len(records)) for new, (_, records) in zip(stored, parts)]
         return IngestCounts(
             len(req), n_req - len(req), len(smp), n_smp - len(smp), len(evt), n_evt - len(evt), tuple(req), tuple(smp)

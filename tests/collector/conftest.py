@@ -17,9 +17,9 @@ from sqlalchemy import Engine, text
 from collector.app import create_app
 from collector.db import make_engine, upgrade
 from collector.settings import Settings
+from collector_payloads import event_dict, request_dict, sample_dict
 
 POSTGRES_URL = os.environ.get("SPECWATCH_TEST_POSTGRES_URL")
-T0 = 1_780_000_000.0  # 2026-05-28, a fixed epoch for reproducible windows
 
 
 def _reset_postgres(url: str) -> None:
@@ -62,32 +62,6 @@ def registry() -> CollectorRegistry:
 def client(settings: Settings, registry: CollectorRegistry) -> TestClient:
     with TestClient(create_app(settings, registry)) as test_client:
         yield test_client
-
-
-def request_dict(i: int, **overrides: Any) -> dict[str, Any]:
-    """A valid RequestRecord payload; `i` varies the id, time and counts."""
-    accepted = [4, 3, 2, i % 2]
-    record = {
-        "request_id": f"req-{i}", "instance": "gpu-0", "model": "smollm2-135m", "drafter": "ngram",
-        "mode": "speculative", "started_at": T0 + i, "ttft_s": 0.05 + (i % 10) / 100, "e2e_s": 1.0 + (i % 7) / 10,
-        "prompt_tokens": 100 + i % 50, "output_tokens": 64, "num_drafts": 4, "num_draft_tokens": 16,
-        "num_accepted_tokens": sum(accepted), "accepted_per_position": accepted, "gamma": 4,
-        "tags": {"tenant": "acme" if i % 2 else "globex"},
-    }
-    return {**record, **overrides}
-
-
-def sample_dict(i: int, **overrides: Any) -> dict[str, Any]:
-    sample = {
-        "instance": "gpu-0", "at": T0 + 5 * i, "device": "cpu", "mem_allocated_bytes": 1_000 + i,
-        "mem_reserved_bytes": 1_500 + i, "fragmentation": 1.5, "power_w": 40.0 + i, "power_source": "rapl",
-        "util_target": 0.5, "util_draft": 0.1, "active_requests": 2, "queue_depth": i % 3, "load": 0.4,
-    }
-    return {**sample, **overrides}
-
-
-def event_dict(i: int, **overrides: Any) -> dict[str, Any]:
-    return {"instance": "gpu-0", "at": T0 + i, "kind": "mode_switch", "detail": {"to": "autoregressive"}, **overrides}
 
 
 @pytest.fixture

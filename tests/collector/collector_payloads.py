@@ -1,0 +1,33 @@
+"""Valid telemetry payloads for the collector tests (a uniquely named module, importable from tests)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+T0 = 1_780_000_000.0  # 2026-05-28T20:26:40Z, a fixed epoch for reproducible windows
+
+
+def request_dict(i: int, **overrides: Any) -> dict[str, Any]:
+    """A valid RequestRecord payload; `i` varies the id, time and counts."""
+    accepted = [4, 3, 2, i % 2]
+    record = {
+        "request_id": f"req-{i}", "instance": "gpu-0", "model": "smollm2-135m", "drafter": "ngram",
+        "mode": "speculative", "started_at": T0 + i, "ttft_s": 0.05 + (i % 10) / 100, "e2e_s": 1.0 + (i % 7) / 10,
+        "prompt_tokens": 100 + i % 50, "output_tokens": 64, "num_drafts": 4, "num_draft_tokens": 16,
+        "num_accepted_tokens": sum(accepted), "accepted_per_position": accepted, "gamma": 4,
+        "tags": {"tenant": "acme" if i % 2 else "globex"},
+    }
+    return {**record, **overrides}
+
+
+def sample_dict(i: int, **overrides: Any) -> dict[str, Any]:
+    sample = {
+        "instance": "gpu-0", "at": T0 + 5 * i, "device": "cpu", "mem_allocated_bytes": 1_000 + i,
+        "mem_reserved_bytes": 1_500 + i, "fragmentation": 1.5, "power_w": 40.0 + i, "power_source": "rapl",
+        "util_target": 0.5, "util_draft": 0.1, "active_requests": 2, "queue_depth": i % 3, "load": 0.4,
+    }
+    return {**sample, **overrides}
+
+
+def event_dict(i: int, **overrides: Any) -> dict[str, Any]:
+    return {"instance": "gpu-0", "at": T0 + i, "kind": "mode_switch", "detail": {"to": "autoregressive"}, **overrides}
