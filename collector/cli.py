@@ -1,0 +1,82 @@
+"""`specwatch collector serve` and `specwatch db upgrade`."""
+
+from __future__ import annotations
+
+import argparse
+
+from sqlalchemy.exc import ArgumentError, OperationalError
+from sqlalchemy.engine import make_url
+
+from collector.settings import Settings
+from specwatch.cli import UsageError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    collector = subparsers.add_parser("collector", help="the telemetry collector service")
+    collector_commands = collector.add_subparsers(dest="collector_command", required=True, metavar="SUBCOMMAND")
+    serve = collector_commands.add_parser("serve", help="run the ingest + query HTTP service")
+    _add_db_option(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=_port, default=8087, help="TCP port (default 8087)")
+    serve.add_argument(
+        "--scrape-vllm", metavar="URL", nargs="+", default=None,
+        help="vLLM /metrics URLs to poll (default: SPECWATCH_SCRAPE_VLLM)",
+    )
+    serve.set_defaults(handler=serve_command)
+
+    db = subparsers.add_parser("db", help="database maintenance")
+    db_commands = db.add_subparsers(dest="db_command", required=True, metavar="SUBCOMMAND")
+    upgrade = db_commands.add_parser("upgrade", help="apply the schema migrations")
+    _add_db_option(upgrade)
+    upgrade.set_defaults(handler=upgrade_command)
+
+
+def _add_db_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--db", metavar="URL", default=None,
+        help="SQLAlchemy URL (default: SPECWATCH_DATABASE_URL, else SQLite under SPECWATCH_DATA_DIR)",
+    )
+
+
+def _port(value: str) -> int:
+    if not value.isdigit() or not 0 < int(value) < 65536:
+        raise argparse.ArgumentTypeError(f"not a TCP port: {value!r}")
+    return int(value)
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    """Settings from the environment, with command-line options taking precedence."""
+    overrides: dict = {}
+    if args.db:
+        try:
+            make_url(args.db)
+        except ArgumentError:
+            raise UsageError(f"--db is not a database URL: {args.db!r}") from None
+        overrides["database_url"] = args.db
+    if getattr(args, "scrape_vllm", None):
+        overrides["scrape_vllm"] = args.scrape_vllm
+    return Settings(**overrides)
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from collector.app import create_app
+
+    uvicorn.run(create_app(settings_from(args)), host=args.host, port=args.port, log_level="info")
+    return 0
+
+
+def upgrade_command(args: argparse.Namespace) -> int:
+    from collector.db import make_engine, upgrade
+
+    settings = settings_from(args)
+    engine = make_engine(settings.database_url_resolved)
+    try:
+        upgrade(engine)
+    except OperationalError as exc:
+        raise UsageError(f"cannot reach the database: {str(exc.orig).splitlines()[0]}") from None
+    finally:
+        engine.dispose()
+    print(f"database at the newest schema: {engine.url.render_as_string(hide_password=True)}")
+    return 0

@@ -1,0 +1,250 @@
+"""TelemetryClient: how producers (the engine) send telemetry to the collector.
+
+    client = TelemetryClient("http://127.0.0.1:8087", spool_dir="data/spool")
+    client.submit_request(record)      # never blocks, never raises
+    client.flush(timeout=5.0)          # optional: wait until handed over or spooled
+    client.close()
+
+Records go into a bounded in-process queue; a background thread sends them in batches
+(`batch_size` records or every `flush_interval_s`). A failed send is retried with
+exponential backoff; if the collector stays unreachable the batch is appended to an
+fsynced disk spool (`collector.spool`), and everything after it follows it there, so
+batches reach the collector in submission order once it is back. The spool is bounded
+(`max_spool_bytes`); what does not fit is dropped and counted in `stats()`.
+Redelivery is safe: the collector skips records it already holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+from collector.schema import DeviceSample, EngineEvent, RequestRecord
+from collector.spool import Spool
+
+log = logging.getLogger("specwatch.telemetry")
+_KINDS = {RequestRecord: "requests", DeviceSample: "samples", EngineEvent: "events"}
+_RETRYABLE = {408, 429}
+
+
+@dataclass(frozen=True)
+class ClientStats:
+    """Counts since start (records, except `spool_bytes`)."""
+
+    submitted: int
+    delivered: int  # acknowledged by the collector (including ones it already held)
+    spooled: int  # written to the disk spool (each time)
+    spool_bytes: int  # currently waiting on disk
+    dropped_queue_full: int
+    dropped_spool_full: int
+    rejected: int  # refused by the collector as invalid (4xx): retrying cannot help
+
+
+class _Flush:
+    def __init__(self) -> None:
+        self.done = threading.Event()
+
+
+_STOP = object()
+
+
+class TelemetryClient:
+    """Batching, spooling sender of telemetry records.
+
+    url: the collector's base URL (POSTs go to `<url>/v1/ingest`).
+    spool_dir: where batches wait while the collector is unreachable; None keeps no spool
+        (batches that cannot be delivered after the retries are dropped and counted).
+    token: bearer token for SPECWATCH_INGEST_TOKEN.
+    batch_size / flush_interval_s: a batch is sent when it is full or this old.
+    max_queue / max_spool_bytes: memory and disk bounds; beyond them records are dropped and counted.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        spool_dir: str | Path | None = None,
+        token: str | None = None,
+        batch_size: int = 500,
+        flush_interval_s: float = 1.0,
+        *,
+        max_queue: int = 100_000,
+        max_spool_bytes: int = 256 * 1024 * 1024,
+        timeout_s: float = 5.0,
+        retries: int = 3,
+    ) -> None:
+        self.url = url.rstrip("/") + "/v1/ingest"
+        self.batch_size, self.flush_interval_s, self.retries = batch_size, flush_interval_s, retries
+        self._queue: queue.Queue = queue.Queue(maxsize=max_queue)
+        self._spool = Spool(spool_dir, max_spool_bytes) if spool_dir is not None else None
+        headers = {"content-type": "application/json"} | ({"authorization": f"Bearer {token}"} if token else {})
+        self._http = httpx.Client(timeout=timeout_s, headers=headers)
+        self._counts = dict.fromkeys(("submitted", "delivered", "spooled", "queue_full", "spool_full", "rejected"), 0)
+        self._next_replay = 0.0
+        self._backoff = 0.0
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="specwatch-telemetry", daemon=True)
+        self._thread.start()
+
+    # -- producer side: never blocks, never raises ------------------------------------------
+
+    def submit_request(self, record: RequestRecord) -> None:
+        self._submit(record)
+
+    def submit_sample(self, sample: DeviceSample) -> None:
+        self._submit(sample)
+
+    def submit_event(self, event: EngineEvent) -> None:
+        self._submit(event)
+
+    def _submit(self, record: Any) -> None:
+        try:
+            if type(record) not in _KINDS:
+                log.error("not a telemetry record: %r", type(record))
+                self._counts["rejected"] += 1
+                return
+            if self._closed:
+                self._counts["queue_full"] += 1
+                return
+            self._queue.put_nowait(record)
+            self._counts["submitted"] += 1
+        except queue.Full:
+            self._counts["queue_full"] += 1
+        except Exception:  # noqa: BLE001 - telemetry must never take the producer down
+            log.exception("telemetry submit failed")
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until everything submitted so far was delivered or spooled (True) or `timeout` passed."""
+        marker = _Flush()
+        try:
+            self._queue.put(marker, timeout=timeout)
+        except queue.Full:
+            return False
+        return marker.done.wait(timeout)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Flush, then stop the background thread; unsent batches stay in the spool for next time."""
+        if self._closed:
+            return
+        self.flush(timeout)
+        self._closed = True
+        try:
+            self._queue.put(_STOP, timeout=timeout)
+        except queue.Full:
+            pass
+        self._thread.join(timeout)
+        self._http.close()
+
+    def __enter__(self) -> TelemetryClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def stats(self) -> ClientStats:
+        c = self._counts
+        spool_bytes = len(self._spool) if self._spool else 0
+        return ClientStats(c["submitted"], c["delivered"], c["spooled"], spool_bytes, c["queue_full"], c["spool_full"], c["rejected"])
+
+    # -- background thread -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            try:
+                records, marker = self._collect()
+                if records:
+                    self._deliver(records)
+                self._replay(force=marker is not None)
+                if marker is _STOP:
+                    return
+                if marker is not None:
+                    marker.done.set()
+            except Exception:  # noqa: BLE001 - keep the sender alive whatever happens
+                log.exception("telemetry sender error")
+                time.sleep(0.1)
+
+    def _collect(self) -> tuple[list[Any], Any]:
+        """Up to batch_size records, stopping early at a flush/stop marker or the flush interval."""
+        records: list[Any] = []
+        deadline = time.monotonic() + self.flush_interval_s
+        while len(records) < self.batch_size:
+            try:
+                item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                return records, None
+            if item is _STOP or isinstance(item, _Flush):
+                return records, item
+            records.append(item)
+        return records, None
+
+    def _deliver(self, records: list[Any]) -> None:
+        body = _encode(records)
+        if self._spool is not None and len(self._spool):
+            self._to_spool(body, len(records))  # keep order: older batches are still waiting
+        elif not self._send_with_retries(body, len(records)):
+            self._to_spool(body, len(records))
+
+    def _send_with_retries(self, body: bytes, n: int) -> bool:
+        delay = 0.1
+        for attempt in range(self.retries + 1):
+            if self._send(body, n):
+                return True
+            if attempt < self.retries:
+                time.sleep(delay)
+                delay *= 2
+        return False
+
+    def _send(self, body: bytes, n: int) -> bool:
+        """True when the batch is done with (delivered, or refused for good); False to retry later."""
+        try:
+            response = self._http.post(self.url, content=body)
+        except httpx.HTTPError:
+            return False
+        if response.status_code == 200:
+            self._counts["delivered"] += n
+            return True
+        if 400 <= response.status_code < 500 and response.status_code not in _RETRYABLE:
+            self._counts["rejected"] += n
+            log.error("collector refused a batch of %d: %s %s", n, response.status_code, response.text[:500])
+            return True
+        return False
+
+    def _to_spool(self, body: bytes, n: int) -> None:
+        if self._spool is not None and self._spool.append(body):
+            self._counts["spooled"] += n
+        else:
+            self._counts["spool_full"] += n
+
+    def _replay(self, force: bool) -> None:
+        """Send spooled batches oldest first; on failure back off (up to 30 s) before trying again."""
+        if self._spool is None or not len(self._spool) or (not force and time.monotonic() < self._next_replay):
+            return
+        while (head := self._spool.peek()) is not None:
+            body, length = head
+            if not self._send(body, _count_records(body)):
+                self._backoff = min(30.0, max(0.2, self._backoff * 2))
+                self._next_replay = time.monotonic() + self._backoff
+                return
+            self._spool.pop(length)
+        self._backoff = 0.0
+
+
+def _encode(records: list[Any]) -> bytes:
+    batch: dict[str, list[Any]] = {"requests": [], "samples": [], "events": []}
+    for record in records:
+        batch[_KINDS[type(record)]].append(record.model_dump(mode="json"))
+    return orjson.dumps(batch)
+
+
+def _count_records(body: bytes) -> int:
+    try:
+        return sum(len(v) for v in orjson.loads(body).values())
+    except (orjson.JSONDecodeError, AttributeError, TypeError):
+        return 0
