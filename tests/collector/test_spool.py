@@ -57,7 +57,7 @@ def test_segments_rotate_and_are_deleted_once_sent(tmp_path, monkeypatch):
 
 
 def test_refuses_appends_beyond_max_bytes(tmp_path):
-    spool = Spool(tmp_path, max_bytes=25)
+    spool = Spool(tmp_path, max_bytes=23)
     assert spool.append(b"x" * 10) and spool.append(b"y" * 10)
     assert not spool.append(b"z")
     assert len(spool) == 22
