@@ -1,0 +1,131 @@
+"""Drafters propose the next few tokens cheaply; the target model then verifies them.
+
+One small interface, three kinds (names as they appear in telemetry):
+- `ngram`: prompt lookup — copy what followed the latest earlier occurrence of the
+  last n tokens (n = 3 falling back to 2). Free to run; wins on input-grounded text.
+- `model:<name>`: a small causal LM sharing the target's tokenizer, with its own KV cache.
+- `early-exit:<k>`: the target's first k layers + final norm + head, sharing its weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from transformers import PreTrainedModel
+
+from engine.decoder import Decoder, LlamaDecoder, make_decoder
+from engine.sampling import SamplingParams, probabilities, sample
+
+
+class Drafter(Protocol):
+    name: str
+
+    def begin(self, max_len: int) -> None:
+        """Start a new request whose sequence holds at most `max_len` tokens."""
+
+    def propose(
+        self, tokens: list[int], k: int, params: SamplingParams, generator: torch.Generator | None
+    ) -> tuple[list[int], torch.Tensor | None]:
+        """Up to k tokens to follow `tokens`, and their proposal probabilities [len, vocab] (None: one-hot)."""
+
+    def rollback(self, committed: int) -> None:
+        """After verification: only the first `committed` positions the drafter has seen are still valid."""
+
+
+@dataclass(frozen=True)
+class NgramConfig:
+    max_n: int = 3
+    min_n: int = 2
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_n <= self.max_n <= 16:
+            raise ValueError(f"need 1 <= min_n <= max_n <= 16, got min_n={self.min_n} max_n={self.max_n}")
+
+
+class NgramDrafter:
+    """Prompt lookup over prompt + generated tokens, indexed incrementally (O(new tokens) per step)."""
+
+    name = "ngram"
+
+    def __init__(self, config: NgramConfig = NgramConfig()) -> None:
+        self.config = config
+        self.begin(0)
+
+    def begin(self, max_len: int) -> None:
+        # n -> {n-gram: index of the token that followed its latest occurrence}
+        self._next_after: dict[int, dict[tuple[int, ...], int]] = {
+            n: {} for n in range(self.config.min_n, self.config.max_n + 1)
+        }
+        self._indexed = 0  # tokens[:_indexed] have had every n-gram ending there registered
+
+    def propose(self, tokens, k, params, generator):
+        self._index(tokens)
+        for n in range(self.config.max_n, self.config.min_n - 1, -1):
+            start = self._next_after[n].get(tuple(tokens[-n:])) if len(tokens) >= n else None
+            if start is not None:
+                return tokens[start : start + k], None
+        return [], None  # draft only when a match exists
+
+    def _index(self, tokens: list[int]) -> None:
+        # register each n-gram ending before the last token: its continuation tokens[end] exists
+        for end in range(max(self._indexed, 1), len(tokens)):
+            for n, table in self._next_after.items():
+                if end >= n:
+                    table[tuple(tokens[end - n : end])] = end
+        self._indexed = max(self._indexed, len(tokens))
+
+    def rollback(self, committed: int) -> None:
+        # the index only ever holds committed tokens, so there is nothing to undo
+        self._indexed = min(self._indexed, committed)
+
+
+class ModelDrafter:
+    """Drafts autoregressively with a decoder of its own (a small model, or the target's first k layers)."""
+
+    def __init__(self, decoder: Decoder, name: str) -> None:
+        self.decoder = decoder
+        self.name = name
+        self.device = getattr(decoder, "device", torch.device("cpu"))
+
+    def begin(self, max_len: int) -> None:
+        self.decoder.reset(max_len)
+
+    def propose(self, tokens, k, params, generator):
+        pending = tokens[self.decoder.length :]  # what the draft cache has not seen yet
+        draft: list[int] = []
+        step_probs: list[torch.Tensor] = []
+        logits = self.decoder.forward(torch.tensor(pending, device=self.device), keep=1)[-1]
+        while True:
+            if params.greedy:
+                token = int(logits.argmax())
+            else:
+                step_probs.append(probabilities(logits, params))
+                token = sample(step_probs[-1], generator)
+            draft.append(token)
+            if len(draft) == k:
+                break
+            logits = self.decoder.forward(torch.tensor([token], device=self.device))[-1]
+        return draft, (torch.stack(step_probs) if step_probs else None)
+
+    def rollback(self, committed: int) -> None:
+        self.decoder.crop(committed)
+
+
+def model_drafter(draft_model: PreTrainedModel, target_model: PreTrainedModel, name: str) -> ModelDrafter:
+    """A separate draft model; its vocabulary must be the target's, token for token."""
+    draft_vocab = draft_model.get_output_embeddings().weight.shape[0]
+    target_vocab = target_model.get_output_embeddings().weight.shape[0]
+    if draft_vocab != target_vocab:
+        raise ValueError(
+            f"draft model {name!r} has a vocabulary of {draft_vocab} tokens, the target has {target_vocab}: "
+            "a draft must share the target's tokenizer"
+        )
+    return ModelDrafter(make_decoder(draft_model), f"model:{name}")
+
+
+def early_exit_drafter(target_model: PreTrainedModel, layers: int) -> ModelDrafter:
+    if not LlamaDecoder.supports(target_model):
+        raise ValueError(f"early exit needs a Llama-architecture target, not {target_model.config.model_type!r}")
+    return ModelDrafter(LlamaDecoder(target_model, num_layers=layers), f"early-exit:{layers}")

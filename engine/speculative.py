@@ -1,0 +1,141 @@
+"""The speculative decoding loop: prefill, then rounds of draft -> verify -> accept.
+
+Plain autoregressive decoding is the same loop with no draft (gamma = 0): one
+target forward per token. Invariant between rounds: the target's KV cache holds
+every committed token except the last one, which is fed at the start of the next
+round together with the draft:
+
+    forward([last, d1 .. dk])  ->  k + 1 rows of logits
+    row i judges d(i+1); the row after the last accepted token gives the next token
+    (the target's correction, or a free "bonus" token when all k were accepted)
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.decoder import Decoder
+from engine.drafters import Drafter
+from engine.sampling import SamplingParams, probabilities, sample, verify_greedy, verify_stochastic
+
+
+@dataclass
+class DecodeStats:
+    """Raw counters of one request (vLLM style); ratios are derived when read:
+
+    acceptance rate        = num_accepted_tokens / num_draft_tokens
+    mean acceptance length = 1 + num_accepted_tokens / num_drafts
+    output tokens          = num_accepted_tokens + target_forwards
+    """
+
+    gamma: int
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+    target_forwards: int = 0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    prefill_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.accepted_per_position = [0] * self.gamma
+
+    def record_round(self, drafted: int, accepted: int) -> None:
+        self.target_forwards += 1
+        if drafted:
+            self.num_drafts += 1
+            self.num_draft_tokens += drafted
+            self.num_accepted_tokens += accepted
+            for position in range(accepted):
+                self.accepted_per_position[position] += 1
+
+
+class SpeculativeDecoder:
+    """Generates one request's tokens; call `prefill` once, then `step` until `finished`."""
+
+    def __init__(self, target: Decoder, drafter: Drafter | None, device: torch.device | str = "cpu") -> None:
+        self.target = target
+        self.drafter = drafter
+        self.device = torch.device(device)
+
+    def prefill(
+        self,
+        prompt: list[int],
+        max_new_tokens: int,
+        gamma: int,
+        params: SamplingParams,
+        stop_ids: frozenset[int] = frozenset(),
+        seed: int | None = None,
+    ) -> list[int]:
+        """Process the prompt; returns the first generated token."""
+        if not prompt:
+            raise ValueError("the prompt holds no tokens")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        self.gamma = gamma if self.drafter is not None else 0
+        self.params, self.stop_ids, self.max_new = params, stop_ids, max_new_tokens
+        self.generator = torch.Generator(device="cpu").manual_seed(seed) if seed is not None else None
+        self.stats = DecodeStats(gamma=self.gamma)
+        self.tokens = list(prompt)
+        self.generated = 0
+        self.finished = False
+        max_len = len(prompt) + max_new_tokens + self.gamma + 1
+        self.target.reset(max_len)
+        if self.drafter is not None:
+            self.drafter.begin(max_len)
+        start = time.monotonic()
+        logits = self.target.forward(torch.tensor(prompt, device=self.device), keep=1)
+        first = self._choose(logits[-1])
+        self.stats.prefill_s = time.monotonic() - start
+        return self._commit([first], drafted=0, accepted=0)
+
+    def step(self) -> list[int]:
+        """One round: draft up to gamma tokens, verify them in one target forward, commit."""
+        if self.finished:
+            return []
+        draft, draft_probs = self._draft(min(self.gamma, self.max_new - self.generated - 1))
+        start = time.monotonic()
+        logits = self.target.forward(torch.tensor([self.tokens[-1], *draft], device=self.device))
+        accepted, next_token = self._verify(logits, draft, draft_probs)
+        self.stats.verify_s += time.monotonic() - start
+        self.target.crop(len(self.tokens) + accepted)  # drop the rejected drafts' keys and values
+        if self.drafter is not None:
+            self.drafter.rollback(len(self.tokens) + accepted)
+        return self._commit([*draft[:accepted], next_token], drafted=len(draft), accepted=accepted)
+
+    def _draft(self, k: int) -> tuple[list[int], torch.Tensor | None]:
+        if k <= 0 or self.drafter is None:
+            return [], None
+        start = time.monotonic()
+        draft, draft_probs = self.drafter.propose(self.tokens, k, self.params, self.generator)
+        self.stats.draft_s += time.monotonic() - start
+        return draft, draft_probs
+
+    def _verify(self, logits: torch.Tensor, draft: list[int], draft_probs) -> tuple[int, int]:
+        if self.params.greedy:
+            return verify_greedy(logits, draft)
+        return verify_stochastic(probabilities(logits, self.params), draft, draft_probs, self.generator)
+
+    def _choose(self, logits: torch.Tensor) -> int:
+        if self.params.greedy:
+            return int(logits.argmax())
+        return sample(probabilities(logits, self.params), self.generator)
+
+    def _commit(self, new: list[int], drafted: int, accepted: int) -> list[int]:
+        """Append this round's tokens, cut at a stop token; a stop token inside the
+        accepted run becomes the round's final token, so output = accepted + forwards."""
+        for i, token in enumerate(new):
+            if token in self.stop_ids:
+                new, accepted = new[: i + 1], min(accepted, i)
+                self.finished = True
+                break
+        self.stats.record_round(drafted, accepted)
+        self.tokens.extend(new)
+        self.generated += len(new)
+        if self.generated >= self.max_new:
+            self.finished = True
+        return new
