@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
-from collector import routes_ingest
+from collector import routes_ingest, routes_query
 from collector.db import make_engine, upgrade
 from collector.metrics import CollectorMetrics
 from collector.settings import Settings
@@ -35,4 +35,5 @@ def create_app(settings: Settings | None = None, registry: CollectorRegistry | N
 
     app = FastAPI(title="specwatch collector", lifespan=lifespan)
     app.include_router(routes_ingest.router)
+    app.include_router(routes_query.router)
     return app

@@ -1,0 +1,259 @@
+"""Read side of the store: what alerts, reports and the dashboard ask about a time window.
+
+Every function takes an Engine, a `Window` and `Filters` and returns plain frozen
+dataclasses (ORM rows never leave the collector). Percentiles are exact: the window's
+raw values are pulled into numpy (SQLite has no percentile function, and one column into
+numpy beats window-function emulation). Definitions follow vLLM:
+
+    acceptance rate          = accepted tokens / draft tokens            (over the window)
+    mean acceptance length   = 1 + accepted tokens / drafts
+    per-position acceptance  = drafts accepted through position i / drafts
+    TPOT                     = (e2e - ttft) / (output tokens - 1)        (requests with > 1 token)
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+from sqlalchemy import Engine, Select, and_, func, select
+
+from collector.models import DeviceSampleRow, Request
+
+QUANTILES = (0.5, 0.9, 0.95, 0.99)
+
+
+@dataclass(frozen=True)
+class Window:
+    """[start, end) in epoch seconds."""
+
+    start: float
+    end: float
+
+    def __post_init__(self) -> None:
+        if not self.end > self.start:
+            raise ValueError("window end must be after its start")
+
+    @classmethod
+    def last(cls, seconds: float, now: float | None = None) -> Window:
+        end = time.time() if now is None else now
+        return cls(end - seconds, end)
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class Filters:
+    """Request filters; `drafter="none"` selects requests without a drafter."""
+
+    instance: str | None = None
+    model: str | None = None
+    drafter: str | None = None
+    mode: str | None = None
+    arm: str | None = None
+    tags: tuple[tuple[str, str], ...] = ()
+
+    def apply(self, stmt: Select, window: Window) -> Select:
+        cond = [Request.started_at >= window.start, Request.started_at < window.end]
+        for column in ("instance", "model", "mode", "arm"):
+            if (value := getattr(self, column)) is not None:
+                cond.append(getattr(Request, column) == value)
+        if self.drafter is not None:
+            cond.append(Request.drafter.is_(None) if self.drafter == "none" else Request.drafter == self.drafter)
+        cond.extend(Request.tags[key].as_string() == value for key, value in self.tags)
+        return stmt.where(and_(*cond))
+
+
+@dataclass(frozen=True)
+class Percentiles:
+    """Quantile -> seconds (None when the window holds no value)."""
+
+    p50: float | None = None
+    p90: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+    count: int = 0
+
+
+@dataclass(frozen=True)
+class Signals:
+    """The window's headline numbers (one query): what alert rules evaluate."""
+
+    window: Window
+    requests: int
+    errors: int
+    ooms: int
+    requests_per_s: float
+    output_tokens_per_s: float
+    drafts: int
+    draft_tokens: int
+    accepted_tokens: int
+    acceptance_rate: float | None
+    acceptance_rate_mean: float | None  # across requests that drafted
+    acceptance_rate_stddev: float | None
+    mean_acceptance_length: float | None
+    ttft: Percentiles
+    e2e: Percentiles
+    tpot: Percentiles
+
+
+_SIGNAL_COLUMNS = (
+    Request.ttft_s, Request.e2e_s, Request.output_tokens, Request.num_drafts,
+    Request.num_draft_tokens, Request.num_accepted_tokens, Request.status, Request.error,
+)
+
+
+def signals(engine: Engine, window: Window, filters: Filters = Filters()) -> Signals:
+    with engine.connect() as conn:
+        rows = conn.execute(filters.apply(select(*_SIGNAL_COLUMNS), window)).all()
+    ttft, e2e, out, drafts, drafted, accepted = _float_columns(rows, 6)
+    status = [r[6] for r in rows]
+    per_request = np.divide(accepted, drafted, out=np.full_like(accepted, np.nan), where=drafted > 0)
+    return Signals(
+        window=window,
+        requests=len(rows),
+        errors=sum(s == "error" for s in status),
+        ooms=sum(1 for r in rows if r[7] and "oom" in r[7]),
+        requests_per_s=len(rows) / window.seconds,
+        output_tokens_per_s=float(out.sum()) / window.seconds,
+        drafts=int(drafts.sum()),
+        draft_tokens=int(drafted.sum()),
+        accepted_tokens=int(accepted.sum()),
+        acceptance_rate=_ratio(accepted.sum(), drafted.sum()),
+        acceptance_rate_mean=_nan_stat(np.nanmean, per_request),
+        acceptance_rate_stddev=_nan_stat(np.nanstd, per_request),
+        mean_acceptance_length=None if not drafts.sum() else 1.0 + float(accepted.sum() / drafts.sum()),
+        ttft=percentiles(ttft),
+        e2e=percentiles(e2e),
+        tpot=percentiles(_tpot(ttft, e2e, out)),
+    )
+
+
+def _float_columns(rows: Sequence[tuple], n: int) -> list[np.ndarray]:
+    if not rows:
+        return [np.zeros(0) for _ in range(n)]
+    return [np.array(column, dtype=float) for column in list(zip(*rows))[:n]]
+
+
+def _tpot(ttft: np.ndarray, e2e: np.ndarray, out: np.ndarray) -> np.ndarray:
+    ok = (out > 1) & ~np.isnan(ttft)
+    return (e2e[ok] - ttft[ok]) / (out[ok] - 1)
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return float(num / den) if den else None
+
+
+def _nan_stat(fn, values: np.ndarray) -> float | None:
+    values = values[~np.isnan(values)]
+    return float(fn(values)) if values.size else None
+
+
+def percentiles(values: np.ndarray, quantiles: Sequence[float] = QUANTILES) -> Percentiles:
+    """Exact percentiles of the non-NaN values (linear interpolation, numpy's default)."""
+    values = values[~np.isnan(values)]
+    if not values.size:
+        return Percentiles()
+    p50, p90, p95, p99 = (float(v) for v in np.quantile(values, quantiles))
+    return Percentiles(p50, p90, p95, p99, int(values.size))
+
+
+@dataclass(frozen=True)
+class PositionAcceptance:
+    """Per draft position i: the share of drafts whose tokens 0..i were all accepted."""
+
+    drafts: int
+    rates: list[float] = field(default_factory=list)
+
+
+def per_position_acceptance(engine: Engine, window: Window, filters: Filters = Filters()) -> PositionAcceptance:
+    stmt = filters.apply(select(Request.num_drafts, Request.accepted_per_position), window).where(Request.gamma > 0)
+    with engine.connect() as conn:
+        rows = conn.execute(stmt).all()
+    if not rows:
+        return PositionAcceptance(0)
+    width = max(len(per_pos) for _, per_pos in rows)
+    totals = np.zeros(width)
+    for _, per_pos in rows:
+        totals[: len(per_pos)] += per_pos
+    drafts = sum(n for n, _ in rows)
+    return PositionAcceptance(drafts, [float(t / drafts) if drafts else 0.0 for t in totals])
+
+
+LENGTH_EDGES = (0, 64, 128, 256, 512, 1024, 2048, 4096)
+
+
+@dataclass(frozen=True)
+class LengthBucket:
+    low: int
+    high: int | None  # None: unbounded
+    requests: int
+    acceptance_rate: float | None
+
+
+@dataclass(frozen=True)
+class LengthCorrelation:
+    """Does acceptance depend on length? Spearman's rho over requests that drafted."""
+
+    by: str
+    requests: int
+    spearman_rho: float | None
+    p_value: float | None
+    buckets: list[LengthBucket]
+
+
+def acceptance_vs_length(
+    engine: Engine, window: Window, filters: Filters = Filters(), by: str = "prompt_tokens",
+    edges: Sequence[int] = LENGTH_EDGES,
+) -> LengthCorrelation:
+    from scipy.stats import spearmanr
+
+    if by not in ("prompt_tokens", "output_tokens"):
+        raise ValueError("by must be prompt_tokens or output_tokens")
+    columns = (getattr(Request, by), Request.num_draft_tokens, Request.num_accepted_tokens)
+    with engine.connect() as conn:
+        rows = conn.execute(filters.apply(select(*columns), window).where(Request.num_draft_tokens > 0)).all()
+    length, drafted, accepted = _float_columns(rows, 3)
+    rate = accepted / np.where(drafted > 0, drafted, 1)
+    rho = p = None
+    if len(rows) >= 3 and np.ptp(length) > 0 and np.ptp(rate) > 0:
+        result = spearmanr(length, rate)
+        rho, p = float(result.statistic), float(result.pvalue)
+    return LengthCorrelation(by, len(rows), rho, p, _length_buckets(length, drafted, accepted, edges))
+
+
+def _length_buckets(length, drafted, accepted, edges: Sequence[int]) -> list[LengthBucket]:
+    buckets = []
+    bounds = list(edges) + [None]
+    for low, high in zip(bounds[:-1], bounds[1:]):
+        inside = (length >= low) & (length < (np.inf if high is None else high))
+        buckets.append(LengthBucket(low, high, int(inside.sum()), _ratio(accepted[inside].sum(), drafted[inside].sum())))
+    return buckets
+
+
+@dataclass(frozen=True)
+class HourOfDay:
+    hour: int  # 0..23, UTC
+    requests: int
+    errors: int
+    ooms: int
+
+
+def errors_by_hour(engine: Engine, window: Window, filters: Filters = Filters()) -> list[HourOfDay]:
+    """Error and OOM counts by UTC hour of day (is there a time when things break?)."""
+    hour = func.floor(Request.started_at / 3600)  # epoch hour; folded to the hour of day below
+    is_error = (Request.status == "error").cast(Request.retries.type)
+    is_oom = Request.error.like("%oom%").cast(Request.retries.type)
+    stmt = filters.apply(
+        select(hour.label("hour"), func.count(), func.coalesce(func.sum(is_error), 0), func.coalesce(func.sum(is_oom), 0)),
+        window,
+    ).group_by(hour)
+    totals = np.zeros((24, 3), dtype=np.int64)
+    with engine.connect() as conn:
+        for epoch_hour, *counts in conn.execute(stmt):
+            totals[int(epoch_hour) % 24] += [int(c) for c in counts]
+    return [HourOfDay(h, *(int(x) for x in totals[h])) for h in range(24)]

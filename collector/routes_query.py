@@ -1,0 +1,84 @@
+"""GET /v1/...: the query layer (`collector.queries`, `collector.series`) over HTTP.
+
+Every endpoint takes a window (`start` and `end` epoch seconds, or `last` seconds up to
+now, default 300) and filters (`instance`, `model`, `drafter` ("none" for no drafter),
+`mode`, `arm`, and repeated `tag=key:value`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Response
+
+from collector import queries, series
+from collector.deps import EngineDep, json_response
+from collector.queries import Filters, Window
+
+router = APIRouter(prefix="/v1")
+MAX_WINDOW_S = 400 * 86400
+
+
+def window_param(
+    start: float | None = None, end: float | None = None, last: Annotated[float, Query(gt=0)] = 300.0
+) -> Window:
+    if (start is None) != (end is None):
+        raise HTTPException(422, {"error": "invalid_window", "message": "give both start and end, or last"})
+    try:
+        window = Window(start, end) if start is not None else Window.last(last)
+    except ValueError as exc:
+        raise HTTPException(422, {"error": "invalid_window", "message": str(exc)}) from None
+    if window.seconds > MAX_WINDOW_S:
+        raise HTTPException(422, {"error": "invalid_window", "message": "window longer than 400 days"})
+    return window
+
+
+def filters_param(
+    instance: str | None = None, model: str | None = None, drafter: str | None = None,
+    mode: Literal["speculative", "autoregressive"] | None = None, arm: Literal["spec", "control"] | None = None,
+    tag: Annotated[list[str], Query()] = [],  # noqa: B006 - FastAPI copies defaults
+) -> Filters:
+    pairs = [t.partition(":") for t in tag]
+    if any(not key or not sep for key, sep, _ in pairs):
+        raise HTTPException(422, {"error": "invalid_tag", "message": "tag must be key:value"})
+    return Filters(instance, model, drafter, mode, arm, tuple((k, v) for k, _, v in pairs))
+
+
+WindowDep = Annotated[Window, Depends(window_param)]
+FiltersDep = Annotated[Filters, Depends(filters_param)]
+
+
+@router.get("/signals")
+def get_signals(engine: EngineDep, window: WindowDep, filters: FiltersDep) -> Response:
+    """Counts, throughput, acceptance and TTFT/e2e/TPOT percentiles of the window."""
+    return json_response(queries.signals(engine, window, filters))
+
+
+@router.get("/acceptance/positions")
+def get_positions(engine: EngineDep, window: WindowDep, filters: FiltersDep) -> Response:
+    return json_response(queries.per_position_acceptance(engine, window, filters))
+
+
+@router.get("/acceptance/length")
+def get_length(
+    engine: EngineDep, window: WindowDep, filters: FiltersDep, by: Literal["prompt_tokens", "output_tokens"] = "prompt_tokens"
+) -> Response:
+    return json_response(queries.acceptance_vs_length(engine, window, filters, by))
+
+
+@router.get("/errors/by-hour")
+def get_errors_by_hour(engine: EngineDep, window: WindowDep, filters: FiltersDep) -> Response:
+    return json_response(queries.errors_by_hour(engine, window, filters))
+
+
+@router.get("/series")
+def get_series(engine: EngineDep, window: WindowDep, filters: FiltersDep, step: Annotated[float, Query(ge=1)] = 60.0) -> Response:
+    try:
+        return json_response(series.series(engine, window, filters, step))
+    except ValueError as exc:
+        raise HTTPException(422, {"error": "invalid_step", "message": str(exc)}) from None
+
+
+@router.get("/devices/latest")
+def get_devices(engine: EngineDep, instance: str | None = None) -> Response:
+    return json_response(series.latest_device_samples(engine, instance))
