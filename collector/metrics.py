@@ -36,6 +36,7 @@ class CollectorMetrics:
         )
         self._request_metrics(registry)
         self._device_metrics(registry)
+        self._last_sample_at: dict[tuple[str, str], float] = {}
 
     def _request_metrics(self, registry: CollectorRegistry) -> None:
         def counter(name: str, doc: str) -> Counter:
@@ -105,8 +106,11 @@ class CollectorMetrics:
         self.output_tokens.labels(*labels).inc(sum(r.output_tokens for r in group))
 
     def _set_device_gauges(self, samples: Iterable[DeviceSample]) -> None:
-        for s in sorted(samples, key=lambda s: s.at):  # the latest reading wins
+        for s in samples:
             labels = (s.instance, s.device)
+            if s.at < self._last_sample_at.get(labels, float("-inf")):
+                continue  # a late (e.g. replayed) reading must not overwrite a newer one
+            self._last_sample_at[labels] = s.at
             self.reserved.labels(*labels).set(s.mem_reserved_bytes)
             self.queue_depth.labels(*labels).set(s.queue_depth)
             for gauge, value in ((self.fragmentation, s.fragmentation), (self.power, s.power_w), (self.load, s.load)):
