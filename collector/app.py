@@ -6,6 +6,7 @@ the background jobs (retention, vLLM scrapes); route modules reach those through
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -28,9 +29,11 @@ def create_app(settings: Settings | None = None, registry: CollectorRegistry | N
         app.state.settings = settings
         app.state.store = Store(engine)
         app.state.metrics = CollectorMetrics(registry or CollectorRegistry())
+        app.state.ingest_executor = ThreadPoolExecutor(settings.ingest_workers, thread_name_prefix="ingest")
         try:
             yield
         finally:
+            app.state.ingest_executor.shutdown(wait=True)
             engine.dispose()
 
     app = FastAPI(title="specwatch collector", lifespan=lifespan)

@@ -49,6 +49,9 @@ def parse_batch(body: bytes) -> IngestBatch:
 def _describe(error: dict[str, Any]) -> dict[str, Any]:
     """`("requests", 3, "gamma")` -> item `requests[3]`, field `gamma`."""
     loc = list(error["loc"])
+    blamed = getattr(error.get("ctx", {}).get("error"), "field", None)  # a schema.FieldError
+    if blamed:
+        loc.append(blamed)
     item = f"{loc[0]}[{loc[1]}]" if len(loc) >= 2 and isinstance(loc[1], int) else (str(loc[0]) if loc else None)
     rest = loc[2:] if item and "[" in item else loc[1:]
     field = ".".join(str(part) for part in rest) or None

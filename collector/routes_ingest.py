@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy.exc import SQLAlchemyError
-from starlette.concurrency import run_in_threadpool
 
 from collector.db import is_current
 from collector.deps import EngineDep, MetricsDep, SettingsDep, StoreDep, json_response, require_ingest_token
@@ -21,8 +22,10 @@ async def ingest(request: Request, store: StoreDep, settings: SettingsDep, metri
     """Store one batch atomically; duplicates (by idempotency key) are skipped and counted."""
     try:
         body = await _read_body(request, settings.max_body_bytes)
-        # Parsing and writing are CPU/IO bound: keep them off the event loop.
-        counts = await run_in_threadpool(store_body, store, body)
+        # Parsing and writing are CPU/IO bound: keep them off the event loop, on a small
+        # dedicated pool (many threads parsing at once only fight over the GIL).
+        loop = asyncio.get_running_loop()
+        counts = await loop.run_in_executor(request.app.state.ingest_executor, store_body, store, body)
     except BatchRejected as exc:
         metrics.record_rejected(exc.reason)
         raise HTTPException(exc.status, exc.detail) from None

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 # 2000-01-01 .. 2100-01-01: anything outside is a unit error (ms, ns) or garbage.
 MIN_EPOCH_S = 946_684_800.0
@@ -42,6 +42,14 @@ EventKind = Literal["cold_start", "mode_switch", "defrag", "draft_unloaded", "dr
 DRAFTER_PATTERN = r"^(ngram|model:[^\s\x00]{1,200}|early-exit:[0-9]{1,4})$"
 
 
+class FieldError(ValueError):
+    """A cross-field check failed; `field` is the one to blame in error reports."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
 
@@ -66,53 +74,31 @@ class RequestRecord(_Strict):
     num_draft_tokens: Count = 0
     num_accepted_tokens: Count = 0
     accepted_per_position: list[Count] = Field(default_factory=list, max_length=MAX_GAMMA)
-    gamma: Annotated[int, Field(ge=0, le=MAX_GAMMA, validate_default=True)] = 0
+    gamma: Annotated[int, Field(ge=0, le=MAX_GAMMA)] = 0
     draft_s: Seconds = 0.0
     verify_s: Seconds = 0.0
     retries: Annotated[int, Field(ge=0, le=1000)] = 0
     status: Status = "ok"
     error: ShortText | None = None
     energy_j: NonNegative | None = None
-    energy_source: Annotated[EnergySource | None, Field(validate_default=True)] = None
+    energy_source: EnergySource | None = None
     load_at_admission: Annotated[float, Field(ge=0.0, le=1000.0, allow_inf_nan=False)] | None = None
     tags: dict[TagKey, TagValue] = Field(default_factory=dict, max_length=MAX_TAGS)
 
-    # Cross-field checks are field validators (fields are validated in declaration order),
-    # so an error's location names the offending field, not just the record.
-    @field_validator("num_draft_tokens")
-    @classmethod
-    def _drafts_hold_tokens(cls, value: int, info: ValidationInfo) -> int:
-        if value < info.data.get("num_drafts", 0):
-            raise ValueError("num_drafts must be <= num_draft_tokens (a draft holds at least one token)")
-        return value
-
-    @field_validator("num_accepted_tokens")
-    @classmethod
-    def _accepted_le_drafted(cls, value: int, info: ValidationInfo) -> int:
-        if value > info.data.get("num_draft_tokens", value):
-            raise ValueError("num_accepted_tokens must be <= num_draft_tokens")
-        return value
-
-    @field_validator("accepted_per_position")
-    @classmethod
-    def _per_position_consistent(cls, value: list[int], info: ValidationInfo) -> list[int]:
-        _check_per_position(value, info.data.get("num_drafts"), info.data.get("num_accepted_tokens"))
-        return value
-
-    @field_validator("gamma")
-    @classmethod
-    def _gamma_matches_positions(cls, value: int, info: ValidationInfo) -> int:
-        per_position = info.data.get("accepted_per_position")
-        if per_position is not None and len(per_position) != value:
-            raise ValueError(f"accepted_per_position has {len(per_position)} entries, gamma is {value}")
-        return value
-
-    @field_validator("energy_source")
-    @classmethod
-    def _energy_has_source(cls, value: str | None, info: ValidationInfo) -> str | None:
-        if "energy_j" in info.data and (info.data["energy_j"] is None) != (value is None):
-            raise ValueError("energy_j and energy_source must be given together")
-        return value
+    # One after-validator for all cross-field checks (one Python call per record keeps the
+    # ingest hot path fast); FieldError tells the ingest service which field to name.
+    @model_validator(mode="after")
+    def _consistent_counts(self) -> RequestRecord:
+        if self.num_drafts > self.num_draft_tokens:
+            raise FieldError("num_draft_tokens", "num_drafts must be <= num_draft_tokens (a draft holds at least one token)")
+        if self.num_accepted_tokens > self.num_draft_tokens:
+            raise FieldError("num_accepted_tokens", "num_accepted_tokens must be <= num_draft_tokens")
+        if len(self.accepted_per_position) != self.gamma:
+            raise FieldError("gamma", f"accepted_per_position has {len(self.accepted_per_position)} entries, gamma is {self.gamma}")
+        _check_per_position(self.accepted_per_position, self.num_drafts, self.num_accepted_tokens)
+        if (self.energy_j is None) != (self.energy_source is None):
+            raise FieldError("energy_source", "energy_j and energy_source must be given together")
+        return self
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -125,16 +111,17 @@ class RequestRecord(_Strict):
         return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else None
 
 
-def _check_per_position(per_position: list[int], num_drafts: int | None, num_accepted: int | None) -> None:
-    """Position i counts drafts whose tokens 0..i were all accepted (None: that field failed)."""
+def _check_per_position(per_position: list[int], num_drafts: int, num_accepted: int) -> None:
+    """Position i counts drafts whose tokens 0..i were all accepted."""
     if not per_position:
         return
+    field = "accepted_per_position"
     if any(later > earlier for earlier, later in zip(per_position, per_position[1:])):
-        raise ValueError("accepted_per_position must be non-increasing")
-    if num_drafts is not None and per_position[0] > num_drafts:
-        raise ValueError("accepted_per_position[0] must be <= num_drafts")
-    if num_accepted is not None and sum(per_position) != num_accepted:
-        raise ValueError("accepted_per_position must sum to num_accepted_tokens")
+        raise FieldError(field, "accepted_per_position must be non-increasing")
+    if per_position[0] > num_drafts:
+        raise FieldError(field, "accepted_per_position[0] must be <= num_drafts")
+    if sum(per_position) != num_accepted:
+        raise FieldError(field, "accepted_per_position must sum to num_accepted_tokens")
 
 
 class DeviceSample(_Strict):
@@ -147,7 +134,7 @@ class DeviceSample(_Strict):
     mem_reserved_bytes: Count
     fragmentation: Annotated[float, Field(ge=0.0, le=1e6, allow_inf_nan=False)] | None = None
     power_w: Annotated[float, Field(ge=0.0, le=1e5, allow_inf_nan=False)] | None = None
-    power_source: Annotated[EnergySource | None, Field(validate_default=True)] = None
+    power_source: EnergySource | None = None
     util_target: Fraction | None = None
     util_draft: Fraction | None = None
     active_requests: Count = 0
@@ -156,12 +143,11 @@ class DeviceSample(_Strict):
     draft_loaded: bool | None = None
     default_mode: Mode | None = None
 
-    @field_validator("power_source")
-    @classmethod
-    def _power_has_source(cls, value: str | None, info: ValidationInfo) -> str | None:
-        if "power_w" in info.data and (info.data["power_w"] is None) != (value is None):
-            raise ValueError("power_w and power_source must be given together")
-        return value
+    @model_validator(mode="after")
+    def _power_has_source(self) -> DeviceSample:
+        if (self.power_w is None) != (self.power_source is None):
+            raise FieldError("power_source", "power_w and power_source must be given together")
+        return self
 
 
 class EngineEvent(_Strict):

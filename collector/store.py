@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import Any, Callable, Sequence
 
 import orjson
@@ -55,33 +55,33 @@ class IngestCounts:
 
 
 class _TableSpec:
-    """How records of one kind become rows of one table (every column but `id`)."""
+    """How records of one kind become rows of one table (every column but `id`).
+
+    Column names equal the schema's field names, so a row is read straight out of the
+    pydantic instance's `__dict__` (several times faster than per-attribute access).
+    """
 
     def __init__(self, table: Table, conflict: Sequence[str]) -> None:
         self.table = table
         self.columns = [c.name for c in table.columns if c.name != "id"]
         self.conflict = tuple(conflict)
-        json_cols = {c.name for c in table.columns if isinstance(c.type, JSON)}
-        self.scalar = [c for c in self.columns if c not in json_cols]
-        self.json = [c for c in self.columns if c in json_cols]
-        self._get_scalar = attrgetter(*self.scalar)
+        self.json_positions = [i for i, c in enumerate(self.columns) if isinstance(table.columns[c].type, JSON)]
+        self._get_values = itemgetter(*self.columns)
         self._get_key = attrgetter(*self.conflict)
-        self._order = [self._position(c) for c in self.columns]
         self.pg_types = [_pg_type(table.columns[c].type) for c in self.columns]
-
-    def _position(self, column: str) -> int:
-        return self.scalar.index(column) if column in self.scalar else len(self.scalar) + self.json.index(column)
 
     def key(self, record: Any) -> Any:
         return self._get_key(record)
 
-    def rows(self, records: Sequence[Any], encode: Callable[[Any], Any]) -> list[tuple]:
-        """Column-ordered tuples; JSON columns go through `encode` (text for SQLite, objects for COPY)."""
-        json_cols, get_scalar, order = self.json, self._get_scalar, self._order
+    def rows(self, records: Sequence[Any], encode: Callable[[Any], Any]) -> list[list[Any]]:
+        """Column-ordered rows; JSON columns go through `encode` (text for SQLite, objects for COPY)."""
+        get_values, json_positions = self._get_values, self.json_positions
         out = []
         for record in records:
-            values = get_scalar(record) + tuple(encode(getattr(record, c)) for c in json_cols)
-            out.append(tuple(values[i] for i in order))
+            values = list(get_values(record.__dict__))
+            for i in json_positions:
+                values[i] = encode(values[i])
+            out.append(values)
         return out
 
 
