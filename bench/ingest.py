@@ -36,7 +36,7 @@ from collector.db import make_engine, upgrade  # noqa: E402
 from collector.schema import RequestRecord  # noqa: E402
 from collector.store import REQUESTS  # noqa: E402
 
-T0 = 1_780_000_000.0
+T0 = time.time() - 3600.0  # recent, so the collector's retention keeps it
 
 
 def payloads(n: int, prefix: str) -> list[dict]:

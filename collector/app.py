@@ -1,11 +1,12 @@
 """The collector service: `create_app(settings)` builds the FastAPI app.
 
 The lifespan opens the database, upgrades its schema to the newest migration and starts
-the background jobs (retention, vLLM scrapes); route modules reach those through `deps.py`.
+the background jobs (roll-ups and retention, vLLM scrapes); route modules reach those through `deps.py`.
 """
 
 from __future__ import annotations
 
+import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
@@ -14,6 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from collector import routes_ingest, routes_query
 from collector.db import make_engine, upgrade
+from collector.maintenance import maintenance_loop
 from collector.metrics import CollectorMetrics
 from collector.settings import Settings
 from collector.store import Store
@@ -30,9 +32,13 @@ def create_app(settings: Settings | None = None, registry: CollectorRegistry | N
         app.state.store = Store(engine)
         app.state.metrics = CollectorMetrics(registry or CollectorRegistry())
         app.state.ingest_executor = ThreadPoolExecutor(settings.ingest_workers, thread_name_prefix="ingest")
+        tasks = [asyncio.create_task(maintenance_loop(app.state.store, settings), name="maintenance")]
         try:
             yield
         finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             app.state.ingest_executor.shutdown(wait=True)
             engine.dispose()
 

@@ -21,10 +21,10 @@ import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
+from collector.models import LATENCY_BUCKETS
 from collector.schema import DeviceSample, RequestRecord
 from collector.store import IngestCounts
 
-LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 120.0)
 REQUEST_LABELS = ("instance", "model", "mode", "drafter")
 _SUMS = ("drafts", "draft_tokens", "accepted_tokens", "output_tokens")
 _SUM_FIELDS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "output_tokens")

@@ -110,3 +110,61 @@ class EngineEventRow(Base):
     kind: Mapped[str] = mapped_column(String(16))
     detail: Mapped[dict[str, Any]]
     duration_s: Mapped[float | None]
+
+
+# Latency histogram bounds (seconds) shared by /metrics and the per-minute rollups.
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 120.0)
+
+
+def bucket_column_names(prefix: str) -> list[str]:
+    return [f"{prefix}_b{i:02d}" for i in range(len(LATENCY_BUCKETS) + 1)]
+
+
+def bucket_columns(prefix: str) -> dict[str, Any]:
+    return {name: mapped_column(BigInteger) for name in bucket_column_names(prefix)}
+
+
+class RequestRollup(Base):
+    """Per-minute aggregates of requests, kept long after raw rows are deleted.
+
+    One row per (minute, instance, model, mode, drafter, arm); '' stands for a null drafter
+    or arm so the key is a plain primary key. Every column is additive, so raw rows are
+    folded in incrementally (`collector.rollups`). Latency histograms hold non-cumulative
+    counts per bucket of `LATENCY_BUCKETS` (bucket i: bounds[i-1] < v <= bounds[i]; the last
+    one: above the largest bound).
+    """
+
+    __tablename__ = "request_rollups"
+
+    minute: Mapped[int] = mapped_column(BigInteger, primary_key=True)  # epoch seconds, a multiple of 60
+    instance: Mapped[str] = mapped_column(String(128), primary_key=True)
+    model: Mapped[str] = mapped_column(String(128), primary_key=True)
+    mode: Mapped[str] = mapped_column(String(16), primary_key=True)
+    drafter: Mapped[str] = mapped_column(String(256), primary_key=True)
+    arm: Mapped[str] = mapped_column(String(8), primary_key=True)
+    requests: Mapped[int] = mapped_column(BigInteger)
+    errors: Mapped[int] = mapped_column(BigInteger)
+    ooms: Mapped[int] = mapped_column(BigInteger)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger)
+    output_tokens: Mapped[int] = mapped_column(BigInteger)
+    drafts: Mapped[int] = mapped_column(BigInteger)
+    draft_tokens: Mapped[int] = mapped_column(BigInteger)
+    accepted_tokens: Mapped[int] = mapped_column(BigInteger)
+    # acceptance rate across requests that drafted: n, sum and sum of squares -> mean, stddev
+    rate_n: Mapped[int] = mapped_column(BigInteger)
+    rate_sum: Mapped[float]
+    rate_sumsq: Mapped[float]
+    ttft_count: Mapped[int] = mapped_column(BigInteger)
+    ttft_sum: Mapped[float]
+    e2e_sum: Mapped[float]
+    # ttft_b00.. and e2e_b00..: one count column per latency bucket, so SQL can SUM them per step.
+    locals().update(bucket_columns("ttft") | bucket_columns("e2e"))
+
+
+class MaintenanceState(Base):
+    """Small persistent key -> number state of background jobs (e.g. the last rolled-up request id)."""
+
+    __tablename__ = "maintenance_state"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[float]

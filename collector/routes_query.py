@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Response
 
-from collector import queries, series
+from collector import history, queries, series
 from collector.deps import EngineDep, json_response
 from collector.queries import Filters, Window
 
@@ -73,8 +73,9 @@ def get_errors_by_hour(engine: EngineDep, window: WindowDep, filters: FiltersDep
 
 @router.get("/series")
 def get_series(engine: EngineDep, window: WindowDep, filters: FiltersDep, step: Annotated[float, Query(ge=1)] = 60.0) -> Response:
+    """Per-step series: exact from raw rows up to 6 h, from per-minute rollups beyond."""
     try:
-        return json_response(series.series(engine, window, filters, step))
+        return json_response(history.auto_series(engine, window, filters, step))
     except ValueError as exc:
         raise HTTPException(422, {"error": "invalid_step", "message": str(exc)}) from None
 

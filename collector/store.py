@@ -9,6 +9,7 @@ appears earlier in the same batch) is skipped and counted as a duplicate.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import dataclass, field
 from operator import attrgetter, itemgetter
@@ -113,6 +114,10 @@ class Store:
         self.is_sqlite = engine.dialect.name == "sqlite"
         # SQLite has one writer at a time; queueing here beats spinning on SQLITE_BUSY.
         self._write_lock = threading.Lock() if self.is_sqlite else None
+
+    def write_lock(self) -> contextlib.AbstractContextManager:
+        """Held by every writer on SQLite (ingest, roll-ups, retention); a no-op on PostgreSQL."""
+        return self._write_lock if self._write_lock is not None else contextlib.nullcontext()
 
     def insert(self, batch: IngestBatch) -> IngestCounts:
         """Store a whole batch in one transaction and count what was new."""

@@ -55,7 +55,8 @@ def engine(db_url: str) -> Engine:
 
 @pytest.fixture
 def settings(db_url: str, tmp_path) -> Settings:
-    return Settings(data_dir=tmp_path, database_url=db_url, max_body_bytes=256 * 1024)
+    # The fixed test epoch is months old: keep retention from deleting it under the tests.
+    return Settings(data_dir=tmp_path, database_url=db_url, max_body_bytes=256 * 1024, retention_days=36500)
 
 
 @pytest.fixture

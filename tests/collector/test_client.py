@@ -104,7 +104,7 @@ def test_bounded_queue_drops_instead_of_blocking(tmp_path):
 def test_refused_batches_are_counted_not_retried(db_url, tmp_path):
     from collector.settings import Settings
 
-    settings = Settings(data_dir=tmp_path, database_url=db_url, ingest_token="right")
+    settings = Settings(data_dir=tmp_path, database_url=db_url, ingest_token="right", retention_days=36500)
     with running_collector(settings, free_port()) as url:
         client = TelemetryClient(url, tmp_path / "spool", token="wrong", flush_interval_s=0.02)
         for record in records(0, 10):

@@ -22,7 +22,7 @@ WAVES, PER_WAVE, KILL_AT, RESTART_AT = 30, 100, 8, 18
 
 
 def start_collector(db_url: str, port: int, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "SPECWATCH_RETENTION_DAYS": "36500"}
     cmd = [sys.executable, "-m", "specwatch", "collector", "serve", "--db", db_url, "--port", str(port)]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60

@@ -101,7 +101,7 @@ def test_oversize_body_is_413(client, make_request):
 
 
 def test_bearer_token_is_required_when_configured(db_url, tmp_path, make_request):
-    settings = Settings(data_dir=tmp_path, database_url=db_url, ingest_token="s3cret")
+    settings = Settings(data_dir=tmp_path, database_url=db_url, ingest_token="s3cret", retention_days=36500)
     with TestClient(create_app(settings)) as client:
         payload = {"requests": [make_request(1)]}
         assert post(client, payload).status_code == 401

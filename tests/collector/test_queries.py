@@ -9,28 +9,9 @@ from collector.queries import Filters, Window, acceptance_vs_length, errors_by_h
 from collector.schema import IngestBatch
 from collector.series import latest_device_samples, series
 from collector.store import Store
-from collector_payloads import T0, request_dict, sample_dict
+from collector_payloads import T0, request_dict, sample_dict, varied_request
 
 N = 400
-
-
-def varied_request(i: int, rng: np.random.Generator) -> dict:
-    """Requests over 20 minutes, two instances; every 4th autoregressive; acceptance grows with prompt length."""
-    prompt = int(rng.integers(10, 3000))
-    if i % 4 == 0:
-        extra = {"mode": "autoregressive", "drafter": None, "num_drafts": 0, "num_draft_tokens": 0,
-                 "num_accepted_tokens": 0, "accepted_per_position": [], "gamma": 0}
-    else:
-        drafts = int(rng.integers(5, 40))
-        p = min(0.95, 0.2 + prompt / 4000)  # per-token acceptance, grows with length
-        per_pos = [int(drafts * p ** (k + 1)) for k in range(4)]
-        extra = {"num_drafts": drafts, "num_draft_tokens": 4 * drafts, "num_accepted_tokens": sum(per_pos),
-                 "accepted_per_position": per_pos, "gamma": 4}
-    return request_dict(
-        i, started_at=T0 + i * 3.0, instance=f"gpu-{i % 2}", prompt_tokens=prompt, output_tokens=int(rng.integers(1, 200)),
-        ttft_s=None if i % 13 == 0 else float(rng.gamma(2.0, 0.05)), e2e_s=float(rng.uniform(0.5, 5.0)),
-        status="error" if i % 17 == 0 else "ok", error="target:oom" if i % 34 == 0 else None, **extra,
-    )
 
 
 @pytest.fixture

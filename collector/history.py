@@ -1,0 +1,99 @@
+"""Long windows from the per-minute rollups (plus raw rows for the part not rolled up yet).
+
+Percentiles here are interpolated from the rollup histograms the way PromQL's
+`histogram_quantile` does, so they are estimates; short windows use exact raw-row
+percentiles (`collector.series.series`). Tag filters are not kept in rollups: a query
+with tags falls back to raw rows.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from sqlalchemy import Engine, and_, func, select
+
+from collector.models import LATENCY_BUCKETS, RequestRollup
+from collector.queries import Filters, Window
+from collector.rollups import E2E_COLUMNS, LAST_PASS_AT, TTFT_COLUMNS, get_state
+from collector.series import SeriesPoint, series
+
+RAW_WINDOW_LIMIT_S = 6 * 3600.0
+# Requests finish after they start: minutes this close to the last roll-up pass may still
+# gain rows, so those steps are read from raw rows.
+GRACE_S = 300.0
+_SUMS = ("requests", "errors", "output_tokens", "drafts", "draft_tokens", "accepted_tokens")
+
+
+def histogram_quantile(q: float, counts: np.ndarray, bounds=LATENCY_BUCKETS) -> float | None:
+    """PromQL's histogram_quantile over non-cumulative bucket counts (last bucket: +Inf)."""
+    total = counts.sum()
+    if total == 0:
+        return None
+    cumulative = np.cumsum(counts)
+    rank = q * total
+    i = int(np.searchsorted(cumulative, rank, side="left"))
+    if i >= len(bounds):
+        return float(bounds[-1])  # in the +Inf bucket: the largest finite bound, as Prometheus does
+    lower = 0.0 if i == 0 else bounds[i - 1]
+    below = 0.0 if i == 0 else cumulative[i - 1]
+    return float(lower + (bounds[i] - lower) * (rank - below) / counts[i])
+
+
+def auto_series(engine: Engine, window: Window, filters: Filters = Filters(), step_s: float = 60.0) -> list[SeriesPoint]:
+    """Exact raw-row series for short windows, rollups for long ones."""
+    if window.seconds <= RAW_WINDOW_LIMIT_S:
+        return series(engine, window, filters, step_s)
+    return long_series(engine, window, filters, step_s)
+
+
+def long_series(engine: Engine, window: Window, filters: Filters = Filters(), step_s: float = 3600.0) -> list[SeriesPoint]:
+    """Steps ending before the last roll-up pass (less GRACE_S) come from rollups, the rest from raw rows."""
+    if filters.tags or step_s % 60 or window.start % 60:
+        return series(engine, window, filters, step_s)
+    with engine.connect() as conn:
+        pass_at = get_state(conn, LAST_PASS_AT)
+    if pass_at is None:
+        return series(engine, window, filters, step_s)
+    steps = math.ceil(window.seconds / step_s)
+    rolled_steps = int(min(steps, max(0, (pass_at - GRACE_S - window.start) // step_s)))
+    split = window.start + rolled_steps * step_s
+    points = _rollup_points(engine, window.start, rolled_steps, step_s, filters) if rolled_steps else []
+    if split < window.end:
+        points += series(engine, Window(split, window.end), filters, step_s)
+    return points
+
+
+def _rollup_conditions(start: float, end: float, filters: Filters) -> list:
+    cond = [RequestRollup.minute >= start, RequestRollup.minute < end]
+    for column in ("instance", "model", "mode"):
+        if (value := getattr(filters, column)) is not None:
+            cond.append(getattr(RequestRollup, column) == value)
+    for column in ("drafter", "arm"):
+        if (value := getattr(filters, column)) is not None:
+            cond.append(getattr(RequestRollup, column) == ("" if value == "none" else value))
+    return cond
+
+
+def _rollup_points(engine: Engine, start: float, steps: int, step_s: float, filters: Filters) -> list[SeriesPoint]:
+    index = func.floor((RequestRollup.minute - start) / step_s).label("step")
+    sums = [func.sum(getattr(RequestRollup, c)) for c in (*_SUMS, *TTFT_COLUMNS, *E2E_COLUMNS)]
+    stmt = select(index, *sums).where(and_(*_rollup_conditions(start, start + steps * step_s, filters))).group_by(index)
+    table = np.zeros((steps, len(sums)))
+    with engine.connect() as conn:
+        for step, *values in conn.execute(stmt):
+            table[int(step)] = [float(v or 0) for v in values]
+    return [_point(start + i * step_s, table[i]) for i in range(steps)]
+
+
+def _point(t: float, row: np.ndarray) -> SeriesPoint:
+    requests, errors, out, drafts, drafted, accepted = (int(v) for v in row[: len(_SUMS)])
+    ttft = row[len(_SUMS) : len(_SUMS) + len(TTFT_COLUMNS)]
+    e2e = row[len(_SUMS) + len(TTFT_COLUMNS) :]
+    return SeriesPoint(
+        t=t, requests=requests, errors=errors, output_tokens=out, drafts=drafts, draft_tokens=drafted,
+        accepted_tokens=accepted, acceptance_rate=accepted / drafted if drafted else None,
+        mean_acceptance_length=1.0 + accepted / drafts if drafts else None,
+        ttft_p50=histogram_quantile(0.5, ttft), ttft_p99=histogram_quantile(0.99, ttft),
+        e2e_p50=histogram_quantile(0.5, e2e), e2e_p99=histogram_quantile(0.99, e2e),
+    )

@@ -1,0 +1,34 @@
+"""The collector's background jobs: roll-ups and retention, every `maintenance_interval_s`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from collector.rollups import apply_retention, roll_up
+from collector.settings import Settings
+from collector.store import Store
+
+log = logging.getLogger("specwatch.collector")
+DAY_S = 86400.0
+
+
+def run_once(store: Store, settings: Settings, now: float | None = None) -> None:
+    now = time.time() if now is None else now
+    raw_s, rollup_s = settings.retention_days * DAY_S, settings.rollup_retention_days * DAY_S
+    report = roll_up(store.engine, now, lock=store.write_lock())
+    deleted_raw, deleted_rollups = apply_retention(store.engine, now, raw_s, rollup_s, lock=store.write_lock())
+    if report.rows_folded or deleted_raw or deleted_rollups:
+        log.info("rolled up %d requests; deleted %d raw requests and %d rollup rows",
+                 report.rows_folded, deleted_raw, deleted_rollups)
+
+
+async def maintenance_loop(store: Store, settings: Settings) -> None:
+    """Runs until cancelled; a failing pass is logged and retried next interval."""
+    while True:
+        try:
+            await asyncio.to_thread(run_once, store, settings)
+        except Exception:  # noqa: BLE001 - keep the loop alive; the next pass retries
+            log.exception("maintenance pass failed")
+        await asyncio.sleep(settings.maintenance_interval_s)

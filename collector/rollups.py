@@ -1,0 +1,143 @@
+"""Per-minute rollups of requests, and retention of raw rows.
+
+Roll-ups are incremental and exact: every pass folds the raw rows inserted since the
+last one (ids above `rollup_last_id`) into `request_rollups` with additive upserts, so a
+late record (a replayed spool, a long request) lands in its minute like any other.
+On PostgreSQL the pass first takes a SHARE lock on `requests`, which waits for in-flight
+ingest transactions, so no lower id can commit after the pass has read past it; on SQLite
+the store's write lock serialises the same way.
+
+Retention deletes raw rows older than the raw retention only once they are rolled up
+(`id <= rollup_last_id`), and rollups older than their own retention.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import numpy as np
+from sqlalchemy import Connection, Engine, delete, insert, select, text
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+from collector.models import (
+    LATENCY_BUCKETS, DeviceSampleRow, EngineEventRow, MaintenanceState, Request, RequestRollup, bucket_column_names,
+)
+
+CHUNK_ROWS = 200_000  # raw rows folded per transaction
+LAST_ID, LAST_PASS_AT = "rollup_last_id", "rollup_pass_at"
+TTFT_COLUMNS, E2E_COLUMNS = bucket_column_names("ttft"), bucket_column_names("e2e")
+KEY_COLUMNS = ("minute", "instance", "model", "mode", "drafter", "arm")
+_BOUNDS = np.array(LATENCY_BUCKETS)
+
+
+@dataclass(frozen=True)
+class RollupReport:
+    rows_folded: int
+    last_id: int
+
+
+def get_state(conn: Connection, key: str) -> float | None:
+    return conn.scalar(select(MaintenanceState.value).where(MaintenanceState.key == key))
+
+
+def set_state(conn: Connection, key: str, value: float) -> None:
+    conn.execute(delete(MaintenanceState).where(MaintenanceState.key == key))
+    conn.execute(insert(MaintenanceState).values(key=key, value=value))
+
+
+def roll_up(engine: Engine, now: float, lock: contextlib.AbstractContextManager | None = None) -> RollupReport:
+    """Fold every raw request not rolled up yet into the per-minute rollups."""
+    folded, last_id = 0, 0
+    while True:
+        with lock or contextlib.nullcontext(), engine.begin() as conn:
+            if conn.dialect.name == "postgresql":
+                conn.execute(text("LOCK TABLE requests IN SHARE MODE"))
+            last_id = int(get_state(conn, LAST_ID) or 0)
+            rows = conn.execute(
+                select(Request.id, *_RAW).where(Request.id > last_id).order_by(Request.id).limit(CHUNK_ROWS)
+            ).all()
+            if rows:
+                _upsert(conn, aggregate([row[1:] for row in rows]))
+                last_id = rows[-1][0]
+                set_state(conn, LAST_ID, last_id)
+            set_state(conn, LAST_PASS_AT, now)
+        folded += len(rows)
+        if len(rows) < CHUNK_ROWS:
+            return RollupReport(folded, last_id)
+
+
+def _upsert(conn: Connection, rows: list[dict]) -> None:
+    table = RequestRollup.__table__
+    stmt = (pg_insert if conn.dialect.name == "postgresql" else sqlite_insert)(table)
+    additive = {c.name: table.c[c.name] + stmt.excluded[c.name] for c in table.columns if c.name not in KEY_COLUMNS}
+    conn.execute(stmt.on_conflict_do_update(index_elements=list(KEY_COLUMNS), set_=additive), rows)
+
+
+_RAW = (
+    Request.started_at, Request.instance, Request.model, Request.mode, Request.drafter, Request.arm, Request.status,
+    Request.error, Request.prompt_tokens, Request.output_tokens, Request.num_drafts, Request.num_draft_tokens,
+    Request.num_accepted_tokens, Request.ttft_s, Request.e2e_s,
+)
+
+
+def aggregate(rows: list[tuple]) -> list[dict]:
+    """Raw request rows (in `_RAW` order) -> one rollup dict per minute and label set."""
+    index: dict[tuple, int] = {}
+    group = np.fromiter(
+        (index.setdefault((int(r[0] // 60) * 60, r[1], r[2], r[3], r[4] or "", r[5] or ""), len(index)) for r in rows),
+        dtype=np.int64, count=len(rows),
+    )
+    n = len(index)
+    cols = list(zip(*rows))
+    prompt, output, drafts, drafted, accepted, ttft, e2e = (np.array(c, dtype=float) for c in cols[8:15])
+
+    def total(weights: np.ndarray, where: np.ndarray | None = None) -> np.ndarray:
+        if where is None:
+            return np.bincount(group, weights=weights, minlength=n)
+        return np.bincount(group[where], weights=weights[where], minlength=n)
+
+    drafting = drafted > 0
+    rate = np.divide(accepted, drafted, out=np.zeros_like(accepted), where=drafting)
+    has_ttft = ~np.isnan(ttft)
+    sums = {
+        "requests": np.bincount(group, minlength=n),
+        "errors": total(np.array([s == "error" for s in cols[6]], dtype=float)),
+        "ooms": total(np.array([bool(e) and "oom" in e for e in cols[7]], dtype=float)),
+        "prompt_tokens": total(prompt), "output_tokens": total(output), "drafts": total(drafts),
+        "draft_tokens": total(drafted), "accepted_tokens": total(accepted),
+        "rate_n": total(drafting.astype(float)), "rate_sum": total(rate, drafting), "rate_sumsq": total(rate * rate, drafting),
+        "ttft_count": total(has_ttft.astype(float)), "ttft_sum": total(ttft, has_ttft), "e2e_sum": total(e2e),
+    }
+    ttft_hist = _histogram(group[has_ttft], ttft[has_ttft], n)
+    e2e_hist = _histogram(group, e2e, n)
+    floats = {"rate_sum", "rate_sumsq", "ttft_sum", "e2e_sum"}
+    out = []
+    for key, g in index.items():
+        row = dict(zip(("minute", "instance", "model", "mode", "drafter", "arm"), key))
+        row.update({k: (float(v[g]) if k in floats else int(v[g])) for k, v in sums.items()})
+        row.update(zip(TTFT_COLUMNS, (int(c) for c in ttft_hist[g])))
+        row.update(zip(E2E_COLUMNS, (int(c) for c in e2e_hist[g])))
+        out.append(row)
+    return out
+
+
+def _histogram(group: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """Per-group counts per bucket (bucket i: bounds[i-1] < v <= bounds[i], Prometheus' `le`)."""
+    width = len(_BOUNDS) + 1
+    flat = group * width + np.searchsorted(_BOUNDS, values, side="left")
+    return np.bincount(flat, minlength=n * width).reshape(n, width)
+
+
+def apply_retention(engine: Engine, now: float, raw_retention_s: float, rollup_retention_s: float,
+                    lock: contextlib.AbstractContextManager | None = None) -> tuple[int, int]:
+    """Delete rolled-up raw requests older than raw_retention_s, old samples/events, and old rollups."""
+    with lock or contextlib.nullcontext(), engine.begin() as conn:
+        last_id = int(get_state(conn, LAST_ID) or 0)
+        cutoff = now - raw_retention_s
+        raw = conn.execute(delete(Request).where(Request.started_at < cutoff, Request.id <= last_id)).rowcount
+        conn.execute(delete(DeviceSampleRow).where(DeviceSampleRow.at < cutoff))
+        conn.execute(delete(EngineEventRow).where(EngineEventRow.at < cutoff))
+        rolled = conn.execute(delete(RequestRollup).where(RequestRollup.minute < now - rollup_retention_s)).rowcount
+    return raw, rolled

@@ -1,0 +1,103 @@
+"""Per-minute rollups: equal to the raw rows they summarise, late data folded in, retention safe."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import func, select
+
+from collector.app import create_app
+from collector.history import histogram_quantile, long_series
+from collector.models import LATENCY_BUCKETS, Request, RequestRollup
+from collector.queries import Filters, Window
+from collector.rollups import apply_retention, roll_up
+from collector.schema import IngestBatch
+from collector.series import series
+from collector.settings import Settings
+from collector.store import Store
+from collector_payloads import T0, request_dict, varied_request
+
+DAY = 86400.0
+HOUR0 = T0 - T0 % 3600  # 20:00 UTC, the hour the data starts in
+N = 400  # 3 s apart: 20 minutes of requests
+
+
+@pytest.fixture
+def stored(engine) -> list[dict]:
+    rng = np.random.default_rng(3)
+    rows = [varied_request(i, rng) for i in range(N)]
+    Store(engine).insert(IngestBatch.model_validate({"requests": rows}))
+    return rows
+
+
+def test_histogram_quantile_interpolates_like_promql():
+    counts = np.zeros(len(LATENCY_BUCKETS) + 1)
+    counts[1] = 10  # ten values in (0.01, 0.025]
+    assert histogram_quantile(0.5, counts) == pytest.approx(0.0175)
+    counts[-1] = 90  # most above the largest bound: Prometheus answers that bound
+    assert histogram_quantile(0.99, counts) == LATENCY_BUCKETS[-1]
+    assert histogram_quantile(0.5, np.zeros(len(LATENCY_BUCKETS) + 1)) is None
+
+
+def test_rollups_sum_to_the_raw_rows(engine, stored):
+    report = roll_up(engine, now=T0 + DAY)
+    assert report.rows_folded == N and roll_up(engine, now=T0 + DAY).rows_folded == 0
+    with engine.connect() as conn:
+        raw = conn.execute(select(func.count(), func.sum(Request.num_accepted_tokens), func.sum(Request.output_tokens))).one()
+        rolled = conn.execute(select(
+            func.sum(RequestRollup.requests), func.sum(RequestRollup.accepted_tokens), func.sum(RequestRollup.output_tokens)
+        )).one()
+    assert tuple(raw) == tuple(rolled)
+
+
+def test_long_series_from_rollups_matches_raw_series(engine, stored):
+    roll_up(engine, now=T0 + DAY)
+    window = Window(HOUR0, HOUR0 + 2 * 3600)
+    for filters in (Filters(), Filters(instance="gpu-1"), Filters(drafter="none"), Filters(mode="speculative")):
+        rolled, raw = long_series(engine, window, filters, 3600), series(engine, window, filters, 3600)
+        for r, x in zip(rolled, raw):
+            assert (r.t, r.requests, r.errors, r.draft_tokens, r.accepted_tokens) == (x.t, x.requests, x.errors, x.draft_tokens, x.accepted_tokens)
+            if x.ttft_p50 is not None:
+                bucket = np.searchsorted(LATENCY_BUCKETS, x.ttft_p50)  # the estimate lies in the exact value's bucket
+                low = 0.0 if bucket == 0 else LATENCY_BUCKETS[bucket - 1]
+                assert low <= r.ttft_p50 <= LATENCY_BUCKETS[bucket]
+
+
+def test_late_records_are_folded_into_their_minute(engine, stored, monkeypatch):
+    monkeypatch.setattr("collector.rollups.CHUNK_ROWS", 150)  # several transactions per pass
+    assert roll_up(engine, now=T0 + DAY).rows_folded == N
+    late = request_dict(10_000, started_at=T0 + 30.5)  # a minute rolled up long ago
+    Store(engine).insert(IngestBatch.model_validate({"requests": [late]}))
+    assert roll_up(engine, now=T0 + DAY + 60).rows_folded == 1
+    point = long_series(engine, Window(HOUR0, HOUR0 + 3600), step_s=3600)[0]
+    assert point.requests == N + 1
+
+
+def test_retention_keeps_rollups_and_deletes_only_rolled_up_rows(engine, stored):
+    assert apply_retention(engine, now=T0 + 30 * DAY, raw_retention_s=14 * DAY, rollup_retention_s=400 * DAY) == (0, 0)
+    roll_up(engine, now=T0 + 30 * DAY)
+    deleted_raw, deleted_rollups = apply_retention(engine, now=T0 + 30 * DAY, raw_retention_s=14 * DAY, rollup_retention_s=400 * DAY)
+    assert deleted_raw == N and deleted_rollups == 0
+    window = Window(HOUR0, HOUR0 + 3600)
+    assert series(engine, window, step_s=3600)[0].requests == 0
+    assert long_series(engine, window, step_s=3600)[0].requests == N
+    assert apply_retention(engine, now=T0 + 500 * DAY, raw_retention_s=14 * DAY, rollup_retention_s=400 * DAY)[1] > 0
+
+
+def test_service_runs_maintenance_in_the_background(db_url, tmp_path):
+    settings = Settings(data_dir=tmp_path, database_url=db_url, maintenance_interval_s=0.05, retention_days=1)
+    old = request_dict(1, started_at=time.time() - 3 * DAY)
+    with TestClient(create_app(settings)) as client:
+        assert client.post("/v1/ingest", json={"requests": [old]}).json()["accepted"] == 1
+        engine = client.app.state.store.engine
+        deadline = time.monotonic() + 10
+        while True:  # rolled up, then deleted by the raw retention of one day
+            with engine.connect() as conn:
+                raw, rolled = conn.scalar(select(func.count()).select_from(Request)), conn.scalar(select(func.sum(RequestRollup.requests)))
+            if raw == 0 and rolled == 1:
+                break
+            assert time.monotonic() < deadline, (raw, rolled)
+            time.sleep(0.05)
