@@ -1,0 +1,170 @@
+"""Engine benchmark: own plain vs own speculative (every drafter) vs transformers generate(),
+on the bundled SmolLM2-135M-Instruct, greedy, side by side in one run.
+
+    python bench/engine.py [--dtype auto] [--max-tokens 128] [--repeats 3] [--json out.json]
+
+Configurations are interleaved within each repeat, so machine noise hits them alike;
+the median per configuration is reported. Speed-ups are against own plain decoding
+on the same prompt, measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from engine.drafters import model_drafter  # noqa: E402
+from engine.engine import Engine, EngineConfig, GenerateRequest  # noqa: E402
+
+PASSAGE = (
+    "The city council met on Tuesday evening to debate next year's budget. The mayor proposed raising funding for "
+    "public parks by fifteen percent and cutting road maintenance by five percent. Several council members objected, "
+    "arguing that the roads were in poor condition after the winter storms and that potholes had damaged hundreds of "
+    "cars. After three hours of debate, the council voted seven to four for a compromise: parks funding rises by ten "
+    "percent, road maintenance stays unchanged, and a new committee will review the city's infrastructure spending by "
+    "the end of March."
+)
+CODE = '''def moving_average(values, window):
+    """Return the moving average of values over the given window."""
+    result = []
+    for i in range(len(values)):
+        chunk = values[i:i + window]
+        result.append(sum(chunk) / window)
+    return result
+'''
+PROMPTS = {
+    "grounded": f"Repeat the following report word for word, then stop.\n\n{PASSAGE}",
+    "summary": f"Summarize the following report in a few sentences, reusing its wording.\n\n{PASSAGE}",
+    "code-edit": f"Rename the function to rolling_mean and the variable chunk to segment. Output the full code.\n\n{CODE}",
+    "chat": "What are three good habits for staying healthy? Answer in a short paragraph.",
+}
+
+
+@dataclass
+class Runs:
+    seconds: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    accepted: int = 0
+    drafted: int = 0
+    drafts: int = 0
+    output: list[int] | None = None
+
+    def tokens_per_s(self) -> float:
+        return statistics.median(t / s for t, s in zip(self.tokens, self.seconds))
+
+
+def truncated_copy(model, layers: int):
+    """A standalone model made of the target's first `layers` layers (shared weights): a draft model."""
+    config = copy.deepcopy(model.config)
+    config.num_hidden_layers = layers
+    small = type(model)(config).to(model.dtype).eval()
+    small.model.embed_tokens = model.model.embed_tokens
+    small.model.layers = model.model.layers[:layers]
+    small.model.norm, small.lm_head = model.model.norm, model.lm_head
+    return small
+
+
+def own(engine: Engine, prompt_ids, drafter: str | None, gamma: int, max_tokens: int, runs: Runs, messages) -> None:
+    request = GenerateRequest(messages=messages, max_tokens=max_tokens, drafter=drafter, gamma=gamma)
+    result = engine.generate(request)
+    record = result.record
+    runs.seconds.append(record.e2e_s)
+    runs.tokens.append(record.output_tokens)
+    runs.accepted += record.num_accepted_tokens
+    runs.drafted += record.num_draft_tokens
+    runs.drafts += record.num_drafts
+    runs.output = result.token_ids
+
+
+def hf(engine: Engine, prompt_ids, max_tokens: int, runs: Runs, **kwargs) -> None:
+    ids = torch.tensor([prompt_ids], device=engine.target.device)
+    started = time.monotonic()
+    with torch.inference_mode():
+        out = engine.target.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False, **kwargs)
+    runs.seconds.append(time.monotonic() - started)
+    generated = out[0, len(prompt_ids) :].tolist()
+    runs.tokens.append(len(generated))
+    runs.output = generated
+
+
+def configurations(engine: Engine, args) -> dict:
+    draft_model = truncated_copy(engine.target.model, args.exit_layer)
+    engine._drafters["model:first-layers"] = model_drafter(draft_model, engine.target.model, f"first-{args.exit_layer}-layers")
+    g, k = args.gamma, args.exit_gamma
+    return {
+        "own plain": lambda ids, m, r: own(engine, ids, None, 0, args.max_tokens, r, m),
+        f"own ngram g={g}": lambda ids, m, r: own(engine, ids, "ngram", g, args.max_tokens, r, m),
+        f"own early-exit:{args.exit_layer} g={k}": lambda ids, m, r: own(engine, ids, f"early-exit:{args.exit_layer}", k, args.max_tokens, r, m),
+        f"own model(first {args.exit_layer} layers) g={k}": lambda ids, m, r: own(engine, ids, "model:first-layers", k, args.max_tokens, r, m),
+        "hf generate plain": lambda ids, m, r: hf(engine, ids, args.max_tokens, r),
+        f"hf prompt_lookup={g}": lambda ids, m, r: hf(engine, ids, args.max_tokens, r, prompt_lookup_num_tokens=g),
+        f"hf assistant(first {args.exit_layer} layers)": lambda ids, m, r: hf(engine, ids, args.max_tokens, r, assistant_model=draft_model),
+    }
+
+
+def measure(engine: Engine, args) -> dict[str, dict[str, Runs]]:
+    configs = configurations(engine, args)
+    results = {kind: {name: Runs() for name in configs} for kind in args.prompts}
+    for repeat in range(args.repeats + 1):  # repeat 0 warms up every shape and is discarded
+        for kind in args.prompts:
+            messages = [{"role": "user", "content": PROMPTS[kind]}]
+            prompt_ids = engine.encode(GenerateRequest(messages=messages))
+            for name, run in configs.items():
+                runs = results[kind][name] if repeat else Runs()
+                run(prompt_ids, messages, runs)
+        print(f"  repeat {repeat}/{args.repeats} done", file=sys.stderr, flush=True)
+    return results
+
+
+def report(results: dict[str, dict[str, Runs]]) -> list[dict]:
+    rows = []
+    print(f"\n{'prompt':<10} {'configuration':<34} {'tok/s':>7} {'vs own plain':>12} {'accept':>7} {'mean len':>8} {'= plain':>7}")
+    for kind, configs in results.items():
+        base = configs["own plain"]
+        for name, runs in configs.items():
+            row = {
+                "prompt": kind, "config": name, "tokens_per_s": runs.tokens_per_s(),
+                "speedup_vs_own_plain": runs.tokens_per_s() / base.tokens_per_s(),
+                "acceptance_rate": runs.accepted / runs.drafted if runs.drafted else None,
+                "mean_acceptance_length": 1 + runs.accepted / runs.drafts if runs.drafts else None,
+                "identical_to_own_plain": runs.output == base.output,
+            }
+            rows.append(row)
+            acc = f"{row['acceptance_rate']:.2f}" if row["acceptance_rate"] is not None else "-"
+            mal = f"{row['mean_acceptance_length']:.2f}" if row["mean_acceptance_length"] is not None else "-"
+            print(f"{kind:<10} {name:<34} {row['tokens_per_s']:7.1f} {row['speedup_vs_own_plain']:11.2f}x {acc:>7} {mal:>8} {str(row['identical_to_own_plain']):>7}")
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--gamma", type=int, default=8, help="draft length for n-gram / prompt lookup")
+    parser.add_argument("--exit-layer", type=int, default=24, help="layers kept by the early-exit / truncated draft")
+    parser.add_argument("--exit-gamma", type=int, default=3)
+    parser.add_argument("--prompts", nargs="+", default=list(PROMPTS), choices=list(PROMPTS))
+    parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    args = parser.parse_args()
+    engine = Engine(EngineConfig(dtype=args.dtype, threads=args.threads, instance="bench"))
+    print(f"model {engine.target.name} dtype {engine.target.dtype} threads {torch.get_num_threads()} "
+          f"cold start {engine.target.cold_start_s:.2f}s (cached copy: {engine.target.from_cache})", file=sys.stderr)
+    rows = report(measure(engine, args))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
