@@ -1,4 +1,7 @@
-"""Long windows from the per-minute rollups (plus raw rows for the part not rolled up yet).
+"""Long windows from the rollups (plus raw rows for the part not rolled up yet).
+
+Hour-aligned windows with whole-hour steps read the per-hour rollups, others the
+per-minute ones.
 
 Percentiles here are interpolated from the rollup histograms the way PromQL's
 `histogram_quantile` does, so they are estimates; short windows use exact raw-row
@@ -13,7 +16,7 @@ import math
 import numpy as np
 from sqlalchemy import Engine, and_, func, select
 
-from collector.models import LATENCY_BUCKETS, RequestRollup
+from collector.models import LATENCY_BUCKETS, RequestRollup, RequestRollupHourly
 from collector.queries import Filters, Window
 from collector.rollups import E2E_COLUMNS, LAST_PASS_AT, TTFT_COLUMNS, get_state
 from collector.series import SeriesPoint, series
@@ -64,21 +67,22 @@ def long_series(engine: Engine, window: Window, filters: Filters = Filters(), st
     return points
 
 
-def _rollup_conditions(start: float, end: float, filters: Filters) -> list:
-    cond = [RequestRollup.minute >= start, RequestRollup.minute < end]
+def _rollup_conditions(table, start: float, end: float, filters: Filters) -> list:
+    cond = [table.period_start >= start, table.period_start < end]
     for column in ("instance", "model", "mode"):
         if (value := getattr(filters, column)) is not None:
-            cond.append(getattr(RequestRollup, column) == value)
+            cond.append(getattr(table, column) == value)
     for column in ("drafter", "arm"):
         if (value := getattr(filters, column)) is not None:
-            cond.append(getattr(RequestRollup, column) == ("" if value == "none" else value))
+            cond.append(getattr(table, column) == ("" if value == "none" else value))
     return cond
 
 
 def _rollup_points(engine: Engine, start: float, steps: int, step_s: float, filters: Filters) -> list[SeriesPoint]:
-    index = func.floor((RequestRollup.minute - start) / step_s).label("step")
-    sums = [func.sum(getattr(RequestRollup, c)) for c in (*_SUMS, *TTFT_COLUMNS, *E2E_COLUMNS)]
-    stmt = select(index, *sums).where(and_(*_rollup_conditions(start, start + steps * step_s, filters))).group_by(index)
+    table = RequestRollupHourly if start % 3600 == 0 and step_s % 3600 == 0 else RequestRollup
+    index = func.floor((table.period_start - start) / step_s).label("step")
+    sums = [func.sum(getattr(table, c)) for c in (*_SUMS, *TTFT_COLUMNS, *E2E_COLUMNS)]
+    stmt = select(index, *sums).where(and_(*_rollup_conditions(table, start, start + steps * step_s, filters))).group_by(index)
     table = np.zeros((steps, len(sums)))
     with engine.connect() as conn:
         for step, *values in conn.execute(stmt):

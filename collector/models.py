@@ -121,22 +121,20 @@ def bucket_column_names(prefix: str) -> list[str]:
 
 
 def bucket_columns(prefix: str) -> dict[str, Any]:
-    return {name: mapped_column(BigInteger) for name in bucket_column_names(prefix)}
+    return {name: mapped_column(BigInteger, nullable=False) for name in bucket_column_names(prefix)}
 
 
-class RequestRollup(Base):
-    """Per-minute aggregates of requests, kept long after raw rows are deleted.
+class _RollupColumns:
+    """Aggregates of requests per period, kept long after raw rows are deleted.
 
-    One row per (minute, instance, model, mode, drafter, arm); '' stands for a null drafter
-    or arm so the key is a plain primary key. Every column is additive, so raw rows are
-    folded in incrementally (`collector.rollups`). Latency histograms hold non-cumulative
-    counts per bucket of `LATENCY_BUCKETS` (bucket i: bounds[i-1] < v <= bounds[i]; the last
-    one: above the largest bound).
+    One row per (period_start, instance, model, mode, drafter, arm); '' stands for a null
+    drafter or arm so the key is a plain primary key. Every other column is additive, so raw
+    rows are folded in incrementally (`collector.rollups`). Latency histograms hold
+    non-cumulative counts per bucket of `LATENCY_BUCKETS` (bucket i: bounds[i-1] < v <=
+    bounds[i]; the last one: above the largest bound), one column each so SQL can SUM them.
     """
 
-    __tablename__ = "request_rollups"
-
-    minute: Mapped[int] = mapped_column(BigInteger, primary_key=True)  # epoch seconds, a multiple of 60
+    period_start: Mapped[int] = mapped_column(BigInteger, primary_key=True)  # epoch seconds
     instance: Mapped[str] = mapped_column(String(128), primary_key=True)
     model: Mapped[str] = mapped_column(String(128), primary_key=True)
     mode: Mapped[str] = mapped_column(String(16), primary_key=True)
@@ -152,13 +150,24 @@ class RequestRollup(Base):
     accepted_tokens: Mapped[int] = mapped_column(BigInteger)
     # acceptance rate across requests that drafted: n, sum and sum of squares -> mean, stddev
     rate_n: Mapped[int] = mapped_column(BigInteger)
+    ttft_count: Mapped[int] = mapped_column(BigInteger)
+    locals().update(bucket_columns("ttft") | bucket_columns("e2e"))  # ttft_b00.., e2e_b00..
     rate_sum: Mapped[float]
     rate_sumsq: Mapped[float]
-    ttft_count: Mapped[int] = mapped_column(BigInteger)
     ttft_sum: Mapped[float]
     e2e_sum: Mapped[float]
-    # ttft_b00.. and e2e_b00..: one count column per latency bucket, so SQL can SUM them per step.
-    locals().update(bucket_columns("ttft") | bucket_columns("e2e"))
+
+
+class RequestRollup(_RollupColumns, Base):
+    """Per-minute rollups (`period_start` is a multiple of 60)."""
+
+    __tablename__ = "request_rollups"
+
+
+class RequestRollupHourly(_RollupColumns, Base):
+    """Per-hour rollups (`period_start` is a multiple of 3600): month-long queries read ~720 periods."""
+
+    __tablename__ = "request_rollups_hourly"
 
 
 class MaintenanceState(Base):

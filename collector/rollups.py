@@ -1,11 +1,12 @@
-"""Per-minute rollups of requests, and retention of raw rows.
+"""Per-minute and per-hour rollups of requests, and retention of raw rows.
 
 Roll-ups are incremental and exact: every pass folds the raw rows inserted since the
-last one (ids above `rollup_last_id`) into `request_rollups` with additive upserts, so a
-late record (a replayed spool, a long request) lands in its minute like any other.
-On PostgreSQL the pass first takes a SHARE lock on `requests`, which waits for in-flight
-ingest transactions, so no lower id can commit after the pass has read past it; on SQLite
-the store's write lock serialises the same way.
+last one (ids above `rollup_last_id`) into `request_rollups` (per minute) and
+`request_rollups_hourly` with additive upserts, so a late record (a replayed spool, a
+long request) lands in its period like any other. On PostgreSQL the pass first takes a
+SHARE lock on `requests`, which waits for in-flight ingest transactions, so no lower id
+can commit after the pass has read past it; on SQLite the store's write lock serialises
+the same way.
 
 Retention deletes raw rows older than the raw retention only once they are rolled up
 (`id <= rollup_last_id`), and rollups older than their own retention.
@@ -17,19 +18,28 @@ import contextlib
 from dataclasses import dataclass
 
 import numpy as np
-from sqlalchemy import Connection, Engine, delete, insert, select, text
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy import Connection, Engine, Table, delete, insert, select, text
 
 from collector.models import (
-    LATENCY_BUCKETS, DeviceSampleRow, EngineEventRow, MaintenanceState, Request, RequestRollup, bucket_column_names,
+    LATENCY_BUCKETS, DeviceSampleRow, EngineEventRow, MaintenanceState, Request, RequestRollup, RequestRollupHourly,
+    bucket_column_names,
 )
 
 CHUNK_ROWS = 200_000  # raw rows folded per transaction
 LAST_ID, LAST_PASS_AT = "rollup_last_id", "rollup_pass_at"
 TTFT_COLUMNS, E2E_COLUMNS = bucket_column_names("ttft"), bucket_column_names("e2e")
-KEY_COLUMNS = ("minute", "instance", "model", "mode", "drafter", "arm")
+KEY_COLUMNS = ("period_start", "instance", "model", "mode", "drafter", "arm")
+INT_COLUMNS = ("requests", "errors", "ooms", "prompt_tokens", "output_tokens", "drafts", "draft_tokens",
+               "accepted_tokens", "rate_n", "ttft_count", *TTFT_COLUMNS, *E2E_COLUMNS)
+FLOAT_COLUMNS = ("rate_sum", "rate_sumsq", "ttft_sum", "e2e_sum")
+PERIODS = ((RequestRollup.__table__, 60), (RequestRollupHourly.__table__, 3600))
 _BOUNDS = np.array(LATENCY_BUCKETS)
+_RAW = (
+    Request.started_at, Request.instance, Request.model, Request.mode, Request.drafter, Request.arm, Request.status,
+    Request.error, Request.prompt_tokens, Request.output_tokens, Request.num_drafts, Request.num_draft_tokens,
+    Request.num_accepted_tokens, Request.ttft_s, Request.e2e_s,
+)
+Aggregates = tuple[list[tuple], np.ndarray, np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -48,7 +58,7 @@ def set_state(conn: Connection, key: str, value: float) -> None:
 
 
 def roll_up(engine: Engine, now: float, lock: contextlib.AbstractContextManager | None = None) -> RollupReport:
-    """Fold every raw request not rolled up yet into the per-minute rollups."""
+    """Fold every raw request not rolled up yet into the rollups, CHUNK_ROWS per transaction."""
     folded, last_id = 0, 0
     while True:
         with lock or contextlib.nullcontext(), engine.begin() as conn:
@@ -59,7 +69,9 @@ def roll_up(engine: Engine, now: float, lock: contextlib.AbstractContextManager 
                 select(Request.id, *_RAW).where(Request.id > last_id).order_by(Request.id).limit(CHUNK_ROWS)
             ).all()
             if rows:
-                _upsert(conn, aggregate([row[1:] for row in rows]))
+                raw = [row[1:] for row in rows]
+                for table, period_s in PERIODS:
+                    _upsert(conn, table, aggregate(raw, period_s))
                 last_id = rows[-1][0]
                 set_state(conn, LAST_ID, last_id)
             set_state(conn, LAST_PASS_AT, now)
@@ -68,25 +80,30 @@ def roll_up(engine: Engine, now: float, lock: contextlib.AbstractContextManager 
             return RollupReport(folded, last_id)
 
 
-def _upsert(conn: Connection, rows: list[dict]) -> None:
-    table = RequestRollup.__table__
-    stmt = (pg_insert if conn.dialect.name == "postgresql" else sqlite_insert)(table)
-    additive = {c.name: table.c[c.name] + stmt.excluded[c.name] for c in table.columns if c.name not in KEY_COLUMNS}
-    conn.execute(stmt.on_conflict_do_update(index_elements=list(KEY_COLUMNS), set_=additive), rows)
+def _upsert(conn: Connection, table: Table, groups: Aggregates) -> None:
+    """Add the aggregates to the stored ones (insert, or add column by column on conflict)."""
+    keys, ints, floats = groups
+    columns = (*KEY_COLUMNS, *INT_COLUMNS, *FLOAT_COLUMNS)
+    mark = "?" if conn.dialect.name == "sqlite" else "%s"
+    sql = (
+        f"INSERT INTO {table.name} ({', '.join(columns)}) VALUES ({', '.join([mark] * len(columns))}) "
+        f"ON CONFLICT ({', '.join(KEY_COLUMNS)}) DO UPDATE SET "
+        + ", ".join(f"{c} = {table.name}.{c} + excluded.{c}" for c in (*INT_COLUMNS, *FLOAT_COLUMNS))
+    )
+    rows = [key + tuple(i) + tuple(f) for key, i, f in zip(keys, ints.tolist(), floats.tolist())]
+    cursor = conn.connection.dbapi_connection.cursor()
+    try:
+        cursor.executemany(sql, rows)
+    finally:
+        cursor.close()
 
 
-_RAW = (
-    Request.started_at, Request.instance, Request.model, Request.mode, Request.drafter, Request.arm, Request.status,
-    Request.error, Request.prompt_tokens, Request.output_tokens, Request.num_drafts, Request.num_draft_tokens,
-    Request.num_accepted_tokens, Request.ttft_s, Request.e2e_s,
-)
-
-
-def aggregate(rows: list[tuple]) -> list[dict]:
-    """Raw request rows (in `_RAW` order) -> one rollup dict per minute and label set."""
+def aggregate(rows: list[tuple], period_s: int) -> Aggregates:
+    """Raw rows (in `_RAW` order) -> group keys and their INT_COLUMNS / FLOAT_COLUMNS sums."""
     index: dict[tuple, int] = {}
     group = np.fromiter(
-        (index.setdefault((int(r[0] // 60) * 60, r[1], r[2], r[3], r[4] or "", r[5] or ""), len(index)) for r in rows),
+        (index.setdefault((int(r[0] // period_s) * period_s, r[1], r[2], r[3], r[4] or "", r[5] or ""), len(index))
+         for r in rows),
         dtype=np.int64, count=len(rows),
     )
     n = len(index)
@@ -101,26 +118,14 @@ def aggregate(rows: list[tuple]) -> list[dict]:
     drafting = drafted > 0
     rate = np.divide(accepted, drafted, out=np.zeros_like(accepted), where=drafting)
     has_ttft = ~np.isnan(ttft)
-    sums = {
-        "requests": np.bincount(group, minlength=n),
-        "errors": total(np.array([s == "error" for s in cols[6]], dtype=float)),
-        "ooms": total(np.array([bool(e) and "oom" in e for e in cols[7]], dtype=float)),
-        "prompt_tokens": total(prompt), "output_tokens": total(output), "drafts": total(drafts),
-        "draft_tokens": total(drafted), "accepted_tokens": total(accepted),
-        "rate_n": total(drafting.astype(float)), "rate_sum": total(rate, drafting), "rate_sumsq": total(rate * rate, drafting),
-        "ttft_count": total(has_ttft.astype(float)), "ttft_sum": total(ttft, has_ttft), "e2e_sum": total(e2e),
-    }
-    ttft_hist = _histogram(group[has_ttft], ttft[has_ttft], n)
-    e2e_hist = _histogram(group, e2e, n)
-    floats = {"rate_sum", "rate_sumsq", "ttft_sum", "e2e_sum"}
-    out = []
-    for key, g in index.items():
-        row = dict(zip(("minute", "instance", "model", "mode", "drafter", "arm"), key))
-        row.update({k: (float(v[g]) if k in floats else int(v[g])) for k, v in sums.items()})
-        row.update(zip(TTFT_COLUMNS, (int(c) for c in ttft_hist[g])))
-        row.update(zip(E2E_COLUMNS, (int(c) for c in e2e_hist[g])))
-        out.append(row)
-    return out
+    counts = [
+        np.bincount(group, minlength=n), total(np.array([s == "error" for s in cols[6]], dtype=float)),
+        total(np.array([bool(e) and "oom" in e for e in cols[7]], dtype=float)), total(prompt), total(output),
+        total(drafts), total(drafted), total(accepted), total(drafting.astype(float)), total(has_ttft.astype(float)),
+    ]
+    ints = np.column_stack([*counts, _histogram(group[has_ttft], ttft[has_ttft], n), _histogram(group, e2e, n)])
+    floats = np.column_stack([total(rate, drafting), total(rate * rate, drafting), total(ttft, has_ttft), total(e2e)])
+    return list(index), np.rint(ints).astype(np.int64), floats
 
 
 def _histogram(group: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
@@ -139,5 +144,8 @@ def apply_retention(engine: Engine, now: float, raw_retention_s: float, rollup_r
         raw = conn.execute(delete(Request).where(Request.started_at < cutoff, Request.id <= last_id)).rowcount
         conn.execute(delete(DeviceSampleRow).where(DeviceSampleRow.at < cutoff))
         conn.execute(delete(EngineEventRow).where(EngineEventRow.at < cutoff))
-        rolled = conn.execute(delete(RequestRollup).where(RequestRollup.minute < now - rollup_retention_s)).rowcount
+        rolled = sum(
+            conn.execute(delete(t).where(t.period_start < now - rollup_retention_s)).rowcount
+            for t in (RequestRollup, RequestRollupHourly)
+        )
     return raw, rolled

@@ -11,7 +11,7 @@ from sqlalchemy import func, select
 
 from collector.app import create_app
 from collector.history import histogram_quantile, long_series
-from collector.models import LATENCY_BUCKETS, Request, RequestRollup
+from collector.models import LATENCY_BUCKETS, Request, RequestRollup, RequestRollupHourly
 from collector.queries import Filters, Window
 from collector.rollups import apply_retention, roll_up
 from collector.schema import IngestBatch
@@ -47,17 +47,18 @@ def test_rollups_sum_to_the_raw_rows(engine, stored):
     assert report.rows_folded == N and roll_up(engine, now=T0 + DAY).rows_folded == 0
     with engine.connect() as conn:
         raw = conn.execute(select(func.count(), func.sum(Request.num_accepted_tokens), func.sum(Request.output_tokens))).one()
-        rolled = conn.execute(select(
-            func.sum(RequestRollup.requests), func.sum(RequestRollup.accepted_tokens), func.sum(RequestRollup.output_tokens)
-        )).one()
-    assert tuple(raw) == tuple(rolled)
+        for table in (RequestRollup, RequestRollupHourly):
+            rolled = conn.execute(select(func.sum(table.requests), func.sum(table.accepted_tokens), func.sum(table.output_tokens))).one()
+            assert tuple(raw) == tuple(rolled)
 
 
 def test_long_series_from_rollups_matches_raw_series(engine, stored):
     roll_up(engine, now=T0 + DAY)
-    window = Window(HOUR0, HOUR0 + 2 * 3600)
-    for filters in (Filters(), Filters(instance="gpu-1"), Filters(drafter="none"), Filters(mode="speculative")):
-        rolled, raw = long_series(engine, window, filters, 3600), series(engine, window, filters, 3600)
+    hourly, minutely = (Window(HOUR0, HOUR0 + 2 * 3600), 3600), (Window(HOUR0 + 60, HOUR0 + 3660), 600)
+    filters_cases = (Filters(), Filters(instance="gpu-1"), Filters(drafter="none"), Filters(mode="speculative"))
+    for filters, (window, step) in [(f, w) for f in filters_cases for w in (hourly, minutely)]:
+        rolled, raw = long_series(engine, window, filters, step), series(engine, window, filters, step)
+        assert len(rolled) == len(raw) and sum(p.requests for p in rolled) > 0
         for r, x in zip(rolled, raw):
             assert (r.t, r.requests, r.errors, r.draft_tokens, r.accepted_tokens) == (x.t, x.requests, x.errors, x.draft_tokens, x.accepted_tokens)
             if x.ttft_p50 is not None:

@@ -1,0 +1,146 @@
+"""Query latency over a large store: the signals alerts evaluate, and long-window series.
+
+    .venv/bin/python bench/query.py [--rows 1000000] [--days 30] [--db PATH]
+
+Fills a SQLite store (the collector's schema) with `--rows` requests spread over the last
+`--days` days (bulk-loaded with raw executemany; `--db` keeps and reuses the file), folds
+them into the per-minute rollups, then times each query (median of `--repeat` runs):
+  * 5-minute window signals (acceptance mean/stddev, TTFT/e2e/TPOT P99, ...): goal < 200 ms
+  * the 30-day per-hour series from rollups: goal < 1 s (and, for comparison, from raw rows)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import numpy as np  # noqa: E402
+
+from collector.db import make_engine, upgrade  # noqa: E402
+from collector.history import long_series  # noqa: E402
+from collector.queries import Filters, Window, acceptance_vs_length, errors_by_hour, per_position_acceptance, signals  # noqa: E402
+from collector.rollups import roll_up  # noqa: E402
+from collector.series import latest_device_samples, series  # noqa: E402
+from collector.store import REQUESTS  # noqa: E402
+
+DAY = 86400.0
+
+
+def generate(n: int, start: float, end: float, seed: int = 1) -> list[tuple]:
+    """n request rows (REQUESTS.columns order) with plausible, varied values."""
+    rng = np.random.default_rng(seed)
+    started = np.sort(rng.uniform(start, end, n))
+    spec = rng.random(n) < 0.75
+    drafts = np.where(spec, rng.integers(4, 40, n), 0)
+    p = rng.beta(6, 3, n)  # per-token acceptance
+    per_pos = np.stack([np.floor(drafts * p ** (k + 1)) for k in range(4)], axis=1).astype(int)
+    ttft = rng.gamma(2.0, 0.04, n)
+    e2e = ttft + rng.gamma(3.0, 0.4, n)
+    prompt, output = rng.integers(16, 4000, n), rng.integers(8, 512, n)
+    status = np.where(rng.random(n) < 0.01, "error", "ok")
+    tags = ['{"tenant":"acme"}', '{"tenant":"globex"}', '{"tenant":"initech"}']
+    rows = []
+    for i in range(n):
+        s = bool(spec[i])
+        pp = per_pos[i].tolist() if s else []
+        rows.append((
+            f"req-{i:09d}", f"gpu-{i % 4}", "smollm2-135m", "ngram" if s else None, "speculative" if s else "autoregressive",
+            "default", None, float(started[i]), 0.001, float(ttft[i]), float(e2e[i]), int(prompt[i]), int(output[i]),
+            int(drafts[i]), int(drafts[i]) * 4, sum(pp), str(pp).replace(" ", ""), 4 if s else 0, 0.05, 0.4, 0,
+            str(status[i]), "target:oom" if status[i] == "error" and i % 3 == 0 else None, None, None, None, tags[i % 3],
+        ))
+    return rows
+
+
+def load(path: Path, rows: int, days: float, now: float) -> float:
+    engine = make_engine(f"sqlite:///{path}")
+    upgrade(engine)
+    engine.dispose()
+    conn = sqlite3.connect(path, isolation_level=None)
+    sql = f"INSERT INTO requests ({', '.join(REQUESTS.columns)}) VALUES ({', '.join('?' * len(REQUESTS.columns))})"
+    started = time.perf_counter()
+    chunk = 100_000
+    for first in range(0, rows, chunk):
+        data = generate(min(chunk, rows - first), now - days * DAY, now, seed=first)
+        data = [(f"req-{first + i:09d}",) + row[1:] for i, row in enumerate(data)]
+        conn.execute("BEGIN")
+        conn.executemany(sql, data)
+        conn.execute("COMMIT")
+    conn.close()
+    return time.perf_counter() - started
+
+
+def timed(fn, repeat: int) -> tuple[float, object]:
+    """Median seconds over `repeat` runs, after one warm-up run (imports, page cache)."""
+    result = fn()
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--days", type=float, default=30.0)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--db", type=Path, help="SQLite file to create (or reuse if it exists)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="specwatch-query-") as tmp:
+        path = args.db or Path(tmp) / "bench.db"
+        engine = make_engine(f"sqlite:///{path}")
+        upgrade(engine)
+        with engine.connect() as conn:
+            from sqlalchemy import text
+
+            have = conn.scalar(text("SELECT count(*) FROM requests"))
+            newest = conn.scalar(text("SELECT max(started_at) FROM requests"))
+        now = newest if have else time.time()
+        if not have:
+            print(f"loading {args.rows:,} requests over {args.days:g} days ... {load(path, args.rows, args.days, now):.1f} s")
+            have = args.rows
+        t = time.perf_counter()
+        folded = roll_up(engine, now=now).rows_folded
+        print(f"rolled up {folded:,} new requests in {time.perf_counter() - t:.1f} s; store holds {have:,} requests")
+        run_queries(engine, now, args)
+        engine.dispose()
+
+
+def run_queries(engine, now: float, args) -> None:
+    last5 = Window(now - 300 + 1e-6, now + 1e-6)
+    hour_start = (now - args.days * DAY) // 3600 * 3600
+    month = Window(hour_start, hour_start + (args.days * 24 + 1) * 3600)
+    checks = [
+        ("5-min signals (acceptance mean/sd, TTFT P99, ...)", lambda: signals(engine, last5), 0.2),
+        ("5-min signals, instance + tag filter", lambda: signals(engine, last5, Filters(instance="gpu-1", tags=(("tenant", "acme"),))), 0.2),
+        ("24-hour signals (for scale)", lambda: signals(engine, Window(now - DAY, now + 1e-6)), None),
+        ("5-min per-position acceptance", lambda: per_position_acceptance(engine, last5), 0.2),
+        ("5-min per-minute series", lambda: series(engine, last5, step_s=60), 0.2),
+        ("1-hour acceptance vs length (Spearman)", lambda: acceptance_vs_length(engine, Window(now - 3600, now + 1)), None),
+        (f"{args.days:g}-day per-hour series from rollups", lambda: long_series(engine, month, step_s=3600), 1.0),
+        (f"{args.days:g}-day per-hour series from raw rows", lambda: series(engine, month, step_s=3600), None),
+        (f"{args.days:g}-day errors by hour of day (raw)", lambda: errors_by_hour(engine, month), None),
+        ("latest device samples", lambda: latest_device_samples(engine), None),
+    ]
+    print(f"{'query':<52} {'median':>10}  goal")
+    for name, fn, goal in checks:
+        seconds, _ = timed(fn, args.repeat if goal is not None else max(1, args.repeat // 2))
+        verdict = "" if goal is None else f"< {goal * 1000:.0f} ms: {'met' if seconds < goal else 'NOT met'}"
+        print(f"{name:<52} {seconds * 1000:>8.1f} ms  {verdict}")
+    rolled, raw = long_series(engine, month, step_s=3600), series(engine, month, step_s=3600)
+    same = all(a.requests == b.requests and a.accepted_tokens == b.accepted_tokens for a, b in zip(rolled, raw))
+    print(f"rollup series equals raw series in counts: {same}")
+
+
+if __name__ == "__main__":
+    main()
