@@ -163,17 +163,17 @@ class LlamaDecoder:
         return keys <= queries
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return weight * h.to(x.dtype)
+        # normalise in float32, scale in the model dtype: transformers' LlamaRMSNorm order
+        return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
     def _attention(self, layer: _Layer, x, i, start, end, cos, sin, mask) -> torch.Tensor:
         n = x.shape[1]
         qkv = _linear(x, layer.wqkv, layer.bqkv)
         q_size, kv_size = self.n_heads * self.head_dim, self.n_kv * self.head_dim
-        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-        q = _rotate(q.view(1, n, self.n_heads, self.head_dim).transpose(1, 2), cos, sin)
-        k = _rotate(k.view(1, n, self.n_kv, self.head_dim).transpose(1, 2), cos, sin)
+        qk, v = qkv.split([q_size + kv_size, kv_size], dim=-1)
+        # queries and keys are rotated together: one set of rotary ops per layer
+        qk = _rotate(qk.view(1, n, self.n_heads + self.n_kv, self.head_dim).transpose(1, 2), cos, sin)
+        q, k = qk.split([self.n_heads, self.n_kv], dim=1)
         self.k_cache[i][:, :, start:end] = k
         self.v_cache[i][:, :, start:end] = v.view(1, n, self.n_kv, self.head_dim).transpose(1, 2)
         keys, values = self.k_cache[i][:, :, :end], self.v_cache[i][:, :, :end]

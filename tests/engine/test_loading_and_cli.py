@@ -1,0 +1,108 @@
+"""Model loading errors, the GGUF cache, accounting on the bundled model, and `specwatch generate`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import DistilBertConfig, DistilBertModel
+
+from collector.schema import RequestRecord
+from engine.engine import GenerateRequest
+from engine.loading import ModelLoadError, bundled_model_path, load_model, resolve_dtype
+from tests.engine.conftest import tiny_llama
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_missing_model_names_the_path(tmp_path):
+    with pytest.raises(ModelLoadError, match=str(tmp_path / "nope")):
+        load_model(str(tmp_path / "nope"))
+
+
+def test_a_directory_that_is_not_a_causal_lm_is_a_clear_error(tmp_path):
+    DistilBertModel(DistilBertConfig(dim=32, n_layers=1, n_heads=2, hidden_dim=64)).save_pretrained(tmp_path)
+    with pytest.raises(ModelLoadError, match="cannot load as a causal language model"):
+        load_model(str(tmp_path))
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        load_model(str(tmp_path / ".."))
+
+
+def test_a_file_that_is_not_gguf_is_rejected(tmp_path):
+    (tmp_path / "weights.bin").write_bytes(b"\0" * 16)
+    with pytest.raises(ModelLoadError, match="expected a .gguf file"):
+        load_model(str(tmp_path / "weights.bin"))
+
+
+def test_local_hf_directory_loads(tmp_path, target):
+    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, models
+
+    tiny_llama(seed=0).save_pretrained(tmp_path)
+    vocab = {f"t{i}": i for i in range(256)}
+    PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t0"))).save_pretrained(tmp_path)
+    loaded = load_model(str(tmp_path), dtype="float32")
+    assert loaded.name == tmp_path.name and loaded.dtype == torch.float32
+    torch.testing.assert_close(loaded.model.lm_head.weight, target.lm_head.weight)
+
+
+def test_dtype_choice():
+    assert resolve_dtype("float32", torch.device("cpu")) == torch.float32
+    assert resolve_dtype("auto", torch.device("cpu")) in (torch.bfloat16, torch.float32)
+    with pytest.raises(ModelLoadError, match="unknown dtype"):
+        resolve_dtype("int3", torch.device("cpu"))
+
+
+def test_bundled_model_comes_from_the_cache_after_the_first_load(bundled_engine):
+    assert bundled_model_path().name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    again = load_model("bundled", dtype="float32")
+    assert again.from_cache and again.cold_start_s < 10
+    assert again.model.config.num_hidden_layers == 30 and again.model.config.vocab_size == 49152
+
+
+@pytest.mark.parametrize("drafter,gamma", [(None, 0), ("ngram", 8), ("early-exit:4", 3)])
+def test_accounting_invariants_on_the_bundled_model(bundled_engine, drafter, gamma):
+    request = GenerateRequest(prompt="one two three four five one two three four five one two", max_tokens=30, drafter=drafter, gamma=gamma, tags={"scenario": "test"})
+    record = bundled_engine.generate(request).record
+    RequestRecord.model_validate(record.model_dump())  # round-trips through the contract's validation
+    assert record.num_accepted_tokens <= record.num_draft_tokens
+    assert record.accepted_per_position == sorted(record.accepted_per_position, reverse=True)
+    assert sum(record.accepted_per_position) == record.num_accepted_tokens
+    forwards = record.output_tokens - record.num_accepted_tokens
+    assert 1 <= forwards <= record.output_tokens and record.num_drafts <= forwards
+    assert record.mode == ("speculative" if drafter else "autoregressive") and record.drafter == drafter
+    assert 0 < record.ttft_s <= record.e2e_s and record.tags == {"scenario": "test"}
+
+
+def test_stop_string_cuts_the_text(bundled_engine):
+    result = bundled_engine.generate(GenerateRequest(prompt="Count: 1, 2, 3, 4, 5, 6, 7,", max_tokens=40, stop=(" 9",)))
+    assert " 9" not in result.text and result.finish_reason == "stop"
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "specwatch", *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_cli_generate_prints_text_and_record(bundled_engine):
+    done = run_cli("generate", "--prompt", "Repeat: red green blue red green blue", "--max-tokens", "12", "--json", "--dtype", "float32")
+    assert done.returncode == 0, done.stderr
+    payload = json.loads(done.stdout)
+    record = RequestRecord.model_validate(payload["record"])
+    assert record.output_tokens <= 12 and record.drafter == "ngram" and payload["text"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--drafter", "magic"], "unknown drafter"),
+    (["--model", "/does/not/exist"], "model not found: /does/not/exist"),
+    (["--temperature", "-2"], "temperature"),
+    (["--max-tokens", "0"], "max_tokens"),
+])
+def test_cli_bad_input_exits_2_with_a_message(args, message):
+    done = run_cli("generate", "--prompt", "hi", *args)
+    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
