@@ -25,30 +25,7 @@ import torch  # noqa: E402
 
 from engine.drafters import model_drafter  # noqa: E402
 from engine.engine import Engine, EngineConfig, GenerateRequest  # noqa: E402
-
-PASSAGE = (
-    "The city council met on Tuesday evening to debate next year's budget. The mayor proposed raising funding for "
-    "public parks by fifteen percent and cutting road maintenance by five percent. Several council members objected, "
-    "arguing that the roads were in poor condition after the winter storms and that potholes had damaged hundreds of "
-    "cars. After three hours of debate, the council voted seven to four for a compromise: parks funding rises by ten "
-    "percent, road maintenance stays unchanged, and a new committee will review the city's infrastructure spending by "
-    "the end of March."
-)
-CODE = '''def moving_average(values, window):
-    """Return the moving average of values over the given window."""
-    result = []
-    for i in range(len(values)):
-        chunk = values[i:i + window]
-        result.append(sum(chunk) / window)
-    return result
-'''
-PROMPTS = {
-    "grounded": f"Repeat the following report word for word, then stop.\n\n{PASSAGE}",
-    "summary": f"Summarize the following report in a few sentences, reusing its wording.\n\n{PASSAGE}",
-    "code-edit": f"Rename the function to rolling_mean and the variable chunk to segment. Output the full code.\n\n{CODE}",
-    "chat": "What are three good habits for staying healthy? Answer in a short paragraph.",
-}
-
+from engine.workload import PROMPTS, chat  # noqa: E402
 
 @dataclass
 class Runs:
@@ -117,7 +94,7 @@ def measure(engine: Engine, args) -> dict[str, dict[str, Runs]]:
     results = {kind: {name: Runs() for name in configs} for kind in args.prompts}
     for repeat in range(args.repeats + 1):  # repeat 0 warms up every shape and is discarded
         for kind in args.prompts:
-            messages = [{"role": "user", "content": PROMPTS[kind]}]
+            messages = chat(kind)
             prompt_ids = engine.encode(GenerateRequest(messages=messages))
             for name, run in configs.items():
                 runs = results[kind][name] if repeat else Runs()

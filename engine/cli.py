@@ -72,16 +72,16 @@ def _print_stream(engine, request, as_json: bool) -> int:
         print(json.dumps(payload, indent=2))
     else:
         print(f"\n\n{json.dumps(result.record.model_dump(mode='json'))}", file=sys.stderr)
-        _print_summary(result.record)
+        print(summary_line(result.record), file=sys.stderr)
     return 0
 
 
-def _print_summary(record) -> None:
+def summary_line(record) -> str:
+    """One human line for a request record."""
     rate = f"{record.acceptance_rate:.2f}" if record.acceptance_rate is not None else "n/a"
     decode_s = max(record.e2e_s - (record.ttft_s or 0.0), 1e-9)
-    print(
+    return (
         f"[{record.mode} drafter={record.drafter} gamma={record.gamma}] {record.output_tokens} tokens in {record.e2e_s:.2f}s "
         f"({record.output_tokens / max(record.e2e_s, 1e-9):.1f} tok/s, decode {record.output_tokens / decode_s:.1f} tok/s), "
-        f"ttft {1000 * (record.ttft_s or 0):.0f} ms, acceptance {rate}",
-        file=sys.stderr,
+        f"ttft {1000 * (record.ttft_s or 0):.0f} ms, acceptance {rate}"
     )

@@ -1,0 +1,103 @@
+"""`specwatch up`: the collector, the engine and sample traffic on the embedded defaults.
+
+Starts the collector (SQLite under --data-dir) as a child process, loads the bundled
+model, sends a sample workload through the engine with telemetry going to the
+collector, prints each request and the collector's view of the window, then keeps
+the collector serving until Ctrl-C (or exits with --once).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from specwatch.cli import UsageError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    up = subparsers.add_parser("up", help="run collector + engine with sample traffic on the embedded defaults")
+    up.add_argument("--data-dir", type=Path, default=Path("data"), help="where SQLite and the spool live (default: ./data)")
+    up.add_argument("--port", type=int, default=8087, help="collector port (default: 8087)")
+    up.add_argument("--requests", type=int, default=8, help="sample requests to send (default: 8)")
+    up.add_argument("--max-tokens", type=int, default=96)
+    up.add_argument("--once", action="store_true", help="exit after the sample traffic instead of serving on")
+    from engine.cli import add_model_arguments
+
+    add_model_arguments(up)
+    up.set_defaults(handler=run_up)
+
+
+def run_up(args: argparse.Namespace) -> int:
+    if args.requests < 0 or not 0 < args.port < 65536:
+        raise UsageError("--requests must be >= 0 and --port in 1..65535")
+    url = f"http://127.0.0.1:{args.port}"
+    collector = start_collector(args.data_dir, args.port, url)
+    try:
+        send_sample_traffic(args, url)
+        print_window(url)
+        if not args.once:
+            print(f"\ncollector serving at {url} (data in {args.data_dir}/) - Ctrl-C to stop", flush=True)
+            collector.wait()
+    finally:
+        collector.terminate()
+        collector.wait(timeout=30)
+    return 0
+
+
+def start_collector(data_dir: Path, port: int, url: str) -> subprocess.Popen:
+    env = {**os.environ, "SPECWATCH_DATA_DIR": str(data_dir)}
+    cmd = [sys.executable, "-m", "specwatch", "collector", "serve", "--port", str(port)]
+    data_dir.mkdir(parents=True, exist_ok=True)
+    with open(data_dir / "collector.log", "ab") as log:
+        process = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise UsageError(f"the collector exited with code {process.returncode}; see {data_dir / 'collector.log'} (is port {port} free?)")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                print(f"collector ready at {url} (log: {data_dir / 'collector.log'})", flush=True)
+                return process
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    process.terminate()
+    raise UsageError(f"the collector did not become ready at {url} within 60 s")
+
+
+def send_sample_traffic(args: argparse.Namespace, url: str) -> None:
+    from collector.client import TelemetryClient
+    from engine.cli import engine_config, summary_line
+    from engine.engine import Engine, GenerateRequest
+    from engine.workload import PROMPTS, chat
+
+    engine = Engine(engine_config(args))
+    print(f"engine: {engine.target.name} ({engine.target.dtype}), cold start {engine.target.cold_start_s:.1f}s", flush=True)
+    client = TelemetryClient(url, spool_dir=args.data_dir / "spool")
+    scenarios = [(kind, drafter) for kind in PROMPTS for drafter in ("ngram", None)]
+    try:
+        for i in range(args.requests):
+            kind, drafter = scenarios[i % len(scenarios)]
+            request = GenerateRequest(messages=chat(kind), max_tokens=args.max_tokens, drafter=drafter, tags={"scenario": kind})
+            record = engine.generate(request).record
+            client.submit_request(record)
+            print(f"{kind:<10} {summary_line(record)}", flush=True)
+        client.flush(timeout=10)
+    finally:
+        client.close()
+
+
+def print_window(url: str) -> None:
+    signals = httpx.get(f"{url}/v1/signals", params={"last": 3600}, timeout=10).json()
+    rate, ttft = signals.get("acceptance_rate"), signals.get("ttft", {}).get("p99")
+    print(
+        f"\ncollector, last hour: {signals.get('requests')} requests, acceptance rate "
+        f"{rate if rate is None else round(rate, 3)}, mean acceptance length {signals.get('mean_acceptance_length')}, "
+        f"TTFT P99 {ttft if ttft is None else round(1000 * ttft)} ms"
+    )
