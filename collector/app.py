@@ -19,6 +19,7 @@ from collector.maintenance import maintenance_loop
 from collector.metrics import CollectorMetrics
 from collector.settings import Settings
 from collector.store import Store
+from collector.vllm import Scraper
 
 
 def create_app(settings: Settings | None = None, registry: CollectorRegistry | None = None) -> FastAPI:
@@ -33,6 +34,10 @@ def create_app(settings: Settings | None = None, registry: CollectorRegistry | N
         app.state.metrics = CollectorMetrics(registry or CollectorRegistry())
         app.state.ingest_executor = ThreadPoolExecutor(settings.ingest_workers, thread_name_prefix="ingest")
         tasks = [asyncio.create_task(maintenance_loop(app.state.store, settings), name="maintenance")]
+        tasks += [
+            asyncio.create_task(Scraper(url, engine, settings.scrape_interval_s).run(), name=f"scrape {url}")
+            for url in settings.scrape_vllm
+        ]
         try:
             yield
         finally:

@@ -26,7 +26,9 @@ NAMING = {
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
-    type_annotation_map = {float: Double(), dict[str, Any]: JSON(), list[int]: JSON(), dict[str, str]: JSON()}
+    type_annotation_map = {
+        float: Double(), dict[str, Any]: JSON(), list[int]: JSON(), list[float]: JSON(), dict[str, str]: JSON(),
+    }
 
 
 class Request(Base):
@@ -177,3 +179,32 @@ class MaintenanceState(Base):
 
     key: Mapped[str] = mapped_column(String(64), primary_key=True)
     value: Mapped[float]
+
+
+class VllmScrape(Base):
+    """What one vLLM engine did between two scrapes of its /metrics (counter deltas).
+
+    Histograms keep vLLM's own bucket bounds (`*_bounds`, without +Inf) with
+    non-cumulative counts per bucket (`*_counts`, the last one above the largest bound).
+    """
+
+    __tablename__ = "vllm_scrapes"
+    __table_args__ = (Index("ix_vllm_scrapes_at", "at"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    source: Mapped[str] = mapped_column(String(512))
+    model: Mapped[str] = mapped_column(String(256))
+    engine: Mapped[str] = mapped_column(String(64))
+    at: Mapped[float]
+    interval_s: Mapped[float]
+    counter_reset: Mapped[bool]
+    drafts: Mapped[float]
+    draft_tokens: Mapped[float]
+    accepted_tokens: Mapped[float]
+    accepted_per_position: Mapped[list[float]]
+    ttft_bounds: Mapped[list[float]]
+    ttft_counts: Mapped[list[float]]
+    ttft_sum: Mapped[float]
+    e2e_bounds: Mapped[list[float]]
+    e2e_counts: Mapped[list[float]]
+    e2e_sum: Mapped[float]

@@ -22,7 +22,7 @@ from sqlalchemy import Connection, Engine, Table, delete, insert, select, text
 
 from collector.models import (
     LATENCY_BUCKETS, DeviceSampleRow, EngineEventRow, MaintenanceState, Request, RequestRollup, RequestRollupHourly,
-    bucket_column_names,
+    VllmScrape, bucket_column_names,
 )
 
 CHUNK_ROWS = 200_000  # raw rows folded per transaction
@@ -148,4 +148,5 @@ def apply_retention(engine: Engine, now: float, raw_retention_s: float, rollup_r
             conn.execute(delete(t).where(t.period_start < now - rollup_retention_s)).rowcount
             for t in (RequestRollup, RequestRollupHourly)
         )
+        conn.execute(delete(VllmScrape).where(VllmScrape.at < now - rollup_retention_s))  # already compact deltas
     return raw, rolled

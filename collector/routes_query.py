@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Response
 
-from collector import history, queries, series
+from collector import history, queries, series, vllm
 from collector.deps import EngineDep, json_response
 from collector.queries import Filters, Window
 
@@ -83,3 +83,9 @@ def get_series(engine: EngineDep, window: WindowDep, filters: FiltersDep, step: 
 @router.get("/devices/latest")
 def get_devices(engine: EngineDep, instance: str | None = None) -> Response:
     return json_response(series.latest_device_samples(engine, instance))
+
+
+@router.get("/vllm/signals")
+def get_vllm_signals(engine: EngineDep, window: WindowDep, source: str | None = None, model: str | None = None) -> Response:
+    """Acceptance, per-position acceptance and TTFT/e2e percentiles of scraped vLLM engines."""
+    return json_response(vllm.vllm_signals(engine, window, source, model))

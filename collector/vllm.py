@@ -1,0 +1,185 @@
+"""Scraping vLLM's Prometheus /metrics into per-interval deltas, and querying them.
+
+vLLM (v1) exposes, per (model_name, engine):
+  vllm:spec_decode_num_drafts_total, vllm:spec_decode_num_draft_tokens_total,
+  vllm:spec_decode_num_accepted_tokens_total, vllm:spec_decode_num_accepted_tokens_per_pos_total{position},
+  vllm:time_to_first_token_seconds and vllm:e2e_request_latency_seconds (histograms),
+each with `_created` series. A scrape is turned into the delta since the previous one; a
+counter that went down, or a `_created` timestamp that changed, means vLLM restarted, and
+then the new value itself is the delta (the counter restarted from zero). The first scrape
+of a source (and the first after a collector restart) is only a baseline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+import httpx
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import Engine, insert, select
+
+from collector.history import histogram_quantile
+from collector.models import VllmScrape
+from collector.queries import Percentiles, Window
+
+log = logging.getLogger("specwatch.collector")
+COUNTERS = {
+    "vllm:spec_decode_num_drafts": "drafts",
+    "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "accepted_tokens",
+}
+PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
+HISTOGRAMS = {"vllm:time_to_first_token_seconds": "ttft", "vllm:e2e_request_latency_seconds": "e2e"}
+
+
+@dataclass
+class Snapshot:
+    """Cumulative values of one (model, engine) at one scrape."""
+
+    counters: dict[str, float] = field(default_factory=dict)
+    per_position: dict[int, float] = field(default_factory=dict)
+    buckets: dict[str, dict[float, float]] = field(default_factory=dict)  # histogram -> le -> cumulative count
+    sums: dict[str, float] = field(default_factory=dict)
+    created: dict[str, float] = field(default_factory=dict)  # series -> _created timestamp
+
+
+def parse(text: str) -> dict[tuple[str, str], Snapshot]:
+    """The spec-decode counters and latency histograms of a vLLM exposition, by (model_name, engine)."""
+    snapshots: dict[tuple[str, str], Snapshot] = {}
+    for family in text_string_to_metric_families(text):
+        # The text format declares `<name>_created` as a gauge family of its own.
+        name = family.name.removesuffix("_created")
+        if name not in COUNTERS and name != PER_POSITION and name not in HISTOGRAMS:
+            continue
+        for sample in family.samples:
+            key = (sample.labels.get("model_name", ""), sample.labels.get("engine", ""))
+            _take(snapshots.setdefault(key, Snapshot()), name, sample)
+    return snapshots
+
+
+def _take(snap: Snapshot, family: str, sample) -> None:
+    suffix = sample.name[len(family):]
+    if suffix == "_created":
+        snap.created[family + sample.labels.get("position", "")] = sample.value
+    elif family in COUNTERS and suffix == "_total":
+        snap.counters[COUNTERS[family]] = sample.value
+    elif family == PER_POSITION and suffix == "_total":
+        snap.per_position[int(sample.labels["position"])] = sample.value
+    elif family in HISTOGRAMS and suffix == "_bucket":
+        snap.buckets.setdefault(HISTOGRAMS[family], {})[float(sample.labels["le"])] = sample.value
+    elif family in HISTOGRAMS and suffix == "_sum":
+        snap.sums[HISTOGRAMS[family]] = sample.value
+
+
+def is_reset(previous: Snapshot, current: Snapshot) -> bool:
+    if any(current.created.get(k, v) != v for k, v in previous.created.items()):
+        return True
+    pairs = [(previous.counters, current.counters), (previous.per_position, current.per_position), (previous.sums, current.sums)]
+    pairs += [(previous.buckets.get(h, {}), current.buckets.get(h, {})) for h in HISTOGRAMS.values()]
+    return any(now < before.get(k, 0.0) for before, after in pairs for k, now in after.items())
+
+
+def delta(previous: Snapshot, current: Snapshot, source: str, key: tuple[str, str], at: float, interval_s: float) -> dict:
+    """A `vllm_scrapes` row: what happened between two snapshots."""
+    reset = is_reset(previous, current)
+    base = Snapshot() if reset else previous
+
+    def diff(now: dict, before: dict, k) -> float:
+        return max(0.0, now.get(k, 0.0) - before.get(k, 0.0))
+
+    row = {"source": source, "model": key[0], "engine": key[1], "at": at, "interval_s": interval_s, "counter_reset": reset}
+    row.update({name: diff(current.counters, base.counters, name) for name in COUNTERS.values()})
+    positions = range(max(current.per_position, default=-1) + 1)
+    row["accepted_per_position"] = [diff(current.per_position, base.per_position, p) for p in positions]
+    for hist in HISTOGRAMS.values():
+        bounds = sorted(current.buckets.get(hist, {}))
+        cumulative = [diff(current.buckets.get(hist, {}), base.buckets.get(hist, {}), le) for le in bounds]
+        row[f"{hist}_bounds"] = [b for b in bounds if math.isfinite(b)]
+        row[f"{hist}_counts"] = np.diff([0.0, *cumulative]).clip(min=0).tolist()
+        row[f"{hist}_sum"] = diff(current.sums, base.sums, hist)
+    return row
+
+
+class Scraper:
+    """Polls one vLLM /metrics URL and stores a delta row per (model, engine) per interval."""
+
+    def __init__(self, url: str, engine: Engine, interval_s: float) -> None:
+        self.url, self.engine, self.interval_s = url, engine, interval_s
+        self._last: dict[tuple[str, str], tuple[float, Snapshot]] = {}
+
+    def observe(self, text: str, at: float) -> list[dict]:
+        """Turn one scrape into delta rows (stored) and remember it as the next baseline."""
+        rows = []
+        for key, snap in parse(text).items():
+            if key in self._last:
+                before_at, before = self._last[key]
+                rows.append(delta(before, snap, self.url, key, at, at - before_at))
+            self._last[key] = (at, snap)
+        if rows:
+            with self.engine.begin() as conn:
+                conn.execute(insert(VllmScrape), rows)
+        return rows
+
+    async def run(self) -> None:
+        async with httpx.AsyncClient(timeout=min(10.0, self.interval_s)) as http:
+            while True:
+                try:
+                    response = await http.get(self.url)
+                    response.raise_for_status()
+                    await asyncio.to_thread(self.observe, response.text, time.time())
+                except Exception as exc:  # noqa: BLE001 - a down vLLM must not stop the collector
+                    log.warning("scraping %s failed: %s", self.url, exc)
+                await asyncio.sleep(self.interval_s)
+
+
+@dataclass(frozen=True)
+class VllmSignals:
+    """Spec-decode and latency figures of vLLM sources over a window (from scrape deltas)."""
+
+    intervals: int
+    drafts: float
+    draft_tokens: float
+    accepted_tokens: float
+    acceptance_rate: float | None
+    mean_acceptance_length: float | None
+    per_position: list[float]
+    ttft: Percentiles
+    e2e: Percentiles
+
+
+def vllm_signals(engine: Engine, window: Window, source: str | None = None, model: str | None = None) -> VllmSignals:
+    stmt = select(VllmScrape).where(VllmScrape.at >= window.start, VllmScrape.at < window.end).order_by(VllmScrape.at)
+    if source is not None:
+        stmt = stmt.where(VllmScrape.source == source)
+    if model is not None:
+        stmt = stmt.where(VllmScrape.model == model)
+    with engine.connect() as conn:
+        rows = conn.execute(stmt).mappings().all()
+    drafts, drafted, accepted = (float(sum(r[c] for r in rows)) for c in ("drafts", "draft_tokens", "accepted_tokens"))
+    width = max((len(r["accepted_per_position"]) for r in rows), default=0)
+    per_pos = np.zeros(width)
+    for r in rows:
+        per_pos[: len(r["accepted_per_position"])] += r["accepted_per_position"]
+    return VllmSignals(
+        len(rows), drafts, drafted, accepted, accepted / drafted if drafted else None,
+        1.0 + accepted / drafts if drafts else None, (per_pos / drafts).tolist() if drafts else [],
+        _histogram_percentiles(rows, "ttft"), _histogram_percentiles(rows, "e2e"),
+    )
+
+
+def _histogram_percentiles(rows, hist: str) -> Percentiles:
+    """histogram_quantile over the summed bucket deltas (rows with the newest bucket layout)."""
+    if not rows:
+        return Percentiles()
+    bounds = rows[-1][f"{hist}_bounds"]
+    same = [r[f"{hist}_counts"] for r in rows if r[f"{hist}_bounds"] == bounds and len(r[f"{hist}_counts"]) == len(bounds) + 1]
+    counts = np.sum(same, axis=0) if same else np.zeros(len(bounds) + 1)
+    if not counts.sum():
+        return Percentiles()
+    p50, p90, p95, p99 = (histogram_quantile(q, counts, bounds) for q in (0.5, 0.9, 0.95, 0.99))
+    return Percentiles(p50, p90, p95, p99, int(counts.sum()))
