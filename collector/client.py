@@ -210,6 +210,8 @@ class TelemetryClient:
         if response.status_code == 200:
             self._counts["delivered"] += n
             return True
+        if response.status_code == 413 and n > 1:  # over the collector's body limit: send halves
+            return all([self._send(half, count) for half, count in _halves(body)])
         if 400 <= response.status_code < 500 and response.status_code not in _RETRYABLE:
             self._counts["rejected"] += n
             log.error("collector refused a batch of %d: %s %s", n, response.status_code, response.text[:500])
@@ -241,6 +243,13 @@ def _encode(records: list[Any]) -> bytes:
     for record in records:
         batch[_KINDS[type(record)]].append(record.model_dump(mode="json"))
     return orjson.dumps(batch)
+
+
+def _halves(body: bytes) -> list[tuple[bytes, int]]:
+    """Split a serialized batch into two (each kind's list cut in half); a resent half is deduplicated."""
+    batch = orjson.loads(body)
+    parts = [{k: v[: len(v) // 2] for k, v in batch.items()}, {k: v[len(v) // 2 :] for k, v in batch.items()}]
+    return [(orjson.dumps(p), sum(len(v) for v in p.values())) for p in parts if any(p.values())]
 
 
 def _count_records(body: bytes) -> int:

@@ -5,10 +5,12 @@ Build it once at start-up (`Settings()`), pass it down; nothing else reads the e
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 class Settings(BaseSettings):
@@ -25,8 +27,17 @@ class Settings(BaseSettings):
     retention_days: float = Field(default=14.0, gt=0)
     rollup_retention_days: float = Field(default=400.0, gt=0)
     maintenance_interval_s: float = Field(default=60.0, gt=0)
-    scrape_vllm: list[str] = Field(default_factory=list)
+    # SPECWATCH_SCRAPE_VLLM: a JSON list or comma-separated URLs of vLLM /metrics endpoints
+    scrape_vllm: Annotated[list[str], NoDecode] = Field(default_factory=list)
     scrape_interval_s: float = Field(default=15.0, gt=0)
+
+    @field_validator("scrape_vllm", mode="before")
+    @classmethod
+    def _split_urls(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = value.strip()
+            return json.loads(value) if value.startswith("[") else [u.strip() for u in value.split(",") if u.strip()]
+        return value
 
     @property
     def database_url_resolved(self) -> str:

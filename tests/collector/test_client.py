@@ -114,3 +114,14 @@ def test_refused_batches_are_counted_not_retried(db_url, tmp_path):
         client.close()
     stats = client.stats()
     assert (stats.rejected, stats.delivered, stats.spool_bytes) == (11, 0, 0)
+
+
+def test_batches_over_the_body_limit_are_split(settings):
+    with running_collector(settings, free_port()) as url:  # the fixture's limit: 256 KiB
+        client = TelemetryClient(url, batch_size=2000, flush_interval_s=0.05)
+        for record in records(0, 1500):  # ~750 KB in one batch
+            client.submit_request(record)
+        assert client.flush(20.0)
+        client.close()
+    assert client.stats().delivered == 1500 and client.stats().rejected == 0
+    assert len(stored_ids(settings)) == 1500
