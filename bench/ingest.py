@@ -150,6 +150,23 @@ def http_rate(url: str, bodies: list[bytes], per_body: int, clients: int) -> flo
     return per_body * len(bodies) / elapsed
 
 
+def producer_cost_us(port: int, n: int = 20_000) -> float:
+    """What a producer (the engine) pays per submitted record while the client ships them."""
+    from collector.client import TelemetryClient
+
+    records = [RequestRecord.model_validate(r) for r in payloads(n, "producer")]
+    client = TelemetryClient(f"http://127.0.0.1:{port}", batch_size=1000, flush_interval_s=0.05)
+    started = time.perf_counter()
+    for record in records:
+        client.submit_request(record)
+    elapsed = time.perf_counter() - started
+    client.flush(60.0)
+    client.close()
+    if client.stats().delivered != n:
+        raise SystemExit(f"client delivered {client.stats()}")
+    return elapsed / n * 1e6
+
+
 def bodies_for(n: int, batch: int, prefix: str) -> list[bytes]:
     rows = payloads(n, prefix)
     return [orjson.dumps({"requests": rows[i : i + batch]}) for i in range(0, n, batch)]
@@ -169,6 +186,8 @@ def measure_backend(name: str, db_url: str, raw_rate, args, workdir: Path, port:
             for clients in (1, 4):
                 bodies = bodies_for(args.rows, args.batch, f"{name}-r{round_no}-c{clients}")
                 best[clients] = max(best[clients], http_rate(f"http://127.0.0.1:{port}", bodies, args.batch, clients))
+        if name == "sqlite":
+            print(f"TelemetryClient.submit_request on the producer thread: {producer_cost_us(port):.1f} us per record")
     finally:
         proc.terminate()
         proc.wait(10)

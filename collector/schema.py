@@ -11,6 +11,7 @@ This module imports nothing heavier than pydantic so any producer can use it.
 from __future__ import annotations
 
 import math
+from operator import ge
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
@@ -89,13 +90,19 @@ class RequestRecord(_Strict):
     # ingest hot path fast); FieldError tells the ingest service which field to name.
     @model_validator(mode="after")
     def _consistent_counts(self) -> RequestRecord:
-        if self.num_drafts > self.num_draft_tokens:
+        drafts, drafted, accepted = self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens
+        per_position = self.accepted_per_position
+        if drafts > drafted:
             raise FieldError("num_draft_tokens", "num_drafts must be <= num_draft_tokens (a draft holds at least one token)")
-        if self.num_accepted_tokens > self.num_draft_tokens:
+        if accepted > drafted:
             raise FieldError("num_accepted_tokens", "num_accepted_tokens must be <= num_draft_tokens")
-        if len(self.accepted_per_position) != self.gamma:
-            raise FieldError("gamma", f"accepted_per_position has {len(self.accepted_per_position)} entries, gamma is {self.gamma}")
-        _check_per_position(self.accepted_per_position, self.num_drafts, self.num_accepted_tokens)
+        if len(per_position) != self.gamma:
+            raise FieldError("gamma", f"accepted_per_position has {len(per_position)} entries, gamma is {self.gamma}")
+        # One cheap test on the hot path; the slow one below says what is wrong.
+        if per_position and (
+            per_position[0] > drafts or sum(per_position) != accepted or not all(map(ge, per_position, per_position[1:]))
+        ):
+            _explain_per_position(per_position, drafts, accepted)
         if (self.energy_j is None) != (self.energy_source is None):
             raise FieldError("energy_source", "energy_j and energy_source must be given together")
         return self
@@ -111,10 +118,8 @@ class RequestRecord(_Strict):
         return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else None
 
 
-def _check_per_position(per_position: list[int], num_drafts: int, num_accepted: int) -> None:
-    """Position i counts drafts whose tokens 0..i were all accepted."""
-    if not per_position:
-        return
+def _explain_per_position(per_position: list[int], num_drafts: int, num_accepted: int) -> None:
+    """Position i counts drafts whose tokens 0..i were all accepted: raise what is violated."""
     field = "accepted_per_position"
     if any(later > earlier for earlier, later in zip(per_position, per_position[1:])):
         raise FieldError(field, "accepted_per_position must be non-increasing")

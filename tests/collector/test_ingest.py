@@ -50,6 +50,8 @@ def test_duplicates_are_counted_and_skipped(client, make_request):
         ({"started_at": 1_780_000_000_000.0}, "started_at"),  # milliseconds, not seconds
         ({"e2e_s": 1e309}, "e2e_s"),  # overflows to inf
         ({"accepted_per_position": [1, 2, 3, 4]}, "accepted_per_position"),  # increasing
+        ({"accepted_per_position": [5, 3, 2, 1], "num_accepted_tokens": 11}, "accepted_per_position"),  # > num_drafts
+        ({"accepted_per_position": [4, 3, 2, 2]}, "accepted_per_position"),  # sum != num_accepted_tokens
         ({"gamma": 3}, "gamma"),  # len(accepted_per_position) != gamma
         ({"energy_j": 3.0}, "energy_source"),
         ({"unexpected": 1}, "unexpected"),
