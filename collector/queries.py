@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from sqlalchemy import Engine, Select, and_, func, select
 
-from collector.models import DeviceSampleRow, Request
+from collector.models import Request
 
 QUANTILES = (0.5, 0.9, 0.95, 0.99)
 

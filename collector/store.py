@@ -13,7 +13,8 @@ import contextlib
 import threading
 from dataclasses import dataclass, field
 from operator import attrgetter, itemgetter
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 import orjson
 from sqlalchemy import Engine, Table

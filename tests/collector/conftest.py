@@ -11,7 +11,8 @@ import socket
 import threading
 import time
 from contextlib import contextmanager
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import pytest
 import uvicorn

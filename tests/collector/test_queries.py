@@ -9,7 +9,7 @@ from collector.queries import Filters, Window, acceptance_vs_length, errors_by_h
 from collector.schema import IngestBatch
 from collector.series import latest_device_samples, series
 from collector.store import Store
-from collector_payloads import T0, request_dict, sample_dict, varied_request
+from collector_payloads import T0, sample_dict, varied_request
 
 N = 400
 
