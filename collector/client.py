@@ -157,18 +157,19 @@ class TelemetryClient:
 
     def _run(self) -> None:
         while True:
+            records, marker = self._collect()
             try:
-                records, marker = self._collect()
                 if records:
                     self._deliver(records)
                 self._replay(force=marker is not None)
-                if marker is _STOP:
-                    return
-                if marker is not None:
-                    marker.done.set()
             except Exception:  # noqa: BLE001 - keep the sender alive whatever happens
                 log.exception("telemetry sender error")
                 time.sleep(0.1)
+            finally:
+                if isinstance(marker, _Flush):
+                    marker.done.set()
+            if marker is _STOP:
+                return
 
     def _collect(self) -> tuple[list[Any], Any]:
         """Up to batch_size records, stopping early at a flush/stop marker or the flush interval."""
@@ -219,10 +220,12 @@ class TelemetryClient:
         return False
 
     def _to_spool(self, body: bytes, n: int) -> None:
-        if self._spool is not None and self._spool.append(body):
-            self._counts["spooled"] += n
-        else:
-            self._counts["spool_full"] += n
+        try:
+            spooled = self._spool is not None and self._spool.append(body)
+        except OSError:  # disk full, permissions: count the batch as dropped, keep running
+            log.exception("telemetry spool write failed")
+            spooled = False
+        self._counts["spooled" if spooled else "spool_full"] += n
 
     def _replay(self, force: bool) -> None:
         """Send spooled batches oldest first; on failure back off (up to 30 s) before trying again."""

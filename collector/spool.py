@@ -57,9 +57,14 @@ class Spool:
         if not self._segments or self._path(self._segments[-1]).stat().st_size >= SEGMENT_BYTES:
             self._segments.append(self._segments[-1] + 1 if self._segments else 1)
         with open(self._path(self._segments[-1]), "ab") as f:
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
+            start = f.tell()
+            try:
+                f.write(line)
+                f.flush()
+                os.fsync(f.fileno())
+            except OSError:
+                f.truncate(start)  # leave no torn line in the middle of the segment
+                raise
         _fsync_dir(self.dir)
         self.size += len(line)
         return True

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from collector import spool as spool_module
 from collector.spool import Spool
 
@@ -61,3 +63,19 @@ def test_refuses_appends_beyond_max_bytes(tmp_path):
     assert spool.append(b"x" * 10) and spool.append(b"y" * 10)
     assert not spool.append(b"z")
     assert len(spool) == 22
+
+
+def test_failed_append_leaves_no_torn_line(tmp_path, monkeypatch):
+    spool = Spool(tmp_path, max_bytes=10_000)
+    spool.append(b"first")
+    real_fsync = spool_module.os.fsync
+
+    def failing_fsync(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(spool_module.os, "fsync", failing_fsync)  # the disk fills up mid-append
+    with pytest.raises(OSError):
+        spool.append(b"second")
+    monkeypatch.setattr(spool_module.os, "fsync", real_fsync)
+    spool.append(b"third")
+    assert drain(Spool(tmp_path, max_bytes=10_000)) == [b"first", b"third"]
