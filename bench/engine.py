@@ -76,6 +76,10 @@ def hf(engine: Engine, prompt_ids, max_tokens: int, runs: Runs, **kwargs) -> Non
 
 def configurations(engine: Engine, args) -> dict:
     draft_model = truncated_copy(engine.target.model, args.exit_layer)
+    # the same lookahead as ours (transformers' default drafts up to 20 tokens with a confidence cut-off)
+    draft_model.generation_config.num_assistant_tokens = args.exit_gamma
+    draft_model.generation_config.num_assistant_tokens_schedule = "constant"
+    draft_model.generation_config.assistant_confidence_threshold = 0.0
     engine._drafters["model:first-layers"] = model_drafter(draft_model, engine.target.model, f"first-{args.exit_layer}-layers")
     g, k = args.gamma, args.exit_gamma
     return {
@@ -85,7 +89,7 @@ def configurations(engine: Engine, args) -> dict:
         f"own model(first {args.exit_layer} layers) g={k}": lambda ids, m, r: own(engine, ids, "model:first-layers", k, args.max_tokens, r, m),
         "hf generate plain": lambda ids, m, r: hf(engine, ids, args.max_tokens, r),
         f"hf prompt_lookup={g}": lambda ids, m, r: hf(engine, ids, args.max_tokens, r, prompt_lookup_num_tokens=g),
-        f"hf assistant(first {args.exit_layer} layers)": lambda ids, m, r: hf(engine, ids, args.max_tokens, r, assistant_model=draft_model),
+        f"hf assistant(first {args.exit_layer} layers) g={k}": lambda ids, m, r: hf(engine, ids, args.max_tokens, r, assistant_model=draft_model),
     }
 
 
@@ -105,7 +109,7 @@ def measure(engine: Engine, args) -> dict[str, dict[str, Runs]]:
 
 def report(results: dict[str, dict[str, Runs]]) -> list[dict]:
     rows = []
-    print(f"\n{'prompt':<10} {'configuration':<34} {'tok/s':>7} {'vs own plain':>12} {'accept':>7} {'mean len':>8} {'= plain':>7}")
+    print(f"\n{'prompt':<10} {'configuration':<34} {'tok/s':>7} {'vs own plain':>12} {'accept':>7} {'mean len':>8} {'= plain':>9}")
     for kind, configs in results.items():
         base = configs["own plain"]
         for name, runs in configs.items():
@@ -115,12 +119,25 @@ def report(results: dict[str, dict[str, Runs]]) -> list[dict]:
                 "acceptance_rate": runs.accepted / runs.drafted if runs.drafted else None,
                 "mean_acceptance_length": 1 + runs.accepted / runs.drafts if runs.drafts else None,
                 "identical_to_own_plain": runs.output == base.output,
+                "first_divergence": first_divergence(runs.output, base.output),
             }
             rows.append(row)
             acc = f"{row['acceptance_rate']:.2f}" if row["acceptance_rate"] is not None else "-"
             mal = f"{row['mean_acceptance_length']:.2f}" if row["mean_acceptance_length"] is not None else "-"
-            print(f"{kind:<10} {name:<34} {row['tokens_per_s']:7.1f} {row['speedup_vs_own_plain']:11.2f}x {acc:>7} {mal:>8} {str(row['identical_to_own_plain']):>7}")
+            print(f"{kind:<10} {name:<34} {row['tokens_per_s']:7.1f} {row['speedup_vs_own_plain']:11.2f}x {acc:>7} {mal:>8} {identity(row):>9}")
     return rows
+
+
+def first_divergence(output: list[int] | None, reference: list[int] | None) -> int | None:
+    """Index of the first token that differs from the reference (None when identical)."""
+    if output == reference:
+        return None
+    pairs = zip(output or [], reference or [])
+    return next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(output or []), len(reference or [])))
+
+
+def identity(row: dict) -> str:
+    return "yes" if row["identical_to_own_plain"] else f"no@{row['first_divergence']}"
 
 
 def main() -> None:

@@ -80,6 +80,7 @@ def send_sample_traffic(args: argparse.Namespace, url: str) -> None:
     engine = Engine(engine_config(args))
     print(f"engine: {engine.target.name} ({engine.target.dtype}), cold start {engine.target.cold_start_s:.1f}s", flush=True)
     client = TelemetryClient(url, spool_dir=args.data_dir / "spool")
+    client.submit_event(cold_start_event(engine))
     scenarios = [(kind, drafter) for kind in PROMPTS for drafter in ("ngram", None)]
     try:
         for i in range(args.requests):
@@ -91,6 +92,14 @@ def send_sample_traffic(args: argparse.Namespace, url: str) -> None:
         client.flush(timeout=10)
     finally:
         client.close()
+
+
+def cold_start_event(engine):
+    from collector.schema import EngineEvent
+
+    target = engine.target
+    detail = {"model": target.name, "dtype": str(target.dtype).removeprefix("torch."), "from_cache": target.from_cache}
+    return EngineEvent(instance=engine.config.instance, at=time.time(), kind="cold_start", detail=detail, duration_s=target.cold_start_s)
 
 
 def print_window(url: str) -> None:
