@@ -67,7 +67,7 @@ def long_series(engine: Engine, window: Window, filters: Filters = Filters(), st
     return points
 
 
-def _rollup_conditions(table, start: float, end: float, filters: Filters) -> list:
+def rollup_conditions(table, start: float, end: float, filters: Filters) -> list:
     cond = [table.period_start >= start, table.period_start < end]
     for column in ("instance", "model", "mode"):
         if (value := getattr(filters, column)) is not None:
@@ -82,7 +82,7 @@ def _rollup_points(engine: Engine, start: float, steps: int, step_s: float, filt
     table = RequestRollupHourly if start % 3600 == 0 and step_s % 3600 == 0 else RequestRollup
     index = func.floor((table.period_start - start) / step_s).label("step")
     sums = [func.sum(getattr(table, c)) for c in (*_SUMS, *TTFT_COLUMNS, *E2E_COLUMNS)]
-    stmt = select(index, *sums).where(and_(*_rollup_conditions(table, start, start + steps * step_s, filters))).group_by(index)
+    stmt = select(index, *sums).where(and_(*rollup_conditions(table, start, start + steps * step_s, filters))).group_by(index)
     table = np.zeros((steps, len(sums)))
     with engine.connect() as conn:
         for step, *values in conn.execute(stmt):

@@ -34,7 +34,7 @@ INT_COLUMNS = ("requests", "errors", "ooms", "prompt_tokens", "output_tokens", "
 FLOAT_COLUMNS = ("rate_sum", "rate_sumsq", "ttft_sum", "e2e_sum")
 PERIODS = ((RequestRollup.__table__, 60), (RequestRollupHourly.__table__, 3600))
 _BOUNDS = np.array(LATENCY_BUCKETS)
-_RAW = (
+RAW_COLUMNS = (
     Request.started_at, Request.instance, Request.model, Request.mode, Request.drafter, Request.arm, Request.status,
     Request.error, Request.prompt_tokens, Request.output_tokens, Request.num_drafts, Request.num_draft_tokens,
     Request.num_accepted_tokens, Request.ttft_s, Request.e2e_s,
@@ -66,7 +66,7 @@ def roll_up(engine: Engine, now: float, lock: contextlib.AbstractContextManager 
                 conn.execute(text("LOCK TABLE requests IN SHARE MODE"))
             last_id = int(get_state(conn, LAST_ID) or 0)
             rows = conn.execute(
-                select(Request.id, *_RAW).where(Request.id > last_id).order_by(Request.id).limit(CHUNK_ROWS)
+                select(Request.id, *RAW_COLUMNS).where(Request.id > last_id).order_by(Request.id).limit(CHUNK_ROWS)
             ).all()
             if rows:
                 raw = [row[1:] for row in rows]
@@ -99,7 +99,7 @@ def _upsert(conn: Connection, table: Table, groups: Aggregates) -> None:
 
 
 def aggregate(rows: list[tuple], period_s: int) -> Aggregates:
-    """Raw rows (in `_RAW` order) -> group keys and their INT_COLUMNS / FLOAT_COLUMNS sums."""
+    """Raw rows (in `RAW_COLUMNS` order) -> group keys and their INT_COLUMNS / FLOAT_COLUMNS sums."""
     index: dict[tuple, int] = {}
     group = np.fromiter(
         (index.setdefault((int(r[0] // period_s) * period_s, r[1], r[2], r[3], r[4] or "", r[5] or ""), len(index))

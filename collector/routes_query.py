@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Response
 
-from collector import history, queries, series, vllm
+from collector import history, long_signals, queries, series, vllm
 from collector.deps import EngineDep, json_response
 from collector.queries import Filters, Window
 
@@ -50,8 +50,9 @@ FiltersDep = Annotated[Filters, Depends(filters_param)]
 
 @router.get("/signals")
 def get_signals(engine: EngineDep, window: WindowDep, filters: FiltersDep) -> Response:
-    """Counts, throughput, acceptance and TTFT/e2e/TPOT percentiles of the window."""
-    return json_response(queries.signals(engine, window, filters))
+    """Counts, throughput, acceptance and TTFT/e2e/TPOT percentiles of the window
+    (exact from raw rows up to 6 h, from rollup histograms beyond)."""
+    return json_response(long_signals.auto_signals(engine, window, filters))
 
 
 @router.get("/acceptance/positions")

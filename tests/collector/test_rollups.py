@@ -12,7 +12,8 @@ from sqlalchemy import func, select
 from collector.app import create_app
 from collector.history import histogram_quantile, long_series
 from collector.models import LATENCY_BUCKETS, Request, RequestRollup, RequestRollupHourly
-from collector.queries import Filters, Window
+from collector.long_signals import long_signals
+from collector.queries import Filters, Window, signals
 from collector.rollups import apply_retention, roll_up
 from collector.schema import IngestBatch
 from collector.series import series
@@ -102,3 +103,31 @@ def test_service_runs_maintenance_in_the_background(db_url, tmp_path):
                 break
             assert time.monotonic() < deadline, (raw, rolled)
             time.sleep(0.05)
+
+
+@pytest.mark.parametrize("rolled", [False, True])
+def test_long_signals_add_up_rollups_and_raw_rows(engine, stored, rolled):
+    if rolled:
+        roll_up(engine, now=T0 + 900)  # rollups cover minutes up to T0+600 (GRACE_S before the pass)
+        late = request_dict(10_000, started_at=T0 + 30.5)  # arrives after the pass, inside the rolled span
+        Store(engine).insert(IngestBatch.model_validate({"requests": [late]}))
+    window = Window(T0 - 7 * 3600 + 17.5, T0 + 3000)  # > 6 h, not minute-aligned
+    exact, estimate = signals(engine, window), long_signals(engine, window)
+    assert (estimate.requests, estimate.errors, estimate.ooms, estimate.draft_tokens, estimate.accepted_tokens) == (
+        exact.requests, exact.errors, exact.ooms, exact.draft_tokens, exact.accepted_tokens)
+    assert estimate.acceptance_rate_mean == pytest.approx(exact.acceptance_rate_mean)
+    assert estimate.acceptance_rate_stddev == pytest.approx(exact.acceptance_rate_stddev)
+    assert estimate.mean_acceptance_length == pytest.approx(exact.mean_acceptance_length)
+    for got, want in ((estimate.ttft, exact.ttft), (estimate.e2e, exact.e2e)):
+        assert got.count == want.count
+        i = int(np.searchsorted(LATENCY_BUCKETS, want.p99))
+        assert (0.0 if i == 0 else LATENCY_BUCKETS[i - 1]) <= got.p99 <= LATENCY_BUCKETS[min(i, len(LATENCY_BUCKETS) - 1)]
+
+
+def test_signals_endpoint_switches_to_rollups_for_long_windows(client, make_request):
+    rows = [make_request(i) for i in range(50)]
+    assert client.post("/v1/ingest", json={"requests": rows}).status_code == 200
+    short = client.get("/v1/signals", params={"start": T0, "end": T0 + 3600}).json()
+    long = client.get("/v1/signals", params={"start": T0 - 86400, "end": T0 + 3600}).json()
+    assert short["requests"] == long["requests"] == 50
+    assert short["tpot"]["count"] == 50 and long["tpot"]["count"] == 0  # TPOT only from raw rows

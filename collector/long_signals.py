@@ -1,0 +1,83 @@
+"""Window signals for long windows (days, a month) from the rollups.
+
+The window is cut in three: raw rows before the first whole minute, per-minute rollups
+up to the last roll-up pass (less `history.GRACE_S`) plus the raw rows of that span not
+rolled up yet (ids above the roll-up's last id: late arrivals), raw rows after. The raw parts are
+aggregated exactly like the rollups (`rollups.aggregate`) so all three simply add up.
+Percentiles come from the summed latency histograms (PromQL's `histogram_quantile`), the
+acceptance mean and standard deviation across requests from the sums of rates and of their
+squares. TPOT is not kept in rollups (left empty).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from sqlalchemy import Engine, and_, func, select
+
+from collector.history import GRACE_S, RAW_WINDOW_LIMIT_S, histogram_quantile, rollup_conditions
+from collector.models import Request, RequestRollup
+from collector.queries import Filters, Percentiles, Signals, Window, signals
+from collector.rollups import (
+    E2E_COLUMNS, FLOAT_COLUMNS, INT_COLUMNS, LAST_ID, LAST_PASS_AT, RAW_COLUMNS, TTFT_COLUMNS, aggregate, get_state,
+)
+
+_COLUMNS = (*INT_COLUMNS, *FLOAT_COLUMNS)
+
+
+def auto_signals(engine: Engine, window: Window, filters: Filters = Filters()) -> Signals:
+    """Exact raw-row signals up to RAW_WINDOW_LIMIT_S (and with tag filters), rollups beyond."""
+    if window.seconds <= RAW_WINDOW_LIMIT_S or filters.tags:
+        return signals(engine, window, filters)
+    return long_signals(engine, window, filters)
+
+
+def long_signals(engine: Engine, window: Window, filters: Filters = Filters()) -> Signals:
+    first = min(window.end, math.ceil(window.start / 60) * 60)
+    with engine.connect() as conn:
+        pass_at, last_id = get_state(conn, LAST_PASS_AT), get_state(conn, LAST_ID) or 0
+        split = first if pass_at is None else min(window.end, max(first, math.floor((pass_at - GRACE_S) / 60) * 60))
+        totals = _raw_totals(conn, window.start, first, filters) + _raw_totals(conn, split, window.end, filters)
+        if split > first:
+            totals += _raw_totals(conn, first, split, filters, after_id=last_id)
+            stmt = select(*(func.coalesce(func.sum(getattr(RequestRollup, c)), 0) for c in _COLUMNS))
+            stmt = stmt.where(and_(*rollup_conditions(RequestRollup, first, split, filters)))
+            totals += np.array(conn.execute(stmt).one(), dtype=float)
+    return _signals_from(window, {c: float(v) for c, v in zip(_COLUMNS, totals)})
+
+
+def _raw_totals(conn, start: float, end: float, filters: Filters, after_id: float | None = None) -> np.ndarray:
+    if end <= start:
+        return np.zeros(len(_COLUMNS))
+    stmt = filters.apply(select(*RAW_COLUMNS), Window(start, end))
+    if after_id is not None:
+        stmt = stmt.where(Request.id > after_id)
+    rows = conn.execute(stmt).all()
+    if not rows:
+        return np.zeros(len(_COLUMNS))
+    _, ints, floats = aggregate(rows, 60)
+    return np.concatenate([ints.sum(axis=0), floats.sum(axis=0)]).astype(float)
+
+
+def _signals_from(window: Window, t: dict[str, float]) -> Signals:
+    n_rate = t["rate_n"]
+    mean = t["rate_sum"] / n_rate if n_rate else None
+    stddev = math.sqrt(max(0.0, t["rate_sumsq"] / n_rate - mean * mean)) if n_rate else None
+    return Signals(
+        window=window, requests=int(t["requests"]), errors=int(t["errors"]), ooms=int(t["ooms"]),
+        requests_per_s=t["requests"] / window.seconds, output_tokens_per_s=t["output_tokens"] / window.seconds,
+        drafts=int(t["drafts"]), draft_tokens=int(t["draft_tokens"]), accepted_tokens=int(t["accepted_tokens"]),
+        acceptance_rate=t["accepted_tokens"] / t["draft_tokens"] if t["draft_tokens"] else None,
+        acceptance_rate_mean=mean, acceptance_rate_stddev=stddev,
+        mean_acceptance_length=1.0 + t["accepted_tokens"] / t["drafts"] if t["drafts"] else None,
+        ttft=_percentiles(np.array([t[c] for c in TTFT_COLUMNS])), e2e=_percentiles(np.array([t[c] for c in E2E_COLUMNS])),
+        tpot=Percentiles(),
+    )
+
+
+def _percentiles(counts: np.ndarray) -> Percentiles:
+    if not counts.sum():
+        return Percentiles()
+    p50, p90, p95, p99 = (histogram_quantile(q, counts) for q in (0.5, 0.9, 0.95, 0.99))
+    return Percentiles(p50, p90, p95, p99, int(counts.sum()))
