@@ -26,6 +26,7 @@ import numpy as np  # noqa: E402
 
 from collector.db import make_engine, upgrade  # noqa: E402
 from collector.history import long_series  # noqa: E402
+from collector.long_signals import long_signals  # noqa: E402
 from collector.queries import Filters, Window, acceptance_vs_length, errors_by_hour, per_position_acceptance, signals  # noqa: E402
 from collector.rollups import roll_up  # noqa: E402
 from collector.series import latest_device_samples, series  # noqa: E402
@@ -127,6 +128,7 @@ def run_queries(engine, now: float, args) -> None:
         ("5-min per-position acceptance", lambda: per_position_acceptance(engine, last5), 0.2),
         ("5-min per-minute series", lambda: series(engine, last5, step_s=60), 0.2),
         ("1-hour acceptance vs length (Spearman)", lambda: acceptance_vs_length(engine, Window(now - 3600, now + 1)), None),
+        (f"{args.days:g}-day signals from rollups (+ raw edges)", lambda: long_signals(engine, month), 1.0),
         (f"{args.days:g}-day per-hour series from rollups", lambda: long_series(engine, month, step_s=3600), 1.0),
         (f"{args.days:g}-day per-hour series from raw rows", lambda: series(engine, month, step_s=3600), None),
         (f"{args.days:g}-day errors by hour of day (raw)", lambda: errors_by_hour(engine, month), None),

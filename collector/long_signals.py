@@ -1,7 +1,7 @@
 """Window signals for long windows (days, a month) from the rollups.
 
 The window is cut in three: raw rows before the first whole minute, per-minute rollups
-up to the last roll-up pass (less `history.GRACE_S`) plus the raw rows of that span not
+up to the last roll-up pass (less `history.GRACE_S`; whole hours from the hourly ones) plus the raw rows of that span not
 rolled up yet (ids above the roll-up's last id: late arrivals), raw rows after. The raw parts are
 aggregated exactly like the rollups (`rollups.aggregate`) so all three simply add up.
 Percentiles come from the summed latency histograms (PromQL's `histogram_quantile`), the
@@ -17,7 +17,7 @@ import numpy as np
 from sqlalchemy import Engine, and_, func, select
 
 from collector.history import GRACE_S, RAW_WINDOW_LIMIT_S, histogram_quantile, rollup_conditions
-from collector.models import Request, RequestRollup
+from collector.models import Request, RequestRollup, RequestRollupHourly
 from collector.queries import Filters, Percentiles, Signals, Window, signals
 from collector.rollups import (
     E2E_COLUMNS, FLOAT_COLUMNS, INT_COLUMNS, LAST_ID, LAST_PASS_AT, RAW_COLUMNS, TTFT_COLUMNS, aggregate, get_state,
@@ -41,10 +41,21 @@ def long_signals(engine: Engine, window: Window, filters: Filters = Filters()) -
         totals = _raw_totals(conn, window.start, first, filters) + _raw_totals(conn, split, window.end, filters)
         if split > first:
             totals += _raw_totals(conn, first, split, filters, after_id=last_id)
-            stmt = select(*(func.coalesce(func.sum(getattr(RequestRollup, c)), 0) for c in _COLUMNS))
-            stmt = stmt.where(and_(*rollup_conditions(RequestRollup, first, split, filters)))
-            totals += np.array(conn.execute(stmt).one(), dtype=float)
+            totals += _rollup_totals(conn, first, split, filters)
     return _signals_from(window, {c: float(v) for c, v in zip(_COLUMNS, totals)})
+
+
+def _rollup_totals(conn, start: float, end: float, filters: Filters) -> np.ndarray:
+    """Sums over [start, end): whole hours from the hourly rollups, the edges from the per-minute ones."""
+    h0, h1 = math.ceil(start / 3600) * 3600, math.floor(end / 3600) * 3600
+    spans = [(RequestRollupHourly, h0, h1), (RequestRollup, start, h0), (RequestRollup, h1, end)] if h1 > h0 else [
+        (RequestRollup, start, end)]
+    totals = np.zeros(len(_COLUMNS))
+    for table, lo, hi in spans:
+        if hi > lo:
+            stmt = select(*(func.coalesce(func.sum(getattr(table, c)), 0) for c in _COLUMNS))
+            totals += np.array(conn.execute(stmt.where(and_(*rollup_conditions(table, lo, hi, filters)))).one(), dtype=float)
+    return totals
 
 
 def _raw_totals(conn, start: float, end: float, filters: Filters, after_id: float | None = None) -> np.ndarray:

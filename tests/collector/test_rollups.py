@@ -108,7 +108,7 @@ def test_service_runs_maintenance_in_the_background(db_url, tmp_path):
 @pytest.mark.parametrize("rolled", [False, True])
 def test_long_signals_add_up_rollups_and_raw_rows(engine, stored, rolled):
     if rolled:
-        roll_up(engine, now=T0 + 900)  # rollups cover minutes up to T0+600 (GRACE_S before the pass)
+        roll_up(engine, now=T0 + 3 * 3600)  # rollups cover everything up to T0+3h-GRACE_S
         late = request_dict(10_000, started_at=T0 + 30.5)  # arrives after the pass, inside the rolled span
         Store(engine).insert(IngestBatch.model_validate({"requests": [late]}))
     window = Window(T0 - 7 * 3600 + 17.5, T0 + 3000)  # > 6 h, not minute-aligned
