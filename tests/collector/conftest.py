@@ -7,15 +7,10 @@ otherwise its parametrisations are skipped with that reason.
 from __future__ import annotations
 
 import os
-import socket
-import threading
-import time
-from contextlib import contextmanager
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine, text
@@ -84,27 +79,3 @@ def make_sample() -> Callable[..., dict[str, Any]]:
 @pytest.fixture
 def make_event() -> Callable[..., dict[str, Any]]:
     return event_dict
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@contextmanager
-def running_collector(settings: Settings, port: int, registry: CollectorRegistry | None = None):
-    """A real collector (uvicorn) on 127.0.0.1:port in a background thread."""
-    config = uvicorn.Config(create_app(settings, registry), host="127.0.0.1", port=port, log_level="warning")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "collector did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)

@@ -15,7 +15,7 @@ from sqlalchemy import create_engine, text
 from collector.client import TelemetryClient
 from collector.schema import RequestRecord
 from collector_payloads import request_dict
-from conftest import free_port
+from collector_live import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 WAVES, PER_WAVE, KILL_AT, RESTART_AT = 30, 100, 8, 18

@@ -1,0 +1,38 @@
+"""A real collector for tests that need HTTP: uvicorn in a background thread on a free port."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from contextlib import contextmanager
+
+import uvicorn
+from prometheus_client import CollectorRegistry
+
+from collector.app import create_app
+from collector.settings import Settings
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def running_collector(settings: Settings, port: int, registry: CollectorRegistry | None = None):
+    """A real collector (uvicorn) on 127.0.0.1:port in a background thread."""
+    config = uvicorn.Config(create_app(settings, registry), host="127.0.0.1", port=port, log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "collector did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
