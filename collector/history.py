@@ -17,15 +17,17 @@ import numpy as np
 from sqlalchemy import Engine, and_, func, select
 
 from collector.models import LATENCY_BUCKETS, RequestRollup, RequestRollupHourly
-from collector.queries import Filters, Window
+from collector.queries import Filters, HourOfDay, Window, errors_by_hour
 from collector.rollups import E2E_COLUMNS, LAST_PASS_AT, TTFT_COLUMNS, get_state
-from collector.series import SeriesPoint, series
+from collector.series import SeriesPoint, rate_moments, series
 
 RAW_WINDOW_LIMIT_S = 6 * 3600.0
 # Requests finish after they start: minutes this close to the last roll-up pass may still
 # gain rows, so those steps are read from raw rows.
 GRACE_S = 300.0
-_SUMS = ("requests", "errors", "output_tokens", "drafts", "draft_tokens", "accepted_tokens")
+_SUMS = (
+    "requests", "errors", "output_tokens", "drafts", "draft_tokens", "accepted_tokens", "rate_n", "rate_sum", "rate_sumsq",
+)
 
 
 def histogram_quantile(q: float, counts: np.ndarray, bounds=LATENCY_BUCKETS) -> float | None:
@@ -78,6 +80,29 @@ def rollup_conditions(table, start: float, end: float, filters: Filters) -> list
     return cond
 
 
+def errors_by_hour_long(engine: Engine, window: Window, filters: Filters = Filters()) -> list[HourOfDay]:
+    """errors_by_hour from the hourly rollups for windows longer than RAW_WINDOW_LIMIT_S.
+
+    Whole hours come from the rollups (up to the last roll-up pass), the rest from raw rows.
+    """
+    h0 = math.ceil(window.start / 3600) * 3600
+    with engine.connect() as conn:
+        pass_at = get_state(conn, LAST_PASS_AT)
+    h1 = min(math.floor(window.end / 3600), math.floor(((pass_at or 0) - GRACE_S) / 3600)) * 3600
+    if window.seconds <= RAW_WINDOW_LIMIT_S or filters.tags or h1 <= h0:
+        return errors_by_hour(engine, window, filters)
+    cols = [RequestRollupHourly.period_start, RequestRollupHourly.requests, RequestRollupHourly.errors, RequestRollupHourly.ooms]
+    totals = np.zeros((24, 3), dtype=np.int64)
+    with engine.connect() as conn:
+        for start, *counts in conn.execute(select(*cols).where(and_(*rollup_conditions(RequestRollupHourly, h0, h1, filters)))):
+            totals[int(start // 3600) % 24] += [int(c) for c in counts]
+    for lo, hi in ((window.start, h0), (h1, window.end)):
+        if hi > lo:
+            for h in errors_by_hour(engine, Window(lo, hi), filters):
+                totals[h.hour] += (h.requests, h.errors, h.ooms)
+    return [HourOfDay(h, *(int(x) for x in totals[h])) for h in range(24)]
+
+
 def _rollup_points(engine: Engine, start: float, steps: int, step_s: float, filters: Filters) -> list[SeriesPoint]:
     table = RequestRollupHourly if start % 3600 == 0 and step_s % 3600 == 0 else RequestRollup
     index = func.floor((table.period_start - start) / step_s).label("step")
@@ -91,12 +116,14 @@ def _rollup_points(engine: Engine, start: float, steps: int, step_s: float, filt
 
 
 def _point(t: float, row: np.ndarray) -> SeriesPoint:
-    requests, errors, out, drafts, drafted, accepted = (int(v) for v in row[: len(_SUMS)])
+    requests, errors, out, drafts, drafted, accepted = (int(v) for v in row[:6])
+    mean, stddev = (float(m[0]) for m in rate_moments(*(np.array([v]) for v in row[6:9])))
     ttft = row[len(_SUMS) : len(_SUMS) + len(TTFT_COLUMNS)]
     e2e = row[len(_SUMS) + len(TTFT_COLUMNS) :]
     return SeriesPoint(
         t=t, requests=requests, errors=errors, output_tokens=out, drafts=drafts, draft_tokens=drafted,
         accepted_tokens=accepted, acceptance_rate=accepted / drafted if drafted else None,
+        acceptance_rate_mean=None if math.isnan(mean) else mean, acceptance_rate_stddev=None if math.isnan(stddev) else stddev,
         mean_acceptance_length=1.0 + accepted / drafts if drafts else None,
         ttft_p50=histogram_quantile(0.5, ttft), ttft_p99=histogram_quantile(0.99, ttft),
         e2e_p50=histogram_quantile(0.5, e2e), e2e_p99=histogram_quantile(0.99, e2e),

@@ -69,7 +69,7 @@ def get_length(
 
 @router.get("/errors/by-hour")
 def get_errors_by_hour(engine: EngineDep, window: WindowDep, filters: FiltersDep) -> Response:
-    return json_response(queries.errors_by_hour(engine, window, filters))
+    return json_response(history.errors_by_hour_long(engine, window, filters))
 
 
 @router.get("/series")

@@ -23,6 +23,8 @@ class SeriesPoint:
     draft_tokens: int
     accepted_tokens: int
     acceptance_rate: float | None
+    acceptance_rate_mean: float | None  # across the step's requests that drafted
+    acceptance_rate_stddev: float | None
     mean_acceptance_length: float | None
     ttft_p50: float | None
     ttft_p99: float | None
@@ -50,6 +52,7 @@ def series(engine: Engine, window: Window, filters: Filters = Filters(), step_s:
     sums = {name: np.bincount(index, weights=values, minlength=steps) for name, values in
             (("out", out), ("drafts", drafts), ("drafted", drafted), ("accepted", accepted))}
     counts = np.bincount(index, minlength=steps)
+    rate_mean, rate_std = _rate_moments(index, drafted, accepted, steps)
     errors = np.bincount(index, weights=np.array([s == "error" for s in list(zip(*rows))[7]], dtype=float), minlength=steps)
     ttft_q, e2e_q = grouped_quantiles(index, ttft, steps, (0.5, 0.99)), grouped_quantiles(index, e2e, steps, (0.5, 0.99))
     return [
@@ -57,6 +60,7 @@ def series(engine: Engine, window: Window, filters: Filters = Filters(), step_s:
             t=window.start + i * step_s, requests=int(counts[i]), errors=int(errors[i]), output_tokens=int(sums["out"][i]),
             drafts=int(sums["drafts"][i]), draft_tokens=int(sums["drafted"][i]), accepted_tokens=int(sums["accepted"][i]),
             acceptance_rate=_div(sums["accepted"][i], sums["drafted"][i]),
+            acceptance_rate_mean=_num(rate_mean[i]), acceptance_rate_stddev=_num(rate_std[i]),
             mean_acceptance_length=None if not sums["drafts"][i] else float(1.0 + sums["accepted"][i] / sums["drafts"][i]),
             ttft_p50=_num(ttft_q[0][i]), ttft_p99=_num(ttft_q[1][i]), e2e_p50=_num(e2e_q[0][i]), e2e_p99=_num(e2e_q[1][i]),
         )
@@ -65,7 +69,23 @@ def series(engine: Engine, window: Window, filters: Filters = Filters(), step_s:
 
 
 def _point(t: float) -> SeriesPoint:
-    return SeriesPoint(t, 0, 0, 0, 0, 0, 0, None, None, None, None, None, None)
+    return SeriesPoint(t, 0, 0, 0, 0, 0, 0, None, None, None, None, None, None, None, None)
+
+
+def rate_moments(n: np.ndarray, total: np.ndarray, total_sq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and population stddev from count, sum and sum of squares (NaN where n == 0)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(n > 0, total / n, np.nan)
+        return mean, np.where(n > 0, np.sqrt(np.maximum(0.0, total_sq / n - mean * mean)), np.nan)
+
+
+def _rate_moments(index: np.ndarray, drafted: np.ndarray, accepted: np.ndarray, steps: int):
+    drafting = drafted > 0
+    rate = accepted[drafting] / drafted[drafting]
+    where = index[drafting]
+    n = np.bincount(where, minlength=steps)
+    total, total_sq = np.bincount(where, weights=rate, minlength=steps), np.bincount(where, weights=rate * rate, minlength=steps)
+    return rate_moments(n, total, total_sq)
 
 
 def _div(num: float, den: float) -> float | None:

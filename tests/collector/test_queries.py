@@ -99,6 +99,8 @@ def test_series_points_agree_with_signals_of_each_minute(engine, dataset):
         minute = signals(engine, Window(p.t, p.t + 60))
         assert (p.requests, p.errors, p.draft_tokens) == (minute.requests, minute.errors, minute.draft_tokens)
         assert p.acceptance_rate == pytest.approx(minute.acceptance_rate)
+        assert p.acceptance_rate_mean == pytest.approx(minute.acceptance_rate_mean)
+        assert p.acceptance_rate_stddev == pytest.approx(minute.acceptance_rate_stddev)
         assert p.ttft_p99 == pytest.approx(minute.ttft.p99) and p.e2e_p50 == pytest.approx(minute.e2e.p50)
 
 

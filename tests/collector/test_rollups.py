@@ -10,10 +10,10 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from collector.app import create_app
-from collector.history import histogram_quantile, long_series
+from collector.history import errors_by_hour_long, histogram_quantile, long_series
 from collector.models import LATENCY_BUCKETS, Request, RequestRollup, RequestRollupHourly
 from collector.long_signals import long_signals
-from collector.queries import Filters, Window, signals
+from collector.queries import Filters, Window, errors_by_hour, signals
 from collector.rollups import apply_retention, roll_up
 from collector.schema import IngestBatch
 from collector.series import series
@@ -62,6 +62,7 @@ def test_long_series_from_rollups_matches_raw_series(engine, stored):
         assert len(rolled) == len(raw) and sum(p.requests for p in rolled) > 0
         for r, x in zip(rolled, raw):
             assert (r.t, r.requests, r.errors, r.draft_tokens, r.accepted_tokens) == (x.t, x.requests, x.errors, x.draft_tokens, x.accepted_tokens)
+            assert (r.acceptance_rate_mean, r.acceptance_rate_stddev) == pytest.approx((x.acceptance_rate_mean, x.acceptance_rate_stddev))
             if x.ttft_p50 is not None:
                 bucket = np.searchsorted(LATENCY_BUCKETS, x.ttft_p50)  # the estimate lies in the exact value's bucket
                 low = 0.0 if bucket == 0 else LATENCY_BUCKETS[bucket - 1]
@@ -131,3 +132,13 @@ def test_signals_endpoint_switches_to_rollups_for_long_windows(client, make_requ
     long = client.get("/v1/signals", params={"start": T0 - 86400, "end": T0 + 3600}).json()
     assert short["requests"] == long["requests"] == 50
     assert short["tpot"]["count"] == 50 and long["tpot"]["count"] == 0  # TPOT only from raw rows
+
+
+def test_errors_by_hour_from_rollups_match_raw(engine, stored):
+    roll_up(engine, now=T0 + 2 * DAY)
+    late = request_dict(10_000, started_at=T0 + 1.5 * DAY, status="error", error="draft:oom")  # a raw edge hour
+    Store(engine).insert(IngestBatch.model_validate({"requests": [late]}))
+    window = Window(T0 - DAY + 123.0, T0 + 1.5 * DAY + 60)
+    assert errors_by_hour_long(engine, window) == errors_by_hour(engine, window)
+    assert sum(h.ooms for h in errors_by_hour_long(engine, window, Filters(instance="gpu-0"))) == sum(
+        h.ooms for h in errors_by_hour(engine, window, Filters(instance="gpu-0")))
