@@ -12,7 +12,7 @@ import orjson
 from pydantic import ValidationError
 
 from collector.schema import IngestBatch
-from collector.store import DataRejected, IngestCounts, Store
+from collector.store import DataRejected, IngestCounts, Store, StoreUnavailable
 
 MAX_REPORTED_ERRORS = 20
 
@@ -32,6 +32,8 @@ def store_body(store: Store, body: bytes) -> IngestCounts:
         return store.insert(batch)
     except DataRejected as exc:
         raise BatchRejected(422, "rejected_by_database", {"error": "rejected_by_database", "message": str(exc)}) from None
+    except StoreUnavailable as exc:  # nothing was stored; the client keeps the batch and retries
+        raise BatchRejected(503, "store_unavailable", {"error": "store_unavailable", "message": str(exc)}) from None
 
 
 def parse_batch(body: bytes) -> IngestBatch:

@@ -18,16 +18,31 @@ from collections.abc import Callable, Sequence
 
 import orjson
 from sqlalchemy import Engine, Table
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.types import JSON, BigInteger, Boolean, Double, Integer, String
 
 from collector.models import DeviceSampleRow, EngineEventRow, Request
 from collector.schema import DeviceSample, IngestBatch, RequestRecord
+
+def _classify(exc: Exception, dbapi: Any) -> Exception:
+    """DataError/IntegrityError: the batch's data (validation should have caught it) -> 4xx;
+    anything else from the database (down, locked, schema missing) -> retry later (503)."""
+    orig = getattr(exc, "orig", None) or exc
+    message = str(orig).splitlines()[0] if str(orig) else type(orig).__name__
+    if isinstance(orig, (dbapi.DataError, dbapi.IntegrityError)):
+        return DataRejected(message)
+    return StoreUnavailable(message)
+
 
 _PG_TYPES = {Double: "float8", BigInteger: "int8", Integer: "int4", String: "text", Boolean: "bool", JSON: "json"}
 
 
 class DataRejected(ValueError):
     """The database refused a validated batch for what it holds (the batch was rolled back)."""
+
+
+class StoreUnavailable(RuntimeError):
+    """The database could not take the batch right now (down, locked, misconfigured): retry later."""
 
 
 @dataclass(frozen=True)
@@ -130,9 +145,8 @@ class Store:
             else:
                 with self._write_lock:
                     stored = self._write(parts, _sqlite_executemany)
-        except (dbapi.DataError, dbapi.IntegrityError) as exc:
-            # Validation should have caught it; still the client's data, not a server fault.
-            raise DataRejected(str(exc).splitlines()[0]) from exc
+        except (dbapi.Error, DBAPIError) as exc:
+            raise _classify(exc, dbapi) from exc
         (req, n_req), (smp, n_smp), (evt, n_evt) = [(new, len(records)) for new, (_, records) in zip(stored, parts)]
         return IngestCounts(
             len(req), n_req - len(req), len(smp), n_smp - len(smp), len(evt), n_evt - len(evt), tuple(req), tuple(smp)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from collector.app import create_app
 from collector.models import DeviceSampleRow, EngineEventRow, Request
@@ -124,3 +124,16 @@ def test_nul_characters_are_refused_everywhere(client, make_request, where):
     change = {"tags": {"tenant": "a\x00b"}} if where == "tags" else {where: "a\x00b"}
     response = post(client, {"requests": [make_request(1, **change)]})
     assert response.status_code == 422 and stored(client) == 0
+
+
+def test_database_trouble_is_503_so_clients_retry(client, make_request):
+    engine = client.app.state.store.engine
+    with engine.begin() as conn:
+        conn.execute(text("ALTER TABLE requests RENAME TO requests_away"))
+    try:
+        response = post(client, {"requests": [make_request(1)]})
+        assert response.status_code == 503 and response.json()["detail"]["error"] == "store_unavailable"
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text("ALTER TABLE requests_away RENAME TO requests"))
+    assert post(client, {"requests": [make_request(1)]}).status_code == 200
