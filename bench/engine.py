@@ -11,7 +11,6 @@ on the same prompt, measured in the same run.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import statistics
 import sys
@@ -23,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from engine.drafters import model_drafter  # noqa: E402
+from engine.drafters import model_drafter, truncated_copy  # noqa: E402
 from engine.engine import Engine, EngineConfig, GenerateRequest  # noqa: E402
 from engine.workload import PROMPTS, chat  # noqa: E402
 
@@ -38,17 +37,6 @@ class Runs:
 
     def tokens_per_s(self) -> float:
         return statistics.median(t / s for t, s in zip(self.tokens, self.seconds))
-
-
-def truncated_copy(model, layers: int):
-    """A standalone model made of the target's first `layers` layers (shared weights): a draft model."""
-    config = copy.deepcopy(model.config)
-    config.num_hidden_layers = layers
-    small = type(model)(config).to(model.dtype).eval()
-    small.model.embed_tokens = model.model.embed_tokens
-    small.model.layers = model.model.layers[:layers]
-    small.model.norm, small.lm_head = model.model.norm, model.lm_head
-    return small
 
 
 def own(engine: Engine, prompt_ids, drafter: str | None, gamma: int, max_tokens: int, runs: Runs, messages) -> None:
@@ -128,6 +116,28 @@ def report(results: dict[str, dict[str, Runs]]) -> list[dict]:
     return rows
 
 
+def read_bandwidth_gbps(megabytes: int = 512, repeats: int = 5) -> float:
+    """Memory read bandwidth: the best of a few full passes (sum) over a buffer far larger than the caches."""
+    buffer = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32)
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        buffer.sum()
+        best = min(best, time.perf_counter() - started)
+    return buffer.numel() * 4 / best / 1e9
+
+
+def bandwidth_bound(engine: Engine, results: dict[str, dict[str, Runs]]) -> dict:
+    """Plain decoding against the bound of reading every weight once per token."""
+    weight_bytes = sum(p.numel() * p.element_size() for p in engine.target.model.parameters())
+    bandwidth = read_bandwidth_gbps()
+    bound = bandwidth * 1e9 / weight_bytes
+    plain = statistics.median(configs["own plain"].tokens_per_s() for configs in results.values())
+    print(f"\nplain decoding {plain:.1f} tok/s vs memory-bandwidth bound {bound:.1f} tok/s "
+          f"({weight_bytes / 1e6:.0f} MB of weights per token, {bandwidth:.1f} GB/s read here): {plain / bound:.2f}")
+    return {"plain_tokens_per_s": plain, "bound_tokens_per_s": bound, "ratio": plain / bound, "read_gbps": bandwidth}
+
+
 def first_divergence(output: list[int] | None, reference: list[int] | None) -> int | None:
     """Index of the first token that differs from the reference (None when identical)."""
     if output == reference:
@@ -155,9 +165,11 @@ def main() -> None:
     engine = Engine(EngineConfig(dtype=args.dtype, threads=args.threads, instance="bench"))
     print(f"model {engine.target.name} dtype {engine.target.dtype} threads {torch.get_num_threads()} "
           f"cold start {engine.target.cold_start_s:.2f}s (cached copy: {engine.target.from_cache})", file=sys.stderr)
-    rows = report(measure(engine, args))
+    results = measure(engine, args)
+    rows = report(results)
+    bound = bandwidth_bound(engine, results)
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
+        args.json.write_text(json.dumps({"rows": rows, "bandwidth_bound": bound}, indent=2))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ One small interface, three kinds (names as they appear in telemetry):
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -129,3 +130,19 @@ def early_exit_drafter(target_model: PreTrainedModel, layers: int) -> ModelDraft
     if not LlamaDecoder.supports(target_model):
         raise ValueError(f"early exit needs a Llama-architecture target, not {target_model.config.model_type!r}")
     return ModelDrafter(LlamaDecoder(target_model, num_layers=layers), f"early-exit:{layers}")
+
+
+def truncated_copy(model: PreTrainedModel, layers: int) -> PreTrainedModel:
+    """A standalone model made of `model`'s first `layers` layers, sharing its weights.
+
+    Used as a separate draft model (`model:` drafter, or transformers' assistant_model)
+    that is exactly the early-exit drafter, so the two paths can be compared.
+    """
+    config = copy.deepcopy(model.config)
+    config.num_hidden_layers = layers
+    with torch.device("meta"):
+        small = type(model)(config)
+    small.model.embed_tokens, small.model.layers = model.model.embed_tokens, model.model.layers[:layers]
+    small.model.norm, small.lm_head = model.model.norm, model.lm_head
+    small.model.rotary_emb = model.model.rotary_emb
+    return small.eval()

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine.decoder import HFDecoder, LlamaDecoder, make_decoder
-from engine.drafters import NgramDrafter, early_exit_drafter, model_drafter
+from engine.drafters import NgramDrafter, early_exit_drafter, model_drafter, truncated_copy
 from engine.engine import GenerateRequest
 from engine.sampling import SamplingParams
 from engine.speculative import SpeculativeDecoder
@@ -84,9 +84,11 @@ BUNDLED_PROMPTS = [
 ]
 
 
-@pytest.mark.parametrize("drafter", [None, "ngram", "early-exit:6"])
+@pytest.mark.parametrize("drafter", [None, "ngram", "early-exit:6", "model:first-8-layers"])
 def test_bundled_model_float32_matches_transformers(bundled_engine, drafter):
     model = bundled_engine.target.model
+    if drafter == "model:first-8-layers" and drafter not in bundled_engine._drafters:
+        bundled_engine._drafters[drafter] = model_drafter(truncated_copy(model, 8), model, "first-8-layers")
     for text in BUNDLED_PROMPTS:
         request = GenerateRequest(messages=[{"role": "user", "content": text}], max_tokens=40, drafter=drafter, gamma=4)
         result = bundled_engine.generate(request)
