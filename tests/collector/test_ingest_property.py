@@ -7,28 +7,29 @@ import json
 from hypothesis import HealthCheck, given, settings, strategies as st
 from sqlalchemy import func, select
 
-from collector.models import Request
-from collector_payloads import request_dict
+from collector.models import DeviceSampleRow, EngineEventRow, Request
+from collector_payloads import event_dict, request_dict, sample_dict
 
 TEXT = st.text(max_size=40) | st.text(alphabet="a-:\x00\u2028é\U0001f600", max_size=8)
 JSON_SCALARS = st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70) | st.floats() | TEXT
 JSON_VALUES = st.recursive(
     JSON_SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4), max_leaves=12
 )
-FIELDS = sorted(request_dict(0))
+FACTORIES = {"requests": request_dict, "samples": sample_dict, "events": event_dict}
 
 
 @st.composite
 def mutated_batches(draw) -> dict:
     """A valid batch with one field of one record replaced (or removed, or a key added)."""
-    records = [request_dict(i) for i in range(draw(st.integers(1, 3)))]
+    kind = draw(st.sampled_from(sorted(FACTORIES)))
+    records = [FACTORIES[kind](i) for i in range(draw(st.integers(1, 3)))]
     target = records[draw(st.integers(0, len(records) - 1))]
-    field = draw(st.sampled_from(FIELDS) | st.text(min_size=1, max_size=8))
+    field = draw(st.sampled_from(sorted(target)) | st.text(min_size=1, max_size=8))
     if draw(st.booleans()) and field in target:
         del target[field]
     else:
         target[field] = draw(JSON_VALUES)
-    return {"requests": records}
+    return {kind: records}
 
 
 BODIES = (
@@ -40,7 +41,7 @@ BODIES = (
 
 def count(client) -> int:
     with client.app.state.store.engine.connect() as conn:
-        return conn.scalar(select(func.count()).select_from(Request))
+        return sum(conn.scalar(select(func.count()).select_from(t)) for t in (Request, DeviceSampleRow, EngineEventRow))
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
