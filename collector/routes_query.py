@@ -86,6 +86,15 @@ def get_devices(engine: EngineDep, instance: str | None = None) -> Response:
     return json_response(series.latest_device_samples(engine, instance))
 
 
+@router.get("/events")
+def get_events(
+    engine: EngineDep, window: WindowDep, instance: str | None = None, kind: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+) -> Response:
+    """Engine events in the window (oldest first)."""
+    return json_response(series.engine_events(engine, window, instance, kind, limit))
+
+
 @router.get("/vllm/signals")
 def get_vllm_signals(engine: EngineDep, window: WindowDep, source: str | None = None, model: str | None = None) -> Response:
     """Acceptance, per-position acceptance and TTFT/e2e percentiles of scraped vLLM engines."""

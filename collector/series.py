@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 from sqlalchemy import Engine, and_, func, select
 
-from collector.models import DeviceSampleRow, Request
+from collector.models import DeviceSampleRow, EngineEventRow, Request
 from collector.queries import Filters, Window
 
 
@@ -148,3 +148,26 @@ def latest_device_samples(engine: Engine, instance: str | None = None) -> list[D
     )).order_by(DeviceSampleRow.instance, DeviceSampleRow.device)
     with engine.connect() as conn:
         return [DeviceSnapshot(*row) for row in conn.execute(stmt)]
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    instance: str
+    at: float
+    kind: str
+    detail: dict
+    duration_s: float | None
+
+
+def engine_events(
+    engine: Engine, window: Window, instance: str | None = None, kind: str | None = None, limit: int = 1000
+) -> list[EventRecord]:
+    """Engine events (mode switches, defrags, OOMs, ...) in the window, oldest first, at most `limit`."""
+    stmt = select(EngineEventRow.instance, EngineEventRow.at, EngineEventRow.kind, EngineEventRow.detail, EngineEventRow.duration_s)
+    stmt = stmt.where(EngineEventRow.at >= window.start, EngineEventRow.at < window.end)
+    if instance is not None:
+        stmt = stmt.where(EngineEventRow.instance == instance)
+    if kind is not None:
+        stmt = stmt.where(EngineEventRow.kind == kind)
+    with engine.connect() as conn:
+        return [EventRecord(*row) for row in conn.execute(stmt.order_by(EngineEventRow.at).limit(limit))]

@@ -7,7 +7,7 @@ import pytest
 
 from collector.queries import Filters, Window, acceptance_vs_length, errors_by_hour, per_position_acceptance, signals
 from collector.schema import IngestBatch
-from collector.series import latest_device_samples, series
+from collector.series import engine_events, latest_device_samples, series
 from collector.store import Store
 from collector_payloads import T0, sample_dict, varied_request
 
@@ -110,6 +110,15 @@ def test_latest_device_samples(engine, dataset):
     assert [d.instance for d in latest_device_samples(engine, "gpu-1")] == ["gpu-1"]
 
 
+def test_engine_events_in_window(engine, make_event):
+    events = [make_event(i, kind="defrag" if i % 2 else "mode_switch", instance=f"gpu-{i % 3}") for i in range(12)]
+    Store(engine).insert(IngestBatch.model_validate({"events": events}))
+    window = Window(T0 + 2, T0 + 10)
+    assert [e.at for e in engine_events(engine, window)] == [T0 + i for i in range(2, 10)]
+    assert [e.at for e in engine_events(engine, window, instance="gpu-1", kind="defrag")] == [T0 + 7]
+    assert engine_events(engine, window, limit=3)[-1].detail == {"to": "autoregressive"}
+
+
 def test_http_endpoints_serve_the_same_numbers(client, dataset_via_http):
     params = {"start": T0, "end": T0 + N * 3.0}
     body = client.get("/v1/signals", params=params).json()
@@ -120,6 +129,7 @@ def test_http_endpoints_serve_the_same_numbers(client, dataset_via_http):
     assert client.get("/v1/acceptance/positions", params=params).json()["drafts"] > 0
     assert client.get("/v1/acceptance/length", params={**params, "by": "output_tokens"}).json()["by"] == "output_tokens"
     assert client.get("/v1/devices/latest").json() == []
+    assert client.get("/v1/events", params=params).json() == []
     for bad in ({"start": T0}, {"start": T0, "end": T0 - 1}, {**params, "tag": "nocolon"}, {**params, "mode": "x"},
                 {"last": -5}, {**params, "step": 0.001}):
         assert client.get("/v1/signals" if "step" not in bad else "/v1/series", params=bad).status_code == 422, bad
