@@ -83,7 +83,7 @@ class TelemetryClient:
         self.url = url.rstrip("/") + "/v1/ingest"
         self.batch_size, self.flush_interval_s, self.retries = batch_size, flush_interval_s, retries
         self._queue: queue.Queue = queue.Queue(maxsize=max_queue)
-        self._spool = Spool(spool_dir, max_spool_bytes) if spool_dir is not None else None
+        self._spool = _open_spool(spool_dir, max_spool_bytes)
         headers = {"content-type": "application/json"} | ({"authorization": f"Bearer {token}"} if token else {})
         self._http = httpx.Client(timeout=timeout_s, headers=headers)
         self._counts = dict.fromkeys(("submitted", "delivered", "spooled", "queue_full", "spool_full", "rejected"), 0)
@@ -206,7 +206,7 @@ class TelemetryClient:
         """True when the batch is done with (delivered, or refused for good); False to retry later."""
         try:
             response = self._http.post(self.url, content=body)
-        except httpx.HTTPError:
+        except (httpx.HTTPError, httpx.InvalidURL, OSError):  # unreachable, timed out, misconfigured
             return False
         if response.status_code == 200:
             self._counts["delivered"] += n
@@ -239,6 +239,17 @@ class TelemetryClient:
                 return
             self._spool.pop(length)
         self._backoff = 0.0
+
+
+def _open_spool(spool_dir: str | Path | None, max_bytes: int) -> Spool | None:
+    """The spool, or None (no spool_dir, or it cannot be used: logged, the producer carries on)."""
+    if spool_dir is None:
+        return None
+    try:
+        return Spool(spool_dir, max_bytes)
+    except OSError:
+        log.exception("telemetry spool %s unusable; continuing without one", spool_dir)
+        return None
 
 
 def _encode(records: list[Any]) -> bytes:

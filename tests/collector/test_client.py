@@ -125,3 +125,15 @@ def test_batches_over_the_body_limit_are_split(settings):
         client.close()
     assert client.stats().delivered == 1500 and client.stats().rejected == 0
     assert len(stored_ids(settings)) == 1500
+
+
+def test_misconfiguration_never_reaches_the_producer(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    client = TelemetryClient("not a url at all", spool_dir=blocker / "spool", retries=0, flush_interval_s=0.02)
+    for record in records(0, 5):
+        client.submit_request(record)
+    assert client.flush(5.0)
+    client.close()
+    stats = client.stats()
+    assert stats.submitted == 5 and stats.delivered == 0 and stats.dropped_spool_full == 5  # no usable spool
