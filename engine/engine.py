@@ -65,23 +65,40 @@ class GenerateResult:
     record: RequestRecord
 
 
+class Slot:
+    """A decoding lane: its own KV caches (target and drafters); the weights are shared."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.decoder = make_decoder(engine.target.model)
+        self.drafters: dict[str, Drafter] = {}
+
+
 class Engine:
     def __init__(self, config: EngineConfig = EngineConfig()) -> None:
         self.config = config
         torch.set_num_threads(config.threads or os.cpu_count() or 1)
         self.target: LoadedModel = load_model(config.model, config.dtype, config.device, config.cache_dir)
-        self.decoder = make_decoder(self.target.model)
         self.tokenizer = self.target.tokenizer
         self.stop_ids = _stop_token_ids(self.target)
-        self._drafters: dict[str, Drafter] = {}
+        self._draft_models: dict[str, LoadedModel] = {}
+        self.default_slot = Slot(self)
 
-    def drafter(self, spec: str | None) -> Drafter | None:
-        """The drafter named by `spec`, built once and reused across requests."""
+    @property
+    def decoder(self):
+        return self.default_slot.decoder
+
+    @property
+    def _drafters(self) -> dict[str, Drafter]:
+        return self.default_slot.drafters
+
+    def drafter(self, spec: str | None, slot: Slot | None = None) -> Drafter | None:
+        """The drafter named by `spec` for `slot`, built once per slot (draft weights are loaded once)."""
         if spec in (None, "", "none"):
             return None
-        if spec not in self._drafters:
-            self._drafters[spec] = self._build_drafter(spec)
-        return self._drafters[spec]
+        drafters = (slot or self.default_slot).drafters
+        if spec not in drafters:
+            drafters[spec] = self._build_drafter(spec)
+        return drafters[spec]
 
     def _build_drafter(self, spec: str) -> Drafter:
         kind, _, arg = spec.partition(":")
@@ -90,7 +107,9 @@ class Engine:
         if kind == "early-exit" and arg.isdigit():
             return early_exit_drafter(self.target.model, int(arg))
         if kind == "model" and arg:
-            draft = load_model(arg, _dtype_name(self.target.dtype), str(self.target.device), self.config.cache_dir)
+            if arg not in self._draft_models:
+                self._draft_models[arg] = load_model(arg, _dtype_name(self.target.dtype), str(self.target.device), self.config.cache_dir)
+            draft = self._draft_models[arg]
             return model_drafter(draft.model, self.target.model, draft.name)
         raise ValueError(f"unknown drafter {spec!r}: use none, ngram, model:PATH or early-exit:K")
 
@@ -106,39 +125,80 @@ class Engine:
 
     def stream(self, request: GenerateRequest) -> Iterator[str | GenerateResult]:
         """Yield text deltas as tokens are committed, then the GenerateResult."""
-        started_at, started = time.time(), time.monotonic()
-        prompt_ids = self.encode(request)
-        drafter = self.drafter(request.drafter) if request.gamma > 0 else None
-        loop = SpeculativeDecoder(self.decoder, drafter, self.target.device)
-        loop.prefill(prompt_ids, request.max_tokens, request.gamma, request.sampling, self.stop_ids, request.seed)
-        ttft = time.monotonic() - started
-        text = _TextStream(self.tokenizer, request.stop)
-        delta = text.update(loop.tokens[len(prompt_ids) :])
-        if delta:
+        run = Run(self, request, self.default_slot)
+        if delta := run.prefill():
             yield delta
-        while not loop.finished and not text.stopped:
-            loop.step()
-            if delta := text.update(loop.tokens[len(prompt_ids) :]):
+        while not run.finished:
+            if delta := run.advance():
                 yield delta
-        if tail := text.flush():
-            yield tail
-        generated = loop.tokens[len(prompt_ids) :]
-        finish = "stop" if text.stopped or (generated and generated[-1] in self.stop_ids) else "length"
-        record = self._record(request, drafter, loop.stats, started_at, ttft, time.monotonic() - started, len(prompt_ids), len(generated))
-        yield GenerateResult(text.text, generated, finish, record)
+        yield run.result()
 
-    def _record(self, request, drafter, stats: DecodeStats, started_at, ttft, e2e, prompt_tokens, output_tokens) -> RequestRecord:
+
+class Run:
+    """One request in flight on a slot: `prefill()` once, then `advance()` until `finished`.
+
+    The scheduler interleaves the runs of several slots one round at a time.
+    """
+
+    def __init__(self, engine: Engine, request: GenerateRequest, slot: Slot, *, speculate: bool = True,
+                 mode_reason: str = "default", arm: str | None = None, queue_s: float = 0.0,
+                 load: float | None = None, prompt_ids: list[int] | None = None) -> None:
+        self.engine, self.request, self.slot = engine, request, slot
+        self.started_at, self.started = time.time() - queue_s, time.monotonic() - queue_s
+        self.queue_s, self.load, self.mode_reason, self.arm = queue_s, load, mode_reason, arm
+        self.prompt_ids = prompt_ids if prompt_ids is not None else engine.encode(request)
+        use_draft = speculate and request.gamma > 0
+        self.drafter = engine.drafter(request.drafter, slot) if use_draft else None
+        self.loop = SpeculativeDecoder(slot.decoder, self.drafter, engine.target.device)
+        self.text = _TextStream(engine.tokenizer, request.stop)
+        self.ttft: float | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.loop.finished or self.text.stopped
+
+    @property
+    def generated(self) -> list[int]:
+        return self.loop.tokens[len(self.prompt_ids) :]
+
+    def prefill(self) -> str:
+        request = self.request
+        self.loop.prefill(self.prompt_ids, request.max_tokens, request.gamma, request.sampling, self.engine.stop_ids, request.seed)
+        self.ttft = time.monotonic() - self.started
+        return self._delta()
+
+    def advance(self) -> str:
+        self.loop.step()
+        return self._delta()
+
+    def _delta(self) -> str:
+        delta = self.text.update(self.generated)
+        return delta + self.text.flush() if self.finished else delta
+
+    def result(self, status: str = "ok", error: str | None = None) -> GenerateResult:
+        generated = self.generated
+        if status != "ok":
+            finish = status
+        else:
+            finish = "stop" if self.text.stopped or (generated and generated[-1] in self.engine.stop_ids) else "length"
+        return GenerateResult(self.text.text, generated, finish, self._record(status, error))
+
+    def _record(self, status: str, error: str | None) -> RequestRecord:
+        stats: DecodeStats = self.loop.stats
         return RequestRecord(
-            request_id=request.request_id or uuid.uuid4().hex,
-            instance=self.config.instance,
-            model=self.target.name,
-            drafter=drafter.name if drafter else None,
-            mode="speculative" if drafter else "autoregressive",
-            started_at=started_at,
-            ttft_s=ttft,
-            e2e_s=e2e,
-            prompt_tokens=prompt_tokens,
-            output_tokens=output_tokens,
+            request_id=self.request.request_id or uuid.uuid4().hex,
+            instance=self.engine.config.instance,
+            model=self.engine.target.name,
+            drafter=self.drafter.name if self.drafter else None,
+            mode="speculative" if self.drafter else "autoregressive",
+            mode_reason=self.mode_reason,
+            arm=self.arm,
+            started_at=self.started_at,
+            queue_s=self.queue_s,
+            ttft_s=self.ttft,
+            e2e_s=time.monotonic() - self.started,
+            prompt_tokens=len(self.prompt_ids),
+            output_tokens=len(self.generated),
             num_drafts=stats.num_drafts,
             num_draft_tokens=stats.num_draft_tokens,
             num_accepted_tokens=stats.num_accepted_tokens,
@@ -146,7 +206,10 @@ class Engine:
             gamma=stats.gamma,
             draft_s=stats.draft_s,
             verify_s=stats.verify_s,
-            tags=dict(request.tags),
+            status=status,
+            error=error,
+            load_at_admission=self.load,
+            tags=dict(self.request.tags),
         )
 
 

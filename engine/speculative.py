@@ -61,6 +61,9 @@ class SpeculativeDecoder:
         self.target = target
         self.drafter = drafter
         self.device = torch.device(device)
+        self.stats = DecodeStats(gamma=0)
+        self.tokens: list[int] = []
+        self.finished = False
 
     def prefill(
         self,
