@@ -86,6 +86,7 @@ class TelemetryClient:
         self._spool = _open_spool(spool_dir, max_spool_bytes)
         headers = {"content-type": "application/json"} | ({"authorization": f"Bearer {token}"} if token else {})
         self._http = httpx.Client(timeout=timeout_s, headers=headers)
+        self._counts_lock = threading.Lock()
         self._counts = dict.fromkeys(("submitted", "delivered", "spooled", "queue_full", "spool_full", "rejected"), 0)
         self._next_replay = 0.0
         self._backoff = 0.0
@@ -108,15 +109,15 @@ class TelemetryClient:
         try:
             if type(record) not in _KINDS:
                 log.error("not a telemetry record: %r", type(record))
-                self._counts["rejected"] += 1
+                self._bump("rejected", 1)
                 return
             if self._closed:
-                self._counts["queue_full"] += 1
+                self._bump("queue_full", 1)
                 return
             self._queue.put_nowait(record)
-            self._counts["submitted"] += 1
+            self._bump("submitted", 1)
         except queue.Full:
-            self._counts["queue_full"] += 1
+            self._bump("queue_full", 1)
         except Exception:  # noqa: BLE001 - telemetry must never take the producer down
             log.exception("telemetry submit failed")
 
@@ -147,6 +148,10 @@ class TelemetryClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _bump(self, key: str, n: int) -> None:
+        with self._counts_lock:  # producers on several threads update the same counters
+            self._counts[key] += n
 
     def stats(self) -> ClientStats:
         c = self._counts
@@ -209,12 +214,12 @@ class TelemetryClient:
         except (httpx.HTTPError, httpx.InvalidURL, OSError):  # unreachable, timed out, misconfigured
             return False
         if response.status_code == 200:
-            self._counts["delivered"] += n
+            self._bump("delivered", n)
             return True
         if response.status_code == 413 and n > 1:  # over the collector's body limit: send halves
             return all([self._send(half, count) for half, count in _halves(body)])
         if 400 <= response.status_code < 500 and response.status_code not in _RETRYABLE:
-            self._counts["rejected"] += n
+            self._bump("rejected", n)
             log.error("collector refused a batch of %d: %s %s", n, response.status_code, response.text[:500])
             return True
         return False
@@ -225,7 +230,7 @@ class TelemetryClient:
         except OSError:  # disk full, permissions: count the batch as dropped, keep running
             log.exception("telemetry spool write failed")
             spooled = False
-        self._counts["spooled" if spooled else "spool_full"] += n
+        self._bump("spooled" if spooled else "spool_full", n)
 
     def _replay(self, force: bool) -> None:
         """Send spooled batches oldest first; on failure back off (up to 30 s) before trying again."""

@@ -137,3 +137,20 @@ def test_misconfiguration_never_reaches_the_producer(tmp_path):
     client.close()
     stats = client.stats()
     assert stats.submitted == 5 and stats.delivered == 0 and stats.dropped_spool_full == 5  # no usable spool
+
+
+def test_many_producer_threads(settings):
+    import threading
+
+    with running_collector(settings, free_port()) as url:
+        client = TelemetryClient(url, batch_size=500, flush_interval_s=0.02)
+        chunks = [records(k * 500, 500) for k in range(4)]
+        threads = [threading.Thread(target=lambda c=c: [client.submit_request(r) for r in c]) for c in chunks]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert client.flush(20.0)
+        client.close()
+    assert (client.stats().submitted, client.stats().delivered) == (2000, 2000)
+    assert sorted(stored_ids(settings)) == sorted(f"req-{i}" for i in range(2000))
