@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 
 from collector.db import make_engine, upgrade  # noqa: E402
-from collector.history import long_series  # noqa: E402
+from collector.history import errors_by_hour_long, long_series  # noqa: E402
 from collector.long_signals import long_signals  # noqa: E402
 from collector.queries import Filters, Window, acceptance_vs_length, errors_by_hour, per_position_acceptance, signals  # noqa: E402
 from collector.rollups import roll_up  # noqa: E402
@@ -131,7 +131,8 @@ def run_queries(engine, now: float, args) -> None:
         (f"{args.days:g}-day signals from rollups (+ raw edges)", lambda: long_signals(engine, month), 1.0),
         (f"{args.days:g}-day per-hour series from rollups", lambda: long_series(engine, month, step_s=3600), 1.0),
         (f"{args.days:g}-day per-hour series from raw rows", lambda: series(engine, month, step_s=3600), None),
-        (f"{args.days:g}-day errors by hour of day (raw)", lambda: errors_by_hour(engine, month), None),
+        (f"{args.days:g}-day errors by hour of day from rollups", lambda: errors_by_hour_long(engine, month), 1.0),
+        (f"{args.days:g}-day errors by hour of day from raw rows", lambda: errors_by_hour(engine, month), None),
         ("latest device samples", lambda: latest_device_samples(engine), None),
     ]
     print(f"{'query':<52} {'median':>10}  goal")

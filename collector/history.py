@@ -16,9 +16,11 @@ import math
 import numpy as np
 from sqlalchemy import Engine, and_, func, select
 
-from collector.models import LATENCY_BUCKETS, RequestRollup, RequestRollupHourly
+from collector.models import LATENCY_BUCKETS, Request, RequestRollup, RequestRollupHourly
 from collector.queries import Filters, HourOfDay, Window, errors_by_hour
-from collector.rollups import E2E_COLUMNS, LAST_PASS_AT, TTFT_COLUMNS, get_state
+from collector.rollups import (
+    E2E_COLUMNS, FLOAT_COLUMNS, INT_COLUMNS, LAST_ID, LAST_PASS_AT, RAW_COLUMNS, TTFT_COLUMNS, aggregate, get_state,
+)
 from collector.series import SeriesPoint, rate_moments, series
 
 RAW_WINDOW_LIMIT_S = 6 * 3600.0
@@ -53,7 +55,8 @@ def auto_series(engine: Engine, window: Window, filters: Filters = Filters(), st
 
 
 def long_series(engine: Engine, window: Window, filters: Filters = Filters(), step_s: float = 3600.0) -> list[SeriesPoint]:
-    """Steps ending before the last roll-up pass (less GRACE_S) come from rollups, the rest from raw rows."""
+    """Steps ending before the last roll-up pass (less GRACE_S) come from rollups (plus raw rows the
+    pass has not seen yet), the rest from raw rows."""
     if filters.tags or step_s % 60 or window.start % 60:
         return series(engine, window, filters, step_s)
     with engine.connect() as conn:
@@ -108,11 +111,29 @@ def _rollup_points(engine: Engine, start: float, steps: int, step_s: float, filt
     index = func.floor((table.period_start - start) / step_s).label("step")
     sums = [func.sum(getattr(table, c)) for c in (*_SUMS, *TTFT_COLUMNS, *E2E_COLUMNS)]
     stmt = select(index, *sums).where(and_(*rollup_conditions(table, start, start + steps * step_s, filters))).group_by(index)
-    table = np.zeros((steps, len(sums)))
+    totals = np.zeros((steps, len(sums)))
     with engine.connect() as conn:
         for step, *values in conn.execute(stmt):
-            table[int(step)] = [float(v or 0) for v in values]
-    return [_point(start + i * step_s, table[i]) for i in range(steps)]
+            totals[int(step)] = [float(v or 0) for v in values]
+        _add_unrolled(conn, totals, start, step_s, filters)
+    return [_point(start + i * step_s, totals[i]) for i in range(steps)]
+
+
+_COLUMN_INDEX = {c: i for i, c in enumerate((*_SUMS, *TTFT_COLUMNS, *E2E_COLUMNS))}
+
+
+def _add_unrolled(conn, totals: np.ndarray, start: float, step_s: float, filters: Filters) -> None:
+    """Fold in raw rows of the rolled span that the last pass has not seen (late arrivals)."""
+    last_id = get_state(conn, LAST_ID) or 0
+    window = Window(start, start + len(totals) * step_s)
+    rows = conn.execute(filters.apply(select(*RAW_COLUMNS), window, time_index=False).where(Request.id > last_id)).all()
+    if not rows:
+        return
+    keys, ints, floats = aggregate(rows, 60)
+    steps = np.array([int((key[0] - start) // step_s) for key in keys])
+    for name, values in (*zip(INT_COLUMNS, ints.T), *zip(FLOAT_COLUMNS, floats.T)):
+        if name in _COLUMN_INDEX:
+            np.add.at(totals[:, _COLUMN_INDEX[name]], steps, values)
 
 
 def _point(t: float, row: np.ndarray) -> SeriesPoint:

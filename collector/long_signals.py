@@ -61,8 +61,8 @@ def _rollup_totals(conn, start: float, end: float, filters: Filters) -> np.ndarr
 def _raw_totals(conn, start: float, end: float, filters: Filters, after_id: float | None = None) -> np.ndarray:
     if end <= start:
         return np.zeros(len(_COLUMNS))
-    stmt = filters.apply(select(*RAW_COLUMNS), Window(start, end))
-    if after_id is not None:
+    stmt = filters.apply(select(*RAW_COLUMNS), Window(start, end), time_index=after_id is None)
+    if after_id is not None:  # few rows past the roll-up's last id: find them by id, not by time
         stmt = stmt.where(Request.id > after_id)
     rows = conn.execute(stmt).all()
     if not rows:
