@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import socket
 import sys
+import time
+from pathlib import Path
 
 from specwatch.cli import UsageError
 
@@ -24,6 +28,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_model_arguments(gen)
     gen.add_argument("--json", action="store_true", help="print one JSON object: text, finish_reason, record")
     gen.set_defaults(handler=run_generate)
+
+
+    engine = subparsers.add_parser("engine", help="the speculative-decoding engine")
+    engine_commands = engine.add_subparsers(dest="engine_command", required=True, metavar="SUBCOMMAND")
+    serve = engine_commands.add_parser("serve", help="serve the OpenAI-compatible API")
+    add_model_arguments(serve)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--slots", type=int, default=4, help="requests decoded concurrently (default: 4)")
+    serve.add_argument("--max-queue", type=int, default=64, help="waiting requests before 429 (default: 64)")
+    serve.add_argument("--collector", default=os.environ.get("SPECWATCH_COLLECTOR_URL"), help="collector URL for telemetry (default: SPECWATCH_COLLECTOR_URL; none: no telemetry)")
+    serve.add_argument("--spool-dir", type=Path, default=Path("data/engine-spool"), help="telemetry spool while the collector is down")
+    serve.add_argument("--instance", default=socket.gethostname())
+    serve.add_argument("--sample-interval", type=float, default=5.0, help="seconds between device samples")
+    serve.add_argument("--load-off", type=float, default=0.75, help="speculation off above this load (default: 0.75)")
+    serve.add_argument("--load-on", type=float, default=0.60, help="...and back on below this (default: 0.60)")
+    serve.add_argument("--long-prompt-tokens", type=int, default=512)
+    serve.add_argument("--canary-fraction", type=float, default=1.0, help="share of requests that speculate (A/B arms when < 1)")
+    serve.add_argument("--min-acceptance", type=float, default=0.3)
+    serve.set_defaults(handler=run_serve)
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -85,3 +109,51 @@ def summary_line(record) -> str:
         f"({record.output_tokens / max(record.e2e_s, 1e-9):.1f} tok/s, decode {record.output_tokens / decode_s:.1f} tok/s), "
         f"ttft {1000 * (record.ttft_s or 0):.0f} ms, acceptance {rate}"
     )
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from collector.client import TelemetryClient
+    from collector.schema import EngineEvent
+    from engine.device import DeviceSampler
+    from engine.engine import Engine, EngineConfig
+    from engine.loading import ModelLoadError
+    from engine.policy import Policy, PolicyConfig
+    from engine.scheduler import Scheduler, SchedulerConfig
+    from engine.server import create_app
+
+    try:
+        policy = Policy(PolicyConfig(load_off=args.load_off, load_on=args.load_on, long_prompt_tokens=args.long_prompt_tokens,
+                                     canary_fraction=args.canary_fraction, min_acceptance=args.min_acceptance))
+        scheduler_config = SchedulerConfig(slots=args.slots, max_queue=args.max_queue)
+        config = EngineConfig(model=args.model, dtype=args.dtype, device=args.device, threads=args.threads, instance=args.instance)
+        engine = Engine(config)
+    except (ValueError, ModelLoadError) as exc:
+        raise UsageError(str(exc)) from exc
+    client = TelemetryClient(args.collector, spool_dir=args.spool_dir) if args.collector else None
+    scheduler = Scheduler(engine, scheduler_config, policy, on_record=client.submit_request if client else None)
+    if client:
+        client.submit_event(EngineEvent(instance=args.instance, at=time.time(), kind="cold_start", duration_s=engine.target.cold_start_s,
+                                        detail={"model": engine.target.name, "from_cache": engine.target.from_cache}))
+        sampler = DeviceSampler(scheduler, args.instance, args.sample_interval, lambda sample: _send_sample(client, policy, args.instance, sample))
+        sampler.start()
+    print(f"engine: {engine.target.name} ({engine.target.dtype}) on http://{args.host}:{args.port}/v1, "
+          f"telemetry -> {args.collector or 'off'}", file=sys.stderr, flush=True)
+    try:
+        uvicorn.run(create_app(scheduler, engine.target.name), host=args.host, port=args.port, log_level="warning")
+    finally:
+        if client:
+            sampler.stop()
+            client.close()
+    return 0
+
+
+def _send_sample(client, policy, instance: str, sample) -> None:
+    from collector.schema import EngineEvent
+
+    client.submit_sample(sample)
+    while policy.switches:
+        switch = policy.switches.popleft()
+        detail = {"to": "speculative" if switch.speculate else "autoregressive", "reason": switch.reason, "load": switch.load}
+        client.submit_event(EngineEvent(instance=instance, at=switch.at, kind="mode_switch", detail=detail))

@@ -100,6 +100,19 @@ class Engine:
             drafters[spec] = self._build_drafter(spec)
         return drafters[spec]
 
+    def check_drafter(self, spec: str | None) -> None:
+        """Raise ValueError for a drafter spec that cannot be built (without building it)."""
+        if spec in (None, "", "none", "ngram"):
+            return
+        kind, _, arg = spec.partition(":")
+        if kind == "early-exit" and arg.isdigit():
+            if not 1 <= int(arg) <= self.target.model.config.num_hidden_layers:
+                raise ValueError(f"early exit after {arg} layers: the model has {self.target.model.config.num_hidden_layers}")
+            return
+        if kind == "model" and arg and (arg in self._draft_models or arg == "bundled" or Path(arg).exists()):
+            return
+        raise ValueError(f"unknown drafter {spec!r}: use none, ngram, model:PATH or early-exit:K")
+
     def _build_drafter(self, spec: str) -> Drafter:
         kind, _, arg = spec.partition(":")
         if kind == "ngram" and not arg:

@@ -13,6 +13,7 @@ import sys
 # command -> module that defines `register(subparsers)`; each handler returns an exit code.
 COMMANDS = {
     "generate": "engine.cli",
+    "engine": "engine.cli",
     "collector": "collector.cli",
     "db": "collector.cli",
     "up": "specwatch.up",

@@ -1,0 +1,150 @@
+"""Periodic device samples: memory and its fragmentation, power, utilisation, load.
+
+Memory: on CUDA from `torch.cuda.memory_stats` (fragmentation = reserved / allocated);
+on CPU from glibc's `mallinfo2` (fragmentation = (arena + mmap) / in-use bytes).
+Power: NVML on CUDA when `nvidia-ml-py` is installed, Intel RAPL on CPU when
+/sys/class/powercap is readable; otherwise no power figure at all (never a guess
+labelled as a measurement).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from collector.schema import DeviceSample
+
+RAPL_ENERGY = Path("/sys/class/powercap/intel-rapl:0/energy_uj")
+
+
+@dataclass(frozen=True)
+class Memory:
+    allocated: int
+    reserved: int
+
+    @property
+    def fragmentation(self) -> float | None:
+        return self.reserved / self.allocated if self.allocated else None
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def _load_mallinfo2():
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        function = libc.mallinfo2
+    except (OSError, AttributeError):
+        return None  # not glibc >= 2.33
+    function.restype = _MallInfo2
+    return function
+
+
+_MALLINFO2 = _load_mallinfo2()
+
+
+def cpu_heap_memory() -> Memory | None:
+    if _MALLINFO2 is None:
+        return None
+    info = _MALLINFO2()
+    return Memory(allocated=info.uordblks + info.hblkhd, reserved=info.arena + info.hblkhd)
+
+
+def cuda_memory(device: torch.device) -> Memory:
+    stats = torch.cuda.memory_stats(device)
+    return Memory(stats.get("allocated_bytes.all.current", 0), stats.get("reserved_bytes.all.current", 0))
+
+
+class PowerMeter:
+    """Average watts between readings, from an energy counter (NVML or RAPL); None when neither exists."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.source: str | None = None
+        self._read = None
+        if device.type == "cuda":
+            self._read = _nvml_energy_reader(device)
+            self.source = "nvml" if self._read else None
+        elif RAPL_ENERGY.is_file():
+            try:
+                RAPL_ENERGY.read_text()
+                self._read, self.source = (lambda: int(RAPL_ENERGY.read_text()) / 1e6), "rapl"
+            except OSError:
+                pass
+        self._last = (time.monotonic(), self._read()) if self._read else None
+
+    def watts(self) -> float | None:
+        if self._read is None or self._last is None:
+            return None
+        now, joules = time.monotonic(), self._read()
+        (then, before), self._last = self._last, (now, joules)
+        if now <= then or joules < before:  # counter wrapped: skip one interval
+            return None
+        return (joules - before) / (now - then)
+
+
+def _nvml_energy_reader(device: torch.device):
+    try:
+        import pynvml  # nvidia-ml-py
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+        pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)
+    except Exception:
+        return None
+    return lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1000.0  # mJ -> J
+
+
+class DeviceSampler:
+    """A background thread that turns the engine's state into a DeviceSample every `interval_s`."""
+
+    def __init__(self, scheduler, instance: str, interval_s: float, send) -> None:
+        self.scheduler, self.instance, self.interval_s, self.send = scheduler, instance, interval_s, send
+        self.device = scheduler.engine.target.device
+        self.power = PowerMeter(self.device)
+        self._stop = threading.Event()
+        self._busy = (0.0, 0.0)
+        self._last = time.monotonic()
+        self._thread = threading.Thread(target=self._loop, name="specwatch-device-sampler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.send(self.sample())
+
+    def sample(self) -> DeviceSample:
+        now = time.monotonic()
+        busy = self.scheduler.busy
+        elapsed = max(now - self._last, 1e-9)
+        util_target = min(1.0, (busy.target_s - self._busy[0]) / elapsed)
+        util_draft = min(1.0, (busy.draft_s - self._busy[1]) / elapsed)
+        self._busy, self._last = (busy.target_s, busy.draft_s), now
+        memory = cuda_memory(self.device) if self.device.type == "cuda" else cpu_heap_memory() or Memory(0, 0)
+        watts = self.power.watts()
+        return DeviceSample(
+            instance=self.instance, at=time.time(), device=_device_name(self.device),
+            mem_allocated_bytes=memory.allocated, mem_reserved_bytes=memory.reserved, fragmentation=memory.fragmentation,
+            power_w=watts, power_source=self.power.source if watts is not None else None,
+            util_target=util_target, util_draft=util_draft, active_requests=self.scheduler.active,
+            queue_depth=self.scheduler.queue_depth, load=self.scheduler.load,
+            draft_loaded=True, default_mode="speculative" if self.scheduler.policy.state["load_allows_speculation"] else "autoregressive",
+        )
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)[:128]
+    return "cpu"

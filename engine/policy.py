@@ -1,0 +1,139 @@
+"""When to speculate: one config, one decision per request, each recorded as `mode_reason`.
+
+Speculation pays at low load on input-grounded text and costs at high load or low
+acceptance. The policy, in order of precedence:
+
+1. a manual or alert override from the control API            -> 'manual' / 'alert'
+2. prompts longer than `long_prompt_tokens`                    -> 'long_prompt'
+3. load = (busy slots + queue) / slots above `load_off`, back on
+   below `load_on` (hysteresis), at most one switch per cooldown -> 'load'
+4. a canary split: `canary_fraction` of requests speculate (arm 'spec'),
+   the rest decode plainly (arm 'control') for the A/B comparison -> 'canary'
+5. a drafter whose recent acceptance rate fell below `min_acceptance`
+   (every `probe_every`-th request still speculates to re-measure) -> 'low_acceptance'
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Literal
+
+from collector.schema import RequestRecord
+
+Override = Literal["auto", "speculative", "autoregressive"]
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    load_off: float = 0.75
+    load_on: float = 0.60
+    long_prompt_tokens: int = 512
+    canary_fraction: float = 1.0
+    min_acceptance: float = 0.3
+    acceptance_window: int = 32  # recent speculative requests per drafter
+    min_window: int = 4  # no acceptance verdict from fewer requests
+    probe_every: int = 8
+    cooldown_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.load_on <= self.load_off:
+            raise ValueError("need 0 < load_on <= load_off")
+        if not 0.0 <= self.canary_fraction <= 1.0:
+            raise ValueError("canary_fraction must be in [0, 1]")
+        if self.long_prompt_tokens < 1 or self.acceptance_window < 1 or self.probe_every < 1:
+            raise ValueError("long_prompt_tokens, acceptance_window and probe_every must be >= 1")
+
+
+@dataclass(frozen=True)
+class Decision:
+    speculate: bool
+    reason: str  # a collector.schema ModeReason
+    arm: str | None = None
+
+
+@dataclass(frozen=True)
+class Switch:
+    """A change of the default mode, reported as a `mode_switch` engine event."""
+
+    at: float
+    speculate: bool
+    reason: str
+    load: float
+
+
+class Policy:
+    def __init__(self, config: PolicyConfig = PolicyConfig(), seed: int | None = None) -> None:
+        self.config = config
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self._override: tuple[Override, str] = ("auto", "manual")
+        self._load_allows = True
+        self._last_switch = float("-inf")
+        self._acceptance: dict[str, deque[tuple[int, int]]] = {}
+        self._fallback_count: dict[str, int] = {}
+        self.switches: deque[Switch] = deque(maxlen=1000)
+
+    def set_override(self, mode: Override, reason: str = "manual") -> None:
+        with self._lock:
+            self._override = (mode, reason)
+            self.switches.append(Switch(time.time(), mode != "autoregressive", reason, -1.0))
+
+    @property
+    def state(self) -> dict:
+        with self._lock:
+            return {"override": self._override[0], "override_reason": self._override[1], "load_allows_speculation": self._load_allows}
+
+    def decide(self, prompt_tokens: int, load: float, drafter: str | None, now: float | None = None) -> Decision:
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            self._track_load(load, now)
+            mode, reason = self._override
+            if mode != "auto":
+                return Decision(mode == "speculative", reason)
+            if drafter is None:
+                return Decision(False, "default")
+            if prompt_tokens > self.config.long_prompt_tokens:
+                return Decision(False, "long_prompt")
+            if not self._load_allows:
+                return Decision(False, "load")
+            return self._canary_or_acceptance(drafter)
+
+    def _track_load(self, load: float, now: float) -> None:
+        want = self._load_allows
+        if self._load_allows and load > self.config.load_off:
+            want = False
+        elif not self._load_allows and load < self.config.load_on:
+            want = True
+        if want != self._load_allows and now - self._last_switch >= self.config.cooldown_s:
+            self._load_allows, self._last_switch = want, now
+            self.switches.append(Switch(time.time(), want, "load", load))
+
+    def _canary_or_acceptance(self, drafter: str) -> Decision:
+        if self.config.canary_fraction < 1.0:
+            if self._rng.random() >= self.config.canary_fraction:
+                return Decision(False, "canary", "control")
+            return Decision(True, "canary", "spec")
+        if self._acceptance_low(drafter):
+            count = self._fallback_count[drafter] = self._fallback_count.get(drafter, 0) + 1
+            if count % self.config.probe_every:
+                return Decision(False, "low_acceptance")
+        return Decision(True, "default")
+
+    def _acceptance_low(self, drafter: str) -> bool:
+        recent = self._acceptance.get(drafter)
+        if not recent or len(recent) < self.config.min_window:
+            return False
+        drafted = sum(d for d, _ in recent)
+        return drafted > 0 and sum(a for _, a in recent) / drafted < self.config.min_acceptance
+
+    def observe(self, record: RequestRecord) -> None:
+        """Feed back a finished request: the acceptance of its drafter."""
+        if record.drafter is None or record.num_draft_tokens == 0:
+            return
+        with self._lock:
+            window = self._acceptance.setdefault(record.drafter, deque(maxlen=self.config.acceptance_window))
+            window.append((record.num_draft_tokens, record.num_accepted_tokens))

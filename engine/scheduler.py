@@ -1,0 +1,181 @@
+"""Admission queue + N decoding slots, scheduled one round at a time.
+
+A single worker thread owns the model. Each iteration it admits queued requests
+into free slots (policy decision + prefill), then advances every active request
+by one speculative round, so a long generation never holds back another
+request's first token. Text deltas and the final result are handed to the
+waiting client through its asyncio loop; a client that goes away cancels its
+request at the next round. Every finished request becomes one telemetry record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.engine import Engine, GenerateRequest, GenerateResult, Run, Slot
+from engine.policy import Policy
+
+log = logging.getLogger("specwatch.scheduler")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    slots: int = 4
+    max_queue: int = 64
+
+    def __post_init__(self) -> None:
+        if self.slots < 1 or self.max_queue < 0:
+            raise ValueError("slots must be >= 1 and max_queue >= 0")
+
+
+class Overloaded(Exception):
+    def __init__(self, retry_after_s: int) -> None:
+        super().__init__(f"the engine is at capacity; retry in {retry_after_s} s")
+        self.retry_after_s = retry_after_s
+
+
+@dataclass
+class Ticket:
+    """A client's handle on one request: deltas (str), then a GenerateResult, arrive on `events`."""
+
+    request: GenerateRequest
+    prompt_ids: list[int]
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    queued_at: float = field(default_factory=time.monotonic)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def send(self, item: Any) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, item)
+
+
+@dataclass
+class BusyTime:
+    """Seconds the model spent on target forwards and on drafting (for utilisation samples)."""
+
+    target_s: float = 0.0
+    draft_s: float = 0.0
+
+
+class Scheduler:
+    def __init__(self, engine: Engine, config: SchedulerConfig, policy: Policy, on_record=None) -> None:
+        self.engine, self.config, self.policy = engine, config, policy
+        self.on_record = on_record or (lambda record: None)
+        self.slots = [Slot(engine) for _ in range(config.slots)]
+        self.busy = BusyTime()
+        self._queue: deque[Ticket] = deque()
+        self._active: dict[int, tuple[Ticket, Run]] = {}
+        self._wake = threading.Condition()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._work, name="specwatch-scheduler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._wake:
+            self._stopped = True
+            self._wake.notify()
+        self._thread.join(timeout=30)
+
+    @property
+    def load(self) -> float:
+        """(busy slots + queued requests) / slots: above 1 means requests wait."""
+        return (len(self._active) + len(self._queue)) / self.config.slots
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._queue)
+
+    @property
+    def active(self) -> int:
+        return len(self._active)
+
+    def submit(self, request: GenerateRequest, loop: asyncio.AbstractEventLoop) -> Ticket:
+        ticket = Ticket(request, self.engine.encode(request), loop)
+        with self._wake:
+            if len(self._queue) >= self.config.max_queue:
+                raise Overloaded(retry_after_s=max(1, round(len(self._queue) / self.config.slots)))
+            self._queue.append(ticket)
+            self._wake.notify()
+        return ticket
+
+    def _work(self) -> None:
+        while True:
+            with self._wake:
+                while not self._stopped and not self._queue and not self._active:
+                    self._wake.wait()
+                if self._stopped:
+                    return
+            self._admit()
+            for index in list(self._active):
+                self._advance(index)
+
+    def _admit(self) -> None:
+        free = [i for i in range(len(self.slots)) if i not in self._active]
+        while free:
+            with self._wake:
+                if not self._queue:
+                    return
+                load = self.load
+                ticket = self._queue.popleft()
+            if ticket.cancelled.is_set():
+                continue
+            index = free.pop(0)
+            self._start(index, ticket, load)
+
+    def _start(self, index: int, ticket: Ticket, load: float) -> None:
+        request = ticket.request
+        decision = self.policy.decide(len(ticket.prompt_ids), load, request.drafter if request.gamma > 0 else None)
+        try:
+            run = Run(self.engine, request, self.slots[index], speculate=decision.speculate, mode_reason=decision.reason,
+                      arm=decision.arm, queue_s=time.monotonic() - ticket.queued_at, load=load, prompt_ids=ticket.prompt_ids)
+        except Exception as exc:  # e.g. a draft model that fails to load
+            log.exception("request %s could not start", request.request_id)
+            ticket.send(exc)
+            return
+        self._active[index] = (ticket, run)
+        self._guarded(index, run.prefill)
+
+    def _advance(self, index: int) -> None:
+        ticket, run = self._active[index]
+        if ticket.cancelled.is_set():
+            self._finish(index, "cancelled")
+        elif not run.finished:
+            self._guarded(index, run.advance)
+
+    def _guarded(self, index: int, step) -> None:
+        ticket, run = self._active[index]
+        before = (run.loop.stats.verify_s + run.loop.stats.prefill_s, run.loop.stats.draft_s)
+        try:
+            delta = step()
+        except Exception as exc:  # a failed request must not take the engine down
+            log.exception("request %s failed", run.request.request_id)
+            self._finish(index, "error", _error_kind(exc))
+            return
+        stats = run.loop.stats
+        self.busy.target_s += stats.verify_s + stats.prefill_s - before[0]
+        self.busy.draft_s += stats.draft_s - before[1]
+        if delta:
+            ticket.send(delta)
+        if run.finished:
+            self._finish(index, "ok")
+
+    def _finish(self, index: int, status: str, error: str | None = None) -> None:
+        ticket, run = self._active.pop(index)
+        result: GenerateResult = run.result(status, error)
+        self.policy.observe(result.record)
+        self.on_record(result.record)
+        ticket.send(result)
+
+
+def _error_kind(exc: Exception) -> str:
+    """Stage and kind for the telemetry record, e.g. 'target:oom'."""
+    kind = "oom" if "out of memory" in str(exc).lower() or isinstance(exc, MemoryError) else type(exc).__name__.lower()
+    return f"target:{kind}"[:256]

@@ -1,0 +1,224 @@
+"""OpenAI-compatible HTTP API over the scheduler: /v1/completions, /v1/chat/completions
+(streaming with server-sent events), /v1/models, plus the control API that alerts use.
+
+specwatch extensions travel in the request body (the OpenAI SDK's `extra_body`):
+`gamma`, `drafter` ('none' | 'ngram' | 'model:PATH' | 'early-exit:K') and `tags`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated, Literal
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from engine.engine import GenerateRequest, GenerateResult
+from engine.sampling import SamplingParams
+from engine.scheduler import Overloaded, Scheduler, Ticket
+
+Tag = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+
+
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1, le=32_768)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    n: int = Field(default=1, ge=1, le=1)
+    stream: bool = False
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    user: str | None = None
+    gamma: int = Field(default=8, ge=0, le=64)
+    drafter: str | None = "ngram"
+    tags: dict[Tag, Annotated[str, StringConstraints(max_length=128)]] = Field(default_factory=dict, max_length=16)
+
+    def generate_request(self, **content) -> GenerateRequest:
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        drafter = None if self.drafter in (None, "none") else self.drafter
+        return GenerateRequest(**content, max_tokens=self.max_tokens or 16, drafter=drafter, gamma=self.gamma,
+                               sampling=SamplingParams(temperature=self.temperature, top_p=self.top_p),
+                               stop=stop[:4], seed=self.seed, tags=self.tags, request_id=uuid.uuid4().hex)
+
+
+class CompletionBody(_Common):
+    prompt: str | list[str]
+
+
+class ChatMessage(BaseModel):
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str
+
+
+class ChatBody(_Common):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=32_768)
+
+
+class ModeBody(BaseModel):
+    mode: Literal["auto", "speculative", "autoregressive"]
+    reason: Literal["manual", "alert"] = "manual"
+
+
+def openai_error(status: int, message: str, kind: str = "invalid_request_error", headers: dict | None = None) -> JSONResponse:
+    body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def create_app(scheduler: Scheduler, model_name: str) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        scheduler.start()
+        yield
+        scheduler.stop()
+
+    app = FastAPI(title="specwatch engine", lifespan=lifespan)
+    app.state.scheduler, app.state.model_name = scheduler, model_name
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
+        return openai_error(400, f"{where}: {first.get('msg', 'invalid request')}" if where else "invalid JSON body")
+
+    app.get("/v1/models")(lambda: {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "specwatch"}]})
+    app.get("/healthz")(lambda: {"status": "ok"})
+    app.post("/v1/completions")(_completions)
+    app.post("/v1/chat/completions")(_chat_completions)
+    app.post("/v1/control/mode")(_set_mode)
+    app.get("/v1/control/state")(_state)
+    return app
+
+
+async def _completions(body: CompletionBody, request: Request) -> Response:
+    prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+    if len(prompts) != 1:
+        return openai_error(400, "prompt: exactly one prompt per request is supported")
+    return await _serve(request, body, {"prompt": prompts[0]}, chat=False)
+
+
+async def _chat_completions(body: ChatBody, request: Request) -> Response:
+    if body.max_completion_tokens and not body.max_tokens:
+        body.max_tokens = body.max_completion_tokens
+    return await _serve(request, body, {"messages": [m.model_dump() for m in body.messages]}, chat=True)
+
+
+async def _set_mode(body: ModeBody, request: Request) -> dict:
+    request.app.state.scheduler.policy.set_override(body.mode, body.reason)
+    return await _state(request)
+
+
+async def _state(request: Request) -> dict:
+    scheduler: Scheduler = request.app.state.scheduler
+    return {**scheduler.policy.state, "load": scheduler.load, "active": scheduler.active, "queued": scheduler.queue_depth}
+
+
+async def _serve(request: Request, body: _Common, content: dict, chat: bool) -> Response:
+    scheduler: Scheduler = request.app.state.scheduler
+    if body.model and body.model != request.app.state.model_name:
+        return openai_error(404, f"model {body.model!r} does not exist; this server serves {request.app.state.model_name!r}", "not_found_error")
+    try:
+        generate = body.generate_request(**content)
+        scheduler.engine.check_drafter(generate.drafter)
+        ticket = scheduler.submit(generate, asyncio.get_running_loop())
+    except ValueError as exc:
+        return openai_error(400, str(exc))
+    except Overloaded as exc:
+        return openai_error(429, str(exc), "rate_limit_error", {"Retry-After": str(exc.retry_after_s)})
+    frame = _Frame(request.app.state.model_name, chat, len(ticket.prompt_ids))
+    if body.stream:
+        return StreamingResponse(_sse(ticket, frame), media_type="text/event-stream")
+    return await _whole(ticket, frame)
+
+
+async def _events(ticket: Ticket) -> AsyncIterator[str | GenerateResult]:
+    """Deltas then the result; a client that goes away cancels the request."""
+    try:
+        while True:
+            item = await ticket.events.get()
+            if isinstance(item, Exception):
+                raise item
+            if isinstance(item, GenerateResult) and item.finish_reason == "error":
+                raise RuntimeError(item.record.error or "generation failed")
+            yield item
+            if isinstance(item, GenerateResult):
+                return
+    finally:
+        ticket.cancelled.set()  # no-op once finished; frees the slot if the client left
+
+
+async def _sse(ticket: Ticket, frame: _Frame) -> AsyncIterator[bytes]:
+    try:
+        async for item in _events(ticket):
+            if isinstance(item, GenerateResult):
+                yield _data(frame.chunk("", item.finish_reason, item))
+            else:
+                yield _data(frame.chunk(item, None, None))
+    except Exception as exc:  # headers are sent: report in-band, as OpenAI does
+        yield _data({"error": {"message": str(exc), "type": "server_error", "param": None, "code": None}})
+    yield b"data: [DONE]\n\n"
+
+
+async def _whole(ticket: Ticket, frame: _Frame) -> Response:
+    try:
+        async for item in _events(ticket):
+            if isinstance(item, GenerateResult):
+                return JSONResponse(frame.whole(item))
+    except Exception as exc:
+        return openai_error(500, f"generation failed: {exc}", "server_error")
+    return openai_error(500, "generation ended without a result", "server_error")
+
+
+def _data(payload: dict) -> bytes:
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+class _Frame:
+    """The OpenAI response envelope for one request."""
+
+    def __init__(self, model: str, chat: bool, prompt_tokens: int) -> None:
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.model, self.chat, self.prompt_tokens, self.created = model, chat, prompt_tokens, int(time.time())
+        self.first = True
+
+    def _envelope(self, kind: str) -> dict:
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+    def chunk(self, text: str, finish: str | None, result: GenerateResult | None) -> dict:
+        if self.chat:
+            delta = {"role": "assistant", "content": text} if self.first else ({"content": text} if text else {})
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": _finish(finish)}
+            payload = {**self._envelope("chat.completion.chunk"), "choices": [choice]}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": _finish(finish)}
+            payload = {**self._envelope("text_completion"), "choices": [choice]}
+        self.first = False
+        if result is not None:
+            payload["usage"] = self._usage(result)
+        return payload
+
+    def whole(self, result: GenerateResult) -> dict:
+        if self.chat:
+            message = {"role": "assistant", "content": result.text}
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": _finish(result.finish_reason)}
+            return {**self._envelope("chat.completion"), "choices": [choice], "usage": self._usage(result)}
+        choice = {"index": 0, "text": result.text, "logprobs": None, "finish_reason": _finish(result.finish_reason)}
+        return {**self._envelope("text_completion"), "choices": [choice], "usage": self._usage(result)}
+
+    def _usage(self, result: GenerateResult) -> dict:
+        out = result.record.output_tokens
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": out, "total_tokens": self.prompt_tokens + out}
+
+
+def _finish(reason: str | None) -> str | None:
+    return None if reason is None else ("stop" if reason in ("stop", "cancelled") else reason)

@@ -1,0 +1,72 @@
+"""The speculation policy, stepped through (time, input, expected decision) tables with no sleeps."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from collector.schema import RequestRecord
+from engine.policy import Decision, Policy, PolicyConfig
+
+
+def record(drafter: str, drafted: int, accepted: int) -> RequestRecord:
+    return RequestRecord(request_id=f"r{time.monotonic_ns()}", instance="i", model="m", drafter=drafter, mode="speculative",
+                         started_at=time.time(), e2e_s=1.0, prompt_tokens=10, output_tokens=accepted + 1,
+                         num_drafts=1, num_draft_tokens=drafted, num_accepted_tokens=accepted,
+                         accepted_per_position=[1] * accepted + [0] * (drafted - accepted), gamma=drafted)
+
+
+def test_load_switch_has_hysteresis_and_cooldown():
+    policy = Policy(PolicyConfig(load_off=0.75, load_on=0.6, cooldown_s=5.0))
+    steps = [  # (t, load, expected speculate, reason)
+        (0.0, 0.50, True, "default"),
+        (1.0, 0.80, False, "load"),     # above 0.75: off
+        (2.0, 0.70, False, "load"),     # between the thresholds: stays off
+        (3.0, 0.50, False, "load"),     # below 0.6 but within the 5 s cool-down
+        (7.0, 0.50, True, "default"),   # cool-down over: back on
+        (8.0, 0.70, True, "default"),   # between the thresholds: stays on
+    ]
+    for t, load, speculate, reason in steps:
+        assert policy.decide(100, load, "ngram", now=t) == Decision(speculate, reason), (t, load)
+    assert [s.speculate for s in policy.switches] == [False, True]
+
+
+def test_long_prompts_and_plain_requests_do_not_speculate():
+    policy = Policy(PolicyConfig(long_prompt_tokens=512))
+    assert policy.decide(513, 0.0, "ngram", now=0) == Decision(False, "long_prompt")
+    assert policy.decide(512, 0.0, "ngram", now=0) == Decision(True, "default")
+    assert policy.decide(10, 0.0, None, now=0) == Decision(False, "default")
+
+
+def test_override_wins_until_released():
+    policy = Policy()
+    policy.set_override("autoregressive", "alert")
+    assert policy.decide(10, 0.0, "ngram", now=0) == Decision(False, "alert")
+    policy.set_override("auto")
+    assert policy.decide(10, 0.0, "ngram", now=0) == Decision(True, "default")
+
+
+def test_canary_splits_traffic_into_arms():
+    policy = Policy(PolicyConfig(canary_fraction=0.05), seed=1)
+    decisions = [policy.decide(10, 0.0, "ngram", now=0) for _ in range(4000)]
+    spec = sum(d.arm == "spec" for d in decisions)
+    assert all(d.reason == "canary" and d.speculate == (d.arm == "spec") for d in decisions)
+    assert 120 < spec < 280  # 5% of 4000 = 200
+
+
+def test_low_acceptance_falls_back_and_probes():
+    policy = Policy(PolicyConfig(min_acceptance=0.3, min_window=4, probe_every=4))
+    for _ in range(4):
+        policy.observe(record("early-exit:4", 8, 1))
+    decisions = [policy.decide(10, 0.0, "early-exit:4", now=0) for _ in range(8)]
+    assert [d.speculate for d in decisions] == [False, False, False, True] * 2
+    assert decisions[0].reason == "low_acceptance"
+    assert policy.decide(10, 0.0, "ngram", now=0).speculate  # per drafter
+
+
+def test_bad_config_is_rejected():
+    with pytest.raises(ValueError):
+        PolicyConfig(load_on=0.9, load_off=0.75)
+    with pytest.raises(ValueError):
+        PolicyConfig(canary_fraction=1.5)

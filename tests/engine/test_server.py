@@ -1,0 +1,139 @@
+"""The OpenAI-compatible server on the bundled model, driven by the official `openai` client."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+from engine.policy import Policy, PolicyConfig
+from engine.scheduler import Scheduler, SchedulerConfig
+from engine.server import create_app
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Server:
+    def __init__(self, engine, slots: int = 2, max_queue: int = 8, policy: PolicyConfig = PolicyConfig()) -> None:
+        self.records = []
+        self.scheduler = Scheduler(engine, SchedulerConfig(slots=slots, max_queue=max_queue), Policy(policy), self.records.append)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(create_app(self.scheduler, engine.target.name), port=self.port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> Server:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def server(bundled_engine):
+    with Server(bundled_engine) as running:
+        yield running
+
+
+def test_models_and_chat_completion_with_the_openai_client(server, bundled_engine):
+    client = server.client()
+    assert [m.id for m in client.models.list()] == [bundled_engine.target.name]
+    reply = client.chat.completions.create(model=bundled_engine.target.name, messages=[{"role": "user", "content": "Say hello."}],
+                                           max_tokens=8, temperature=0, extra_body={"drafter": "ngram", "tags": {"scenario": "chat"}})
+    assert reply.choices[0].message.content and reply.usage.completion_tokens <= 8
+    assert server.records[-1].tags == {"scenario": "chat"} and server.records[-1].output_tokens == reply.usage.completion_tokens
+
+
+def test_streamed_completion_equals_the_whole_one(server):
+    client = server.client()
+    prompt = "Repeat: alpha beta gamma alpha beta gamma alpha"
+    whole = client.completions.create(model=None, prompt=prompt, max_tokens=16, temperature=0)
+    chunks = list(client.completions.create(model=None, prompt=prompt, max_tokens=16, temperature=0, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
+    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+    record = server.records[-1]
+    assert record.ttft_s < record.e2e_s and record.mode == "speculative"
+
+
+def test_bad_requests_get_openai_errors(server):
+    client = server.client()
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        client.completions.create(model=None, prompt="x", max_tokens=0)
+    with pytest.raises(openai.BadRequestError, match="unknown drafter"):
+        client.completions.create(model=None, prompt="x", max_tokens=2, extra_body={"drafter": "nope"})
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="gpt-9", prompt="x", max_tokens=2)
+    bad_json = httpx.post(f"{server.url}/v1/completions", content=b"{oops", headers={"content-type": "application/json"})
+    assert bad_json.status_code == 400 and "error" in bad_json.json()
+
+
+def test_short_request_gets_its_first_token_while_a_long_one_runs(server):
+    """Iteration-level scheduling: a long generation does not hold back another's first token."""
+    client = server.client()
+    done = {}
+
+    def long_request():
+        done["long"] = client.completions.create(model=None, prompt="Write a long story.", max_tokens=200, temperature=0,
+                                                 extra_body={"drafter": "none"})
+    thread = threading.Thread(target=long_request)
+    thread.start()
+    time.sleep(1.0)
+    started = time.monotonic()
+    stream = client.completions.create(model=None, prompt="Hi", max_tokens=4, temperature=0, stream=True)
+    next(iter(stream))
+    first_token_s = time.monotonic() - started
+    list(stream)
+    assert "long" not in done, "the long request finished before the short one started; make it longer"
+    thread.join()
+    assert first_token_s < 5.0
+
+
+def test_queue_overflow_is_429_with_retry_after(bundled_engine):
+    with Server(bundled_engine, slots=1, max_queue=1) as small:
+        async def flood():
+            async with httpx.AsyncClient(base_url=small.url, timeout=120) as http:
+                body = {"prompt": "Count to one hundred.", "max_tokens": 60, "temperature": 0}
+                return await asyncio.gather(*(http.post("/v1/completions", json=body) for _ in range(4)))
+        responses = asyncio.run(flood())
+    codes = sorted(r.status_code for r in responses)
+    assert codes.count(200) >= 2 and 429 in codes
+    rejected = next(r for r in responses if r.status_code == 429)
+    assert int(rejected.headers["retry-after"]) >= 1 and rejected.json()["error"]["type"] == "rate_limit_error"
+
+
+def test_client_disconnect_cancels_the_request(bundled_engine):
+    with Server(bundled_engine, slots=1) as small:
+        with httpx.stream("POST", f"{small.url}/v1/completions", json={"prompt": "Tell a long story.", "max_tokens": 400, "stream": True}, timeout=60) as response:
+            next(response.iter_lines())
+        deadline = time.monotonic() + 30
+        while not small.records and time.monotonic() < deadline:
+            time.sleep(0.1)
+    assert small.records and small.records[0].status == "cancelled" and small.records[0].output_tokens < 400
+
+
+def test_control_api_overrides_the_mode(server):
+    override = httpx.post(f"{server.url}/v1/control/mode", json={"mode": "autoregressive", "reason": "alert"}).json()
+    assert override["override"] == "autoregressive"
+    server.client().completions.create(model=None, prompt="Hi there", max_tokens=3, temperature=0)
+    assert (server.records[-1].mode, server.records[-1].mode_reason) == ("autoregressive", "alert")
+    httpx.post(f"{server.url}/v1/control/mode", json={"mode": "auto"})
+    assert httpx.post(f"{server.url}/v1/control/mode", json={"mode": "sideways"}).status_code == 400
