@@ -90,7 +90,7 @@ def errors_by_hour_long(engine: Engine, window: Window, filters: Filters = Filte
     """
     h0 = math.ceil(window.start / 3600) * 3600
     with engine.connect() as conn:
-        pass_at = get_state(conn, LAST_PASS_AT)
+        pass_at, last_id = get_state(conn, LAST_PASS_AT), int(get_state(conn, LAST_ID) or 0)
     h1 = min(math.floor(window.end / 3600), math.floor(((pass_at or 0) - GRACE_S) / 3600)) * 3600
     if window.seconds <= RAW_WINDOW_LIMIT_S or filters.tags or h1 <= h0:
         return errors_by_hour(engine, window, filters)
@@ -99,9 +99,10 @@ def errors_by_hour_long(engine: Engine, window: Window, filters: Filters = Filte
     with engine.connect() as conn:
         for start, *counts in conn.execute(select(*cols).where(and_(*rollup_conditions(RequestRollupHourly, h0, h1, filters)))):
             totals[int(start // 3600) % 24] += [int(c) for c in counts]
-    for lo, hi in ((window.start, h0), (h1, window.end)):
+    parts = [(window.start, h0, None), (h1, window.end, None), (h0, h1, last_id)]  # last: rows not rolled up yet
+    for lo, hi, after_id in parts:
         if hi > lo:
-            for h in errors_by_hour(engine, Window(lo, hi), filters):
+            for h in errors_by_hour(engine, Window(lo, hi), filters, after_id):
                 totals[h.hour] += (h.requests, h.errors, h.ooms)
     return [HourOfDay(h, *(int(x) for x in totals[h])) for h in range(24)]
 

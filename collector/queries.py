@@ -246,15 +246,21 @@ class HourOfDay:
     ooms: int
 
 
-def errors_by_hour(engine: Engine, window: Window, filters: Filters = Filters()) -> list[HourOfDay]:
-    """Error and OOM counts by UTC hour of day (is there a time when things break?)."""
+def errors_by_hour(
+    engine: Engine, window: Window, filters: Filters = Filters(), after_id: int | None = None
+) -> list[HourOfDay]:
+    """Error and OOM counts by UTC hour of day (is there a time when things break?).
+
+    after_id: only requests stored after that id (the rollups' not-yet-rolled rows)."""
     hour = func.floor(Request.started_at / 3600)  # epoch hour; folded to the hour of day below
     is_error = (Request.status == "error").cast(Request.retries.type)
     is_oom = Request.error.like("%oom%").cast(Request.retries.type)
     stmt = filters.apply(
         select(hour.label("hour"), func.count(), func.coalesce(func.sum(is_error), 0), func.coalesce(func.sum(is_oom), 0)),
-        window,
+        window, time_index=after_id is None,
     ).group_by(hour)
+    if after_id is not None:
+        stmt = stmt.where(Request.id > after_id)
     totals = np.zeros((24, 3), dtype=np.int64)
     with engine.connect() as conn:
         for epoch_hour, *counts in conn.execute(stmt):

@@ -139,7 +139,8 @@ def test_signals_endpoint_switches_to_rollups_for_long_windows(client, make_requ
 def test_errors_by_hour_from_rollups_match_raw(engine, stored):
     roll_up(engine, now=T0 + 2 * DAY)
     late = request_dict(10_000, started_at=T0 + 1.5 * DAY, status="error", error="draft:oom")  # a raw edge hour
-    Store(engine).insert(IngestBatch.model_validate({"requests": [late]}))
+    unrolled = request_dict(10_001, started_at=T0 + 100, status="error", error="target:oom")  # inside rolled hours
+    Store(engine).insert(IngestBatch.model_validate({"requests": [late, unrolled]}))
     window = Window(T0 - DAY + 123.0, T0 + 1.5 * DAY + 60)
     assert errors_by_hour_long(engine, window) == errors_by_hour(engine, window)
     assert sum(h.ooms for h in errors_by_hour_long(engine, window, Filters(instance="gpu-0"))) == sum(
