@@ -1,1 +1,19 @@
-"""specwatch collector."""
+"""specwatch collector: telemetry contract, client, ingest service, SQL store and query layer.
+
+Producers: `collector.schema` (RequestRecord, DeviceSample, EngineEvent) and
+`collector.client.TelemetryClient` (batching, retries, fsynced disk spool).
+
+Service: `collector.app.create_app(Settings())`, run by `specwatch collector serve`
+(`POST /v1/ingest`, `GET /v1/...`, `/metrics`, `/healthz`, `/readyz`); schema with
+`specwatch db upgrade` (Alembic, `collector/migrations`).
+
+Reading (functions take an Engine, a `queries.Window` and `queries.Filters`, and return
+frozen dataclasses; ORM rows never leave the package):
+  queries.signals                exact window signals from raw rows (alerts: 5-minute windows)
+  long_signals.auto_signals      the same, from rollups beyond 6 hours
+  queries.per_position_acceptance, queries.acceptance_vs_length, queries.errors_by_hour
+  history.errors_by_hour_long    errors by hour of day, from hourly rollups for long windows
+  series.series / history.auto_series   per-step series (raw rows / rollups beyond 6 hours)
+  series.latest_device_samples, series.engine_events
+  vllm.vllm_signals              acceptance and latency percentiles of scraped vLLM engines
+"""
