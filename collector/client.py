@@ -11,7 +11,9 @@ exponential backoff; if the collector stays unreachable the batch is appended to
 fsynced disk spool (`collector.spool`), and everything after it follows it there, so
 batches reach the collector in submission order once it is back. The spool is bounded
 (`max_spool_bytes`); what does not fit is dropped and counted in `stats()`.
-Redelivery is safe: the collector skips records it already holds.
+Redelivery is safe: the collector skips records it already holds. Durability starts at
+the collector's acknowledgement or the spool's fsync: records still in the in-memory
+queue die with the producer process (call `flush`/`close` on shutdown).
 """
 
 from __future__ import annotations
