@@ -165,6 +165,7 @@ class Run:
         self.loop = SpeculativeDecoder(slot.decoder, self.drafter, engine.target.device)
         self.text = _TextStream(engine.tokenizer, request.stop)
         self.ttft: float | None = None
+        self.retries, self.error = 0, None
 
     @property
     def finished(self) -> bool:
@@ -189,6 +190,7 @@ class Run:
         return delta + self.text.flush() if self.finished else delta
 
     def result(self, status: str = "ok", error: str | None = None) -> GenerateResult:
+        error = error or self.error
         generated = self.generated
         if status != "ok":
             finish = status
@@ -219,6 +221,7 @@ class Run:
             gamma=stats.gamma,
             draft_s=stats.draft_s,
             verify_s=stats.verify_s,
+            retries=self.retries,
             status=status,
             error=error,
             load_at_admission=self.load,

@@ -20,6 +20,7 @@ from typing import Any
 
 from engine.engine import Engine, GenerateRequest, GenerateResult, Run, Slot
 from engine.policy import Policy
+from engine.speculative import StageError
 
 log = logging.getLogger("specwatch.scheduler")
 
@@ -100,7 +101,7 @@ class Scheduler:
     def submit(self, request: GenerateRequest, loop: asyncio.AbstractEventLoop) -> Ticket:
         ticket = Ticket(request, self.engine.encode(request), loop)
         with self._wake:
-            if len(self._queue) >= self.config.max_queue:
+            if len(self._queue) + len(self._active) >= self.config.slots + self.config.max_queue:
                 raise Overloaded(retry_after_s=max(1, round(len(self._queue) / self.config.slots)))
             self._queue.append(ticket)
             self._wake.notify()
@@ -156,8 +157,11 @@ class Scheduler:
         try:
             delta = step()
         except Exception as exc:  # a failed request must not take the engine down
-            log.exception("request %s failed", run.request.request_id)
-            self._finish(index, "error", _error_kind(exc))
+            log.warning("request %s failed: %s", run.request.request_id, exc)
+            if run.drafter is not None and run.retries == 0:
+                self._retry_plain(index, _error_kind(exc))
+            else:
+                self._finish(index, "error", _error_kind(exc))
             return
         stats = run.loop.stats
         self.busy.target_s += stats.verify_s + stats.prefill_s - before[0]
@@ -166,6 +170,16 @@ class Scheduler:
             ticket.send(delta)
         if run.finished:
             self._finish(index, "ok")
+
+    def _retry_plain(self, index: int, error: str) -> None:
+        """Run the request again without a draft; the client only gets text it has not seen yet."""
+        ticket, failed = self._active[index]
+        run = Run(self.engine, ticket.request, self.slots[index], speculate=False, mode_reason=failed.mode_reason,
+                  arm=failed.arm, queue_s=failed.queue_s, load=failed.load, prompt_ids=ticket.prompt_ids)
+        run.started, run.started_at, run.retries, run.error = failed.started, failed.started_at, 1, error
+        run.text.sent = failed.text.sent
+        self._active[index] = (ticket, run)
+        self._guarded(index, run.prefill)
 
     def _finish(self, index: int, status: str, error: str | None = None) -> None:
         ticket, run = self._active.pop(index)
@@ -176,6 +190,7 @@ class Scheduler:
 
 
 def _error_kind(exc: Exception) -> str:
-    """Stage and kind for the telemetry record, e.g. 'target:oom'."""
-    kind = "oom" if "out of memory" in str(exc).lower() or isinstance(exc, MemoryError) else type(exc).__name__.lower()
-    return f"target:{kind}"[:256]
+    """Stage and kind for the telemetry record, e.g. 'draft:oom', 'target:runtimeerror'."""
+    stage, cause = (exc.stage, exc.cause) if isinstance(exc, StageError) else ("target", exc)
+    oom = isinstance(cause, MemoryError) or "out of memory" in str(cause).lower()
+    return f"{stage}:{'oom' if oom else type(cause).__name__.lower()}"[:256]

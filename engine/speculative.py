@@ -22,6 +22,14 @@ from engine.drafters import Drafter
 from engine.sampling import SamplingParams, probabilities, sample, verify_greedy, verify_stochastic
 
 
+class StageError(RuntimeError):
+    """A failure inside one of the two models; `stage` is 'draft' or 'target'."""
+
+    def __init__(self, stage: str, cause: BaseException) -> None:
+        super().__init__(f"{stage}: {cause}")
+        self.stage, self.cause = stage, cause
+
+
 @dataclass
 class DecodeStats:
     """Raw counters of one request (vLLM style); ratios are derived when read:
@@ -114,7 +122,10 @@ class SpeculativeDecoder:
         if k <= 0 or self.drafter is None:
             return [], None
         start = time.monotonic()
-        draft, draft_probs = self.drafter.propose(self.tokens, k, self.params, self.generator)
+        try:
+            draft, draft_probs = self.drafter.propose(self.tokens, k, self.params, self.generator)
+        except Exception as exc:
+            raise StageError("draft", exc) from exc
         self.stats.draft_s += time.monotonic() - start
         return draft, draft_probs
 
