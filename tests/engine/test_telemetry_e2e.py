@@ -1,0 +1,65 @@
+"""Concurrent requests through the engine server all complete, and their telemetry reaches a real collector."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+from collector.client import TelemetryClient
+from engine.device import DeviceSampler, cpu_heap_memory
+from tests.engine.test_server import Server, free_port
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def start_collector(data_dir: Path, port: int) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "SPECWATCH_DATA_DIR": str(data_dir)}
+    process = subprocess.Popen([sys.executable, "-m", "specwatch", "collector", "serve", "--port", str(port)], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                return process
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    process.kill()
+    raise RuntimeError("collector did not start")
+
+
+def test_concurrent_requests_reach_the_collector(bundled_engine, tmp_path):
+    port = free_port()
+    collector = start_collector(tmp_path, port)
+    client = TelemetryClient(f"http://127.0.0.1:{port}", spool_dir=tmp_path / "spool", flush_interval_s=0.2)
+    try:
+        with Server(bundled_engine, slots=4) as server:
+            server.scheduler.on_record = client.submit_request
+            sampler = DeviceSampler(server.scheduler, "test", 0.5, client.submit_sample)
+            openai_client = server.client()
+            prompts = [f"Repeat: {word} {word} {word} and then {word}" for word in ("red", "green", "blue", "amber", "cyan", "plum")]
+            with ThreadPoolExecutor(6) as pool:
+                replies = list(pool.map(lambda p: openai_client.completions.create(model=None, prompt=p, max_tokens=12, temperature=0,
+                                                                                    extra_body={"tags": {"scenario": "e2e"}}), prompts))
+            client.submit_sample(sampler.sample())
+        assert all(r.choices[0].text for r in replies)
+        client.flush(timeout=10)
+        signals = httpx.get(f"http://127.0.0.1:{port}/v1/signals", params={"last": 600, "tag": "scenario:e2e"}).json()
+        devices = httpx.get(f"http://127.0.0.1:{port}/v1/devices/latest").json()
+    finally:
+        client.close()
+        collector.terminate()
+        collector.wait(timeout=30)
+    assert signals["requests"] == 6
+    assert any(d.get("instance") == "test" for d in (devices if isinstance(devices, list) else devices.get("devices", [])))
+
+
+def test_cpu_heap_reading_is_sane():
+    memory = cpu_heap_memory()
+    assert memory is not None and memory.reserved >= memory.allocated > 0
+    assert memory.fragmentation >= 1.0
