@@ -65,8 +65,9 @@ class DecodeStats:
 class SpeculativeDecoder:
     """Generates one request's tokens; call `prefill` once, then `step` until `finished`."""
 
-    def __init__(self, target: Decoder, drafter: Drafter | None, device: torch.device | str = "cpu") -> None:
+    def __init__(self, target: Decoder, drafter: Drafter | None, device: torch.device | str = "cpu", adaptive: bool = True) -> None:
         self.target = target
+        self.adaptive = adaptive
         self.drafter = drafter
         self.device = torch.device(device)
         self.stats = DecodeStats(gamma=0)
@@ -88,6 +89,7 @@ class SpeculativeDecoder:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         self.gamma = gamma if self.drafter is not None else 0
+        self.lookahead = self.gamma  # adapted per round, at most gamma (see _adapt_lookahead)
         self.params, self.stop_ids, self.max_new = params, stop_ids, max_new_tokens
         self.generator = torch.Generator(device="cpu").manual_seed(seed) if seed is not None else None
         self.stats = DecodeStats(gamma=self.gamma)
@@ -108,7 +110,7 @@ class SpeculativeDecoder:
         """One round: draft up to gamma tokens, verify them in one target forward, commit."""
         if self.finished:
             return []
-        draft, draft_probs = self._draft(min(self.gamma, self.max_new - self.generated - 1))
+        draft, draft_probs = self._draft(min(self.lookahead, self.max_new - self.generated - 1))
         start = time.monotonic()
         logits = self.target.forward(torch.tensor([self.tokens[-1], *draft], device=self.device))
         accepted, next_token = self._verify(logits, draft, draft_probs)
@@ -116,7 +118,18 @@ class SpeculativeDecoder:
         self.target.crop(len(self.tokens) + accepted)  # drop the rejected drafts' keys and values
         if self.drafter is not None:
             self.drafter.rollback(len(self.tokens) + accepted)
+            self._adapt_lookahead(len(draft), accepted)
         return self._commit([*draft[:accepted], next_token], drafted=len(draft), accepted=accepted)
+
+    def _adapt_lookahead(self, drafted: int, accepted: int) -> None:
+        # A rejected draft token still costs a verify slot: draft longer after a fully
+        # accepted draft, shorter after a rejection (transformers' "heuristic" schedule).
+        if not self.adaptive or not drafted:
+            return
+        if accepted == drafted:
+            self.lookahead = min(self.gamma, self.lookahead + 2)
+        else:
+            self.lookahead = max(1, self.lookahead - 1)
 
     def _draft(self, k: int) -> tuple[list[int], torch.Tensor | None]:
         if k <= 0 or self.drafter is None:
