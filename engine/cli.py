@@ -47,6 +47,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--long-prompt-tokens", type=int, default=512)
     serve.add_argument("--canary-fraction", type=float, default=1.0, help="share of requests that speculate (A/B arms when < 1)")
     serve.add_argument("--min-acceptance", type=float, default=0.3)
+    serve.add_argument("--control-token", default=os.environ.get("SPECWATCH_CONTROL_TOKEN"),
+                       help="bearer token for /v1/control (default: SPECWATCH_CONTROL_TOKEN; unset: open)")
     serve.set_defaults(handler=run_serve)
 
 
@@ -115,7 +117,7 @@ def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from collector.client import TelemetryClient
-    from collector.schema import EngineEvent
+    from engine import control
     from engine.device import DeviceSampler
     from engine.engine import Engine, EngineConfig
     from engine.loading import ModelLoadError
@@ -133,20 +135,38 @@ def run_serve(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from exc
     client = TelemetryClient(args.collector, spool_dir=args.spool_dir) if args.collector else None
     scheduler = Scheduler(engine, scheduler_config, policy, on_record=client.submit_request if client else None)
+
+    def emit(kind: str, detail: dict, duration_s: float | None) -> None:
+        if client:
+            client.submit_event(control.event(args.instance, kind, detail, duration_s))
+
+    emit("cold_start", {"model": engine.target.name, "from_cache": engine.target.from_cache}, engine.target.cold_start_s)
+    emit("config", _config_detail(engine, policy, scheduler_config), None)
     if client:
-        client.submit_event(EngineEvent(instance=args.instance, at=time.time(), kind="cold_start", duration_s=engine.target.cold_start_s,
-                                        detail={"model": engine.target.name, "from_cache": engine.target.from_cache}))
         sampler = DeviceSampler(scheduler, args.instance, args.sample_interval, lambda sample: _send_sample(client, policy, args.instance, sample))
         sampler.start()
     print(f"engine: {engine.target.name} ({engine.target.dtype}) on http://{args.host}:{args.port}/v1, "
           f"telemetry -> {args.collector or 'off'}", file=sys.stderr, flush=True)
+    app = create_app(scheduler, engine.target.name, control_token=args.control_token, emit=emit)
     try:
-        uvicorn.run(create_app(scheduler, engine.target.name), host=args.host, port=args.port, log_level="warning")
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     finally:
         if client:
             sampler.stop()
             client.close()
     return 0
+
+
+def _config_detail(engine, policy, scheduler_config) -> dict:
+    import dataclasses
+
+    import torch
+    import transformers
+
+    return {"torch": torch.__version__, "transformers": transformers.__version__, "cuda": torch.version.cuda,
+            "dtype": str(engine.target.dtype).removeprefix("torch."), "threads": torch.get_num_threads(),
+            "slots": scheduler_config.slots, "max_queue": scheduler_config.max_queue,
+            "policy": dataclasses.asdict(policy.config)}
 
 
 def _send_sample(client, policy, instance: str, sample) -> None:

@@ -4,6 +4,7 @@ Speculation pays at low load on input-grounded text and costs at high load or lo
 acceptance. The policy, in order of precedence:
 
 1. a manual or alert override from the control API            -> 'manual' / 'alert'
+   (draft models unloaded under memory pressure                  -> 'memory')
 2. prompts longer than `long_prompt_tokens`                    -> 'long_prompt'
 3. load = (busy slots + queue) / slots above `load_off`, back on
    below `load_on` (hysteresis), at most one switch per cooldown -> 'load'
@@ -71,6 +72,7 @@ class Policy:
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self._override: tuple[Override, str] = ("auto", "manual")
+        self._draft_loaded = True
         self._load_allows = True
         self._last_switch = float("-inf")
         self._acceptance: dict[str, deque[tuple[int, int]]] = {}
@@ -82,10 +84,16 @@ class Policy:
             self._override = (mode, reason)
             self.switches.append(Switch(time.time(), mode != "autoregressive", reason, -1.0))
 
+    def set_draft_loaded(self, loaded: bool) -> None:
+        """False after the draft models were unloaded (memory pressure): their requests decode plainly."""
+        with self._lock:
+            self._draft_loaded = loaded
+
     @property
     def state(self) -> dict:
         with self._lock:
-            return {"override": self._override[0], "override_reason": self._override[1], "load_allows_speculation": self._load_allows}
+            return {"override": self._override[0], "override_reason": self._override[1],
+                    "load_allows_speculation": self._load_allows, "draft_loaded": self._draft_loaded}
 
     def decide(self, prompt_tokens: int, load: float, drafter: str | None, now: float | None = None) -> Decision:
         now = time.monotonic() if now is None else now
@@ -96,6 +104,8 @@ class Policy:
                 return Decision(mode == "speculative", reason)
             if drafter is None:
                 return Decision(False, "default")
+            if not self._draft_loaded and drafter != "ngram":
+                return Decision(False, "memory")
             if prompt_tokens > self.config.long_prompt_tokens:
                 return Decision(False, "long_prompt")
             if not self._load_allows:

@@ -15,11 +15,12 @@ from contextlib import asynccontextmanager
 from typing import Annotated, Literal
 
 import orjson
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from engine import control
 from engine.engine import GenerateRequest, GenerateResult
 from engine.sampling import SamplingParams
 from engine.scheduler import Overloaded, Scheduler, Ticket
@@ -70,12 +71,19 @@ class ModeBody(BaseModel):
     reason: Literal["manual", "alert"] = "manual"
 
 
+class DraftBody(BaseModel):
+    action: Literal["unload", "load"]
+    drafter: str | None = None
+
+
 def openai_error(status: int, message: str, kind: str = "invalid_request_error", headers: dict | None = None) -> JSONResponse:
     body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-def create_app(scheduler: Scheduler, model_name: str) -> FastAPI:
+def create_app(scheduler: Scheduler, model_name: str, control_token: str | None = None, emit=None) -> FastAPI:
+    """`control_token`: bearer token the /v1/control endpoints require (None: open).
+    `emit(kind, detail, duration_s)`: where control actions report their EngineEvents."""
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         scheduler.start()
@@ -84,6 +92,17 @@ def create_app(scheduler: Scheduler, model_name: str) -> FastAPI:
 
     app = FastAPI(title="specwatch engine", lifespan=lifespan)
     app.state.scheduler, app.state.model_name = scheduler, model_name
+    app.state.emit = emit or (lambda kind, detail, duration_s: None)
+
+    def authorized(request: Request) -> None:
+        if control_token and request.headers.get("authorization") != f"Bearer {control_token}":
+            raise HTTPException(401, "missing or wrong bearer token for the control API")
+
+    control_routes = APIRouter(prefix="/v1/control", dependencies=[Depends(authorized)])
+    control_routes.post("/mode")(_set_mode)
+    control_routes.get("/state")(_state)
+    control_routes.post("/defragment")(_defragment)
+    control_routes.post("/draft")(_draft)
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -95,8 +114,13 @@ def create_app(scheduler: Scheduler, model_name: str) -> FastAPI:
     app.get("/healthz")(lambda: {"status": "ok"})
     app.post("/v1/completions")(_completions)
     app.post("/v1/chat/completions")(_chat_completions)
-    app.post("/v1/control/mode")(_set_mode)
-    app.get("/v1/control/state")(_state)
+    app.include_router(control_routes)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        kind = "authentication_error" if exc.status_code == 401 else "invalid_request_error"
+        return openai_error(exc.status_code, str(exc.detail), kind)
+
     return app
 
 
@@ -116,6 +140,20 @@ async def _chat_completions(body: ChatBody, request: Request) -> Response:
 async def _set_mode(body: ModeBody, request: Request) -> dict:
     request.app.state.scheduler.policy.set_override(body.mode, body.reason)
     return await _state(request)
+
+
+def _defragment(request: Request) -> dict:
+    return control.defragment(request.app.state.scheduler, request.app.state.emit)
+
+
+def _draft(body: DraftBody, request: Request) -> dict:
+    scheduler, emit = request.app.state.scheduler, request.app.state.emit
+    if body.action == "unload":
+        return control.unload_drafts(scheduler, emit)
+    try:
+        return control.load_drafts(scheduler, emit, body.drafter)
+    except ValueError as exc:
+        raise HTTPException(400, str(exc)) from None
 
 
 async def _state(request: Request) -> dict:

@@ -24,12 +24,12 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, engine, slots: int = 2, max_queue: int = 8, policy: PolicyConfig = PolicyConfig()) -> None:
+    def __init__(self, engine, slots: int = 2, max_queue: int = 8, policy: PolicyConfig = PolicyConfig(), **app_options) -> None:
         self.records = []
         self.scheduler = Scheduler(engine, SchedulerConfig(slots=slots, max_queue=max_queue), Policy(policy), self.records.append)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(create_app(self.scheduler, engine.target.name), port=self.port, log_level="warning")
+        config = uvicorn.Config(create_app(self.scheduler, engine.target.name, **app_options), port=self.port, log_level="warning")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
@@ -171,3 +171,25 @@ def test_oom_during_speculation_is_retried_plain_and_recorded(bundled_engine):
     failed = small.records[0]
     assert (failed.status, failed.retries, failed.error, failed.mode) == ("ok", 1, "draft:oom", "autoregressive")
     assert streamed == plain.choices[0].text  # no text lost or repeated across the retry
+
+
+def test_control_api_requires_the_token_and_acts(bundled_engine):
+    events = []
+    with Server(bundled_engine, slots=2, control_token="s3cret", emit=lambda kind, detail, d: events.append((kind, detail))) as guarded:
+        assert httpx.post(f"{guarded.url}/v1/control/defragment").status_code == 401
+        wrong = httpx.post(f"{guarded.url}/v1/control/defragment", headers={"authorization": "Bearer nope"})
+        assert wrong.status_code == 401 and wrong.json()["error"]["type"] == "authentication_error"
+        auth = {"authorization": "Bearer s3cret"}
+        defrag = httpx.post(f"{guarded.url}/v1/control/defragment", headers=auth).json()
+        assert defrag["before"]["fragmentation"] >= 1.0 and defrag["after"]["fragmentation"] >= 1.0
+        assert defrag["after"]["reserved"] <= defrag["before"]["reserved"]  # malloc_trim only gives memory back
+
+        guarded.client().completions.create(model=None, prompt="Hi", max_tokens=4, temperature=0, extra_body={"drafter": "early-exit:4", "gamma": 2})
+        unload = httpx.post(f"{guarded.url}/v1/control/draft", headers=auth, json={"action": "unload"}).json()
+        assert unload["unloaded"] == ["early-exit:4"] and "freed_rss_bytes" in unload
+        guarded.client().completions.create(model=None, prompt="Hi", max_tokens=4, temperature=0, extra_body={"drafter": "early-exit:4", "gamma": 2})
+        assert (guarded.records[-1].mode, guarded.records[-1].mode_reason) == ("autoregressive", "memory")
+        httpx.post(f"{guarded.url}/v1/control/draft", headers=auth, json={"action": "load", "drafter": "early-exit:4"})
+        guarded.client().completions.create(model=None, prompt="Hi", max_tokens=4, temperature=0, extra_body={"drafter": "early-exit:4", "gamma": 2})
+        assert guarded.records[-1].mode == "speculative"
+    assert [kind for kind, _ in events] == ["defrag", "draft_unloaded", "draft_loaded"]

@@ -1,0 +1,104 @@
+"""Actions on a running engine (the control API; alerts call them): defragment memory,
+unload or load the draft models. Each returns what it did, measured before and after,
+and emits an EngineEvent through `emit`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+import os
+import time
+from dataclasses import asdict
+
+import torch
+
+from collector.schema import EngineEvent
+from engine.device import cpu_heap_memory, cuda_memory
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process (Linux /proc)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * _PAGE
+    except OSError:
+        return 0
+
+
+def _memory(device: torch.device) -> dict:
+    memory = cuda_memory(device) if device.type == "cuda" else cpu_heap_memory()
+    reading = asdict(memory) if memory else {}
+    if memory:
+        reading["fragmentation"] = memory.fragmentation
+    return {**reading, "rss_bytes": rss_bytes()}
+
+
+def _malloc_trim() -> bool:
+    try:
+        return bool(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0))
+    except (OSError, AttributeError):
+        return False
+
+
+def defragment(scheduler, emit) -> dict:
+    """CUDA: release cached blocks (empty_cache); CPU: return free heap pages to the OS (malloc_trim)."""
+    device = scheduler.engine.target.device
+    started, before = time.monotonic(), _memory(device)
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        action = "torch.cuda.empty_cache"
+    else:
+        action = "malloc_trim" if _malloc_trim() else "malloc_trim (nothing released)"
+    report = {"action": action, "before": before, "after": _memory(device), "duration_s": time.monotonic() - started}
+    emit("defrag", report, report["duration_s"])
+    return report
+
+
+def unload_drafts(scheduler, emit) -> dict:
+    """Drop every draft model and early-exit cache; speculation with them pauses ('memory')."""
+    engine = scheduler.engine
+    started, before = time.monotonic(), _memory(engine.target.device)
+    unloaded = sorted({spec for slot in scheduler.slots for spec in slot.drafters if spec != "ngram"} | set(engine._draft_models))
+    scheduler.policy.set_draft_loaded(False)
+    for slot in scheduler.slots:
+        for spec in [s for s in slot.drafters if s != "ngram"]:
+            del slot.drafters[spec]
+    engine._draft_models.clear()
+    gc.collect()
+    if engine.target.device.type == "cuda":
+        torch.cuda.empty_cache()
+    else:
+        _malloc_trim()
+    after = _memory(engine.target.device)
+    report = {"unloaded": unloaded, "before": before, "after": after, "freed_rss_bytes": before["rss_bytes"] - after["rss_bytes"],
+              "duration_s": time.monotonic() - started}
+    emit("draft_unloaded", report, report["duration_s"])
+    return report
+
+
+def load_drafts(scheduler, emit, spec: str | None) -> dict:
+    """Allow draft models again; with `spec`, load it now rather than on first use."""
+    engine = scheduler.engine
+    started, before = time.monotonic(), _memory(engine.target.device)
+    if spec:
+        engine.check_drafter(spec)
+        engine.drafter(spec, scheduler.slots[0])
+    scheduler.policy.set_draft_loaded(True)
+    after = _memory(engine.target.device)
+    report = {"loaded": spec, "before": before, "after": after, "duration_s": time.monotonic() - started}
+    emit("draft_loaded", report, report["duration_s"])
+    return report
+
+
+def event(instance: str, kind: str, detail: dict, duration_s: float | None) -> EngineEvent:
+    return EngineEvent(instance=instance, at=time.time(), kind=kind, detail=_small(detail), duration_s=duration_s)
+
+
+def _small(detail: dict) -> dict:
+    """Event details travel as JSON: keep numbers finite and the whole under the contract's 4 KiB."""
+    return {k: (v if not isinstance(v, float) or v == v else None) for k, v in detail.items()}
