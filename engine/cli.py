@@ -52,6 +52,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.set_defaults(handler=run_serve)
 
 
+    traffic = subparsers.add_parser("traffic", help="send scenario traffic to an engine through its OpenAI API")
+    traffic.add_argument("--url", default="http://127.0.0.1:8000", help="engine base URL (default: http://127.0.0.1:8000)")
+    traffic.add_argument("--scenarios", nargs="+", default=["chat", "grounded", "summary", "code-edit", "extraction"],
+                         help="any of: grounded summary code-edit chat extraction long-context")
+    traffic.add_argument("--duration", type=float, default=30.0, help="seconds (default: 30)")
+    traffic.add_argument("--requests", type=int, default=1000, help="at most this many requests (default: 1000)")
+    traffic.add_argument("--concurrency", type=int, default=4, help="concurrent clients (default: 4)")
+    traffic.add_argument("--rate", type=float, default=None, help="Poisson arrivals per second instead of fixed concurrency")
+    traffic.add_argument("--max-tokens", type=int, default=64)
+    traffic.add_argument("--drafter", default="ngram")
+    traffic.add_argument("--json", action="store_true", help="print the summary as JSON")
+    traffic.set_defaults(handler=run_traffic_command)
+
+
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="bundled", help="bundled | PATH.gguf | HF model directory (default: bundled)")
     parser.add_argument("--dtype", default="auto", help="auto | bfloat16 | float32 | float16")
@@ -177,3 +191,28 @@ def _send_sample(client, policy, instance: str, sample) -> None:
         switch = policy.switches.popleft()
         detail = {"to": "speculative" if switch.speculate else "autoregressive", "reason": switch.reason, "load": switch.load}
         client.submit_event(EngineEvent(instance=instance, at=switch.at, kind="mode_switch", detail=detail))
+
+
+def run_traffic_command(args: argparse.Namespace) -> int:
+    import asyncio
+
+    import httpx
+
+    from engine.traffic import TrafficConfig, print_summary, run_traffic, summary
+    from engine.workload import PROMPTS
+
+    unknown = [s for s in args.scenarios if s not in PROMPTS]
+    if unknown:
+        raise UsageError(f"unknown scenario {unknown[0]!r}; choose from {', '.join(PROMPTS)}")
+    if args.duration <= 0 or args.requests < 1 or args.concurrency < 1 or (args.rate is not None and args.rate <= 0):
+        raise UsageError("--duration, --rate must be > 0 and --requests, --concurrency >= 1")
+    try:
+        httpx.get(f"{args.url}/v1/models", timeout=5).raise_for_status()
+    except httpx.HTTPError as exc:
+        raise UsageError(f"no engine answering at {args.url} ({exc}); start one with `specwatch engine serve`") from None
+    config = TrafficConfig(url=args.url, scenarios=tuple(args.scenarios), duration_s=args.duration, max_requests=args.requests,
+                           concurrency=args.concurrency, rate=args.rate, max_tokens=args.max_tokens,
+                           drafter=None if args.drafter == "none" else args.drafter)
+    rows = summary(asyncio.run(run_traffic(config)))
+    print(json.dumps(rows, indent=2)) if args.json else print_summary(rows)
+    return 0

@@ -22,11 +22,21 @@ CODE = '''def moving_average(values, window):
         result.append(sum(chunk) / window)
     return result
 '''
+CONTEXT = (
+    "Order #48213 was placed on 12 March by Dana Whitfield (dana.whitfield@example.org) for two ergonomic chairs "
+    "(model EC-400, $289.00 each) and one standing desk (model SD-90, $640.00). Shipping went to 17 Harbour Lane, "
+    "Portsmouth. The desk arrived damaged on 19 March; a replacement was shipped on 22 March under tracking number "
+    "ZX-55190-PL. The customer asked for a 10% discount on the chairs, which support approved on 23 March."
+)
 PROMPTS = {
     "grounded": f"Repeat the following report word for word, then stop.\n\n{PASSAGE}",
     "summary": f"Summarize the following report in a few sentences, reusing its wording.\n\n{PASSAGE}",
     "code-edit": f"Rename the function to rolling_mean and the variable chunk to segment. Output the full code.\n\n{CODE}",
     "chat": "What are three good habits for staying healthy? Answer in a short paragraph.",
+    "extraction": f"From the support note below, list the order number, customer name, email, items with prices, "
+                  f"and the replacement tracking number, one per line.\n\n{CONTEXT}",
+    "long-context": "Read these reports and then answer: how did the council vote, and what changes for parks?\n\n"
+                    + "\n\n".join(f"Report {i + 1}: {PASSAGE}" for i in range(5)),
 }
 
 

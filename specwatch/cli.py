@@ -14,6 +14,7 @@ import sys
 COMMANDS = {
     "generate": "engine.cli",
     "engine": "engine.cli",
+    "traffic": "engine.cli",
     "collector": "collector.cli",
     "db": "collector.cli",
     "up": "specwatch.up",
