@@ -3,8 +3,8 @@
 Memory: on CUDA from `torch.cuda.memory_stats` (fragmentation = reserved / allocated);
 on CPU from glibc's `mallinfo2` (fragmentation = (arena + mmap) / in-use bytes).
 Power: NVML on CUDA when `nvidia-ml-py` is installed, Intel RAPL on CPU when
-/sys/class/powercap is readable; otherwise no power figure at all (never a guess
-labelled as a measurement).
+/sys/class/powercap is readable; otherwise, on CPU, an estimate from this process's
+CPU time, always labelled `power_source: estimate` (never passed off as measured).
 """
 
 from __future__ import annotations
@@ -63,10 +63,14 @@ def cuda_memory(device: torch.device) -> Memory:
     return Memory(stats.get("allocated_bytes.all.current", 0), stats.get("reserved_bytes.all.current", 0))
 
 
-class PowerMeter:
-    """Average watts between readings, from an energy counter (NVML or RAPL); None when neither exists."""
+CPU_WATTS_PER_BUSY_CORE = 12.0  # a rough per-core figure for the estimate; every such value is labelled 'estimate'
 
-    def __init__(self, device: torch.device) -> None:
+
+class PowerMeter:
+    """Average watts between readings, from an energy counter: NVML, RAPL, or else an
+    estimate (this process's CPU seconds x CPU_WATTS_PER_BUSY_CORE), labelled 'estimate'."""
+
+    def __init__(self, device: torch.device, watts_per_busy_core: float = CPU_WATTS_PER_BUSY_CORE) -> None:
         self.source: str | None = None
         self._read = None
         if device.type == "cuda":
@@ -78,6 +82,8 @@ class PowerMeter:
                 self._read, self.source = (lambda: int(RAPL_ENERGY.read_text()) / 1e6), "rapl"
             except OSError:
                 pass
+        if self._read is None and device.type == "cpu":
+            self._read, self.source = (lambda: time.process_time() * watts_per_busy_core), "estimate"
         self._last = (time.monotonic(), self._read()) if self._read else None
 
     def watts(self) -> float | None:

@@ -193,3 +193,13 @@ def test_control_api_requires_the_token_and_acts(bundled_engine):
         guarded.client().completions.create(model=None, prompt="Hi", max_tokens=4, temperature=0, extra_body={"drafter": "early-exit:4", "gamma": 2})
         assert guarded.records[-1].mode == "speculative"
     assert [kind for kind, _ in events] == ["defrag", "draft_unloaded", "draft_loaded"]
+
+
+def test_traffic_generator_drives_the_server(server):
+    from engine.traffic import TrafficConfig, run_traffic, summary
+
+    config = TrafficConfig(url=server.url, scenarios=("chat", "extraction"), duration_s=60, max_requests=4, concurrency=2, max_tokens=6)
+    rows = {row["scenario"]: row for row in summary(asyncio.run(run_traffic(config, progress=open("/dev/null", "w"))))}
+    assert rows["all"]["requests"] == 4 and rows["all"]["errors"] == 0
+    assert rows["all"]["ttft_p50_s"] <= rows["all"]["e2e_p50_s"]
+    assert {r.tags["scenario"] for r in server.records[-4:]} <= {"chat", "extraction"}

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import torch
 
 from collector.client import TelemetryClient
 from engine.device import DeviceSampler, cpu_heap_memory
@@ -63,3 +64,13 @@ def test_cpu_heap_reading_is_sane():
     memory = cpu_heap_memory()
     assert memory is not None and memory.reserved >= memory.allocated > 0
     assert memory.fragmentation >= 1.0
+
+
+def test_power_without_a_counter_is_labelled_estimate():
+    from engine.device import RAPL_ENERGY, PowerMeter
+
+    meter = PowerMeter(torch.device("cpu"))
+    sum(i * i for i in range(300_000))  # burn some CPU
+    watts = meter.watts()
+    expected = "rapl" if RAPL_ENERGY.is_file() else "estimate"
+    assert meter.source == expected and watts is not None and watts > 0
