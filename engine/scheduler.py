@@ -67,7 +67,8 @@ class BusyTime:
 class Scheduler:
     def __init__(self, engine: Engine, config: SchedulerConfig, policy: Policy, on_record=None) -> None:
         self.engine, self.config, self.policy = engine, config, policy
-        self.on_record = on_record or (lambda record: None)
+        self.on_record = on_record or (lambda record: None)  # the telemetry sink
+        self._listeners: list = []  # e.g. Prometheus metrics
         self.slots = [Slot(engine) for _ in range(config.slots)]
         self.busy = BusyTime()
         self._queue: deque[Ticket] = deque()
@@ -75,6 +76,16 @@ class Scheduler:
         self._wake = threading.Condition()
         self._stopped = False
         self._thread = threading.Thread(target=self._work, name="specwatch-scheduler", daemon=True)
+
+    def add_record_listener(self, listener) -> None:
+        self._listeners.append(listener)
+
+    def _notify(self, record) -> None:
+        for listener in [self.on_record, *self._listeners]:
+            try:
+                listener(record)
+            except Exception:  # telemetry must never take a request down
+                log.exception("record listener failed")
 
     def start(self) -> None:
         self._thread.start()
@@ -185,7 +196,7 @@ class Scheduler:
         ticket, run = self._active.pop(index)
         result: GenerateResult = run.result(status, error)
         self.policy.observe(result.record)
-        self.on_record(result.record)
+        self._notify(result.record)
         ticket.send(result)
 
 

@@ -18,10 +18,12 @@ import orjson
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from engine import control
 from engine.engine import GenerateRequest, GenerateResult
+from engine.metrics import EngineMetrics
 from engine.sampling import SamplingParams
 from engine.scheduler import Overloaded, Scheduler, Ticket
 
@@ -93,6 +95,10 @@ def create_app(scheduler: Scheduler, model_name: str, control_token: str | None 
     app = FastAPI(title="specwatch engine", lifespan=lifespan)
     app.state.scheduler, app.state.model_name = scheduler, model_name
     app.state.emit = emit or (lambda kind, detail, duration_s: None)
+    registry = CollectorRegistry()
+    metrics = EngineMetrics(scheduler, registry)
+    scheduler.add_record_listener(metrics.observe)
+    app.get("/metrics")(lambda: Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST))
 
     def authorized(request: Request) -> None:
         if control_token and request.headers.get("authorization") != f"Bearer {control_token}":

@@ -203,3 +203,23 @@ def test_traffic_generator_drives_the_server(server):
     assert rows["all"]["requests"] == 4 and rows["all"]["errors"] == 0
     assert rows["all"]["ttft_p50_s"] <= rows["all"]["e2e_p50_s"]
     assert {r.tags["scenario"] for r in server.records[-4:]} <= {"chat", "extraction"}
+
+
+def test_metrics_count_what_was_served(bundled_engine):
+    import shutil
+    import subprocess
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with Server(bundled_engine, slots=2) as fresh:
+        fresh.client().completions.create(model=None, prompt="Repeat: a b c a b c a b", max_tokens=12, temperature=0)
+        exposition = httpx.get(f"{fresh.url}/metrics").text
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(exposition) for s in f.samples}
+    record = fresh.records[-1]
+    assert samples[("specwatch_engine_requests_total", (("mode", record.mode), ("status", "ok")))] == 1
+    assert samples[("specwatch_engine_output_tokens_total", (("mode", record.mode),))] == record.output_tokens
+    if record.num_drafts:
+        assert samples[("specwatch_engine_spec_decode_num_draft_tokens_total", (("drafter", "ngram"),))] == record.num_draft_tokens
+    if shutil.which("promtool"):
+        check = subprocess.run(["promtool", "check", "metrics"], input=exposition, capture_output=True, text=True)
+        assert check.returncode == 0, check.stdout + check.stderr
