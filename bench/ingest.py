@@ -32,6 +32,7 @@ sys.path.insert(0, str(REPO))
 import httpx  # noqa: E402
 import orjson  # noqa: E402
 
+from collector import launch  # noqa: E402
 from collector.db import make_engine, upgrade  # noqa: E402
 from collector.schema import RequestRecord  # noqa: E402
 from collector.store import REQUESTS  # noqa: E402
@@ -110,20 +111,10 @@ def reset_postgres(url: str) -> None:
 
 
 def start_collector(db_url: str, port: int, log: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "specwatch", "collector", "serve", "--db", db_url, "--port", str(port)]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"collector exited: see {log}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    proc.kill()
-    raise SystemExit("collector did not become ready")
+    try:
+        return launch.start_collector(port, log, db_url=db_url)
+    except launch.CollectorStartError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def http_rate(url: str, bodies: list[bytes], per_body: int, clients: int) -> float:

@@ -9,9 +9,7 @@ the collector serving until Ctrl-C (or exits with --once).
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -37,7 +35,7 @@ def run_up(args: argparse.Namespace) -> int:
     if args.requests < 0 or not 0 < args.port < 65536:
         raise UsageError("--requests must be >= 0 and --port in 1..65535")
     url = f"http://127.0.0.1:{args.port}"
-    collector = start_collector(args.data_dir, args.port, url)
+    collector = start(args.data_dir, args.port)
     try:
         send_sample_traffic(args, url)
         print_window(url)
@@ -50,25 +48,16 @@ def run_up(args: argparse.Namespace) -> int:
     return 0
 
 
-def start_collector(data_dir: Path, port: int, url: str) -> subprocess.Popen:
-    env = {**os.environ, "SPECWATCH_DATA_DIR": str(data_dir)}
-    cmd = [sys.executable, "-m", "specwatch", "collector", "serve", "--port", str(port)]
-    data_dir.mkdir(parents=True, exist_ok=True)
-    with open(data_dir / "collector.log", "ab") as log:
-        process = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise UsageError(f"the collector exited with code {process.returncode}; see {data_dir / 'collector.log'} (is port {port} free?)")
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                print(f"collector ready at {url} (log: {data_dir / 'collector.log'})", flush=True)
-                return process
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    process.terminate()
-    raise UsageError(f"the collector did not become ready at {url} within 60 s")
+def start(data_dir: Path, port: int) -> subprocess.Popen:
+    from collector.launch import CollectorStartError, start_collector
+
+    log = data_dir / "collector.log"
+    try:
+        process = start_collector(port, log, env={"SPECWATCH_DATA_DIR": str(data_dir)})
+    except CollectorStartError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"collector ready at http://127.0.0.1:{port} (log: {log})", flush=True)
+    return process
 
 
 def send_sample_traffic(args: argparse.Namespace, url: str) -> None:

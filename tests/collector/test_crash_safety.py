@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-import httpx
 from sqlalchemy import create_engine, text
 
+from collector import launch
 from collector.client import TelemetryClient
 from collector.schema import RequestRecord
 from collector_payloads import request_dict
@@ -22,18 +20,7 @@ WAVES, PER_WAVE, KILL_AT, RESTART_AT = 30, 100, 8, 18
 
 
 def start_collector(db_url: str, port: int, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "SPECWATCH_RETENTION_DAYS": "36500"}
-    cmd = [sys.executable, "-m", "specwatch", "collector", "serve", "--db", db_url, "--port", str(port)]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while True:
-        assert proc.poll() is None, log.read_text()
-        assert time.monotonic() < deadline, "collector did not become ready"
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.1)
+    return launch.start_collector(port, log, db_url=db_url, env={"SPECWATCH_RETENTION_DAYS": "36500"})
 
 
 def test_sigkill_mid_ingest_loses_and_duplicates_nothing(db_url, tmp_path):

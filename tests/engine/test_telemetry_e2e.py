@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -13,30 +9,16 @@ import httpx
 import torch
 
 from collector.client import TelemetryClient
+from collector.launch import start_collector
 from engine.device import DeviceSampler, cpu_heap_memory
 from tests.engine.test_server import Server, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def start_collector(data_dir: Path, port: int) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "SPECWATCH_DATA_DIR": str(data_dir)}
-    process = subprocess.Popen([sys.executable, "-m", "specwatch", "collector", "serve", "--port", str(port)], env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                return process
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    process.kill()
-    raise RuntimeError("collector did not start")
-
-
 def test_concurrent_requests_reach_the_collector(bundled_engine, tmp_path):
     port = free_port()
-    collector = start_collector(tmp_path, port)
+    collector = start_collector(port, tmp_path / "collector.log", env={"SPECWATCH_DATA_DIR": str(tmp_path)})
     client = TelemetryClient(f"http://127.0.0.1:{port}", spool_dir=tmp_path / "spool", flush_interval_s=0.2)
     try:
         with Server(bundled_engine, slots=4) as server:
