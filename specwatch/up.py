@@ -93,9 +93,12 @@ def cold_start_event(engine):
 
 def print_window(url: str) -> None:
     signals = httpx.get(f"{url}/v1/signals", params={"last": 3600}, timeout=10).json()
-    rate, ttft = signals.get("acceptance_rate"), signals.get("ttft", {}).get("p99")
+
+    def fmt(value, scale: float = 1.0, digits: int = 2) -> str:
+        return "n/a" if value is None else f"{value * scale:.{digits}f}"
+
     print(
-        f"\ncollector, last hour: {signals.get('requests')} requests, acceptance rate "
-        f"{rate if rate is None else round(rate, 3)}, mean acceptance length {signals.get('mean_acceptance_length')}, "
-        f"TTFT P99 {ttft if ttft is None else round(1000 * ttft)} ms"
+        f"\ncollector, last hour: {signals.get('requests')} requests, acceptance rate {fmt(signals.get('acceptance_rate'))}, "
+        f"mean acceptance length {fmt(signals.get('mean_acceptance_length'))}, "
+        f"TTFT P99 {fmt(signals.get('ttft', {}).get('p99'), 1000, 0)} ms"
     )
