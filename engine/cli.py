@@ -7,7 +7,6 @@ import json
 import os
 import socket
 import sys
-import time
 from pathlib import Path
 
 from specwatch.cli import UsageError

@@ -8,6 +8,8 @@ specwatch extensions travel in the request body (the OpenAI SDK's `extra_body`):
 from __future__ import annotations
 
 import asyncio
+import socket
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -15,6 +17,7 @@ from contextlib import asynccontextmanager
 from typing import Annotated, Literal
 
 import orjson
+import uvicorn
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -25,7 +28,8 @@ from engine import control
 from engine.engine import GenerateRequest, GenerateResult
 from engine.metrics import EngineMetrics
 from engine.sampling import SamplingParams
-from engine.scheduler import Overloaded, Scheduler, Ticket
+from engine.policy import Policy, PolicyConfig
+from engine.scheduler import Overloaded, Scheduler, SchedulerConfig, Ticket
 
 Tag = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 
@@ -266,3 +270,43 @@ class _Frame:
 
 def _finish(reason: str | None) -> str | None:
     return None if reason is None else ("stop" if reason in ("stop", "cancelled") else reason)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class BackgroundServer:
+    """The engine API on a free loopback port in a background thread (benchmarks, tests, `up`).
+
+    `records` collects every finished request's telemetry record.
+    """
+
+    def __init__(self, engine, scheduler_config: SchedulerConfig, policy: PolicyConfig = PolicyConfig(), **app_options) -> None:
+        self.records: list = []
+        self.scheduler = Scheduler(engine, scheduler_config, Policy(policy), self.records.append)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(create_app(self.scheduler, engine.target.name, **app_options), port=self.port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> BackgroundServer:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not self.server.started:
+            raise RuntimeError(f"the engine server did not start on {self.url}")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+    def client(self):
+        import openai
+
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0)

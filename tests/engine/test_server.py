@@ -3,49 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 
 import httpx
 import openai
 import pytest
-import uvicorn
 
-from engine.policy import Policy, PolicyConfig
-from engine.scheduler import Scheduler, SchedulerConfig
-from engine.server import create_app
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from engine.policy import PolicyConfig
+from engine.scheduler import SchedulerConfig
+from engine.server import BackgroundServer
 
 
-class Server:
-    def __init__(self, engine, slots: int = 2, max_queue: int = 8, policy: PolicyConfig = PolicyConfig(), **app_options) -> None:
-        self.records = []
-        self.scheduler = Scheduler(engine, SchedulerConfig(slots=slots, max_queue=max_queue), Policy(policy), self.records.append)
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(create_app(self.scheduler, engine.target.name, **app_options), port=self.port, log_level="warning")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> Server:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
-
-    def client(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0)
+def Server(engine, slots: int = 2, max_queue: int = 8, policy: PolicyConfig = PolicyConfig(), **app_options) -> BackgroundServer:
+    return BackgroundServer(engine, SchedulerConfig(slots=slots, max_queue=max_queue), policy, **app_options)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,8 @@ import torch
 from collector.client import TelemetryClient
 from collector.launch import start_collector
 from engine.device import DeviceSampler, cpu_heap_memory
-from tests.engine.test_server import Server, free_port
+from engine.server import free_port
+from tests.engine.test_server import Server
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,0 +1,101 @@
+"""Concurrency sweep: speculation on, off, and the `auto` policy, side by side in one run.
+
+    python bench/load.py [--levels 1 2 4 8] [--slots 4] [--max-tokens 64] [--csv out.csv]
+
+One engine (bundled model) serves all three modes through its OpenAI API; at each
+concurrency level each mode gets the same scenario mix (grounded, code edit, chat).
+Prints throughput and P50/P99 TTFT and e2e per level and mode, the knee (the first
+level after which throughput grows by less than 10% while P99 e2e keeps rising), and
+whether `auto` stays within 10% of the better of on/off at every level.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import io
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine.engine import Engine, EngineConfig  # noqa: E402
+from engine.policy import PolicyConfig  # noqa: E402
+from engine.scheduler import SchedulerConfig  # noqa: E402
+from engine.server import BackgroundServer  # noqa: E402
+from engine.traffic import TrafficConfig, run_traffic, summary  # noqa: E402
+
+MODES = {
+    "on": (PolicyConfig(load_off=1e9, load_on=1e9 - 1, min_acceptance=0.0, long_prompt_tokens=10**6), "ngram"),
+    "off": (PolicyConfig(), None),
+    "auto": (PolicyConfig(), "ngram"),
+}
+SCENARIOS = ("grounded", "code-edit", "chat")
+
+
+def sweep(engine: Engine, args) -> list[dict]:
+    rows = []
+    for level in args.levels:
+        for mode, (policy, drafter) in MODES.items():
+            with BackgroundServer(engine, SchedulerConfig(slots=args.slots, max_queue=max(args.levels) * 2), policy) as server:
+                config = TrafficConfig(url=server.url, scenarios=SCENARIOS, duration_s=args.max_seconds,
+                                       max_requests=max(args.min_requests, 2 * level), concurrency=level,
+                                       max_tokens=args.max_tokens, drafter=drafter, seed=level)
+                overall = summary(asyncio.run(run_traffic(config, progress=io.StringIO())))[0]
+            rows.append({"level": level, "mode": mode, **{k: v for k, v in overall.items() if k != "scenario"}})
+            print(f"  level {level:>3} {mode:<4} {overall['output_tokens_per_s']:7.1f} tok/s", file=sys.stderr, flush=True)
+    return rows
+
+
+def knee(rows: list[dict], mode: str) -> int | None:
+    points = [r for r in rows if r["mode"] == mode]
+    for before, after in zip(points, points[1:]):
+        gain = after["output_tokens_per_s"] / max(before["output_tokens_per_s"], 1e-9)
+        if gain < 1.10 and (after["e2e_p99_s"] or 0) > (before["e2e_p99_s"] or 0):
+            return before["level"]
+    return None
+
+
+def report(rows: list[dict]) -> None:
+    def ms(value):
+        return "-" if value is None else f"{1000 * value:.0f}"
+
+    print(f"\n{'level':>5} {'mode':<5} {'tok/s':>7} {'TTFT p50':>9} {'TTFT p99':>9} {'e2e p50':>8} {'e2e p99':>8} {'errors':>6}  (ms)")
+    for r in rows:
+        print(f"{r['level']:>5} {r['mode']:<5} {r['output_tokens_per_s']:>7.1f} {ms(r['ttft_p50_s']):>9} {ms(r['ttft_p99_s']):>9} "
+              f"{ms(r['e2e_p50_s']):>8} {ms(r['e2e_p99_s']):>8} {r['errors']:>6}")
+    for mode in MODES:
+        print(f"knee ({mode}): concurrency {knee(rows, mode) or 'not reached'}")
+    worst = min(auto["output_tokens_per_s"] / max(on["output_tokens_per_s"], off["output_tokens_per_s"], 1e-9)
+                for auto, on, off in _by_level(rows))
+    print(f"auto vs the better of on/off, worst level: {worst:.2f}x ({'within' if worst >= 0.9 else 'NOT within'} 10%)")
+
+
+def _by_level(rows: list[dict]):
+    for level in sorted({r["level"] for r in rows}):
+        by_mode = {r["mode"]: r for r in rows if r["level"] == level}
+        yield by_mode["auto"], by_mode["on"], by_mode["off"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--levels", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--slots", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--min-requests", type=int, default=6)
+    parser.add_argument("--max-seconds", type=float, default=120.0, help="per level and mode")
+    parser.add_argument("--csv", type=Path)
+    args = parser.parse_args()
+    engine = Engine(EngineConfig(instance="bench-load"))
+    rows = sweep(engine, args)
+    report(rows)
+    if args.csv:
+        with args.csv.open("w", newline="") as out:
+            writer = csv.DictWriter(out, fieldnames=[k for k in rows[0] if k != "errors_seen"], extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(rows)
+
+
+if __name__ == "__main__":
+    main()
