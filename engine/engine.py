@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -79,6 +80,9 @@ class Engine:
         torch.set_num_threads(config.threads or os.cpu_count() or 1)
         self.target: LoadedModel = load_model(config.model, config.dtype, config.device, config.cache_dir)
         self.tokenizer = self.target.tokenizer
+        # Rust tokenizers can fail with "Already borrowed" when one instance is used from two
+        # threads at once (the server encodes on its event loop, the scheduler decodes).
+        self.tokenizer_lock = threading.Lock()
         self.stop_ids = _stop_token_ids(self.target)
         self._draft_models: dict[str, LoadedModel] = {}
         self.default_slot = Slot(self)
@@ -128,9 +132,11 @@ class Engine:
 
     def encode(self, request: GenerateRequest) -> list[int]:
         if request.messages is not None:
-            ids = self.tokenizer.apply_chat_template(request.messages, add_generation_prompt=True, tokenize=True)
+            with self.tokenizer_lock:
+                ids = self.tokenizer.apply_chat_template(request.messages, add_generation_prompt=True, tokenize=True)
             return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
-        return self.tokenizer(request.prompt, add_special_tokens=True)["input_ids"]
+        with self.tokenizer_lock:
+            return self.tokenizer(request.prompt, add_special_tokens=True)["input_ids"]
 
     def generate(self, request: GenerateRequest) -> GenerateResult:
         *_, result = self.stream(request)
@@ -163,7 +169,7 @@ class Run:
         use_draft = speculate and request.gamma > 0
         self.drafter = engine.drafter(request.drafter, slot) if use_draft else None
         self.loop = SpeculativeDecoder(slot.decoder, self.drafter, engine.target.device)
-        self.text = _TextStream(engine.tokenizer, request.stop)
+        self.text = _TextStream(engine.tokenizer, request.stop, engine.tokenizer_lock)
         self.ttft: float | None = None
         self.retries, self.error = 0, None
 
@@ -233,13 +239,14 @@ class _TextStream:
     """Incremental detokenisation that holds back text which may still become a stop string
     or an incomplete UTF-8 character."""
 
-    def __init__(self, tokenizer, stop: tuple[str, ...]) -> None:
-        self.tokenizer, self.stop = tokenizer, tuple(s for s in stop if s)
+    def __init__(self, tokenizer, stop: tuple[str, ...], lock: threading.Lock) -> None:
+        self.tokenizer, self.stop, self.lock = tokenizer, tuple(s for s in stop if s), lock
         self.hold = max((len(s) for s in self.stop), default=1) - 1
         self.text, self.sent, self.stopped = "", 0, False
 
     def update(self, token_ids: list[int]) -> str:
-        self.text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        with self.lock:
+            self.text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
         for stop in self.stop:
             if (cut := self.text.find(stop)) >= 0:
                 self.text, self.stopped = self.text[:cut], True
