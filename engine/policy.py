@@ -8,6 +8,11 @@ acceptance. The policy, in order of precedence:
 2. prompts longer than `long_prompt_tokens`                    -> 'long_prompt'
 3. load = (busy slots + queue) / slots above `load_off`, back on
    below `load_on` (hysteresis), at most one switch per cooldown -> 'load'
+   ... unless speculation is *measured* to pay under that load: while load is high,
+   a drafter whose recent goodput (tokens per busy second of the model) beats plain
+   decoding's keeps speculating; every `probe_every`-th request decodes plainly so
+   both figures stay fresh. (Load costs speculation only where requests share a
+   batch; this keeps `auto` from switching off a drafter that still wins.)
 4. a canary split: `canary_fraction` of requests speculate (arm 'spec'),
    the rest decode plainly (arm 'control') for the A/B comparison -> 'canary'
 5. a drafter whose recent acceptance rate fell below `min_acceptance`
@@ -17,6 +22,7 @@ acceptance. The policy, in order of precedence:
 from __future__ import annotations
 
 import random
+import statistics
 import threading
 import time
 from collections import deque
@@ -77,6 +83,8 @@ class Policy:
         self._last_switch = float("-inf")
         self._acceptance: dict[str, deque[tuple[int, int]]] = {}
         self._fallback_count: dict[str, int] = {}
+        self._goodput: dict[str, deque[float]] = {}  # drafter or 'plain' -> tokens per busy second
+        self._load_probes = 0
         self.switches: deque[Switch] = deque(maxlen=1000)
 
     def set_override(self, mode: Override, reason: str = "manual") -> None:
@@ -108,9 +116,18 @@ class Policy:
                 return Decision(False, "memory")
             if prompt_tokens > self.config.long_prompt_tokens:
                 return Decision(False, "long_prompt")
-            if not self._load_allows:
+            if not self._load_allows and not self._pays_under_load(drafter):
                 return Decision(False, "load")
             return self._canary_or_acceptance(drafter)
+
+    def _pays_under_load(self, drafter: str) -> bool:
+        self._load_probes += 1
+        if self._load_probes % self.config.probe_every == 0:
+            return False  # a plain probe keeps the comparison fresh
+        spec, plain = self._goodput.get(drafter), self._goodput.get("plain")
+        if not spec or not plain or min(len(spec), len(plain)) < self.config.min_window:
+            return False
+        return statistics.median(spec) > statistics.median(plain)
 
     def _track_load(self, load: float, now: float) -> None:
         want = self._load_allows
@@ -141,7 +158,12 @@ class Policy:
         return drafted > 0 and sum(a for _, a in recent) / drafted < self.config.min_acceptance
 
     def observe(self, record: RequestRecord) -> None:
-        """Feed back a finished request: the acceptance of its drafter."""
+        """Feed back a finished request: its goodput, and the acceptance of its drafter."""
+        busy_s = record.verify_s + record.draft_s  # model time after the first token
+        with self._lock:
+            if record.status == "ok" and record.output_tokens > 1 and busy_s > 0:
+                window = self._goodput.setdefault(record.drafter or "plain", deque(maxlen=self.config.acceptance_window))
+                window.append((record.output_tokens - 1) / busy_s)
         if record.drafter is None or record.num_draft_tokens == 0:
             return
         with self._lock:

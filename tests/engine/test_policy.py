@@ -70,3 +70,27 @@ def test_bad_config_is_rejected():
         PolicyConfig(load_on=0.9, load_off=0.75)
     with pytest.raises(ValueError):
         PolicyConfig(canary_fraction=1.5)
+
+
+def timed_record(drafter: str | None, tokens: int, busy_s: float) -> RequestRecord:
+    gamma = 4 if drafter else 0
+    return RequestRecord(request_id=f"g{time.monotonic_ns()}", instance="i", model="m", drafter=drafter,
+                         mode="speculative" if drafter else "autoregressive", started_at=time.time(), e2e_s=busy_s + 0.1,
+                         prompt_tokens=10, output_tokens=tokens, verify_s=busy_s, gamma=gamma, accepted_per_position=[0] * gamma)
+
+
+def test_under_load_a_drafter_measured_to_pay_keeps_speculating():
+    policy = Policy(PolicyConfig(min_window=4, probe_every=5, cooldown_s=0.0))
+    for _ in range(4):
+        policy.observe(timed_record("ngram", 101, 1.0))  # 100 tokens per busy second
+        policy.observe(timed_record(None, 41, 1.0))  # plain: 40
+        policy.observe(timed_record("early-exit:4", 21, 1.0))  # a losing drafter: 20
+    decisions = [policy.decide(10, 0.9, "ngram", now=10.0) for _ in range(10)]
+    assert [d.speculate for d in decisions] == [True, True, True, True, False] * 2  # every 5th: a plain probe
+    assert {d.reason for d in decisions if not d.speculate} == {"load"}
+    assert policy.decide(10, 0.9, "early-exit:4", now=11.0) == Decision(False, "load")
+
+
+def test_under_load_without_measurements_speculation_stops():
+    policy = Policy(PolicyConfig(cooldown_s=0.0))
+    assert policy.decide(10, 0.9, "ngram", now=1.0) == Decision(False, "load")
