@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.engine import Engine, EngineConfig  # noqa: E402
-from engine.policy import PolicyConfig  # noqa: E402
+from engine.policy import Policy, PolicyConfig  # noqa: E402
 from engine.scheduler import SchedulerConfig  # noqa: E402
 from engine.server import BackgroundServer  # noqa: E402
 from engine.traffic import TrafficConfig, run_traffic, summary  # noqa: E402
@@ -36,8 +36,10 @@ SCENARIOS = ("grounded", "code-edit", "chat")
 
 def sweep(engine: Engine, args) -> list[dict]:
     rows = []
+    auto_policy = Policy(MODES["auto"][0])  # one engine running through every level keeps what it learned
     for level in args.levels:
         for mode, (policy, drafter) in MODES.items():
+            policy = auto_policy if mode == "auto" else policy
             with BackgroundServer(engine, SchedulerConfig(slots=args.slots, max_queue=max(args.levels) * 2), policy) as server:
                 config = TrafficConfig(url=server.url, scenarios=SCENARIOS, duration_s=args.max_seconds,
                                        max_requests=max(args.min_requests, 2 * level), concurrency=level,

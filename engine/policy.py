@@ -121,12 +121,12 @@ class Policy:
             return self._canary_or_acceptance(drafter)
 
     def _pays_under_load(self, drafter: str) -> bool:
+        spec, plain = self._goodput.get(drafter, ()), self._goodput.get("plain", ())
+        if min(len(spec), len(plain)) < self.config.min_window:
+            return len(spec) <= len(plain)  # measure whichever side has fewer samples
         self._load_probes += 1
         if self._load_probes % self.config.probe_every == 0:
             return False  # a plain probe keeps the comparison fresh
-        spec, plain = self._goodput.get(drafter), self._goodput.get("plain")
-        if not spec or not plain or min(len(spec), len(plain)) < self.config.min_window:
-            return False
         return statistics.median(spec) > statistics.median(plain)
 
     def _track_load(self, load: float, now: float) -> None:

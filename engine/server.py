@@ -284,9 +284,10 @@ class BackgroundServer:
     `records` collects every finished request's telemetry record.
     """
 
-    def __init__(self, engine, scheduler_config: SchedulerConfig, policy: PolicyConfig = PolicyConfig(), **app_options) -> None:
+    def __init__(self, engine, scheduler_config: SchedulerConfig, policy: PolicyConfig | Policy = PolicyConfig(), **app_options) -> None:
         self.records: list = []
-        self.scheduler = Scheduler(engine, scheduler_config, Policy(policy), self.records.append)
+        policy = policy if isinstance(policy, Policy) else Policy(policy)
+        self.scheduler = Scheduler(engine, scheduler_config, policy, self.records.append)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(create_app(self.scheduler, engine.target.name, **app_options), port=self.port, log_level="warning")

@@ -17,8 +17,18 @@ def record(drafter: str, drafted: int, accepted: int) -> RequestRecord:
                          accepted_per_position=[1] * accepted + [0] * (drafted - accepted), gamma=drafted)
 
 
+def timed_record(drafter: str | None, tokens: int, busy_s: float) -> RequestRecord:
+    gamma = 4 if drafter else 0
+    return RequestRecord(request_id=f"g{time.monotonic_ns()}", instance="i", model="m", drafter=drafter,
+                         mode="speculative" if drafter else "autoregressive", started_at=time.time(), e2e_s=busy_s + 0.1,
+                         prompt_tokens=10, output_tokens=tokens, verify_s=busy_s, gamma=gamma, accepted_per_position=[0] * gamma)
+
+
 def test_load_switch_has_hysteresis_and_cooldown():
-    policy = Policy(PolicyConfig(load_off=0.75, load_on=0.6, cooldown_s=5.0))
+    policy = Policy(PolicyConfig(load_off=0.75, load_on=0.6, cooldown_s=5.0, min_window=2))
+    for _ in range(2):  # measured: plain decoding beats this drafter, so high load switches it off
+        policy.observe(timed_record("ngram", 11, 1.0))
+        policy.observe(timed_record(None, 41, 1.0))
     steps = [  # (t, load, expected speculate, reason)
         (0.0, 0.50, True, "default"),
         (1.0, 0.80, False, "load"),     # above 0.75: off
@@ -72,13 +82,6 @@ def test_bad_config_is_rejected():
         PolicyConfig(canary_fraction=1.5)
 
 
-def timed_record(drafter: str | None, tokens: int, busy_s: float) -> RequestRecord:
-    gamma = 4 if drafter else 0
-    return RequestRecord(request_id=f"g{time.monotonic_ns()}", instance="i", model="m", drafter=drafter,
-                         mode="speculative" if drafter else "autoregressive", started_at=time.time(), e2e_s=busy_s + 0.1,
-                         prompt_tokens=10, output_tokens=tokens, verify_s=busy_s, gamma=gamma, accepted_per_position=[0] * gamma)
-
-
 def test_under_load_a_drafter_measured_to_pay_keeps_speculating():
     policy = Policy(PolicyConfig(min_window=4, probe_every=5, cooldown_s=0.0))
     for _ in range(4):
@@ -91,6 +94,13 @@ def test_under_load_a_drafter_measured_to_pay_keeps_speculating():
     assert policy.decide(10, 0.9, "early-exit:4", now=11.0) == Decision(False, "load")
 
 
-def test_under_load_without_measurements_speculation_stops():
-    policy = Policy(PolicyConfig(cooldown_s=0.0))
-    assert policy.decide(10, 0.9, "ngram", now=1.0) == Decision(False, "load")
+def test_under_load_without_measurements_both_modes_are_measured():
+    policy = Policy(PolicyConfig(cooldown_s=0.0, min_window=2))
+    assert policy.decide(10, 0.9, "ngram", now=1.0) == Decision(True, "default")  # no samples yet: try speculation
+    policy.observe(timed_record("ngram", 11, 1.0))
+    assert policy.decide(10, 0.9, "ngram", now=2.0) == Decision(False, "load")  # now plain has fewer
+    policy.observe(timed_record(None, 41, 1.0))
+    policy.observe(timed_record(None, 41, 1.0))
+    assert policy.decide(10, 0.9, "ngram", now=3.0).speculate  # ngram: 1 sample vs 2
+    policy.observe(timed_record("ngram", 11, 1.0))
+    assert policy.decide(10, 0.9, "ngram", now=4.0) == Decision(False, "load")  # measured: 10 < 40 tokens/s
