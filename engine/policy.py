@@ -10,8 +10,8 @@ acceptance. The policy, in order of precedence:
    below `load_on` (hysteresis), at most one switch per cooldown -> 'load'
    ... unless speculation is *measured* to pay under that load: while load is high,
    a drafter whose recent goodput (tokens per busy second of the model) beats plain
-   decoding's keeps speculating; every `probe_every`-th request decodes plainly so
-   both figures stay fresh. (Load costs speculation only where requests share a
+   decoding's keeps speculating (and so does one not measured yet); every
+   `probe_every`-th request decodes plainly so both figures stay fresh. (Load costs speculation only where requests share a
    batch; this keeps `auto` from switching off a drafter that still wins.)
 4. a canary split: `canary_fraction` of requests speculate (arm 'spec'),
    the rest decode plainly (arm 'control') for the A/B comparison -> 'canary'
@@ -121,12 +121,12 @@ class Policy:
             return self._canary_or_acceptance(drafter)
 
     def _pays_under_load(self, drafter: str) -> bool:
-        spec, plain = self._goodput.get(drafter, ()), self._goodput.get("plain", ())
-        if min(len(spec), len(plain)) < self.config.min_window:
-            return len(spec) <= len(plain)  # measure whichever side has fewer samples
         self._load_probes += 1
         if self._load_probes % self.config.probe_every == 0:
-            return False  # a plain probe keeps the comparison fresh
+            return False  # a plain probe: measures plain decoding under this load
+        spec, plain = self._goodput.get(drafter, ()), self._goodput.get("plain", ())
+        if min(len(spec), len(plain)) < self.config.min_window:
+            return True  # not measured yet: keep speculating while the probes collect evidence
         return statistics.median(spec) > statistics.median(plain)
 
     def _track_load(self, load: float, now: float) -> None:

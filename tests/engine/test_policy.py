@@ -94,13 +94,11 @@ def test_under_load_a_drafter_measured_to_pay_keeps_speculating():
     assert policy.decide(10, 0.9, "early-exit:4", now=11.0) == Decision(False, "load")
 
 
-def test_under_load_without_measurements_both_modes_are_measured():
-    policy = Policy(PolicyConfig(cooldown_s=0.0, min_window=2))
-    assert policy.decide(10, 0.9, "ngram", now=1.0) == Decision(True, "default")  # no samples yet: try speculation
-    policy.observe(timed_record("ngram", 11, 1.0))
-    assert policy.decide(10, 0.9, "ngram", now=2.0) == Decision(False, "load")  # now plain has fewer
-    policy.observe(timed_record(None, 41, 1.0))
-    policy.observe(timed_record(None, 41, 1.0))
-    assert policy.decide(10, 0.9, "ngram", now=3.0).speculate  # ngram: 1 sample vs 2
-    policy.observe(timed_record("ngram", 11, 1.0))
-    assert policy.decide(10, 0.9, "ngram", now=4.0) == Decision(False, "load")  # measured: 10 < 40 tokens/s
+def test_under_load_unmeasured_speculation_continues_while_plain_probes_collect_evidence():
+    policy = Policy(PolicyConfig(cooldown_s=0.0, min_window=2, probe_every=3))
+    decisions = [policy.decide(10, 0.9, "ngram", now=float(t)).speculate for t in range(6)]
+    assert decisions == [True, True, False, True, True, False]
+    for _ in range(2):
+        policy.observe(timed_record("ngram", 11, 1.0))  # measured: 10 tokens/s
+        policy.observe(timed_record(None, 41, 1.0))  # plain: 40 tokens/s
+    assert policy.decide(10, 0.9, "ngram", now=7.0) == Decision(False, "load")
