@@ -11,7 +11,8 @@ acceptance. The policy, in order of precedence:
    ... unless speculation is *measured* to pay under that load: while load is high,
    a drafter whose recent goodput (tokens per busy second of the model) beats plain
    decoding's keeps speculating (and so does one not measured yet); every
-   `probe_every`-th request decodes plainly so both figures stay fresh. (Load costs speculation only where requests share a
+   `probe_every`-th request (4x rarer once the gap is 1.5x or more) decodes
+   plainly so both figures stay fresh. (Load costs speculation only where requests share a
    batch; this keeps `auto` from switching off a drafter that still wins.)
 4. a canary split: `canary_fraction` of requests speculate (arm 'spec'),
    the rest decode plainly (arm 'control') for the A/B comparison -> 'canary'
@@ -121,13 +122,14 @@ class Policy:
             return self._canary_or_acceptance(drafter)
 
     def _pays_under_load(self, drafter: str) -> bool:
-        self._load_probes += 1
-        if self._load_probes % self.config.probe_every == 0:
-            return False  # a plain probe: measures plain decoding under this load
         spec, plain = self._goodput.get(drafter, ()), self._goodput.get("plain", ())
-        if min(len(spec), len(plain)) < self.config.min_window:
-            return True  # not measured yet: keep speculating while the probes collect evidence
-        return statistics.median(spec) > statistics.median(plain)
+        measured = min(len(spec), len(plain)) >= self.config.min_window
+        ratio = statistics.median(spec) / statistics.median(plain) if measured else 1.0
+        conclusive = ratio >= 1.5 or ratio <= 1 / 1.5  # then probe 4x less often: probes cost throughput
+        self._load_probes += 1
+        if self._load_probes % (self.config.probe_every * (4 if conclusive else 1)) == 0:
+            return False  # a plain probe: measures plain decoding under this load
+        return ratio > 1.0 if measured else True  # not measured yet: keep speculating while probes collect evidence
 
     def _track_load(self, load: float, now: float) -> None:
         want = self._load_allows

@@ -88,8 +88,9 @@ def test_under_load_a_drafter_measured_to_pay_keeps_speculating():
         policy.observe(timed_record("ngram", 101, 1.0))  # 100 tokens per busy second
         policy.observe(timed_record(None, 41, 1.0))  # plain: 40
         policy.observe(timed_record("early-exit:4", 21, 1.0))  # a losing drafter: 20
-    decisions = [policy.decide(10, 0.9, "ngram", now=10.0) for _ in range(10)]
-    assert [d.speculate for d in decisions] == [True, True, True, True, False] * 2  # every 5th: a plain probe
+    decisions = [policy.decide(10, 0.9, "ngram", now=10.0) for _ in range(40)]
+    # 2.5x better than plain is conclusive: a plain probe every 4 x 5 = 20 requests
+    assert [d.speculate for d in decisions] == ([True] * 19 + [False]) * 2
     assert {d.reason for d in decisions if not d.speculate} == {"load"}
     assert policy.decide(10, 0.9, "early-exit:4", now=11.0) == Decision(False, "load")
 
