@@ -68,7 +68,7 @@ def configurations(engine: Engine, args) -> dict:
     draft_model.generation_config.num_assistant_tokens = args.exit_gamma
     draft_model.generation_config.num_assistant_tokens_schedule = "constant"
     draft_model.generation_config.assistant_confidence_threshold = 0.0
-    engine._drafters["model:first-layers"] = model_drafter(draft_model, engine.target.model, f"first-{args.exit_layer}-layers")
+    engine.add_drafter("model:first-layers", model_drafter(draft_model, engine.target.model, f"first-{args.exit_layer}-layers"))
     g, k = args.gamma, args.exit_gamma
     return {
         "own plain": lambda ids, m, r: own(engine, ids, None, 0, args.max_tokens, r, m),

@@ -13,6 +13,7 @@ values, and can `crop` its cache back to a prefix after a rejected draft.
 
 from __future__ import annotations
 
+import weakref
 from typing import Protocol
 
 import torch
@@ -53,29 +54,22 @@ class _Layer:
         self.w_down = mlp.down_proj.weight
 
 
+# first module of a fused group -> {"weight" | "bias": fused tensor}; a second decoder reuses it
+_FUSED: weakref.WeakKeyDictionary[torch.nn.Module, dict[str, torch.Tensor]] = weakref.WeakKeyDictionary()
+
+
 def _fuse(linears: list[torch.nn.Linear], attr: str) -> torch.Tensor:
     """Concatenate parameters into one tensor and make the modules views of it (no second copy)."""
-    params = [getattr(linear, attr) for linear in linears]
-    storage = params[0].untyped_storage().data_ptr()
-    already_fused = all(p.untyped_storage().data_ptr() == storage for p in params) and all(
-        p.data_ptr() == params[0].data_ptr() + offset for p, offset in zip(params, _offsets(params))
-    )
-    if already_fused:  # a second decoder over the same model
-        return torch.as_strided(params[0], (sum(p.shape[0] for p in params), *params[0].shape[1:]), params[0].stride())
-    fused = torch.cat([p.detach() for p in params]).contiguous()
-    start = 0
-    for linear, p in zip(linears, params):
-        getattr(linear, attr).data = fused[start : start + p.shape[0]]
-        start += p.shape[0]
-    return fused
-
-
-def _offsets(params: list[torch.Tensor]) -> list[int]:
-    offsets, total = [], 0
-    for p in params:
-        offsets.append(total * p.element_size())
-        total += p.numel()
-    return offsets
+    fused_of = _FUSED.setdefault(linears[0], {})
+    if attr not in fused_of:
+        fused = torch.cat([getattr(linear, attr).detach() for linear in linears]).contiguous()
+        start = 0
+        for linear in linears:
+            rows = getattr(linear, attr).shape[0]
+            getattr(linear, attr).data = fused[start : start + rows]
+            start += rows
+        fused_of[attr] = fused
+    return fused_of[attr]
 
 
 class LlamaDecoder:

@@ -78,8 +78,7 @@ class NgramDrafter:
         self._indexed = max(self._indexed, len(tokens))
 
     def rollback(self, committed: int) -> None:
-        # the index only ever holds committed tokens, so there is nothing to undo
-        self._indexed = min(self._indexed, committed)
+        pass  # the index only ever holds committed tokens: nothing to undo
 
 
 class ModelDrafter:

@@ -87,14 +87,6 @@ class Engine:
         self._draft_models: dict[str, LoadedModel] = {}
         self.default_slot = Slot(self)
 
-    @property
-    def decoder(self):
-        return self.default_slot.decoder
-
-    @property
-    def _drafters(self) -> dict[str, Drafter]:
-        return self.default_slot.drafters
-
     def drafter(self, spec: str | None, slot: Slot | None = None) -> Drafter | None:
         """The drafter named by `spec` for `slot`, built once per slot (draft weights are loaded once)."""
         if spec in (None, "", "none"):
@@ -104,31 +96,31 @@ class Engine:
             drafters[spec] = self._build_drafter(spec)
         return drafters[spec]
 
+    def add_drafter(self, spec: str, drafter: Drafter) -> None:
+        """Use a drafter built elsewhere (e.g. an in-memory draft model) under `spec` on the default slot."""
+        self.default_slot.drafters[spec] = drafter
+
     def check_drafter(self, spec: str | None) -> None:
         """Raise ValueError for a drafter spec that cannot be built (without building it)."""
-        if spec in (None, "", "none", "ngram"):
+        if spec in (None, "", "none") or spec in self.default_slot.drafters:
             return
-        kind, _, arg = spec.partition(":")
-        if kind == "early-exit" and arg.isdigit():
-            if not 1 <= int(arg) <= self.target.model.config.num_hidden_layers:
-                raise ValueError(f"early exit after {arg} layers: the model has {self.target.model.config.num_hidden_layers}")
-            return
-        if kind == "model" and arg and (arg in self._draft_models or arg == "bundled" or Path(arg).exists()):
-            return
-        raise ValueError(f"unknown drafter {spec!r}: use none, ngram, model:PATH or early-exit:K")
+        kind, arg = _parse_drafter(spec)
+        layers = self.target.model.config.num_hidden_layers
+        if kind == "early-exit" and not 1 <= int(arg) <= layers:
+            raise ValueError(f"early exit after {arg} layers: the model has {layers}")
+        if kind == "model" and not (arg in self._draft_models or arg == "bundled" or Path(arg).exists()):
+            raise ValueError(f"draft model not found: {arg}")
 
     def _build_drafter(self, spec: str) -> Drafter:
-        kind, _, arg = spec.partition(":")
-        if kind == "ngram" and not arg:
+        kind, arg = _parse_drafter(spec)
+        if kind == "ngram":
             return NgramDrafter(self.config.ngram)
-        if kind == "early-exit" and arg.isdigit():
+        if kind == "early-exit":
             return early_exit_drafter(self.target.model, int(arg))
-        if kind == "model" and arg:
-            if arg not in self._draft_models:
-                self._draft_models[arg] = load_model(arg, _dtype_name(self.target.dtype), str(self.target.device), self.config.cache_dir)
-            draft = self._draft_models[arg]
-            return model_drafter(draft.model, self.target.model, draft.name)
-        raise ValueError(f"unknown drafter {spec!r}: use none, ngram, model:PATH or early-exit:K")
+        if arg not in self._draft_models:
+            self._draft_models[arg] = load_model(arg, _dtype_name(self.target.dtype), str(self.target.device), self.config.cache_dir)
+        draft = self._draft_models[arg]
+        return model_drafter(draft.model, self.target.model, draft.name)
 
     def encode(self, request: GenerateRequest) -> list[int]:
         if request.messages is not None:
@@ -270,6 +262,14 @@ def _stop_token_ids(target: LoadedModel) -> frozenset[int]:
     eos = getattr(target.model.generation_config, "eos_token_id", None)
     ids.update(eos if isinstance(eos, list) else [eos])
     return frozenset(i for i in ids if i is not None)
+
+
+def _parse_drafter(spec: str) -> tuple[str, str]:
+    """'ngram' | 'early-exit:K' | 'model:PATH' -> (kind, argument); anything else is a ValueError."""
+    kind, _, arg = spec.partition(":")
+    if (kind == "ngram" and not arg) or (kind == "early-exit" and arg.isdigit()) or (kind == "model" and arg):
+        return kind, arg
+    raise ValueError(f"unknown drafter {spec!r}: use none, ngram, model:PATH or early-exit:K")
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

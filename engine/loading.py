@@ -110,12 +110,8 @@ def load_model(
             raise ModelLoadError(f"{path}: expected a .gguf file or a model directory")
         path, from_cache = _dequantized_copy(path, Path(cache_dir) if cache_dir else default_cache_dir())
     model, tokenizer = _load_directory(path, torch_dtype, torch_device)
-    name = "SmolLM2-135M-Instruct" if source == BUNDLED else _model_name(path)
+    name = "SmolLM2-135M-Instruct" if source == BUNDLED else (path.name or str(path))
     return LoadedModel(model, tokenizer, name, path, torch_dtype, torch_device, time.monotonic() - started, from_cache)
-
-
-def _model_name(path: Path) -> str:
-    return path.name if path.name else str(path)
 
 
 def _load_directory(path: Path, dtype: torch.dtype, device: torch.device):

@@ -87,8 +87,8 @@ BUNDLED_PROMPTS = [
 @pytest.mark.parametrize("drafter", [None, "ngram", "early-exit:6", "model:first-8-layers"])
 def test_bundled_model_float32_matches_transformers(bundled_engine, drafter):
     model = bundled_engine.target.model
-    if drafter == "model:first-8-layers" and drafter not in bundled_engine._drafters:
-        bundled_engine._drafters[drafter] = model_drafter(truncated_copy(model, 8), model, "first-8-layers")
+    if drafter == "model:first-8-layers":
+        bundled_engine.add_drafter(drafter, model_drafter(truncated_copy(model, 8), model, "first-8-layers"))
     for text in BUNDLED_PROMPTS:
         request = GenerateRequest(messages=[{"role": "user", "content": text}], max_tokens=40, drafter=drafter, gamma=4)
         result = bundled_engine.generate(request)
