@@ -8,7 +8,7 @@ from sqlalchemy.exc import ArgumentError, OperationalError
 from sqlalchemy.engine import make_url
 
 from collector.settings import Settings
-from specwatch.cli import UsageError
+from specwatch.cli import UsageError, tcp_port
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -17,7 +17,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve = collector_commands.add_parser("serve", help="run the ingest + query HTTP service")
     _add_db_option(serve)
     serve.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
-    serve.add_argument("--port", type=_port, default=8087, help="TCP port (default 8087)")
+    serve.add_argument("--port", type=tcp_port, default=8087, help="TCP port (default 8087)")
     serve.add_argument(
         "--scrape-vllm", metavar="URL", nargs="+", default=None,
         help="vLLM /metrics URLs to poll (default: SPECWATCH_SCRAPE_VLLM)",
@@ -36,12 +36,6 @@ def _add_db_option(parser: argparse.ArgumentParser) -> None:
         "--db", metavar="URL", default=None,
         help="SQLAlchemy URL (default: SPECWATCH_DATABASE_URL, else SQLite under SPECWATCH_DATA_DIR)",
     )
-
-
-def _port(value: str) -> int:
-    if not value.isdigit() or not 0 < int(value) < 65536:
-        raise argparse.ArgumentTypeError(f"not a TCP port: {value!r}")
-    return int(value)
 
 
 def settings_from(args: argparse.Namespace) -> Settings:

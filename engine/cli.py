@@ -9,7 +9,7 @@ import socket
 import sys
 from pathlib import Path
 
-from specwatch.cli import UsageError
+from specwatch.cli import UsageError, tcp_port
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -34,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve = engine_commands.add_parser("serve", help="serve the OpenAI-compatible API")
     add_model_arguments(serve)
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--port", type=tcp_port, default=8000)
     serve.add_argument("--slots", type=int, default=4, help="requests decoded concurrently (default: 4)")
     serve.add_argument("--max-queue", type=int, default=64, help="waiting requests before 429 (default: 64)")
     serve.add_argument("--collector", default=os.environ.get("SPECWATCH_COLLECTOR_URL"), help="collector URL for telemetry (default: SPECWATCH_COLLECTOR_URL; none: no telemetry)")

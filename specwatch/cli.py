@@ -25,6 +25,13 @@ class UsageError(Exception):
     """Bad input from the user: printed as one line, exit code 2."""
 
 
+def tcp_port(value: str) -> int:
+    """argparse type for --port options."""
+    if not value.isdigit() or not 0 < int(value) < 65536:
+        raise argparse.ArgumentTypeError(f"not a TCP port: {value!r}")
+    return int(value)
+
+
 def build_parser(command: str | None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specwatch", description="Watch speculative decoding pay off (or not).")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -106,3 +106,16 @@ def test_cli_generate_prints_text_and_record(bundled_engine):
 def test_cli_bad_input_exits_2_with_a_message(args, message):
     done = run_cli("generate", "--prompt", "hi", *args)
     assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["engine", "serve", "--port", "70000"], "not a TCP port"),
+    (["engine", "serve", "--slots", "0"], "slots must be >= 1"),
+    (["engine", "serve", "--load-on", "0.9", "--load-off", "0.5"], "load_on <= load_off"),
+    (["traffic", "--scenarios", "poetry"], "unknown scenario 'poetry'"),
+    (["traffic", "--concurrency", "0"], "--concurrency"),
+    (["traffic", "--url", "http://127.0.0.1:9"], "no engine answering at http://127.0.0.1:9"),
+])
+def test_serve_and_traffic_bad_input_exits_2_with_a_message(args, message):
+    done = run_cli(*args)
+    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
