@@ -208,3 +208,87 @@ class VllmScrape(Base):
     e2e_bounds: Mapped[list[float]]
     e2e_counts: Mapped[list[float]]
     e2e_sum: Mapped[float]
+
+
+class AlertStateRow(Base):
+    """The current state of one alert (pending, firing, or resolved and not yet forgotten)."""
+
+    __tablename__ = "alert_states"
+
+    fingerprint: Mapped[str] = mapped_column(String(16), primary_key=True)
+    rule: Mapped[str] = mapped_column(String(128))
+    labels: Mapped[dict[str, str]]
+    annotations: Mapped[dict[str, str]]
+    state: Mapped[str] = mapped_column(String(16))
+    value: Mapped[float]
+    active_at: Mapped[float]
+    last_seen_at: Mapped[float]
+    fired_at: Mapped[float | None]
+    resolved_at: Mapped[float | None]
+    last_sent_at: Mapped[float | None]
+
+
+class AlertTransitionRow(Base):
+    """Every state change of every alert (the history)."""
+
+    __tablename__ = "alert_transitions"
+    __table_args__ = (Index("ix_alert_transitions_at", "at"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    at: Mapped[float]
+    rule: Mapped[str] = mapped_column(String(128))
+    fingerprint: Mapped[str] = mapped_column(String(16))
+    labels: Mapped[dict[str, str]]
+    from_state: Mapped[str] = mapped_column(String(16))
+    to_state: Mapped[str] = mapped_column(String(16))
+    value: Mapped[float]
+
+
+class AlertRuleHealthRow(Base):
+    """The last evaluation of each rule: when, how long, and its error if the signal failed."""
+
+    __tablename__ = "alert_rule_health"
+
+    rule: Mapped[str] = mapped_column(String(128), primary_key=True)
+    evaluated_at: Mapped[float]
+    duration_s: Mapped[float]
+    error: Mapped[str | None] = mapped_column(String(1024))
+
+
+class AlertNotificationRow(Base):
+    """The webhook outbox: one row per notification to one receiver, delivered with retries.
+
+    `key` is the idempotency key (sent as `Idempotency-Key`); `status` is pending, delivered
+    or dead (gave up after the receiver's max attempts)."""
+
+    __tablename__ = "alert_notifications"
+    __table_args__ = (Index("ix_alert_notifications_status_next_attempt_at", "status", "next_attempt_at"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    key: Mapped[str] = mapped_column(String(64), unique=True)
+    receiver: Mapped[str] = mapped_column(String(64))
+    rule: Mapped[str] = mapped_column(String(128))
+    alert_status: Mapped[str] = mapped_column(String(16))
+    payload: Mapped[dict[str, Any]]
+    created_at: Mapped[float]
+    status: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer)
+    next_attempt_at: Mapped[float]
+    last_error: Mapped[str | None] = mapped_column(String(1024))
+    delivered_at: Mapped[float | None]
+
+
+class AlertActionRow(Base):
+    """A remediation an alert triggered (or recommended), with its outcome."""
+
+    __tablename__ = "alert_actions"
+    __table_args__ = (Index("ix_alert_actions_at", "at"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    at: Mapped[float]
+    rule: Mapped[str] = mapped_column(String(128))
+    fingerprint: Mapped[str] = mapped_column(String(16))
+    action: Mapped[str] = mapped_column(String(64))
+    instance: Mapped[str | None] = mapped_column(String(128))
+    outcome: Mapped[str] = mapped_column(String(16))
+    detail: Mapped[dict[str, Any]]

@@ -1,0 +1,198 @@
+"""What alert rules measure: named signals over a time window, one `Sample` per label set.
+
+`StoreSignals` reads the collector's store (per-request telemetry, device samples, engine
+events and scraped vLLM metrics) through SQLAlchemy; the evaluator only sees the samples,
+so tests can feed it any values. Every sample carries `count`, the number of observations
+behind the value, which a rule's `min_samples` checks (no alert from 3 requests).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from sqlalchemy import Engine, func, select
+
+from collector.models import DeviceSampleRow, EngineEventRow, Request, VllmScrape
+from collector.queries import Window
+from collector.vllm import vllm_signals
+
+Labels = tuple[tuple[str, str], ...]  # sorted (name, value) pairs
+
+
+@dataclass(frozen=True)
+class Sample:
+    labels: Labels
+    value: float
+    count: int
+    significant: bool = True  # False: a statistical test did not confirm the value
+
+
+@dataclass(frozen=True)
+class Signal:
+    labels: tuple[str, ...]  # what a rule may group by
+    unit: str
+    doc: str
+    compute: Callable[[Engine, Window, Sequence[str]], list[Sample]]
+
+
+REQUEST_LABELS = ("instance", "model", "drafter", "mode", "arm")
+DEVICE_LABELS = ("instance", "device")
+VLLM_LABELS = ("source", "model")
+
+
+def _labels(names: Sequence[str], values: Sequence[object]) -> Labels:
+    return tuple(sorted((n, "none" if v is None else str(v)) for n, v in zip(names, values)))
+
+
+def _grouped(rows: Sequence[tuple], k: int) -> dict[Labels, np.ndarray]:
+    """Rows whose first k columns are labels -> {label values: float array of the rest}."""
+    groups: dict[tuple, list[tuple]] = defaultdict(list)
+    for row in rows:
+        groups[tuple(row[:k])].append(row[k:])
+    return {key: np.array(values, dtype=float) for key, values in groups.items()}
+
+
+def _request_columns(engine: Engine, window: Window, group_by: Sequence[str], *columns) -> dict[tuple, np.ndarray]:
+    stmt = select(*(getattr(Request, g) for g in group_by), *columns).where(
+        Request.started_at >= window.start, Request.started_at < window.end)
+    with engine.connect() as conn:
+        return _grouped(conn.execute(stmt).all(), len(group_by))
+
+
+def acceptance_rate(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+    """Accepted / drafted tokens over the window (vLLM's definition), requests that drafted."""
+    groups = _request_columns(engine, window, group_by, Request.num_draft_tokens, Request.num_accepted_tokens)
+    samples = []
+    for key, values in groups.items():
+        drafted = values[values[:, 0] > 0]
+        if len(drafted):
+            samples.append(Sample(_labels(group_by, key), float(drafted[:, 1].sum() / drafted[:, 0].sum()), len(drafted)))
+    return samples
+
+
+def acceptance_stddev(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+    """Standard deviation across requests of each request's acceptance rate."""
+    groups = _request_columns(engine, window, group_by, Request.num_draft_tokens, Request.num_accepted_tokens)
+    samples = []
+    for key, values in groups.items():
+        drafted = values[values[:, 0] > 0]
+        if len(drafted):
+            samples.append(Sample(_labels(group_by, key), float(np.std(drafted[:, 1] / drafted[:, 0])), len(drafted)))
+    return samples
+
+
+def ttft_p99(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+    """99th percentile of time to first token (seconds), exact over the window's requests."""
+    samples = []
+    for key, values in _request_columns(engine, window, group_by, Request.ttft_s).items():
+        ttft = values[:, 0][~np.isnan(values[:, 0])]
+        if len(ttft):
+            samples.append(Sample(_labels(group_by, key), float(np.quantile(ttft, 0.99)), len(ttft)))
+    return samples
+
+
+def spec_latency_regression(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+    """Relative excess of the spec arm's mean e2e latency per output token over the control
+    arm's (0.1 = 10% slower), significant when a one-sided Mann-Whitney U gives p < 0.05."""
+    from scipy.stats import mannwhitneyu
+
+    per_token = Request.e2e_s / Request.output_tokens
+    stmt_filter = (Request.arm.is_not(None), Request.status == "ok", Request.output_tokens > 0)
+    stmt = select(*(getattr(Request, g) for g in group_by), Request.arm, per_token).where(
+        Request.started_at >= window.start, Request.started_at < window.end, *stmt_filter)
+    with engine.connect() as conn:
+        rows = conn.execute(stmt).all()
+    k = len(group_by)
+    arms: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: {"spec": [], "control": []})
+    for row in rows:
+        arms[tuple(row[:k])][row[k]].append(float(row[k + 1]))
+    samples = []
+    for key, arm in arms.items():
+        spec, control = np.array(arm["spec"]), np.array(arm["control"])
+        if len(spec) and len(control):
+            p = mannwhitneyu(spec, control, alternative="greater").pvalue if min(len(spec), len(control)) > 1 else 1.0
+            excess = float(spec.mean() / control.mean() - 1.0)
+            samples.append(Sample(_labels(group_by, key), excess, min(len(spec), len(control)), bool(p < 0.05)))
+    return samples
+
+
+def oom_count(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+    """Out-of-memory failures: requests that failed with an OOM or `oom` engine events, whichever
+    count is larger (the engine may report one OOM both ways)."""
+    requests = select(Request.instance, func.count()).where(
+        Request.started_at >= window.start, Request.started_at < window.end, Request.error.like("%oom%"),
+    ).group_by(Request.instance)
+    events = select(EngineEventRow.instance, func.count()).where(
+        EngineEventRow.at >= window.start, EngineEventRow.at < window.end, EngineEventRow.kind == "oom",
+    ).group_by(EngineEventRow.instance)
+    with engine.connect() as conn:
+        from_requests, from_events = dict(conn.execute(requests).all()), dict(conn.execute(events).all())
+    counts: dict[tuple, int] = defaultdict(int)
+    for instance in from_requests.keys() | from_events.keys():
+        key = (instance,) if group_by else ()
+        counts[key] += max(from_requests.get(instance, 0), from_events.get(instance, 0))
+    return [Sample(_labels(group_by, key), float(n), n) for key, n in counts.items()]
+
+
+def _device_values(engine: Engine, window: Window, group_by: Sequence[str], column) -> dict[tuple, np.ndarray]:
+    stmt = select(*(getattr(DeviceSampleRow, g) for g in group_by), column).where(
+        DeviceSampleRow.at >= window.start, DeviceSampleRow.at < window.end, column.is_not(None))
+    with engine.connect() as conn:
+        return {key: values[:, 0] for key, values in _grouped(conn.execute(stmt).all(), len(group_by)).items()}
+
+
+def fragmentation(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+    """Mean fragmentation index (reserved / allocated memory) of the window's device samples."""
+    groups = _device_values(engine, window, group_by, DeviceSampleRow.fragmentation)
+    return [Sample(_labels(group_by, key), float(v.mean()), len(v)) for key, v in groups.items()]
+
+
+def draft_util_swing(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+    """Max - min of the draft's busy fraction over the window, in percentage points."""
+    groups = _device_values(engine, window, group_by, DeviceSampleRow.util_draft)
+    return [Sample(_labels(group_by, key), float(np.ptp(v) * 100.0), len(v)) for key, v in groups.items()]
+
+
+def _vllm(pick: Callable) -> Callable[[Engine, Window, Sequence[str]], list[Sample]]:
+    def compute(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+        stmt = select(*(getattr(VllmScrape, g) for g in group_by)).where(
+            VllmScrape.at >= window.start, VllmScrape.at < window.end).distinct()
+        with engine.connect() as conn:
+            keys = conn.execute(stmt).all()
+        samples = []
+        for key in keys:
+            found = vllm_signals(engine, window, **dict(zip(group_by, key)))
+            value = pick(found)
+            if value is not None:
+                samples.append(Sample(_labels(group_by, key), float(value), found.e2e.count))
+        return samples
+
+    return compute
+
+
+SIGNALS: dict[str, Signal] = {
+    "acceptance_rate": Signal(REQUEST_LABELS, "ratio", "accepted / drafted tokens", acceptance_rate),
+    "acceptance_stddev": Signal(REQUEST_LABELS, "ratio", "stddev of per-request acceptance", acceptance_stddev),
+    "ttft_p99": Signal(REQUEST_LABELS, "seconds", "P99 time to first token", ttft_p99),
+    "spec_latency_regression": Signal(("instance", "model"), "ratio",
+                                      "spec arm vs control arm latency per token - 1", spec_latency_regression),
+    "oom_count": Signal(("instance",), "count", "out-of-memory failures", oom_count),
+    "fragmentation": Signal(DEVICE_LABELS, "ratio", "reserved / allocated memory", fragmentation),
+    "draft_util_swing": Signal(DEVICE_LABELS, "percentage points", "max - min draft utilisation", draft_util_swing),
+    "vllm_acceptance_rate": Signal(VLLM_LABELS, "ratio", "vLLM accepted / drafted tokens",
+                                   _vllm(lambda s: s.acceptance_rate)),
+    "vllm_ttft_p99": Signal(VLLM_LABELS, "seconds", "vLLM P99 time to first token", _vllm(lambda s: s.ttft.p99)),
+}
+
+
+class StoreSignals:
+    """The signal source over the collector's database."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def query(self, signal: str, window_s: float, group_by: Sequence[str], now: float) -> list[Sample]:
+        return SIGNALS[signal].compute(self.engine, Window(now - window_s, now), group_by)
