@@ -47,6 +47,8 @@ def parse_duration(value: object) -> float:
 
 def format_duration(seconds: float) -> str:
     """Seconds -> the shortest Prometheus duration ('300s' -> '5m')."""
+    if seconds == 0:
+        return "0s"
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
         if seconds >= size and seconds % size == 0:
             return f"{int(seconds // size)}{unit}"
@@ -105,6 +107,7 @@ class Receiver(_Strict):
     format: Literal["alertmanager", "slack"] = "alertmanager"
     match: dict[str, str] = Field(default_factory=dict)  # only alerts whose labels have these values
     max_attempts: int = Field(default=8, ge=1, le=100)
+    retry_backoff: Duration = Field(default=5.0, gt=0)  # first retry delay, doubling up to 10 minutes
     timeout: Duration = 10.0
 
     def resolved_secret(self) -> str | None:

@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
-from collector import routes_ingest, routes_query
+from collector import routes_alerts, routes_ingest, routes_query
 from collector.db import make_engine, upgrade
 from collector.maintenance import maintenance_loop
 from collector.metrics import CollectorMetrics
@@ -38,16 +38,32 @@ def create_app(settings: Settings | None = None, registry: CollectorRegistry | N
             asyncio.create_task(Scraper(url, engine, settings.scrape_interval_s).run(), name=f"scrape {url}")
             for url in settings.scrape_vllm
         ]
+        runner = _alert_runner(settings, engine)
+        if runner is not None:
+            tasks.append(asyncio.create_task(runner.run(), name="alerts"))
         try:
             yield
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if runner is not None:
+                runner.close()
             app.state.ingest_executor.shutdown(wait=True)
             engine.dispose()
 
     app = FastAPI(title="specwatch collector", lifespan=lifespan)
     app.include_router(routes_ingest.router)
     app.include_router(routes_query.router)
+    app.include_router(routes_alerts.router)
     return app
+
+
+def _alert_runner(settings: Settings, engine):
+    """The alert runner, unless disabled. Rules were validated by `launch`/the CLI before start."""
+    if not settings.alerts_enabled:
+        return None
+    from alerts.rules import load_config
+    from alerts.runner import AlertRunner
+
+    return AlertRunner(engine, load_config(settings.alert_rules), external_url=settings.external_url)

@@ -22,6 +22,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--scrape-vllm", metavar="URL", nargs="+", default=None,
         help="vLLM /metrics URLs to poll (default: SPECWATCH_SCRAPE_VLLM)",
     )
+    serve.add_argument("--alert-rules", metavar="FILE", default=None,
+                       help="alert rules YAML (default: SPECWATCH_ALERT_RULES, else the shipped rules)")
+    serve.add_argument("--no-alerts", action="store_true", help="do not run the alert runner in this process")
     serve.set_defaults(handler=serve_command)
 
     db = subparsers.add_parser("db", help="database maintenance")
@@ -49,15 +52,26 @@ def settings_from(args: argparse.Namespace) -> Settings:
         overrides["database_url"] = args.db
     if getattr(args, "scrape_vllm", None):
         overrides["scrape_vllm"] = args.scrape_vllm
+    if getattr(args, "alert_rules", None):
+        overrides["alert_rules"] = args.alert_rules
+    if getattr(args, "no_alerts", False):
+        overrides["alerts_enabled"] = False
     return Settings(**overrides)
 
 
 def serve_command(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from alerts.rules import RulesError, load_config
     from collector.app import create_app
 
-    uvicorn.run(create_app(settings_from(args)), host=args.host, port=args.port, log_level="info")
+    settings = settings_from(args)
+    if settings.alerts_enabled:
+        try:
+            load_config(settings.alert_rules)
+        except RulesError as exc:
+            raise UsageError(str(exc)) from None
+    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="info")
     return 0
 
 

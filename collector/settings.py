@@ -30,6 +30,11 @@ class Settings(BaseSettings):
     # SPECWATCH_SCRAPE_VLLM: a JSON list or comma-separated URLs of vLLM /metrics endpoints
     scrape_vllm: Annotated[list[str], NoDecode] = Field(default_factory=list)
     scrape_interval_s: float = Field(default=15.0, gt=0)
+    # The alert runner evaluates the rules file (default: the shipped alerts/default_rules.yaml).
+    alerts_enabled: bool = True
+    alert_rules: Path | None = None
+    # Where people reach this collector (links in webhook payloads).
+    external_url: str = ""
 
     @field_validator("scrape_vllm", mode="before")
     @classmethod

@@ -17,6 +17,7 @@ COMMANDS = {
     "traffic": "engine.cli",
     "collector": "collector.cli",
     "db": "collector.cli",
+    "alerts": "alerts.cli",
     "up": "specwatch.up",
 }
 

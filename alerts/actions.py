@@ -1,0 +1,94 @@
+"""Remediation: what a firing (or resolving) alert does to the engine, through its control API.
+
+| action                     | engine call                                                  |
+|----------------------------|--------------------------------------------------------------|
+| fallback_autoregressive    | POST /v1/control/mode {"mode": "autoregressive", "reason": "alert"} |
+| restore_speculative        | POST /v1/control/mode {"mode": "auto", "reason": "alert"} (sent when an alert that fell back resolves) |
+| defragment                 | POST /v1/control/defragment                                  |
+| unload_draft               | POST /v1/control/draft {"action": "unload"}                  |
+| rebalance_streams          | recorded recommendation (the engine has no stream-priority control yet) |
+| recommend_draft_retraining | recorded recommendation                                      |
+
+The engine is found by the alert's `instance` label in the remediation config; the bearer
+token comes from its `token_env`. The same (instance, action) is not repeated within the
+cool-down. Every action is recorded in `alert_actions` with its outcome: `ok`, `failed`,
+`cooldown`, `recommended` or `no_engine`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import httpx
+from sqlalchemy import Engine, func, insert, select
+
+from alerts.evaluator import Alert
+from alerts.rules import Remediation
+from collector.models import AlertActionRow
+
+ENGINE_CALLS: dict[str, tuple[str, dict | None]] = {
+    "fallback_autoregressive": ("/v1/control/mode", {"mode": "autoregressive", "reason": "alert"}),
+    "restore_speculative": ("/v1/control/mode", {"mode": "auto", "reason": "alert"}),
+    "defragment": ("/v1/control/defragment", None),
+    "unload_draft": ("/v1/control/draft", {"action": "unload"}),
+}
+RECOMMENDATIONS = {
+    "rebalance_streams": "raise the target model's CUDA stream priority over the draft's",
+    "recommend_draft_retraining": "retrain or replace the draft model on recent traffic (acceptance is low)",
+}
+
+
+@dataclass(frozen=True)
+class ActionResult:
+    action: str
+    instance: str | None
+    outcome: str
+    detail: dict
+
+
+class Remediator:
+    def __init__(self, engine: Engine, config: Remediation, http: httpx.Client) -> None:
+        self.engine, self.config, self.http = engine, config, http
+
+    def run(self, action: str, alert: Alert, now: float) -> ActionResult:
+        """Carry out (or recommend, or skip in cool-down) one action for one alert, and record it."""
+        instance = alert.labels.get("instance")
+        if action in RECOMMENDATIONS:
+            result = ActionResult(action, instance, "recommended", {"recommendation": RECOMMENDATIONS[action]})
+        elif (last := self._last_done(action, instance)) is not None and now - last < self.config.cooldown:
+            result = ActionResult(action, instance, "cooldown", {"last_at": last, "cooldown_s": self.config.cooldown})
+        elif (url := self.config.engine_url(instance)) is None:
+            result = ActionResult(action, instance, "no_engine", {"message": f"no engine control URL for instance {instance!r}"})
+        else:
+            result = self._call(action, instance, url)
+        with self.engine.begin() as conn:
+            conn.execute(insert(AlertActionRow).values(
+                at=now, rule=alert.rule, fingerprint=alert.fingerprint, action=action, instance=instance,
+                outcome=result.outcome, detail=result.detail))
+        return result
+
+    def _last_done(self, action: str, instance: str | None) -> float | None:
+        stmt = select(func.max(AlertActionRow.at)).where(
+            AlertActionRow.action == action, AlertActionRow.outcome == "ok",
+            AlertActionRow.instance.is_(None) if instance is None else AlertActionRow.instance == instance)
+        with self.engine.connect() as conn:
+            return conn.execute(stmt).scalar()
+
+    def _call(self, action: str, instance: str | None, base_url: str) -> ActionResult:
+        path, body = ENGINE_CALLS[action]
+        token = self.config.token()
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        url = base_url.rstrip("/") + path
+        try:
+            response = self.http.post(url, json=body or {}, headers=headers, timeout=self.config.timeout)
+        except httpx.HTTPError as exc:
+            return ActionResult(action, instance, "failed", {"url": url, "error": f"{type(exc).__name__}: {exc}"})
+        detail = {"url": url, "status": response.status_code, "response": _json_or_text(response)}
+        return ActionResult(action, instance, "ok" if response.is_success else "failed", detail)
+
+
+def _json_or_text(response: httpx.Response) -> object:
+    try:
+        return response.json()
+    except ValueError:
+        return response.text[:500]
