@@ -81,11 +81,15 @@ class RequestMetrics:
         with self._lock:
             for labels, group in groups.items():
                 self._observe_group(self._stats.setdefault(labels, _LabelStats()), group)
-            for r in records:
-                if r.arm is not None and r.status == "ok" and r.output_tokens > 0:  # what spec_latency_regression reads
-                    arm = self._arms.setdefault((r.instance, r.model, r.arm), dict.fromkeys(_ARM_DOCS, 0))
-                    arm["arm_requests"] += 1
-                    arm["arm_e2e_seconds_per_token"] += r.e2e_s / r.output_tokens
+                self._observe_arms(group)
+
+    def _observe_arms(self, group: list[RequestRecord]) -> None:
+        """The requests `spec_latency_regression` compares: ok, with output, under an arm."""
+        for r in group:
+            if r.arm is not None and r.status == "ok" and r.output_tokens > 0:
+                arm = self._arms.setdefault((r.instance, r.model, r.arm), dict.fromkeys(_ARM_DOCS, 0))
+                arm["arm_requests"] += 1
+                arm["arm_e2e_seconds_per_token"] += r.e2e_s / r.output_tokens
 
     def _observe_group(self, stats: _LabelStats, group: list[RequestRecord]) -> None:
         for r in group:
