@@ -24,6 +24,7 @@ from sqlalchemy import Engine, func, insert, select
 
 from alerts.evaluator import Alert
 from alerts.rules import Remediation
+from collector.db import write_transaction
 from collector.models import AlertActionRow
 
 ENGINE_CALLS: dict[str, tuple[str, dict | None]] = {
@@ -61,7 +62,7 @@ class Remediator:
             result = ActionResult(action, instance, "no_engine", {"message": f"no engine control URL for instance {instance!r}"})
         else:
             result = self._call(action, instance, url)
-        with self.engine.begin() as conn:
+        with write_transaction(self.engine) as conn:
             conn.execute(insert(AlertActionRow).values(
                 at=now, rule=alert.rule, fingerprint=alert.fingerprint, action=action, instance=instance,
                 outcome=result.outcome, detail=result.detail))

@@ -27,6 +27,7 @@ from sqlalchemy import Connection, Engine, insert, select, update
 
 from alerts.evaluator import Alert, State
 from alerts.rules import AlertConfig, Receiver
+from collector.db import write_transaction
 from collector.models import AlertNotificationRow
 
 log = logging.getLogger("specwatch.alerts")
@@ -157,5 +158,5 @@ def _record(engine: Engine, row, error: str | None, receiver: Receiver | None, n
     else:
         changes = {"next_attempt_at": now + backoff_s(receiver.retry_backoff, attempts), "last_error": error}
         log.warning("notification %s to %s failed (attempt %d): %s", row["key"], row["receiver"], attempts, error)
-    with engine.begin() as conn:
+    with write_transaction(engine) as conn:
         conn.execute(update(AlertNotificationRow).where(AlertNotificationRow.id == row["id"]).values(attempts=attempts, **changes))

@@ -25,6 +25,7 @@ from alerts.evaluator import Alert, State, Transition, evaluate, needs_sending
 from alerts.rules import AlertConfig, Rule
 from alerts.signals import StoreSignals
 from alerts.store import load_alerts, save_rule
+from collector.db import write_transaction
 
 log = logging.getLogger("specwatch.alerts")
 FALLBACK = "fallback_autoregressive"
@@ -72,7 +73,7 @@ class AlertRunner:
         outcome = evaluate(now, rule, samples, previous, self.config.evaluation.resolved_retention)
         due = [a for a in outcome.alerts.values() if needs_sending(a, now, self.config.evaluation.repeat_interval)]
         alerts = {**outcome.alerts, **{a.fingerprint: replace(a, last_sent_at=now) for a in due}}
-        with self.engine.begin() as conn:
+        with write_transaction(self.engine) as conn:
             save_rule(conn, rule.name, alerts, outcome.transitions, now, time.perf_counter() - started, outcome.error)
             if due:
                 report.notifications += notify.enqueue(conn, self.config, rule.name, due, now, self.external_url)

@@ -6,13 +6,15 @@ survives a SIGKILL (and a power cut); PostgreSQL is used as configured by its UR
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
@@ -42,7 +44,16 @@ def _configure_sqlite(engine: Engine) -> None:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn) -> None:
-        conn.exec_driver_sql("BEGIN")
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("sqlite_immediate") else "BEGIN")
+
+
+@contextmanager
+def write_transaction(engine: Engine) -> Iterator[Connection]:
+    """`engine.begin()` for writers. On SQLite it takes the write lock at BEGIN (BEGIN IMMEDIATE):
+    a deferred transaction that reads before it writes fails at once with 'database is locked'
+    when another writer committed in between, while IMMEDIATE waits its turn (busy_timeout)."""
+    with engine.connect().execution_options(sqlite_immediate=True) as conn, conn.begin():
+        yield conn
 
 
 def alembic_config(url: str | None = None) -> Config:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 from sqlalchemy import Connection, Engine, Table, delete, insert, select, text
 
+from collector.db import write_transaction
 from collector.models import (
     LATENCY_BUCKETS, DeviceSampleRow, EngineEventRow, MaintenanceState, Request, RequestRollup, RequestRollupHourly,
     VllmScrape, bucket_column_names,
@@ -61,7 +62,7 @@ def roll_up(engine: Engine, now: float, lock: contextlib.AbstractContextManager 
     """Fold every raw request not rolled up yet into the rollups, CHUNK_ROWS per transaction."""
     folded, last_id = 0, 0
     while True:
-        with lock or contextlib.nullcontext(), engine.begin() as conn:
+        with lock or contextlib.nullcontext(), write_transaction(engine) as conn:
             if conn.dialect.name == "postgresql":
                 conn.execute(text("LOCK TABLE requests IN SHARE MODE"))
             last_id = int(get_state(conn, LAST_ID) or 0)
@@ -138,7 +139,7 @@ def _histogram(group: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
 def apply_retention(engine: Engine, now: float, raw_retention_s: float, rollup_retention_s: float,
                     lock: contextlib.AbstractContextManager | None = None) -> tuple[int, int]:
     """Delete rolled-up raw requests older than raw_retention_s, old samples/events, and old rollups."""
-    with lock or contextlib.nullcontext(), engine.begin() as conn:
+    with lock or contextlib.nullcontext(), write_transaction(engine) as conn:
         last_id = int(get_state(conn, LAST_ID) or 0)
         cutoff = now - raw_retention_s
         raw = conn.execute(delete(Request).where(Request.started_at < cutoff, Request.id <= last_id)).rowcount

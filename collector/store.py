@@ -21,6 +21,7 @@ from sqlalchemy import Engine, Table
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.types import JSON, BigInteger, Boolean, Double, Integer, String
 
+from collector.db import write_transaction
 from collector.models import DeviceSampleRow, EngineEventRow, Request
 from collector.schema import DeviceSample, IngestBatch, RequestRecord
 
@@ -153,7 +154,7 @@ class Store:
         )
 
     def _write(self, parts, write_table) -> list[list[Any]]:
-        with self.engine.begin() as conn:
+        with write_transaction(self.engine) as conn:
             cursor = conn.connection.dbapi_connection.cursor()
             try:
                 return [write_table(cursor, spec, records) for spec, records in parts]

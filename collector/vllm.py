@@ -23,6 +23,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, insert, select
 
+from collector.db import write_transaction
 from collector.history import histogram_quantile
 from collector.models import VllmScrape
 from collector.queries import Percentiles, Window
@@ -121,7 +122,7 @@ class Scraper:
                 rows.append(delta(before, snap, self.url, key, at, at - before_at))
             self._last[key] = (at, snap)
         if rows:
-            with self.engine.begin() as conn:
+            with write_transaction(self.engine) as conn:
                 conn.execute(insert(VllmScrape), rows)
         return rows
 
