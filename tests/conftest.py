@@ -40,3 +40,11 @@ def engine(db_url: str) -> Engine:
     upgrade(engine)
     yield engine
     engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def bundled_engine():
+    """The bundled SmolLM2-135M-Instruct in float32 (exactness is a float32 property)."""
+    from engine.engine import Engine, EngineConfig
+
+    return Engine(EngineConfig(dtype="float32", instance="test"))

@@ -40,11 +40,3 @@ def target() -> LlamaForCausalLM:
 @pytest.fixture(scope="session")
 def draft() -> LlamaForCausalLM:
     return tiny_llama(seed=1, layers=2)
-
-
-@pytest.fixture(scope="session")
-def bundled_engine():
-    """The bundled SmolLM2-135M-Instruct in float32 (exactness is a float32 property)."""
-    from engine.engine import Engine, EngineConfig
-
-    return Engine(EngineConfig(dtype="float32", instance="test"))

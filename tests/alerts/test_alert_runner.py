@@ -1,0 +1,131 @@
+"""Signals over a real store, and the runner's persistence across restarts (SQLite and PostgreSQL).
+
+Time is injected: records carry timestamps around T0 and every cycle gets an explicit `now`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sqlalchemy import select
+
+from alerts.rules import parse_config
+from alerts.runner import AlertRunner
+from alerts.signals import StoreSignals
+from alerts.store import active_alerts, history
+from collector.models import AlertNotificationRow, AlertRuleHealthRow
+from collector.queries import Window
+from collector.schema import IngestBatch
+from collector.store import Store
+from collector_payloads import T0, request_dict, sample_dict, event_dict
+
+
+def store(engine, requests=(), samples=(), events=()) -> None:
+    Store(engine).insert(IngestBatch.model_validate({"requests": list(requests), "samples": list(samples), "events": list(events)}))
+
+
+def drafted(i: int, accepted: int, drafted_tokens: int = 16, at: float | None = None, **extra) -> dict:
+    """A request with 4 drafts of 4 tokens, `accepted` of them accepted (drafts fill in order, so
+    position k counts the drafts that accepted more than k tokens)."""
+    per_pos = [sum(1 for d in range(4) if min(4, max(0, accepted - 4 * d)) > k) for k in range(4)]
+    return request_dict(i, started_at=T0 + i if at is None else at, num_drafts=4, num_draft_tokens=drafted_tokens,
+                        num_accepted_tokens=sum(per_pos), accepted_per_position=per_pos, **extra)
+
+
+def test_request_signals_match_numpy_over_the_window(engine):
+    rng = np.random.default_rng(0)
+    accepted = rng.integers(0, 17, size=60)
+    ttft = rng.gamma(2.0, 0.1, size=60)
+    records = [drafted(i, int(a), ttft_s=float(t), instance=f"gpu-{i % 2}") for i, (a, t) in enumerate(zip(accepted, ttft))]
+    store(engine, records + [drafted(100, 0, at=T0 - 400)])  # one outside the window
+    source, now = StoreSignals(engine), T0 + 60
+    got = {s.labels: s for s in source.query("acceptance_rate", 300, ["instance"], now)}
+    stddev = {s.labels: s for s in source.query("acceptance_stddev", 300, ["instance"], now)}
+    p99 = {s.labels: s for s in source.query("ttft_p99", 300, ["instance"], now)}
+    for k in (0, 1):
+        key = (("instance", f"gpu-{k}"),)
+        acc = np.array([r["num_accepted_tokens"] for r in records[k::2]], dtype=float)
+        assert got[key].count == 30 and got[key].value == pytest.approx(acc.sum() / (16 * 30))
+        assert stddev[key].value == pytest.approx(np.std(acc / 16))
+        assert p99[key].value == pytest.approx(np.quantile(ttft[k::2], 0.99))
+
+
+def test_device_event_and_arm_signals(engine):
+    samples = [sample_dict(i, at=T0 + 5 * i, fragmentation=1.1 + 0.02 * i, util_draft=[0.1, 0.5, 0.2][i % 3]) for i in range(12)]
+    ooms = [request_dict(200 + i, status="error", error="target:oom") for i in range(2)]
+    events = [event_dict(i, kind="oom", detail={}) for i in range(3)]
+    rng = np.random.default_rng(1)
+    arms = [request_dict(300 + i, started_at=T0 + i, arm="spec" if i % 2 else "control", output_tokens=50,
+                         e2e_s=float(rng.normal(1.5 if i % 2 else 1.0, 0.05))) for i in range(40)]
+    store(engine, ooms + arms, samples, events)
+    source, now = StoreSignals(engine), T0 + 60
+    (frag,) = source.query("fragmentation", 60, ["instance"], now)
+    assert frag.value == pytest.approx(np.mean([1.1 + 0.02 * i for i in range(12)])) and frag.count == 12
+    (swing,) = source.query("draft_util_swing", 300, ["instance", "device"], now)
+    assert swing.value == pytest.approx(40.0) and dict(swing.labels) == {"instance": "gpu-0", "device": "cpu"}
+    (oom,) = source.query("oom_count", 600, ["instance"], now)
+    assert oom.value == 3  # 2 failed requests and 3 OOM events: the larger count
+    (regression,) = source.query("spec_latency_regression", 900, [], now)
+    assert regression.value == pytest.approx(0.5, abs=0.05) and regression.significant and regression.count == 20
+
+
+RULES = {
+    "evaluation": {"interval": "15s", "repeat_interval": "1h"},
+    "rules": [{"name": "SpecAcceptanceLow", "signal": "acceptance_rate", "op": "<", "threshold": 0.6,
+               "window": "5m", "for": "1m", "min_samples": 5, "group_by": ["instance"],
+               "summary": "acceptance {{ $value }}"}],
+    "receivers": [{"name": "ops", "url": "http://127.0.0.1:9/unused"}],
+}
+
+
+def notifications(engine) -> list[tuple[str, str]]:
+    with engine.connect() as conn:
+        return [tuple(r) for r in conn.execute(select(AlertNotificationRow.rule, AlertNotificationRow.alert_status))]
+
+
+def test_restart_neither_refires_nor_forgets(engine):
+    config = parse_config(RULES)
+    store(engine, [drafted(i, 4) for i in range(10)])  # acceptance 0.25
+    table = [  # (now, expected state, notifications so far); a new runner (a restart) every cycle
+        (T0 + 20, "pending", 0),
+        (T0 + 50, "pending", 0),
+        (T0 + 80, "firing", 1),
+        (T0 + 95, "firing", 1),
+        (T0 + 400, "inactive", 2),  # the bad requests left the 5-minute window: resolved, sent once
+        (T0 + 415, "inactive", 2),
+    ]
+    for now, expected, sent in table:
+        runner = AlertRunner(engine, config)
+        runner.cycle(now)
+        runner.close()
+        (alert,), _ = active_alerts(engine, include_resolved=True)
+        assert (alert.state, len(notifications(engine))) == (expected, sent), f"now={now}"
+    assert notifications(engine) == [("SpecAcceptanceLow", "firing"), ("SpecAcceptanceLow", "resolved")]
+    moves = [(t["from_state"], t["to_state"]) for t in reversed(history(engine, Window(T0, T0 + 1000))["transitions"])]
+    assert moves == [("inactive", "pending"), ("pending", "firing"), ("firing", "inactive")]
+
+
+class FailingFor:
+    """A signal source whose one signal fails (as a broken query would)."""
+
+    def __init__(self, inner, broken: str) -> None:
+        self.inner, self.broken = inner, broken
+
+    def query(self, signal, window_s, group_by, now):
+        if signal == self.broken:
+            raise RuntimeError("relation does not exist")
+        return self.inner.query(signal, window_s, group_by, now)
+
+
+def test_a_failing_signal_records_its_error_and_the_others_go_on(engine):
+    rules = {"rules": [RULES["rules"][0] | {"for": "0s"},
+                       RULES["rules"][0] | {"name": "Broken", "signal": "ttft_p99", "op": ">", "threshold": 0.3}]}
+    store(engine, [drafted(i, 4) for i in range(10)])
+    runner = AlertRunner(engine, parse_config(rules), source=FailingFor(StoreSignals(engine), "ttft_p99"))
+    report = runner.cycle(T0 + 20)
+    assert report.errors == {"Broken": "RuntimeError: relation does not exist"}
+    (alert,), health = active_alerts(engine)
+    assert alert.rule == "SpecAcceptanceLow" and alert.state == "firing"
+    assert {h.rule: h.error for h in health} == {"Broken": "RuntimeError: relation does not exist", "SpecAcceptanceLow": None}
+    with engine.connect() as conn:
+        assert conn.execute(select(AlertRuleHealthRow.duration_s).where(AlertRuleHealthRow.rule == "Broken")).scalar() >= 0
