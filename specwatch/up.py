@@ -102,3 +102,6 @@ def print_window(url: str) -> None:
         f"mean acceptance length {fmt(signals.get('mean_acceptance_length'))}, "
         f"TTFT P99 {fmt(signals.get('ttft', {}).get('p99'), 1000, 0)} ms"
     )
+    alerts = httpx.get(f"{url}/v1/alerts", timeout=10).json()["alerts"]
+    print(f"alerts: {len(alerts)} pending or firing" + "".join(
+        f"\n  {a['state']:<8} {a['rule']} {a['annotations'].get('summary', '')}" for a in alerts))
