@@ -22,6 +22,7 @@ from sqlalchemy import Connection, Engine, Table, delete, insert, select, text
 
 from collector.db import write_transaction
 from collector.models import (
+    AlertActionRow, AlertNotificationRow, AlertTransitionRow,
     LATENCY_BUCKETS, DeviceSampleRow, EngineEventRow, MaintenanceState, Request, RequestRollup, RequestRollupHourly,
     VllmScrape, bucket_column_names,
 )
@@ -150,4 +151,9 @@ def apply_retention(engine: Engine, now: float, raw_retention_s: float, rollup_r
             for t in (RequestRollup, RequestRollupHourly)
         )
         conn.execute(delete(VllmScrape).where(VllmScrape.at < now - rollup_retention_s))  # already compact deltas
+        # alert history is small and is what post-mortems read: kept as long as the rollups
+        conn.execute(delete(AlertTransitionRow).where(AlertTransitionRow.at < now - rollup_retention_s))
+        conn.execute(delete(AlertActionRow).where(AlertActionRow.at < now - rollup_retention_s))
+        conn.execute(delete(AlertNotificationRow).where(
+            AlertNotificationRow.created_at < now - rollup_retention_s, AlertNotificationRow.status != "pending"))
     return raw, rolled

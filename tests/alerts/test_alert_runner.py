@@ -129,3 +129,16 @@ def test_a_failing_signal_records_its_error_and_the_others_go_on(engine):
     assert {h.rule: h.error for h in health} == {"Broken": "RuntimeError: relation does not exist", "SpecAcceptanceLow": None}
     with engine.connect() as conn:
         assert conn.execute(select(AlertRuleHealthRow.duration_s).where(AlertRuleHealthRow.rule == "Broken")).scalar() >= 0
+
+
+def test_old_alert_history_expires_with_the_rollups_but_undelivered_notifications_stay(engine):
+    from collector.rollups import apply_retention
+
+    store(engine, [drafted(i, 4) for i in range(10)])
+    runner = AlertRunner(engine, parse_config({**RULES, "rules": [RULES["rules"][0] | {"for": "0s"}]}))
+    runner.cycle(T0 + 20)
+    runner.close()
+    assert len(history(engine, Window(T0, T0 + 100))["transitions"]) == 2
+    apply_retention(engine, T0 + 3 * 86400, raw_retention_s=86400, rollup_retention_s=2 * 86400)
+    assert history(engine, Window(T0, T0 + 100))["transitions"] == []
+    assert notifications(engine) == [("SpecAcceptanceLow", "firing")]  # never delivered: kept
