@@ -130,7 +130,7 @@ def deliver_due(engine: Engine, config: AlertConfig, http: httpx.Client, now: fl
     for row in due:
         receiver = receivers.get(row["receiver"])
         error = "receiver no longer configured" if receiver is None else _post(http, receiver, row["key"], row["payload"])
-        _record(engine, row, error, receiver, time.time())
+        _record(engine, row, error, receiver, now)
         delivered += error is None
     return delivered
 

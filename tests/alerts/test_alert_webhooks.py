@@ -7,10 +7,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import socket
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -22,39 +19,9 @@ from collector import launch
 from collector.client import TelemetryClient
 from collector.schema import RequestRecord
 from collector_payloads import request_dict
+from webhook_receiver import Receiver, free_port
 
 SECRET = "webhook-s3cret"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Receiver:
-    """An HTTP server recording every POST: (headers, body)."""
-
-    def __init__(self, port: int) -> None:
-        self.received: list[tuple[dict, bytes]] = []
-        received = self.received
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                received.append((dict(self.headers), body))
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def rules_file(tmp_path: Path, receiver_url: str) -> Path:
