@@ -142,3 +142,28 @@ def test_old_alert_history_expires_with_the_rollups_but_undelivered_notification
     apply_retention(engine, T0 + 3 * 86400, raw_retention_s=86400, rollup_retention_s=2 * 86400)
     assert history(engine, Window(T0, T0 + 100))["transitions"] == []
     assert notifications(engine) == [("SpecAcceptanceLow", "firing")]  # never delivered: kept
+
+
+def test_vllm_signals_per_source_from_real_scrapes(engine):
+    from collector.vllm import Scraper
+    from fake_vllm import FakeVllm
+
+    rng = np.random.default_rng(3)
+    for source, (low, high) in (("http://good:8000/metrics", (2, 4)), ("http://bad:8000/metrics", (0, 2))):
+        vllm, scraper = FakeVllm(), Scraper(source, engine, 15)
+        scraper.observe(vllm.text(), at=T0)
+        accepted = rng.integers(low, high, 50)  # of 3 draft tokens
+        for a in accepted:
+            vllm.observe_draft(int(a))
+            vllm.observe_request(0.05, 1.0)
+        scraper.observe(vllm.text(), at=T0 + 15)
+        (sample,) = [s for s in StoreSignals(engine).query("vllm_acceptance_rate", 300, ["source"], T0 + 30)
+                     if dict(s.labels)["source"] == source]
+        assert sample.value == pytest.approx(accepted.sum() / 150) and sample.count == 50
+    rule = {"name": "VllmLow", "signal": "vllm_acceptance_rate", "op": "<", "threshold": 0.6, "window": "5m",
+            "min_samples": 20, "group_by": ["source"]}
+    runner = AlertRunner(engine, parse_config({"rules": [rule]}))
+    runner.cycle(T0 + 30)
+    runner.close()
+    (alert,), _ = active_alerts(engine)
+    assert alert.labels["source"] == "http://bad:8000/metrics" and alert.state == "firing"
