@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Response
 
-from collector import history, long_signals, queries, series, vllm
+from collector import breakdown, history, long_signals, queries, series, vllm
 from collector.deps import EngineDep, json_response
 from collector.queries import Filters, Window
 
@@ -99,3 +99,42 @@ def get_events(
 def get_vllm_signals(engine: EngineDep, window: WindowDep, source: str | None = None, model: str | None = None) -> Response:
     """Acceptance, per-position acceptance and TTFT/e2e percentiles of scraped vLLM engines."""
     return json_response(vllm.vllm_signals(engine, window, source, model))
+
+
+def _bad_value(call):
+    try:
+        return json_response(call())
+    except ValueError as exc:
+        raise HTTPException(422, {"error": "invalid_parameter", "message": str(exc)}) from None
+
+
+@router.get("/breakdown")
+def get_breakdown(engine: EngineDep, window: WindowDep, filters: FiltersDep, by: str = "drafter") -> Response:
+    """Acceptance, latency (percentiles and CDF points), energy per token per group:
+    `by` = mode | arm | drafter | instance | model | mode_reason | tag:<key>."""
+    return _bad_value(lambda: breakdown.breakdown(engine, window, filters, by))
+
+
+@router.get("/compare")
+def get_compare(engine: EngineDep, window: WindowDep, filters: FiltersDep, by: Literal["arm", "mode"] = "arm") -> Response:
+    """Speculative vs plain latency per output token: speed-up and Mann-Whitney U p-value."""
+    return _bad_value(lambda: breakdown.compare(engine, window, filters, by))
+
+
+@router.get("/throughput/by-load")
+def get_throughput_by_load(engine: EngineDep, window: WindowDep, filters: FiltersDep) -> Response:
+    return json_response(breakdown.throughput_by_load(engine, window, filters))
+
+
+@router.get("/devices/series")
+def get_device_series(
+    engine: EngineDep, window: WindowDep, instance: str | None = None,
+    max_points: Annotated[int, Query(ge=10, le=100_000)] = 2000,
+) -> Response:
+    return json_response(breakdown.device_series(engine, window, instance, max_points))
+
+
+@router.get("/sources")
+def get_sources(engine: EngineDep, window: WindowDep) -> Response:
+    """Engines and scraped vLLM servers: last seen, records in the window, records/s."""
+    return json_response(breakdown.sources(engine, window))

@@ -1,0 +1,222 @@
+"""Group-wise views of a window, for the dashboard: speculative vs plain (with a significance
+test), acceptance and latency per drafter / instance / scenario tag, throughput by load,
+device readings over time, and where the telemetry comes from.
+
+Like `collector.queries`, these read the window's raw rows into numpy and return plain
+dataclasses.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+from sqlalchemy import Engine, func, select
+
+from collector.models import DeviceSampleRow, Request, VllmScrape
+from collector.queries import Filters, Window, percentiles, Percentiles
+
+GROUP_COLUMNS = ("mode", "arm", "drafter", "instance", "model", "mode_reason")
+CDF_POINTS = (0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
+LOAD_EDGES = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0)
+
+
+@dataclass(frozen=True)
+class Group:
+    """One group's figures; `s_per_token` = e2e latency / output tokens of ok requests."""
+
+    key: str
+    requests: int
+    errors: int
+    output_tokens: int
+    drafted: int
+    accepted: int
+    acceptance_rate: float | None
+    mean_acceptance_length: float | None
+    ttft: Percentiles
+    e2e: Percentiles
+    s_per_token: Percentiles
+    s_per_token_mean: float | None
+    energy_j_per_token: float | None
+    energy_sources: list[str]
+    ttft_cdf: list[float | None]
+    s_per_token_cdf: list[float | None]
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    by: str
+    groups: list[Group]
+    cdf_points: tuple[float, ...] = CDF_POINTS
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Speculative (`spec` arm or mode) against plain (`control` arm or mode), per output token.
+
+    speedup = plain mean s/token / speculative mean s/token (> 1: speculation pays);
+    p_value: two-sided Mann-Whitney U on the per-request s/token."""
+
+    by: str
+    speculative: Group | None
+    plain: Group | None
+    speedup: float | None
+    p_value: float | None
+
+
+_COLUMNS = (Request.ttft_s, Request.e2e_s, Request.output_tokens, Request.num_drafts, Request.num_draft_tokens,
+            Request.num_accepted_tokens, Request.energy_j)
+
+
+def _key_column(by: str):
+    if by in GROUP_COLUMNS:
+        return getattr(Request, by)
+    if by.startswith("tag:") and len(by) > 4:
+        return Request.tags[by[4:]].as_string()
+    raise ValueError(f"cannot group by {by!r}: use one of {', '.join(GROUP_COLUMNS)} or tag:<key>")
+
+
+def breakdown(engine: Engine, window: Window, filters: Filters = Filters(), by: str = "drafter") -> Breakdown:
+    key = _key_column(by)
+    stmt = filters.apply(select(key, Request.status, Request.energy_source, *_COLUMNS), window)
+    with engine.connect() as conn:
+        rows = conn.execute(stmt).all()
+    grouped: dict[str, list] = defaultdict(list)
+    for row in rows:
+        grouped["none" if row[0] is None else str(row[0])].append(row[1:])
+    return Breakdown(by, [_group(k, v) for k, v in sorted(grouped.items(), key=lambda kv: -len(kv[1]))])
+
+
+def _group(key: str, rows: list) -> Group:
+    status = [r[0] for r in rows]
+    sources = sorted({r[1] for r in rows if r[1]})
+    ttft, e2e, out, drafts, drafted, accepted, energy = (np.array(c, dtype=float) for c in list(zip(*rows))[2:])
+    ok = np.array([s == "ok" for s in status]) & (out > 0)
+    per_token = e2e[ok] / out[ok]
+    has_energy = ~np.isnan(energy) & (out > 0)
+    return Group(
+        key=key, requests=len(rows), errors=sum(s == "error" for s in status), output_tokens=int(out.sum()),
+        drafted=int(drafted.sum()), accepted=int(accepted.sum()),
+        acceptance_rate=float(accepted.sum() / drafted.sum()) if drafted.sum() else None,
+        mean_acceptance_length=float(1 + accepted.sum() / drafts.sum()) if drafts.sum() else None,
+        ttft=percentiles(ttft), e2e=percentiles(e2e), s_per_token=percentiles(per_token),
+        s_per_token_mean=float(per_token.mean()) if per_token.size else None,
+        energy_j_per_token=float(energy[has_energy].sum() / out[has_energy].sum()) if has_energy.any() else None,
+        energy_sources=sources, ttft_cdf=_cdf(ttft), s_per_token_cdf=_cdf(per_token),
+    )
+
+
+def _cdf(values: np.ndarray) -> list[float | None]:
+    values = values[~np.isnan(values)]
+    return [float(v) for v in np.quantile(values, CDF_POINTS)] if values.size else [None] * len(CDF_POINTS)
+
+
+def compare(engine: Engine, window: Window, filters: Filters = Filters(), by: str = "arm") -> Comparison:
+    """`by="arm"` compares the A/B arms (the unbiased comparison); `by="mode"` all speculative vs
+    plain requests (biased when the policy picks the mode by load or prompt length)."""
+    from scipy.stats import mannwhitneyu
+
+    if by not in ("arm", "mode"):
+        raise ValueError("compare by arm or mode")
+    names = ("spec", "control") if by == "arm" else ("speculative", "autoregressive")
+    groups = {g.key: g for g in breakdown(engine, window, filters, by).groups}
+    spec, plain = groups.get(names[0]), groups.get(names[1])
+    speedup = p_value = None
+    if spec and plain and spec.s_per_token_mean and plain.s_per_token_mean:
+        speedup = plain.s_per_token_mean / spec.s_per_token_mean
+        samples = [_per_token(engine, window, filters, by, name) for name in names]
+        if min(len(s) for s in samples) > 1:
+            p_value = float(mannwhitneyu(*samples, alternative="two-sided").pvalue)
+    return Comparison(by, spec, plain, speedup, p_value)
+
+
+def _per_token(engine: Engine, window: Window, filters: Filters, by: str, name: str) -> np.ndarray:
+    stmt = filters.apply(select(Request.e2e_s / Request.output_tokens), window).where(
+        getattr(Request, by) == name, Request.status == "ok", Request.output_tokens > 0)
+    with engine.connect() as conn:
+        return np.array(conn.execute(stmt).scalars().all(), dtype=float)
+
+
+@dataclass(frozen=True)
+class LoadBucket:
+    mode: str
+    low: float
+    high: float | None
+    requests: int
+    tokens_per_s: float | None  # mean per-request output tokens / (e2e - queue)
+    ttft_p99: float | None
+
+
+def throughput_by_load(engine: Engine, window: Window, filters: Filters = Filters()) -> list[LoadBucket]:
+    """Per-request decode speed by the load the request was admitted at, per mode: the knee."""
+    stmt = filters.apply(select(Request.mode, Request.load_at_admission, Request.output_tokens, Request.e2e_s,
+                                Request.queue_s, Request.ttft_s), window).where(Request.load_at_admission.is_not(None))
+    with engine.connect() as conn:
+        rows = conn.execute(stmt).all()
+    buckets = []
+    for mode in sorted({r[0] for r in rows}):
+        load, out, e2e, queue, ttft = (np.array(c, dtype=float) for c in list(zip(*[r[1:] for r in rows if r[0] == mode])))
+        bounds = [*LOAD_EDGES, None]
+        for low, high in zip(bounds[:-1], bounds[1:]):
+            inside = (load >= low) & (load < (np.inf if high is None else high))
+            busy = np.maximum(e2e[inside] - queue[inside], 1e-9)
+            if inside.any():
+                buckets.append(LoadBucket(mode, low, high, int(inside.sum()), float(np.mean(out[inside] / busy)),
+                                          percentiles(ttft[inside]).p99))
+    return buckets
+
+
+@dataclass(frozen=True)
+class DevicePoint:
+    instance: str
+    device: str
+    at: float
+    mem_allocated_bytes: int
+    mem_reserved_bytes: int
+    fragmentation: float | None
+    power_w: float | None
+    power_source: str | None
+    util_target: float | None
+    util_draft: float | None
+    load: float | None
+
+
+def device_series(engine: Engine, window: Window, instance: str | None = None, max_points: int = 2000) -> list[DevicePoint]:
+    """Device samples in the window, oldest first, thinned evenly to at most `max_points`."""
+    stmt = select(*(getattr(DeviceSampleRow, f) for f in DevicePoint.__dataclass_fields__)).where(
+        DeviceSampleRow.at >= window.start, DeviceSampleRow.at < window.end)
+    if instance is not None:
+        stmt = stmt.where(DeviceSampleRow.instance == instance)
+    with engine.connect() as conn:
+        rows = conn.execute(stmt.order_by(DeviceSampleRow.at)).all()
+    keep = rows if len(rows) <= max_points else [rows[int(i)] for i in np.linspace(0, len(rows) - 1, max_points)]
+    return [DevicePoint(*row) for row in keep]
+
+
+@dataclass(frozen=True)
+class Source:
+    kind: str  # engine | vllm
+    name: str
+    last_seen_at: float | None
+    records_in_window: int
+    per_s: float
+
+
+def sources(engine: Engine, window: Window) -> list[Source]:
+    """Engines (instances that sent requests or samples) and scraped vLLM servers, with their activity."""
+    requests = select(Request.instance, func.max(Request.started_at), func.count()).where(
+        Request.started_at >= window.start, Request.started_at < window.end).group_by(Request.instance)
+    samples = select(DeviceSampleRow.instance, func.max(DeviceSampleRow.at)).group_by(DeviceSampleRow.instance)
+    scrapes = select(VllmScrape.source, func.max(VllmScrape.at), func.count()).where(
+        VllmScrape.at >= window.start, VllmScrape.at < window.end).group_by(VllmScrape.source)
+    with engine.connect() as conn:
+        by_instance = {name: (last, n) for name, last, n in conn.execute(requests)}
+        last_sample = dict(conn.execute(samples).all())
+        vllm = conn.execute(scrapes).all()
+    found = [
+        Source("engine", name, max(filter(None, (by_instance.get(name, (None, 0))[0], last_sample.get(name)))),
+               by_instance.get(name, (None, 0))[1], by_instance.get(name, (None, 0))[1] / window.seconds)
+        for name in sorted(by_instance.keys() | last_sample.keys())
+    ]
+    return found + [Source("vllm", url, last, n, n / window.seconds) for url, last, n in vllm]
