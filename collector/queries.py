@@ -207,6 +207,10 @@ class LengthCorrelation:
     spearman_rho: float | None
     p_value: float | None
     buckets: list[LengthBucket]
+    points: list[tuple[float, float]] = field(default_factory=list)  # (length, acceptance), at most MAX_POINTS
+
+
+MAX_POINTS = 2000
 
 
 def acceptance_vs_length(
@@ -226,7 +230,9 @@ def acceptance_vs_length(
     if len(rows) >= 3 and np.ptp(length) > 0 and np.ptp(rate) > 0:
         result = spearmanr(length, rate)
         rho, p = float(result.statistic), float(result.pvalue)
-    return LengthCorrelation(by, len(rows), rho, p, _length_buckets(length, drafted, accepted, edges))
+    pick = np.linspace(0, len(rows) - 1, min(len(rows), MAX_POINTS)).astype(int) if rows else []
+    points = [(float(length[i]), float(rate[i])) for i in pick]
+    return LengthCorrelation(by, len(rows), rho, p, _length_buckets(length, drafted, accepted, edges), points)
 
 
 def _length_buckets(length, drafted, accepted, edges: Sequence[int]) -> list[LengthBucket]:

@@ -18,6 +18,7 @@ COMMANDS = {
     "collector": "collector.cli",
     "db": "collector.cli",
     "alerts": "alerts.cli",
+    "dashboard": "dashboard.cli",
     "up": "specwatch.up",
 }
 

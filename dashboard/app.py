@@ -1,0 +1,30 @@
+"""specwatch dashboard: `streamlit run dashboard/app.py` (or `specwatch dashboard`).
+
+The router: global filters in the sidebar, then the selected page. Pages hold no logic;
+they call `dashboard.state.fetch` (cached `dashboard.services` calls to the collector).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `streamlit run` puts only this folder on the path
+
+import streamlit as st  # noqa: E402
+
+from dashboard.state import sidebar  # noqa: E402
+
+PAGES = Path(__file__).resolve().parent / "pages"
+
+st.set_page_config(page_title="specwatch", page_icon="📈", layout="wide")
+navigation = st.navigation([
+    st.Page(PAGES / "overview.py", title="Overview", icon="📊", default=True),
+    st.Page(PAGES / "acceptance.py", title="Acceptance", icon="🎯"),
+    st.Page(PAGES / "latency.py", title="Latency & throughput", icon="⏱️"),
+    st.Page(PAGES / "memory.py", title="Memory & power", icon="🔋"),
+    st.Page(PAGES / "alerts.py", title="Alerts", icon="🚨"),
+    st.Page(PAGES / "sources.py", title="Sources", icon="🛰️"),
+])
+st.session_state["view"] = sidebar()
+navigation.run()

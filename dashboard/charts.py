@@ -1,0 +1,57 @@
+"""Altair charts with units on the axes and thresholds drawn (no Streamlit here)."""
+
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+
+HEIGHT = 220
+
+
+def _threshold(value: float, label: str) -> alt.LayerChart:
+    frame = pd.DataFrame({"y": [value], "label": [label]})
+    rule = alt.Chart(frame).mark_rule(color="#d62728", strokeDash=[6, 4]).encode(y="y:Q")
+    text = alt.Chart(frame).mark_text(align="left", dx=4, dy=-6, color="#d62728").encode(y="y:Q", text="label:N")
+    return rule + text
+
+
+def line(frame: pd.DataFrame, y: str, title: str, threshold: float | None = None, threshold_label: str = "",
+         band: tuple[str, str] | None = None, color: str | None = None) -> alt.Chart:
+    """A time series (x = `time`), optionally with a threshold line and a shaded band (low, high columns)."""
+    encoding = {"x": alt.X("time:T", title="time (UTC)"), "y": alt.Y(f"{y}:Q", title=title)}
+    if color:
+        encoding["color"] = alt.Color(f"{color}:N")
+    chart = alt.Chart(frame).mark_line(point=True).encode(**encoding, tooltip=["time:T", f"{y}:Q"])
+    layers = [chart]
+    if band:
+        layers.insert(0, alt.Chart(frame).mark_area(opacity=0.2).encode(x="time:T", y=f"{band[0]}:Q", y2=f"{band[1]}:Q"))
+    if threshold is not None:
+        layers.append(_threshold(threshold, threshold_label))
+    return alt.layer(*layers).properties(height=HEIGHT)
+
+
+def bars(frame: pd.DataFrame, x: str, y: str, x_title: str, y_title: str, threshold: float | None = None,
+         threshold_label: str = "") -> alt.Chart:
+    chart = alt.Chart(frame).mark_bar().encode(x=alt.X(f"{x}:O", title=x_title), y=alt.Y(f"{y}:Q", title=y_title),
+                                               tooltip=[f"{x}:O", f"{y}:Q"])
+    layers = [chart] + ([_threshold(threshold, threshold_label)] if threshold is not None else [])
+    return alt.layer(*layers).properties(height=HEIGHT)
+
+
+def cdf(frame: pd.DataFrame, metric: str, slo_ms: float | None = None) -> alt.Chart:
+    """Quantile curves per group for one metric (x: milliseconds, y: share of requests)."""
+    data = frame[frame["metric"] == metric]
+    chart = alt.Chart(data).mark_line(point=True).encode(
+        x=alt.X("ms:Q", title=f"{metric} (ms)"), y=alt.Y("quantile:Q", title="share of requests"), color="group:N",
+        tooltip=["group:N", "quantile:Q", "ms:Q"])
+    if slo_ms is None:
+        return chart.properties(height=HEIGHT)
+    rule = alt.Chart(pd.DataFrame({"x": [slo_ms]})).mark_rule(color="#d62728", strokeDash=[6, 4]).encode(x="x:Q")
+    return alt.layer(chart, rule).properties(height=HEIGHT)
+
+
+def scatter(frame: pd.DataFrame, x: str, y: str, x_title: str, y_title: str, color: str | None = None) -> alt.Chart:
+    encoding = {"x": alt.X(f"{x}:Q", title=x_title), "y": alt.Y(f"{y}:Q", title=y_title)}
+    if color:
+        encoding["color"] = alt.Color(f"{color}:N")
+    return alt.Chart(frame).mark_circle(size=40, opacity=0.6).encode(**encoding).properties(height=HEIGHT)

@@ -1,0 +1,32 @@
+"""Alerts: what fires now, what fired, what was done about it and who was told."""
+
+import streamlit as st
+
+from dashboard.state import fetch, view
+
+v = view()
+st.title("Alerts")
+current = fetch("alerts")
+alerts = current["alerts"]
+cols = st.columns(3)
+for col, state in zip(cols, ("firing", "pending", "inactive")):
+    col.metric(state if state != "inactive" else "resolved (recently)", sum(a["state"] == state for a in alerts))
+if alerts:
+    st.dataframe([{"state": a["state"], "rule": a["rule"], "summary": a["annotations"].get("summary", ""),
+                   "labels": ", ".join(f"{k}={v}" for k, v in a["labels"].items() if k not in ("alertname", "severity")),
+                   "severity": a["labels"].get("severity"), "value": a["value"]} for a in alerts],
+                 hide_index=True, width="stretch")
+else:
+    st.success("No alert is pending or firing.")
+
+history = fetch("alert_history", v)
+for name, title in (("transitions", "History"), ("actions", "Actions taken"), ("notifications", "Webhook deliveries")):
+    st.subheader(title)
+    frame = history[name]
+    if frame.empty:
+        st.caption(f"No {title.lower()} in this window.")
+    else:
+        st.dataframe(frame, hide_index=True, width="stretch")
+
+st.subheader("Rules")
+st.dataframe(current["rules"], hide_index=True, width="stretch")

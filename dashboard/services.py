@@ -1,0 +1,224 @@
+"""The dashboard's service layer: reads the collector's query API over HTTP.
+
+No Streamlit here (pages cache these calls in `dashboard.state`); every function takes a
+`View` (time window + filters) and returns plain data or pandas DataFrames. An unreachable
+or failing collector raises `CollectorUnavailable` with a message a banner can show.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import httpx
+import pandas as pd
+
+DEFAULT_URL = "http://127.0.0.1:8087"
+TTFT_SLO_S = 0.3
+ACCEPTANCE_FLOOR = 0.6
+FRAGMENTATION_LIMIT = 1.2
+
+
+class CollectorUnavailable(RuntimeError):
+    pass
+
+
+def collector_url() -> str:
+    return os.environ.get("SPECWATCH_COLLECTOR_URL", DEFAULT_URL).rstrip("/")
+
+
+@dataclass(frozen=True)
+class View:
+    """What the sidebar selected: the last `seconds` and the request filters (None: all)."""
+
+    seconds: float = 3600.0
+    instance: str | None = None
+    model: str | None = None
+    drafter: str | None = None
+    mode: str | None = None
+    arm: str | None = None
+    tag: str | None = None  # "key:value"
+
+    def params(self, with_filters: bool = True) -> dict:
+        params: dict = {"last": self.seconds}
+        if with_filters:
+            params |= {k: v for k in ("instance", "model", "drafter", "mode", "arm", "tag") if (v := getattr(self, k))}
+        return params
+
+    def step_s(self) -> float:
+        """About 60 points per chart, in whole minutes."""
+        return max(60.0, round(self.seconds / 60 / 60) * 60)
+
+
+def get(path: str, params: dict | None = None, base_url: str | None = None) -> object:
+    url = f"{base_url or collector_url()}{path}"
+    try:
+        response = httpx.get(url, params=params, timeout=15.0)
+    except httpx.HTTPError as exc:
+        raise CollectorUnavailable(f"cannot reach the collector at {base_url or collector_url()}: {exc}") from None
+    if response.status_code != 200:
+        raise CollectorUnavailable(f"the collector answered {response.status_code} for {path}: {response.text[:300]}")
+    return response.json()
+
+
+def signals(view: View, **extra) -> dict:
+    return get("/v1/signals", view.params() | extra)
+
+
+def mode_share(view: View) -> dict[str, int]:
+    """Requests per mode in the window (speculative / autoregressive)."""
+    groups = get("/v1/breakdown", view.params() | {"by": "mode"})["groups"]
+    return {g["key"]: g["requests"] for g in groups}
+
+
+def series(view: View) -> pd.DataFrame:
+    frame = pd.DataFrame(get("/v1/series", view.params() | {"step": view.step_s()}))
+    if not frame.empty:
+        frame["time"] = pd.to_datetime(frame["t"], unit="s", utc=True)
+    return frame
+
+
+def positions(view: View) -> pd.DataFrame:
+    data = get("/v1/acceptance/positions", view.params())
+    return pd.DataFrame({"position": range(1, len(data["rates"]) + 1), "acceptance": data["rates"]})
+
+
+def acceptance_vs_length(view: View, by: str) -> dict:
+    return get("/v1/acceptance/length", view.params() | {"by": by})
+
+
+def breakdown(view: View, by: str) -> pd.DataFrame:
+    groups = get("/v1/breakdown", view.params() | {"by": by})["groups"]
+    rows = [{"group": g["key"], "requests": g["requests"], "errors": g["errors"], "acceptance_rate": g["acceptance_rate"],
+             "mean_acceptance_length": g["mean_acceptance_length"], "ttft_p50_ms": _ms(g["ttft"]["p50"]),
+             "ttft_p99_ms": _ms(g["ttft"]["p99"]), "ms_per_token_p50": _ms(g["s_per_token"]["p50"]),
+             "energy_j_per_token": g["energy_j_per_token"], "energy_source": ", ".join(g["energy_sources"]) or None}
+            for g in groups]
+    return pd.DataFrame(rows)
+
+
+def cdfs(view: View, by: str = "mode") -> pd.DataFrame:
+    """TTFT and latency-per-token quantiles per group, long format for a CDF chart."""
+    data = get("/v1/breakdown", view.params() | {"by": by})
+    rows = [{"group": g["key"], "metric": metric, "quantile": q, "ms": _ms(v)}
+            for g in data["groups"] for metric, values in (("TTFT", g["ttft_cdf"]), ("latency per token", g["s_per_token_cdf"]))
+            for q, v in zip(data["cdf_points"], values) if v is not None]
+    return pd.DataFrame(rows)
+
+
+def compare(view: View) -> dict:
+    """Speculative vs plain: from the A/B arms when there are both, else by mode (marked biased)."""
+    by_arm = get("/v1/compare", view.params() | {"by": "arm"})
+    if by_arm["speedup"] is not None:
+        return by_arm | {"biased": False}
+    return get("/v1/compare", view.params() | {"by": "mode"}) | {"biased": True}
+
+
+def throughput_by_load(view: View) -> pd.DataFrame:
+    return pd.DataFrame(get("/v1/throughput/by-load", view.params()))
+
+
+def device_series(view: View) -> pd.DataFrame:
+    params = view.params(with_filters=False) | ({"instance": view.instance} if view.instance else {})
+    frame = pd.DataFrame(get("/v1/devices/series", params))
+    if not frame.empty:
+        frame["time"] = pd.to_datetime(frame["at"], unit="s", utc=True)
+    return frame
+
+
+def devices_latest() -> list[dict]:
+    return get("/v1/devices/latest")
+
+
+def events(view: View, kind: str | None = None) -> pd.DataFrame:
+    params = view.params(with_filters=False) | ({"kind": kind} if kind else {})
+    frame = pd.DataFrame(get("/v1/events", params))
+    if not frame.empty:
+        frame["time"] = pd.to_datetime(frame["at"], unit="s", utc=True)
+    return frame
+
+
+def alerts() -> dict:
+    return get("/v1/alerts", {"include_resolved": "true"})
+
+
+def alert_history(view: View) -> dict[str, pd.DataFrame]:
+    found = get("/v1/alerts/history", view.params(with_filters=False))
+    frames = {}
+    for name, rows in found.items():
+        frame = pd.DataFrame(rows)
+        if not frame.empty:
+            time_column = "created_at" if name == "notifications" else "at"
+            frame.insert(0, "time", pd.to_datetime(frame[time_column], unit="s", utc=True))
+        frames[name] = frame
+    return frames
+
+
+def sources(view: View) -> pd.DataFrame:
+    frame = pd.DataFrame(get("/v1/sources", view.params(with_filters=False)))
+    if not frame.empty:
+        frame["last_seen"] = pd.to_datetime(frame["last_seen_at"], unit="s", utc=True)
+    return frame
+
+
+def vllm_signals(view: View) -> dict:
+    return get("/v1/vllm/signals", view.params(with_filters=False))
+
+
+def filter_options(seconds: float) -> dict[str, list[str]]:
+    """Values seen in the window for each sidebar filter."""
+    view = View(seconds)
+    options = {by: [g["key"] for g in get("/v1/breakdown", view.params() | {"by": by})["groups"]]
+               for by in ("instance", "model", "drafter")}
+    options["tag"] = [f"scenario:{g['key']}" for g in get("/v1/breakdown", view.params() | {"by": "tag:scenario"})["groups"]
+                      if g["key"] != "none"]
+    return options
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000.0
+
+
+def overview(view: View) -> dict:
+    """The Overview page's headline figures (vLLM's spec-decode panels plus the speed-up)."""
+    s, share, comparison = signals(view), mode_share(view), compare(view)
+    active = [a for a in alerts()["alerts"] if a["state"] in ("pending", "firing")]
+    seconds, total = view.seconds, sum(share.values())
+    output_tokens = s["output_tokens_per_s"] * seconds
+    return {
+        "requests": s["requests"], "requests_per_s": s["requests_per_s"], "output_tokens_per_s": s["output_tokens_per_s"],
+        "speculative_share": share.get("speculative", 0) / total if total else None,
+        "acceptance_rate": s["acceptance_rate"], "mean_acceptance_length": s["mean_acceptance_length"],
+        "drafts_per_s": s["drafts"] / seconds, "draft_tokens_per_s": s["draft_tokens"] / seconds,
+        "accepted_tokens_per_s": s["accepted_tokens"] / seconds,
+        "accepted_share_of_output": s["accepted_tokens"] / output_tokens if output_tokens else None,
+        "ttft_p50": s["ttft"]["p50"], "ttft_p99": s["ttft"]["p99"], "errors": s["errors"],
+        "firing": sum(a["state"] == "firing" for a in active), "pending": sum(a["state"] == "pending" for a in active),
+        "active_alerts": active, "speedup": comparison["speedup"], "speedup_p_value": comparison["p_value"],
+        "speedup_biased": comparison["biased"],
+    }
+
+
+def length_points(view: View, by: str) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
+    """Acceptance vs prompt/output length: the correlation, the buckets and sampled points."""
+    found = acceptance_vs_length(view, by)
+    buckets = pd.DataFrame(found["buckets"])
+    if not buckets.empty:
+        buckets["bucket"] = [f"{b['low']}–{b['high'] or '∞'}" for b in found["buckets"]]
+    points = pd.DataFrame(found["points"], columns=["length", "acceptance"])
+    return {"requests": found["requests"], "rho": found["spearman_rho"], "p": found["p_value"]}, buckets, points
+
+
+def acceptance_series(view: View) -> pd.DataFrame:
+    """Acceptance over time with the ±1 stddev band of per-request acceptance."""
+    frame = series(view)
+    if not frame.empty:
+        frame["band_low"] = frame["acceptance_rate_mean"] - frame["acceptance_rate_stddev"]
+        frame["band_high"] = frame["acceptance_rate_mean"] + frame["acceptance_rate_stddev"]
+    return frame
+
+
+def power_by_mode(view: View) -> pd.DataFrame:
+    """Energy per output token per mode, with where the energy figure came from."""
+    frame = breakdown(view, "mode")
+    return frame[["group", "requests", "energy_j_per_token", "energy_source"]] if not frame.empty else frame
