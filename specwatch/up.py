@@ -1,107 +1,198 @@
-"""`specwatch up`: the collector, the engine and sample traffic on the embedded defaults.
+"""`specwatch up`: the whole product on one laptop, on the embedded defaults.
 
-Starts the collector (SQLite under --data-dir) as a child process, loads the bundled
-model, sends a sample workload through the engine with telemetry going to the
-collector, prints each request and the collector's view of the window, then keeps
-the collector serving until Ctrl-C (or exits with --once).
+Starts, as child processes: the collector (SQLite under --data-dir, with the alert runner,
+whose remediation points at the engine), the engine with the bundled model (telemetry to
+the collector, control API behind a generated token), and the dashboard. Then it drives
+the engine with background traffic in phases: grounded work that n-gram drafting suits,
+then open chat drafted by an untrained early exit (acceptance of a few percent), so
+`SpecAcceptanceLow` really fires, acts, and clears. Ctrl-C stops everything; `--once` sends
+`--requests` requests, prints what the collector saw, and exits.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
+import secrets
 import subprocess
+import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import yaml
 
 from specwatch.cli import UsageError, tcp_port
 
+# (name, scenarios, drafter): the traffic phases `up` cycles through
+PHASES = (
+    ("grounded work, n-gram drafts", ("grounded", "summary", "code-edit", "extraction"), "ngram"),
+    ("open chat, untrained early-exit drafts", ("chat",), "early-exit:2"),
+)
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    up = subparsers.add_parser("up", help="run collector + engine with sample traffic on the embedded defaults")
-    up.add_argument("--data-dir", type=Path, default=Path("data"), help="where SQLite and the spool live (default: ./data)")
+    up = subparsers.add_parser("up", help="collector + engine + alerts + dashboard with sample traffic, on one machine")
+    up.add_argument("--data-dir", type=Path, default=Path("data"), help="SQLite, spools and logs (default: ./data)")
     up.add_argument("--port", type=tcp_port, default=8087, help="collector port (default: 8087)")
-    up.add_argument("--requests", type=int, default=8, help="sample requests to send (default: 8)")
-    up.add_argument("--max-tokens", type=int, default=96)
-    up.add_argument("--once", action="store_true", help="exit after the sample traffic instead of serving on")
+    up.add_argument("--engine-port", type=tcp_port, default=8000, help="engine port (default: 8000)")
+    up.add_argument("--dashboard-port", type=tcp_port, default=8501, help="dashboard port (default: 8501)")
+    up.add_argument("--no-dashboard", action="store_true", help="do not start the dashboard")
+    up.add_argument("--phase-seconds", type=float, default=240.0, help="length of each traffic phase (default: 240)")
+    up.add_argument("--concurrency", type=int, default=2, help="concurrent traffic clients (default: 2)")
+    up.add_argument("--max-tokens", type=int, default=64, help="tokens per sample request (default: 64)")
+    up.add_argument("--once", action="store_true", help="send --requests requests, print the result, stop everything")
+    up.add_argument("--requests", type=int, default=8, help="requests sent with --once (default: 8)")
     from engine.cli import add_model_arguments
 
     add_model_arguments(up)
     up.set_defaults(handler=run_up)
 
 
+@dataclass
+class Stack:
+    collector: str
+    engine: str
+    dashboard: str | None
+    processes: list[subprocess.Popen]
+
+    def stop(self) -> None:
+        for process in reversed(self.processes):
+            if process.poll() is None:
+                process.terminate()
+        for process in reversed(self.processes):
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
 def run_up(args: argparse.Namespace) -> int:
-    if args.requests < 0:
-        raise UsageError("--requests must be >= 0")
-    url = f"http://127.0.0.1:{args.port}"
-    collector = start(args.data_dir, args.port)
+    if args.requests < 1 or args.concurrency < 1 or args.phase_seconds <= 0 or args.max_tokens < 1:
+        raise UsageError("--requests, --concurrency, --max-tokens must be >= 1 and --phase-seconds > 0")
+    args.data_dir.mkdir(parents=True, exist_ok=True)
+    stack = Stack(f"http://127.0.0.1:{args.port}", f"http://127.0.0.1:{args.engine_port}", None, [])
     try:
-        send_sample_traffic(args, url)
-        print_window(url)
-        if not args.once:
-            print(f"\ncollector serving at {url} (data in {args.data_dir}/) - Ctrl-C to stop", flush=True)
-            collector.wait()
+        start_stack(args, stack)
+        if args.once:
+            sent = asyncio.run(send_traffic(args, stack.engine, PHASES[0], max_requests=args.requests))
+            wait_for_requests(stack.collector, sent)
+            print_window(stack.collector)
+        else:
+            run_phases(args, stack)
+    except KeyboardInterrupt:
+        print("\nstopping ...", flush=True)
     finally:
-        collector.terminate()
-        collector.wait(timeout=30)
+        stack.stop()
     return 0
 
 
-def start(data_dir: Path, port: int) -> subprocess.Popen:
+def start_stack(args: argparse.Namespace, stack: Stack) -> None:
     from collector.launch import CollectorStartError, start_collector
 
-    log = data_dir / "collector.log"
+    token = secrets.token_urlsafe(24)
+    env = {"SPECWATCH_DATA_DIR": str(args.data_dir), "SPECWATCH_CONTROL_TOKEN": token,
+           "SPECWATCH_ALERT_RULES": str(write_rules(args.data_dir, stack.engine)), "SPECWATCH_EXTERNAL_URL": stack.collector}
     try:
-        process = start_collector(port, log, env={"SPECWATCH_DATA_DIR": str(data_dir)})
+        stack.processes.append(start_collector(args.port, args.data_dir / "collector.log", env=env))
     except CollectorStartError as exc:
         raise UsageError(str(exc)) from None
-    print(f"collector ready at http://127.0.0.1:{port} (log: {log})", flush=True)
-    return process
+    print(f"collector  {stack.collector}   (alerts every 15 s; log {args.data_dir}/collector.log)", flush=True)
+    stack.processes.append(start_engine(args, stack, token))
+    print(f"engine     {stack.engine}/v1   (OpenAI-compatible; log {args.data_dir}/engine.log)", flush=True)
+    if not args.no_dashboard:
+        from dashboard.launch import DashboardStartError, start_dashboard
+
+        try:
+            stack.processes.append(start_dashboard(args.dashboard_port, stack.collector, args.data_dir / "dashboard.log"))
+        except DashboardStartError as exc:
+            raise UsageError(str(exc)) from None
+        stack.dashboard = f"http://127.0.0.1:{args.dashboard_port}"
+        print(f"dashboard  {stack.dashboard}", flush=True)
 
 
-def send_sample_traffic(args: argparse.Namespace, url: str) -> None:
-    from collector.client import TelemetryClient
-    from engine.cli import engine_config, summary_line
-    from engine.engine import Engine, GenerateRequest
-    from engine.workload import PROMPTS, chat
+def write_rules(data_dir: Path, engine_url: str) -> Path:
+    """The shipped alert rules, with remediation pointed at this engine."""
+    from alerts.rules import DEFAULT_RULES
 
-    engine = Engine(engine_config(args))
-    print(f"engine: {engine.target.name} ({engine.target.dtype}), cold start {engine.target.cold_start_s:.1f}s", flush=True)
-    client = TelemetryClient(url, spool_dir=args.data_dir / "spool")
-    client.submit_event(cold_start_event(engine))
-    scenarios = [(kind, drafter) for kind in PROMPTS for drafter in ("ngram", None)]
-    try:
-        for i in range(args.requests):
-            kind, drafter = scenarios[i % len(scenarios)]
-            request = GenerateRequest(messages=chat(kind), max_tokens=args.max_tokens, drafter=drafter, tags={"scenario": kind})
-            record = engine.generate(request).record
-            client.submit_request(record)
-            print(f"{kind:<10} {summary_line(record)}", flush=True)
-        client.flush(timeout=10)
-    finally:
-        client.close()
+    rules = yaml.safe_load(DEFAULT_RULES.read_text())
+    rules["remediation"]["engines"] = {"*": engine_url}
+    path = data_dir / "alert-rules.yaml"
+    path.write_text(yaml.safe_dump(rules, sort_keys=False))
+    return path
 
 
-def cold_start_event(engine):
-    from collector.schema import EngineEvent
+def start_engine(args: argparse.Namespace, stack: Stack, token: str, timeout_s: float = 600.0) -> subprocess.Popen:
+    """`specwatch engine serve` with telemetry to the collector; returns once /v1/models answers."""
+    from collector.launch import SOURCE_ROOT
 
-    target = engine.target
-    detail = {"model": target.name, "dtype": str(target.dtype).removeprefix("torch."), "from_cache": target.from_cache}
-    return EngineEvent(instance=engine.config.instance, at=time.time(), kind="cold_start", detail=detail, duration_s=target.cold_start_s)
+    cmd = [sys.executable, "-m", "specwatch", "engine", "serve", "--port", str(args.engine_port), "--collector", stack.collector,
+           "--spool-dir", str(args.data_dir / "engine-spool"), "--control-token", token, "--sample-interval", "2",
+           "--model", args.model, "--dtype", args.dtype, "--device", args.device, "--threads", str(args.threads)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SOURCE_ROOT), os.environ.get("PYTHONPATH")]))}
+    log = args.data_dir / "engine.log"
+    with log.open("ab") as out:
+        process = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+    stack.processes.append(process)  # stopped with the rest if it never becomes ready
+    print("engine     loading the model (the first run converts the bundled GGUF, ~30 s) ...", flush=True)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise UsageError(f"the engine exited with code {process.returncode}; see {log}")
+        try:
+            if httpx.get(f"{stack.engine}/v1/models", timeout=1).status_code == 200:
+                return stack.processes.pop()
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise UsageError(f"the engine did not answer within {timeout_s:.0f} s; see {log}")
 
 
-def print_window(url: str) -> None:
-    signals = httpx.get(f"{url}/v1/signals", params={"last": 3600}, timeout=10).json()
+async def send_traffic(args: argparse.Namespace, engine_url: str, phase: tuple, duration_s: float = 3600.0,
+                       max_requests: int = 1_000_000) -> int:
+    from engine.traffic import TrafficConfig, run_traffic
+
+    name, scenarios, drafter = phase
+    config = TrafficConfig(url=engine_url, scenarios=scenarios, duration_s=duration_s, max_requests=max_requests,
+                           concurrency=args.concurrency, max_tokens=args.max_tokens, drafter=drafter)
+    with (args.data_dir / "traffic.log").open("a") as log:
+        tally = await run_traffic(config, progress=log)
+    ok = sum(o.ok for o in tally.outcomes)
+    print(f"traffic    {name}: {ok} requests done, {len(tally.outcomes) - ok} failed", flush=True)
+    return len(tally.outcomes)
+
+
+def run_phases(args: argparse.Namespace, stack: Stack) -> None:
+    print(f"\ntraffic phases of {args.phase_seconds:.0f} s each; watch the dashboard. Ctrl-C stops everything.", flush=True)
+    while True:
+        for phase in PHASES:
+            print(f"traffic    phase: {phase[0]} ...", flush=True)
+            asyncio.run(send_traffic(args, stack.engine, phase, duration_s=args.phase_seconds))
+            print_window(stack.collector, last_s=args.phase_seconds)
+
+
+def wait_for_requests(collector: str, expected: int, timeout_s: float = 30.0) -> None:
+    """The engine sends telemetry in batches: wait until the collector has stored it."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if httpx.get(f"{collector}/v1/signals", params={"last": 3600}, timeout=10).json()["requests"] >= expected:
+            return
+        time.sleep(0.5)
+
+
+def print_window(url: str, last_s: float = 3600) -> None:
+    signals = httpx.get(f"{url}/v1/signals", params={"last": last_s}, timeout=10).json()
 
     def fmt(value, scale: float = 1.0, digits: int = 2) -> str:
         return "n/a" if value is None else f"{value * scale:.{digits}f}"
 
     print(
-        f"\ncollector, last hour: {signals.get('requests')} requests, acceptance rate {fmt(signals.get('acceptance_rate'))}, "
-        f"mean acceptance length {fmt(signals.get('mean_acceptance_length'))}, "
-        f"TTFT P99 {fmt(signals.get('ttft', {}).get('p99'), 1000, 0)} ms"
+        f"collector, last {last_s / 60:.0f} min: {signals['requests']} requests, acceptance rate {fmt(signals['acceptance_rate'])}, "
+        f"mean acceptance length {fmt(signals['mean_acceptance_length'])}, TTFT P99 {fmt(signals['ttft']['p99'], 1000, 0)} ms",
+        flush=True,
     )
     alerts = httpx.get(f"{url}/v1/alerts", timeout=10).json()["alerts"]
     print(f"alerts: {len(alerts)} pending or firing" + "".join(
-        f"\n  {a['state']:<8} {a['rule']} {a['annotations'].get('summary', '')}" for a in alerts))
+        f"\n  {a['state']:<8} {a['rule']}: {a['annotations'].get('summary', '')}" for a in alerts), flush=True)

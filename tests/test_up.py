@@ -1,4 +1,4 @@
-"""`specwatch up --once`: collector + engine + sample traffic end to end, telemetry stored."""
+"""`specwatch up --once`: collector + engine + dashboard + sample traffic end to end, telemetry stored."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -20,16 +22,21 @@ def free_port() -> int:
 
 def test_up_once_stores_the_sample_traffic(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "specwatch", "up", "--once", "--requests", "3", "--max-tokens", "16",
-           "--port", str(free_port()), "--data-dir", str(tmp_path)]
+    ports = [str(free_port()) for _ in range(3)]
+    cmd = [sys.executable, "-m", "specwatch", "up", "--once", "--requests", "3", "--max-tokens", "16", "--data-dir", str(tmp_path),
+           "--port", ports[0], "--engine-port", ports[1], "--dashboard-port", ports[2]]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "collector, last hour: 3 requests" in done.stdout
+    assert "collector, last 60 min: 3 requests" in done.stdout
+    assert f"dashboard  http://127.0.0.1:{ports[2]}" in done.stdout
     with sqlite3.connect(tmp_path / "specwatch.db") as db:
-        modes = dict(db.execute("select mode, count(*) from requests group by mode").fetchall())
-        events = db.execute("select kind from engine_events").fetchall()
-    assert modes == {"speculative": 2, "autoregressive": 1}
-    assert events == [("cold_start",)]
+        rows = db.execute("select mode, drafter, json_extract(tags, '$.scenario') from requests").fetchall()
+        events = {kind for (kind,) in db.execute("select kind from engine_events")}
+    assert len(rows) == 3 and {drafter for _, drafter, _ in rows} == {"ngram"}
+    assert {scenario for *_, scenario in rows} <= {"grounded", "summary", "code-edit", "extraction"}
+    assert {"cold_start", "config"} <= events
+    rules = yaml.safe_load((tmp_path / "alert-rules.yaml").read_text())
+    assert rules["remediation"]["engines"] == {"*": f"http://127.0.0.1:{ports[1]}"}
 
 
 def test_up_rejects_bad_arguments():
