@@ -8,7 +8,6 @@ specwatch extensions travel in the request body (the OpenAI SDK's `extra_body`):
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 import uuid
@@ -24,6 +23,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from collector.launch import free_port
 from engine import control
 from engine.engine import GenerateRequest, GenerateResult
 from engine.metrics import EngineMetrics
@@ -270,12 +270,6 @@ class _Frame:
 
 def _finish(reason: str | None) -> str | None:
     return None if reason is None else ("stop" if reason in ("stop", "cancelled") else reason)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class BackgroundServer:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -11,13 +10,9 @@ from pathlib import Path
 
 import yaml
 
+from collector.launch import free_port
+
 REPO = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_up_once_stores_the_sample_traffic(tmp_path):

@@ -13,7 +13,8 @@ from alerts.notify import backoff_s, deliver_due, enqueue
 from alerts.rules import parse_config
 from collector.db import write_transaction
 from collector.models import AlertNotificationRow
-from webhook_receiver import Receiver, free_port
+from collector.launch import free_port
+from webhook_receiver import Receiver
 
 
 def alert(fp: str, severity: str, state: State = State.FIRING) -> Alert:

@@ -17,9 +17,10 @@ import yaml
 from alerts.notify import SIGNATURE_HEADER, sign
 from collector import launch
 from collector.client import TelemetryClient
+from collector.launch import free_port
 from collector.schema import RequestRecord
 from collector_payloads import request_dict
-from webhook_receiver import Receiver, free_port
+from webhook_receiver import Receiver
 
 SECRET = "webhook-s3cret"
 

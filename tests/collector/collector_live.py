@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from contextlib import contextmanager
@@ -11,13 +10,8 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 
 from collector.app import create_app
+from collector.launch import free_port  # noqa: F401 - re-exported for the tests
 from collector.settings import Settings
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @contextmanager
