@@ -348,7 +348,7 @@ _Dumper.add_representer(str, lambda d, s: d.represent_scalar("tag:yaml.org,2002:
 
 
 def export(config: AlertConfig, out_dir: str | Path) -> tuple[Path, Path]:
-    """Write RULES_FILE and TESTS_FILE into `out_dir`; run `promtool test rules` on the second."""
+    """Write RULES_FILE and TESTS_FILE into `out_dir` (`promtool test rules` takes the second)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = (out / RULES_FILE, out / TESTS_FILE)
