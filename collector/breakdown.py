@@ -78,6 +78,11 @@ def _key_column(by: str):
 
 
 def breakdown(engine: Engine, window: Window, filters: Filters = Filters(), by: str = "drafter") -> Breakdown:
+    grouped = _grouped_rows(engine, window, filters, by)
+    return Breakdown(by, [_group(k, v) for k, v in sorted(grouped.items(), key=lambda kv: -len(kv[1]))])
+
+
+def _grouped_rows(engine: Engine, window: Window, filters: Filters, by: str) -> dict[str, list]:
     key = _key_column(by)
     stmt = filters.apply(select(key, Request.status, Request.energy_source, *_COLUMNS), window)
     with engine.connect() as conn:
@@ -85,7 +90,7 @@ def breakdown(engine: Engine, window: Window, filters: Filters = Filters(), by: 
     grouped: dict[str, list] = defaultdict(list)
     for row in rows:
         grouped["none" if row[0] is None else str(row[0])].append(row[1:])
-    return Breakdown(by, [_group(k, v) for k, v in sorted(grouped.items(), key=lambda kv: -len(kv[1]))])
+    return grouped
 
 
 def _group(key: str, rows: list) -> Group:
@@ -120,22 +125,20 @@ def compare(engine: Engine, window: Window, filters: Filters = Filters(), by: st
     if by not in ("arm", "mode"):
         raise ValueError("compare by arm or mode")
     names = ("spec", "control") if by == "arm" else ("speculative", "autoregressive")
-    groups = {g.key: g for g in breakdown(engine, window, filters, by).groups}
-    spec, plain = groups.get(names[0]), groups.get(names[1])
+    grouped = _grouped_rows(engine, window, filters, by)
+    spec, plain = (_group(name, grouped[name]) if grouped.get(name) else None for name in names)
     speedup = p_value = None
     if spec and plain and spec.s_per_token_mean and plain.s_per_token_mean:
         speedup = plain.s_per_token_mean / spec.s_per_token_mean
-        samples = [_per_token(engine, window, filters, by, name) for name in names]
+        samples = [_per_token(grouped[name]) for name in names]
         if min(len(s) for s in samples) > 1:
             p_value = float(mannwhitneyu(*samples, alternative="two-sided").pvalue)
     return Comparison(by, spec, plain, speedup, p_value)
 
 
-def _per_token(engine: Engine, window: Window, filters: Filters, by: str, name: str) -> np.ndarray:
-    stmt = filters.apply(select(Request.e2e_s / Request.output_tokens), window).where(
-        getattr(Request, by) == name, Request.status == "ok", Request.output_tokens > 0)
-    with engine.connect() as conn:
-        return np.array(conn.execute(stmt).scalars().all(), dtype=float)
+def _per_token(rows: list) -> np.ndarray:
+    """e2e seconds per output token of the ok requests among `rows` (as `_grouped_rows` returns them)."""
+    return np.array([r[3] / r[4] for r in rows if r[0] == "ok" and r[4] > 0], dtype=float)
 
 
 @dataclass(frozen=True)
@@ -220,3 +223,18 @@ def sources(engine: Engine, window: Window) -> list[Source]:
         for name in sorted(by_instance.keys() | last_sample.keys())
     ]
     return found + [Source("vllm", url, last, n, n / window.seconds) for url, last, n in vllm]
+
+
+def label_values(engine: Engine, window: Window, filters: Filters = Filters(),
+                 tag_keys: tuple[str, ...] = ("scenario",)) -> dict[str, dict[str, int]]:
+    """Requests per instance, model, drafter, mode, arm and tag value in the window (the
+    dashboard's filter choices and mode share)."""
+    columns = {"instance": Request.instance, "model": Request.model, "drafter": Request.drafter, "mode": Request.mode,
+               "arm": Request.arm}
+    columns |= {f"tag:{key}": Request.tags[key].as_string() for key in tag_keys}
+    found = {}
+    with engine.connect() as conn:
+        for name, column in columns.items():
+            stmt = filters.apply(select(column, func.count()), window).group_by(column)
+            found[name] = {str(v): n for v, n in conn.execute(stmt) if v is not None}
+    return found

@@ -138,3 +138,9 @@ def get_device_series(
 def get_sources(engine: EngineDep, window: WindowDep) -> Response:
     """Engines and scraped vLLM servers: last seen, records in the window, records/s."""
     return json_response(breakdown.sources(engine, window))
+
+
+@router.get("/labels")
+def get_labels(engine: EngineDep, window: WindowDep, filters: FiltersDep) -> Response:
+    """Requests per instance, model, drafter, mode, arm and scenario tag in the window."""
+    return json_response(breakdown.label_values(engine, window, filters))

@@ -65,10 +65,9 @@ def signals(view: View, **extra) -> dict:
     return get("/v1/signals", view.params() | extra)
 
 
-def mode_share(view: View) -> dict[str, int]:
-    """Requests per mode in the window (speculative / autoregressive)."""
-    groups = get("/v1/breakdown", view.params() | {"by": "mode"})["groups"]
-    return {g["key"]: g["requests"] for g in groups}
+def labels(view: View) -> dict[str, dict[str, int]]:
+    """Requests per instance, model, drafter, mode, arm and scenario in the window."""
+    return get("/v1/labels", view.params())
 
 
 def series(view: View) -> pd.DataFrame:
@@ -106,12 +105,11 @@ def cdfs(view: View, by: str = "mode") -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def compare(view: View) -> dict:
+def compare(view: View, arms: dict[str, int] | None = None) -> dict:
     """Speculative vs plain: from the A/B arms when there are both, else by mode (marked biased)."""
-    by_arm = get("/v1/compare", view.params() | {"by": "arm"})
-    if by_arm["speedup"] is not None:
-        return by_arm | {"biased": False}
-    return get("/v1/compare", view.params() | {"by": "mode"}) | {"biased": True}
+    arms = labels(view)["arm"] if arms is None else arms
+    by = "arm" if arms.get("spec") and arms.get("control") else "mode"
+    return get("/v1/compare", view.params() | {"by": by}) | {"biased": by == "mode"}
 
 
 def throughput_by_load(view: View) -> pd.DataFrame:
@@ -167,12 +165,9 @@ def vllm_signals(view: View) -> dict:
 
 def filter_options(seconds: float) -> dict[str, list[str]]:
     """Values seen in the window for each sidebar filter."""
-    view = View(seconds)
-    options = {by: [g["key"] for g in get("/v1/breakdown", view.params() | {"by": by})["groups"]]
-               for by in ("instance", "model", "drafter")}
-    options["tag"] = [f"scenario:{g['key']}" for g in get("/v1/breakdown", view.params() | {"by": "tag:scenario"})["groups"]
-                      if g["key"] != "none"]
-    return options
+    found = get("/v1/labels", {"last": seconds})
+    return {"instance": sorted(found["instance"]), "model": sorted(found["model"]), "drafter": sorted(found["drafter"]),
+            "tag": [f"scenario:{value}" for value in sorted(found["tag:scenario"])]}
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -181,7 +176,8 @@ def _ms(seconds: float | None) -> float | None:
 
 def overview(view: View) -> dict:
     """The Overview page's headline figures (vLLM's spec-decode panels plus the speed-up)."""
-    s, share, comparison = signals(view), mode_share(view), compare(view)
+    s, counts = signals(view), labels(view)
+    share, comparison = counts["mode"], compare(view, counts["arm"])
     active = [a for a in alerts()["alerts"] if a["state"] in ("pending", "firing")]
     seconds, total = view.seconds, sum(share.values())
     output_tokens = s["output_tokens_per_s"] * seconds

@@ -27,6 +27,9 @@ def test_breakdown_by_drafter_and_tag(client):
     assert groups["none"]["acceptance_rate"] is None
     by_tag = {g["key"]: g["requests"] for g in client.get("/v1/breakdown", params={**WINDOW, "by": "tag:scenario"}).json()["groups"]}
     assert by_tag == {"code": 10, "chat": 20}
+    labels = client.get("/v1/labels", params=WINDOW).json()
+    assert labels == {"instance": {"gpu-0": 30}, "model": {"smollm2-135m": 30}, "drafter": {"ngram": 15},
+                      "mode": {"speculative": 15, "autoregressive": 15}, "arm": {}, "tag:scenario": {"chat": 20, "code": 10}}
     bad = client.get("/v1/breakdown", params={**WINDOW, "by": "colour"})
     assert bad.status_code == 422 and "cannot group by 'colour'" in bad.json()["detail"]["message"]
 

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sqlite3
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -61,8 +59,3 @@ def _wait(condition, timeout_s: float, what: str) -> None:
             pass
         time.sleep(0.3)
     raise RuntimeError(f"timed out waiting for {what}")
-
-
-def stored(db: Path, sql: str):
-    with sqlite3.connect(db) as conn:
-        return conn.execute(sql).fetchall()

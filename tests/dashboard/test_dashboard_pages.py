@@ -3,12 +3,11 @@ telemetry: no page raises, and the figures shown are the store's."""
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
-
-from conftest import stored
 
 APP = str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py")
 PAGES = ("pages/overview.py", "pages/acceptance.py", "pages/latency.py", "pages/memory.py", "pages/alerts.py",
@@ -30,6 +29,11 @@ def open_page(app: AppTest, page: str) -> AppTest:
     assert not app.exception, [e.value for e in app.exception]
     assert not app.error, [e.value for e in app.error]
     return app
+
+
+def stored(db: Path, sql: str) -> list[tuple]:
+    with sqlite3.connect(db) as conn:
+        return conn.execute(sql).fetchall()
 
 
 def metrics(app: AppTest) -> dict[str, str]:
