@@ -15,7 +15,7 @@ import streamlit as st  # noqa: E402
 
 from dashboard.state import sidebar  # noqa: E402
 
-PAGES = Path(__file__).resolve().parent / "pages"
+PAGES = Path(__file__).resolve().parent / "views"  # not "pages": Streamlit would also treat that as an old-style multipage app
 
 st.set_page_config(page_title="specwatch", page_icon="📈", layout="wide")
 navigation = st.navigation([

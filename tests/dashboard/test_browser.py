@@ -56,7 +56,7 @@ def browser():
 def dashboard_url(live_collector, browser, tmp_path_factory):
     with dashboard(live_collector["url"], tmp_path_factory.mktemp("browser") / "dashboard.log") as url:
         context = browser.new_context(viewport=VIEWPORT)
-        try:  # open the root once, so app.py's st.navigation router owns the server's pages
+        try:  # warm-up: the first page load compiles the app
             page = context.new_page()
             page.goto(url, wait_until="domcontentloaded", timeout=30_000)
             sidebar_filters(page).wait_for(state="visible", timeout=30_000)
@@ -109,11 +109,6 @@ def test_page_renders_in_chromium(browser, dashboard_url, name):
         context.close()
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "dashboard bug: the page scripts live in dashboard/pages/, which Streamlit also reads as a legacy "
-    "multipage folder; until some session has run app.py, a deep link such as /acceptance runs "
-    "pages/acceptance.py on its own (no sidebar filters, no wide layout, nav lists file stems). "
-    "Renaming the folder fixes it; then drop this marker."))
 def test_deep_link_on_a_fresh_server(browser, live_collector, tmp_path):
     with dashboard(live_collector["url"], tmp_path / "dashboard.log") as url:
         context = browser.new_context(viewport=VIEWPORT)

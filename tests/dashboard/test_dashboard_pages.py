@@ -10,8 +10,8 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 APP = str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py")
-PAGES = ("pages/overview.py", "pages/acceptance.py", "pages/latency.py", "pages/memory.py", "pages/alerts.py",
-         "pages/sources.py")
+PAGES = ("views/overview.py", "views/acceptance.py", "views/latency.py", "views/memory.py", "views/alerts.py",
+         "views/sources.py")
 
 
 @pytest.fixture
@@ -46,7 +46,7 @@ def test_page_renders_without_errors(app, page):
 
 
 def test_overview_shows_the_stored_acceptance_and_mode_share(app, live_collector):
-    shown = metrics(open_page(app, "pages/overview.py"))
+    shown = metrics(open_page(app, "views/overview.py"))
     (accepted, drafted, speculative, total), = stored(live_collector["db"], "select sum(num_accepted_tokens), "
                                                       "sum(num_draft_tokens), sum(mode = 'speculative'), count(*) from requests")
     assert shown["Acceptance rate"] == f"{accepted / drafted:,.3f}"
@@ -55,7 +55,7 @@ def test_overview_shows_the_stored_acceptance_and_mode_share(app, live_collector
 
 
 def test_acceptance_page_lists_each_drafter(app, live_collector):
-    page = open_page(app, "pages/acceptance.py")
+    page = open_page(app, "views/acceptance.py")
     drafters = {d for (d,) in stored(live_collector["db"], "select distinct coalesce(drafter, 'none') from requests")}
     assert {"ngram", "early-exit:2"} <= drafters
     frames = [df.value for df in page.dataframe]
@@ -63,7 +63,7 @@ def test_acceptance_page_lists_each_drafter(app, live_collector):
 
 
 def test_memory_page_marks_estimated_power(app, live_collector):
-    page = open_page(app, "pages/memory.py")
+    page = open_page(app, "views/memory.py")
     (source,), = stored(live_collector["db"], "select power_source from device_samples order by at desc limit 1")
     shown = metrics(page)
     assert ("Power (estimated)" in shown) == (source == "estimate")
@@ -72,7 +72,7 @@ def test_memory_page_marks_estimated_power(app, live_collector):
 
 
 def test_sources_page_lists_the_engine(app):
-    page = open_page(app, "pages/sources.py")
+    page = open_page(app, "views/sources.py")
     (frame,) = [df.value for df in page.dataframe][:1]
     assert "laptop" in set(frame["name"])
 

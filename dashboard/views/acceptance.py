@@ -14,7 +14,7 @@ if over_time.empty or not over_time["draft_tokens"].sum():
                 "`specwatch traffic --drafter ngram`.")
     st.stop()
 
-st.altair_chart(charts.line(over_time, "acceptance_rate", "acceptance rate (accepted / drafted)", ACCEPTANCE_FLOOR, "0.6",
+st.altair_chart(charts.line(over_time, "acceptance_rate", "acceptance rate", ACCEPTANCE_FLOOR, "0.6",
                             band=("band_low", "band_high")), width="stretch")
 st.caption("Line: accepted / drafted tokens per step. Band: mean ± 1 stddev of per-request acceptance.")
 
@@ -22,7 +22,7 @@ left, right = st.columns(2)
 with left:
     st.subheader("Per draft position")
     st.altair_chart(charts.bars(fetch("positions", v), "position", "acceptance", "draft position",
-                                "share of drafts accepted through it"), width="stretch")
+                                "accepted through position"), width="stretch")
 with right:
     st.subheader("By drafter")
     by_drafter = fetch("breakdown", v, "drafter")

@@ -26,7 +26,7 @@ cols[2].metric("Power" + (" (estimated)" if estimated else ""), fmt(latest["powe
 swing = (samples["util_draft"].max() - samples["util_draft"].min()) * 100 if samples["util_draft"].notna().any() else None
 cols[3].metric("Draft utilisation swing", fmt(swing, " pp", digits=0), help="max − min of the draft's busy share; alert above 30")
 
-st.altair_chart(charts.line(samples, "fragmentation", "fragmentation (reserved / allocated)", FRAGMENTATION_LIMIT, "1.2",
+st.altair_chart(charts.line(samples, "fragmentation", "fragmentation", FRAGMENTATION_LIMIT, "1.2",
                             color="instance"), width="stretch")
 defrags = fetch("events", v, "defrag")
 if not defrags.empty:
@@ -36,7 +36,7 @@ memory = samples.melt(id_vars=["time"], value_vars=["mem_allocated_bytes", "mem_
 memory["MiB"] = memory["bytes"] / 2**20
 left, right = st.columns(2)
 left.altair_chart(charts.line(memory, "MiB", "memory (MiB)", color="kind"), width="stretch")
-right.altair_chart(charts.line(samples, "util_draft", "draft utilisation (share of interval)", color="instance"),
+right.altair_chart(charts.line(samples, "util_draft", "draft utilisation", color="instance"),
                    width="stretch")
 
 st.subheader("Power and energy per token")

@@ -43,6 +43,6 @@ by_load = fetch("throughput_by_load", v)
 if by_load.empty:
     st.info("No request recorded its load at admission in this window (the bundled engine does).")
 else:
-    st.altair_chart(charts.scatter(by_load, "low", "tokens_per_s", "load at admission (busy slots + queue) / slots",
+    st.altair_chart(charts.scatter(by_load, "low", "tokens_per_s", "load at admission",
                                    "tokens/s per request", color="mode").mark_line(point=True), width="stretch")
     st.dataframe(by_load, hide_index=True, width="stretch")
