@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
-from collector import routes_alerts, routes_ingest, routes_query
+from collector import routes_alerts, routes_cost, routes_ingest, routes_query
 from collector.db import make_engine, upgrade
 from collector.maintenance import maintenance_loop
 from collector.metrics import CollectorMetrics
@@ -56,6 +56,7 @@ def create_app(settings: Settings | None = None, registry: CollectorRegistry | N
     app.include_router(routes_ingest.router)
     app.include_router(routes_query.router)
     app.include_router(routes_alerts.router)
+    app.include_router(routes_cost.router)
     return app
 
 

@@ -17,6 +17,7 @@ COMMANDS = {
     "traffic": "engine.cli",
     "collector": "collector.cli",
     "db": "collector.cli",
+    "cost": "collector.cost_cli",
     "alerts": "alerts.cli",
     "dashboard": "dashboard.cli",
     "up": "specwatch.up",

@@ -1,0 +1,101 @@
+"""`specwatch cost`: the TCO of speculative decoding for a window of the store, or for what-if inputs.
+
+    specwatch cost [--db URL] [--last SECONDS]           measured (default: the last 30 days)
+    specwatch cost --what-if FILE.toml                   inputs from TOML (collector/cost_example.toml)
+        [--gpu TYPE] [--prices FILE] [--volume TOKENS] [--json] [--xlsx FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+from collector.cost_inputs import Overrides, apply_overrides, load_prices, what_if_inputs
+from collector.cost_summary import MONTH_S, CostSummary, measured_summary, render_text, summarize
+from specwatch.cli import UsageError
+
+
+def _positive(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+    if not math.isfinite(number) or number <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number: {value!r}")
+    return number
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    cost = subparsers.add_parser("cost", help="price speculative decoding: TCO, break-even, sensitivity, advice")
+    cost.add_argument("--db", metavar="URL", default=None,
+                      help="SQLAlchemy URL (default: SPECWATCH_DATABASE_URL, else SQLite under SPECWATCH_DATA_DIR)")
+    source = cost.add_mutually_exclusive_group()
+    source.add_argument("--last", metavar="SECONDS", type=_positive, default=None,
+                        help=f"measure the last SECONDS of the store (default {MONTH_S}, 30 days)")
+    source.add_argument("--what-if", metavar="FILE.toml", type=Path, default=None,
+                        help="inputs from a TOML file instead of the store (keys: collector/cost_example.toml)")
+    cost.add_argument("--gpu", metavar="TYPE", default=None,
+                      help="accelerator of the price table (default: the what-if file's, else the sampled device's)")
+    cost.add_argument("--prices", metavar="FILE.toml", type=Path, default=None,
+                      help="price table (default: the shipped collector/prices.toml)")
+    cost.add_argument("--volume", metavar="TOKENS", type=_positive, default=None,
+                      help="output tokens per month to price (default: the observed volume)")
+    cost.add_argument("--json", action="store_true", help="print the whole model as JSON")
+    cost.add_argument("--xlsx", metavar="FILE", type=Path, default=None,
+                      help="also write the model as a spreadsheet with live formulas over an Inputs sheet")
+    cost.set_defaults(handler=cost_command)
+
+
+def cost_command(args: argparse.Namespace) -> int:
+    try:
+        summary = _summary(args)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if args.xlsx is not None:
+        _write_xlsx(summary, args.xlsx)
+    if args.json:
+        import orjson
+
+        sys.stdout.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY).decode() + "\n")
+    else:
+        print(render_text(summary))
+        if args.xlsx is not None:
+            print(f"\nwrote {args.xlsx}")
+    return 0
+
+
+def _summary(args: argparse.Namespace) -> CostSummary:
+    prices = load_prices(args.prices)
+    overrides = Overrides(monthly_output_tokens=args.volume)
+    if args.what_if is not None:
+        return summarize(apply_overrides(what_if_inputs(args.what_if, prices, args.gpu), overrides), source="what-if")
+    return _measured(args, prices, overrides)
+
+
+def _measured(args: argparse.Namespace, prices, overrides: Overrides) -> CostSummary:
+    from sqlalchemy.exc import OperationalError
+
+    from collector.cli import settings_from
+    from collector.db import is_current, make_engine
+    from collector.queries import Window
+
+    engine = make_engine(settings_from(args).database_url_resolved)
+    try:
+        if not is_current(engine):
+            raise UsageError("the database schema is not current: run `specwatch db upgrade` first")
+        return measured_summary(engine, Window.last(args.last or MONTH_S), prices, gpu_type=args.gpu, overrides=overrides)
+    except OperationalError as exc:
+        raise UsageError(f"cannot read the database: {str(exc.orig).splitlines()[0]}") from None
+    finally:
+        engine.dispose()
+
+
+def _write_xlsx(summary: CostSummary, path: Path) -> None:
+    from collector.cost_xlsx import write_workbook
+
+    try:
+        write_workbook(summary.inputs, path)
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror}") from None

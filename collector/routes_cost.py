@@ -1,0 +1,68 @@
+"""GET /v1/cost: the cost model over a window of the store (the dashboard's Cost page reads it).
+
+Window: `start` and `end`, or `last` seconds (default 30 days); the usual request filters.
+Editable inputs (each optional; out-of-range values are a 422 with a message): `gpu_type`
+(or `gpu`; default: the sampled device's price table row, else H100-SXM), `gpu_hour_usd`,
+`electricity_usd_per_kwh`, `pue`, `monthly_output_tokens`, `draft_training_usd`,
+`amortisation_months`, `incident_days_per_week`, `tech_debt_buffer`.
+
+The body is `collector.cost_summary.CostSummary` as JSON: source, window, inputs, tco
+(arms, benefits, primary, notes), break_even, sensitivity, advice, notes.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Response
+
+from collector.cost import Prices
+from collector.cost_inputs import Overrides, load_prices
+from collector.cost_summary import MONTH_S, measured_summary
+from collector.deps import EngineDep, json_response
+from collector.queries import Window
+from collector.routes_query import FiltersDep, window_param
+
+router = APIRouter(prefix="/v1")
+NonNegative = Annotated[float | None, Query(ge=0, allow_inf_nan=False)]
+
+
+@lru_cache(maxsize=1)
+def shipped_prices() -> Prices:
+    return load_prices()
+
+
+def cost_window(start: float | None = None, end: float | None = None,
+                last: Annotated[float, Query(gt=0, allow_inf_nan=False)] = float(MONTH_S)) -> Window:
+    return window_param(start, end, last)
+
+
+def overrides_param(
+    gpu_hour_usd: NonNegative = None, electricity_usd_per_kwh: NonNegative = None,
+    pue: Annotated[float | None, Query(ge=1, allow_inf_nan=False)] = None, monthly_output_tokens: NonNegative = None,
+    draft_training_usd: NonNegative = None, amortisation_months: Annotated[float | None, Query(gt=0, allow_inf_nan=False)] = None,
+    incident_days_per_week: NonNegative = None,
+    tech_debt_buffer: Annotated[float | None, Query(ge=0, le=10, allow_inf_nan=False)] = None,
+) -> Overrides:
+    return Overrides(gpu_hour_usd, electricity_usd_per_kwh, pue, monthly_output_tokens, draft_training_usd,
+                     amortisation_months, incident_days_per_week, tech_debt_buffer)
+
+
+def gpu_param(gpu: str | None = None, gpu_type: str | None = None) -> str | None:
+    if gpu and gpu_type and gpu != gpu_type:
+        raise HTTPException(422, {"error": "invalid_parameter", "message": "gpu and gpu_type disagree: give one"})
+    return gpu_type or gpu
+
+
+@router.get("/cost")
+def get_cost(
+    engine: EngineDep, filters: FiltersDep, window: Annotated[Window, Depends(cost_window)],
+    overrides: Annotated[Overrides, Depends(overrides_param)], gpu_type: Annotated[str | None, Depends(gpu_param)],
+) -> Response:
+    """TCO per arm, benefit of speculation, break-even acceptance, sensitivity and per-scenario advice."""
+    try:
+        summary = measured_summary(engine, window, shipped_prices(), gpu_type=gpu_type, overrides=overrides, filters=filters)
+    except ValueError as exc:
+        raise HTTPException(422, {"error": "invalid_parameter", "message": str(exc)}) from None
+    return json_response(summary)

@@ -1,0 +1,167 @@
+"""`specwatch cost` (text, --json, --xlsx, exit codes) and GET /v1/cost."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from openpyxl import load_workbook
+
+from collector.breakeven import break_even_alpha
+from collector.cost import tco
+from collector.cost_inputs import load_prices, what_if_inputs
+from collector.cost_xlsx import ARM_ROWS, BENEFIT_ROWS, MODEL_ROW
+from collector.db import make_engine, upgrade
+from collector.schema import IngestBatch
+from collector.store import Store
+from collector_payloads import T0, request_dict, sample_dict
+from specwatch.cli import main
+
+EXAMPLE = Path(__file__).parents[2] / "collector" / "cost_example.toml"
+REF = re.compile(r"(?:(Inputs|Model)!)?\$?([A-Z]{1,2})\$?(\d+)")
+
+
+def evaluate(book, sheet: str, cell: str):
+    """A cell's value, evaluating its formula by hand: + - * / ( ), IF, = and > over other cells."""
+    value = book[sheet][cell].value
+    if not (isinstance(value, str) and value.startswith("=")):
+        return value
+    expr = REF.sub(lambda m: f"_ref({(m.group(1) or sheet)!r}, '{m.group(2)}{m.group(3)}')", value[1:])
+    expr = re.sub(r"(?<![<>!=])=(?!=)", "==", expr.replace("IF(", "_if("))
+    return eval(expr, {"_ref": lambda s, c: evaluate(book, s, c), "_if": lambda cond, a, b: a if cond else b})
+
+
+def _plain(i: int, **overrides) -> dict:
+    return request_dict(i, mode="autoregressive", drafter=None, num_drafts=0, num_draft_tokens=0, num_accepted_tokens=0,
+                        accepted_per_position=[], gamma=0, **overrides)
+
+
+def _fill(url: str, start: float | None) -> None:
+    """A migrated store; with `start`, 40 speculative and 40 plain requests from then on (plain 2x slower)."""
+    engine = make_engine(url)
+    upgrade(engine)
+    if start is None:
+        return engine.dispose()
+    records = [request_dict(i, started_at=start + i, e2e_s=1.0, draft_s=0.01, verify_s=0.5, tags={"scenario": "grounded"})
+               for i in range(40)]
+    records += [_plain(100 + i, started_at=start + i, e2e_s=2.0, tags={"scenario": "grounded"}) for i in range(40)]
+    samples = [sample_dict(i, at=start + 5 * i, active_requests=1) for i in range(10)]
+    Store(engine).insert(IngestBatch.model_validate({"requests": records, "samples": samples}))
+    engine.dispose()
+
+
+def test_what_if_text_and_json(capsys):
+    assert main(["cost", "--what-if", str(EXAMPLE)]) == 0
+    out = capsys.readouterr().out
+    assert "H100-SXM at $4.50/GPU-hour, prices as of 2026-11" in out and "speculative:model:llama-68m" in out
+    assert "draft training 1,250" in out and "energy is an estimate" in out
+    assert main(["cost", "--what-if", str(EXAMPLE), "--json", "--gpu", "H200", "--volume", "1e9"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert set(got) == {"source", "window", "inputs", "tco", "break_even", "sensitivity", "advice", "notes"}
+    assert got["source"] == "what-if" and got["tco"]["gpu_type"] == "H200" and got["tco"]["monthly_output_tokens"] == 1e9
+    expected = tco(replace(what_if_inputs(EXAMPLE, load_prices(), "H200"), monthly_output_tokens=1e9))
+    assert got["tco"]["benefits"][0]["net_usd"] == pytest.approx(expected.benefits[0].net_usd)
+    row = got["break_even"][0]
+    assert row["speedup_alpha"] == pytest.approx(break_even_alpha(row["gamma"], row["draft_cost_ratio"]))
+    assert len(row["curve"]) == 21 and row["curve"][-1][0] == 1.0
+    assert got["sensitivity"][0]["swing"] >= got["sensitivity"][-1]["swing"]
+
+
+def test_xlsx_formulas_recompute_the_model(tmp_path, capsys):
+    path = tmp_path / "cost.xlsx"
+    assert main(["cost", "--what-if", str(EXAMPLE), "--xlsx", str(path)]) == 0
+    assert f"wrote {path}" in capsys.readouterr().out
+    book = load_workbook(path)
+    assert book.sheetnames == ["Inputs", "Model"]
+    model = book["Model"]
+    formulas = [c.value for row in model.iter_rows(min_row=2, min_col=2) for c in row if c.value is not None]
+    assert formulas and all(f.startswith("=") for f in formulas)
+    assert all("Inputs!" in f for f in (model[f"B{MODEL_ROW[label]}"].value for label in ("gpu_hours_per_mtok", "memory_share")))
+    assert model[f"B{MODEL_ROW['gpu_hours_per_mtok']}"].value == "=Inputs!$B$4*1000000/Inputs!B19/3600"
+    # by hand: 1 GPU x 1e6 tokens / 40 tok/s / 3600 s/h
+    assert evaluate(book, "Model", f"B{MODEL_ROW['gpu_hours_per_mtok']}") == pytest.approx(1e6 / 40 / 3600)
+    expected = tco(what_if_inputs(EXAMPLE, load_prices()))
+    for column, arm in zip("BC", expected.arms):
+        for label in ARM_ROWS:
+            assert evaluate(book, "Model", f"{column}{MODEL_ROW[label]}") == pytest.approx(getattr(arm, label) or 0.0), label
+    benefit = expected.benefits[0]
+    spec = {label: evaluate(book, "Model", f"C{MODEL_ROW[label]}") for label in BENEFIT_ROWS}
+    assert spec["net_benefit_usd_month"] == pytest.approx(benefit.net_usd)
+    assert spec["hidden_usd_month"] == pytest.approx(benefit.hidden.total_usd)
+    assert spec["payback_months"] == pytest.approx(benefit.payback_months)
+    assert model[f"B{MODEL_ROW['net_benefit_usd_month']}"].value is None  # no benefit row for plain decoding
+    # finance edits a price: the formulas follow
+    book["Inputs"]["B3"] = 9.0
+    assert evaluate(book, "Model", f"B{MODEL_ROW['compute_usd_per_mtok']}") == pytest.approx(1e6 / 40 / 3600 * 9.0 * 0.25)
+
+
+def test_measured_window(tmp_path, capsys):
+    url = f"sqlite:///{tmp_path / 'cost.db'}"
+    _fill(url, start=None)
+    assert main(["cost", "--db", url]) == 0  # an empty store prices nothing, and says so
+    out = capsys.readouterr().out
+    assert "No requests to price" in out and "gpu_type H100-SXM assumed" in out
+    _fill(url, time.time() - 3600)
+    assert main(["cost", "--db", url, "--last", "86400", "--gpu", "L4"]) == 0
+    out = capsys.readouterr().out
+    assert "last 1.0 days measured" in out and "speculative:ngram" in out and "grounded: ENABLE" in out
+    assert main(["cost", "--db", url, "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["source"] == "measured" and got["tco"]["gpu_type"] == "cpu-laptop"  # the sampled device is "cpu"
+    assert got["inputs"]["hidden"]["monitoring_source"] == "measured"
+    assert got["advice"][0]["evidence"]["speedup"] == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--what-if", "missing.toml"], "cannot read missing.toml"),
+    (["--what-if", str(EXAMPLE), "--gpu", "B200"], "unknown GPU type 'B200'"),
+    (["--what-if", str(EXAMPLE), "--prices", "missing-prices.toml"], "cannot read missing-prices.toml"),
+    (["--db", "sqlite:///{tmp}/empty.db"], "run `specwatch db upgrade` first"),
+    (["--db", "postgresql+psycopg://nobody@127.0.0.1:1/none"], "cannot read the database"),
+    (["--db", "not a url"], "not a database URL"),
+])
+def test_bad_input_exits_2_with_one_line(argv, message, tmp_path, capsys):
+    assert main(["cost", *(a.replace("{tmp}", str(tmp_path)) for a in argv)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and err.startswith("specwatch cost: error: ")
+
+
+def test_bad_what_if_value_and_bad_option(tmp_path, capsys):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[prices]\npue = 0.5\n[[arms]]\nmode = "autoregressive"\ntokens_per_s = 10\n')
+    assert main(["cost", "--what-if", str(bad)]) == 2
+    assert "prices.pue: Input should be greater than or equal to 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        main(["cost", "--last", "-5"])
+    assert exited.value.code == 2
+    with pytest.raises(SystemExit):
+        main(["cost", "--last", "60", "--what-if", str(EXAMPLE)])  # one source of inputs
+
+
+def test_cost_endpoint(client):
+    records = [request_dict(i, e2e_s=1.0, draft_s=0.01, verify_s=0.5, tags={"scenario": "grounded"}) for i in range(40)]
+    records += [_plain(100 + i, e2e_s=2.0, tags={"scenario": "grounded"}) for i in range(40)]
+    samples = [sample_dict(i, active_requests=1, device="NVIDIA H100 80GB HBM3") for i in range(10)]
+    assert client.post("/v1/ingest", json={"requests": records, "samples": samples}).status_code == 200
+    window = {"start": T0 - 1, "end": T0 + 1000}
+    got = client.get("/v1/cost", params=window).json()
+    assert got["tco"]["gpu_type"] == "H100-SXM" and got["tco"]["gpu_hour_usd"] == 4.5
+    assert [a["key"] for a in got["tco"]["arms"]] == ["autoregressive", "speculative:ngram"]
+    assert got["break_even"][0]["measured_speedup"] == pytest.approx(2.0)
+    assert got["advice"][0]["scenario"] == "grounded" and got["sensitivity"]
+    edited = client.get("/v1/cost", params={**window, "gpu": "L4", "gpu_hour_usd": 2.0, "pue": 1.1,
+                                            "monthly_output_tokens": 1e9, "draft_training_usd": 0, "amortisation_months": 6,
+                                            "incident_days_per_week": 0.5, "tech_debt_buffer": 0.1}).json()
+    assert edited["tco"]["gpu_type"] == "L4" and edited["tco"]["gpu_hour_usd"] == 2.0
+    assert edited["tco"]["monthly_output_tokens"] == 1e9 and edited["inputs"]["prices"]["pue"] == 1.1
+    hidden = edited["tco"]["benefits"][0]["hidden"]
+    assert hidden["incidents_usd"] == pytest.approx(0.5 * 52 / 12 * 800)
+    for params, message in (({"pue": 0.5}, "greater than or equal to 1"), ({"tech_debt_buffer": -1}, "greater than"),
+                            ({"gpu_type": "B200"}, "unknown GPU type"), ({"gpu": "L4", "gpu_type": "H200"}, "disagree"),
+                            ({"last": 0}, "greater than 0"), ({"monthly_output_tokens": "lots"}, "valid number")):
+        bad = client.get("/v1/cost", params={**window, **params})
+        assert bad.status_code == 422 and message in bad.text, params
