@@ -55,3 +55,20 @@ def scatter(frame: pd.DataFrame, x: str, y: str, x_title: str, y_title: str, col
     if color:
         encoding["color"] = alt.Color(f"{color}:N")
     return alt.Chart(frame).mark_circle(size=40, opacity=0.6).encode(**encoding).properties(height=HEIGHT)
+
+
+def break_even(curves: pd.DataFrame, measured: list[tuple[str, float]]) -> alt.LayerChart:
+    """Modelled speed-up against per-token acceptance α, the 1× line, and the measured α per arm."""
+    chart = alt.Chart(curves).mark_line().encode(
+        x=alt.X("acceptance:Q", title="per-token acceptance α"), y=alt.Y("speed-up:Q", title="speed-up (×)"), color="arm:N")
+    one = alt.Chart(pd.DataFrame({"y": [1.0]})).mark_rule(color="#d62728", strokeDash=[6, 4]).encode(y="y:Q")
+    marks = alt.Chart(pd.DataFrame(measured, columns=["arm", "acceptance"])).mark_rule(strokeWidth=2).encode(
+        x="acceptance:Q", color="arm:N")
+    return alt.layer(chart, one, marks).properties(height=HEIGHT)
+
+
+def tornado(rows: pd.DataFrame) -> alt.Chart:
+    """Net monthly benefit with each input at -20% and +20% (widest swing on top)."""
+    return alt.Chart(rows).mark_bar().encode(
+        y=alt.Y("name:N", sort=None, title=None), x=alt.X("net_at_low:Q", title="net benefit $/month"), x2="net_at_high:Q",
+        tooltip=["name:N", "low:Q", "high:Q", "net_at_low:Q", "net_at_high:Q"]).properties(height=HEIGHT)

@@ -218,3 +218,29 @@ def power_by_mode(view: View) -> pd.DataFrame:
     """Energy per output token per mode, with where the energy figure came from."""
     frame = breakdown(view, "mode")
     return frame[["group", "requests", "energy_j_per_token", "energy_source"]] if not frame.empty else frame
+
+
+COST_INPUTS = ("gpu_hour_usd", "electricity_usd_per_kwh", "pue", "monthly_output_tokens", "draft_training_usd",
+               "amortisation_months", "incident_days_per_week", "tech_debt_buffer")
+
+
+def cost(view: View, gpu_type: str | None = None, overrides: tuple[tuple[str, float], ...] = ()) -> dict:
+    """The cost model over the window (`GET /v1/cost`) with what-if inputs, as tables for the Cost page."""
+    params = view.params() | ({"gpu_type": gpu_type} if gpu_type else {}) | dict(overrides)
+    found = get("/v1/cost", params)
+    tco = found["tco"]
+    arms = pd.DataFrame([{
+        "arm": a["key"], "$ / 1M tokens": a["total_usd_per_mtok"], "compute $": a["compute_usd_per_mtok"],
+        "energy $": a["energy_usd_per_mtok"], "energy source": a["energy_source"], "retries $": a["retries_usd_per_mtok"],
+        "GPU-hours / 1M tokens": a["gpu_hours_per_mtok"], "memory share": a["memory_share"], "monthly $": a["monthly_usd"],
+    } for a in tco["arms"]])
+    benefits = pd.DataFrame([{
+        "drafter arm": b["key"], "explicit saving $/month": b["explicit_saving_usd"],
+        "draft training $/month": b["hidden"]["draft_training_usd"], "monitoring $/month": b["hidden"]["monitoring_usd"],
+        "incidents $/month": b["hidden"]["incidents_usd"], "tech debt $/month": b["hidden"]["tech_debt_usd"],
+        "net $/month": b["net_usd"], "payback (months)": b["payback_months"],
+    } for b in tco["benefits"]])
+    curves = pd.DataFrame([{"arm": b["key"], "acceptance": alpha, "speed-up": speedup, "net $/month": net}
+                           for b in found["break_even"] for alpha, speedup, net in b["curve"]])
+    return {"summary": found, "arms": arms, "benefits": benefits, "curves": curves,
+            "tornado": pd.DataFrame(found["sensitivity"]), "advice": pd.DataFrame(found["advice"])}

@@ -38,6 +38,7 @@ PAGES = {
     "latency": ("latency", METRIC),
     "memory": ("memory", METRIC),
     "alerts": ("alerts", METRIC),
+    "cost": ("cost", METRIC),
     "sources": ("sources", "h1"),
 }
 

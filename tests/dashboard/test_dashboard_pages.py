@@ -11,7 +11,7 @@ from streamlit.testing.v1 import AppTest
 
 APP = str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py")
 PAGES = ("views/overview.py", "views/acceptance.py", "views/latency.py", "views/memory.py", "views/alerts.py",
-         "views/sources.py")
+         "views/cost.py", "views/sources.py")
 
 
 @pytest.fixture
@@ -86,3 +86,13 @@ def test_unreachable_collector_is_a_banner_not_a_traceback(monkeypatch):
     app = AppTest.from_file(APP, default_timeout=60).run()
     assert not app.exception
     assert "Collector unavailable" in app.error[0].value
+
+
+def test_cost_page_shows_the_collectors_cost_model(app, live_collector):
+    import httpx
+
+    shown = metrics(open_page(app, "views/cost.py"))
+    model = httpx.get(f"{live_collector['url']}/v1/cost", params={"last": 3600}, timeout=60).json()["tco"]
+    per_mtok = {a["mode"]: a["total_usd_per_mtok"] for a in model["arms"]}
+    assert shown["Speculative $ / 1M tokens"] == f"{per_mtok['speculative']:,.4f}"
+    assert shown["Plain $ / 1M tokens"] == f"{per_mtok['autoregressive']:,.4f}"

@@ -1,0 +1,77 @@
+"""Cost: what speculation costs per token and per month, when it pays, and what to do."""
+
+import streamlit as st
+
+from dashboard import charts
+from dashboard.state import empty_state, fetch, fmt, view
+
+v = view()
+st.title("Cost")
+base = fetch("cost", v)["summary"]
+prices = base["inputs"]["prices"]
+with st.expander("Prices and volumes (what-if)", expanded=False):
+    gpus = list(prices["accelerators"])
+    gpu = st.selectbox("Accelerator", gpus, index=gpus.index(base["tco"]["gpu_type"]) if base["tco"]["gpu_type"] in gpus else 0)
+    cols = st.columns(4)
+    hidden = base["inputs"]["hidden"]
+    edits = {
+        "gpu_hour_usd": cols[0].number_input("GPU $/hour", 0.0, value=float(prices["accelerators"][gpu]["usd_per_hour"])),
+        "electricity_usd_per_kwh": cols[1].number_input("Electricity $/kWh", 0.0, value=float(prices["electricity_usd_per_kwh"])),
+        "pue": cols[2].number_input("PUE", 1.0, value=float(prices["pue"])),
+        "monthly_output_tokens": cols[3].number_input("Output tokens / month", 0.0,
+                                                      value=float(base["tco"]["monthly_output_tokens"] or 0.0), format="%.0f"),
+        "draft_training_usd": cols[0].number_input("Draft training $", 0.0, value=float(hidden["draft_training_usd"])),
+        "amortisation_months": cols[1].number_input("Amortised over (months)", 1.0, value=float(hidden["amortisation_months"])),
+        "incident_days_per_week": cols[2].number_input("Incident person-days / week", 0.0,
+                                                       value=float(hidden["incident_days_per_week"])),
+        "tech_debt_buffer": cols[3].number_input("Tech-debt buffer", 0.0, 10.0, value=float(hidden["tech_debt_buffer"])),
+    }
+    st.caption(f"Price table as of {prices['as_of']} (collector/prices.toml); edit it for your contract prices.")
+model = fetch("cost", v, gpu, tuple(sorted(edits.items())))
+summary = model["summary"]
+if model["arms"].empty:
+    empty_state()
+    st.stop()
+
+primary = next((b for b in summary["tco"]["benefits"] if b["key"] == summary["tco"]["primary"]), None)
+per_mtok = {a["mode"]: a["total_usd_per_mtok"] for a in summary["tco"]["arms"]}
+cols = st.columns(4)
+cols[0].metric("Speculative $ / 1M tokens", fmt(per_mtok.get("speculative"), digits=4))
+cols[1].metric("Plain $ / 1M tokens", fmt(per_mtok.get("autoregressive"), digits=4))
+cols[2].metric("Net benefit / month", fmt(primary and primary["net_usd"], digits=0),
+               help="explicit saving minus hidden costs (draft training, monitoring, incidents, tech debt)")
+cols[3].metric("Payback of draft training", fmt(primary and primary["payback_months"], " months", digits=1))
+st.subheader(f"Cost per 1M output tokens on {summary['tco']['gpu_type']}")
+st.dataframe(model["arms"], hide_index=True, width="stretch")
+for note in summary["tco"]["notes"] + summary["notes"]:
+    st.caption(f"⚠️ {note}" if "estimate" in note else note)
+
+st.subheader("Does speculation pay? (monthly, hidden costs included)")
+if model["benefits"].empty:
+    st.info("Both speculative and autoregressive requests are needed to price the difference.")
+else:
+    st.dataframe(model["benefits"], hide_index=True, width="stretch")
+
+left, right = st.columns(2)
+with left:
+    st.subheader("Break-even")
+    curves = model["curves"].dropna(subset=["speed-up"])
+    if curves.empty:
+        st.info("No draft/verify timings in this window to model the speed-up curve.")
+    else:
+        measured = [(b["key"], b["measured_alpha"]) for b in summary["break_even"] if b["measured_alpha"] is not None]
+        st.altair_chart(charts.break_even(curves, measured), width="stretch")
+        for b in summary["break_even"]:
+            st.caption(f"{b['key']}: speculation stops paying below acceptance α = {fmt(b['speedup_alpha'], digits=3)} "
+                       f"(speed-up) / {fmt(b['benefit_alpha'], digits=3)} (net benefit); measured α = "
+                       f"{fmt(b['measured_alpha'], digits=3)}")
+with right:
+    st.subheader("Sensitivity (±20%)")
+    if model["tornado"].empty:
+        st.info("No net benefit to vary.")
+    else:
+        st.altair_chart(charts.tornado(model["tornado"]), width="stretch")
+
+st.subheader("Recommendations per scenario")
+st.dataframe(model["advice"][["scenario", "action", "rule", "reason"]] if not model["advice"].empty else model["advice"],
+             hide_index=True, width="stretch")
