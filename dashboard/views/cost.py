@@ -34,16 +34,16 @@ if model["arms"].empty:
     st.stop()
 
 primary = next((b for b in summary["tco"]["benefits"] if b["key"] == summary["tco"]["primary"]), None)
-per_mtok = {a["mode"]: a["total_usd_per_mtok"] for a in summary["tco"]["arms"]}
+per_mtok = {a["key"]: a["total_usd_per_mtok"] for a in summary["tco"]["arms"]}
 cols = st.columns(4)
-cols[0].metric("Speculative $ / 1M tokens", fmt(per_mtok.get("speculative"), digits=4))
+cols[0].metric(f"{summary['tco']['primary'] or 'speculative'} $ / 1M tokens", fmt(per_mtok.get(summary["tco"]["primary"]), digits=4))
 cols[1].metric("Plain $ / 1M tokens", fmt(per_mtok.get("autoregressive"), digits=4))
 cols[2].metric("Net benefit / month", fmt(primary and primary["net_usd"], digits=0),
                help="explicit saving minus hidden costs (draft training, monitoring, incidents, tech debt)")
 cols[3].metric("Payback of draft training", fmt(primary and primary["payback_months"], " months", digits=1))
 st.subheader(f"Cost per 1M output tokens on {summary['tco']['gpu_type']}")
 st.dataframe(model["arms"], hide_index=True, width="stretch")
-for note in summary["tco"]["notes"] + summary["notes"]:
+for note in dict.fromkeys(summary["tco"]["notes"] + summary["notes"]):  # each note once
     st.caption(f"⚠️ {note}" if "estimate" in note else note)
 
 st.subheader("Does speculation pay? (monthly, hidden costs included)")

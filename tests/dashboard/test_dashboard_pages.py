@@ -93,6 +93,6 @@ def test_cost_page_shows_the_collectors_cost_model(app, live_collector):
 
     shown = metrics(open_page(app, "views/cost.py"))
     model = httpx.get(f"{live_collector['url']}/v1/cost", params={"last": 3600}, timeout=60).json()["tco"]
-    per_mtok = {a["mode"]: a["total_usd_per_mtok"] for a in model["arms"]}
-    assert shown["Speculative $ / 1M tokens"] == f"{per_mtok['speculative']:,.4f}"
+    per_mtok = {a["key"]: a["total_usd_per_mtok"] for a in model["arms"]}
+    assert shown[f"{model['primary']} $ / 1M tokens"] == f"{per_mtok[model['primary']]:,.4f}"
     assert shown["Plain $ / 1M tokens"] == f"{per_mtok['autoregressive']:,.4f}"
