@@ -62,26 +62,25 @@ def _request_columns(engine: Engine, window: Window, group_by: Sequence[str], *c
         return _grouped(conn.execute(stmt).all(), len(group_by))
 
 
-def acceptance_rate(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
-    """Accepted / drafted tokens over the window (vLLM's definition), requests that drafted."""
+def _per_drafting_group(engine: Engine, window: Window, group_by: Sequence[str], reduce) -> list[Sample]:
+    """`reduce(drafted, accepted)` per label set, over the requests that drafted."""
     groups = _request_columns(engine, window, group_by, Request.num_draft_tokens, Request.num_accepted_tokens)
     samples = []
     for key, values in groups.items():
         drafted = values[values[:, 0] > 0]
         if len(drafted):
-            samples.append(Sample(_labels(group_by, key), float(drafted[:, 1].sum() / drafted[:, 0].sum()), len(drafted)))
+            samples.append(Sample(_labels(group_by, key), float(reduce(drafted[:, 0], drafted[:, 1])), len(drafted)))
     return samples
+
+
+def acceptance_rate(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+    """Accepted / drafted tokens over the window (vLLM's definition), requests that drafted."""
+    return _per_drafting_group(engine, window, group_by, lambda drafted, accepted: accepted.sum() / drafted.sum())
 
 
 def acceptance_stddev(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
     """Standard deviation across requests of each request's acceptance rate."""
-    groups = _request_columns(engine, window, group_by, Request.num_draft_tokens, Request.num_accepted_tokens)
-    samples = []
-    for key, values in groups.items():
-        drafted = values[values[:, 0] > 0]
-        if len(drafted):
-            samples.append(Sample(_labels(group_by, key), float(np.std(drafted[:, 1] / drafted[:, 0])), len(drafted)))
-    return samples
+    return _per_drafting_group(engine, window, group_by, lambda drafted, accepted: np.std(accepted / drafted))
 
 
 def ttft_p99(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:

@@ -15,7 +15,8 @@ import numpy as np
 from sqlalchemy import Engine, func, select
 
 from collector.models import DeviceSampleRow, Request, VllmScrape
-from collector.queries import Filters, Window, percentiles, Percentiles
+from collector.queries import Filters, Percentiles, Window, percentiles
+from collector.series import DeviceSnapshot
 
 GROUP_COLUMNS = ("mode", "arm", "drafter", "instance", "model", "mode_reason")
 CDF_POINTS = (0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
@@ -170,31 +171,16 @@ def throughput_by_load(engine: Engine, window: Window, filters: Filters = Filter
     return buckets
 
 
-@dataclass(frozen=True)
-class DevicePoint:
-    instance: str
-    device: str
-    at: float
-    mem_allocated_bytes: int
-    mem_reserved_bytes: int
-    fragmentation: float | None
-    power_w: float | None
-    power_source: str | None
-    util_target: float | None
-    util_draft: float | None
-    load: float | None
-
-
-def device_series(engine: Engine, window: Window, instance: str | None = None, max_points: int = 2000) -> list[DevicePoint]:
+def device_series(engine: Engine, window: Window, instance: str | None = None, max_points: int = 2000) -> list[DeviceSnapshot]:
     """Device samples in the window, oldest first, thinned evenly to at most `max_points`."""
-    stmt = select(*(getattr(DeviceSampleRow, f) for f in DevicePoint.__dataclass_fields__)).where(
+    stmt = select(*(getattr(DeviceSampleRow, f) for f in DeviceSnapshot.__dataclass_fields__)).where(
         DeviceSampleRow.at >= window.start, DeviceSampleRow.at < window.end)
     if instance is not None:
         stmt = stmt.where(DeviceSampleRow.instance == instance)
     with engine.connect() as conn:
         rows = conn.execute(stmt.order_by(DeviceSampleRow.at)).all()
     keep = rows if len(rows) <= max_points else [rows[int(i)] for i in np.linspace(0, len(rows) - 1, max_points)]
-    return [DevicePoint(*row) for row in keep]
+    return [DeviceSnapshot(*row) for row in keep]
 
 
 @dataclass(frozen=True)

@@ -22,27 +22,40 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-class CollectorStartError(RuntimeError):
-    pass
+class StartError(RuntimeError):
+    """A child service exited or did not become ready; the message names its log."""
+
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This environment, with the source tree importable and `extra` on top."""
+    path = os.pathsep.join(filter(None, [str(SOURCE_ROOT), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, **(extra or {})}
+
+
+def start_service(name: str, cmd: list[str], env: dict[str, str], log: Path, ready_url: str,
+                  timeout_s: float) -> subprocess.Popen:
+    """Start `cmd` with output appended to `log`; return once `ready_url` answers 200.
+    Raises StartError (and kills the child) if it exits first or is not ready in time."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        process = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise StartError(f"the {name} exited with code {process.returncode}; see {log} (is its port free?)")
+        try:
+            if httpx.get(ready_url, timeout=1).status_code == 200:
+                return process
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    process.kill()
+    raise StartError(f"the {name} did not answer {ready_url} within {timeout_s:.0f} s; see {log}")
 
 
 def start_collector(port: int, log: Path, db_url: str | None = None, env: dict[str, str] | None = None,
                     timeout_s: float = 60.0) -> subprocess.Popen:
     """`specwatch collector serve` on 127.0.0.1:`port`, output appended to `log`; returns once /readyz answers 200."""
     cmd = [sys.executable, "-m", "specwatch", "collector", "serve", "--port", str(port), *(["--db", db_url] if db_url else [])]
-    child_env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SOURCE_ROOT), os.environ.get("PYTHONPATH")])), **(env or {})}
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("ab") as out:
-        process = subprocess.Popen(cmd, env=child_env, stdout=out, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise CollectorStartError(f"the collector exited with code {process.returncode}; see {log} (is port {port} free?)")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                return process
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    process.kill()
-    raise CollectorStartError(f"the collector did not become ready on port {port} within {timeout_s:.0f} s; see {log}")
+    return start_service("collector", cmd, child_env(env), log, f"http://127.0.0.1:{port}/readyz", timeout_s)

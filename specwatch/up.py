@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import secrets
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from pathlib import Path
 import httpx
 import yaml
 
+from collector.launch import StartError, child_env, start_collector, start_service
 from specwatch.cli import UsageError, tcp_port
 
 # (name, scenarios, drafter): the traffic phases `up` cycles through
@@ -90,25 +90,25 @@ def run_up(args: argparse.Namespace) -> int:
 
 
 def start_stack(args: argparse.Namespace, stack: Stack) -> None:
-    from collector.launch import CollectorStartError, start_collector
+    """Collector, engine, dashboard; a child that cannot start is a UsageError naming its log."""
+    try:
+        _start_children(args, stack)
+    except StartError as exc:
+        raise UsageError(str(exc)) from None
 
+
+def _start_children(args: argparse.Namespace, stack: Stack) -> None:
     token = secrets.token_urlsafe(24)
     env = {"SPECWATCH_DATA_DIR": str(args.data_dir), "SPECWATCH_CONTROL_TOKEN": token,
            "SPECWATCH_ALERT_RULES": str(write_rules(args.data_dir, stack.engine)), "SPECWATCH_EXTERNAL_URL": stack.collector}
-    try:
-        stack.processes.append(start_collector(args.port, args.data_dir / "collector.log", env=env))
-    except CollectorStartError as exc:
-        raise UsageError(str(exc)) from None
+    stack.processes.append(start_collector(args.port, args.data_dir / "collector.log", env=env))
     print(f"collector  {stack.collector}   (alerts every 15 s; log {args.data_dir}/collector.log)", flush=True)
     stack.processes.append(start_engine(args, stack, token))
     print(f"engine     {stack.engine}/v1   (OpenAI-compatible; log {args.data_dir}/engine.log)", flush=True)
     if not args.no_dashboard:
-        from dashboard.launch import DashboardStartError, start_dashboard
+        from dashboard.launch import start_dashboard
 
-        try:
-            stack.processes.append(start_dashboard(args.dashboard_port, stack.collector, args.data_dir / "dashboard.log"))
-        except DashboardStartError as exc:
-            raise UsageError(str(exc)) from None
+        stack.processes.append(start_dashboard(args.dashboard_port, stack.collector, args.data_dir / "dashboard.log"))
         stack.dashboard = f"http://127.0.0.1:{args.dashboard_port}"
         print(f"dashboard  {stack.dashboard}", flush=True)
 
@@ -126,28 +126,11 @@ def write_rules(data_dir: Path, engine_url: str) -> Path:
 
 def start_engine(args: argparse.Namespace, stack: Stack, token: str, timeout_s: float = 600.0) -> subprocess.Popen:
     """`specwatch engine serve` with telemetry to the collector; returns once /v1/models answers."""
-    from collector.launch import SOURCE_ROOT
-
     cmd = [sys.executable, "-m", "specwatch", "engine", "serve", "--port", str(args.engine_port), "--collector", stack.collector,
            "--spool-dir", str(args.data_dir / "engine-spool"), "--control-token", token, "--sample-interval", "2",
            "--model", args.model, "--dtype", args.dtype, "--device", args.device, "--threads", str(args.threads)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SOURCE_ROOT), os.environ.get("PYTHONPATH")]))}
-    log = args.data_dir / "engine.log"
-    with log.open("ab") as out:
-        process = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
-    stack.processes.append(process)  # stopped with the rest if it never becomes ready
     print("engine     loading the model (the first run converts the bundled GGUF, ~30 s) ...", flush=True)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise UsageError(f"the engine exited with code {process.returncode}; see {log}")
-        try:
-            if httpx.get(f"{stack.engine}/v1/models", timeout=1).status_code == 200:
-                return stack.processes.pop()
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise UsageError(f"the engine did not answer within {timeout_s:.0f} s; see {log}")
+    return start_service("engine", cmd, child_env(), args.data_dir / "engine.log", f"{stack.engine}/v1/models", timeout_s)
 
 
 async def send_traffic(args: argparse.Namespace, engine_url: str, phase: tuple, duration_s: float = 3600.0,
