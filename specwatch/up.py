@@ -5,7 +5,8 @@ whose remediation points at the engine), the engine with the bundled model (tele
 the collector, control API behind a generated token), and the dashboard. Then it drives
 the engine with background traffic in phases: grounded work that n-gram drafting suits,
 then open chat drafted by an untrained early exit (acceptance of a few percent), so
-`SpecAcceptanceLow` really fires, acts, and clears. Ctrl-C stops everything; `--once` sends
+`SpecAcceptanceLow` really fires and clears (the engine's own low-acceptance fallback is
+switched off here, so the alert path is what reacts). Ctrl-C stops everything; `--once` sends
 `--requests` requests, prints what the collector saw, and exits.
 """
 
@@ -28,7 +29,7 @@ from specwatch.cli import UsageError, tcp_port
 
 # (name, scenarios, drafter): the traffic phases `up` cycles through
 PHASES = (
-    ("grounded work, n-gram drafts", ("grounded", "summary", "code-edit", "extraction"), "ngram"),
+    ("grounded work, n-gram drafts", ("grounded", "code-edit"), "ngram"),
     ("open chat, untrained early-exit drafts", ("chat",), "early-exit:2"),
 )
 
@@ -128,6 +129,7 @@ def start_engine(args: argparse.Namespace, stack: Stack, token: str, timeout_s: 
     """`specwatch engine serve` with telemetry to the collector; returns once /v1/models answers."""
     cmd = [sys.executable, "-m", "specwatch", "engine", "serve", "--port", str(args.engine_port), "--collector", stack.collector,
            "--spool-dir", str(args.data_dir / "engine-spool"), "--control-token", token, "--sample-interval", "2",
+           "--min-acceptance", "0",  # the engine's own low-acceptance fallback off: in this demo the alert reacts
            "--model", args.model, "--dtype", args.dtype, "--device", args.device, "--threads", str(args.threads)]
     print("engine     loading the model (the first run converts the bundled GGUF, ~30 s) ...", flush=True)
     return start_service("engine", cmd, child_env(), args.data_dir / "engine.log", f"{stack.engine}/v1/models", timeout_s)

@@ -28,7 +28,7 @@ def test_up_once_stores_the_sample_traffic(tmp_path):
         rows = db.execute("select mode, drafter, json_extract(tags, '$.scenario') from requests").fetchall()
         events = {kind for (kind,) in db.execute("select kind from engine_events")}
     assert len(rows) == 3 and {drafter for _, drafter, _ in rows} == {"ngram"}
-    assert {scenario for *_, scenario in rows} <= {"grounded", "summary", "code-edit", "extraction"}
+    assert {scenario for *_, scenario in rows} <= {"grounded", "code-edit"}
     assert {"cold_start", "config"} <= events
     rules = yaml.safe_load((tmp_path / "alert-rules.yaml").read_text())
     assert rules["remediation"]["engines"] == {"*": f"http://127.0.0.1:{ports[1]}"}
