@@ -2,16 +2,28 @@
 
 PostgreSQL runs when SPECWATCH_TEST_POSTGRES_URL points at a server (.ci/run starts one);
 otherwise its parametrisations are skipped with that reason.
+
+`live_collector` (session): a collector filled with real engine telemetry, shared by the
+dashboard and report tests. The bundled model is served by `specwatch engine serve` (a child
+process, telemetry to a collector child process, A/B arms, device samples every 0.5 s) and
+driven by the traffic generator: grounded scenarios with n-gram drafts, and chat drafted by an
+untrained early exit (low acceptance), so every page and report section has something real to show.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
+import subprocess
+import sys
+import time
 
+import httpx
 import pytest
 from sqlalchemy import Engine, text
 
 from collector.db import make_engine, upgrade
+from collector.launch import SOURCE_ROOT, free_port, start_collector
 
 POSTGRES_URL = os.environ.get("SPECWATCH_TEST_POSTGRES_URL")
 
@@ -48,3 +60,45 @@ def bundled_engine():
     from engine.engine import Engine, EngineConfig
 
     return Engine(EngineConfig(dtype="float32", instance="test"))
+
+
+@pytest.fixture(scope="session")
+def live_collector(tmp_path_factory) -> dict:
+    """{"url": the collector's base URL, "db": its SQLite file} (see the module docstring)."""
+    from engine.traffic import TrafficConfig, run_traffic
+
+    data = tmp_path_factory.mktemp("live")
+    port, engine_port = free_port(), free_port()
+    collector = start_collector(port, data / "collector.log", f"sqlite:///{data / 'specwatch.db'}")
+    url, engine_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{engine_port}"
+    engine = subprocess.Popen(
+        [sys.executable, "-m", "specwatch", "engine", "serve", "--port", str(engine_port), "--collector", url,
+         "--spool-dir", str(data / "spool"), "--canary-fraction", "0.7", "--sample-interval", "0.5", "--instance", "laptop",
+         "--min-acceptance", "0"],
+        env={**os.environ, "PYTHONPATH": str(SOURCE_ROOT)}, stdout=(data / "engine.log").open("wb"), stderr=subprocess.STDOUT)
+    try:
+        _wait(lambda: httpx.get(f"{engine_url}/v1/models", timeout=1).status_code == 200, 300, "the engine")
+        for scenarios, drafter in ((("grounded", "summary"), "ngram"), (("chat",), "early-exit:2")):
+            config = TrafficConfig(url=engine_url, scenarios=scenarios, max_requests=10, duration_s=300, concurrency=2,
+                                   max_tokens=24, drafter=drafter)
+            asyncio.run(run_traffic(config, progress=open(os.devnull, "w")))
+        _wait(lambda: httpx.get(f"{url}/v1/signals", params={"last": 3600}).json()["requests"] >= 20, 30, "the telemetry")
+        time.sleep(1.0)  # a few more device samples
+        yield {"url": url, "db": data / "specwatch.db"}
+    finally:
+        engine.terminate()
+        engine.wait(30)
+        collector.terminate()
+        collector.wait(30)
+
+
+def _wait(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if condition():
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"timed out waiting for {what}")
