@@ -18,6 +18,7 @@ COMMANDS = {
     "collector": "collector.cli",
     "db": "collector.cli",
     "cost": "collector.cost_cli",
+    "report": "collector.report_cli",
     "alerts": "alerts.cli",
     "dashboard": "dashboard.cli",
     "up": "specwatch.up",

@@ -1,0 +1,69 @@
+"""`specwatch report`: the monthly cost-benefit report as a self-contained HTML file and JSON.
+
+    specwatch report [--month YYYY-MM] [--out DIR] [--db URL] [--gpu TYPE] [--prices FILE]
+
+--month defaults to last month (UTC); the files are `specwatch-report-YYYY-MM.html` and `.json`
+in DIR (default: the current directory). Prints both paths.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from specwatch.cli import UsageError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    report = subparsers.add_parser("report", help="write the monthly cost-benefit report (HTML + JSON)")
+    report.add_argument("--month", metavar="YYYY-MM", default=None, help="the month to report (default: last month, UTC)")
+    report.add_argument("--out", metavar="DIR", type=Path, default=Path("."), help="output directory (default: .)")
+    report.add_argument("--db", metavar="URL", default=None,
+                        help="SQLAlchemy URL (default: SPECWATCH_DATABASE_URL, else SQLite under SPECWATCH_DATA_DIR)")
+    report.add_argument("--gpu", metavar="TYPE", default=None,
+                        help="accelerator of the price table (default: the sampled device's)")
+    report.add_argument("--prices", metavar="FILE.toml", type=Path, default=None,
+                        help="price table (default: the shipped collector/prices.toml)")
+    report.set_defaults(handler=report_command)
+
+
+def report_command(args: argparse.Namespace) -> int:
+    from collector.report import last_month, month_window
+
+    month = args.month or last_month()
+    try:
+        month_window(month)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    html_path, json_path = _write(args, month)
+    print(html_path)
+    print(json_path)
+    return 0
+
+
+def _write(args: argparse.Namespace, month: str) -> tuple[Path, Path]:
+    from sqlalchemy.exc import OperationalError
+
+    from collector.cli import settings_from
+    from collector.cost_inputs import load_prices
+    from collector.db import is_current, make_engine
+    from collector.report import build_report, write_report
+
+    try:
+        prices = load_prices(args.prices)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    engine = make_engine(settings_from(args).database_url_resolved)
+    try:
+        if not is_current(engine):
+            raise UsageError("the database schema is not current: run `specwatch db upgrade` first")
+        report = build_report(engine, month, prices, gpu_type=args.gpu)
+        return write_report(report, args.out)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    except OperationalError as exc:
+        raise UsageError(f"cannot read the database: {str(exc.orig).splitlines()[0]}") from None
+    except OSError as exc:
+        raise UsageError(f"cannot write the report to {args.out}: {exc.strerror}") from None
+    finally:
+        engine.dispose()
