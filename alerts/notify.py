@@ -7,7 +7,9 @@ the row is delivered; otherwise it is retried with exponential backoff (the rece
 `retry_backoff`, default 5 s, doubling up to 10 min) and marked dead after the receiver's `max_attempts`. A receiver being down loses nothing.
 
 Payload: Alertmanager's webhook version 4 JSON, so existing consumers work unchanged, or a
-Slack-compatible `text`/`blocks` message. Every POST carries `Idempotency-Key` (a retry of the
+Slack-compatible `text`/`blocks` message. The monthly report's link travels the same outbox
+(`enqueue_report`: plain JSON `{"kind": "specwatch.report", ...}`, or a Slack `text`).
+Every POST carries `Idempotency-Key` (a retry of the
 same notification repeats it) and, when the receiver has a secret,
 `X-Specwatch-Signature: sha256=<hex HMAC-SHA256 of the body>`.
 """
@@ -108,6 +110,47 @@ def enqueue(conn: Connection, config: AlertConfig, rule: str, alerts: Sequence[A
             "key": hashlib.sha256(identity.encode()).hexdigest()[:32], "receiver": receiver.name, "rule": rule,
             "alert_status": "firing" if any(a.state == State.FIRING for a in wanted) else "resolved",
             "payload": payload, "created_at": now, "status": "pending", "attempts": 0, "next_attempt_at": now,
+        })
+    if rows:
+        conn.execute(insert(AlertNotificationRow), rows)
+    return len(rows)
+
+
+REPORT_RULE = "SpecwatchMonthlyReport"
+REPORT_LABELS = {"alertname": REPORT_RULE, "severity": "info"}  # what receivers' `match` sees for reports
+
+
+def report_payload(month: str, url: str, summary: dict) -> dict:
+    """The monthly report link: `{"kind": "specwatch.report", "month", "url", **summary}` (plain JSON,
+    not Alertmanager's shape: it is no alert). `summary` holds the recommendation and net benefit."""
+    return {"kind": "specwatch.report", "month": month, "url": url, **summary}
+
+
+def slack_report(payload: dict) -> dict:
+    net = payload.get("net_monthly_benefit_usd")
+    money = "" if net is None else f", net benefit {net:,.0f} USD/month"
+    action = str(payload.get("recommendation", "")).upper()
+    return {"text": f":bar_chart: specwatch report {payload['month']}: {action} speculation{money}. "
+                    f"<{payload['url']}|Open the report>"}
+
+
+def enqueue_report(conn: Connection, config: AlertConfig, month: str, url: str, summary: dict,
+                   now: float | None = None) -> int:
+    """One notification of the month's report per receiver that wants `REPORT_LABELS`, at most once
+    per (receiver, month): the idempotency key is derived from both, so calling again adds nothing.
+    Returns how many were added."""
+    now = time.time() if now is None else now
+    existing = set(conn.scalars(select(AlertNotificationRow.key).where(AlertNotificationRow.rule == REPORT_RULE)))
+    rows = []
+    for receiver in config.receivers:
+        key = hashlib.sha256(f"{receiver.name}|report|{month}".encode()).hexdigest()[:32]
+        if not receiver.wants(REPORT_LABELS) or key in existing:
+            continue
+        payload = report_payload(month, url, summary)
+        rows.append({
+            "key": key, "receiver": receiver.name, "rule": REPORT_RULE, "alert_status": "report",
+            "payload": slack_report(payload) if receiver.format == "slack" else payload, "created_at": now,
+            "status": "pending", "attempts": 0, "next_attempt_at": now,
         })
     if rows:
         conn.execute(insert(AlertNotificationRow), rows)

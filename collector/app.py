@@ -1,7 +1,7 @@
 """The collector service: `create_app(settings)` builds the FastAPI app.
 
 The lifespan opens the database, upgrades its schema to the newest migration and starts
-the background jobs (roll-ups and retention, vLLM scrapes); route modules reach those through `deps.py`.
+the background jobs (roll-ups and retention, vLLM scrapes, alerts, the monthly report); route modules reach those through `deps.py`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
-from collector import routes_alerts, routes_cost, routes_ingest, routes_query
+from collector import routes_alerts, routes_cost, routes_ingest, routes_query, routes_report
 from collector.db import make_engine, upgrade
 from collector.maintenance import maintenance_loop
 from collector.metrics import CollectorMetrics
@@ -41,6 +41,10 @@ def create_app(settings: Settings | None = None, registry: CollectorRegistry | N
         runner = _alert_runner(settings, engine)
         if runner is not None:
             tasks.append(asyncio.create_task(runner.run(), name="alerts"))
+        if settings.report_dir is not None:
+            from collector.report_schedule import report_loop
+
+            tasks.append(asyncio.create_task(report_loop(engine, settings), name="monthly report"))
         try:
             yield
         finally:
@@ -57,6 +61,7 @@ def create_app(settings: Settings | None = None, registry: CollectorRegistry | N
     app.include_router(routes_query.router)
     app.include_router(routes_alerts.router)
     app.include_router(routes_cost.router)
+    app.include_router(routes_report.router)
     return app
 
 

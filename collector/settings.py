@@ -35,6 +35,8 @@ class Settings(BaseSettings):
     alert_rules: Path | None = None
     # Where people reach this collector (links in webhook payloads).
     external_url: str = ""
+    # Set: last month's report is written here once a month and its link sent to the webhooks.
+    report_dir: Path | None = None
 
     @field_validator("scrape_vllm", mode="before")
     @classmethod

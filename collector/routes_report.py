@@ -1,0 +1,30 @@
+"""GET /v1/reports (the monthly reports written under `SPECWATCH_REPORT_DIR`) and
+GET /v1/reports/<file>: one report, `specwatch-report-YYYY-MM.html` or `.json` (the link the
+webhooks receive). 404 when no report directory is configured or the file is not there."""
+
+from __future__ import annotations
+
+import re
+
+from fastapi import APIRouter, HTTPException, Response
+from fastapi.responses import FileResponse
+
+from collector.deps import SettingsDep, json_response
+
+router = APIRouter(prefix="/v1/reports")
+_NAME = re.compile(r"specwatch-report-\d{4}-\d{2}\.(html|json)")
+
+
+@router.get("")
+def list_reports(settings: SettingsDep) -> Response:
+    folder = settings.report_dir
+    names = sorted(p.name for p in folder.iterdir() if _NAME.fullmatch(p.name)) if folder and folder.is_dir() else []
+    return json_response({"reports": names})
+
+
+@router.get("/{name}")
+def get_report(name: str, settings: SettingsDep) -> FileResponse:
+    path = settings.report_dir / name if settings.report_dir is not None and _NAME.fullmatch(name) else None
+    if path is None or not path.is_file():
+        raise HTTPException(404, f"no report {name!r}")
+    return FileResponse(path, media_type="text/html" if name.endswith(".html") else "application/json")
