@@ -32,6 +32,8 @@ def test_up_once_stores_the_sample_traffic(tmp_path):
     assert {"cold_start", "config"} <= events
     rules = yaml.safe_load((tmp_path / "alert-rules.yaml").read_text())
     assert rules["remediation"]["engines"] == {"*": f"http://127.0.0.1:{ports[1]}"}
+    ttft = next(rule for rule in rules["rules"] if rule["name"] == "TTFTP99High")
+    assert ttft["threshold"] == 1.0 and "TTFTP99High threshold raised from 0.3 s to 1 s" in done.stdout
 
 
 def test_up_rejects_bad_arguments():
