@@ -62,6 +62,7 @@ def create_app(settings: Settings | None = None, registry: CollectorRegistry | N
     app.include_router(routes_alerts.router)
     app.include_router(routes_cost.router)
     app.include_router(routes_report.router)
+    app.include_router(routes_report.on_demand)
     return app
 
 

@@ -1,6 +1,7 @@
 """GET /v1/reports (the monthly reports written under `SPECWATCH_REPORT_DIR`) and
 GET /v1/reports/<file>: one report, `specwatch-report-YYYY-MM.html` or `.json` (the link the
-webhooks receive). 404 when no report directory is configured or the file is not there."""
+webhooks receive). 404 when no report directory is configured or the file is not there.
+GET /v1/report?month=YYYY-MM builds a month's HTML report on demand (the dashboard's download)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import re
 from fastapi import APIRouter, HTTPException, Response
 from fastapi.responses import FileResponse
 
-from collector.deps import SettingsDep, json_response
+from collector.deps import EngineDep, SettingsDep, json_response
 
 router = APIRouter(prefix="/v1/reports")
+on_demand = APIRouter(prefix="/v1")
 _NAME = re.compile(r"specwatch-report-\d{4}-\d{2}\.(html|json)")
 
 
@@ -28,3 +30,17 @@ def get_report(name: str, settings: SettingsDep) -> FileResponse:
     if path is None or not path.is_file():
         raise HTTPException(404, f"no report {name!r}")
     return FileResponse(path, media_type="text/html" if name.endswith(".html") else "application/json")
+
+
+@on_demand.get("/report")
+def build_html_report(engine: EngineDep, month: str, gpu: str | None = None) -> Response:
+    from collector.cost_inputs import load_prices
+    from collector.report import build_report
+    from collector.report_html import render_html
+
+    try:
+        report = build_report(engine, month, load_prices(), gpu_type=gpu)
+    except ValueError as exc:
+        raise HTTPException(422, {"error": "invalid_parameter", "message": str(exc)}) from None
+    headers = {"Content-Disposition": f'attachment; filename="specwatch-report-{month}.html"'}
+    return Response(render_html(report), media_type="text/html", headers=headers)

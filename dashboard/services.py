@@ -244,3 +244,15 @@ def cost(view: View, gpu_type: str | None = None, overrides: tuple[tuple[str, fl
                            for b in found["break_even"] for alpha, speedup, net in b["curve"]])
     return {"summary": found, "arms": arms, "benefits": benefits, "curves": curves,
             "tornado": pd.DataFrame(found["sensitivity"]), "advice": pd.DataFrame(found["advice"])}
+
+
+def report_html(month: str) -> bytes:
+    """A month's self-contained HTML cost-benefit report, built by the collector."""
+    url = f"{collector_url()}/v1/report"
+    try:
+        response = httpx.get(url, params={"month": month}, timeout=120.0)
+    except httpx.HTTPError as exc:
+        raise CollectorUnavailable(f"cannot reach the collector at {collector_url()}: {exc}") from None
+    if response.status_code != 200:
+        raise CollectorUnavailable(f"the collector answered {response.status_code} for the report: {response.text[:300]}")
+    return response.content

@@ -6,6 +6,8 @@ pages or re-running a page does not hit the collector again.
 
 from __future__ import annotations
 
+import time
+
 import streamlit as st
 
 from dashboard import services
@@ -67,3 +69,7 @@ def view() -> View:
 
 def fmt(value: float | None, unit: str = "", scale: float = 1.0, digits: int = 2) -> str:
     return "—" if value is None else f"{value * scale:,.{digits}f}{unit}"
+
+
+def this_month() -> str:
+    return time.strftime("%Y-%m", time.gmtime())

@@ -3,7 +3,7 @@
 import streamlit as st
 
 from dashboard import charts
-from dashboard.state import empty_state, fetch, fmt, view
+from dashboard.state import empty_state, fetch, fmt, this_month, view
 
 v = view()
 st.title("Cost")
@@ -75,3 +75,9 @@ with right:
 st.subheader("Recommendations per scenario")
 st.dataframe(model["advice"][["scenario", "action", "rule", "reason"]] if not model["advice"].empty else model["advice"],
              hide_index=True, width="stretch")
+
+st.subheader("Monthly cost-benefit report")
+month = st.text_input("Month (YYYY-MM)", value=this_month(), max_chars=7)
+if st.button("Build the report"):
+    st.download_button(f"Download specwatch-report-{month}.html", fetch("report_html", month),
+                       file_name=f"specwatch-report-{month}.html", mime="text/html")

@@ -96,3 +96,16 @@ def test_cost_page_shows_the_collectors_cost_model(app, live_collector):
     per_mtok = {a["key"]: a["total_usd_per_mtok"] for a in model["arms"]}
     assert shown[f"{model['primary']} $ / 1M tokens"] == f"{per_mtok[model['primary']]:,.4f}"
     assert shown["Plain $ / 1M tokens"] == f"{per_mtok['autoregressive']:,.4f}"
+
+
+def test_cost_page_builds_the_monthly_report_for_download(app, live_collector):
+    import time
+
+    page = open_page(app, "views/cost.py")
+    build = next(b for b in page.button if b.label == "Build the report")
+    build.click().run()
+    assert not page.exception and not page.error
+    from dashboard import services
+
+    html = services.report_html(time.strftime("%Y-%m", time.gmtime())).decode()
+    assert html.startswith("<!DOCTYPE html>") and "speculative" in html.lower()
