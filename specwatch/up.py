@@ -141,6 +141,7 @@ def start_engine(args: argparse.Namespace, stack: Stack, token: str, timeout_s: 
     cmd = [sys.executable, "-m", "specwatch", "engine", "serve", "--port", str(args.engine_port), "--collector", stack.collector,
            "--spool-dir", str(args.data_dir / "engine-spool"), "--control-token", token, "--sample-interval", "2",
            "--min-acceptance", "0",  # the engine's own low-acceptance fallback off: in this demo the alert reacts
+           "--canary-fraction", "0.8",  # 20% plain 'control' arm: the speed-up is measured A/B, not assumed
            "--model", args.model, "--dtype", args.dtype, "--device", args.device, "--threads", str(args.threads)]
     print("engine     loading the model (the first run converts the bundled GGUF, ~30 s) ...", flush=True)
     return start_service("engine", cmd, child_env(), args.data_dir / "engine.log", f"{stack.engine}/v1/models", timeout_s)
