@@ -25,9 +25,9 @@ def test_up_once_stores_the_sample_traffic(tmp_path):
     assert "collector, last 60 min: 3 requests" in done.stdout
     assert f"dashboard  http://127.0.0.1:{ports[2]}" in done.stdout
     with sqlite3.connect(tmp_path / "specwatch.db") as db:
-        rows = db.execute("select mode, drafter, json_extract(tags, '$.scenario') from requests").fetchall()
+        rows = db.execute("select arm, drafter, json_extract(tags, '$.scenario') from requests").fetchall()
         events = {kind for (kind,) in db.execute("select kind from engine_events")}
-    assert len(rows) == 3 and {drafter for _, drafter, _ in rows} == {"ngram"}
+    assert len(rows) == 3 and {(arm, drafter) for arm, drafter, _ in rows} <= {("spec", "ngram"), ("control", None)}
     assert {scenario for *_, scenario in rows} <= {"grounded", "code-edit"}
     assert {"cold_start", "config"} <= events
     rules = yaml.safe_load((tmp_path / "alert-rules.yaml").read_text())
