@@ -76,7 +76,7 @@ def render_text(summary: CostSummary) -> str:
 
 def _header(summary: CostSummary) -> list[str]:
     t = summary.tco
-    where = "what-if inputs" if summary.window is None else f"last {summary.window.seconds / 86400:.1f} days measured"
+    where = "what-if inputs" if summary.window is None else f"last {_span(summary.window.seconds)} measured"
     return [(f"Cost of speculative decoding ({where}); {t.gpu_type} at ${t.gpu_hour_usd:.2f}/GPU-hour, "
              f"prices as of {t.prices_as_of}"),
             f"Volume priced: {t.monthly_output_tokens:,.0f} output tokens/month ({t.volume_source})"]
@@ -133,3 +133,7 @@ def _advice_lines(advice: tuple[Recommendation, ...]) -> list[str]:
         lines.append(f"  {r.scenario}: {r.action.upper()} [{r.rule}] {r.reason}")
         lines += [f"    ! {c}" for c in r.contradictions]
     return lines
+
+
+def _span(seconds: float) -> str:
+    return f"{seconds / 86400:.1f} days" if seconds >= 86400 else f"{seconds / 3600:.1f} hours"
