@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
 import httpx  # noqa: E402
-from sqlalchemy import func, select  # noqa: E402
+from sqlalchemy import func, select, update  # noqa: E402
 
 from collector.db import make_engine, upgrade  # noqa: E402
 from collector.launch import free_port, start_collector  # noqa: E402
@@ -35,7 +35,7 @@ OVERVIEW_CALLS = [("/v1/labels", {}), ("/v1/signals", {}), ("/v1/labels", {"inst
                   ("/v1/alerts", {}), ("/v1/series", {"step": 60})]
 
 
-def prepare(path: Path, rows: int, days: float) -> float:
+def prepare(path: Path, rows: int, days: float) -> None:
     engine = make_engine(f"sqlite:///{path}")
     upgrade(engine)
     with engine.connect() as conn:
@@ -44,9 +44,10 @@ def prepare(path: Path, rows: int, days: float) -> float:
         now = time.time()
         print(f"loading {rows:,} requests over {days:g} days ... {load(path, rows, days, now):.1f} s", flush=True)
         roll_up(engine, now=now)
-        newest = now
+    elif time.time() - newest > 60:  # a reused file: move its requests up to now, so the last hour is as full
+        with engine.begin() as conn:
+            conn.execute(update(Request).values(started_at=Request.started_at + (time.time() - newest)))
     engine.dispose()
-    return newest
 
 
 def render_overview(url: str) -> float:
@@ -72,10 +73,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="specwatch-dashboard-") as tmp:
         path = args.db or Path(tmp) / "bench.db"
-        newest = prepare(path, args.rows, args.days)
-        if time.time() - newest > 1800:
-            print(f"note: the newest stored request is {(time.time() - newest) / 3600:.1f} h old; the one-hour window "
-                  "holds fewer rows than a live store would")
+        prepare(path, args.rows, args.days)
         port = free_port()
         collector = start_collector(port, Path(tmp) / "collector.log", f"sqlite:///{path}")
         url = f"http://127.0.0.1:{port}"
