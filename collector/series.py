@@ -30,6 +30,8 @@ class SeriesPoint:
     ttft_p99: float | None
     e2e_p50: float | None
     e2e_p99: float | None
+    tpot_p50: float | None = None  # time per output token after the first; raw rows only (not in rollups)
+    tpot_p99: float | None = None
 
 
 _COLUMNS = (
@@ -55,6 +57,8 @@ def series(engine: Engine, window: Window, filters: Filters = Filters(), step_s:
     rate_mean, rate_std = _rate_moments(index, drafted, accepted, steps)
     errors = np.bincount(index, weights=np.array([s == "error" for s in list(zip(*rows))[7]], dtype=float), minlength=steps)
     ttft_q, e2e_q = grouped_quantiles(index, ttft, steps, (0.5, 0.99)), grouped_quantiles(index, e2e, steps, (0.5, 0.99))
+    tpot = np.where((out > 1) & ~np.isnan(ttft), (e2e - ttft) / np.maximum(out - 1, 1), np.nan)
+    tpot_q = grouped_quantiles(index, tpot, steps, (0.5, 0.99))
     return [
         SeriesPoint(
             t=window.start + i * step_s, requests=int(counts[i]), errors=int(errors[i]), output_tokens=int(sums["out"][i]),
@@ -63,6 +67,7 @@ def series(engine: Engine, window: Window, filters: Filters = Filters(), step_s:
             acceptance_rate_mean=_num(rate_mean[i]), acceptance_rate_stddev=_num(rate_std[i]),
             mean_acceptance_length=None if not sums["drafts"][i] else float(1.0 + sums["accepted"][i] / sums["drafts"][i]),
             ttft_p50=_num(ttft_q[0][i]), ttft_p99=_num(ttft_q[1][i]), e2e_p50=_num(e2e_q[0][i]), e2e_p99=_num(e2e_q[1][i]),
+            tpot_p50=_num(tpot_q[0][i]), tpot_p99=_num(tpot_q[1][i]),
         )
         for i in range(steps)
     ]

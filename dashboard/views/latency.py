@@ -13,8 +13,9 @@ if over_time.empty or not over_time["requests"].sum():
     empty_state()
     st.stop()
 
-left, right = st.columns(2)
+left, middle, right = st.columns(3)
 left.altair_chart(charts.line(over_time, "ttft_p99", "TTFT P99 (s)", TTFT_SLO_S, "300 ms"), width="stretch")
+middle.altair_chart(charts.line(over_time, "tpot_p99", "time per output token P99 (s)"), width="stretch")
 right.altair_chart(charts.line(over_time, "e2e_p99", "end-to-end P99 (s)"), width="stretch")
 
 comparison = fetch("compare", v)

@@ -102,6 +102,7 @@ def test_series_points_agree_with_signals_of_each_minute(engine, dataset):
         assert p.acceptance_rate_mean == pytest.approx(minute.acceptance_rate_mean)
         assert p.acceptance_rate_stddev == pytest.approx(minute.acceptance_rate_stddev)
         assert p.ttft_p99 == pytest.approx(minute.ttft.p99) and p.e2e_p50 == pytest.approx(minute.e2e.p50)
+        assert p.tpot_p99 == pytest.approx(minute.tpot.p99) and p.tpot_p50 == pytest.approx(minute.tpot.p50)
 
 
 def test_latest_device_samples(engine, dataset):
