@@ -46,6 +46,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--long-prompt-tokens", type=int, default=512)
     serve.add_argument("--canary-fraction", type=float, default=1.0, help="share of requests that speculate (A/B arms when < 1)")
     serve.add_argument("--min-acceptance", type=float, default=0.3)
+    serve.add_argument("--memory-high", type=float, default=0.90,
+                       help="unload the draft models above this share of device memory in use (default 0.90; 1 = never)")
+    serve.add_argument("--memory-low", type=float, default=0.80, help="...and load them again below this share (default 0.80)")
     serve.add_argument("--control-token", default=os.environ.get("SPECWATCH_CONTROL_TOKEN"),
                        help="bearer token for /v1/control (default: SPECWATCH_CONTROL_TOKEN; unset: open)")
     serve.set_defaults(handler=run_serve)
@@ -134,6 +137,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from engine.device import DeviceSampler
     from engine.engine import Engine, EngineConfig
     from engine.loading import ModelLoadError
+    from engine.memory_guard import MemoryGuard, MemoryGuardConfig
     from engine.policy import Policy, PolicyConfig
     from engine.scheduler import Scheduler, SchedulerConfig
     from engine.server import create_app
@@ -142,6 +146,7 @@ def run_serve(args: argparse.Namespace) -> int:
         policy = Policy(PolicyConfig(load_off=args.load_off, load_on=args.load_on, long_prompt_tokens=args.long_prompt_tokens,
                                      canary_fraction=args.canary_fraction, min_acceptance=args.min_acceptance))
         scheduler_config = SchedulerConfig(slots=args.slots, max_queue=args.max_queue)
+        guard_config = MemoryGuardConfig(high=args.memory_high, low=args.memory_low)
         config = EngineConfig(model=args.model, dtype=args.dtype, device=args.device, threads=args.threads, instance=args.instance)
         engine = Engine(config)
     except (ValueError, ModelLoadError) as exc:
@@ -161,9 +166,12 @@ def run_serve(args: argparse.Namespace) -> int:
     print(f"engine: {engine.target.name} ({engine.target.dtype}) on http://{args.host}:{args.port}/v1, "
           f"telemetry -> {args.collector or 'off'}", file=sys.stderr, flush=True)
     app = create_app(scheduler, engine.target.name, control_token=args.control_token, emit=emit)
+    guard = MemoryGuard(scheduler, emit, guard_config)
+    guard.start()
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     finally:
+        guard.stop()
         if client:
             sampler.stop()
             client.close()
