@@ -108,17 +108,16 @@ def _nvml_energy_reader(device: torch.device):
     return lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1000.0  # mJ -> J
 
 
-class DeviceSampler:
-    """A background thread that turns the engine's state into a DeviceSample every `interval_s`."""
+class Periodic:
+    """A daemon thread that calls `tick()` every `interval_s` until `stop()`."""
 
-    def __init__(self, scheduler, instance: str, interval_s: float, send) -> None:
-        self.scheduler, self.instance, self.interval_s, self.send = scheduler, instance, interval_s, send
-        self.device = scheduler.engine.target.device
-        self.power = PowerMeter(self.device)
+    def __init__(self, interval_s: float, name: str) -> None:
+        self.interval_s = interval_s
         self._stop = threading.Event()
-        self._busy = (0.0, 0.0)
-        self._last = time.monotonic()
-        self._thread = threading.Thread(target=self._loop, name="specwatch-device-sampler", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+
+    def tick(self) -> None:
+        raise NotImplementedError
 
     def start(self) -> None:
         self._thread.start()
@@ -129,7 +128,22 @@ class DeviceSampler:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
-            self.send(self.sample())
+            self.tick()
+
+
+class DeviceSampler(Periodic):
+    """A background thread that turns the engine's state into a DeviceSample every `interval_s`."""
+
+    def __init__(self, scheduler, instance: str, interval_s: float, send) -> None:
+        super().__init__(interval_s, "specwatch-device-sampler")
+        self.scheduler, self.instance, self.send = scheduler, instance, send
+        self.device = scheduler.engine.target.device
+        self.power = PowerMeter(self.device)
+        self._busy = (0.0, 0.0)
+        self._last = time.monotonic()
+
+    def tick(self) -> None:
+        self.send(self.sample())
 
     def sample(self) -> DeviceSample:
         now = time.monotonic()

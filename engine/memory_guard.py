@@ -10,7 +10,6 @@ The guard only reloads what it unloaded itself: a manual unload stays manual.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import torch
 
 from engine import control
+from engine.device import Periodic
 
 MEMINFO = Path("/proc/meminfo")
 
@@ -47,13 +47,12 @@ class MemoryGuardConfig:
             raise ValueError("memory guard needs 0 < low < high <= 1")
 
 
-class MemoryGuard:
+class MemoryGuard(Periodic):
     def __init__(self, scheduler, emit, config: MemoryGuardConfig = MemoryGuardConfig(),
                  read: Callable[[torch.device], float | None] = used_fraction) -> None:
+        super().__init__(config.interval_s, "specwatch-memory-guard")
         self.scheduler, self.emit, self.config, self.read = scheduler, emit, config, read
         self.unloaded: list[str] | None = None  # what the guard took out, until it puts it back
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="specwatch-memory-guard", daemon=True)
 
     def check(self) -> str | None:
         """One reading; returns 'unloaded', 'reloaded' or None (nothing to do)."""
@@ -74,13 +73,5 @@ class MemoryGuard:
     def _emit_with(self, extra: dict):
         return lambda kind, detail, duration_s: self.emit(kind, {**detail, **extra}, duration_s)
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.config.interval_s):
-            self.check()
+    def tick(self) -> None:
+        self.check()

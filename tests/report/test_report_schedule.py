@@ -11,7 +11,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
-import pytest
 import yaml
 from sqlalchemy import select
 
