@@ -1,12 +1,13 @@
 """Concurrency sweep: speculation on, off, and the `auto` policy, side by side in one run.
 
-    python bench/load.py [--levels 1 2 4 8] [--slots 4] [--max-tokens 64] [--csv out.csv]
+    python bench/load.py [--levels 1 2 4 8] [--slots 4] [--max-tokens 64] [--csv out.csv] [--plot out.png]
 
 One engine (bundled model) serves all three modes through its OpenAI API; at each
 concurrency level each mode gets the same scenario mix (grounded, code edit, chat).
 Prints throughput and P50/P99 TTFT and e2e per level and mode, the knee (the first
 level after which throughput grows by less than 10% while P99 e2e keeps rising), and
-whether `auto` stays within 10% of the better of on/off at every level.
+whether `auto` stays within 10% of the better of on/off at every level. `--plot` draws
+throughput and P99 e2e against concurrency per mode, knees marked.
 """
 
 from __future__ import annotations
@@ -74,6 +75,35 @@ def report(rows: list[dict]) -> None:
     print(f"auto vs the better of on/off, worst level: {worst:.2f}x ({'within' if worst >= 0.9 else 'NOT within'} 10%)")
 
 
+def plot(rows: list[dict], path: Path) -> None:
+    """Throughput (left) and P99 end-to-end latency (right) against concurrency, per mode."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    fig, (tput, lat) = plt.subplots(1, 2, figsize=(11, 4))
+    for mode in MODES:
+        points = [r for r in rows if r["mode"] == mode]
+        levels = [r["level"] for r in points]
+        line, = tput.plot(levels, [r["output_tokens_per_s"] for r in points], marker="o", label=mode)
+        lat.plot(levels, [1000 * (r["e2e_p99_s"] or float("nan")) for r in points], marker="o", label=mode)
+        if (at := knee(rows, mode)) is not None:
+            tput.axvline(at, color=line.get_color(), linestyle=":", alpha=0.7)
+    for ax, title in ((tput, "output tokens/s"), (lat, "P99 end-to-end latency (ms)")):
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.set_xlabel("concurrent clients")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle("speculation on / off / auto by concurrency (dotted: knee)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def _by_level(rows: list[dict]):
     for level in sorted({r["level"] for r in rows}):
         by_mode = {r["mode"]: r for r in rows if r["level"] == level}
@@ -88,6 +118,7 @@ def main() -> None:
     parser.add_argument("--min-requests", type=int, default=6)
     parser.add_argument("--max-seconds", type=float, default=120.0, help="per level and mode")
     parser.add_argument("--csv", type=Path)
+    parser.add_argument("--plot", type=Path, help="PNG of throughput and P99 e2e against concurrency")
     args = parser.parse_args()
     engine = Engine(EngineConfig(instance="bench-load"))
     rows = sweep(engine, args)
@@ -97,6 +128,9 @@ def main() -> None:
             writer = csv.DictWriter(out, fieldnames=[k for k in rows[0] if k != "errors_seen"], extrasaction="ignore")
             writer.writeheader()
             writer.writerows(rows)
+    if args.plot:
+        plot(rows, args.plot)
+        print(f"plot: {args.plot}")
 
 
 if __name__ == "__main__":
