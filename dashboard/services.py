@@ -165,7 +165,7 @@ def vllm_signals(view: View) -> dict:
 
 def filter_options(seconds: float) -> dict[str, list[str]]:
     """Values seen in the window for each sidebar filter."""
-    found = get("/v1/labels", {"last": seconds})
+    found = labels(View(seconds))
     return {"instance": sorted(found["instance"]), "model": sorted(found["model"]), "drafter": sorted(found["drafter"]),
             "tag": [f"scenario:{value}" for value in sorted(found["tag:scenario"])]}
 

@@ -10,7 +10,6 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 
 from collector.app import create_app
-from collector.launch import free_port  # noqa: F401 - re-exported for the tests
 from collector.settings import Settings
 
 

@@ -57,3 +57,17 @@ def test_throughput_by_load_devices_and_sources(client):
     assert len(points) == 10 and points[0]["at"] == T0 and points[-1]["at"] == T0 + 5 * 49
     (engine,) = client.get("/v1/sources", params=WINDOW).json()
     assert (engine["kind"], engine["name"], engine["records_in_window"], engine["last_seen_at"]) == ("engine", "gpu-0", 20, T0 + 5 * 49)
+
+
+@pytest.mark.parametrize("path, params, message", [
+    ("/v1/report", {"month": "2026-13"}, "month must be YYYY-MM"),
+    ("/v1/report", {"month": "2999-01"}, "has not begun yet"),
+    ("/v1/report", {"month": "2026-05", "gpu": "abacus"}, "abacus"),
+    ("/v1/compare", {"by": "tenant"}, None),
+    ("/v1/devices/series", {"max_points": 1}, None),
+])
+def test_dashboard_endpoints_reject_bad_input_with_a_message(client, path, params, message):
+    response = client.get(path, params=params)
+    assert response.status_code == 422, response.text
+    if message:
+        assert message in response.json()["detail"]["message"]

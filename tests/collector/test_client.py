@@ -9,7 +9,8 @@ from sqlalchemy import create_engine, text
 from collector.client import TelemetryClient
 from collector.schema import DeviceSample, EngineEvent, RequestRecord
 from collector_payloads import event_dict, request_dict, sample_dict
-from collector_live import free_port, running_collector
+from collector.launch import free_port
+from collector_live import running_collector
 
 
 def records(start: int, n: int) -> list[RequestRecord]:

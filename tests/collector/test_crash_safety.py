@@ -13,7 +13,7 @@ from collector import launch
 from collector.client import TelemetryClient
 from collector.schema import RequestRecord
 from collector_payloads import request_dict
-from collector_live import free_port
+from collector.launch import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 WAVES, PER_WAVE, KILL_AT, RESTART_AT = 30, 100, 8, 18

@@ -15,7 +15,7 @@ from collector.history import histogram_quantile
 from collector.queries import Window
 from collector.settings import Settings
 from collector.vllm import Scraper, parse, vllm_signals
-from collector_live import free_port
+from collector.launch import free_port
 from fake_vllm import TTFT_BUCKETS, FakeVllm
 
 FIXTURE = Path(__file__).parent / "fixtures" / "vllm_metrics.txt"
