@@ -123,8 +123,8 @@ def _step(now: float, rule: Rule, alert: Alert, active: bool, alerts: dict[str, 
     if active:
         if alert.state == State.PENDING and now - alert.active_at >= rule.for_:
             move(State.FIRING, fired_at=now)
-    elif alert.state == State.PENDING:
-        transitions.append(Transition(now, rule.name, alert.fingerprint, alert.labels, State.PENDING, State.INACTIVE, alert.value))
+    elif alert.state == State.PENDING:  # never fired: dropped, nothing to send
+        move(State.INACTIVE)
         del alerts[alert.fingerprint]
     elif alert.state == State.FIRING:
         if now - alert.last_seen_at >= rule.keep_firing_for:
