@@ -47,13 +47,11 @@ def check_command(args: argparse.Namespace) -> int:
 
 def run_command(args: argparse.Namespace) -> int:
     from alerts.runner import AlertRunner
-    from collector.db import make_engine, upgrade
-    from collector.settings import Settings
+    from collector.cli import migrated_engine, settings_from
 
     config = _config(args.rules)
-    settings = Settings(**({"database_url": args.db} if args.db else {}))
-    engine = make_engine(settings.database_url_resolved)
-    upgrade(engine)
+    settings = settings_from(args)
+    engine = migrated_engine(settings)
     runner = AlertRunner(engine, config, external_url=settings.external_url)
     try:
         if args.once:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from sqlalchemy.exc import ArgumentError, OperationalError
+from sqlalchemy.exc import ArgumentError
 from sqlalchemy.engine import make_url
 
 from collector.settings import Settings
@@ -77,16 +77,23 @@ def serve_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def upgrade_command(args: argparse.Namespace) -> int:
+def migrated_engine(settings: Settings):
+    """An Engine on the configured database at the newest schema; an unreachable one is a UsageError."""
+    from sqlalchemy.exc import OperationalError
+
     from collector.db import make_engine, upgrade
 
-    settings = settings_from(args)
     engine = make_engine(settings.database_url_resolved)
     try:
         upgrade(engine)
     except OperationalError as exc:
-        raise UsageError(f"cannot reach the database: {str(exc.orig).splitlines()[0]}") from None
-    finally:
         engine.dispose()
+        raise UsageError(f"cannot reach the database: {str(exc.orig).splitlines()[0]}") from None
+    return engine
+
+
+def upgrade_command(args: argparse.Namespace) -> int:
+    engine = migrated_engine(settings_from(args))
+    engine.dispose()
     print(f"database at the newest schema: {engine.url.render_as_string(hide_password=True)}")
     return 0

@@ -98,3 +98,11 @@ def test_cli_check_and_bad_file_exit_code(tmp_path, capsys):
 def test_cli_run_once_over_an_empty_store(tmp_path, capsys):
     assert main(["alerts", "run", "--once", "--db", f"sqlite:///{tmp_path / 'db.sqlite'}"]) == 0
     assert "9 rules in" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("db, message", [("not a url", "--db is not a database URL"),
+                                         ("postgresql+psycopg://nobody@127.0.0.1:9/none", "cannot reach the database")])
+def test_cli_run_with_a_bad_database_exits_2(db, message, capsys):
+    assert main(["alerts", "run", "--once", "--db", db]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
