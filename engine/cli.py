@@ -73,6 +73,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto", help="auto | bfloat16 | float32 | float16")
     parser.add_argument("--device", default="cpu", help="cpu | cuda | auto")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: all cores)")
+    parser.add_argument("--memory-fraction", type=float, default=0.8,
+                        help="CUDA: cap this process at this share of device memory (default 0.8; ignored on a CPU)")
 
 
 def engine_config(args: argparse.Namespace):
@@ -80,7 +82,11 @@ def engine_config(args: argparse.Namespace):
 
     if args.threads < 0:
         raise UsageError("--threads must be >= 0")
-    return EngineConfig(model=args.model, dtype=args.dtype, device=args.device, threads=args.threads)
+    try:
+        return EngineConfig(model=args.model, dtype=args.dtype, device=args.device, threads=args.threads,
+                            memory_fraction=args.memory_fraction)
+    except ValueError as exc:
+        raise UsageError(f"--memory-fraction: {exc}") from None
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -147,7 +153,8 @@ def run_serve(args: argparse.Namespace) -> int:
                                      canary_fraction=args.canary_fraction, min_acceptance=args.min_acceptance))
         scheduler_config = SchedulerConfig(slots=args.slots, max_queue=args.max_queue)
         guard_config = MemoryGuardConfig(high=args.memory_high, low=args.memory_low)
-        config = EngineConfig(model=args.model, dtype=args.dtype, device=args.device, threads=args.threads, instance=args.instance)
+        config = EngineConfig(model=args.model, dtype=args.dtype, device=args.device, threads=args.threads, instance=args.instance,
+                              memory_fraction=args.memory_fraction)
         engine = Engine(config)
     except (ValueError, ModelLoadError) as exc:
         raise UsageError(str(exc)) from exc
@@ -187,7 +194,8 @@ def _config_detail(engine, policy, scheduler_config) -> dict:
     return {"torch": torch.__version__, "transformers": transformers.__version__, "cuda": torch.version.cuda,
             "dtype": str(engine.target.dtype).removeprefix("torch."), "threads": torch.get_num_threads(),
             "slots": scheduler_config.slots, "max_queue": scheduler_config.max_queue,
-            "policy": dataclasses.asdict(policy.config)}
+            "policy": dataclasses.asdict(policy.config),
+            "memory_fraction": engine.memory_fraction, "streams": engine.streams.describe()}
 
 
 def _send_sample(client, policy, instance: str, sample) -> None:

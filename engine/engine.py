@@ -18,9 +18,10 @@ from pathlib import Path
 import torch
 
 from collector.schema import RequestRecord
+from engine.cuda import Streams, apply_memory_fraction, check_memory_fraction
 from engine.decoder import make_decoder
 from engine.drafters import Drafter, NgramConfig, NgramDrafter, early_exit_drafter, model_drafter
-from engine.loading import BUNDLED, LoadedModel, load_model
+from engine.loading import BUNDLED, LoadedModel, load_model, resolve_device
 from engine.sampling import SamplingParams
 from engine.speculative import DecodeStats, SpeculativeDecoder
 
@@ -34,6 +35,10 @@ class EngineConfig:
     cache_dir: Path | None = None
     instance: str = field(default_factory=socket.gethostname)
     ngram: NgramConfig = NgramConfig()
+    memory_fraction: float = 0.8  # CUDA: cap of the caching allocator (set_per_process_memory_fraction)
+
+    def __post_init__(self) -> None:
+        check_memory_fraction(self.memory_fraction)
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,8 @@ class Engine:
     def __init__(self, config: EngineConfig = EngineConfig()) -> None:
         self.config = config
         torch.set_num_threads(config.threads or os.cpu_count() or 1)
+        # before the weights land, so they count against the cap; on a CPU: not applicable (recorded)
+        self.memory_fraction = apply_memory_fraction(resolve_device(config.device), config.memory_fraction)
         self.target: LoadedModel = load_model(config.model, config.dtype, config.device, config.cache_dir)
         self.tokenizer = self.target.tokenizer
         # Rust tokenizers can fail with "Already borrowed" when one instance is used from two
@@ -85,6 +92,7 @@ class Engine:
         self.tokenizer_lock = threading.Lock()
         self.stop_ids = _stop_token_ids(self.target)
         self._draft_models: dict[str, LoadedModel] = {}
+        self.streams = Streams(self.target.device)  # target high, draft low priority (CUDA; CPU: no-ops)
         self.default_slot = Slot(self)
 
     def drafter(self, spec: str | None, slot: Slot | None = None) -> Drafter | None:
