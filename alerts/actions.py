@@ -6,13 +6,14 @@
 | restore_speculative        | POST /v1/control/mode {"mode": "auto", "reason": "alert"} (sent when an alert that fell back resolves) |
 | defragment                 | POST /v1/control/defragment                                  |
 | unload_draft               | POST /v1/control/draft {"action": "unload"}                  |
-| rebalance_streams          | recorded recommendation (the engine has no stream-priority control yet) |
+| rebalance_streams          | POST /v1/control/streams {"target": "high", "draft": "low"} (CUDA stream priorities) |
 | recommend_draft_retraining | recorded recommendation                                      |
 
 The engine is found by the alert's `instance` label in the remediation config; the bearer
 token comes from its `token_env`. The same (instance, action) is not repeated within the
 cool-down. Every action is recorded in `alert_actions` with its outcome: `ok`, `failed`,
-`cooldown`, `recommended` or `no_engine`.
+`cooldown`, `recommended`, `no_engine`, or `not_applicable` (the engine answered 409: the
+action does not apply to it, e.g. stream priorities on a CPU engine; its message is kept).
 """
 
 from __future__ import annotations
@@ -32,9 +33,9 @@ ENGINE_CALLS: dict[str, tuple[str, dict | None]] = {
     "restore_speculative": ("/v1/control/mode", {"mode": "auto", "reason": "alert"}),
     "defragment": ("/v1/control/defragment", None),
     "unload_draft": ("/v1/control/draft", {"action": "unload"}),
+    "rebalance_streams": ("/v1/control/streams", {"target": "high", "draft": "low"}),
 }
 RECOMMENDATIONS = {
-    "rebalance_streams": "raise the target model's CUDA stream priority over the draft's",
     "recommend_draft_retraining": "retrain or replace the draft model on recent traffic (acceptance is low)",
 }
 
@@ -85,7 +86,13 @@ class Remediator:
         except httpx.HTTPError as exc:
             return ActionResult(action, instance, "failed", {"url": url, "error": f"{type(exc).__name__}: {exc}"})
         detail = {"url": url, "status": response.status_code, "response": _json_or_text(response)}
-        return ActionResult(action, instance, "ok" if response.is_success else "failed", detail)
+        return ActionResult(action, instance, _outcome(response), detail)
+
+
+def _outcome(response: httpx.Response) -> str:
+    if response.is_success:
+        return "ok"
+    return "not_applicable" if response.status_code == 409 else "failed"
 
 
 def _json_or_text(response: httpx.Response) -> object:

@@ -39,7 +39,7 @@ ModeReason = Literal["default", "canary", "load", "long_prompt", "low_acceptance
 Arm = Literal["spec", "control"]
 Status = Literal["ok", "error", "cancelled"]
 EnergySource = Literal["nvml", "rapl", "estimate"]
-EventKind = Literal["cold_start", "mode_switch", "defrag", "draft_unloaded", "draft_loaded", "oom", "config"]
+EventKind = Literal["cold_start", "mode_switch", "defrag", "draft_unloaded", "draft_loaded", "oom", "config", "streams"]
 DRAFTER_PATTERN = r"^(ngram|model:[^\s\x00]{1,200}|early-exit:[0-9]{1,4})$"
 
 

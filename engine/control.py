@@ -1,5 +1,5 @@
 """Actions on a running engine (the control API; alerts call them): defragment memory,
-unload or load the draft models. Each returns what it did, measured before and after,
+unload or load the draft models, set the CUDA stream priorities of target and draft. Each returns what it did, measured before and after,
 and emits an EngineEvent through `emit`.
 """
 
@@ -92,6 +92,17 @@ def load_drafts(scheduler, emit, spec: str | None) -> dict:
     after = _memory(engine.target.device)
     report = {"loaded": spec, "before": before, "after": after, "duration_s": time.monotonic() - started}
     emit("draft_loaded", report, report["duration_s"])
+    return report
+
+
+def set_streams(scheduler, emit, target: str, draft: str) -> dict:
+    """CUDA: fresh target/draft streams at these priority levels ('high' | 'low').
+
+    Raises engine.cuda.NoCudaStreams on a CPU (nothing is changed, nothing emitted)."""
+    started = time.monotonic()
+    change = scheduler.engine.streams.configure(target, draft)
+    report = {"action": "streams", **change, "duration_s": time.monotonic() - started}
+    emit("streams", report, report["duration_s"])
     return report
 
 

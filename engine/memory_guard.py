@@ -23,11 +23,14 @@ MEMINFO = Path("/proc/meminfo")
 
 
 def used_fraction(device: torch.device) -> float | None:
-    """Share of the device's memory in use: CUDA from the driver (all processes), CPU from
-    /proc/meminfo (1 - MemAvailable / MemTotal). None when it cannot be read."""
+    """Share of the device's memory in use: CUDA from the driver (all processes) or, when
+    higher, this process's reserved bytes against its cap (set_per_process_memory_fraction:
+    with a cap of 0.8 the driver's figure alone could never pass a 0.9 threshold);
+    CPU from /proc/meminfo (1 - MemAvailable / MemTotal). None when it cannot be read."""
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
-        return 1.0 - free / total
+        cap = total * torch.cuda.get_per_process_memory_fraction(device)
+        return max(1.0 - free / total, torch.cuda.memory_reserved(device) / cap if cap else 0.0)
     try:
         fields = dict(line.split(":", 1) for line in MEMINFO.read_text().splitlines() if ":" in line)
         total, available = (int(fields[k].split()[0]) for k in ("MemTotal", "MemAvailable"))

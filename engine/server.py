@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from collector.launch import free_port
 from engine import control
+from engine.cuda import NoCudaStreams
 from engine.engine import GenerateRequest, GenerateResult
 from engine.metrics import EngineMetrics
 from engine.sampling import SamplingParams
@@ -82,6 +83,13 @@ class DraftBody(BaseModel):
     drafter: str | None = None
 
 
+class StreamsBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    target: Literal["high", "low"] = "high"
+    draft: Literal["high", "low"] = "low"
+
+
 def openai_error(status: int, message: str, kind: str = "invalid_request_error", headers: dict | None = None) -> JSONResponse:
     body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
     return JSONResponse(body, status_code=status, headers=headers)
@@ -113,6 +121,7 @@ def create_app(scheduler: Scheduler, model_name: str, control_token: str | None 
     control_routes.get("/state")(_state)
     control_routes.post("/defragment")(_defragment)
     control_routes.post("/draft")(_draft)
+    control_routes.post("/streams")(_streams)
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -166,9 +175,17 @@ def _draft(body: DraftBody, request: Request) -> dict:
         raise HTTPException(400, str(exc)) from None
 
 
+def _streams(body: StreamsBody, request: Request) -> dict:
+    try:
+        return control.set_streams(request.app.state.scheduler, request.app.state.emit, body.target, body.draft)
+    except NoCudaStreams as exc:  # a CPU engine: nothing to change
+        raise HTTPException(409, str(exc)) from None
+
+
 async def _state(request: Request) -> dict:
     scheduler: Scheduler = request.app.state.scheduler
-    return {**scheduler.policy.state, "load": scheduler.load, "active": scheduler.active, "queued": scheduler.queue_depth}
+    return {**scheduler.policy.state, "load": scheduler.load, "active": scheduler.active, "queued": scheduler.queue_depth,
+            "streams": scheduler.engine.streams.describe()}
 
 
 async def _serve(request: Request, body: _Common, content: dict, chat: bool) -> Response:

@@ -102,3 +102,38 @@ def test_an_unreachable_or_unknown_engine_is_recorded_not_raised(db):
     other = Alert("R", "e" * 16, {"instance": "gpu-2"}, {}, State.FIRING, 0.1, 0.0, 0.0)
     assert runner.remediator.run("unload_draft", other, 1.0).outcome == "no_engine"
     runner.close()
+
+
+def test_rebalance_streams_on_a_cpu_engine_is_recorded_not_applicable(bundled_engine, db, monkeypatch):
+    monkeypatch.setenv(TOKEN_ENV, "tok")
+    with BackgroundServer(bundled_engine, SchedulerConfig(slots=1, max_queue=1), PolicyConfig(), control_token="tok") as server:
+        runner = AlertRunner(db, config_for(server.url))
+        alert = Alert("DraftUtilizationSwing", "d" * 16, {"instance": "test"}, {}, State.FIRING, 45.0, 0.0, 0.0)
+        result = runner.remediator.run("rebalance_streams", alert, 1.0)
+        runner.close()
+    assert (result.outcome, result.detail["status"]) == ("not_applicable", 409)
+    assert result.detail["url"].endswith("/v1/control/streams")
+    assert "device cpu has no CUDA streams" in result.detail["response"]["error"]["message"]
+    with db.connect() as conn:
+        recorded = conn.execute(select(AlertActionRow.action, AlertActionRow.outcome)).all()
+    assert [tuple(r) for r in recorded] == [("rebalance_streams", "not_applicable")]
+
+
+def test_rebalance_streams_asks_for_target_high_draft_low(db):
+    from alerts.actions import Remediator
+
+    sent = []
+
+    def engine_api(request: httpx.Request) -> httpx.Response:
+        sent.append((request.url.path, request.headers.get("authorization"), request.content))
+        return httpx.Response(200, json={"action": "streams", "before": {"target_priority": 0}, "after": {"target_priority": -5}})
+
+    config = parse_config({"remediation": {"engines": {"*": "http://gpu-1:8000"}}})
+    with httpx.Client(transport=httpx.MockTransport(engine_api)) as http:
+        remediator = Remediator(db, config.remediation, http)
+        alert = Alert("DraftUtilizationSwing", "c" * 16, {"instance": "gpu-1"}, {}, State.FIRING, 45.0, 0.0, 0.0)
+        done = remediator.run("rebalance_streams", alert, 10.0)
+        again = remediator.run("rebalance_streams", alert, 20.0)
+    assert (done.outcome, done.detail["response"]["after"]["target_priority"]) == ("ok", -5)
+    assert again.outcome == "cooldown"
+    assert [(path, body) for path, _, body in sent] == [("/v1/control/streams", b'{"target":"high","draft":"low"}')]
