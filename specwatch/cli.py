@@ -22,6 +22,7 @@ COMMANDS = {
     "alerts": "alerts.cli",
     "dashboard": "dashboard.cli",
     "up": "specwatch.up",
+    "vllm": "specwatch.vllm_check",
 }
 
 
