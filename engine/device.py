@@ -96,15 +96,47 @@ class PowerMeter:
         return (joules - before) / (now - then)
 
 
-def _nvml_energy_reader(device: torch.device):
+def nvml_handle(device: torch.device):
+    """The NVML handle of a CUDA device (None without nvidia-ml-py or a driver).
+
+    Matched by UUID: NVML numbers every GPU of the machine, CUDA only the visible ones
+    (CUDA_VISIBLE_DEVICES), so index i need not be the same GPU in both."""
     try:
         import pynvml  # nvidia-ml-py
 
         pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
-        pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)
+        index = device.index if device.index is not None else torch.cuda.current_device()
     except Exception:
         return None
+    try:
+        wanted = _bare_uuid(torch.cuda.get_device_properties(index).uuid)
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            if _bare_uuid(pynvml.nvmlDeviceGetUUID(handle)) == wanted:
+                return handle
+    except Exception:
+        pass
+    try:
+        return pynvml.nvmlDeviceGetHandleByIndex(index)
+    except Exception:
+        return None
+
+
+def _bare_uuid(uuid) -> str:
+    text = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+    return text.lower().removeprefix("gpu-")
+
+
+def _nvml_energy_reader(device: torch.device):
+    handle = nvml_handle(device)
+    if handle is None:
+        return None
+    try:
+        import pynvml
+
+        pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)
+    except Exception:
+        return None  # e.g. a GPU older than Volta has no energy counter
     return lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1000.0  # mJ -> J
 
 
@@ -154,13 +186,15 @@ class DeviceSampler(Periodic):
         self._busy, self._last = (busy.target_s, busy.draft_s), now
         memory = cuda_memory(self.device) if self.device.type == "cuda" else cpu_heap_memory() or Memory(0, 0)
         watts = self.power.watts()
+        state = self.scheduler.policy.state
         return DeviceSample(
             instance=self.instance, at=time.time(), device=_device_name(self.device),
             mem_allocated_bytes=memory.allocated, mem_reserved_bytes=memory.reserved, fragmentation=memory.fragmentation,
             power_w=watts, power_source=self.power.source if watts is not None else None,
             util_target=util_target, util_draft=util_draft, active_requests=self.scheduler.active,
             queue_depth=self.scheduler.queue_depth, load=self.scheduler.load,
-            draft_loaded=True, default_mode="speculative" if self.scheduler.policy.state["load_allows_speculation"] else "autoregressive",
+            draft_loaded=state.get("draft_loaded", True),
+            default_mode="speculative" if state["load_allows_speculation"] else "autoregressive",
         )
 
 

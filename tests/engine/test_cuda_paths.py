@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import sys
 from types import SimpleNamespace
 
 import httpx
@@ -269,3 +270,43 @@ class _Greedy:
 
     def rollback(self, committed: int) -> None:
         self.inner.rollback(committed)
+
+
+# --- the device sampler and bench/gpu_check.py ------------------------------------------------------
+
+def test_device_sample_reports_whether_the_drafts_are_loaded():
+    from engine.device import DeviceSampler
+
+    scheduler = _stub_scheduler(torch.device("cpu"))
+    scheduler.policy.state["draft_loaded"] = False
+    sample = DeviceSampler(scheduler, "laptop", 1.0, lambda sample: None).sample()
+    assert sample.draft_loaded is False and sample.power_source in (None, "rapl", "estimate")
+
+
+def _gpu_check():
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "gpu_check.py"
+    spec = importlib.util.spec_from_file_location("gpu_check", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the message given where CUDA is absent")
+def test_gpu_check_without_cuda_says_so_and_exits_0(tmp_path, capsys):
+    assert _gpu_check().main(["--out", str(tmp_path / "out.json")]) == 0
+    assert "gpu_check skipped: CUDA is not available" in capsys.readouterr().out
+    assert not (tmp_path / "out.json").exists()
+
+
+@pytest.mark.slow
+def test_gpu_check_dry_run_on_a_cpu_completes(tmp_path):
+    import json
+
+    out = tmp_path / "gpu_check.json"
+    assert _gpu_check().main(["--device", "cpu", "--dry-run", "--max-tokens", "8", "--burst", "3", "--out", str(out)]) == 0
+    rows = {row["check"]: row for row in json.loads(out.read_text())["rows"]}
+    assert rows["greedy identity fp32"]["status"] == "ok" and rows["draft OOM retried plain"]["status"] == "ok"
+    assert rows["streams"]["status"] == "skip" and not [r for r in rows.values() if r["status"] == "error"]
