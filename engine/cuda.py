@@ -16,12 +16,14 @@ loop as Python ints (`.tolist()` / `int(...)`), which synchronises the host with
 stream before the verify forward is built. These two joins also keep the caching allocator
 safe: a block freed by one stream is only reused by work ordered after everything that read it.
 
-What priorities buy: in one worker thread the draft and the verify of a request are serial
-(the verify needs the draft), so priorities decide only where kernels of both streams are
-queued at once, e.g. another request's draft overlapping a batched target forward, or other
-processes on the GPU. A stream's priority cannot change once created, so `configure`
-takes fresh streams from torch's pool (pool streams are never destroyed: cheap and safe
-while an old one still has work queued).
+What priorities buy: the block scheduler prefers the high-priority stream's kernels only
+while kernels of both streams are queued at once. Blocks entered one after another from one
+thread are ordered by the joins above and never overlap (the draft of a request must precede
+its verify anyway); priorities act on work queued outside those joins: kernels issued on
+`target_stream` / `draft_stream` directly (e.g. a draft pipelined behind another request's
+verify), or other processes sharing the GPU under MPS. `bench/gpu_check.py` measures the effect.
+A stream's priority cannot change once created, so `configure` takes fresh streams from
+torch's pool (pool streams are never destroyed: cheap and safe while an old one has work queued).
 """
 
 from __future__ import annotations
