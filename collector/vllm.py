@@ -112,6 +112,7 @@ class Scraper:
     def __init__(self, url: str, engine: Engine, interval_s: float) -> None:
         self.url, self.engine, self.interval_s = url, engine, interval_s
         self._last: dict[tuple[str, str], tuple[float, Snapshot]] = {}
+        self.down_since: float | None = None  # epoch s of the first failed scrape of the current outage
 
     def observe(self, text: str, at: float) -> list[dict]:
         """Turn one scrape into delta rows (stored) and remember it as the next baseline."""
@@ -126,15 +127,29 @@ class Scraper:
                 conn.execute(insert(VllmScrape), rows)
         return rows
 
+    async def scrape(self, http: httpx.AsyncClient) -> list[dict]:
+        """One poll. A failure keeps the baseline: the next good scrape's row spans the gap
+        (`interval_s`), and a restart meanwhile shows as a counter reset. Logged once per outage."""
+        try:
+            response = await http.get(self.url)
+            response.raise_for_status()
+            rows = await asyncio.to_thread(self.observe, response.text, time.time())
+        except Exception as exc:  # noqa: BLE001 - a down vLLM must not stop the collector
+            if self.down_since is None:
+                self.down_since = time.time()
+                log.warning("scraping %s failed: %s (retrying every %g s; the gap is recorded as one interval)",
+                            self.url, exc, self.interval_s)
+            return []
+        if self.down_since is not None:
+            log.warning("scraping %s works again after %.0f s%s", self.url, time.time() - self.down_since,
+                        " (vLLM restarted: counters reset)" if any(r["counter_reset"] for r in rows) else "")
+            self.down_since = None
+        return rows
+
     async def run(self) -> None:
         async with httpx.AsyncClient(timeout=min(10.0, self.interval_s)) as http:
             while True:
-                try:
-                    response = await http.get(self.url)
-                    response.raise_for_status()
-                    await asyncio.to_thread(self.observe, response.text, time.time())
-                except Exception as exc:  # noqa: BLE001 - a down vLLM must not stop the collector
-                    log.warning("scraping %s failed: %s", self.url, exc)
+                await self.scrape(http)
                 await asyncio.sleep(self.interval_s)
 
 

@@ -71,6 +71,7 @@ class Phase:
     counters_after: dict = field(default_factory=dict)
     generation_tokens: float = 0.0
     spec_families: bool = False  # vLLM exposed its spec-decode counters during the phase
+    settled: float = 0.0  # epoch s by which the collector had scraped everything of the phase
     rows: list = field(default_factory=list)  # the traffic summary rows
 
 
@@ -193,7 +194,11 @@ def _start_vllm(run: Run, speculative: bool) -> None:
 
 def _traffic_phase(run: Run, name: str, speculative: bool, duration_s: float) -> Phase:
     from engine.traffic import TrafficConfig, print_summary, run_traffic, summary
-    from specwatch.vllm_server import read_counters, read_generation_tokens, spec_families_present
+    from specwatch.vllm_server import (
+        read_counters,
+        read_generation_tokens,
+        spec_families_present,
+    )
 
     server, args = run.server, run.args
     phase = Phase(name, speculative)
@@ -212,6 +217,7 @@ def _traffic_phase(run: Run, name: str, speculative: bool, duration_s: float) ->
     phase.spec_families = spec_families_present(server.metrics_url)
     phase.generation_tokens = read_generation_tokens(server.metrics_url) - tokens_before
     _wait_for_scrape_after(run, time.time())
+    phase.settled = time.time()
     return phase
 
 

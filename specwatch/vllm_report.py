@@ -102,7 +102,7 @@ def _robustness(run, rows) -> None:
     if len(run.phases) < 2:
         return
     restart = run.phases[1]
-    after = [r for r in rows if r["at"] > run.phases[0].ended + 1]
+    after = [r for r in rows if r["at"] > run.phases[0].settled]
     resets = [r for r in after if r["counter_reset"]]
     gaps = [r for r in after if r["interval_s"] > GAP_S]
     negative = [r for r in rows if min([r["drafts"], r["draft_tokens"], r["accepted_tokens"], *r["ttft_counts"], *r["e2e_counts"]]) < 0]

@@ -108,3 +108,38 @@ def test_collector_scrapes_a_live_vllm_endpoint(db_url, tmp_path):
     finally:
         server.shutdown()
         thread.join(5)
+
+
+def test_target_gone_and_back_is_one_interval_logged_once(engine, caplog):
+    """Failed scrapes keep the baseline: the first good scrape after them spans the gap, with the
+    counts of the outage (no bogus deltas); the outage is logged once, and its end once."""
+    import asyncio
+
+    import httpx
+
+    vllm, port = FakeVllm(), free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    scraper = Scraper(url, engine, 15)
+
+    async def scrape() -> list[dict]:
+        async with httpx.AsyncClient(timeout=2) as http:
+            return await scraper.scrape(http)
+
+    server, thread = start_http_server(port, addr="127.0.0.1", registry=vllm.registry)
+    assert asyncio.run(scrape()) == []  # baseline
+    server.shutdown()
+    server.server_close()
+    thread.join(5)
+    vllm.observe_draft(3)  # happens while the target cannot be scraped
+    with caplog.at_level("WARNING", logger="specwatch.collector"):
+        assert asyncio.run(scrape()) == [] and asyncio.run(scrape()) == []
+        server, thread = start_http_server(port, addr="127.0.0.1", registry=vllm.registry)
+        try:
+            [row] = asyncio.run(scrape())
+        finally:
+            server.shutdown()
+            thread.join(5)
+    assert (row["drafts"], row["accepted_tokens"], row["counter_reset"]) == (1, 3, False)
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("failed" in m for m in messages) == 1 and sum("works again" in m for m in messages) == 1
+    assert scraper.down_since is None
