@@ -150,10 +150,11 @@ def _tco(run) -> None:
             requests=phase.rows[0]["requests"], output_tokens=int(phase.generation_tokens), window_s=seconds,
             tokens_per_s=max(phase.generation_tokens, 1.0) / seconds, drafts=int(got["drafts"]),
             draft_tokens=int(got["draft_tokens"]), accepted_tokens=int(got["accepted_tokens"])))
-    summary = summarize(CostInputs(tuple(arms), load_prices(), gpu_type=GPU_TYPE))
-    print(f"\nTCO of the vLLM source (collector.cost over the phases above, priced as {GPU_TYPE}; "
-          f"tokens/s = vllm:generation_tokens_total / traffic seconds):")
-    print("\n".join("  " + line for line in render_text(summary).splitlines()))
+    summary = summarize(CostInputs(tuple(arms), load_prices(), gpu_type=GPU_TYPE), source="measured")
+    print(f"\nTCO of the vLLM source: collector.cost over the {len(arms)} phase(s) above as measured inputs "
+          f"(tokens/s = vllm:generation_tokens_total / traffic seconds; acceptance from the scrapes), priced as {GPU_TYPE}:")
+    text = render_text(summary).replace("(what-if inputs)", f"({sum(a.window_s for a in arms):.0f} s of vLLM traffic measured)")
+    print("\n".join("  " + line for line in text.splitlines()))
 
 
 def _ratio(value: float | None) -> str:
