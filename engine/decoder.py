@@ -14,6 +14,8 @@ values, and can `crop` its cache back to a prefix after a rejected draft.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -132,23 +134,13 @@ class LlamaDecoder:
     def crop(self, length: int) -> None:
         self._len = min(self._len, length)  # entries past `length` are overwritten later
 
-    @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, keep: int = 0) -> torch.Tensor:
         """Logits [n, vocab] for `tokens` [n] placed after the cached prefix (the last `keep` rows if keep > 0)."""
-        start, n = self._len, tokens.shape[0]
-        end = start + n
-        if end > self.k_cache[0].shape[2]:
-            raise RuntimeError(f"KV cache holds {self.k_cache[0].shape[2]} tokens, asked for {end}")
-        x = F.embedding(tokens, self.embed).unsqueeze(0)  # [1, n, hidden]
-        cos, sin = self.cos[start:end], self.sin[start:end]
-        mask = None if n == 1 else self._causal_mask(start, n)
-        for i, layer in enumerate(self.layers):
-            x = x + self._attention(layer, self._rms_norm(x, layer.attn_norm), i, start, end, cos, sin, mask)
-            x = x + self._mlp(layer, self._rms_norm(x, layer.mlp_norm))
-        self._len = end
-        if keep:
-            x = x[:, -keep:]
-        return _linear(self._rms_norm(x, self.final_norm), self.lm_head)[0]
+        return forward_batch([self], [tokens], [keep])[0]
+
+    def shares_weights(self, other: object) -> bool:
+        """Whether `other` runs the same layers (so their forwards can share one pass over the weights)."""
+        return isinstance(other, LlamaDecoder) and other.layers[0].wqkv is self.layers[0].wqkv and len(other.layers) == len(self.layers)
 
     def _causal_mask(self, start: int, n: int) -> torch.Tensor:
         # query i sits at position start + i and sees keys 0 .. start + i
@@ -160,23 +152,95 @@ class LlamaDecoder:
         # normalise in float32, scale in the model dtype: transformers' LlamaRMSNorm order
         return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
-    def _attention(self, layer: _Layer, x, i, start, end, cos, sin, mask) -> torch.Tensor:
-        n = x.shape[1]
+    def _attention(self, layer: _Layer, x: torch.Tensor, i: int, batch: _Batch) -> torch.Tensor:
+        """Projections for all rows at once; attention per sequence, each against its own cache."""
+        rows = x.shape[1]
         qkv = _linear(x, layer.wqkv, layer.bqkv)
         q_size, kv_size = self.n_heads * self.head_dim, self.n_kv * self.head_dim
         qk, v = qkv.split([q_size + kv_size, kv_size], dim=-1)
         # queries and keys are rotated together: one set of rotary ops per layer
-        qk = _rotate(qk.view(1, n, self.n_heads + self.n_kv, self.head_dim).transpose(1, 2), cos, sin)
+        qk = _rotate(qk.view(1, rows, self.n_heads + self.n_kv, self.head_dim).transpose(1, 2), batch.cos, batch.sin)
         q, k = qk.split([self.n_heads, self.n_kv], dim=1)
-        self.k_cache[i][:, :, start:end] = k
-        self.v_cache[i][:, :, start:end] = v.view(1, n, self.n_kv, self.head_dim).transpose(1, 2)
-        keys, values = self.k_cache[i][:, :, :end], self.v_cache[i][:, :, :end]
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads)
-        return _linear(out.transpose(1, 2).reshape(1, n, q_size), layer.wo)
+        v = v.view(1, rows, self.n_kv, self.head_dim).transpose(1, 2)
+        outs = []
+        for seq in batch.seqs:
+            rows_of = slice(seq.offset, seq.offset + seq.end - seq.start)
+            k_cache, v_cache = seq.decoder.k_cache[i], seq.decoder.v_cache[i]
+            k_cache[:, :, seq.start : seq.end] = k[:, :, rows_of]
+            v_cache[:, :, seq.start : seq.end] = v[:, :, rows_of]
+            outs.append(F.scaled_dot_product_attention(q[:, :, rows_of], k_cache[:, :, : seq.end], v_cache[:, :, : seq.end],
+                                                       attn_mask=seq.mask, enable_gqa=self.n_kv != self.n_heads))
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+        return _linear(out.transpose(1, 2).reshape(1, rows, q_size), layer.wo)
 
     def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
         gate, up = _linear(x, layer.w_gate_up).chunk(2, dim=-1)
         return _linear(F.silu(gate) * up, layer.w_down)
+
+
+@dataclass(frozen=True)
+class _Seq:
+    decoder: LlamaDecoder
+    start: int  # cache positions this pass writes: start .. end
+    end: int
+    offset: int  # its first row in the batch
+    mask: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class _Batch:
+    seqs: list[_Seq]
+    cos: torch.Tensor  # rotary tables, one row per batch row
+    sin: torch.Tensor
+
+
+def forward_many(decoders: Sequence[Decoder], tokens: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Every row's logits for several sequences, in one pass over the weights when they
+    share them (Llama fast path), else one forward each."""
+    lead = decoders[0]
+    if isinstance(lead, LlamaDecoder) and all(lead.shares_weights(d) for d in decoders[1:]):
+        return forward_batch(decoders, tokens, [0] * len(decoders))
+    return [decoder.forward(t) for decoder, t in zip(decoders, tokens)]
+
+
+@torch.inference_mode()
+def forward_batch(decoders: Sequence[LlamaDecoder], tokens: Sequence[torch.Tensor], keep: Sequence[int]) -> list[torch.Tensor]:
+    """Ragged batching: the rows of all sequences go through each weight matrix together
+    (on a memory-bound decode step that costs about as much as one sequence's rows), while
+    attention runs per sequence against its own KV cache. Logits [n_i, vocab] per sequence
+    (its last keep_i rows if keep_i > 0). A cache is only advanced once the whole pass succeeded."""
+    lead, seqs, offset = decoders[0], [], 0
+    for decoder, ids in zip(decoders, tokens):
+        start, n = decoder._len, ids.shape[0]
+        if start + n > decoder.k_cache[0].shape[2]:
+            raise RuntimeError(f"KV cache holds {decoder.k_cache[0].shape[2]} tokens, asked for {start + n}")
+        seqs.append(_Seq(decoder, start, start + n, offset, None if n == 1 else decoder._causal_mask(start, n)))
+        offset += n
+    batch = _Batch(seqs, _cat([s.decoder.cos[s.start : s.end] for s in seqs]), _cat([s.decoder.sin[s.start : s.end] for s in seqs]))
+    x = F.embedding(_cat(list(tokens)), lead.embed).unsqueeze(0)  # [1, rows, hidden]
+    for i, layer in enumerate(lead.layers):
+        x = x + lead._attention(layer, lead._rms_norm(x, layer.attn_norm), i, batch)
+        x = x + lead._mlp(layer, lead._rms_norm(x, layer.mlp_norm))
+    kept = [(s.offset + s.end - s.start - k if k else s.offset, s.offset + s.end - s.start) for s, k in zip(seqs, keep)]
+    if any(k for k in keep):
+        x = _cat([x[:, a:b] for a, b in kept], dim=1)
+        kept = _offsets([b - a for a, b in kept])
+    logits = _linear(lead._rms_norm(x, lead.final_norm), lead.lm_head)[0]
+    for seq in seqs:
+        seq.decoder._len = seq.end
+    return [logits[a:b] for a, b in kept]
+
+
+def _cat(tensors: list[torch.Tensor], dim: int = 0) -> torch.Tensor:
+    return tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=dim)
+
+
+def _offsets(sizes: list[int]) -> list[tuple[int, int]]:
+    bounds, start = [], 0
+    for size in sizes:
+        bounds.append((start, start + size))
+        start += size
+    return bounds
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -3,7 +3,9 @@
 A single worker thread owns the model. Each iteration it admits queued requests
 into free slots (policy decision + prefill), then advances every active request
 by one speculative round, so a long generation never holds back another
-request's first token. Text deltas and the final result are handed to the
+request's first token. In a round each request drafts on its own, then one
+target forward verifies every request's proposal together (ragged batching: the
+weights are read once for all of them; see `decoder.forward_batch`). Text deltas and the final result are handed to the
 waiting client through its asyncio loop; a client that goes away cancels its
 request at the next round. Every finished request becomes one telemetry record.
 """
@@ -11,6 +13,7 @@ request at the next round. Every finished request becomes one telemetry record.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import time
@@ -18,6 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.decoder import forward_many
 from engine.engine import Engine, GenerateRequest, GenerateResult, Run, Slot
 from engine.policy import Policy
 from engine.speculative import StageError
@@ -29,6 +33,7 @@ log = logging.getLogger("specwatch.scheduler")
 class SchedulerConfig:
     slots: int = 4
     max_queue: int = 64
+    batch: bool = True  # one target forward per round for all active requests (False: one each)
 
     def __post_init__(self) -> None:
         if self.slots < 1 or self.max_queue < 0:
@@ -126,8 +131,7 @@ class Scheduler:
                 if self._stopped:
                     return
             self._admit()
-            for index in list(self._active):
-                self._advance(index)
+            self._round()
 
     def _admit(self) -> None:
         free = [i for i in range(len(self.slots)) if i not in self._active]
@@ -143,44 +147,86 @@ class Scheduler:
             self._start(index, ticket, load)
 
     def _start(self, index: int, ticket: Ticket, load: float) -> None:
-        request = ticket.request
+        request, choice = ticket.request, None
+        if request.drafter == "auto":  # the policy's selector picks the drafter and lookahead
+            choice = self.policy.choose(request.tags.get("scenario", ""))
+            request = dataclasses.replace(request, drafter=choice.drafter, gamma=choice.gamma)
         decision = self.policy.decide(len(ticket.prompt_ids), load, request.drafter if request.gamma > 0 else None)
+        reason = "selected" if choice is not None and decision.reason == "default" else decision.reason
         try:
-            run = Run(self.engine, request, self.slots[index], speculate=decision.speculate, mode_reason=decision.reason,
+            run = Run(self.engine, request, self.slots[index], speculate=decision.speculate, mode_reason=reason,
                       arm=decision.arm, queue_s=time.monotonic() - ticket.queued_at, load=load, prompt_ids=ticket.prompt_ids)
+            run.choice = choice
         except Exception as exc:  # e.g. a draft model that fails to load
             log.exception("request %s could not start", request.request_id)
             ticket.send(exc)
             return
         self._active[index] = (ticket, run)
-        self._guarded(index, run.prefill)
+        self._step(index, run.prefill)
 
-    def _advance(self, index: int) -> None:
-        ticket, run = self._active[index]
-        if ticket.cancelled.is_set():
-            self._finish(index, "cancelled")
-        elif not run.finished:
-            self._guarded(index, run.advance)
+    def _round(self) -> None:
+        """Every active request drafts, then one target forward verifies all the proposals."""
+        proposals = []
+        for index in list(self._active):
+            ticket, run = self._active[index]
+            if ticket.cancelled.is_set():
+                self._finish(index, "cancelled")
+            elif (fed := self._guarded(index, "draft", run.propose)) is not None:
+                proposals.append((index, run, fed))
+        if self.config.batch and len(proposals) > 1 and self._verify_together(proposals):
+            return
+        for index, run, fed in proposals:  # one at a time, so a failure stays with its own request
+            self._step(index, run.verify, fed)
 
-    def _guarded(self, index: int, step) -> None:
-        ticket, run = self._active[index]
-        before = (run.loop.stats.verify_s + run.loop.stats.prefill_s, run.loop.stats.draft_s)
+    def _verify_together(self, proposals: list) -> bool:
+        started = time.monotonic()
         try:
-            delta = step()
+            with self.engine.streams.target():
+                logits = forward_many([run.slot.decoder for _, run, _ in proposals], [fed for _, _, fed in proposals])
+        except Exception as exc:
+            log.warning("batched forward of %d requests failed (%s); verifying them one by one", len(proposals), exc)
+            return False
+        forward_s = time.monotonic() - started
+        self.busy.target_s += forward_s
+        for (index, run, _), rows in zip(proposals, logits):
+            self._step(index, run.accept, rows, forward_s)
+        return True
+
+    def _step(self, index: int, step, *args) -> None:
+        """A step that commits tokens (prefill, verify): send its text, finish the request when it is done."""
+        delta = self._guarded(index, "target", step, *args)
+        if delta is None:
+            return  # it failed: retried plainly (which delivered its own text) or finished
+        ticket, run = self._active[index]
+        if delta:
+            ticket.send(delta)
+        if run.finished:
+            self._finish(index, "ok")
+
+    def _guarded(self, index: int, busy: str, step, *args):
+        """Run one step of a request, timed as target or draft work. A failure retries the
+        request once in plain mode, or finishes it with the error; then the result is None."""
+        run = self._active[index][1]
+        started = time.monotonic()
+        try:
+            result = step(*args)
         except Exception as exc:  # a failed request must not take the engine down
+            self._charge(busy, started)
             log.warning("request %s failed: %s", run.request.request_id, exc)
             if run.drafter is not None and run.retries == 0:
                 self._retry_plain(index, _error_kind(exc))
             else:
                 self._finish(index, "error", _error_kind(exc))
-            return
-        stats = run.loop.stats
-        self.busy.target_s += stats.verify_s + stats.prefill_s - before[0]
-        self.busy.draft_s += stats.draft_s - before[1]
-        if delta:
-            ticket.send(delta)
-        if run.finished:
-            self._finish(index, "ok")
+            return None
+        self._charge(busy, started)
+        return result
+
+    def _charge(self, busy: str, started: float) -> None:
+        elapsed = time.monotonic() - started
+        if busy == "draft":
+            self.busy.draft_s += elapsed
+        else:
+            self.busy.target_s += elapsed
 
     def _retry_plain(self, index: int, error: str) -> None:
         """Run the request again without a draft; the client only gets text it has not seen yet."""
@@ -190,12 +236,12 @@ class Scheduler:
         run.started, run.started_at, run.retries, run.error = failed.started, failed.started_at, 1, error
         run.text.sent = failed.text.sent
         self._active[index] = (ticket, run)
-        self._guarded(index, run.prefill)
+        self._step(index, run.prefill)
 
     def _finish(self, index: int, status: str, error: str | None = None) -> None:
         ticket, run = self._active.pop(index)
         result: GenerateResult = run.result(status, error)
-        self.policy.observe(result.record)
+        self.policy.observe(result.record, run.choice)
         self._notify(result.record)
         ticket.send(result)
 

@@ -110,11 +110,23 @@ class SpeculativeDecoder:
         """One round: draft up to gamma tokens, verify them in one target forward, commit."""
         if self.finished:
             return []
-        draft, draft_probs = self._draft(min(self.lookahead, self.max_new - self.generated - 1))
+        fed = self.propose()
         start = time.monotonic()
-        logits = self.target.forward(torch.tensor([self.tokens[-1], *draft], device=self.device))
-        accepted, next_token = self._verify(logits, draft, draft_probs)
-        self.stats.verify_s += time.monotonic() - start
+        logits = self.target.forward(fed)
+        return self.accept(logits, time.monotonic() - start)
+
+    def propose(self) -> torch.Tensor:
+        """A round's first half: the tokens the target must see, [last committed, *draft].
+        The scheduler feeds several requests' proposals to one batched target forward."""
+        self._draft_tokens, self._draft_probs = self._draft(min(self.lookahead, self.max_new - self.generated - 1))
+        return torch.tensor([self.tokens[-1], *self._draft_tokens], device=self.device)
+
+    def accept(self, logits: torch.Tensor, forward_s: float) -> list[int]:
+        """A round's second half: verify the draft against the target's `logits` for the proposal, commit."""
+        draft = self._draft_tokens
+        start = time.monotonic()
+        accepted, next_token = self._verify(logits, draft, self._draft_probs)
+        self.stats.verify_s += forward_s + time.monotonic() - start
         self.target.crop(len(self.tokens) + accepted)  # drop the rejected drafts' keys and values
         if self.drafter is not None:
             self.drafter.rollback(len(self.tokens) + accepted)

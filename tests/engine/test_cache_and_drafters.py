@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from engine.decoder import HFDecoder, LlamaDecoder
+from engine.decoder import HFDecoder, LlamaDecoder, forward_many
 from engine.drafters import NgramConfig, NgramDrafter, early_exit_drafter, model_drafter
 from engine.sampling import SamplingParams
 from tests.engine.conftest import tiny_gpt2, tiny_llama
@@ -38,6 +38,36 @@ def test_crop_then_extend_matches_a_full_recompute(target, make):
         decoder.crop(len(committed) + keep)
         committed += proposal[:keep] + [rng.randrange(target.config.vocab_size)]
         assert decoder.length == len(committed) - 1
+
+
+def test_one_batched_pass_gives_each_sequence_its_own_logits(target):
+    """Sequences at different lengths, fed 1..7 rows each in one pass, match a full recompute
+    each; a later round after crops stays right (caches advance independently)."""
+    rng = random.Random(1)
+    vocab = target.config.vocab_size
+    decoders = [LlamaDecoder(target) for _ in range(4)]
+    committed = [[rng.randrange(vocab) for _ in range(rng.randint(2, 30))] for _ in decoders]
+    for decoder, tokens in zip(decoders, committed):
+        decoder.reset(200)
+        decoder.forward(torch.tensor(tokens[:-1]))
+    for _ in range(3):
+        fed = [[tokens[-1]] + [rng.randrange(vocab) for _ in range(rng.randint(0, 6))] for tokens in committed]
+        logits = forward_many(decoders, [torch.tensor(f) for f in fed])
+        for decoder, tokens, rows, got in zip(decoders, committed, fed, logits):
+            torch.testing.assert_close(got, full_logits(target, tokens + rows[1:])[-len(rows):], atol=1e-4, rtol=1e-4)
+            keep = rng.randint(0, len(rows) - 1)
+            decoder.crop(len(tokens) + keep)
+            tokens += rows[1 : 1 + keep] + [rng.randrange(vocab)]
+
+
+def test_decoders_that_do_not_share_weights_are_not_batched(target, draft):
+    big, small = LlamaDecoder(target), LlamaDecoder(draft)
+    assert not big.shares_weights(small) and big.shares_weights(LlamaDecoder(target))
+    for decoder in (big, small):
+        decoder.reset(50)
+    got = forward_many([big, small], [torch.tensor([5, 6, 7]), torch.tensor([8, 9])])
+    torch.testing.assert_close(got[0], full_logits(target, [5, 6, 7]), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got[1], full_logits(draft, [8, 9]), atol=1e-4, rtol=1e-4)
 
 
 def test_generic_decoder_on_gpt2_crops_too():
