@@ -35,7 +35,7 @@ Fraction = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 NonNegative = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
 
 Mode = Literal["speculative", "autoregressive"]
-ModeReason = Literal["default", "canary", "load", "long_prompt", "low_acceptance", "alert", "memory", "manual"]
+ModeReason = Literal["default", "canary", "load", "long_prompt", "low_acceptance", "alert", "memory", "manual", "selected"]
 Arm = Literal["spec", "control"]
 Status = Literal["ok", "error", "cancelled"]
 EnergySource = Literal["nvml", "rapl", "estimate"]

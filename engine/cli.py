@@ -9,6 +9,7 @@ import socket
 import sys
 from pathlib import Path
 
+from engine.policy import PolicyConfig
 from specwatch.cli import UsageError, tcp_port
 
 
@@ -46,6 +47,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--long-prompt-tokens", type=int, default=512)
     serve.add_argument("--canary-fraction", type=float, default=1.0, help="share of requests that speculate (A/B arms when < 1)")
     serve.add_argument("--min-acceptance", type=float, default=0.3)
+    serve.add_argument("--candidates", nargs="+", default=list(PolicyConfig.candidates), metavar="DRAFTER[@GAMMA]",
+                       help="what requests with drafter 'auto' choose from, per scenario tag (default: %(default)s)")
+    serve.add_argument("--explore", type=float, default=0.1, help="share of 'auto' requests that try a non-best candidate")
+    serve.add_argument("--no-batch", dest="batch", action="store_false",
+                       help="verify each request in its own target forward (default: one batched forward per round)")
     serve.add_argument("--memory-high", type=float, default=0.90,
                        help="unload the draft models above this share of device memory in use (default 0.90; 1 = never)")
     serve.add_argument("--memory-low", type=float, default=0.80, help="...and load them again below this share (default 0.80)")
@@ -144,14 +150,15 @@ def run_serve(args: argparse.Namespace) -> int:
     from engine.engine import Engine, EngineConfig
     from engine.loading import ModelLoadError
     from engine.memory_guard import MemoryGuard, MemoryGuardConfig
-    from engine.policy import Policy, PolicyConfig
+    from engine.policy import Policy
     from engine.scheduler import Scheduler, SchedulerConfig
     from engine.server import create_app
 
     try:
         policy = Policy(PolicyConfig(load_off=args.load_off, load_on=args.load_on, long_prompt_tokens=args.long_prompt_tokens,
-                                     canary_fraction=args.canary_fraction, min_acceptance=args.min_acceptance))
-        scheduler_config = SchedulerConfig(slots=args.slots, max_queue=args.max_queue)
+                                     canary_fraction=args.canary_fraction, min_acceptance=args.min_acceptance,
+                                     candidates=tuple(args.candidates), explore=args.explore))
+        scheduler_config = SchedulerConfig(slots=args.slots, max_queue=args.max_queue, batch=args.batch)
         guard_config = MemoryGuardConfig(high=args.memory_high, low=args.memory_low)
         config = EngineConfig(model=args.model, dtype=args.dtype, device=args.device, threads=args.threads, instance=args.instance,
                               memory_fraction=args.memory_fraction)

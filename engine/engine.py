@@ -46,7 +46,7 @@ class GenerateRequest:
     prompt: str | None = None
     messages: list[dict[str, str]] | None = None  # chat: rendered with the tokenizer's template
     max_tokens: int = 128
-    drafter: str | None = "ngram"  # 'ngram' | 'model:PATH' | 'early-exit:K' | None (plain decoding)
+    drafter: str | None = "ngram"  # 'ngram' | 'model:PATH' | 'early-exit:K' | 'auto' (scheduler: the policy picks) | None (plain)
     gamma: int = 8
     sampling: SamplingParams = SamplingParams()
     stop: tuple[str, ...] = ()
@@ -99,6 +99,8 @@ class Engine:
         """The drafter named by `spec` for `slot`, built once per slot (draft weights are loaded once)."""
         if spec in (None, "", "none"):
             return None
+        if spec == "auto":
+            raise ValueError("drafter 'auto' is chosen per request by the server's policy (specwatch engine serve)")
         drafters = (slot or self.default_slot).drafters
         if spec not in drafters:
             drafters[spec] = self._build_drafter(spec)
@@ -110,8 +112,8 @@ class Engine:
 
     def check_drafter(self, spec: str | None) -> None:
         """Raise ValueError for a drafter spec that cannot be built (without building it)."""
-        if spec in (None, "", "none") or spec in self.default_slot.drafters:
-            return
+        if spec in (None, "", "none", "auto") or spec in self.default_slot.drafters:
+            return  # 'auto': the server's policy picks a drafter per request
         kind, arg = _parse_drafter(spec)
         layers = self.target.model.config.num_hidden_layers
         if kind == "early-exit" and not 1 <= int(arg) <= layers:
@@ -172,6 +174,7 @@ class Run:
         self.text = _TextStream(engine.tokenizer, request.stop, engine.tokenizer_lock)
         self.ttft: float | None = None
         self.retries, self.error = 0, None
+        self.choice = None  # the policy selector's pick, for a request that asked for drafter 'auto'
 
     @property
     def finished(self) -> bool:
@@ -183,13 +186,30 @@ class Run:
 
     def prefill(self) -> str:
         request = self.request
-        self.loop.prefill(self.prompt_ids, request.max_tokens, request.gamma, request.sampling, self.engine.stop_ids, request.seed)
+        with self.engine.streams.target():
+            self.loop.prefill(self.prompt_ids, request.max_tokens, request.gamma, request.sampling, self.engine.stop_ids, request.seed)
         self.ttft = time.monotonic() - self.started
         return self._delta()
 
     def advance(self) -> str:
-        self.loop.step()
+        """One round: draft on the draft stream, verify on the target stream (CUDA; CPU: one thread)."""
+        return self.verify(self.propose())
+
+    # A round split in two, so the scheduler can verify several requests in one target forward.
+    def propose(self) -> torch.Tensor:
+        with self.engine.streams.draft():
+            return self.loop.propose()
+
+    def accept(self, logits: torch.Tensor, forward_s: float) -> str:
+        self.loop.accept(logits, forward_s)
         return self._delta()
+
+    def verify(self, fed: torch.Tensor) -> str:
+        """The target forward for this request alone, then `accept`."""
+        started = time.monotonic()
+        with self.engine.streams.target():
+            logits = self.slot.decoder.forward(fed)
+        return self.accept(logits, time.monotonic() - started)
 
     def _delta(self) -> str:
         delta = self.text.update(self.generated)

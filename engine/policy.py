@@ -18,6 +18,11 @@ acceptance. The policy, in order of precedence:
    the rest decode plainly (arm 'control') for the A/B comparison -> 'canary'
 5. a drafter whose recent acceptance rate fell below `min_acceptance`
    (every `probe_every`-th request still speculates to re-measure) -> 'low_acceptance'
+
+A request that asks for drafter 'auto' gets its drafter and lookahead from a `Selector`
+first: per scenario tag, an epsilon-greedy bandit over `candidates` (e.g. none,
+ngram@4, ngram@8, ngram@16) rewarded by each request's goodput, so grounded traffic
+settles on long n-gram drafts and open chat on plain decoding -> 'selected'.
 """
 
 from __future__ import annotations
@@ -46,6 +51,8 @@ class PolicyConfig:
     min_window: int = 4  # no acceptance verdict from fewer requests
     probe_every: int = 8
     cooldown_s: float = 5.0
+    candidates: tuple[str, ...] = ("none", "ngram@4", "ngram@8", "ngram@16")  # for drafter 'auto': DRAFTER[@GAMMA]
+    explore: float = 0.1  # share of 'auto' requests that try a candidate other than the best one
 
     def __post_init__(self) -> None:
         if not 0 < self.load_on <= self.load_off:
@@ -54,6 +61,33 @@ class PolicyConfig:
             raise ValueError("canary_fraction must be in [0, 1]")
         if self.long_prompt_tokens < 1 or self.acceptance_window < 1 or self.probe_every < 1:
             raise ValueError("long_prompt_tokens, acceptance_window and probe_every must be >= 1")
+        if not 0.0 <= self.explore <= 1.0:
+            raise ValueError("explore must be in [0, 1]")
+        if not self.candidates:
+            raise ValueError("give at least one candidate for drafter 'auto'")
+        for candidate in self.candidates:
+            Choice.parse(candidate)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A drafter and lookahead for one request; drafter None is plain decoding."""
+
+    drafter: str | None
+    gamma: int
+
+    @classmethod
+    def parse(cls, text: str) -> Choice:
+        """'none' | 'DRAFTER' (gamma 8) | 'DRAFTER@GAMMA', e.g. 'ngram@16', 'early-exit:4@2'."""
+        spec, _, gamma = text.partition("@")
+        if spec in ("", "none"):
+            return cls(None, 0)
+        if gamma and not (gamma.isdigit() and 1 <= int(gamma) <= 64):
+            raise ValueError(f"candidate {text!r}: gamma must be an integer in [1, 64]")
+        return cls(spec, int(gamma or 8))
+
+    def __str__(self) -> str:
+        return f"{self.drafter}@{self.gamma}" if self.drafter else "none"
 
 
 @dataclass(frozen=True)
@@ -87,6 +121,7 @@ class Policy:
         self._goodput: dict[str, deque[float]] = {}  # drafter or 'plain' -> tokens per busy second
         self._load_probes = 0
         self.switches: deque[Switch] = deque(maxlen=1000)
+        self.selector = Selector([Choice.parse(c) for c in config.candidates], config.acceptance_window, config.explore, self._rng)
 
     def set_override(self, mode: Override, reason: str = "manual") -> None:
         with self._lock:
@@ -102,7 +137,8 @@ class Policy:
     def state(self) -> dict:
         with self._lock:
             return {"override": self._override[0], "override_reason": self._override[1],
-                    "load_allows_speculation": self._load_allows, "draft_loaded": self._draft_loaded}
+                    "load_allows_speculation": self._load_allows, "draft_loaded": self._draft_loaded,
+                    "selector": self.selector.summary()}
 
     def decide(self, prompt_tokens: int, load: float, drafter: str | None, now: float | None = None) -> Decision:
         now = time.monotonic() if now is None else now
@@ -159,15 +195,66 @@ class Policy:
         drafted = sum(d for d, _ in recent)
         return drafted > 0 and sum(a for _, a in recent) / drafted < self.config.min_acceptance
 
-    def observe(self, record: RequestRecord) -> None:
-        """Feed back a finished request: its goodput, and the acceptance of its drafter."""
+    def choose(self, scenario: str) -> Choice:
+        """The drafter and lookahead for a request that asked for drafter 'auto'."""
+        with self._lock:
+            return self.selector.choose(scenario)
+
+    def observe(self, record: RequestRecord, choice: Choice | None = None) -> None:
+        """Feed back a finished request: its goodput, and the acceptance of its drafter.
+        `choice`: what the selector picked for it (an 'auto' request)."""
         busy_s = record.verify_s + record.draft_s  # model time after the first token
         with self._lock:
             if record.status == "ok" and record.output_tokens > 1 and busy_s > 0:
+                goodput = (record.output_tokens - 1) / busy_s
                 window = self._goodput.setdefault(record.drafter or "plain", deque(maxlen=self.config.acceptance_window))
-                window.append((record.output_tokens - 1) / busy_s)
+                window.append(goodput)
+                if choice is not None:  # credit what actually ran: plain decoding if the policy overruled the choice
+                    ran = choice if record.mode == "speculative" else Choice(None, 0)
+                    self.selector.observe(record.tags.get("scenario", ""), ran, goodput)
         if record.drafter is None or record.num_draft_tokens == 0:
             return
         with self._lock:
             window = self._acceptance.setdefault(record.drafter, deque(maxlen=self.config.acceptance_window))
             window.append((record.num_draft_tokens, record.num_accepted_tokens))
+
+
+class Selector:
+    """Per scenario, an epsilon-greedy bandit over (drafter, gamma) candidates.
+
+    Reward: a request's goodput (tokens after the first per second of model time),
+    kept over a sliding window per candidate so the choice follows changes in load
+    and traffic. Every candidate is tried `min_tries` times first; afterwards an
+    `explore` share of requests tries another candidate at random so all stay measured.
+    """
+
+    def __init__(self, candidates: list[Choice], window: int, explore: float, rng: random.Random, min_tries: int = 2) -> None:
+        self.candidates, self.explore, self.rng, self.min_tries = candidates, explore, rng, min_tries
+        self.window = window
+        self.rewards: dict[str, dict[Choice, deque[float]]] = {}
+
+    def _of(self, scenario: str) -> dict[Choice, deque[float]]:
+        return self.rewards.setdefault(scenario, {c: deque(maxlen=self.window) for c in self.candidates})
+
+    def choose(self, scenario: str) -> Choice:
+        rewards = self._of(scenario)
+        untried = [c for c in self.candidates if len(rewards[c]) < self.min_tries]
+        if untried:
+            return min(untried, key=lambda c: len(rewards[c]))
+        best = self.best(scenario)
+        if len(self.candidates) > 1 and self.rng.random() < self.explore:
+            return self.rng.choice([c for c in self.candidates if c != best])
+        return best
+
+    def best(self, scenario: str) -> Choice:
+        rewards = self._of(scenario)
+        return max(self.candidates, key=lambda c: statistics.fmean(rewards[c]) if rewards[c] else float("-inf"))
+
+    def observe(self, scenario: str, choice: Choice, goodput: float) -> None:
+        if choice in self.candidates:
+            self._of(scenario)[choice].append(goodput)
+
+    def summary(self) -> dict[str, dict[str, dict]]:
+        """scenario -> candidate -> {'requests', 'goodput'}: what the control API's state shows."""
+        return {scenario: {str(c): {"requests": len(r), "goodput": statistics.fmean(r) if r else None} for c, r in rewards.items()}
+                for scenario, rewards in self.rewards.items()}

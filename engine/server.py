@@ -2,7 +2,8 @@
 (streaming with server-sent events), /v1/models, plus the control API that alerts use.
 
 specwatch extensions travel in the request body (the OpenAI SDK's `extra_body`):
-`gamma`, `drafter` ('none' | 'ngram' | 'model:PATH' | 'early-exit:K') and `tags`.
+`gamma`, `drafter` ('none' | 'ngram' | 'model:PATH' | 'early-exit:K' | 'auto': the policy picks
+drafter and gamma per scenario tag) and `tags`.
 """
 
 from __future__ import annotations

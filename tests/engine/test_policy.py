@@ -7,7 +7,7 @@ import time
 import pytest
 
 from collector.schema import RequestRecord
-from engine.policy import Decision, Policy, PolicyConfig
+from engine.policy import Choice, Decision, Policy, PolicyConfig
 
 
 def record(drafter: str, drafted: int, accepted: int) -> RequestRecord:
@@ -103,3 +103,43 @@ def test_under_load_unmeasured_speculation_continues_while_plain_probes_collect_
         policy.observe(timed_record("ngram", 11, 1.0))  # measured: 10 tokens/s
         policy.observe(timed_record(None, 41, 1.0))  # plain: 40 tokens/s
     assert policy.decide(10, 0.9, "ngram", now=7.0) == Decision(False, "load")
+
+
+def test_candidates_parse_and_bad_ones_are_rejected():
+    assert [str(Choice.parse(c)) for c in ("none", "ngram", "ngram@16", "early-exit:4@2")] == ["none", "ngram@8", "ngram@16", "early-exit:4@2"]
+    for bad in ("ngram@0", "ngram@x", "ngram@65"):
+        with pytest.raises(ValueError, match="gamma"):
+            PolicyConfig(candidates=("none", bad))
+
+
+def selected_record(choice: Choice, scenario: str, tokens: int, busy_s: float) -> RequestRecord:
+    gamma = choice.gamma
+    return RequestRecord(request_id=f"s{time.monotonic_ns()}", instance="i", model="m", drafter=choice.drafter,
+                         mode="speculative" if choice.drafter else "autoregressive", mode_reason="selected",
+                         started_at=time.time(), e2e_s=busy_s, prompt_tokens=10, output_tokens=tokens, verify_s=busy_s,
+                         gamma=gamma, accepted_per_position=[0] * gamma, tags={"scenario": scenario})
+
+
+def test_selector_settles_per_scenario_on_the_best_goodput():
+    """Grounded text pays for long n-gram drafts, open chat for plain decoding: the bandit learns both."""
+    goodput = {"grounded": {"none": 25, "ngram@4": 45, "ngram@8": 60, "ngram@16": 70},
+               "chat": {"none": 25, "ngram@4": 20, "ngram@8": 18, "ngram@16": 15}}
+    policy = Policy(PolicyConfig(explore=0.1), seed=3)
+    picks = {scenario: [] for scenario in goodput}
+    for _ in range(200):
+        for scenario, table in goodput.items():
+            choice = policy.choose(scenario)
+            picks[scenario].append(str(choice))
+            policy.observe(selected_record(choice, scenario, 1 + table[str(choice)], 1.0), choice)
+    assert policy.selector.best("grounded") == Choice("ngram", 16) and policy.selector.best("chat") == Choice(None, 0)
+    late = {s: p[-100:] for s, p in picks.items()}
+    assert late["grounded"].count("ngram@16") >= 80 and late["chat"].count("none") >= 80  # ~90% exploit, 10% explore
+    assert set(picks["chat"]) == set(goodput["chat"])  # every candidate was tried
+    assert policy.state["selector"]["grounded"]["ngram@16"]["goodput"] == pytest.approx(70)
+
+
+def test_a_choice_the_policy_overruled_is_credited_to_plain_decoding():
+    policy = Policy(PolicyConfig(candidates=("none", "ngram@8")))
+    ran_plain = selected_record(Choice(None, 0), "chat", 11, 1.0)
+    policy.observe(ran_plain, Choice("ngram", 8))  # asked for ngram@8, the load rule made it decode plainly
+    assert policy.state["selector"]["chat"] == {"none": {"requests": 1, "goodput": 10.0}, "ngram@8": {"requests": 0, "goodput": None}}
