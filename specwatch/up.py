@@ -31,6 +31,7 @@ from specwatch.cli import UsageError, tcp_port
 PHASES = (
     ("grounded work, n-gram drafts", ("grounded", "code-edit"), "ngram"),
     ("open chat, untrained early-exit drafts", ("chat",), "early-exit:2"),
+    ("mixed traffic, the engine picks drafter and gamma per scenario", ("grounded", "chat", "code-edit"), "auto"),
 )
 
 
