@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import statistics
 import sys
 import time
@@ -192,6 +193,10 @@ def profile(results: dict[str, dict[str, Runs]]) -> None:
                   f"{sum(runs.tokens) / n / steps if steps else float('nan'):11.2f}")
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def _f(value: float | None, suffix: str = "") -> str:
     return "-" if value is None else f"{value:.2f}{suffix}"
 
@@ -221,6 +226,7 @@ def main() -> int:
     print(f"bundled: {engine.target.name} {dtype}, torch threads {torch.get_num_threads()}", file=sys.stderr, flush=True)
     model_dir = prepare(args.data_dir / "model")
     servers = {}
+    signal.signal(signal.SIGTERM, _interrupt)  # a killed bench still stops its vLLM servers
     try:
         servers = start_servers(args, dtype, model_dir, args.data_dir)
         results = measure(configurations(engine, servers, args), args)

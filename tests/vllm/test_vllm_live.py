@@ -57,7 +57,7 @@ def test_acceptance_equals_the_delta_of_vllms_own_counters(server, tmp_path):
     settings = Settings(data_dir=tmp_path, database_url=f"sqlite:///{tmp_path / 'db.sqlite'}",
                         scrape_vllm=[server.metrics_url], scrape_interval_s=SCRAPE_S, alerts_enabled=False)
     with TestClient(create_app(settings)) as client:
-        wait_for_scrape(client, server.metrics_url, 0)  # a baseline and one row: the scraper is running
+        wait_for_scrape(client, server.metrics_url, time.time() - 60)  # a baseline and one row: the scraper runs
         before, start = vllm_server.read_counters(server.metrics_url), time.time()
         for kind in ("grounded", "code-edit", "chat"):
             ask(server, kind)
