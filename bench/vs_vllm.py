@@ -149,6 +149,7 @@ def measure(configs: dict, args) -> dict[str, dict[str, Runs]]:
     for repeat in range(args.repeats + 1):  # repeat 0 warms up every shape and is discarded
         for kind in args.prompts:
             for name, run in configs.items():
+                time.sleep(args.settle)  # vLLM's CPU workers keep spinning for a while after a request
                 run(chat(kind), results[kind][name] if repeat else Runs())
         print(f"  repeat {repeat}/{args.repeats} done", file=sys.stderr, flush=True)
     return results
@@ -210,6 +211,8 @@ def main() -> int:
     parser.add_argument("--gamma", type=int, default=8, help="most tokens per n-gram draft (both engines)")
     parser.add_argument("--prompts", nargs="+", default=["grounded", "summary", "code-edit", "chat"], choices=list(PROMPTS))
     parser.add_argument("--no-vllm-plain", action="store_true", help="skip vLLM without speculation (one server less)")
+    parser.add_argument("--settle", type=float, default=2.0,
+                        help="seconds idle before each request: vLLM's CPU workers spin for ~1 s after one (default: 2)")
     parser.add_argument("--data-dir", type=Path, default=Path("data/vs-vllm"), help="the converted model and vLLM logs")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
     args = parser.parse_args()
