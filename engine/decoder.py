@@ -164,11 +164,10 @@ class LlamaDecoder:
         v = v.view(1, rows, self.n_kv, self.head_dim).transpose(1, 2)
         outs = []
         for seq in batch.seqs:
-            rows_of = slice(seq.offset, seq.offset + seq.end - seq.start)
             k_cache, v_cache = seq.decoder.k_cache[i], seq.decoder.v_cache[i]
-            k_cache[:, :, seq.start : seq.end] = k[:, :, rows_of]
-            v_cache[:, :, seq.start : seq.end] = v[:, :, rows_of]
-            outs.append(F.scaled_dot_product_attention(q[:, :, rows_of], k_cache[:, :, : seq.end], v_cache[:, :, : seq.end],
+            k_cache[:, :, seq.start : seq.end] = k[:, :, seq.rows]
+            v_cache[:, :, seq.start : seq.end] = v[:, :, seq.rows]
+            outs.append(F.scaled_dot_product_attention(q[:, :, seq.rows], k_cache[:, :, : seq.end], v_cache[:, :, : seq.end],
                                                        attn_mask=seq.mask, enable_gqa=self.n_kv != self.n_heads))
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
         return _linear(out.transpose(1, 2).reshape(1, rows, q_size), layer.wo)
@@ -185,6 +184,11 @@ class _Seq:
     end: int
     offset: int  # its first row in the batch
     mask: torch.Tensor | None
+
+    @property
+    def rows(self) -> slice:
+        """Its rows in the batch."""
+        return slice(self.offset, self.offset + self.end - self.start)
 
 
 @dataclass(frozen=True)
@@ -221,26 +225,19 @@ def forward_batch(decoders: Sequence[LlamaDecoder], tokens: Sequence[torch.Tenso
     for i, layer in enumerate(lead.layers):
         x = x + lead._attention(layer, lead._rms_norm(x, layer.attn_norm), i, batch)
         x = x + lead._mlp(layer, lead._rms_norm(x, layer.mlp_norm))
-    kept = [(s.offset + s.end - s.start - k if k else s.offset, s.offset + s.end - s.start) for s, k in zip(seqs, keep)]
-    if any(k for k in keep):
-        x = _cat([x[:, a:b] for a, b in kept], dim=1)
-        kept = _offsets([b - a for a, b in kept])
+    if any(keep):  # only the last keep_i rows of each sequence go through the head
+        x = _cat([x[:, s.rows.stop - k if k else s.rows.start : s.rows.stop] for s, k in zip(seqs, keep)], dim=1)
+        sizes = [k or s.end - s.start for s, k in zip(seqs, keep)]
+    else:
+        sizes = [s.end - s.start for s in seqs]
     logits = _linear(lead._rms_norm(x, lead.final_norm), lead.lm_head)[0]
     for seq in seqs:
         seq.decoder._len = seq.end
-    return [logits[a:b] for a, b in kept]
+    return list(logits.split(sizes))
 
 
 def _cat(tensors: list[torch.Tensor], dim: int = 0) -> torch.Tensor:
     return tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=dim)
-
-
-def _offsets(sizes: list[int]) -> list[tuple[int, int]]:
-    bounds, start = [], 0
-    for size in sizes:
-        bounds.append((start, start + size))
-        start += size
-    return bounds
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

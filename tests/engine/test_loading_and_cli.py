@@ -99,6 +99,7 @@ def test_cli_generate_prints_text_and_record(bundled_engine):
 
 @pytest.mark.parametrize("args,message", [
     (["--drafter", "magic"], "unknown drafter"),
+    (["--drafter", "auto"], "drafter 'auto' is chosen per request by the server's policy"),
     (["--model", "/does/not/exist"], "model not found: /does/not/exist"),
     (["--temperature", "-2"], "temperature"),
     (["--max-tokens", "0"], "max_tokens"),
@@ -113,6 +114,8 @@ def test_cli_bad_input_exits_2_with_a_message(args, message):
     (["engine", "serve", "--slots", "0"], "slots must be >= 1"),
     (["engine", "serve", "--load-on", "0.9", "--load-off", "0.5"], "load_on <= load_off"),
     (["engine", "serve", "--memory-high", "0.5", "--memory-low", "0.7"], "memory guard needs 0 < low < high <= 1"),
+    (["engine", "serve", "--candidates", "none", "ngram@0"], "candidate 'ngram@0': gamma must be an integer in [1, 64]"),
+    (["engine", "serve", "--explore", "2"], "explore must be in [0, 1]"),
     (["traffic", "--scenarios", "poetry"], "unknown scenario 'poetry'"),
     (["traffic", "--concurrency", "0"], "--concurrency"),
     (["traffic", "--url", "http://127.0.0.1:9"], "no engine answering at http://127.0.0.1:9"),
