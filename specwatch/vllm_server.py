@@ -178,9 +178,10 @@ def _last_line(log: Path) -> str:
         return ""
 
 
-def spec_counters(metrics_text: str) -> dict[str, float]:
-    """vLLM's own spec-decode counter totals (summed over engines), read straight from /metrics text."""
-    totals = {name: 0.0 for name in SPEC_COUNTERS}
+def counter_totals(metrics_text: str, families) -> dict[str, float]:
+    """Each counter family's `_total`, summed over its label sets (engines, models); 0 when absent.
+    Read straight from the /metrics text, independently of the collector's scraper it checks."""
+    totals = dict.fromkeys(families, 0.0)
     for family in text_string_to_metric_families(metrics_text):
         if family.name in totals:
             totals[family.name] += sum(s.value for s in family.samples if s.name == family.name + "_total")
@@ -188,7 +189,8 @@ def spec_counters(metrics_text: str) -> dict[str, float]:
 
 
 def read_counters(metrics_url: str) -> dict[str, float]:
-    return spec_counters(httpx.get(metrics_url, timeout=10).text)
+    """vLLM's own spec-decode counter totals."""
+    return counter_totals(httpx.get(metrics_url, timeout=10).text, SPEC_COUNTERS)
 
 
 def ngram_config(tokens: int = 8, min_n: int = 2, max_n: int = 3) -> dict:
@@ -196,15 +198,9 @@ def ngram_config(tokens: int = 8, min_n: int = 2, max_n: int = 3) -> dict:
     return {"method": "ngram", "num_speculative_tokens": tokens, "prompt_lookup_min": min_n, "prompt_lookup_max": max_n}
 
 
-def counter_total(metrics_text: str, family: str) -> float:
-    """One counter family's `_total`, summed over its label sets (0 when absent)."""
-    return sum(s.value for f in text_string_to_metric_families(metrics_text) if f.name == family
-               for s in f.samples if s.name == family + "_total")
-
-
 def read_generation_tokens(metrics_url: str) -> float:
     """vllm:generation_tokens_total: output tokens vLLM has produced since it started."""
-    return counter_total(httpx.get(metrics_url, timeout=10).text, "vllm:generation_tokens")
+    return counter_totals(httpx.get(metrics_url, timeout=10).text, ["vllm:generation_tokens"])["vllm:generation_tokens"]
 
 
 def spec_families_present(metrics_url: str) -> bool:
