@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
 import yaml
 
 from alerts.notify import SIGNATURE_HEADER, sign
@@ -20,6 +19,7 @@ from collector.client import TelemetryClient
 from collector.launch import free_port
 from collector.schema import RequestRecord
 from collector_payloads import request_dict
+from waiting import wait_for
 from webhook_receiver import Receiver
 
 SECRET = "webhook-s3cret"
@@ -46,15 +46,6 @@ def send(client: TelemetryClient, start: int, accepted: int, n: int = 10) -> Non
             i, request_id=f"e2e-{i}", started_at=time.time(), num_drafts=4, num_draft_tokens=16,
             num_accepted_tokens=accepted, accepted_per_position=per_pos)))
     assert client.flush(10)
-
-
-def wait_for(condition, what: str, timeout: float = 40.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if result := condition():
-            return result
-        time.sleep(0.1)
-    pytest.fail(f"timed out waiting for {what}")
 
 
 def test_alert_fires_and_resolves_through_a_receiver_that_was_down(tmp_path):

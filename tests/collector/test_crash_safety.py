@@ -13,6 +13,7 @@ from collector import launch
 from collector.client import TelemetryClient
 from collector.schema import RequestRecord
 from collector_payloads import request_dict
+from waiting import wait_for
 from collector.launch import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,6 +22,11 @@ WAVES, PER_WAVE, KILL_AT, RESTART_AT = 30, 100, 8, 18
 
 def start_collector(db_url: str, port: int, log: Path) -> subprocess.Popen:
     return launch.start_collector(port, log, db_url=db_url, env={"SPECWATCH_RETENTION_DAYS": "36500"})
+
+
+def submit_wave(client: TelemetryClient, wave: int) -> None:
+    for i in range(wave * PER_WAVE, (wave + 1) * PER_WAVE):
+        client.submit_request(RequestRecord.model_validate(request_dict(i)))
 
 
 def test_sigkill_mid_ingest_loses_and_duplicates_nothing(db_url, tmp_path):
@@ -32,13 +38,17 @@ def test_sigkill_mid_ingest_loses_and_duplicates_nothing(db_url, tmp_path):
     try:
         for wave in range(WAVES):
             if wave == KILL_AT:
+                # A loaded machine may not have delivered anything yet: wait for the first delivery,
+                # then hand over one more wave so the kill lands while batches are in flight.
+                wait_for(lambda: client.stats().delivered > 0, "a first delivery", timeout=30, interval=0.01)
                 delivered_before_kill = client.stats().delivered
-                proc.send_signal(signal.SIGKILL)  # while batches are in flight
+                submit_wave(client, wave)
+                proc.send_signal(signal.SIGKILL)
                 proc.wait()
+            else:
+                submit_wave(client, wave)
             if wave == RESTART_AT:
                 proc = start_collector(db_url, port, log)
-            for i in range(wave * PER_WAVE, (wave + 1) * PER_WAVE):
-                client.submit_request(RequestRecord.model_validate(request_dict(i)))
             time.sleep(0.03)
         deadline = time.monotonic() + 60
         while not (client.flush(5.0) and client.stats().spool_bytes == 0):
