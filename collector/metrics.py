@@ -19,8 +19,9 @@ collector: `Histogram.observe` per record cost more than parsing the record on i
 from __future__ import annotations
 
 import threading
-from collections import defaultdict
+from collections import Counter as Tally, defaultdict
 from collections.abc import Iterable, Iterator
+from operator import itemgetter
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -49,6 +50,9 @@ _ARM_DOCS = {
     "arm_requests": "Ok requests with output under a canary / A-B arm.",
     "arm_e2e_seconds_per_token": "Sum over those requests of e2e latency / output tokens; / arm_requests = the mean.",
 }
+# What the request metrics read from a record: the four labels first, then the summed fields.
+_ROW_FIELDS = ("instance", "model", "mode", "drafter", "status", "arm", "error", "e2e_s", "ttft_s", *_SUM_FIELDS)
+_read_row = itemgetter(*_ROW_FIELDS)  # from a record's __dict__: much faster than attribute access
 _HISTOGRAMS = {
     "ttft": ("specwatch_time_to_first_token_seconds", "Time to first token."),
     "e2e": ("specwatch_e2e_request_latency_seconds", "End-to-end request latency."),
@@ -59,59 +63,103 @@ class _LabelStats:
     """Running totals for one label set."""
 
     def __init__(self) -> None:
-        self.status: dict[str, int] = defaultdict(int)
+        self.status: Tally[str] = Tally()
         self.sums: dict[str, float] = dict.fromkeys(_SUM_DOCS, 0)
         self.buckets = {name: np.zeros(len(LATENCY_BUCKETS) + 1, dtype=np.int64) for name in _HISTOGRAMS}
         self.value_sums = dict.fromkeys(_HISTOGRAMS, 0.0)
+
+    def add(self, other: _LabelStats) -> None:
+        self.status.update(other.status)
+        for name, value in other.sums.items():
+            self.sums[name] += value
+        for name, counts in other.buckets.items():
+            self.buckets[name] += counts
+            self.value_sums[name] += other.value_sums[name]
+
+
+_BOUNDS = np.array(LATENCY_BUCKETS)
+
+
+class RequestTotals:
+    """What a set of stored requests adds to the request metrics, per label set.
+
+    An ingest worker process sums its batch's new records into one of these, which is small
+    and picklable, and the service merges it into its `RequestMetrics` (shipping the records
+    themselves back would cost more than summing them).
+    """
+
+    def __init__(self) -> None:
+        self.by_labels: dict[tuple[str, ...], _LabelStats] = {}
+        self.arms: dict[tuple[str, ...], dict[str, float]] = {}  # (instance, model, arm) -> _ARM_DOCS totals
+
+    @classmethod
+    def of(cls, records: Iterable[RequestRecord]) -> RequestTotals:
+        """Fields are read once per record, as tuples, and summed per label set by column."""
+        totals = cls()
+        groups: dict[tuple[str, ...], list[tuple]] = defaultdict(list)
+        for row in map(_read_row, [r.__dict__ for r in records]):
+            groups[row[:4]].append(row)
+        for (instance, model, mode, drafter), rows in groups.items():
+            columns = dict(zip(_ROW_FIELDS, zip(*rows)))
+            totals._add_group(totals.by_labels.setdefault((instance, model, mode, drafter or "none"), _LabelStats()), columns)
+            if any(columns["arm"]):
+                totals._add_arms(instance, model, columns)
+        return totals
+
+    def add(self, other: RequestTotals) -> None:
+        for labels, stats in other.by_labels.items():
+            self.by_labels.setdefault(labels, _LabelStats()).add(stats)
+        for key, sums in other.arms.items():
+            mine = self.arms.setdefault(key, dict.fromkeys(_ARM_DOCS, 0))
+            for name, value in sums.items():
+                mine[name] += value
+
+    def _add_arms(self, instance: str, model: str, columns: dict[str, tuple]) -> None:
+        """The requests `spec_latency_regression` compares: ok, with output, under an arm."""
+        for arm, status, output_tokens, e2e_s in zip(columns["arm"], columns["status"], columns["output_tokens"], columns["e2e_s"]):
+            if arm is not None and status == "ok" and output_tokens > 0:
+                totals = self.arms.setdefault((instance, model, arm), dict.fromkeys(_ARM_DOCS, 0))
+                totals["arm_requests"] += 1
+                totals["arm_e2e_seconds_per_token"] += e2e_s / output_tokens
+
+    @staticmethod
+    def _add_group(stats: _LabelStats, columns: dict[str, tuple]) -> None:
+        stats.status.update(columns["status"])
+        for name, field in zip(_SUMS, _SUM_FIELDS):
+            stats.sums[name] += sum(columns[field])
+        drafted = np.array(columns["num_draft_tokens"], dtype=float)
+        rates = np.array(columns["num_accepted_tokens"], dtype=float)[drafted > 0] / drafted[drafted > 0]
+        stats.sums["acceptance_rate_requests"] += len(rates)
+        stats.sums["acceptance_rate_sum"] += float(rates.sum())
+        stats.sums["acceptance_rate_squares"] += float(np.square(rates).sum())
+        stats.sums["oom_errors"] += sum(1 for error in columns["error"] if error and "oom" in error)
+        ttft = [v for v in columns["ttft_s"] if v is not None]
+        for name, values in (("e2e", columns["e2e_s"]), ("ttft", ttft)):
+            array = np.array(values, dtype=float)
+            # bucket i holds bounds[i-1] < v <= bounds[i]; the last one is +Inf
+            stats.buckets[name] += np.bincount(np.searchsorted(_BOUNDS, array, side="left"), minlength=len(_BOUNDS) + 1)
+            stats.value_sums[name] += float(array.sum())
 
 
 class RequestMetrics:
     """Counters and latency histograms of stored requests, by instance/model/mode/drafter."""
 
     def __init__(self) -> None:
-        self._stats: dict[tuple[str, ...], _LabelStats] = {}
-        self._arms: dict[tuple[str, ...], dict[str, float]] = {}  # (instance, model, arm) -> _ARM_DOCS totals
+        self._totals = RequestTotals()
         self._lock = threading.Lock()
-        self._bounds = np.array(LATENCY_BUCKETS)
 
     def observe(self, records: Iterable[RequestRecord]) -> None:
-        groups: dict[tuple[str, ...], list[RequestRecord]] = defaultdict(list)
-        for r in records:
-            groups[(r.instance, r.model, r.mode, r.drafter or "none")].append(r)
+        self.add(RequestTotals.of(records))
+
+    def add(self, totals: RequestTotals) -> None:
         with self._lock:
-            for labels, group in groups.items():
-                self._observe_group(self._stats.setdefault(labels, _LabelStats()), group)
-                self._observe_arms(group)
-
-    def _observe_arms(self, group: list[RequestRecord]) -> None:
-        """The requests `spec_latency_regression` compares: ok, with output, under an arm."""
-        for r in group:
-            if r.arm is not None and r.status == "ok" and r.output_tokens > 0:
-                arm = self._arms.setdefault((r.instance, r.model, r.arm), dict.fromkeys(_ARM_DOCS, 0))
-                arm["arm_requests"] += 1
-                arm["arm_e2e_seconds_per_token"] += r.e2e_s / r.output_tokens
-
-    def _observe_group(self, stats: _LabelStats, group: list[RequestRecord]) -> None:
-        for r in group:
-            stats.status[r.status] += 1
-        for name, field in zip(_SUMS, _SUM_FIELDS):
-            stats.sums[name] += sum(getattr(r, field) for r in group)
-        rates = np.array([r.num_accepted_tokens / r.num_draft_tokens for r in group if r.num_draft_tokens], dtype=float)
-        stats.sums["acceptance_rate_requests"] += len(rates)
-        stats.sums["acceptance_rate_sum"] += float(rates.sum())
-        stats.sums["acceptance_rate_squares"] += float(np.square(rates).sum())
-        stats.sums["oom_errors"] += sum(1 for r in group if r.error and "oom" in r.error)
-        for name, values in (("e2e", [r.e2e_s for r in group]), ("ttft", [r.ttft_s for r in group if r.ttft_s is not None])):
-            array = np.array(values, dtype=float)
-            # bucket i holds bounds[i-1] < v <= bounds[i]; the last one is +Inf
-            stats.buckets[name] += np.bincount(np.searchsorted(self._bounds, array, side="left"), minlength=len(self._bounds) + 1)
-            stats.value_sums[name] += float(array.sum())
+            self._totals.add(totals)
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             items = [(labels, s.status.copy(), s.sums.copy(), {k: v.copy() for k, v in s.buckets.items()}, s.value_sums.copy())
-                     for labels, s in self._stats.items()]
-            arms = [(labels, totals.copy()) for labels, totals in self._arms.items()]
+                     for labels, s in self._totals.by_labels.items()]
+            arms = [(labels, totals.copy()) for labels, totals in self._totals.arms.items()]
         requests = CounterMetricFamily("specwatch_requests", "Finished requests.", labels=[*REQUEST_LABELS, "status"])
         sums = {n: CounterMetricFamily(f"specwatch_{n}", doc, labels=REQUEST_LABELS) for n, doc in _SUM_DOCS.items()}
         hists = {n: HistogramMetricFamily(metric, doc, labels=REQUEST_LABELS) for n, (metric, doc) in _HISTOGRAMS.items()}
@@ -170,8 +218,9 @@ class CollectorMetrics:
             "specwatch_device_util_draft_ratio", "Last reported busy fraction of the draft model.", labels, registry=registry
         )
 
-    def record_batch(self, counts: IngestCounts) -> None:
-        """Account for a stored batch; only the records that were new move the request metrics."""
+    def record_batch(self, counts: IngestCounts, new_requests: RequestTotals | None = None) -> None:
+        """Account for a stored batch; only the records that were new move the request metrics
+        (`new_requests`: their totals, when summed already, else taken from `counts.new_requests`)."""
         for kind, new, dup in (
             ("request", counts.requests, counts.request_duplicates),
             ("sample", counts.samples, counts.sample_duplicates),
@@ -179,7 +228,7 @@ class CollectorMetrics:
         ):
             self.ingest_records.labels(kind, "accepted").inc(new)
             self.ingest_records.labels(kind, "duplicate").inc(dup)
-        self.requests.observe(counts.new_requests)
+        self.requests.add(new_requests or RequestTotals.of(counts.new_requests))
         self._set_device_gauges(counts.new_samples)
 
     def record_rejected(self, reason: str) -> None:
