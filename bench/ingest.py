@@ -7,7 +7,7 @@ and unique keys included) and the service's durability settings (WAL, synchronou
 one transaction per batch):
   * raw `sqlite3.executemany` rows/s (tuples prepared before the clock starts),
   * records/s through `specwatch collector serve` over HTTP (pre-serialised JSON bodies of
-    `--batch` records; 1 and 4 concurrent clients),
+    `--batch` records; 1 and 4 concurrent client processes),
   * their ratio (goal: >= 0.3x): each HTTP run against the raw runs just before and after it,
     median over `--rounds` rounds (see `measure_backend`).
 With --postgres (or SPECWATCH_TEST_POSTGRES_URL) the same for PostgreSQL, against raw
@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import multiprocessing
 import os
 import sqlite3
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from statistics import median
@@ -121,27 +121,35 @@ def start_collector(db_url: str, port: int, log: Path) -> subprocess.Popen:
 
 
 def http_rate(url: str, bodies: list[bytes], per_body: int, clients: int) -> float:
-    """Records/s with `clients` threads, each posting its share of the bodies back to back."""
-    shares = [bodies[i::clients] for i in range(clients)]
-    errors: list[str] = []
-
-    def post_all(share: list[bytes]) -> None:
-        with httpx.Client(timeout=60, headers={"content-type": "application/json"}) as http:
-            for body in share:
-                response = http.post(f"{url}/v1/ingest", content=body)
-                if response.status_code != 200 or response.json()["accepted"] != per_body:
-                    errors.append(f"{response.status_code} {response.text[:200]}")
-
-    threads = [threading.Thread(target=post_all, args=(share,)) for share in shares]
+    """Records/s with `clients` client processes (producers are separate processes, e.g. one
+    engine each), each posting its share of the bodies back to back; the clock runs from
+    when all are connected and released together until the last one is done."""
+    context = multiprocessing.get_context("fork")  # the bodies are inherited, not copied through a pipe
+    ready, errors = context.Barrier(clients + 1), context.Queue()
+    processes = [context.Process(target=_post_all, args=(url, bodies[i::clients], per_body, ready, errors))
+                 for i in range(clients)]
+    for process in processes:
+        process.start()
+    ready.wait(timeout=60)
     started = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    for process in processes:
+        process.join()
     elapsed = time.perf_counter() - started
-    if errors:
-        raise SystemExit(f"ingest failed: {errors[0]}")
+    failures = [errors.get() for _ in range(errors.qsize())] if not errors.empty() else []
+    if failures or any(p.exitcode for p in processes):
+        raise SystemExit(f"ingest failed: {failures[0] if failures else 'a client process exited with an error'}")
     return per_body * len(bodies) / elapsed
+
+
+def _post_all(url: str, share: list[bytes], per_body: int, ready, errors) -> None:
+    with httpx.Client(timeout=60, headers={"content-type": "application/json"}) as http:
+        http.get(f"{url}/healthz")  # connect before the clock starts
+        ready.wait(timeout=60)
+        for body in share:
+            response = http.post(f"{url}/v1/ingest", content=body)
+            if response.status_code != 200 or response.json()["accepted"] != per_body:
+                errors.put(f"{response.status_code} {response.text[:200]}")
+                return
 
 
 def producer_cost_us(port: int, n: int = 20_000) -> float:

@@ -63,7 +63,8 @@ def serve_command(args: argparse.Namespace) -> int:
     import uvicorn
 
     from alerts.rules import RulesError, load_config
-    from collector.app import create_app, tune_gc_for_ingest
+    from collector.app import create_app
+    from collector.ingest import tune_gc_for_ingest
 
     settings = settings_from(args)
     if settings.alerts_enabled:

@@ -1,4 +1,6 @@
-"""Typed FastAPI dependencies: what the lifespan put on `app.state`, and the ingest token check."""
+"""Typed FastAPI dependencies: what the lifespan put on `app.state`, and the ingest token check.
+
+All `async`: FastAPI runs a sync dependency in its thread pool, a hop per dependency per request."""
 
 from __future__ import annotations
 
@@ -14,19 +16,19 @@ from collector.settings import Settings
 from collector.store import Store
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def get_store(request: Request) -> Store:
+async def get_store(request: Request) -> Store:
     return request.app.state.store
 
 
-def get_engine(request: Request) -> Engine:
+async def get_engine(request: Request) -> Engine:
     return request.app.state.store.engine
 
 
-def get_metrics(request: Request) -> CollectorMetrics:
+async def get_metrics(request: Request) -> CollectorMetrics:
     return request.app.state.metrics
 
 
@@ -41,7 +43,7 @@ EngineDep = Annotated[Engine, Depends(get_engine)]
 MetricsDep = Annotated[CollectorMetrics, Depends(get_metrics)]
 
 
-def require_ingest_token(request: Request, settings: SettingsDep, metrics: MetricsDep) -> None:
+async def require_ingest_token(request: Request, settings: SettingsDep, metrics: MetricsDep) -> None:
     """401 unless `Authorization: Bearer <SPECWATCH_INGEST_TOKEN>` (when a token is configured)."""
     if not settings.ingest_token:
         return

@@ -1,16 +1,30 @@
-"""Turning a request body into a validated `IngestBatch`, or a 4xx that says what is wrong.
+"""Turning request bodies into stored rows, or a 4xx that says what is wrong.
 
-The body is parsed with orjson (rejects NaN/Infinity literals, invalid UTF-8 and lone
-surrogates) and validated as a whole before anything is stored.
+A body is parsed with orjson (rejects NaN/Infinity literals, invalid UTF-8 and lone
+surrogates), validated as a whole, then stored in one transaction.
+
+That is ~20 ms of Python per 1,000 records, all under one GIL, so `IngestWorkers` does it in
+worker processes, each with its own database connection: the service process only moves
+bytes and merges each batch's metric totals, and concurrent batches are parsed on separate
+cores (their transactions still take turns on SQLite).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import dataclasses
+import gc
+import multiprocessing
+import threading
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 import orjson
 from pydantic import ValidationError
 
+from collector.metrics import RequestTotals
 from collector.schema import IngestBatch
 from collector.store import DataRejected, IngestCounts, Store, StoreUnavailable
 
@@ -23,6 +37,22 @@ class BatchRejected(Exception):
     def __init__(self, status: int, reason: str, detail: Any) -> None:
         super().__init__(reason)
         self.status, self.reason, self.detail = status, reason, detail
+
+    def __reduce__(self):  # raised in a worker process, re-raised in the service
+        return BatchRejected, (self.status, self.reason, self.detail)
+
+
+@dataclasses.dataclass(frozen=True)
+class IngestResult:
+    """A stored batch: its counts (without the records) and what its new requests add to /metrics."""
+
+    counts: IngestCounts
+    new_requests: RequestTotals
+
+
+def ingest_body(store: Store, body: bytes) -> IngestResult:
+    counts = store_body(store, body)
+    return IngestResult(dataclasses.replace(counts, new_requests=()), RequestTotals.of(counts.new_requests))
 
 
 def store_body(store: Store, body: bytes) -> IngestCounts:
@@ -58,3 +88,90 @@ def _describe(error: dict[str, Any]) -> dict[str, Any]:
     rest = loc[2:] if item and "[" in item else loc[1:]
     field = ".".join(str(part) for part in rest) or None
     return {"item": item, "field": field, "message": error["msg"], "type": error["type"]}
+
+
+class IngestWorkers:
+    """Where `POST /v1/ingest` bodies are parsed, validated and stored.
+
+    `processes` > 0: that many worker processes (started with `spawn`: the service has threads,
+    which `fork` would copy mid-state). 0: `threads` threads of this process, sharing `store`
+    (tests; in-memory databases). A worker process that dies (OOM killer, a crash) fails its batch
+    with 503 (the producer retries; whatever the worker had committed is skipped as duplicates)
+    and the pool is replaced.
+    """
+
+    def __init__(self, store: Store, database_url: str, processes: int, threads: int = 2) -> None:
+        self._store, self._database_url, self._processes = store, database_url, processes
+        self._lock = threading.Lock()
+        if not processes:
+            self._executor: Executor = ThreadPoolExecutor(threads, thread_name_prefix="ingest")
+        else:
+            self._context = multiprocessing.get_context("spawn")
+            self._executor = self._new_pool(self._context.Barrier(processes))
+
+    def _new_pool(self, all_started: threading.Barrier | None = None) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(self._processes, mp_context=self._context, initializer=_start_worker,
+                                   initargs=(self._database_url, all_started))
+
+    async def start(self) -> None:
+        """Start every worker now, not on the first batches (a spawned worker takes ~1 s to import
+        and connect). One task per worker spawns them all, and each waits at a barrier for the
+        others before taking a task, so this returns once all are up."""
+        loop = asyncio.get_running_loop()
+        await asyncio.gather(*(loop.run_in_executor(self._executor, _ready) for _ in range(max(self._processes, 1))))
+
+    async def ingest(self, body: bytes) -> IngestResult:
+        executor, loop = self._executor, asyncio.get_running_loop()
+        try:
+            if not self._processes:
+                return await loop.run_in_executor(executor, ingest_body, self._store, body)
+            return await loop.run_in_executor(executor, _ingest_in_worker, body)
+        except BrokenProcessPool:
+            self._replace(executor)
+            message = "an ingest worker process exited while handling this batch; retry it (records it stored are skipped as duplicates)"
+            raise BatchRejected(503, "store_unavailable", {"error": "store_unavailable", "message": message}) from None
+
+    def _replace(self, broken: Executor) -> None:
+        with self._lock:
+            if self._executor is broken:
+                self._executor = self._new_pool()  # its workers start as batches arrive
+        broken.shutdown(wait=False, cancel_futures=True)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
+
+
+def tune_gc_for_ingest() -> None:
+    """For the service process (not tests): a batch of 1,000 records allocates ~30,000 short-lived,
+    acyclic objects, so the default thresholds run ~40 young-generation collections per batch and
+    full ones that rescan every long-lived object. Freezing what start-up built and collecting young
+    objects every 50,000 allocations instead cut ingest handling time by ~25% (measured: 50 -> 39 ms
+    per 1,000-record batch); reference counting still frees the records themselves at once."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
+
+
+_worker_store: Store | None = None
+
+
+def _start_worker(database_url: str, all_started: threading.Barrier | None) -> None:
+    """Worker process start-up: its own engine, connected; the service's GC settings."""
+    global _worker_store
+    from collector.db import make_engine
+
+    _worker_store = Store(make_engine(database_url))
+    with _worker_store.engine.connect():
+        pass
+    tune_gc_for_ingest()
+    if all_started is not None:
+        with contextlib.suppress(threading.BrokenBarrierError):  # a sibling failed to start: serve anyway
+            all_started.wait(timeout=120)
+
+
+def _ready() -> bool:
+    return True
+
+
+def _ingest_in_worker(body: bytes) -> IngestResult:
+    return ingest_body(_worker_store, body)

@@ -2,35 +2,30 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy.exc import SQLAlchemyError
 
 from collector.db import is_current
-from collector.deps import EngineDep, MetricsDep, SettingsDep, StoreDep, json_response, require_ingest_token
-from collector.ingest import BatchRejected, store_body
+from collector.deps import EngineDep, MetricsDep, SettingsDep, json_response, require_ingest_token
+from collector.ingest import BatchRejected
 from collector.store import IngestCounts
 
 router = APIRouter()
 
 
 @router.post("/v1/ingest", dependencies=[Depends(require_ingest_token)])
-async def ingest(request: Request, store: StoreDep, settings: SettingsDep, metrics: MetricsDep) -> Response:
+async def ingest(request: Request, settings: SettingsDep, metrics: MetricsDep) -> Response:
     """Store one batch atomically; duplicates (by idempotency key) are skipped and counted."""
     try:
         body = await _read_body(request, settings.max_body_bytes)
-        # Parsing and writing are CPU/IO bound: keep them off the event loop, on a small
-        # dedicated pool (many threads parsing at once only fight over the GIL).
-        loop = asyncio.get_running_loop()
-        counts = await loop.run_in_executor(request.app.state.ingest_executor, store_body, store, body)
+        result = await request.app.state.ingest.ingest(body)  # in a worker process (see collector.ingest)
     except BatchRejected as exc:
         metrics.record_rejected(exc.reason)
         raise HTTPException(exc.status, exc.detail) from None
-    metrics.record_batch(counts)
-    return json_response(_summary(counts))
+    metrics.record_batch(result.counts, result.new_requests)
+    return json_response(_summary(result.counts))
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

@@ -21,8 +21,8 @@ class Settings(BaseSettings):
     database_url: str = ""
     ingest_token: str | None = None
     max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
-    # Threads that parse and store batches: 2 lets one parse while another waits on the database.
-    ingest_workers: int = Field(default=2, ge=1, le=32)
+    # Worker processes that parse, validate and store ingest batches (0: threads of the service).
+    ingest_processes: int = Field(default=2, ge=0, le=32)
     # Raw rows older than this are deleted; per-minute rollups are kept `rollup_retention_days`.
     retention_days: float = Field(default=14.0, gt=0)
     rollup_retention_days: float = Field(default=400.0, gt=0)

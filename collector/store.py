@@ -129,7 +129,9 @@ class Store:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.is_sqlite = engine.dialect.name == "sqlite"
-        # SQLite has one writer at a time; queueing here beats spinning on SQLITE_BUSY.
+        # SQLite has one writer at a time; queueing here beats spinning on SQLITE_BUSY. Writers in
+        # other processes (the ingest workers) queue on SQLite's busy timeout instead (measured:
+        # a cross-process file lock did not ingest faster).
         self._write_lock = threading.Lock() if self.is_sqlite else None
 
     def write_lock(self) -> contextlib.AbstractContextManager:
@@ -172,8 +174,8 @@ def _sqlite_executemany(cursor, spec: _TableSpec, records: Sequence[Any]) -> lis
     cursor.executemany(f"INSERT OR IGNORE INTO {name} ({', '.join(spec.columns)}) VALUES ({marks})", spec.rows(records, _json_text))
     if cursor.rowcount == len(records):
         return list(records)
-    # Some were skipped: the rows with ids past `last_id` are this batch's new ones
-    # (we hold the only write lock, so nobody else's ids interleave).
+    # Some were skipped: the rows with ids past `last_id` are this batch's new ones (the
+    # transaction began IMMEDIATE, holding SQLite's write lock, so nobody else's ids interleave).
     new_keys = {tuple(row) for row in cursor.execute(f"SELECT {', '.join(spec.conflict)} FROM {name} WHERE id > ?", (last_id,))}
     return _first_of_each(spec, records, new_keys)
 

@@ -17,7 +17,10 @@ from collector_payloads import event_dict, request_dict, sample_dict
 @pytest.fixture
 def settings(db_url: str, tmp_path) -> Settings:
     # The fixed test epoch is months old: keep retention from deleting it under the tests.
-    return Settings(data_dir=tmp_path, database_url=db_url, max_body_bytes=256 * 1024, retention_days=36500)
+    # Ingest runs in threads here (spawning worker processes per test costs ~1 s);
+    # test_ingest_workers.py runs it in worker processes, as the service does by default.
+    return Settings(data_dir=tmp_path, database_url=db_url, max_body_bytes=256 * 1024, retention_days=36500,
+                    ingest_processes=0)
 
 
 @pytest.fixture

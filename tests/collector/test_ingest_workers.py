@@ -1,0 +1,71 @@
+"""Ingest in worker processes (the service's default): the same answers, rows and metrics as
+in threads, and a worker that dies fails only its batch (503, retried) and is replaced."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry
+from sqlalchemy import func, select
+
+from collector.app import create_app
+from collector.models import DeviceSampleRow, Request
+from collector.settings import Settings
+from collector_payloads import request_dict, sample_dict
+from test_metrics import scrape, total
+from waiting import wait_for
+
+
+@pytest.fixture
+def client(db_url, tmp_path):
+    settings = Settings(data_dir=tmp_path, database_url=db_url, retention_days=36500, ingest_processes=2)
+    with TestClient(create_app(settings, CollectorRegistry())) as test_client:
+        yield test_client
+
+
+def stored(client, model=Request) -> int:
+    with client.app.state.store.engine.connect() as conn:
+        return conn.scalar(select(func.count()).select_from(model))
+
+
+def workers() -> list[multiprocessing.Process]:
+    return [p for p in multiprocessing.active_children() if p.pid != os.getpid()]
+
+
+def test_workers_store_count_and_refuse_like_threads(client):
+    assert len(workers()) == 2  # started with the service, not on the first batch
+    rows = [request_dict(i, instance=f"gpu-{i % 2}") for i in range(40)]
+    first = client.post("/v1/ingest", json={"requests": rows, "samples": [sample_dict(1)]})
+    assert first.status_code == 200 and first.json()["accepted"] == 41
+    again = client.post("/v1/ingest", json={"requests": rows[30:] + [request_dict(40)]}).json()
+    assert again["requests"] == {"accepted": 1, "duplicates": 10}
+    bad = client.post("/v1/ingest", json={"requests": [request_dict(41), request_dict(42, num_accepted_tokens=99)]})
+    assert bad.status_code == 422  # raised in a worker, answered by the service
+    assert {k: bad.json()["detail"]["errors"][0][k] for k in ("item", "field")} == {
+        "item": "requests[1]", "field": "num_accepted_tokens"}
+    assert client.post("/v1/ingest", content=b"{broken").status_code == 400
+    assert (stored(client), stored(client, DeviceSampleRow)) == (41, 1)
+    metrics = scrape(client)  # summed in the workers, merged by the service: new records only
+    assert total(metrics, "specwatch_requests_total") == 41
+    assert total(metrics, "specwatch_requests_total", instance="gpu-1") == 20
+    assert total(metrics, "specwatch_draft_tokens_total") == sum(r["num_draft_tokens"] for r in rows + [request_dict(40)])
+    assert total(metrics, "specwatch_ingest_records_total", kind="request", outcome="duplicate") == 10
+    assert total(metrics, "specwatch_ingest_rejected_batches_total", reason="invalid_batch") == 1
+
+
+def test_killed_workers_fail_the_batch_with_503_and_are_replaced(client):
+    killed = workers()
+    for process in killed:
+        os.kill(process.pid, signal.SIGKILL)
+    batch = {"requests": [request_dict(i) for i in range(20)]}
+    refused = client.post("/v1/ingest", json=batch)
+    assert refused.status_code == 503 and refused.json()["detail"]["error"] == "store_unavailable"
+    # The producer retries: a fresh pool takes the batch, stored once.
+    wait_for(lambda: client.post("/v1/ingest", json=batch).status_code == 200, "a replaced worker pool", timeout=60)
+    assert stored(client) == 20
+    assert {p.pid for p in workers()}.isdisjoint(p.pid for p in killed)
+    assert total(scrape(client), "specwatch_ingest_rejected_batches_total", reason="store_unavailable") == 1
