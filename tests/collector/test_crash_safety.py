@@ -29,12 +29,33 @@ def submit_wave(client: TelemetryClient, wave: int) -> None:
         client.submit_request(RequestRecord.model_validate(request_dict(i)))
 
 
+def children(pid: int) -> list[int]:
+    return [p for p in _pids() if _stat(p) and int(_stat(p)[1]) == pid]
+
+
+def running(pid: int) -> bool:
+    stat = _stat(pid)
+    return bool(stat) and stat[0] != "Z"
+
+
+def _pids() -> list[int]:
+    return [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
+
+
+def _stat(pid: int) -> list[str]:
+    """(state, ppid, ...) from /proc/<pid>/stat; [] once the process is gone."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return []
+
+
 def test_sigkill_mid_ingest_loses_and_duplicates_nothing(db_url, tmp_path):
     port, log = free_port(), tmp_path / "collector.log"
     proc = start_collector(db_url, port, log)
     client = TelemetryClient(f"http://127.0.0.1:{port}", tmp_path / "spool", batch_size=150, flush_interval_s=0.02,
                              retries=1, timeout_s=2.0)
-    delivered_before_kill = 0
+    delivered_before_kill, workers = 0, []
     try:
         for wave in range(WAVES):
             if wave == KILL_AT:
@@ -43,8 +64,11 @@ def test_sigkill_mid_ingest_loses_and_duplicates_nothing(db_url, tmp_path):
                 wait_for(lambda: client.stats().delivered > 0, "a first delivery", timeout=30, interval=0.01)
                 delivered_before_kill = client.stats().delivered
                 submit_wave(client, wave)
+                workers = children(proc.pid)
                 proc.send_signal(signal.SIGKILL)
                 proc.wait()
+                # its ingest worker processes leave with it (none lingers holding the database)
+                wait_for(lambda: not any(map(running, workers)), "the killed collector's workers to exit", timeout=30)
             else:
                 submit_wave(client, wave)
             if wave == RESTART_AT:
@@ -59,6 +83,7 @@ def test_sigkill_mid_ingest_loses_and_duplicates_nothing(db_url, tmp_path):
         proc.kill()
         proc.wait()
     assert delivered_before_kill > 0 and stats.spooled > 0  # both paths were exercised
+    assert len(workers) >= 2  # the ingest worker processes (and multiprocessing's resource tracker)
     assert stats.dropped_queue_full == stats.dropped_spool_full == stats.rejected == 0
     engine = create_engine(db_url)
     with engine.connect() as conn:
