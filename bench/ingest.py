@@ -252,8 +252,9 @@ def main() -> None:
     print(f"{'what':<36} {'records/s':>11} {'vs raw':>8}")
     for what, rate, ratio in results:
         print(f"{what:<36} {rate:>11,.0f} {ratio:>7.2f}x")
-    best = max(r for w, _, r in results if w.startswith("sqlite: HTTP"))
-    print(f"goal: SQLite HTTP ingest >= 0.30x raw executemany -> {best:.2f}x ({'met' if best >= 0.3 else 'NOT met'})")
+    verdicts = [f"{what.removeprefix('sqlite: HTTP ingest, ')} {ratio:.2f}x ({'met' if ratio >= 0.3 else 'NOT met'})"
+                for what, _, ratio in results if what.startswith("sqlite: HTTP")]
+    print(f"goal: SQLite HTTP ingest >= 0.30x raw executemany -> {', '.join(verdicts)}")
 
 
 if __name__ == "__main__":
