@@ -18,6 +18,7 @@ import gc
 import multiprocessing
 import multiprocessing.connection
 import os
+import signal
 import threading
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -162,6 +163,7 @@ def _start_worker(database_url: str, all_started: threading.Barrier | None) -> N
     global _worker_store
     from collector.db import make_engine
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the service stops the workers
     threading.Thread(target=_exit_with_service, name="exit-with-service", daemon=True).start()
     _worker_store = Store(make_engine(database_url))
     with _worker_store.engine.connect():
