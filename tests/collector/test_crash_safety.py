@@ -13,6 +13,7 @@ from collector import launch
 from collector.client import TelemetryClient
 from collector.schema import RequestRecord
 from collector_payloads import request_dict
+from processes import children, running
 from waiting import wait_for
 from collector.launch import free_port
 
@@ -27,27 +28,6 @@ def start_collector(db_url: str, port: int, log: Path) -> subprocess.Popen:
 def submit_wave(client: TelemetryClient, wave: int) -> None:
     for i in range(wave * PER_WAVE, (wave + 1) * PER_WAVE):
         client.submit_request(RequestRecord.model_validate(request_dict(i)))
-
-
-def children(pid: int) -> list[int]:
-    return [p for p in _pids() if _stat(p) and int(_stat(p)[1]) == pid]
-
-
-def running(pid: int) -> bool:
-    stat = _stat(pid)
-    return bool(stat) and stat[0] != "Z"
-
-
-def _pids() -> list[int]:
-    return [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
-
-
-def _stat(pid: int) -> list[str]:
-    """(state, ppid, ...) from /proc/<pid>/stat; [] once the process is gone."""
-    try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return []
 
 
 def test_sigkill_mid_ingest_loses_and_duplicates_nothing(db_url, tmp_path):

@@ -6,16 +6,21 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 from sqlalchemy import func, select
 
 from collector.app import create_app
+from collector.launch import child_env, free_port
 from collector.models import DeviceSampleRow, Request
 from collector.settings import Settings
 from collector_payloads import request_dict, sample_dict
+from processes import children, running
 from test_metrics import scrape, total
 from waiting import wait_for
 
@@ -69,3 +74,31 @@ def test_killed_workers_fail_the_batch_with_503_and_are_replaced(client):
     assert stored(client) == 20
     assert {p.pid for p in workers()}.isdisjoint(p.pid for p in killed)
     assert total(scrape(client), "specwatch_ingest_rejected_batches_total", reason="store_unavailable") == 1
+
+
+def test_ctrl_c_stops_the_service_and_its_workers_cleanly(tmp_path):
+    """Ctrl-C in a terminal signals the whole process group, workers included."""
+    port, log = free_port(), tmp_path / "collector.log"
+    cmd = [sys.executable, "-m", "specwatch", "collector", "serve", "--port", str(port), "--db", f"sqlite:///{tmp_path}/c.db"]
+    with log.open("wb") as out:
+        service = subprocess.Popen(cmd, env=child_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for(lambda: _answers(f"http://127.0.0.1:{port}/readyz"), "the collector", timeout=60)
+        workers = children(service.pid)
+        assert httpx.post(f"http://127.0.0.1:{port}/v1/ingest", json={"requests": [request_dict(1)]}).status_code == 200
+        os.killpg(service.pid, signal.SIGINT)
+        assert service.wait(30) == 0
+    finally:
+        if service.poll() is None:
+            os.killpg(service.pid, signal.SIGKILL)
+    wait_for(lambda: not any(map(running, workers)), "the workers to exit", timeout=30)
+    text = log.read_text()
+    assert "Application shutdown complete" in text
+    assert "Traceback" not in text and "leaked" not in text, text
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
