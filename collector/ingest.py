@@ -26,6 +26,7 @@ from typing import Any
 
 import orjson
 from pydantic import ValidationError
+from sqlalchemy.exc import SQLAlchemyError
 
 from collector.metrics import RequestTotals
 from collector.schema import IngestBatch
@@ -166,7 +167,7 @@ def _start_worker(database_url: str, all_started: threading.Barrier | None) -> N
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the service stops the workers
     threading.Thread(target=_exit_with_service, name="exit-with-service", daemon=True).start()
     _worker_store = Store(make_engine(database_url))
-    with _worker_store.engine.connect():
+    with contextlib.suppress(SQLAlchemyError), _worker_store.engine.connect():  # down now: each batch gets a 503
         pass
     tune_gc_for_ingest()
     if all_started is not None:

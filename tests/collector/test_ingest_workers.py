@@ -13,7 +13,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from collector.app import create_app
 from collector.launch import child_env, free_port
@@ -60,6 +60,19 @@ def test_workers_store_count_and_refuse_like_threads(client):
     assert total(metrics, "specwatch_draft_tokens_total") == sum(r["num_draft_tokens"] for r in rows + [request_dict(40)])
     assert total(metrics, "specwatch_ingest_records_total", kind="request", outcome="duplicate") == 10
     assert total(metrics, "specwatch_ingest_rejected_batches_total", reason="invalid_batch") == 1
+
+
+def test_database_trouble_in_a_worker_is_503_so_clients_retry(client):
+    engine = client.app.state.store.engine
+    with engine.begin() as conn:
+        conn.execute(text("ALTER TABLE requests RENAME TO requests_away"))
+    try:
+        response = client.post("/v1/ingest", json={"requests": [request_dict(1)]})
+        assert response.status_code == 503 and response.json()["detail"]["error"] == "store_unavailable"
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text("ALTER TABLE requests_away RENAME TO requests"))
+    assert client.post("/v1/ingest", json={"requests": [request_dict(1)]}).status_code == 200
 
 
 def test_killed_workers_fail_the_batch_with_503_and_are_replaced(client):
