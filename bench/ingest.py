@@ -11,8 +11,8 @@ one transaction per batch):
   * their ratio (goal: >= 0.3x): each HTTP run against the raw runs just before and after it,
     median over `--rounds` rounds (see `measure_backend`).
 With --postgres (or SPECWATCH_TEST_POSTGRES_URL) the same for PostgreSQL, against raw
-psycopg `executemany`. The collector runs as a subprocess on this machine, so client and
-server share its cores.
+psycopg `executemany`. The collector runs as a subprocess on this machine, with its default
+ingest worker processes (SPECWATCH_INGEST_PROCESSES, 2), so clients and server share its cores.
 """
 
 from __future__ import annotations
