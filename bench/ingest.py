@@ -22,7 +22,6 @@ import contextlib
 import multiprocessing
 import os
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import time
@@ -113,13 +112,6 @@ def reset_postgres(url: str) -> None:
     engine.dispose()
 
 
-def start_collector(db_url: str, port: int, log: Path) -> subprocess.Popen:
-    try:
-        return launch.start_collector(port, log, db_url=db_url)
-    except launch.StartError as exc:
-        raise SystemExit(str(exc)) from None
-
-
 def http_rate(url: str, bodies: list[bytes], per_body: int, clients: int) -> float:
     """Records/s with `clients` client processes (producers are separate processes, e.g. one
     engine each), each posting its share of the bodies back to back; the clock runs from
@@ -135,7 +127,9 @@ def http_rate(url: str, bodies: list[bytes], per_body: int, clients: int) -> flo
     for process in processes:
         process.join()
     elapsed = time.perf_counter() - started
-    failures = [errors.get() for _ in range(errors.qsize())] if not errors.empty() else []
+    failures = []
+    while not errors.empty():  # (Queue.qsize is not implemented on macOS)
+        failures.append(errors.get())
     if failures or any(p.exitcode for p in processes):
         raise SystemExit(f"ingest failed: {failures[0] if failures else 'a client process exited with an error'}")
     return per_body * len(bodies) / elapsed
@@ -196,19 +190,26 @@ def measure_backend(name: str, fresh_db, raw_rate, args, workdir: Path, port: in
             rates[clients].append(rate)
             ratios[clients].append(rate / ((before + after) / 2))
             before = after
-        print(f"  round {round_no + 1}: " + ", ".join(f"{c} client{'s' if c > 1 else ''} {ratios[c][-1]:.2f}x" for c in (1, 4)),
+        print(f"  round {round_no + 1}: " + ", ".join(f"{clients_label(c)} {ratios[c][-1]:.2f}x" for c in (1, 4)),
               flush=True)
     if name == "sqlite":
         with running_collector(fresh_db("producer"), port, workdir / f"collector-{name}.log"):
             print(f"TelemetryClient.submit_request on the producer thread: {producer_cost_us(port):.1f} us per record")
     return [(f"{name}: raw executemany", median(raws), 1.0)] + [
-        (f"{name}: HTTP ingest, {c} client{'s' if c > 1 else ''}", median(rates[c]), median(ratios[c])) for c in (1, 4)
+        (f"{name}: HTTP ingest, {clients_label(c)}", median(rates[c]), median(ratios[c])) for c in (1, 4)
     ]
+
+
+def clients_label(n: int) -> str:
+    return f"{n} client{'s' if n > 1 else ''}"
 
 
 @contextlib.contextmanager
 def running_collector(db_url: str, port: int, log: Path):
-    proc = start_collector(db_url, port, log)
+    try:
+        proc = launch.start_collector(port, log, db_url=db_url)
+    except launch.StartError as exc:
+        raise SystemExit(str(exc)) from None
     try:
         yield f"http://127.0.0.1:{port}"
     finally:

@@ -13,15 +13,10 @@ from sqlalchemy import Engine
 
 from collector.metrics import CollectorMetrics
 from collector.settings import Settings
-from collector.store import Store
 
 
 async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
-
-
-async def get_store(request: Request) -> Store:
-    return request.app.state.store
 
 
 async def get_engine(request: Request) -> Engine:
@@ -38,7 +33,6 @@ def json_response(data: object, status: int = 200) -> Response:
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
-StoreDep = Annotated[Store, Depends(get_store)]
 EngineDep = Annotated[Engine, Depends(get_engine)]
 MetricsDep = Annotated[CollectorMetrics, Depends(get_metrics)]
 

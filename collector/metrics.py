@@ -228,7 +228,7 @@ class CollectorMetrics:
         ):
             self.ingest_records.labels(kind, "accepted").inc(new)
             self.ingest_records.labels(kind, "duplicate").inc(dup)
-        self.requests.add(new_requests or RequestTotals.of(counts.new_requests))
+        self.requests.add(RequestTotals.of(counts.new_requests) if new_requests is None else new_requests)
         self._set_device_gauges(counts.new_samples)
 
     def record_rejected(self, reason: str) -> None:
