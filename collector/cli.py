@@ -6,6 +6,7 @@ import argparse
 import signal
 import sys
 
+from pydantic import ValidationError
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.engine import make_url
 
@@ -58,7 +59,18 @@ def settings_from(args: argparse.Namespace) -> Settings:
         overrides["alert_rules"] = args.alert_rules
     if getattr(args, "no_alerts", False):
         overrides["alerts_enabled"] = False
-    return Settings(**overrides)
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        raise UsageError(settings_error(exc)) from None
+
+
+def settings_error(exc: ValidationError) -> str:
+    """`SPECWATCH_INGEST_PROCESSES: Input should be ... (got 'abc')`, one line per bad setting."""
+    return "; ".join(
+        f"SPECWATCH_{'_'.join(str(part) for part in error['loc']).upper()}: {error['msg']} (got {error['input']!r})"
+        for error in exc.errors(include_url=False)
+    )
 
 
 def serve_command(args: argparse.Namespace) -> int:

@@ -35,3 +35,13 @@ def test_settings_from_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECWATCH_SCRAPE_VLLM", '["http://c/metrics"]')
     monkeypatch.setenv("SPECWATCH_DATABASE_URL", "postgresql+psycopg://u@h/db")
     assert Settings().scrape_vllm == ["http://c/metrics"] and Settings().database_url_resolved == "postgresql+psycopg://u@h/db"
+
+
+def test_bad_setting_in_the_environment_is_a_usage_error(monkeypatch, capsys):
+    monkeypatch.setenv("SPECWATCH_INGEST_PROCESSES", "abc")
+    assert main(["collector", "serve", "--port", "18199"]) == 2
+    err = capsys.readouterr().err
+    assert "SPECWATCH_INGEST_PROCESSES" in err and "'abc'" in err and "Traceback" not in err
+    monkeypatch.setenv("SPECWATCH_INGEST_PROCESSES", "-1")
+    assert main(["db", "upgrade"]) == 2
+    assert "SPECWATCH_INGEST_PROCESSES: Input should be greater than or equal to 0 (got '-1')" in capsys.readouterr().err
