@@ -6,7 +6,7 @@ its error and the others keep going. Remediation runs after the commit, for aler
 started firing; an alert that fell back to plain decoding restores speculation when it
 resolves, unless another firing alert still wants that instance on plain decoding.
 Notifications are posted by a separate, faster loop (`deliver`), so a slow receiver never
-delays evaluation. Runs inside the collector (`collector.app`) or as `specwatch alerts run`.
+delays evaluation. Runs inside the collector (`service.app`) or as `specwatch alerts run`.
 """
 
 from __future__ import annotations

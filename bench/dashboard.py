@@ -25,7 +25,7 @@ import httpx  # noqa: E402
 from sqlalchemy import func, select, update  # noqa: E402
 
 from collector.db import make_engine, upgrade  # noqa: E402
-from collector.launch import free_port, start_collector  # noqa: E402
+from specwatch.common import free_port, start_collector  # noqa: E402
 from collector.models import Request  # noqa: E402
 from collector.rollups import roll_up  # noqa: E402
 from query import load  # noqa: E402

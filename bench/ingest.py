@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 import httpx  # noqa: E402
 import orjson  # noqa: E402
 
-from collector import launch  # noqa: E402
+from specwatch import common  # noqa: E402
 from collector.db import make_engine, upgrade  # noqa: E402
 from collector.schema import RequestRecord  # noqa: E402
 from collector.store import REQUESTS  # noqa: E402
@@ -207,8 +207,8 @@ def clients_label(n: int) -> str:
 @contextlib.contextmanager
 def running_collector(db_url: str, port: int, log: Path):
     try:
-        proc = launch.start_collector(port, log, db_url=db_url)
-    except launch.StartError as exc:
+        proc = common.start_collector(port, log, db_url=db_url)
+    except common.StartError as exc:
         raise SystemExit(str(exc)) from None
     try:
         yield f"http://127.0.0.1:{port}"

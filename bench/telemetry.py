@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from prometheus_client import CollectorRegistry  # noqa: E402
 
 from collector.client import TelemetryClient  # noqa: E402
-from collector.launch import free_port, start_collector  # noqa: E402
+from specwatch.common import free_port, start_collector  # noqa: E402
 from collector.schema import RequestRecord  # noqa: E402
 from engine.engine import Engine, EngineConfig, GenerateRequest  # noqa: E402
 from engine.metrics import EngineMetrics  # noqa: E402

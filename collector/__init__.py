@@ -1,10 +1,14 @@
-"""specwatch collector: telemetry contract, client, ingest service, SQL store and query layer.
+"""specwatch collector: the telemetry contract, the producer client, ingest, the SQL store and queries.
+
+Holds the contract (`schema`, no heavy imports), the producer client and its spool, ingest,
+the store and its migrations, roll-ups and retention, the query layer, Prometheus metrics and
+the vLLM scraper; nothing about money, reports or alerts. May import `specwatch.common` only.
 
 Producers: `collector.schema` (RequestRecord, DeviceSample, EngineEvent) and
 `collector.client.TelemetryClient` (batching, retries, fsynced disk spool).
 
-Service: `collector.app.create_app(Settings())`, run by `specwatch collector serve`
-(`POST /v1/ingest`, `GET /v1/...`, `/metrics`, `/healthz`, `/readyz`); schema with
+The HTTP service on top of it is `service.app.create_app(Settings())`, run by
+`specwatch collector serve` (`POST /v1/ingest`, `GET /v1/...`, `/metrics`); schema with
 `specwatch db upgrade` (Alembic, `collector/migrations`).
 
 Reading (functions take an Engine, a `queries.Window` and `queries.Filters`, and return

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from collector.launch import child_env, start_service
+from specwatch.common import child_env, start_service
 
 APP = Path(__file__).resolve().parent / "app.py"
 
@@ -18,6 +18,6 @@ def command(port: int, host: str = "127.0.0.1") -> list[str]:
 
 def start_dashboard(port: int, collector_url: str, log: Path, timeout_s: float = 60.0) -> subprocess.Popen:
     """Streamlit on 127.0.0.1:`port` reading `collector_url`; returns once its health check answers.
-    Raises collector.launch.StartError when it cannot start."""
+    Raises specwatch.common.StartError when it cannot start."""
     env = child_env({"SPECWATCH_COLLECTOR_URL": collector_url})
     return start_service("dashboard", command(port), env, log, f"http://127.0.0.1:{port}/_stcore/health", timeout_s)

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from engine.policy import PolicyConfig
-from specwatch.cli import UsageError, tcp_port
+from specwatch.common import UsageError, tcp_port
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

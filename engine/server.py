@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from collector.launch import free_port
+from specwatch.common import free_port
 from engine import control
 from engine.cuda import NoCudaStreams
 from engine.engine import GenerateRequest, GenerateResult

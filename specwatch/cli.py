@@ -10,31 +10,22 @@ import argparse
 import importlib
 import sys
 
+from specwatch.common import UsageError
+
 # command -> module that defines `register(subparsers)`; each handler returns an exit code.
 COMMANDS = {
     "generate": "engine.cli",
     "engine": "engine.cli",
     "traffic": "engine.cli",
-    "collector": "collector.cli",
+    "collector": "service.cli",
     "db": "collector.cli",
-    "cost": "collector.cost_cli",
-    "report": "collector.report_cli",
+    "cost": "cost.cli",
+    "report": "report.cli",
     "alerts": "alerts.cli",
     "dashboard": "dashboard.cli",
     "up": "specwatch.up",
     "vllm": "specwatch.vllm_check",
 }
-
-
-class UsageError(Exception):
-    """Bad input from the user: printed as one line, exit code 2."""
-
-
-def tcp_port(value: str) -> int:
-    """argparse type for --port options."""
-    if not value.isdigit() or not 0 < int(value) < 65536:
-        raise argparse.ArgumentTypeError(f"not a TCP port: {value!r}")
-    return int(value)
 
 
 def build_parser(command: str | None) -> argparse.ArgumentParser:

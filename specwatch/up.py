@@ -24,8 +24,8 @@ from pathlib import Path
 import httpx
 import yaml
 
-from collector.launch import StartError, child_env, start_collector, start_service
-from specwatch.cli import UsageError, tcp_port
+from specwatch.common import StartError, child_env, start_collector, start_service
+from specwatch.common import UsageError, tcp_port
 
 # (name, scenarios, drafter): the traffic phases `up` cycles through
 PHASES = (

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import httpx
 
-from specwatch.cli import UsageError, tcp_port
+from specwatch.common import UsageError, tcp_port
 
 SCRAPE_S = 2.0
 SCENARIOS = ("grounded", "code-edit", "chat")
@@ -155,7 +155,7 @@ def _check(run: Run, data: Path) -> None:
 
 
 def _start_collector(run: Run, data: Path) -> None:
-    from collector.launch import StartError, start_collector
+    from specwatch.common import StartError, start_collector
 
     rules = _rules_file(data)
     env = {"SPECWATCH_DATA_DIR": str(data), "SPECWATCH_SCRAPE_VLLM": run.server.metrics_url,

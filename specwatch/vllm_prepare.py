@@ -96,7 +96,7 @@ def _link_or_copy(source: Path, target: Path) -> None:
 
 
 def run_prepare(args) -> int:
-    from specwatch.cli import UsageError
+    from specwatch.common import UsageError
 
     try:
         out = prepare(args.out, args.model)

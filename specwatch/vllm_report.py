@@ -5,7 +5,7 @@
 - TTFT / e2e percentiles (vLLM's histograms, as scraped) next to the client-side ones,
 - the scrape timeline (gaps, counter resets) and the robustness verdicts,
 - alerts (pending / firing, transitions, rule health),
-- the TCO of the vLLM source (collector.cost over the measured phases; priced on `cpu-laptop`).
+- the TCO of the vLLM source (cost.model over the measured phases; priced on `cpu-laptop`).
 """
 
 from __future__ import annotations
@@ -136,9 +136,9 @@ def _alerts(run) -> None:
 
 def _tco(run) -> None:
     """The cost model over the vLLM phases: n-gram speculation vs plain decoding on the same server."""
-    from collector.cost import CostInputs, ModeMeasure
-    from collector.cost_inputs import load_prices
-    from collector.cost_summary import render_text, summarize
+    from cost.model import CostInputs, ModeMeasure
+    from cost.inputs import load_prices
+    from cost.summary import render_text, summarize
 
     arms = []
     ends = [p.started for p in run.phases[1:]] + [None]
@@ -151,7 +151,7 @@ def _tco(run) -> None:
             tokens_per_s=max(phase.generation_tokens, 1.0) / seconds, drafts=int(got["drafts"]),
             draft_tokens=int(got["draft_tokens"]), accepted_tokens=int(got["accepted_tokens"])))
     summary = summarize(CostInputs(tuple(arms), load_prices(), gpu_type=GPU_TYPE), source="measured")
-    print(f"\nTCO of the vLLM source: collector.cost over the {len(arms)} phase(s) above as measured inputs "
+    print(f"\nTCO of the vLLM source: cost.model over the {len(arms)} phase(s) above as measured inputs "
           f"(tokens/s = vllm:generation_tokens_total / traffic seconds; acceptance from the scrapes), priced as {GPU_TYPE}:")
     text = render_text(summary).replace("(what-if inputs)", f"({sum(a.window_s for a in arms):.0f} s of vLLM traffic measured)")
     print("\n".join("  " + line for line in text.splitlines()))

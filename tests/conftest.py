@@ -22,8 +22,13 @@ import httpx
 import pytest
 from sqlalchemy import Engine, text
 
+from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry
+
 from collector.db import make_engine, upgrade
-from collector.launch import SOURCE_ROOT, free_port, start_collector
+from collector.settings import Settings
+from service.app import create_app
+from specwatch.common import SOURCE_ROOT, free_port, start_collector
 
 POSTGRES_URL = os.environ.get("SPECWATCH_TEST_POSTGRES_URL")
 
@@ -52,6 +57,27 @@ def engine(db_url: str) -> Engine:
     upgrade(engine)
     yield engine
     engine.dispose()
+
+
+@pytest.fixture
+def settings(db_url: str, tmp_path) -> Settings:
+    # The fixed test epoch is months old: keep retention from deleting it under the tests.
+    # Ingest runs in threads here (spawning worker processes per test costs ~1 s);
+    # test_ingest_workers.py runs it in worker processes, as the service does by default.
+    return Settings(data_dir=tmp_path, database_url=db_url, max_body_bytes=256 * 1024, retention_days=36500,
+                    ingest_processes=0)
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    return CollectorRegistry()
+
+
+@pytest.fixture
+def client(settings: Settings, registry: CollectorRegistry) -> TestClient:
+    with TestClient(create_app(settings, registry)) as test_client:
+        yield test_client
+
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from collector.launch import free_port
+from specwatch.common import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 

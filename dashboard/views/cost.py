@@ -26,7 +26,7 @@ with st.expander("Prices and volumes (what-if)", expanded=False):
                                                        value=float(hidden["incident_days_per_week"])),
         "tech_debt_buffer": cols[3].number_input("Tech-debt buffer", 0.0, 10.0, value=float(hidden["tech_debt_buffer"])),
     }
-    st.caption(f"Price table as of {prices['as_of']} (collector/prices.toml); edit it for your contract prices.")
+    st.caption(f"Price table as of {prices['as_of']} (cost/prices.toml); edit it for your contract prices.")
 model = fetch("cost", v, gpu, tuple(sorted(edits.items())))
 summary = model["summary"]
 if model["arms"].empty:

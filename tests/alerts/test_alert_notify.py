@@ -13,7 +13,7 @@ from alerts.notify import backoff_s, deliver_due, enqueue
 from alerts.rules import parse_config
 from collector.db import write_transaction
 from collector.models import AlertNotificationRow
-from collector.launch import free_port
+from specwatch.common import free_port
 from webhook_receiver import Receiver
 
 

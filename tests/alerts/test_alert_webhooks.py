@@ -14,9 +14,9 @@ import httpx
 import yaml
 
 from alerts.notify import SIGNATURE_HEADER, sign
-from collector import launch
+from specwatch import common
 from collector.client import TelemetryClient
-from collector.launch import free_port
+from specwatch.common import free_port
 from collector.schema import RequestRecord
 from collector_payloads import request_dict
 from waiting import wait_for
@@ -53,7 +53,7 @@ def test_alert_fires_and_resolves_through_a_receiver_that_was_down(tmp_path):
     receiver_url = f"http://127.0.0.1:{receiver_port}/hook"
     env = {"SPECWATCH_ALERT_RULES": str(rules_file(tmp_path, receiver_url)), "SPECWATCH_TEST_WEBHOOK_SECRET": SECRET,
            "SPECWATCH_EXTERNAL_URL": f"http://127.0.0.1:{collector_port}"}
-    collector = launch.start_collector(collector_port, tmp_path / "collector.log", f"sqlite:///{tmp_path / 'db.sqlite'}", env)
+    collector = common.start_collector(collector_port, tmp_path / "collector.log", f"sqlite:///{tmp_path / 'db.sqlite'}", env)
     api = f"http://127.0.0.1:{collector_port}"
     receiver = None
     try:

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import uvicorn
 from prometheus_client import CollectorRegistry
 
-from collector.app import create_app
+from service.app import create_app
 from collector.settings import Settings
 
 

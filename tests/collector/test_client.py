@@ -9,7 +9,7 @@ from sqlalchemy import create_engine, text
 from collector.client import TelemetryClient
 from collector.schema import DeviceSample, EngineEvent, RequestRecord
 from collector_payloads import event_dict, request_dict, sample_dict
-from collector.launch import free_port
+from specwatch.common import free_port
 from collector_live import running_collector
 
 

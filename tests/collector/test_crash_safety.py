@@ -9,20 +9,20 @@ from pathlib import Path
 
 from sqlalchemy import create_engine, text
 
-from collector import launch
+from specwatch import common
 from collector.client import TelemetryClient
 from collector.schema import RequestRecord
 from collector_payloads import request_dict
 from processes import children, running
 from waiting import wait_for
-from collector.launch import free_port
+from specwatch.common import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 WAVES, PER_WAVE, KILL_AT, RESTART_AT = 30, 100, 8, 18
 
 
 def start_collector(db_url: str, port: int, log: Path) -> subprocess.Popen:
-    return launch.start_collector(port, log, db_url=db_url, env={"SPECWATCH_RETENTION_DAYS": "36500"})
+    return common.start_collector(port, log, db_url=db_url, env={"SPECWATCH_RETENTION_DAYS": "36500"})
 
 
 def submit_wave(client: TelemetryClient, wave: int) -> None:

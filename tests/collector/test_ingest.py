@@ -7,7 +7,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select, text
 
-from collector.app import create_app
+from service.app import create_app
 from collector.models import DeviceSampleRow, EngineEventRow, Request
 from collector.settings import Settings
 

@@ -15,8 +15,8 @@ from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 from sqlalchemy import func, select, text
 
-from collector.app import create_app
-from collector.launch import child_env, free_port
+from service.app import create_app
+from specwatch.common import child_env, free_port
 from collector.models import DeviceSampleRow, Request
 from collector.settings import Settings
 from collector_payloads import request_dict, sample_dict

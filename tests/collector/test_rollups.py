@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from collector.app import create_app
+from service.app import create_app
 from collector.history import errors_by_hour_long, histogram_quantile, long_series
 from collector.models import LATENCY_BUCKETS, Request, RequestRollup, RequestRollupHourly
 from collector.long_signals import long_signals

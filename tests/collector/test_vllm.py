@@ -10,12 +10,12 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import start_http_server
 
-from collector.app import create_app
+from service.app import create_app
 from collector.history import histogram_quantile
 from collector.queries import Window
 from collector.settings import Settings
 from collector.vllm import Scraper, parse, vllm_signals
-from collector.launch import free_port
+from specwatch.common import free_port
 from fake_vllm import TTFT_BUCKETS, FakeVllm
 
 FIXTURE = Path(__file__).parent / "fixtures" / "vllm_metrics.txt"

@@ -24,7 +24,7 @@ if not CHROMIUM.exists():
     pytest.skip(f"Chromium not installed at {CHROMIUM} (apt-get install chromium)", allow_module_level=True)
 sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed (pip install playwright)")
 
-from collector.launch import free_port  # noqa: E402
+from specwatch.common import free_port  # noqa: E402
 from dashboard.launch import start_dashboard  # noqa: E402
 
 SCREENSHOTS = Path(__file__).resolve().parents[1] / "artifacts" / "screenshots"

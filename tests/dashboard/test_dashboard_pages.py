@@ -78,7 +78,7 @@ def test_sources_page_lists_the_engine(app):
 
 
 def test_unreachable_collector_is_a_banner_not_a_traceback(monkeypatch):
-    from collector.launch import free_port
+    from specwatch.common import free_port
     from dashboard.state import _cached
 
     monkeypatch.setenv("SPECWATCH_COLLECTOR_URL", f"http://127.0.0.1:{free_port()}")

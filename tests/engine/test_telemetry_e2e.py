@@ -9,7 +9,7 @@ import httpx
 import torch
 
 from collector.client import TelemetryClient
-from collector.launch import start_collector
+from specwatch.common import start_collector
 from engine.device import DeviceSampler, cpu_heap_memory
 from engine.server import free_port
 from tests.engine.test_server import Server

@@ -11,15 +11,16 @@ import numpy as np
 import pytest
 from sqlalchemy import func, insert, select
 
-from collector.cost_inputs import load_prices
+from cost.inputs import load_prices
 from collector.models import AlertActionRow, AlertTransitionRow, Request
-from collector.report import (
-    Headline, LoadBucket, build_report, last_month, load_knee, month_window, previous_month, recommend, write_report,
+from report.build import (
+    Headline, LoadBucket, build_report, last_month, load_knee, month_window, previous_month, recommend,
 )
 from collector.rollups import roll_up
 from collector.schema import IngestBatch
 from collector.store import Store
 from collector_payloads import sample_dict, varied_request
+from report.html import write_report
 from report_checks import check_html
 
 MAY, JUNE = datetime(2026, 5, 3, tzinfo=UTC).timestamp(), datetime(2026, 6, 2, tzinfo=UTC).timestamp()

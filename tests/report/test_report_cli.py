@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 import pytest
 
 from collector.db import make_engine, upgrade
-from collector.launch import SOURCE_ROOT
+from specwatch.common import SOURCE_ROOT
 from collector.schema import IngestBatch
 from collector.store import Store
 from collector_payloads import request_dict

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from collector.cost_inputs import load_prices
+from cost.inputs import load_prices
 from collector.db import make_engine
-from collector.report import build_report, month_window, write_report
+from report.build import build_report, month_window
+from report.html import write_report
 from report_checks import check_html
 
 CHROMIUM = Path("/usr/bin/chromium")

@@ -16,12 +16,12 @@ from sqlalchemy import select
 
 from alerts.notify import REPORT_RULE, SIGNATURE_HEADER, deliver_due, sign
 from alerts.rules import parse_config
-from collector import launch
+from specwatch import common
 from collector.db import make_engine, upgrade
-from collector.launch import free_port
+from specwatch.common import free_port
 from collector.models import AlertNotificationRow
-from collector.report import last_month, month_window
-from collector.report_schedule import run_once
+from report.build import last_month, month_window
+from report.schedule import run_once
 from collector.schema import IngestBatch
 from collector.settings import Settings
 from collector.store import Store
@@ -113,7 +113,7 @@ def test_collector_process_writes_and_delivers_last_months_report(tmp_path):
                                      "evaluation": {"interval": "0.5s"}}))
     receiver = Receiver(receiver_port)
     api = f"http://127.0.0.1:{port}"
-    collector = launch.start_collector(port, tmp_path / "collector.log", db_url, {
+    collector = common.start_collector(port, tmp_path / "collector.log", db_url, {
         "SPECWATCH_REPORT_DIR": str(tmp_path / "reports"), "SPECWATCH_ALERT_RULES": str(rules),
         "SPECWATCH_EXTERNAL_URL": api, "SPECWATCH_RETENTION_DAYS": "36500"})
     try:

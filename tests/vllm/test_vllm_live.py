@@ -12,8 +12,8 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from collector.app import create_app
-from collector.launch import free_port
+from service.app import create_app
+from specwatch.common import free_port
 from collector.settings import Settings
 from collector.vllm import Scraper
 from engine.workload import chat

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from specwatch.cli import UsageError
+from specwatch.common import UsageError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -23,12 +23,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     report.add_argument("--gpu", metavar="TYPE", default=None,
                         help="accelerator of the price table (default: the sampled device's)")
     report.add_argument("--prices", metavar="FILE.toml", type=Path, default=None,
-                        help="price table (default: the shipped collector/prices.toml)")
+                        help="price table (default: the shipped cost/prices.toml)")
     report.set_defaults(handler=report_command)
 
 
 def report_command(args: argparse.Namespace) -> int:
-    from collector.report import last_month, month_window
+    from report.build import last_month, month_window
 
     month = args.month or last_month()
     try:
@@ -45,9 +45,10 @@ def _write(args: argparse.Namespace, month: str) -> tuple[Path, Path]:
     from sqlalchemy.exc import OperationalError
 
     from collector.cli import settings_from
-    from collector.cost_inputs import load_prices
+    from cost.inputs import load_prices
     from collector.db import is_current, make_engine
-    from collector.report import build_report, write_report
+    from report.build import build_report
+    from report.html import write_report
 
     try:
         prices = load_prices(args.prices)

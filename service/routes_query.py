@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, HTTPException, Query, Response
 
 from collector import breakdown, history, long_signals, queries, series, vllm
-from collector.deps import EngineDep, json_response
+from service.deps import EngineDep, json_response
 from collector.queries import Filters, Window
 
 router = APIRouter(prefix="/v1")

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine
 
-from collector.advisor import Recommendation, advise
-from collector.breakeven import BreakEven, TornadoRow, break_even, sensitivity
-from collector.cost import CostInputs, Prices, Tco, tco
-from collector.cost_inputs import Overrides, apply_overrides, infer_gpu_type, measured_inputs
+from cost.advisor import Recommendation, advise
+from cost.breakeven import BreakEven, TornadoRow, break_even, sensitivity
+from cost.model import CostInputs, Prices, Tco, tco
+from cost.inputs import Overrides, apply_overrides, infer_gpu_type, measured_inputs
 from collector.queries import Filters, Window
 
 DEFAULT_GPU = "H100-SXM"

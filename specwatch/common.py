@@ -1,8 +1,12 @@
-"""Starting the collector service as a child process and waiting until it is ready
-(used by `specwatch up`, the crash-safety test and the benchmarks)."""
+"""Helpers every package shares; imports nothing of ours, so anything may import it.
+
+`UsageError` and `tcp_port` for command lines (a usage error is one line and exit code 2);
+`free_port`, `child_env`, `start_service` and `start_collector` for starting services as child
+processes and waiting until they are ready (`specwatch up`, the tests and the benchmarks)."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import socket
 import subprocess
@@ -15,6 +19,17 @@ import httpx
 SOURCE_ROOT = Path(__file__).resolve().parents[1]
 
 
+class UsageError(Exception):
+    """Bad input from the user: printed as one line, exit code 2."""
+
+
+def tcp_port(value: str) -> int:
+    """argparse type for --port options."""
+    if not value.isdigit() or not 0 < int(value) < 65536:
+        raise argparse.ArgumentTypeError(f"not a TCP port: {value!r}")
+    return int(value)
+
+
 def free_port() -> int:
     """A TCP port free on the loopback interface right now."""
     with socket.socket() as sock:
@@ -24,7 +39,6 @@ def free_port() -> int:
 
 class StartError(RuntimeError):
     """A child service exited or did not become ready; the message names its log."""
-
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from collector.advisor import GIB, ScenarioEvidence, advise, recommend, scenario_evidence
+from cost.advisor import GIB, ScenarioEvidence, advise, recommend, scenario_evidence
 from collector.queries import Window
 from collector.schema import IngestBatch
 from collector.store import Store

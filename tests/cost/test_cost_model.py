@@ -12,14 +12,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collector.breakeven import (
+from cost.breakeven import (
     alpha_from_mean_acceptance_length, at_acceptance, benefit_break_even_alpha, break_even, break_even_alpha,
     draft_cost_ratio, expected_speedup, sensitivity, tokens_per_round,
 )
-from collector.cost import (
+from cost.model import (
     GB, Accelerator, CostInputs, HiddenCosts, ModeMeasure, Prices, arm_cost, hidden_monthly, net_benefit, tco,
 )
-from collector.cost_inputs import load_prices, measured_inputs, storage_gb_per_day, what_if_inputs
+from cost.inputs import load_prices, measured_inputs, storage_gb_per_day, what_if_inputs
 from collector.queries import Window
 from collector.schema import IngestBatch
 from collector.store import Store
@@ -212,7 +212,7 @@ def test_shipped_price_table_and_example_file():
     assert prices.as_of == "2026-11"
     assert set(prices.accelerators) == {"A100-80GB", "H100-SXM", "H200", "L4", "cpu-laptop"}
     assert all(gpu.source and gpu.usd_per_hour > 0 for gpu in prices.accelerators.values())
-    example = what_if_inputs(Path(__file__).parents[2] / "collector" / "cost_example.toml", prices)
+    example = what_if_inputs(Path(__file__).parents[2] / "cost" / "cost_example.toml", prices)
     assert example.gpu_type == "H100-SXM" and {a.key for a in example.arms} == {"autoregressive", "speculative:model:llama-68m"}
     assert example.hidden.draft_training_usd == 15_000 and example.hidden.monitoring_source == "given"
 

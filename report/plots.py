@@ -1,6 +1,6 @@
 """The monthly report's plots: matplotlib figures as SVG data URIs (the HTML needs no network).
 
-Each function takes a part of `collector.report.Report` and returns a `data:image/svg+xml;base64,`
+Each function takes a part of `report.build.Report` and returns a `data:image/svg+xml;base64,`
 URI, or None when there is nothing to draw. Text stays text in the SVG (`svg.fonttype: none`);
 no dates or random ids are written, so the same report draws the same bytes.
 """
@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from collector.breakdown import Comparison, LoadBucket  # noqa: E402
-from collector.breakeven import BreakEven, TornadoRow  # noqa: E402
+from cost.breakeven import BreakEven, TornadoRow  # noqa: E402
 from collector.queries import HourOfDay, LengthBucket  # noqa: E402
 
 SPEC, PLAIN, ACCENT, GREY = "#1f77b4", "#ff7f0e", "#d62728", "#7f7f7f"

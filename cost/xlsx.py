@@ -1,7 +1,7 @@
 """The cost model as a spreadsheet a finance team can edit: `write_workbook(inputs, path)`.
 
 Sheet "Inputs" holds every number the model reads (prices, volume, hidden costs, and one
-column per arm of measured figures); sheet "Model" holds the formulas of `collector.cost`
+column per arm of measured figures); sheet "Model" holds the formulas of `cost.model`
 as live Excel formulas over "Inputs", so editing a price recomputes every result. Values
 the store did not measure are written as 0 with a note (energy: counted as $0; target
 memory: the whole device is charged).
@@ -16,7 +16,7 @@ from openpyxl import Workbook
 from openpyxl.styles import Font
 from openpyxl.utils import get_column_letter
 
-from collector.cost import GB, CostInputs, monthly_volume, needs_training
+from cost.model import GB, CostInputs, monthly_volume, needs_training
 
 # name -> (unit, note); values come from the inputs.
 GLOBAL_INPUTS = {

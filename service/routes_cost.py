@@ -6,7 +6,7 @@ Editable inputs (each optional; out-of-range values are a 422 with a message): `
 `electricity_usd_per_kwh`, `pue`, `monthly_output_tokens`, `draft_training_usd`,
 `amortisation_months`, `incident_days_per_week`, `tech_debt_buffer`.
 
-The body is `collector.cost_summary.CostSummary` as JSON: source, window, inputs, tco
+The body is `cost.summary.CostSummary` as JSON: source, window, inputs, tco
 (arms, benefits, primary, notes), break_even, sensitivity, advice, notes.
 """
 
@@ -17,12 +17,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Response
 
-from collector.cost import Prices
-from collector.cost_inputs import Overrides, load_prices
-from collector.cost_summary import MONTH_S, measured_summary
-from collector.deps import EngineDep, json_response
+from cost.model import Prices
+from cost.inputs import Overrides, load_prices
+from cost.summary import MONTH_S, measured_summary
+from service.deps import EngineDep, json_response
 from collector.queries import Window
-from collector.routes_query import FiltersDep, window_param
+from service.routes_query import FiltersDep, window_param
 
 router = APIRouter(prefix="/v1")
 NonNegative = Annotated[float | None, Query(ge=0, allow_inf_nan=False)]

@@ -1,8 +1,8 @@
 """The monthly report as one self-contained HTML page: `render_html(report) -> str`.
 
 Plain functions that return HTML fragments, escaped with `html.escape`, filled into
-`collector/report_template.html` (string.Template: `$title`, `$body`). Plots are SVG data URIs
-(`collector.report_plots`); nothing is fetched when the page opens. Figures whose energy was
+`report/template.html` (string.Template: `$title`, `$body`). Plots are SVG data URIs
+(`report.plots`); nothing is fetched when the page opens. Figures whose energy was
 not metered (`energy_source` estimate) are marked as estimates.
 """
 
@@ -15,12 +15,12 @@ from html import escape
 from pathlib import Path
 from string import Template
 
-from collector import report_plots as plots
+from report import plots
 from collector.breakdown import Group
-from collector.cost_summary import CostSummary
-from collector.report import Headline, Report
+from cost.summary import CostSummary
+from report.build import Headline, Report, report_names, to_json
 
-TEMPLATE = Path(__file__).with_name("report_template.html")
+TEMPLATE = Path(__file__).with_name("template.html")
 ESTIMATE = '<span class="estimate" title="not metered: modelled from device power or TDP">estimate</span>'
 
 
@@ -294,3 +294,16 @@ def _notes(r: Report) -> str:
     if not notes:
         return ""
     return _section("notes", "Notes", "<ul>" + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul>")
+
+
+def write_report(report: Report, out_dir: Path) -> tuple[Path, Path]:
+    """Write the HTML and JSON files (each atomically: a temporary file, then a rename)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    html_name, json_name = report_names(report.month)
+    paths = out_dir / html_name, out_dir / json_name
+    for path, content in zip(paths, (render_html(report).encode(), to_json(report))):
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(content)
+        tmp.replace(path)
+    return paths

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from scipy.optimize import brentq
 
-from collector.cost import CostInputs, ModeMeasure, monthly_volume, net_benefit, primary_key
+from cost.model import CostInputs, ModeMeasure, monthly_volume, net_benefit, primary_key
 
 _ONE = 1.0 - 1e-12  # above this, alpha is taken as 1 (the formula's limit)
 

@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
-from collector import routes_alerts, routes_cost, routes_ingest, routes_query, routes_report
+from service import routes_alerts, routes_cost, routes_ingest, routes_query, routes_report
 from collector.db import make_engine, upgrade
 from collector.ingest import IngestWorkers
 from collector.maintenance import maintenance_loop
@@ -43,7 +43,7 @@ def create_app(settings: Settings | None = None, registry: CollectorRegistry | N
         if runner is not None:
             tasks.append(asyncio.create_task(runner.run(), name="alerts"))
         if settings.report_dir is not None:
-            from collector.report_schedule import report_loop
+            from report.schedule import report_loop
 
             tasks.append(asyncio.create_task(report_loop(engine, settings), name="monthly report"))
         try:

@@ -10,7 +10,7 @@ import re
 from fastapi import APIRouter, HTTPException, Response
 from fastapi.responses import FileResponse
 
-from collector.deps import EngineDep, SettingsDep, json_response
+from service.deps import EngineDep, SettingsDep, json_response
 
 router = APIRouter(prefix="/v1/reports")
 on_demand = APIRouter(prefix="/v1")
@@ -34,9 +34,9 @@ def get_report(name: str, settings: SettingsDep) -> FileResponse:
 
 @on_demand.get("/report")
 def build_html_report(engine: EngineDep, month: str, gpu: str | None = None) -> Response:
-    from collector.cost_inputs import load_prices
-    from collector.report import build_report
-    from collector.report_html import render_html
+    from cost.inputs import load_prices
+    from report.build import build_report
+    from report.html import render_html
 
     try:
         report = build_report(engine, month, load_prices(), gpu_type=gpu)

@@ -11,17 +11,17 @@ from pathlib import Path
 import pytest
 from openpyxl import load_workbook
 
-from collector.breakeven import break_even_alpha
-from collector.cost import tco
-from collector.cost_inputs import load_prices, what_if_inputs
-from collector.cost_xlsx import ARM_ROWS, BENEFIT_ROWS, MODEL_ROW
+from cost.breakeven import break_even_alpha
+from cost.model import tco
+from cost.inputs import load_prices, what_if_inputs
+from cost.xlsx import ARM_ROWS, BENEFIT_ROWS, MODEL_ROW
 from collector.db import make_engine, upgrade
 from collector.schema import IngestBatch
 from collector.store import Store
 from collector_payloads import T0, request_dict, sample_dict
 from specwatch.cli import main
 
-EXAMPLE = Path(__file__).parents[2] / "collector" / "cost_example.toml"
+EXAMPLE = Path(__file__).parents[2] / "cost" / "cost_example.toml"
 REF = re.compile(r"(?:(Inputs|Model)!)?\$?([A-Z]{1,2})\$?(\d+)")
 
 

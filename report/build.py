@@ -8,7 +8,7 @@ load knee, the TCO) read the raw rows still held, and say how many that is when 
 has already dropped some.
 
 The recommendation is a pure function of the month's headline (`recommend`), thresholds
-from `collector.advisor.AdvisorRules`:
+from `cost.advisor.AdvisorRules`:
 
     measured speed-up (plain s/token / speculative s/token, Mann-Whitney p):
         pays  = speed-up >= 1.05 and p < 0.05;  hurts = speed-up <= 0.95 and p < 0.05;  else unclear
@@ -37,10 +37,10 @@ from pathlib import Path
 from sqlalchemy import Engine, func, select
 
 from alerts.store import history
-from collector.advisor import AdvisorRules
+from cost.advisor import AdvisorRules
 from collector.breakdown import Comparison, LoadBucket, compare, throughput_by_load
-from collector.cost import Prices
-from collector.cost_summary import CostSummary, measured_summary
+from cost.model import Prices
+from cost.summary import CostSummary, measured_summary
 from collector.history import auto_series, errors_by_hour_long
 from collector.long_signals import auto_signals
 from collector.models import Request, RequestRollupHourly
@@ -358,18 +358,3 @@ def to_json(report: Report) -> bytes:
     import orjson
 
     return orjson.dumps(report, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
-
-
-def write_report(report: Report, out_dir: Path) -> tuple[Path, Path]:
-    """Write the HTML and JSON files (each atomically: a temporary file, then a rename)."""
-    from collector.report_html import render_html
-
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    html_name, json_name = report_names(report.month)
-    paths = out_dir / html_name, out_dir / json_name
-    for path, content in zip(paths, (render_html(report).encode(), to_json(report))):
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(content)
-        tmp.replace(path)
-    return paths

@@ -1,8 +1,8 @@
 """Where the cost model's inputs come from: the shipped price table, the store, a what-if TOML.
 
-    load_prices(path=None)                          the dated price table (collector/prices.toml)
+    load_prices(path=None)                          the dated price table (cost/prices.toml)
     measured_inputs(engine, window, prices, ...)    per-arm aggregates of the collector's tables
-    what_if_inputs(path, prices, gpu_type=None)     inputs written down in TOML (collector/cost_example.toml)
+    what_if_inputs(path, prices, gpu_type=None)     inputs written down in TOML (cost/cost_example.toml)
     apply_overrides(inputs, Overrides(...))         edit prices, volume and hidden costs
 
 Measured, per arm (mode, drafter; plain decoding is one arm whatever its drafter field):
@@ -30,7 +30,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from sqlalchemy import Engine, case, func, select, text
 
-from collector.cost import GB, Accelerator, CostInputs, HiddenCosts, ModeMeasure, Prices
+from cost.model import GB, Accelerator, CostInputs, HiddenCosts, ModeMeasure, Prices
 from collector.models import DeviceSampleRow, EngineEventRow, Request
 from collector.queries import Filters, Window
 
@@ -74,7 +74,7 @@ def _read_toml(path: Path) -> dict:
 
 
 def load_prices(path: Path | None = None) -> Prices:
-    """The price table (default: the shipped collector/prices.toml). ValueError on a bad file."""
+    """The price table (default: the shipped cost/prices.toml). ValueError on a bad file."""
     path = path or PRICES_PATH
     try:
         table = _PricesToml.model_validate(_read_toml(path))
@@ -355,7 +355,7 @@ class _WhatIfToml(_Model):
 
 
 def what_if_inputs(path: Path, prices: Prices, gpu_type: str | None = None) -> CostInputs:
-    """CostInputs from a what-if TOML file (keys: collector/cost_example.toml); ValueError, one line, when bad."""
+    """CostInputs from a what-if TOML file (keys: cost/cost_example.toml); ValueError, one line, when bad."""
     try:
         spec = _WhatIfToml.model_validate(_read_toml(path))
     except ValidationError as exc:

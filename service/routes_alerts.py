@@ -7,8 +7,8 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 
 from alerts.store import active_alerts, history
-from collector.deps import EngineDep, json_response
-from collector.routes_query import WindowDep
+from service.deps import EngineDep, json_response
+from service.routes_query import WindowDep
 
 router = APIRouter(prefix="/v1/alerts")
 

@@ -1,7 +1,7 @@
 """`specwatch cost`: the TCO of speculative decoding for a window of the store, or for what-if inputs.
 
     specwatch cost [--db URL] [--last SECONDS]           measured (default: the last 30 days)
-    specwatch cost --what-if FILE.toml                   inputs from TOML (collector/cost_example.toml)
+    specwatch cost --what-if FILE.toml                   inputs from TOML (cost/cost_example.toml)
         [--gpu TYPE] [--prices FILE] [--volume TOKENS] [--json] [--xlsx FILE]
 """
 
@@ -12,9 +12,9 @@ import math
 import sys
 from pathlib import Path
 
-from collector.cost_inputs import Overrides, apply_overrides, load_prices, what_if_inputs
-from collector.cost_summary import MONTH_S, CostSummary, measured_summary, render_text, summarize
-from specwatch.cli import UsageError
+from cost.inputs import Overrides, apply_overrides, load_prices, what_if_inputs
+from cost.summary import MONTH_S, CostSummary, measured_summary, render_text, summarize
+from specwatch.common import UsageError
 
 
 def _positive(value: str) -> float:
@@ -35,11 +35,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     source.add_argument("--last", metavar="SECONDS", type=_positive, default=None,
                         help=f"measure the last SECONDS of the store (default {MONTH_S}, 30 days)")
     source.add_argument("--what-if", metavar="FILE.toml", type=Path, default=None,
-                        help="inputs from a TOML file instead of the store (keys: collector/cost_example.toml)")
+                        help="inputs from a TOML file instead of the store (keys: cost/cost_example.toml)")
     cost.add_argument("--gpu", metavar="TYPE", default=None,
                       help="accelerator of the price table (default: the what-if file's, else the sampled device's)")
     cost.add_argument("--prices", metavar="FILE.toml", type=Path, default=None,
-                      help="price table (default: the shipped collector/prices.toml)")
+                      help="price table (default: the shipped cost/prices.toml)")
     cost.add_argument("--volume", metavar="TOKENS", type=_positive, default=None,
                       help="output tokens per month to price (default: the observed volume)")
     cost.add_argument("--json", action="store_true", help="print the whole model as JSON")
@@ -93,7 +93,7 @@ def _measured(args: argparse.Namespace, prices, overrides: Overrides) -> CostSum
 
 
 def _write_xlsx(summary: CostSummary, path: Path) -> None:
-    from collector.cost_xlsx import write_workbook
+    from cost.xlsx import write_workbook
 
     try:
         write_workbook(summary.inputs, path)

@@ -1,7 +1,7 @@
 """The cost model (TCO) of speculative decoding: pure functions over one frozen `CostInputs`.
 
-No I/O here: `collector.cost_inputs` builds the inputs (from the store, a TOML file or the
-shipped price table), `collector.breakeven` asks when speculation stops paying.
+No I/O here: `cost.inputs` builds the inputs (from the store, a TOML file or the
+shipped price table), `cost.breakeven` asks when speculation stops paying.
 
 Per arm (a mode and drafter: "autoregressive", "speculative:ngram", ...), per 1M output tokens:
 
@@ -50,7 +50,7 @@ class Accelerator:
 
 @dataclass(frozen=True)
 class Prices:
-    """Prices from a dated table (`collector/prices.toml`); all in USD."""
+    """Prices from a dated table (`cost/prices.toml`); all in USD."""
 
     accelerators: dict[str, Accelerator]
     electricity_usd_per_kwh: float = 0.12

@@ -19,7 +19,8 @@ from pathlib import Path
 from sqlalchemy import Engine
 
 from collector.db import write_transaction
-from collector.report import Report, build_report, last_month, report_names, write_report
+from report.build import Report, build_report, last_month, report_names
+from report.html import write_report
 from collector.settings import Settings
 
 log = logging.getLogger("specwatch.collector")
@@ -42,7 +43,7 @@ def run_once(engine: Engine, settings: Settings, config=None, now: float | None 
     receivers of `config` (an `alerts.rules.AlertConfig`; None: no delivery) that have not had it.
     Returns the HTML path when a report was written."""
     from alerts.notify import enqueue_report
-    from collector.cost_inputs import load_prices
+    from cost.inputs import load_prices
 
     now = time.time() if now is None else now
     month, report_dir = last_month(now), Path(settings.report_dir)

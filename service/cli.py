@@ -1,0 +1,51 @@
+"""`specwatch collector serve`: the HTTP service (ingest, queries, alerts, cost, reports)."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+
+from collector.cli import add_db_option, settings_from
+from specwatch.common import UsageError, tcp_port
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    collector = subparsers.add_parser("collector", help="the telemetry collector service")
+    collector_commands = collector.add_subparsers(dest="collector_command", required=True, metavar="SUBCOMMAND")
+    serve = collector_commands.add_parser("serve", help="run the ingest + query HTTP service")
+    add_db_option(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=tcp_port, default=8087, help="TCP port (default 8087)")
+    serve.add_argument(
+        "--scrape-vllm", metavar="URL", nargs="+", default=None,
+        help="vLLM /metrics URLs to poll (default: SPECWATCH_SCRAPE_VLLM)",
+    )
+    serve.add_argument("--alert-rules", metavar="FILE", default=None,
+                       help="alert rules YAML (default: SPECWATCH_ALERT_RULES, else the shipped rules)")
+    serve.add_argument("--no-alerts", action="store_true", help="do not run the alert runner in this process")
+    serve.set_defaults(handler=serve_command)
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from alerts.rules import RulesError, load_config
+    from service.app import create_app
+    from collector.ingest import tune_gc_for_ingest
+
+    settings = settings_from(args)
+    if settings.alerts_enabled:
+        try:
+            load_config(settings.alert_rules)
+        except RulesError as exc:
+            raise UsageError(str(exc)) from None
+    app = create_app(settings)
+    tune_gc_for_ingest()
+    # uvicorn re-raises a SIGTERM it caught once it has shut down; leave through Python then, so
+    # exit handlers run (multiprocessing unlinks the ingest workers' semaphores in one).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    return 0
+
+
