@@ -60,19 +60,31 @@ class Remediator:
         elif (last := self._last_done(action, instance)) is not None and now - last < self.config.cooldown:
             result = ActionResult(action, instance, "cooldown", {"last_at": last, "cooldown_s": self.config.cooldown})
         elif (url := self.config.engine_url(instance)) is None:
-            result = ActionResult(action, instance, "no_engine", {"message": f"no engine control URL for instance {instance!r}"})
+            result = ActionResult(
+                action, instance, "no_engine", {"message": f"no engine control URL for instance {instance!r}"}
+            )
         else:
             result = self._call(action, instance, url)
         with write_transaction(self.engine) as conn:
-            conn.execute(insert(AlertActionRow).values(
-                at=now, rule=alert.rule, fingerprint=alert.fingerprint, action=action, instance=instance,
-                outcome=result.outcome, detail=result.detail))
+            conn.execute(
+                insert(AlertActionRow).values(
+                    at=now,
+                    rule=alert.rule,
+                    fingerprint=alert.fingerprint,
+                    action=action,
+                    instance=instance,
+                    outcome=result.outcome,
+                    detail=result.detail,
+                )
+            )
         return result
 
     def _last_done(self, action: str, instance: str | None) -> float | None:
         stmt = select(func.max(AlertActionRow.at)).where(
-            AlertActionRow.action == action, AlertActionRow.outcome == "ok",
-            AlertActionRow.instance.is_(None) if instance is None else AlertActionRow.instance == instance)
+            AlertActionRow.action == action,
+            AlertActionRow.outcome == "ok",
+            AlertActionRow.instance.is_(None) if instance is None else AlertActionRow.instance == instance,
+        )
         with self.engine.connect() as conn:
             return conn.execute(stmt).scalar()
 

@@ -87,7 +87,11 @@ def render(template: str, labels: dict[str, str], value: float) -> str:
 
 
 def evaluate(
-    now: float, rule: Rule, samples: list[Sample] | Exception, alerts: dict[str, Alert], resolved_retention: float = 900.0
+    now: float,
+    rule: Rule,
+    samples: list[Sample] | Exception,
+    alerts: dict[str, Alert],
+    resolved_retention: float = 900.0,
 ) -> Outcome:
     """One evaluation of `rule` at `now`; `alerts` are the rule's alerts after the previous one."""
     if isinstance(samples, Exception):
@@ -100,8 +104,10 @@ def evaluate(
         labels = alert_labels(rule, sample.labels)
         fp = fingerprint(labels)
         seen.add(fp)
-        annotations = {"summary": render(rule.summary, labels, sample.value),
-                       "description": render(rule.description, labels, sample.value)}
+        annotations = {
+            "summary": render(rule.summary, labels, sample.value),
+            "description": render(rule.description, labels, sample.value),
+        }
         previous = new.get(fp)
         if previous is not None and previous.state != State.INACTIVE:
             new[fp] = replace(previous, value=sample.value, annotations=annotations, last_seen_at=now)
@@ -113,9 +119,17 @@ def evaluate(
     return Outcome(new, transitions)
 
 
-def _step(now: float, rule: Rule, alert: Alert, active: bool, alerts: dict[str, Alert],
-          transitions: list[Transition], resolved_retention: float) -> None:
+def _step(
+    now: float,
+    rule: Rule,
+    alert: Alert,
+    active: bool,
+    alerts: dict[str, Alert],
+    transitions: list[Transition],
+    resolved_retention: float,
+) -> None:
     """Advance one alert: pending -> firing after `for`, drop or resolve when no longer active."""
+
     def move(to: State, **changes) -> None:
         transitions.append(Transition(now, rule.name, alert.fingerprint, alert.labels, alert.state, to, alert.value))
         alerts[alert.fingerprint] = replace(alert, state=to, **changes)

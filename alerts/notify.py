@@ -95,7 +95,9 @@ def sign(secret: str, body: bytes) -> str:
     return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
 
-def enqueue(conn: Connection, config: AlertConfig, rule: str, alerts: Sequence[Alert], now: float, external_url: str) -> int:
+def enqueue(
+    conn: Connection, config: AlertConfig, rule: str, alerts: Sequence[Alert], now: float, external_url: str
+) -> int:
     """Store one notification per receiver that wants any of these alerts; returns how many."""
     rows = []
     for receiver in config.receivers:
@@ -106,11 +108,19 @@ def enqueue(conn: Connection, config: AlertConfig, rule: str, alerts: Sequence[A
         if receiver.format == "slack":
             payload = slack_payload(payload)
         identity = f"{receiver.name}|{rule}|{now!r}|" + ",".join(f"{a.fingerprint}:{a.state}" for a in wanted)
-        rows.append({
-            "key": hashlib.sha256(identity.encode()).hexdigest()[:32], "receiver": receiver.name, "rule": rule,
-            "alert_status": "firing" if any(a.state == State.FIRING for a in wanted) else "resolved",
-            "payload": payload, "created_at": now, "status": "pending", "attempts": 0, "next_attempt_at": now,
-        })
+        rows.append(
+            {
+                "key": hashlib.sha256(identity.encode()).hexdigest()[:32],
+                "receiver": receiver.name,
+                "rule": rule,
+                "alert_status": "firing" if any(a.state == State.FIRING for a in wanted) else "resolved",
+                "payload": payload,
+                "created_at": now,
+                "status": "pending",
+                "attempts": 0,
+                "next_attempt_at": now,
+            }
+        )
     if rows:
         conn.execute(insert(AlertNotificationRow), rows)
     return len(rows)
@@ -130,12 +140,15 @@ def slack_report(payload: dict) -> dict:
     net = payload.get("net_monthly_benefit_usd")
     money = "" if net is None else f", net benefit {net:,.0f} USD/month"
     action = str(payload.get("recommendation", "")).upper()
-    return {"text": f":bar_chart: specwatch report {payload['month']}: {action} speculation{money}. "
-                    f"<{payload['url']}|Open the report>"}
+    return {
+        "text": f":bar_chart: specwatch report {payload['month']}: {action} speculation{money}. "
+        f"<{payload['url']}|Open the report>"
+    }
 
 
-def enqueue_report(conn: Connection, config: AlertConfig, month: str, url: str, summary: dict,
-                   now: float | None = None) -> int:
+def enqueue_report(
+    conn: Connection, config: AlertConfig, month: str, url: str, summary: dict, now: float | None = None
+) -> int:
     """One notification of the month's report per receiver that wants `REPORT_LABELS`, at most once
     per (receiver, month): the idempotency key is derived from both, so calling again adds nothing.
     Returns how many were added."""
@@ -147,11 +160,19 @@ def enqueue_report(conn: Connection, config: AlertConfig, month: str, url: str, 
         if not receiver.wants(REPORT_LABELS) or key in existing:
             continue
         payload = report_payload(month, url, summary)
-        rows.append({
-            "key": key, "receiver": receiver.name, "rule": REPORT_RULE, "alert_status": "report",
-            "payload": slack_report(payload) if receiver.format == "slack" else payload, "created_at": now,
-            "status": "pending", "attempts": 0, "next_attempt_at": now,
-        })
+        rows.append(
+            {
+                "key": key,
+                "receiver": receiver.name,
+                "rule": REPORT_RULE,
+                "alert_status": "report",
+                "payload": slack_report(payload) if receiver.format == "slack" else payload,
+                "created_at": now,
+                "status": "pending",
+                "attempts": 0,
+                "next_attempt_at": now,
+            }
+        )
     if rows:
         conn.execute(insert(AlertNotificationRow), rows)
     return len(rows)
@@ -161,18 +182,32 @@ def backoff_s(first_s: float, attempts: int) -> float:
     return min(BACKOFF_MAX_S, first_s * 2 ** max(0, attempts - 1))
 
 
-def deliver_due(engine: Engine, config: AlertConfig, http: httpx.Client, now: float | None = None, limit: int = 100) -> int:
+def deliver_due(
+    engine: Engine, config: AlertConfig, http: httpx.Client, now: float | None = None, limit: int = 100
+) -> int:
     """POST every notification that is due; returns how many were delivered."""
     now = time.time() if now is None else now
     receivers = {r.name: r for r in config.receivers}
     with engine.connect() as conn:
-        due = conn.execute(select(*AlertNotificationRow.__table__.columns).where(
-            AlertNotificationRow.status == "pending", AlertNotificationRow.next_attempt_at <= now,
-        ).order_by(AlertNotificationRow.id).limit(limit)).mappings().all()
+        due = (
+            conn.execute(
+                select(*AlertNotificationRow.__table__.columns)
+                .where(
+                    AlertNotificationRow.status == "pending",
+                    AlertNotificationRow.next_attempt_at <= now,
+                )
+                .order_by(AlertNotificationRow.id)
+                .limit(limit)
+            )
+            .mappings()
+            .all()
+        )
     delivered = 0
     for row in due:
         receiver = receivers.get(row["receiver"])
-        error = "receiver no longer configured" if receiver is None else _post(http, receiver, row["key"], row["payload"])
+        error = (
+            "receiver no longer configured" if receiver is None else _post(http, receiver, row["key"], row["payload"])
+        )
         _record(engine, row, error, receiver, now)
         delivered += error is None
     return delivered
@@ -197,9 +232,15 @@ def _record(engine: Engine, row, error: str | None, receiver: Receiver | None, n
         changes = {"status": "delivered", "delivered_at": now, "last_error": None}
     elif receiver is None or attempts >= receiver.max_attempts:
         changes = {"status": "dead", "last_error": error}
-        log.error("giving up on notification %s to %s after %d attempts: %s", row["key"], row["receiver"], attempts, error)
+        log.error(
+            "giving up on notification %s to %s after %d attempts: %s", row["key"], row["receiver"], attempts, error
+        )
     else:
         changes = {"next_attempt_at": now + backoff_s(receiver.retry_backoff, attempts), "last_error": error}
         log.warning("notification %s to %s failed (attempt %d): %s", row["key"], row["receiver"], attempts, error)
     with write_transaction(engine) as conn:
-        conn.execute(update(AlertNotificationRow).where(AlertNotificationRow.id == row["id"]).values(attempts=attempts, **changes))
+        conn.execute(
+            update(AlertNotificationRow)
+            .where(AlertNotificationRow.id == row["id"])
+            .values(attempts=attempts, **changes)
+        )

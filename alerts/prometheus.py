@@ -105,8 +105,9 @@ def _stddev(by: str, w: str) -> str:
 
 
 def _arm_mean(arm: str, by: str, w: str) -> str:
-    per_token, requests = (f'{m}{{arm="{arm}"}}' for m in ("specwatch_arm_e2e_seconds_per_token_total",
-                                                              "specwatch_arm_requests_total"))
+    per_token, requests = (
+        f'{m}{{arm="{arm}"}}' for m in ("specwatch_arm_e2e_seconds_per_token_total", "specwatch_arm_requests_total")
+    )
     return f"({_sum(per_token, by, w)}\n  / {_sum(requests, by, w)})"
 
 
@@ -126,8 +127,11 @@ def _swing(by: str, w: str) -> str:
 
 def _histogram(metric: str, s: _Series) -> list[dict]:
     """Every observation in [0, v / 0.99]: histogram_quantile(0.99) interpolates to v."""
-    return [s.counter(f"{metric}_bucket", s.per_window, le=_num(s.value / 0.99)),
-            s.counter(f"{metric}_bucket", s.per_window, le="+Inf"), s.counter(f"{metric}_count", s.per_window)]
+    return [
+        s.counter(f"{metric}_bucket", s.per_window, le=_num(s.value / 0.99)),
+        s.counter(f"{metric}_bucket", s.per_window, le="+Inf"),
+        s.counter(f"{metric}_count", s.per_window),
+    ]
 
 
 def _acceptance(s: _Series, accepted: str, drafted: str) -> list[dict]:
@@ -137,60 +141,117 @@ def _acceptance(s: _Series, accepted: str, drafted: str) -> list[dict]:
 def _moments(s: _Series) -> list[dict]:
     """Requests with mean acceptance 0.5 and standard deviation `value`."""
     mean, n = 0.5, s.per_window
-    return [s.counter("specwatch_acceptance_rate_requests_total", n), s.counter("specwatch_acceptance_rate_sum_total", n * mean),
-            s.counter("specwatch_acceptance_rate_squares_total", n * (mean**2 + s.value**2))]
+    return [
+        s.counter("specwatch_acceptance_rate_requests_total", n),
+        s.counter("specwatch_acceptance_rate_sum_total", n * mean),
+        s.counter("specwatch_acceptance_rate_squares_total", n * (mean**2 + s.value**2)),
+    ]
 
 
 def _arms(s: _Series) -> list[dict]:
     control_s = 0.01  # seconds per output token
-    return [series for arm, per_token in (("spec", control_s * (1 + s.value)), ("control", control_s))
-            for series in (s.counter("specwatch_arm_requests_total", s.per_window, arm=arm),
-                           s.counter("specwatch_arm_e2e_seconds_per_token_total", s.per_window * per_token, arm=arm))]
+    return [
+        series
+        for arm, per_token in (("spec", control_s * (1 + s.value)), ("control", control_s))
+        for series in (
+            s.counter("specwatch_arm_requests_total", s.per_window, arm=arm),
+            s.counter("specwatch_arm_e2e_seconds_per_token_total", s.per_window * per_token, arm=arm),
+        )
+    ]
 
 
 _REQUEST_LABELS = {"instance": "gpu-0", "model": "smollm2-135m", "mode": "speculative", "drafter": "ngram"}
 _DEVICE_LABELS = {"instance": "gpu-0", "device": "cuda:0"}
-_VLLM_LABELS = {"instance": "vllm-0:8000", "job": "vllm", "model_name": "HuggingFaceTB/SmolLM2-135M-Instruct", "engine": "0"}
+_VLLM_LABELS = {
+    "instance": "vllm-0:8000",
+    "job": "vllm",
+    "model_name": "HuggingFaceTB/SmolLM2-135M-Instruct",
+    "engine": "0",
+}
 _REQUESTS = {k: k for k in _REQUEST_LABELS}
 _DEVICES = {k: k for k in _DEVICE_LABELS}
 _FOREVER = (0.0, math.inf)
 
 QUERIES: dict[str, _Query] = {
     "acceptance_rate": _Query(
-        _REQUESTS, _REQUEST_LABELS, _ratio("specwatch_accepted_tokens_total", "specwatch_draft_tokens_total"),
+        _REQUESTS,
+        _REQUEST_LABELS,
+        _ratio("specwatch_accepted_tokens_total", "specwatch_draft_tokens_total"),
         _increase("specwatch_acceptance_rate_requests_total"),
-        lambda s: [*_acceptance(s, "specwatch_accepted_tokens_total", "specwatch_draft_tokens_total"),
-                   s.counter("specwatch_acceptance_rate_requests_total", s.per_window)], (0.0, 1.0)),
-    "acceptance_stddev": _Query(_REQUESTS, _REQUEST_LABELS, _stddev, _increase("specwatch_acceptance_rate_requests_total"),
-                                _moments, (0.0, 0.5)),
-    "ttft_p99": _Query(_REQUESTS, _REQUEST_LABELS, _p99("specwatch_time_to_first_token_seconds"),
-                       _increase("specwatch_time_to_first_token_seconds_count"),
-                       lambda s: _histogram("specwatch_time_to_first_token_seconds", s), _FOREVER),
+        lambda s: [
+            *_acceptance(s, "specwatch_accepted_tokens_total", "specwatch_draft_tokens_total"),
+            s.counter("specwatch_acceptance_rate_requests_total", s.per_window),
+        ],
+        (0.0, 1.0),
+    ),
+    "acceptance_stddev": _Query(
+        _REQUESTS, _REQUEST_LABELS, _stddev, _increase("specwatch_acceptance_rate_requests_total"), _moments, (0.0, 0.5)
+    ),
+    "ttft_p99": _Query(
+        _REQUESTS,
+        _REQUEST_LABELS,
+        _p99("specwatch_time_to_first_token_seconds"),
+        _increase("specwatch_time_to_first_token_seconds_count"),
+        lambda s: _histogram("specwatch_time_to_first_token_seconds", s),
+        _FOREVER,
+    ),
     "spec_latency_regression": _Query(
-        {"instance": "instance", "model": "model"}, {"instance": "gpu-0", "model": "smollm2-135m"}, _regression,
-        _fewest_arm, _arms, (-1.0, math.inf)),
-    "oom_count": _Query({"instance": "instance"}, _REQUEST_LABELS, _increase("specwatch_oom_errors_total"),
-                        _increase("specwatch_oom_errors_total"),
-                        lambda s: [s.counter("specwatch_oom_errors_total", s.value)], _FOREVER, count_is_value=True),
+        {"instance": "instance", "model": "model"},
+        {"instance": "gpu-0", "model": "smollm2-135m"},
+        _regression,
+        _fewest_arm,
+        _arms,
+        (-1.0, math.inf),
+    ),
+    "oom_count": _Query(
+        {"instance": "instance"},
+        _REQUEST_LABELS,
+        _increase("specwatch_oom_errors_total"),
+        _increase("specwatch_oom_errors_total"),
+        lambda s: [s.counter("specwatch_oom_errors_total", s.value)],
+        _FOREVER,
+        count_is_value=True,
+    ),
     "fragmentation": _Query(
-        _DEVICES, _DEVICE_LABELS, lambda by, w: f"avg by ({by}) (avg_over_time(specwatch_device_fragmentation_ratio[{w}]))",
+        _DEVICES,
+        _DEVICE_LABELS,
+        lambda by, w: f"avg by ({by}) (avg_over_time(specwatch_device_fragmentation_ratio[{w}]))",
         _scrapes("specwatch_device_fragmentation_ratio"),
-        lambda s: [s.gauge("specwatch_device_fragmentation_ratio", [s.value], int(s.per_window))], _FOREVER, gauge=True),
+        lambda s: [s.gauge("specwatch_device_fragmentation_ratio", [s.value], int(s.per_window))],
+        _FOREVER,
+        gauge=True,
+    ),
     "draft_util_swing": _Query(
-        _DEVICES, _DEVICE_LABELS, _swing, _scrapes("specwatch_device_util_draft_ratio"),
-        lambda s: [s.gauge("specwatch_device_util_draft_ratio", [0.0, s.value / 100], int(s.per_window))], (0.0, 100.0),
-        gauge=True),
+        _DEVICES,
+        _DEVICE_LABELS,
+        _swing,
+        _scrapes("specwatch_device_util_draft_ratio"),
+        lambda s: [s.gauge("specwatch_device_util_draft_ratio", [0.0, s.value / 100], int(s.per_window))],
+        (0.0, 100.0),
+        gauge=True,
+    ),
     "vllm_acceptance_rate": _Query(
-        {"source": "instance", "model": "model_name"}, _VLLM_LABELS,
+        {"source": "instance", "model": "model_name"},
+        _VLLM_LABELS,
         _ratio("vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_draft_tokens_total"),
         _increase("vllm:e2e_request_latency_seconds_count"),
-        lambda s: [*_acceptance(s, "vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_draft_tokens_total"),
-                   s.counter("vllm:e2e_request_latency_seconds_count", s.per_window)], (0.0, 1.0)),
+        lambda s: [
+            *_acceptance(s, "vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_draft_tokens_total"),
+            s.counter("vllm:e2e_request_latency_seconds_count", s.per_window),
+        ],
+        (0.0, 1.0),
+    ),
     "vllm_ttft_p99": _Query(
-        {"source": "instance", "model": "model_name"}, _VLLM_LABELS, _p99("vllm:time_to_first_token_seconds"),
+        {"source": "instance", "model": "model_name"},
+        _VLLM_LABELS,
+        _p99("vllm:time_to_first_token_seconds"),
         _increase("vllm:e2e_request_latency_seconds_count"),
-        lambda s: [*_histogram("vllm:time_to_first_token_seconds", s),
-                   s.counter("vllm:e2e_request_latency_seconds_count", s.per_window)], _FOREVER),
+        lambda s: [
+            *_histogram("vllm:time_to_first_token_seconds", s),
+            s.counter("vllm:e2e_request_latency_seconds_count", s.per_window),
+        ],
+        _FOREVER,
+    ),
 }
 # specwatch signals with a vLLM counterpart; vLLM serves one drafter and mode, so those labels drop.
 _VLLM_EQUIVALENT = {"acceptance_rate": "vllm_acceptance_rate", "ttft_p99": "vllm_ttft_p99"}
@@ -212,8 +273,10 @@ class _Export:
 
 def _export(rule: Rule, query: _Query, group: str, labels: dict[str, str | None], name: str, note: str = "") -> _Export:
     if bad := [g for g in rule.group_by if g not in labels]:
-        raise RulesError(f"rule {rule.name}: signal {rule.signal} cannot be grouped by {bad} in Prometheus "
-                         f"(its metrics carry {sorted(k for k, v in labels.items() if v)})")
+        raise RulesError(
+            f"rule {rule.name}: signal {rule.signal} cannot be grouped by {bad} in Prometheus "
+            f"(its metrics carry {sorted(k for k, v in labels.items() if v)})"
+        )
     by = tuple(dict.fromkeys(m for g in rule.group_by if (m := labels[g])))
     w, joined = format_duration(rule.window), ", ".join(by)
     expr = f"{query.value(joined, w)} {rule.op} {_num(rule.threshold)}"
@@ -228,8 +291,10 @@ def _export(rule: Rule, query: _Query, group: str, labels: dict[str, str | None]
     return _Export(rule, name, group, query, by, expr, {k: v for k, v in texts.items() if v})
 
 
-_REGRESSION_NOTE = ("In Prometheus this is the ratio of the arms' mean latency per token only; specwatch's own "
-                    "evaluator also requires a one-sided Mann-Whitney U test (p < 0.05), which PromQL cannot do.")
+_REGRESSION_NOTE = (
+    "In Prometheus this is the ratio of the arms' mean latency per token only; specwatch's own "
+    "evaluator also requires a one-sided Mann-Whitney U test (p < 0.05), which PromQL cannot do."
+)
 
 
 def _exports(config: AlertConfig) -> list[_Export]:
@@ -245,11 +310,15 @@ def _exports(config: AlertConfig) -> list[_Export]:
     for rule in config.rules:
         if rule.signal in _VLLM_EQUIVALENT:
             note = f"vLLM equivalent of the specwatch rule {rule.name}, over vLLM's native metrics."
-            derived = _export(rule, QUERIES[_VLLM_EQUIVALENT[rule.signal]], VLLM_GROUP, _AS_VLLM, f"Vllm{rule.name}", note)
+            derived = _export(
+                rule, QUERIES[_VLLM_EQUIVALENT[rule.signal]], VLLM_GROUP, _AS_VLLM, f"Vllm{rule.name}", note
+            )
             if any(e.expr == derived.expr and e.rule.for_ == rule.for_ for e in vllm):
                 continue  # an explicit vllm_* rule already alerts on exactly this
             if derived.name in names:
-                raise RulesError(f"rule {rule.name}: its vLLM equivalent's name {derived.name} is taken by another rule")
+                raise RulesError(
+                    f"rule {rule.name}: its vLLM equivalent's name {derived.name} is taken by another rule"
+                )
             vllm.append(derived)
     return own + vllm
 
@@ -266,8 +335,12 @@ def _rule_entry(e: _Export) -> dict:
 def rule_groups(config: AlertConfig) -> dict:
     """The Prometheus rule file (`groups:`) for `config`'s rules."""
     exports, interval = _exports(config), format_duration(config.evaluation.interval)
-    return {"groups": [{"name": group, "interval": interval, "rules": [_rule_entry(e) for e in exports if e.group == group]}
-                       for group in (GROUP, VLLM_GROUP)]}
+    return {
+        "groups": [
+            {"name": group, "interval": interval, "rules": [_rule_entry(e) for e in exports if e.group == group]}
+            for group in (GROUP, VLLM_GROUP)
+        ]
+    }
 
 
 def _side(rule: Rule, domain: tuple[float, float], fire: bool) -> float:
@@ -281,7 +354,9 @@ def _side(rule: Rule, domain: tuple[float, float], fire: bool) -> float:
         if rule.holds(value) == fire and domain[0] <= value <= domain[1]:
             return value
     side = "fire" if fire else "stay quiet"
-    raise RulesError(f"rule {rule.name}: cannot {side} ({rule.signal} {rule.op} {_num(t)}, {rule.signal} is in {domain})")
+    raise RulesError(
+        f"rule {rule.name}: cannot {side} ({rule.signal} {rule.op} {_num(t)}, {rule.signal} is in {domain})"
+    )
 
 
 def _above_min_samples(rule: Rule, fire: float) -> float:
@@ -290,15 +365,19 @@ def _above_min_samples(rule: Rule, fire: float) -> float:
     for value in (fire, 1.5 * m, (m + rule.threshold) / 2):
         if value > m * 1.001 and rule.holds(value):
             return value
-    raise RulesError(f"rule {rule.name}: cannot fire with min_samples {m} ({rule.signal} {rule.op} {_num(rule.threshold)})")
+    raise RulesError(
+        f"rule {rule.name}: cannot fire with min_samples {m} ({rule.signal} {rule.op} {_num(rule.threshold)})"
+    )
 
 
 def _render(text: str, labels: dict[str, str], value: float) -> str:
     """What Prometheus makes of the exported templates (missing labels render empty)."""
     out = _LABEL.sub(lambda m: labels.get(m.group(1), ""), text.replace(_PRINTF, f"{value:.3g}"))
     if "{{" in out:
-        raise RulesError(f"cannot predict how Prometheus renders {text!r}: only {{{{ $value }}}} and "
-                         "{{ $labels.<name> }} are supported")
+        raise RulesError(
+            f"cannot predict how Prometheus renders {text!r}: only {{{{ $value }}}} and "
+            "{{ $labels.<name> }} are supported"
+        )
     return out
 
 
@@ -314,11 +393,22 @@ def _test(e: _Export, case: str, value: float, interval_s: float, few: bool = Fa
         per_window = rule.min_samples / 2 if few else max(2 * rule.min_samples, 10)
     s = _Series(q.series_labels, value, per_window, steps, rule.window / step_s)
     alert_labels = {m: q.series_labels[m] for m in e.by}
-    expected = [] if case != "fires" else [{
-        "exp_labels": {**alert_labels, "severity": rule.severity},
-        "exp_annotations": {k: _render(v, alert_labels, value) for k, v in e.annotations.items()}}]
-    return {"name": f"{e.name} {case}", "interval": format_duration(step_s), "input_series": q.series(s),
-            "alert_rule_test": [{"eval_time": format_duration(eval_s), "alertname": e.name, "exp_alerts": expected}]}
+    expected = (
+        []
+        if case != "fires"
+        else [
+            {
+                "exp_labels": {**alert_labels, "severity": rule.severity},
+                "exp_annotations": {k: _render(v, alert_labels, value) for k, v in e.annotations.items()},
+            }
+        ]
+    )
+    return {
+        "name": f"{e.name} {case}",
+        "interval": format_duration(step_s),
+        "input_series": q.series(s),
+        "alert_rule_test": [{"eval_time": format_duration(eval_s), "alertname": e.name, "exp_alerts": expected}],
+    }
 
 
 def _tests(e: _Export, interval_s: float) -> list[dict]:
@@ -336,15 +426,20 @@ def _tests(e: _Export, interval_s: float) -> list[dict]:
 def unit_tests(config: AlertConfig) -> dict:
     """A promtool test file for `rule_groups(config)` written next to it as RULES_FILE."""
     interval = config.evaluation.interval
-    return {"rule_files": [RULES_FILE], "evaluation_interval": format_duration(interval),
-            "tests": [test for e in _exports(config) for test in _tests(e, interval)]}
+    return {
+        "rule_files": [RULES_FILE],
+        "evaluation_interval": format_duration(interval),
+        "tests": [test for e in _exports(config) for test in _tests(e, interval)],
+    }
 
 
 class _Dumper(yaml.SafeDumper):
     """SafeDumper writing multi-line strings (the PromQL) as literal blocks."""
 
 
-_Dumper.add_representer(str, lambda d, s: d.represent_scalar("tag:yaml.org,2002:str", s, style="|" if "\n" in s else None))
+_Dumper.add_representer(
+    str, lambda d, s: d.represent_scalar("tag:yaml.org,2002:str", s, style="|" if "\n" in s else None)
+)
 
 
 def export(config: AlertConfig, out_dir: str | Path) -> tuple[Path, Path]:

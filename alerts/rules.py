@@ -20,8 +20,14 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from alerts.signals import SIGNALS
 
 DEFAULT_RULES = Path(__file__).with_name("default_rules.yaml")
-ACTIONS = ("fallback_autoregressive", "restore_speculative", "defragment", "unload_draft", "rebalance_streams",
-           "recommend_draft_retraining")
+ACTIONS = (
+    "fallback_autoregressive",
+    "restore_speculative",
+    "defragment",
+    "unload_draft",
+    "rebalance_streams",
+    "recommend_draft_retraining",
+)
 _DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)(ms|s|m|h|d))+$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
@@ -93,8 +99,12 @@ class Rule(_Strict):
 
     def holds(self, value: float) -> bool:
         """Is the alert condition met by this value?"""
-        return {"<": value < self.threshold, "<=": value <= self.threshold,
-                ">": value > self.threshold, ">=": value >= self.threshold}[self.op]
+        return {
+            "<": value < self.threshold,
+            "<=": value <= self.threshold,
+            ">": value > self.threshold,
+            ">=": value >= self.threshold,
+        }[self.op]
 
 
 class Receiver(_Strict):
@@ -181,7 +191,9 @@ def _describe(data: dict, error: dict) -> str:
     for i, part in enumerate(loc):
         if isinstance(part, int):
             where += f"[{part}]"
-            item = data.get(loc[0], [None] * (part + 1))[part] if i == 1 and isinstance(data.get(loc[0]), list) else None
+            item = (
+                data.get(loc[0], [None] * (part + 1))[part] if i == 1 and isinstance(data.get(loc[0]), list) else None
+            )
             if isinstance(item, dict) and "name" in item:
                 where += f" ({item['name']})"
         else:

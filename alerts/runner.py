@@ -43,8 +43,9 @@ class CycleReport:
 
 
 class AlertRunner:
-    def __init__(self, engine: Engine, config: AlertConfig, source=None, external_url: str = "",
-                 http: httpx.Client | None = None) -> None:
+    def __init__(
+        self, engine: Engine, config: AlertConfig, source=None, external_url: str = "", http: httpx.Client | None = None
+    ) -> None:
         self.engine, self.config = engine, config
         self.source = source or StoreSignals(engine)
         self.external_url = external_url
@@ -63,7 +64,9 @@ class AlertRunner:
         report.duration_s = time.perf_counter() - started
         return report
 
-    def _evaluate_rule(self, rule: Rule, previous: dict[str, Alert], now: float, report: CycleReport) -> dict[str, Alert]:
+    def _evaluate_rule(
+        self, rule: Rule, previous: dict[str, Alert], now: float, report: CycleReport
+    ) -> dict[str, Alert]:
         started = time.perf_counter()
         try:
             samples = self.source.query(rule.signal, rule.window, rule.group_by, now)
@@ -97,16 +100,22 @@ class AlertRunner:
 
     def _fallback_still_wanted(self, current: dict[str, dict[str, Alert]], instance: str | None) -> bool:
         return any(
-            a.state == State.FIRING and a.labels.get("instance") == instance and FALLBACK in self.config.rule(name).actions
-            for name, alerts in current.items() for a in alerts.values())
+            a.state == State.FIRING
+            and a.labels.get("instance") == instance
+            and FALLBACK in self.config.rule(name).actions
+            for name, alerts in current.items()
+            for a in alerts.values()
+        )
 
     def deliver(self, now: float | None = None) -> int:
         return notify.deliver_due(self.engine, self.config, self.http, now)
 
     async def run(self) -> None:
         """Evaluate and deliver forever (cancel the task to stop)."""
-        await asyncio.gather(self._loop(self._cycle_logged, self.config.evaluation.interval),
-                             self._loop(self.deliver, DELIVERY_INTERVAL_S))
+        await asyncio.gather(
+            self._loop(self._cycle_logged, self.config.evaluation.interval),
+            self._loop(self.deliver, DELIVERY_INTERVAL_S),
+        )
 
     def _cycle_logged(self) -> None:
         report = self.cycle()

@@ -57,7 +57,8 @@ def _grouped(rows: Sequence[tuple], k: int) -> dict[Labels, np.ndarray]:
 
 def _request_columns(engine: Engine, window: Window, group_by: Sequence[str], *columns) -> dict[tuple, np.ndarray]:
     stmt = select(*(getattr(Request, g) for g in group_by), *columns).where(
-        Request.started_at >= window.start, Request.started_at < window.end)
+        Request.started_at >= window.start, Request.started_at < window.end
+    )
     with engine.connect() as conn:
         return _grouped(conn.execute(stmt).all(), len(group_by))
 
@@ -101,7 +102,8 @@ def spec_latency_regression(engine: Engine, window: Window, group_by: Sequence[s
     per_token = Request.e2e_s / Request.output_tokens
     stmt_filter = (Request.arm.is_not(None), Request.status == "ok", Request.output_tokens > 0)
     stmt = select(*(getattr(Request, g) for g in group_by), Request.arm, per_token).where(
-        Request.started_at >= window.start, Request.started_at < window.end, *stmt_filter)
+        Request.started_at >= window.start, Request.started_at < window.end, *stmt_filter
+    )
     with engine.connect() as conn:
         rows = conn.execute(stmt).all()
     k = len(group_by)
@@ -121,12 +123,24 @@ def spec_latency_regression(engine: Engine, window: Window, group_by: Sequence[s
 def oom_count(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
     """Out-of-memory failures: requests that failed with an OOM or `oom` engine events, whichever
     count is larger (the engine may report one OOM both ways)."""
-    requests = select(Request.instance, func.count()).where(
-        Request.started_at >= window.start, Request.started_at < window.end, Request.error.like("%oom%"),
-    ).group_by(Request.instance)
-    events = select(EngineEventRow.instance, func.count()).where(
-        EngineEventRow.at >= window.start, EngineEventRow.at < window.end, EngineEventRow.kind == "oom",
-    ).group_by(EngineEventRow.instance)
+    requests = (
+        select(Request.instance, func.count())
+        .where(
+            Request.started_at >= window.start,
+            Request.started_at < window.end,
+            Request.error.like("%oom%"),
+        )
+        .group_by(Request.instance)
+    )
+    events = (
+        select(EngineEventRow.instance, func.count())
+        .where(
+            EngineEventRow.at >= window.start,
+            EngineEventRow.at < window.end,
+            EngineEventRow.kind == "oom",
+        )
+        .group_by(EngineEventRow.instance)
+    )
     with engine.connect() as conn:
         from_requests, from_events = dict(conn.execute(requests).all()), dict(conn.execute(events).all())
     counts: dict[tuple, int] = defaultdict(int)
@@ -138,7 +152,8 @@ def oom_count(engine: Engine, window: Window, group_by: Sequence[str]) -> list[S
 
 def _device_values(engine: Engine, window: Window, group_by: Sequence[str], column) -> dict[tuple, np.ndarray]:
     stmt = select(*(getattr(DeviceSampleRow, g) for g in group_by), column).where(
-        DeviceSampleRow.at >= window.start, DeviceSampleRow.at < window.end, column.is_not(None))
+        DeviceSampleRow.at >= window.start, DeviceSampleRow.at < window.end, column.is_not(None)
+    )
     with engine.connect() as conn:
         return {key: values[:, 0] for key, values in _grouped(conn.execute(stmt).all(), len(group_by)).items()}
 
@@ -157,8 +172,11 @@ def draft_util_swing(engine: Engine, window: Window, group_by: Sequence[str]) ->
 
 def _vllm(pick: Callable) -> Callable[[Engine, Window, Sequence[str]], list[Sample]]:
     def compute(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
-        stmt = select(*(getattr(VllmScrape, g) for g in group_by)).where(
-            VllmScrape.at >= window.start, VllmScrape.at < window.end).distinct()
+        stmt = (
+            select(*(getattr(VllmScrape, g) for g in group_by))
+            .where(VllmScrape.at >= window.start, VllmScrape.at < window.end)
+            .distinct()
+        )
         with engine.connect() as conn:
             keys = conn.execute(stmt).all()
         samples = []
@@ -176,13 +194,15 @@ SIGNALS: dict[str, Signal] = {
     "acceptance_rate": Signal(REQUEST_LABELS, "ratio", "accepted / drafted tokens", acceptance_rate),
     "acceptance_stddev": Signal(REQUEST_LABELS, "ratio", "stddev of per-request acceptance", acceptance_stddev),
     "ttft_p99": Signal(REQUEST_LABELS, "seconds", "P99 time to first token", ttft_p99),
-    "spec_latency_regression": Signal(("instance", "model"), "ratio",
-                                      "spec arm vs control arm latency per token - 1", spec_latency_regression),
+    "spec_latency_regression": Signal(
+        ("instance", "model"), "ratio", "spec arm vs control arm latency per token - 1", spec_latency_regression
+    ),
     "oom_count": Signal(("instance",), "count", "out-of-memory failures", oom_count),
     "fragmentation": Signal(DEVICE_LABELS, "ratio", "reserved / allocated memory", fragmentation),
     "draft_util_swing": Signal(DEVICE_LABELS, "percentage points", "max - min draft utilisation", draft_util_swing),
-    "vllm_acceptance_rate": Signal(VLLM_LABELS, "ratio", "vLLM accepted / drafted tokens",
-                                   _vllm(lambda s: s.acceptance_rate)),
+    "vllm_acceptance_rate": Signal(
+        VLLM_LABELS, "ratio", "vLLM accepted / drafted tokens", _vllm(lambda s: s.acceptance_rate)
+    ),
     "vllm_ttft_p99": Signal(VLLM_LABELS, "seconds", "vLLM P99 time to first token", _vllm(lambda s: s.ttft.p99)),
 }
 

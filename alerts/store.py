@@ -14,7 +14,11 @@ from sqlalchemy import Connection, Engine, delete, insert, select
 
 from alerts.evaluator import Alert, State, Transition
 from collector.models import (
-    AlertActionRow, AlertNotificationRow, AlertRuleHealthRow, AlertStateRow, AlertTransitionRow,
+    AlertActionRow,
+    AlertNotificationRow,
+    AlertRuleHealthRow,
+    AlertStateRow,
+    AlertTransitionRow,
 )
 from collector.queries import Window
 
@@ -42,17 +46,29 @@ def load_alerts(engine: Engine) -> dict[str, dict[str, Alert]]:
     return alerts
 
 
-def save_rule(conn: Connection, rule: str, alerts: dict[str, Alert], transitions: list[Transition],
-              evaluated_at: float, duration_s: float, error: str | None) -> None:
+def save_rule(
+    conn: Connection,
+    rule: str,
+    alerts: dict[str, Alert],
+    transitions: list[Transition],
+    evaluated_at: float,
+    duration_s: float,
+    error: str | None,
+) -> None:
     conn.execute(delete(AlertStateRow).where(AlertStateRow.rule == rule))
     if alerts:
         conn.execute(insert(AlertStateRow), [_to_row(a) for a in alerts.values()])
     if transitions:
-        conn.execute(insert(AlertTransitionRow), [
-            {**asdict(t), "from_state": str(t.from_state), "to_state": str(t.to_state)} for t in transitions])
+        conn.execute(
+            insert(AlertTransitionRow),
+            [{**asdict(t), "from_state": str(t.from_state), "to_state": str(t.to_state)} for t in transitions],
+        )
     conn.execute(delete(AlertRuleHealthRow).where(AlertRuleHealthRow.rule == rule))
-    conn.execute(insert(AlertRuleHealthRow).values(
-        rule=rule, evaluated_at=evaluated_at, duration_s=duration_s, error=error and error[:1024]))
+    conn.execute(
+        insert(AlertRuleHealthRow).values(
+            rule=rule, evaluated_at=evaluated_at, duration_s=duration_s, error=error and error[:1024]
+        )
+    )
 
 
 @dataclass(frozen=True)
@@ -81,11 +97,22 @@ def active_alerts(engine: Engine, include_resolved: bool = False) -> tuple[list[
     """Pending and firing alerts (and recently resolved ones when asked), most severe state first."""
     with engine.connect() as conn:
         rows = conn.execute(select(AlertStateRow)).all()
-        health = [RuleHealth(*r) for r in conn.execute(select(
-            AlertRuleHealthRow.rule, AlertRuleHealthRow.evaluated_at, AlertRuleHealthRow.duration_s,
-            AlertRuleHealthRow.error).order_by(AlertRuleHealthRow.rule))]
-    views = [AlertView(**{f: getattr(r, f) for f in AlertView.__dataclass_fields__}) for r in rows
-             if include_resolved or r.state != "inactive"]
+        health = [
+            RuleHealth(*r)
+            for r in conn.execute(
+                select(
+                    AlertRuleHealthRow.rule,
+                    AlertRuleHealthRow.evaluated_at,
+                    AlertRuleHealthRow.duration_s,
+                    AlertRuleHealthRow.error,
+                ).order_by(AlertRuleHealthRow.rule)
+            )
+        ]
+    views = [
+        AlertView(**{f: getattr(r, f) for f in AlertView.__dataclass_fields__})
+        for r in rows
+        if include_resolved or r.state != "inactive"
+    ]
     order = {"firing": 0, "pending": 1, "inactive": 2}
     return sorted(views, key=lambda v: (order[v.state], v.rule, -v.active_at)), health
 

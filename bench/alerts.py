@@ -21,13 +21,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
 import numpy as np  # noqa: E402
-from sqlalchemy import insert, select, func  # noqa: E402
+from query import DAY, load  # noqa: E402
+from sqlalchemy import func, insert, select  # noqa: E402
 
 from alerts.rules import load_config  # noqa: E402
 from alerts.runner import AlertRunner  # noqa: E402
 from collector.db import make_engine, upgrade  # noqa: E402
 from collector.models import AlertRuleHealthRow, DeviceSampleRow, Request  # noqa: E402
-from query import DAY, load  # noqa: E402
 
 GOAL_S = 0.2
 
@@ -35,14 +35,30 @@ GOAL_S = 0.2
 def add_device_samples(engine, start: float, end: float, instances: int = 4) -> int:
     rng = np.random.default_rng(7)
     at = np.arange(start, end, 5.0)
-    rows = [{"instance": f"gpu-{k}", "at": float(t), "device": "cpu", "mem_allocated_bytes": 10**9,
-             "mem_reserved_bytes": int(10**9 * f), "fragmentation": float(f), "power_w": 60.0, "power_source": "estimate",
-             "util_target": 0.6, "util_draft": float(u), "active_requests": 2, "queue_depth": 0, "load": 0.5,
-             "draft_loaded": True, "default_mode": "speculative"}
-            for k in range(instances) for t, f, u in zip(at, rng.uniform(1.0, 1.4, len(at)), rng.uniform(0, 0.5, len(at)))]
+    rows = [
+        {
+            "instance": f"gpu-{k}",
+            "at": float(t),
+            "device": "cpu",
+            "mem_allocated_bytes": 10**9,
+            "mem_reserved_bytes": int(10**9 * f),
+            "fragmentation": float(f),
+            "power_w": 60.0,
+            "power_source": "estimate",
+            "util_target": 0.6,
+            "util_draft": float(u),
+            "active_requests": 2,
+            "queue_depth": 0,
+            "load": 0.5,
+            "draft_loaded": True,
+            "default_mode": "speculative",
+        }
+        for k in range(instances)
+        for t, f, u in zip(at, rng.uniform(1.0, 1.4, len(at)), rng.uniform(0, 0.5, len(at)))
+    ]
     with engine.begin() as conn:
         for first in range(0, len(rows), 50_000):
-            conn.execute(insert(DeviceSampleRow), rows[first:first + 50_000])
+            conn.execute(insert(DeviceSampleRow), rows[first : first + 50_000])
     return len(rows)
 
 
@@ -61,7 +77,9 @@ def main() -> None:
             have, newest = conn.execute(select(func.count(), func.max(Request.started_at))).one()
         now = newest if have else time.time()
         if not have:
-            print(f"loading {args.rows:,} requests over {args.days:g} days ... {load(path, args.rows, args.days, now):.1f} s")
+            print(
+                f"loading {args.rows:,} requests over {args.days:g} days ... {load(path, args.rows, args.days, now):.1f} s"
+            )
             print(f"adding {add_device_samples(engine, now - args.days * DAY, now):,} device samples")
         run(engine, now, args.repeat)
         engine.dispose()
@@ -80,13 +98,17 @@ def run(engine, now: float, repeat: int) -> None:
         times.append(report.duration_s)
     runner.close()
     with engine.connect() as conn:
-        per_rule = conn.execute(select(AlertRuleHealthRow.rule, AlertRuleHealthRow.duration_s, AlertRuleHealthRow.error)).all()
+        per_rule = conn.execute(
+            select(AlertRuleHealthRow.rule, AlertRuleHealthRow.duration_s, AlertRuleHealthRow.error)
+        ).all()
     print(f"store: {stored:,} requests, {in_window:,} in the last 5 minutes; {len(config.rules)} rules")
     for rule, seconds, error in sorted(per_rule, key=lambda r: -r[1]):
         print(f"  {rule:<36} {seconds * 1000:7.1f} ms{'  ERROR ' + error if error else ''}")
     median = statistics.median(times)
-    print(f"evaluation cycle (median of {repeat}): {median * 1000:.1f} ms, max {max(times) * 1000:.1f} ms; "
-          f"goal < {GOAL_S * 1000:.0f} ms: {'met' if median < GOAL_S else 'NOT met'}")
+    print(
+        f"evaluation cycle (median of {repeat}): {median * 1000:.1f} ms, max {max(times) * 1000:.1f} ms; "
+        f"goal < {GOAL_S * 1000:.0f} ms: {'met' if median < GOAL_S else 'NOT met'}"
+    )
 
 
 if __name__ == "__main__":

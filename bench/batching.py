@@ -31,9 +31,16 @@ SCENARIOS = ("grounded", "code-edit", "chat")
 
 def measure(engine: Engine, level: int, drafter: str | None, batch: bool, args) -> dict:
     with BackgroundServer(engine, SchedulerConfig(slots=level, max_queue=level, batch=batch), ALWAYS) as server:
-        config = TrafficConfig(url=server.url, scenarios=SCENARIOS, duration_s=args.max_seconds,
-                               max_requests=level * args.requests_per_client, concurrency=level,
-                               max_tokens=args.max_tokens, drafter=drafter, seed=level)
+        config = TrafficConfig(
+            url=server.url,
+            scenarios=SCENARIOS,
+            duration_s=args.max_seconds,
+            max_requests=level * args.requests_per_client,
+            concurrency=level,
+            max_tokens=args.max_tokens,
+            drafter=drafter,
+            seed=level,
+        )
         return summary(asyncio.run(run_traffic(config, progress=io.StringIO())))[0]
 
 
@@ -53,8 +60,11 @@ def main() -> None:
             off = measure(engine, level, drafter, False, args)
             ratio = on["output_tokens_per_s"] / max(off["output_tokens_per_s"], 1e-9)
             errors = on["errors"] + off["errors"]
-            print(f"{level:>5} {drafter or 'none':<7} {on['output_tokens_per_s']:>13.1f} {off['output_tokens_per_s']:>16.1f} "
-                  f"{ratio:>5.2f}x" + (f"  ({errors} errors)" if errors else ""), flush=True)
+            print(
+                f"{level:>5} {drafter or 'none':<7} {on['output_tokens_per_s']:>13.1f} {off['output_tokens_per_s']:>16.1f} "
+                f"{ratio:>5.2f}x" + (f"  ({errors} errors)" if errors else ""),
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -22,17 +22,23 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
 import httpx  # noqa: E402
+from query import load  # noqa: E402
 from sqlalchemy import func, select, update  # noqa: E402
 
 from collector.db import make_engine, upgrade  # noqa: E402
-from specwatch.common import free_port, start_collector  # noqa: E402
 from collector.models import Request  # noqa: E402
 from collector.rollups import roll_up  # noqa: E402
-from query import load  # noqa: E402
+from specwatch.common import free_port, start_collector  # noqa: E402
 
 GOAL_S = 3.0
-OVERVIEW_CALLS = [("/v1/labels", {}), ("/v1/signals", {}), ("/v1/labels", {"instance": "gpu-0"}), ("/v1/compare", {"by": "mode"}),
-                  ("/v1/alerts", {}), ("/v1/series", {"step": 60})]
+OVERVIEW_CALLS = [
+    ("/v1/labels", {}),
+    ("/v1/signals", {}),
+    ("/v1/labels", {"instance": "gpu-0"}),
+    ("/v1/compare", {"by": "mode"}),
+    ("/v1/alerts", {}),
+    ("/v1/series", {"step": 60}),
+]
 
 
 def prepare(path: Path, rows: int, days: float) -> None:
@@ -81,8 +87,11 @@ def main() -> None:
             import os
 
             os.environ["SPECWATCH_COLLECTOR_URL"] = url
-            print(f"store: {httpx.get(f'{url}/v1/signals', params={'last': 3600}).json()['requests']:,} requests "
-                  f"in the last hour", flush=True)
+            print(
+                f"store: {httpx.get(f'{url}/v1/signals', params={'last': 3600}).json()['requests']:,} requests "
+                f"in the last hour",
+                flush=True,
+            )
             for path_, params in OVERVIEW_CALLS:
                 started = time.perf_counter()
                 httpx.get(url + path_, params={"last": 3600, **params}, timeout=120).raise_for_status()
@@ -92,8 +101,10 @@ def main() -> None:
             collector.terminate()
             collector.wait(30)
     median = statistics.median(times)
-    print(f"Overview first render (cold cache), median of {args.repeat}: {median:.2f} s (runs: "
-          f"{', '.join(f'{t:.2f}' for t in times)}); goal < {GOAL_S:.0f} s: {'met' if median < GOAL_S else 'NOT met'}")
+    print(
+        f"Overview first render (cold cache), median of {args.repeat}: {median:.2f} s (runs: "
+        f"{', '.join(f'{t:.2f}' for t in times)}); goal < {GOAL_S:.0f} s: {'met' if median < GOAL_S else 'NOT met'}"
+    )
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from engine.drafters import model_drafter, truncated_copy  # noqa: E402
 from engine.engine import Engine, EngineConfig, GenerateRequest  # noqa: E402
 from engine.workload import PROMPTS, chat  # noqa: E402
 
+
 @dataclass
 class Runs:
     seconds: list[float] = field(default_factory=list)
@@ -55,7 +56,9 @@ def hf(engine: Engine, prompt_ids, max_tokens: int, runs: Runs, **kwargs) -> Non
     ids = torch.tensor([prompt_ids], device=engine.target.device)
     started = time.monotonic()
     with torch.inference_mode():
-        out = engine.target.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False, **kwargs)
+        out = engine.target.model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False, **kwargs
+        )
     runs.seconds.append(time.monotonic() - started)
     generated = out[0, len(prompt_ids) :].tolist()
     runs.tokens.append(len(generated))
@@ -68,16 +71,24 @@ def configurations(engine: Engine, args) -> dict:
     draft_model.generation_config.num_assistant_tokens = args.exit_gamma
     draft_model.generation_config.num_assistant_tokens_schedule = "constant"
     draft_model.generation_config.assistant_confidence_threshold = 0.0
-    engine.add_drafter("model:first-layers", model_drafter(draft_model, engine.target.model, f"first-{args.exit_layer}-layers"))
+    engine.add_drafter(
+        "model:first-layers", model_drafter(draft_model, engine.target.model, f"first-{args.exit_layer}-layers")
+    )
     g, k = args.gamma, args.exit_gamma
     return {
         "own plain": lambda ids, m, r: own(engine, ids, None, 0, args.max_tokens, r, m),
         f"own ngram g={g}": lambda ids, m, r: own(engine, ids, "ngram", g, args.max_tokens, r, m),
-        f"own early-exit:{args.exit_layer} g={k}": lambda ids, m, r: own(engine, ids, f"early-exit:{args.exit_layer}", k, args.max_tokens, r, m),
-        f"own model(first {args.exit_layer} layers) g={k}": lambda ids, m, r: own(engine, ids, "model:first-layers", k, args.max_tokens, r, m),
+        f"own early-exit:{args.exit_layer} g={k}": lambda ids, m, r: own(
+            engine, ids, f"early-exit:{args.exit_layer}", k, args.max_tokens, r, m
+        ),
+        f"own model(first {args.exit_layer} layers) g={k}": lambda ids, m, r: own(
+            engine, ids, "model:first-layers", k, args.max_tokens, r, m
+        ),
         "hf generate plain": lambda ids, m, r: hf(engine, ids, args.max_tokens, r),
         f"hf prompt_lookup={g}": lambda ids, m, r: hf(engine, ids, args.max_tokens, r, prompt_lookup_num_tokens=g),
-        f"hf assistant(first {args.exit_layer} layers) g={k}": lambda ids, m, r: hf(engine, ids, args.max_tokens, r, assistant_model=draft_model),
+        f"hf assistant(first {args.exit_layer} layers) g={k}": lambda ids, m, r: hf(
+            engine, ids, args.max_tokens, r, assistant_model=draft_model
+        ),
     }
 
 
@@ -97,12 +108,16 @@ def measure(engine: Engine, args) -> dict[str, dict[str, Runs]]:
 
 def report(results: dict[str, dict[str, Runs]]) -> list[dict]:
     rows = []
-    print(f"\n{'prompt':<10} {'configuration':<34} {'tok/s':>7} {'vs own plain':>12} {'accept':>7} {'mean len':>8} {'= plain':>9}")
+    print(
+        f"\n{'prompt':<10} {'configuration':<34} {'tok/s':>7} {'vs own plain':>12} {'accept':>7} {'mean len':>8} {'= plain':>9}"
+    )
     for kind, configs in results.items():
         base = configs["own plain"]
         for name, runs in configs.items():
             row = {
-                "prompt": kind, "config": name, "tokens_per_s": runs.tokens_per_s(),
+                "prompt": kind,
+                "config": name,
+                "tokens_per_s": runs.tokens_per_s(),
                 "speedup_vs_own_plain": runs.tokens_per_s() / base.tokens_per_s(),
                 "acceptance_rate": runs.accepted / runs.drafted if runs.drafted else None,
                 "mean_acceptance_length": 1 + runs.accepted / runs.drafts if runs.drafts else None,
@@ -112,7 +127,9 @@ def report(results: dict[str, dict[str, Runs]]) -> list[dict]:
             rows.append(row)
             acc = f"{row['acceptance_rate']:.2f}" if row["acceptance_rate"] is not None else "-"
             mal = f"{row['mean_acceptance_length']:.2f}" if row["mean_acceptance_length"] is not None else "-"
-            print(f"{kind:<10} {name:<34} {row['tokens_per_s']:7.1f} {row['speedup_vs_own_plain']:11.2f}x {acc:>7} {mal:>8} {identity(row):>9}")
+            print(
+                f"{kind:<10} {name:<34} {row['tokens_per_s']:7.1f} {row['speedup_vs_own_plain']:11.2f}x {acc:>7} {mal:>8} {identity(row):>9}"
+            )
     return rows
 
 
@@ -133,8 +150,10 @@ def bandwidth_bound(engine: Engine, results: dict[str, dict[str, Runs]]) -> dict
     bandwidth = read_bandwidth_gbps()
     bound = bandwidth * 1e9 / weight_bytes
     plain = statistics.median(configs["own plain"].tokens_per_s() for configs in results.values())
-    print(f"\nplain decoding {plain:.1f} tok/s vs memory-bandwidth bound {bound:.1f} tok/s "
-          f"({weight_bytes / 1e6:.0f} MB of weights per token, {bandwidth:.1f} GB/s read here): {plain / bound:.2f}")
+    print(
+        f"\nplain decoding {plain:.1f} tok/s vs memory-bandwidth bound {bound:.1f} tok/s "
+        f"({weight_bytes / 1e6:.0f} MB of weights per token, {bandwidth:.1f} GB/s read here): {plain / bound:.2f}"
+    )
     return {"plain_tokens_per_s": plain, "bound_tokens_per_s": bound, "ratio": plain / bound, "read_gbps": bandwidth}
 
 
@@ -159,12 +178,17 @@ def main() -> None:
     parser.add_argument("--gamma", type=int, default=8, help="draft length for n-gram / prompt lookup")
     parser.add_argument("--exit-layer", type=int, default=12, help="layers kept by the early-exit / truncated draft")
     parser.add_argument("--exit-gamma", type=int, default=3)
-    parser.add_argument("--prompts", nargs="+", default=["grounded", "summary", "code-edit", "chat"], choices=list(PROMPTS))
+    parser.add_argument(
+        "--prompts", nargs="+", default=["grounded", "summary", "code-edit", "chat"], choices=list(PROMPTS)
+    )
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
     args = parser.parse_args()
     engine = Engine(EngineConfig(dtype=args.dtype, threads=args.threads, instance="bench"))
-    print(f"model {engine.target.name} dtype {engine.target.dtype} threads {torch.get_num_threads()} "
-          f"cold start {engine.target.cold_start_s:.2f}s (cached copy: {engine.target.from_cache})", file=sys.stderr)
+    print(
+        f"model {engine.target.name} dtype {engine.target.dtype} threads {torch.get_num_threads()} "
+        f"cold start {engine.target.cold_start_s:.2f}s (cached copy: {engine.target.from_cache})",
+        file=sys.stderr,
+    )
     results = measure(engine, args)
     rows = report(results)
     bound = bandwidth_bound(engine, results)

@@ -34,10 +34,10 @@ sys.path.insert(0, str(REPO))
 import httpx  # noqa: E402
 import orjson  # noqa: E402
 
-from specwatch import common  # noqa: E402
 from collector.db import make_engine, upgrade  # noqa: E402
 from collector.schema import RequestRecord  # noqa: E402
 from collector.store import REQUESTS  # noqa: E402
+from specwatch import common  # noqa: E402
 
 T0 = time.time() - 3600.0  # recent, so the collector's retention keeps it
 
@@ -47,15 +47,35 @@ def payloads(n: int, prefix: str) -> list[dict]:
     out = []
     for i in range(n):
         per_pos = [6, 4, 3, i % 3]
-        out.append({
-            "request_id": f"{prefix}-{i:08d}", "instance": f"gpu-{i % 4}", "model": "smollm2-135m", "drafter": "ngram",
-            "mode": "speculative", "mode_reason": "default", "started_at": T0 + i * 0.01, "queue_s": 0.002,
-            "ttft_s": 0.04 + (i % 50) / 1000, "e2e_s": 1.2 + (i % 90) / 100, "prompt_tokens": 200 + i % 300,
-            "output_tokens": 128, "num_drafts": 8, "num_draft_tokens": 32, "num_accepted_tokens": sum(per_pos),
-            "accepted_per_position": per_pos, "gamma": 4, "draft_s": 0.1, "verify_s": 0.9, "retries": 0, "status": "ok",
-            "energy_j": 12.5, "energy_source": "rapl", "load_at_admission": 0.4,
-            "tags": {"tenant": f"t{i % 7}", "scenario": "bench"},
-        })
+        out.append(
+            {
+                "request_id": f"{prefix}-{i:08d}",
+                "instance": f"gpu-{i % 4}",
+                "model": "smollm2-135m",
+                "drafter": "ngram",
+                "mode": "speculative",
+                "mode_reason": "default",
+                "started_at": T0 + i * 0.01,
+                "queue_s": 0.002,
+                "ttft_s": 0.04 + (i % 50) / 1000,
+                "e2e_s": 1.2 + (i % 90) / 100,
+                "prompt_tokens": 200 + i % 300,
+                "output_tokens": 128,
+                "num_drafts": 8,
+                "num_draft_tokens": 32,
+                "num_accepted_tokens": sum(per_pos),
+                "accepted_per_position": per_pos,
+                "gamma": 4,
+                "draft_s": 0.1,
+                "verify_s": 0.9,
+                "retries": 0,
+                "status": "ok",
+                "energy_j": 12.5,
+                "energy_source": "rapl",
+                "load_at_admission": 0.4,
+                "tags": {"tenant": f"t{i % 7}", "scenario": "bench"},
+            }
+        )
     return out
 
 
@@ -118,8 +138,10 @@ def http_rate(url: str, bodies: list[bytes], per_body: int, clients: int) -> flo
     when all are connected and released together until the last one is done."""
     context = multiprocessing.get_context("fork")  # the bodies are inherited, not copied through a pipe
     ready, errors = context.Barrier(clients + 1), context.Queue()
-    processes = [context.Process(target=_post_all, args=(url, bodies[i::clients], per_body, ready, errors))
-                 for i in range(clients)]
+    processes = [
+        context.Process(target=_post_all, args=(url, bodies[i::clients], per_body, ready, errors))
+        for i in range(clients)
+    ]
     for process in processes:
         process.start()
     ready.wait(timeout=60)
@@ -183,15 +205,19 @@ def measure_backend(name: str, fresh_db, raw_rate, args, workdir: Path, port: in
         raws.append(before)
         for clients in (1, 4):
             bodies = bodies_for(args.rows, args.batch, f"{name}-r{round_no}-c{clients}")
-            with running_collector(fresh_db(f"served-{round_no}-c{clients}"), port, workdir / f"collector-{name}.log") as url:
+            with running_collector(
+                fresh_db(f"served-{round_no}-c{clients}"), port, workdir / f"collector-{name}.log"
+            ) as url:
                 rate = http_rate(url, bodies, args.batch, clients)
             after = raw_rate(fresh_db(f"raw-{round_no}-c{clients}"))
             raws.append(after)
             rates[clients].append(rate)
             ratios[clients].append(rate / ((before + after) / 2))
             before = after
-        print(f"  round {round_no + 1}: " + ", ".join(f"{clients_label(c)} {ratios[c][-1]:.2f}x" for c in (1, 4)),
-              flush=True)
+        print(
+            f"  round {round_no + 1}: " + ", ".join(f"{clients_label(c)} {ratios[c][-1]:.2f}x" for c in (1, 4)),
+            flush=True,
+        )
     if name == "sqlite":
         with running_collector(fresh_db("producer"), port, workdir / f"collector-{name}.log"):
             print(f"TelemetryClient.submit_request on the producer thread: {producer_cost_us(port):.1f} us per record")
@@ -223,8 +249,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1000)
     parser.add_argument("--port", type=int, default=18087)
     parser.add_argument("--rounds", type=int, default=5, help="rounds; the median of the per-round ratios is reported")
-    parser.add_argument("--postgres", default=os.environ.get("SPECWATCH_TEST_POSTGRES_URL"),
-                        help="PostgreSQL URL (its public schema is dropped and recreated!)")
+    parser.add_argument(
+        "--postgres",
+        default=os.environ.get("SPECWATCH_TEST_POSTGRES_URL"),
+        help="PostgreSQL URL (its public schema is dropped and recreated!)",
+    )
     args = parser.parse_args()
     results = []
     with tempfile.TemporaryDirectory(prefix="specwatch-bench-") as tmp:
@@ -248,13 +277,18 @@ def main() -> None:
                 return raw_postgres_rate(url, rows, args.batch)
 
             results += measure_backend("postgresql", fresh_postgres, raw_postgres, args, workdir, args.port)
-    print(f"{args.rows} request records per run, batches of {args.batch}; medians of {args.rounds} rounds "
-          "(each ratio against the raw runs just before and after it)")
+    print(
+        f"{args.rows} request records per run, batches of {args.batch}; medians of {args.rounds} rounds "
+        "(each ratio against the raw runs just before and after it)"
+    )
     print(f"{'what':<36} {'records/s':>11} {'vs raw':>8}")
     for what, rate, ratio in results:
         print(f"{what:<36} {rate:>11,.0f} {ratio:>7.2f}x")
-    verdicts = [f"{what.removeprefix('sqlite: HTTP ingest, ')} {ratio:.2f}x ({'met' if ratio >= 0.3 else 'NOT met'})"
-                for what, _, ratio in results if what.startswith("sqlite: HTTP")]
+    verdicts = [
+        f"{what.removeprefix('sqlite: HTTP ingest, ')} {ratio:.2f}x ({'met' if ratio >= 0.3 else 'NOT met'})"
+        for what, _, ratio in results
+        if what.startswith("sqlite: HTTP")
+    ]
     print(f"goal: SQLite HTTP ingest >= 0.30x raw executemany -> {', '.join(verdicts)}")
 
 

@@ -46,15 +46,26 @@ def sweep(engine: Engine, args) -> list[dict]:
     for level in args.levels:
         rounds: dict[str, list[dict]] = {mode: [] for mode in MODES}
         for turn in range(args.rounds):
-            order = list(MODES)[turn % len(MODES):] + list(MODES)[: turn % len(MODES)]
+            order = list(MODES)[turn % len(MODES) :] + list(MODES)[: turn % len(MODES)]
             for mode in order:
                 rounds[mode].append(measure(engine, level, mode, auto_policy, args))
-                print(f"  level {level:>3} round {turn + 1} {mode:<4} {rounds[mode][-1]['output_tokens_per_s']:7.1f} tok/s",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"  level {level:>3} round {turn + 1} {mode:<4} {rounds[mode][-1]['output_tokens_per_s']:7.1f} tok/s",
+                    file=sys.stderr,
+                    flush=True,
+                )
         for mode in MODES:
             by_speed = sorted(rounds[mode], key=lambda r: r["output_tokens_per_s"])
             spread = (by_speed[0]["output_tokens_per_s"], by_speed[-1]["output_tokens_per_s"])
-            rows.append({"level": level, "mode": mode, **by_speed[len(by_speed) // 2], "tok_s_min": spread[0], "tok_s_max": spread[1]})
+            rows.append(
+                {
+                    "level": level,
+                    "mode": mode,
+                    **by_speed[len(by_speed) // 2],
+                    "tok_s_min": spread[0],
+                    "tok_s_max": spread[1],
+                }
+            )
     return rows
 
 
@@ -62,9 +73,16 @@ def measure(engine: Engine, level: int, mode: str, auto_policy: Policy, args) ->
     policy, drafter = MODES[mode]
     policy = auto_policy if mode == "auto" else policy
     with BackgroundServer(engine, SchedulerConfig(slots=args.slots, max_queue=max(args.levels) * 2), policy) as server:
-        config = TrafficConfig(url=server.url, scenarios=SCENARIOS, duration_s=args.max_seconds,
-                               max_requests=max(args.min_requests, level), concurrency=level,
-                               max_tokens=args.max_tokens, drafter=drafter, seed=level)
+        config = TrafficConfig(
+            url=server.url,
+            scenarios=SCENARIOS,
+            duration_s=args.max_seconds,
+            max_requests=max(args.min_requests, level),
+            concurrency=level,
+            max_tokens=args.max_tokens,
+            drafter=drafter,
+            seed=level,
+        )
         overall = summary(asyncio.run(run_traffic(config, progress=io.StringIO())))[0]
     return {k: v for k, v in overall.items() if k != "scenario"}
 
@@ -82,15 +100,21 @@ def report(rows: list[dict]) -> None:
     def ms(value):
         return "-" if value is None else f"{1000 * value:.0f}"
 
-    print(f"\n{'level':>5} {'mode':<5} {'tok/s':>7} {'range':>11} {'TTFT p50':>9} {'TTFT p99':>9} {'e2e p50':>8} {'e2e p99':>8} {'errors':>6}  (ms)")
+    print(
+        f"\n{'level':>5} {'mode':<5} {'tok/s':>7} {'range':>11} {'TTFT p50':>9} {'TTFT p99':>9} {'e2e p50':>8} {'e2e p99':>8} {'errors':>6}  (ms)"
+    )
     for r in rows:
         spread = f"{r['tok_s_min']:.0f}-{r['tok_s_max']:.0f}"
-        print(f"{r['level']:>5} {r['mode']:<5} {r['output_tokens_per_s']:>7.1f} {spread:>11} {ms(r['ttft_p50_s']):>9} {ms(r['ttft_p99_s']):>9} "
-              f"{ms(r['e2e_p50_s']):>8} {ms(r['e2e_p99_s']):>8} {r['errors']:>6}")
+        print(
+            f"{r['level']:>5} {r['mode']:<5} {r['output_tokens_per_s']:>7.1f} {spread:>11} {ms(r['ttft_p50_s']):>9} {ms(r['ttft_p99_s']):>9} "
+            f"{ms(r['e2e_p50_s']):>8} {ms(r['e2e_p99_s']):>8} {r['errors']:>6}"
+        )
     for mode in MODES:
         print(f"knee ({mode}): concurrency {knee(rows, mode) or 'not reached'}")
-    worst = min(auto["output_tokens_per_s"] / max(on["output_tokens_per_s"], off["output_tokens_per_s"], 1e-9)
-                for auto, on, off in _by_level(rows))
+    worst = min(
+        auto["output_tokens_per_s"] / max(on["output_tokens_per_s"], off["output_tokens_per_s"], 1e-9)
+        for auto, on, off in _by_level(rows)
+    )
     print(f"auto vs the better of on/off, worst level: {worst:.2f}x ({'within' if worst >= 0.9 else 'NOT within'} 10%)")
 
 
@@ -106,7 +130,7 @@ def plot(rows: list[dict], path: Path) -> None:
     for mode in MODES:
         points = [r for r in rows if r["mode"] == mode]
         levels = [r["level"] for r in points]
-        line, = tput.plot(levels, [r["output_tokens_per_s"] for r in points], marker="o", label=mode)
+        (line,) = tput.plot(levels, [r["output_tokens_per_s"] for r in points], marker="o", label=mode)
         lat.plot(levels, [1000 * (r["e2e_p99_s"] or float("nan")) for r in points], marker="o", label=mode)
         if (at := knee(rows, mode)) is not None:
             tput.axvline(at, color=line.get_color(), linestyle=":", alpha=0.7)
@@ -135,7 +159,9 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--min-requests", type=int, default=6, help="per round (at least one per client)")
-    parser.add_argument("--rounds", type=int, default=3, help="turns of every mode per level; the median round is reported")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="turns of every mode per level; the median round is reported"
+    )
     parser.add_argument("--max-seconds", type=float, default=120.0, help="per level and mode")
     parser.add_argument("--csv", type=Path)
     parser.add_argument("--plot", type=Path, help="PNG of throughput and P99 e2e against concurrency")

@@ -52,12 +52,37 @@ def generate(n: int, start: float, end: float, seed: int = 1) -> list[tuple]:
     for i in range(n):
         s = bool(spec[i])
         pp = per_pos[i].tolist() if s else []
-        rows.append((
-            f"req-{i:09d}", f"gpu-{i % 4}", "smollm2-135m", "ngram" if s else None, "speculative" if s else "autoregressive",
-            "default", None, float(started[i]), 0.001, float(ttft[i]), float(e2e[i]), int(prompt[i]), int(output[i]),
-            int(drafts[i]), int(drafts[i]) * 4, sum(pp), str(pp).replace(" ", ""), 4 if s else 0, 0.05, 0.4, 0,
-            str(status[i]), "target:oom" if status[i] == "error" and i % 3 == 0 else None, None, None, None, tags[i % 3],
-        ))
+        rows.append(
+            (
+                f"req-{i:09d}",
+                f"gpu-{i % 4}",
+                "smollm2-135m",
+                "ngram" if s else None,
+                "speculative" if s else "autoregressive",
+                "default",
+                None,
+                float(started[i]),
+                0.001,
+                float(ttft[i]),
+                float(e2e[i]),
+                int(prompt[i]),
+                int(output[i]),
+                int(drafts[i]),
+                int(drafts[i]) * 4,
+                sum(pp),
+                str(pp).replace(" ", ""),
+                4 if s else 0,
+                0.05,
+                0.4,
+                0,
+                str(status[i]),
+                "target:oom" if status[i] == "error" and i % 3 == 0 else None,
+                None,
+                None,
+                None,
+                tags[i % 3],
+            )
+        )
     return rows
 
 
@@ -108,7 +133,9 @@ def main() -> None:
             newest = conn.scalar(text("SELECT max(started_at) FROM requests"))
         now = newest if have else time.time()
         if not have:
-            print(f"loading {args.rows:,} requests over {args.days:g} days ... {load(path, args.rows, args.days, now):.1f} s")
+            print(
+                f"loading {args.rows:,} requests over {args.days:g} days ... {load(path, args.rows, args.days, now):.1f} s"
+            )
             have = args.rows
         t = time.perf_counter()
         folded = roll_up(engine, now=now).rows_folded
@@ -123,11 +150,19 @@ def run_queries(engine, now: float, args) -> None:
     month = Window(hour_start, hour_start + (args.days * 24 + 1) * 3600)
     checks = [
         ("5-min signals (acceptance mean/sd, TTFT P99, ...)", lambda: signals(engine, last5), 0.2),
-        ("5-min signals, instance + tag filter", lambda: signals(engine, last5, Filters(instance="gpu-1", tags=(("tenant", "acme"),))), 0.2),
+        (
+            "5-min signals, instance + tag filter",
+            lambda: signals(engine, last5, Filters(instance="gpu-1", tags=(("tenant", "acme"),))),
+            0.2,
+        ),
         ("24-hour signals (for scale)", lambda: signals(engine, Window(now - DAY, now + 1e-6)), None),
         ("5-min per-position acceptance", lambda: per_position_acceptance(engine, last5), 0.2),
         ("5-min per-minute series", lambda: series(engine, last5, step_s=60), 0.2),
-        ("1-hour acceptance vs length (Spearman)", lambda: acceptance_vs_length(engine, Window(now - 3600, now + 1)), None),
+        (
+            "1-hour acceptance vs length (Spearman)",
+            lambda: acceptance_vs_length(engine, Window(now - 3600, now + 1)),
+            None,
+        ),
         (f"{args.days:g}-day signals from rollups (+ raw edges)", lambda: long_signals(engine, month), 1.0),
         (f"{args.days:g}-day per-hour series from rollups", lambda: long_series(engine, month, step_s=3600), 1.0),
         (f"{args.days:g}-day per-hour series from raw rows", lambda: series(engine, month, step_s=3600), None),

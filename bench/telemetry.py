@@ -28,13 +28,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from prometheus_client import CollectorRegistry  # noqa: E402
 
 from collector.client import TelemetryClient  # noqa: E402
-from specwatch.common import free_port, start_collector  # noqa: E402
 from collector.schema import RequestRecord  # noqa: E402
 from engine.engine import Engine, EngineConfig, GenerateRequest  # noqa: E402
 from engine.metrics import EngineMetrics  # noqa: E402
 from engine.policy import Policy  # noqa: E402
 from engine.scheduler import Scheduler, SchedulerConfig  # noqa: E402
 from engine.workload import chat  # noqa: E402
+from specwatch.common import free_port, start_collector  # noqa: E402
 
 SCENARIOS = ("grounded", "code-edit", "chat")
 
@@ -43,7 +43,9 @@ def real_records(engine: Engine, requests: int, max_tokens: int) -> list[Request
     records = []
     for i in range(requests):
         scenario = SCENARIOS[i % len(SCENARIOS)]
-        result = engine.generate(GenerateRequest(messages=chat(scenario), max_tokens=max_tokens, tags={"scenario": scenario}))
+        result = engine.generate(
+            GenerateRequest(messages=chat(scenario), max_tokens=max_tokens, tags={"scenario": scenario})
+        )
         records.append(result.record)
         print(f"  request {i + 1}/{requests}: {result.record.e2e_s * 1000:.0f} ms", file=sys.stderr, flush=True)
     return records
@@ -89,9 +91,13 @@ def main() -> None:
             collector.terminate()
             collector.wait(timeout=30)
     print(f"mean e2e latency of {len(records)} real requests: {e2e * 1000:.0f} ms")
-    print(f"scheduler thread per request (record + metrics + submit): {on_thread * 1e6:.0f} us = {100 * on_thread / e2e:.3f}% of e2e")
-    print(f"process CPU per request, every thread, until acknowledged: {cpu * 1e6:.0f} us = {100 * cpu / e2e:.3f}% of e2e "
-          f"({'within' if cpu / e2e < 0.01 else 'NOT within'} the 1% goal)")
+    print(
+        f"scheduler thread per request (record + metrics + submit): {on_thread * 1e6:.0f} us = {100 * on_thread / e2e:.3f}% of e2e"
+    )
+    print(
+        f"process CPU per request, every thread, until acknowledged: {cpu * 1e6:.0f} us = {100 * cpu / e2e:.3f}% of e2e "
+        f"({'within' if cpu / e2e < 0.01 else 'NOT within'} the 1% goal)"
+    )
 
 
 if __name__ == "__main__":

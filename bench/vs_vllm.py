@@ -32,9 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import httpx  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from specwatch.common import free_port  # noqa: E402
 from engine.workload import PROMPTS, chat  # noqa: E402
 from specwatch import vllm_server  # noqa: E402
+from specwatch.common import free_port  # noqa: E402
 
 # vLLM /metrics values read around every request: (family, sample suffix)
 VLLM_METRICS = {
@@ -77,15 +77,27 @@ class Runs:
 def own(engine, messages, drafter: str | None, args, runs: Runs) -> None:
     from engine.engine import GenerateRequest
 
-    request = GenerateRequest(messages=messages, max_tokens=args.max_tokens, drafter=drafter, gamma=args.gamma if drafter else 0)
+    request = GenerateRequest(
+        messages=messages, max_tokens=args.max_tokens, drafter=drafter, gamma=args.gamma if drafter else 0
+    )
     started = time.perf_counter()
     result = engine.generate(request)
     seconds = time.perf_counter() - started
     r = result.record
     forwards = r.output_tokens - r.num_accepted_tokens  # one target forward per committed round
-    runs.add(seconds, r.output_tokens, engine.target.tokenizer.decode(result.token_ids, skip_special_tokens=True),
-             drafts=r.num_drafts, drafted=r.num_draft_tokens, accepted=r.num_accepted_tokens, steps=forwards,
-             prefill_s=r.ttft_s or 0.0, draft_s=r.draft_s, verify_s=r.verify_s, e2e_s=seconds)
+    runs.add(
+        seconds,
+        r.output_tokens,
+        engine.target.tokenizer.decode(result.token_ids, skip_special_tokens=True),
+        drafts=r.num_drafts,
+        drafted=r.num_draft_tokens,
+        accepted=r.num_accepted_tokens,
+        steps=forwards,
+        prefill_s=r.ttft_s or 0.0,
+        draft_s=r.draft_s,
+        verify_s=r.verify_s,
+        e2e_s=seconds,
+    )
 
 
 def vllm_metrics(url: str) -> dict[str, float]:
@@ -109,7 +121,13 @@ def vllm(server, messages, args, runs: Runs) -> None:
     answer = response.json()
     after = _settled(server.metrics_url, before["requests"] + 1)
     delta = {k: after[k] - before[k] for k in VLLM_METRICS if k != "requests"}
-    runs.add(seconds, answer["usage"]["completion_tokens"], answer["choices"][0]["message"]["content"], e2e_s=seconds, **delta)
+    runs.add(
+        seconds,
+        answer["usage"]["completion_tokens"],
+        answer["choices"][0]["message"]["content"],
+        e2e_s=seconds,
+        **delta,
+    )
 
 
 def _settled(url: str, requests: float, timeout_s: float = 5.0) -> dict[str, float]:
@@ -128,17 +146,24 @@ def start_servers(args, dtype: str, model_dir: Path, log_dir: Path) -> dict:
     if not args.no_vllm_plain:
         specs["vllm plain"] = None
     for name, spec in specs.items():
-        server = vllm_server.VllmServer(model_dir, free_port(), log_dir / f"{name.replace(' ', '-')}.log", spec,
-                                        threads=args.threads, dtype=dtype)
-        print(f"starting {name} on {server.url} ({dtype}, {args.threads} threads; log {server.log}) ...", file=sys.stderr, flush=True)
+        server = vllm_server.VllmServer(
+            model_dir, free_port(), log_dir / f"{name.replace(' ', '-')}.log", spec, threads=args.threads, dtype=dtype
+        )
+        print(
+            f"starting {name} on {server.url} ({dtype}, {args.threads} threads; log {server.log}) ...",
+            file=sys.stderr,
+            flush=True,
+        )
         servers[name] = server
         server.start(say=lambda m: print(m, file=sys.stderr, flush=True))
     return servers
 
 
 def configurations(engine, servers: dict, args) -> dict:
-    configs = {"own plain": lambda m, r: own(engine, m, None, args, r),
-               "own ngram": lambda m, r: own(engine, m, "ngram", args, r)}
+    configs = {
+        "own plain": lambda m, r: own(engine, m, None, args, r),
+        "own ngram": lambda m, r: own(engine, m, "ngram", args, r),
+    }
     for name, server in servers.items():
         configs[name] = lambda m, r, s=server: vllm(s, m, args, r)
     return configs
@@ -157,15 +182,28 @@ def measure(configs: dict, args) -> dict[str, dict[str, Runs]]:
 
 def report(results: dict[str, dict[str, Runs]]) -> list[dict]:
     rows = []
-    print(f"\n{'prompt':<10} {'configuration':<11} {'tok/s':>7} {'accept':>7} {'mean len':>8} {'same text as own plain':>23}")
+    print(
+        f"\n{'prompt':<10} {'configuration':<11} {'tok/s':>7} {'accept':>7} {'mean len':>8} {'same text as own plain':>23}"
+    )
     for kind, configs in results.items():
         base = configs["own plain"].text
         for name, runs in configs.items():
             acc, mal = runs.acceptance(), runs.mean_length()
-            rows.append({"prompt": kind, "config": name, "tokens_per_s": runs.tokens_per_s(), "acceptance_rate": acc,
-                         "mean_acceptance_length": mal, "same_text_as_own_plain": runs.text == base,
-                         "profile": runs.profile, "requests": len(runs.seconds)})
-            print(f"{kind:<10} {name:<11} {runs.tokens_per_s():7.1f} {_f(acc):>7} {_f(mal):>8} {'yes' if runs.text == base else 'no':>23}")
+            rows.append(
+                {
+                    "prompt": kind,
+                    "config": name,
+                    "tokens_per_s": runs.tokens_per_s(),
+                    "acceptance_rate": acc,
+                    "mean_acceptance_length": mal,
+                    "same_text_as_own_plain": runs.text == base,
+                    "profile": runs.profile,
+                    "requests": len(runs.seconds),
+                }
+            )
+            print(
+                f"{kind:<10} {name:<11} {runs.tokens_per_s():7.1f} {_f(acc):>7} {_f(mal):>8} {'yes' if runs.text == base else 'no':>23}"
+            )
     print(f"\n{'prompt':<10} {'bundled ngram / vllm ngram':>27} {'bundled plain / vllm plain':>27}")
     for kind, configs in results.items():
         tps = {name: runs.tokens_per_s() for name, runs in configs.items()}
@@ -179,8 +217,10 @@ def report(results: dict[str, dict[str, Runs]]) -> list[dict]:
 def profile(results: dict[str, dict[str, Runs]]) -> None:
     """Where the time goes, per request (means over the measured requests)."""
     print("\nprofile per request (ms; steps = target forwards for ours, engine iterations for vLLM):")
-    print(f"{'prompt':<10} {'configuration':<11} {'e2e':>7} {'prefill':>8} {'decode':>8} {'steps':>6} {'ms/step':>8} "
-          f"{'draft':>7} {'verify':>7} {'tokens/step':>11}")
+    print(
+        f"{'prompt':<10} {'configuration':<11} {'e2e':>7} {'prefill':>8} {'decode':>8} {'steps':>6} {'ms/step':>8} "
+        f"{'draft':>7} {'verify':>7} {'tokens/step':>11}"
+    )
     for kind, configs in results.items():
         for name, runs in configs.items():
             n, p = len(runs.seconds), runs.profile
@@ -190,8 +230,10 @@ def profile(results: dict[str, dict[str, Runs]]) -> None:
             draft = f"{1000 * p['draft_s'] / n:7.1f}" if "draft_s" in p else f"{'-':>7}"
             verify = f"{1000 * p['verify_s'] / n:7.1f}" if "verify_s" in p else f"{'-':>7}"
             per_step = decode / steps if steps else float("nan")
-            print(f"{kind:<10} {name:<11} {e2e:7.0f} {prefill:8.1f} {decode:8.0f} {steps:6.1f} {per_step:8.1f} {draft} {verify} "
-                  f"{sum(runs.tokens) / n / steps if steps else float('nan'):11.2f}")
+            print(
+                f"{kind:<10} {name:<11} {e2e:7.0f} {prefill:8.1f} {decode:8.0f} {steps:6.1f} {per_step:8.1f} {draft} {verify} "
+                f"{sum(runs.tokens) / n / steps if steps else float('nan'):11.2f}"
+            )
 
 
 def _interrupt(signum, frame) -> None:
@@ -209,10 +251,16 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--gamma", type=int, default=8, help="most tokens per n-gram draft (both engines)")
-    parser.add_argument("--prompts", nargs="+", default=["grounded", "summary", "code-edit", "chat"], choices=list(PROMPTS))
+    parser.add_argument(
+        "--prompts", nargs="+", default=["grounded", "summary", "code-edit", "chat"], choices=list(PROMPTS)
+    )
     parser.add_argument("--no-vllm-plain", action="store_true", help="skip vLLM without speculation (one server less)")
-    parser.add_argument("--settle", type=float, default=2.0,
-                        help="seconds idle before each request: vLLM's CPU workers spin for ~1 s after one (default: 2)")
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=2.0,
+        help="seconds idle before each request: vLLM's CPU workers spin for ~1 s after one (default: 2)",
+    )
     parser.add_argument("--data-dir", type=Path, default=Path("data/vs-vllm"), help="the converted model and vLLM logs")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
     args = parser.parse_args()
@@ -226,7 +274,9 @@ def main() -> int:
 
     engine = Engine(EngineConfig(dtype=args.dtype, threads=args.threads, instance="bench-vs-vllm"))
     dtype = str(engine.target.dtype).removeprefix("torch.")
-    print(f"bundled: {engine.target.name} {dtype}, torch threads {torch.get_num_threads()}", file=sys.stderr, flush=True)
+    print(
+        f"bundled: {engine.target.name} {dtype}, torch threads {torch.get_num_threads()}", file=sys.stderr, flush=True
+    )
     model_dir = prepare(args.data_dir / "model")
     servers = {}
     signal.signal(signal.SIGTERM, _interrupt)  # a killed bench still stops its vLLM servers

@@ -66,8 +66,15 @@ class Comparison:
     p_value: float | None
 
 
-_COLUMNS = (Request.ttft_s, Request.e2e_s, Request.output_tokens, Request.num_drafts, Request.num_draft_tokens,
-            Request.num_accepted_tokens, Request.energy_j)
+_COLUMNS = (
+    Request.ttft_s,
+    Request.e2e_s,
+    Request.output_tokens,
+    Request.num_drafts,
+    Request.num_draft_tokens,
+    Request.num_accepted_tokens,
+    Request.energy_j,
+)
 
 
 def _key_column(by: str):
@@ -102,14 +109,22 @@ def _group(key: str, rows: list) -> Group:
     per_token = e2e[ok] / out[ok]
     has_energy = ~np.isnan(energy) & (out > 0)
     return Group(
-        key=key, requests=len(rows), errors=sum(s == "error" for s in status), output_tokens=int(out.sum()),
-        drafted=int(drafted.sum()), accepted=int(accepted.sum()),
+        key=key,
+        requests=len(rows),
+        errors=sum(s == "error" for s in status),
+        output_tokens=int(out.sum()),
+        drafted=int(drafted.sum()),
+        accepted=int(accepted.sum()),
         acceptance_rate=float(accepted.sum() / drafted.sum()) if drafted.sum() else None,
         mean_acceptance_length=float(1 + accepted.sum() / drafts.sum()) if drafts.sum() else None,
-        ttft=percentiles(ttft), e2e=percentiles(e2e), s_per_token=percentiles(per_token),
+        ttft=percentiles(ttft),
+        e2e=percentiles(e2e),
+        s_per_token=percentiles(per_token),
         s_per_token_mean=float(per_token.mean()) if per_token.size else None,
         energy_j_per_token=float(energy[has_energy].sum() / out[has_energy].sum()) if has_energy.any() else None,
-        energy_sources=sources, ttft_cdf=_cdf(ttft), s_per_token_cdf=_cdf(per_token),
+        energy_sources=sources,
+        ttft_cdf=_cdf(ttft),
+        s_per_token_cdf=_cdf(per_token),
     )
 
 
@@ -154,27 +169,49 @@ class LoadBucket:
 
 def throughput_by_load(engine: Engine, window: Window, filters: Filters = Filters()) -> list[LoadBucket]:
     """Per-request decode speed by the load the request was admitted at, per mode: the knee."""
-    stmt = filters.apply(select(Request.mode, Request.load_at_admission, Request.output_tokens, Request.e2e_s,
-                                Request.queue_s, Request.ttft_s), window).where(Request.load_at_admission.is_not(None))
+    stmt = filters.apply(
+        select(
+            Request.mode,
+            Request.load_at_admission,
+            Request.output_tokens,
+            Request.e2e_s,
+            Request.queue_s,
+            Request.ttft_s,
+        ),
+        window,
+    ).where(Request.load_at_admission.is_not(None))
     with engine.connect() as conn:
         rows = conn.execute(stmt).all()
     buckets = []
     for mode in sorted({r[0] for r in rows}):
-        load, out, e2e, queue, ttft = (np.array(c, dtype=float) for c in list(zip(*[r[1:] for r in rows if r[0] == mode])))
+        load, out, e2e, queue, ttft = (
+            np.array(c, dtype=float) for c in list(zip(*[r[1:] for r in rows if r[0] == mode]))
+        )
         bounds = [*LOAD_EDGES, None]
         for low, high in zip(bounds[:-1], bounds[1:]):
             inside = (load >= low) & (load < (np.inf if high is None else high))
             busy = np.maximum(e2e[inside] - queue[inside], 1e-9)
             if inside.any():
-                buckets.append(LoadBucket(mode, low, high, int(inside.sum()), float(np.mean(out[inside] / busy)),
-                                          percentiles(ttft[inside]).p99))
+                buckets.append(
+                    LoadBucket(
+                        mode,
+                        low,
+                        high,
+                        int(inside.sum()),
+                        float(np.mean(out[inside] / busy)),
+                        percentiles(ttft[inside]).p99,
+                    )
+                )
     return buckets
 
 
-def device_series(engine: Engine, window: Window, instance: str | None = None, max_points: int = 2000) -> list[DeviceSnapshot]:
+def device_series(
+    engine: Engine, window: Window, instance: str | None = None, max_points: int = 2000
+) -> list[DeviceSnapshot]:
     """Device samples in the window, oldest first, thinned evenly to at most `max_points`."""
     stmt = select(*(getattr(DeviceSampleRow, f) for f in DeviceSnapshot.__dataclass_fields__)).where(
-        DeviceSampleRow.at >= window.start, DeviceSampleRow.at < window.end)
+        DeviceSampleRow.at >= window.start, DeviceSampleRow.at < window.end
+    )
     if instance is not None:
         stmt = stmt.where(DeviceSampleRow.instance == instance)
     with engine.connect() as conn:
@@ -194,29 +231,46 @@ class Source:
 
 def sources(engine: Engine, window: Window) -> list[Source]:
     """Engines (instances that sent requests or samples) and scraped vLLM servers, with their activity."""
-    requests = select(Request.instance, func.max(Request.started_at), func.count()).where(
-        Request.started_at >= window.start, Request.started_at < window.end).group_by(Request.instance)
+    requests = (
+        select(Request.instance, func.max(Request.started_at), func.count())
+        .where(Request.started_at >= window.start, Request.started_at < window.end)
+        .group_by(Request.instance)
+    )
     samples = select(DeviceSampleRow.instance, func.max(DeviceSampleRow.at)).group_by(DeviceSampleRow.instance)
-    scrapes = select(VllmScrape.source, func.max(VllmScrape.at), func.count()).where(
-        VllmScrape.at >= window.start, VllmScrape.at < window.end).group_by(VllmScrape.source)
+    scrapes = (
+        select(VllmScrape.source, func.max(VllmScrape.at), func.count())
+        .where(VllmScrape.at >= window.start, VllmScrape.at < window.end)
+        .group_by(VllmScrape.source)
+    )
     with engine.connect() as conn:
         by_instance = {name: (last, n) for name, last, n in conn.execute(requests)}
         last_sample = dict(conn.execute(samples).all())
         vllm = conn.execute(scrapes).all()
     found = [
-        Source("engine", name, max(filter(None, (by_instance.get(name, (None, 0))[0], last_sample.get(name)))),
-               by_instance.get(name, (None, 0))[1], by_instance.get(name, (None, 0))[1] / window.seconds)
+        Source(
+            "engine",
+            name,
+            max(filter(None, (by_instance.get(name, (None, 0))[0], last_sample.get(name)))),
+            by_instance.get(name, (None, 0))[1],
+            by_instance.get(name, (None, 0))[1] / window.seconds,
+        )
         for name in sorted(by_instance.keys() | last_sample.keys())
     ]
     return found + [Source("vllm", url, last, n, n / window.seconds) for url, last, n in vllm]
 
 
-def label_values(engine: Engine, window: Window, filters: Filters = Filters(),
-                 tag_keys: tuple[str, ...] = ("scenario",)) -> dict[str, dict[str, int]]:
+def label_values(
+    engine: Engine, window: Window, filters: Filters = Filters(), tag_keys: tuple[str, ...] = ("scenario",)
+) -> dict[str, dict[str, int]]:
     """Requests per instance, model, drafter, mode, arm and tag value in the window (the
     dashboard's filter choices and mode share)."""
-    columns = {"instance": Request.instance, "model": Request.model, "drafter": Request.drafter, "mode": Request.mode,
-               "arm": Request.arm}
+    columns = {
+        "instance": Request.instance,
+        "model": Request.model,
+        "drafter": Request.drafter,
+        "mode": Request.mode,
+        "arm": Request.arm,
+    }
     columns |= {f"tag:{key}": Request.tags[key].as_string() for key in tag_keys}
     found = {}
     with engine.connect() as conn:

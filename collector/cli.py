@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 
 from pydantic import ValidationError
-from sqlalchemy.exc import ArgumentError
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 from collector.settings import Settings
 from specwatch.common import UsageError
@@ -23,7 +23,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def add_db_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--db", metavar="URL", default=None,
+        "--db",
+        metavar="URL",
+        default=None,
         help="SQLAlchemy URL (default: SPECWATCH_DATABASE_URL, else SQLite under SPECWATCH_DATA_DIR)",
     )
 

@@ -158,7 +158,9 @@ class TelemetryClient:
     def stats(self) -> ClientStats:
         c = self._counts
         spool_bytes = len(self._spool) if self._spool else 0
-        return ClientStats(c["submitted"], c["delivered"], c["spooled"], spool_bytes, c["queue_full"], c["spool_full"], c["rejected"])
+        return ClientStats(
+            c["submitted"], c["delivered"], c["spooled"], spool_bytes, c["queue_full"], c["spool_full"], c["rejected"]
+        )
 
     # -- background thread -------------------------------------------------------------------
 

@@ -19,7 +19,15 @@ from sqlalchemy import Engine, and_, func, select
 from collector.models import LATENCY_BUCKETS, Request, RequestRollup, RequestRollupHourly
 from collector.queries import Filters, HourOfDay, Window, errors_by_hour
 from collector.rollups import (
-    E2E_COLUMNS, FLOAT_COLUMNS, INT_COLUMNS, LAST_ID, LAST_PASS_AT, RAW_COLUMNS, TTFT_COLUMNS, aggregate, get_state,
+    E2E_COLUMNS,
+    FLOAT_COLUMNS,
+    INT_COLUMNS,
+    LAST_ID,
+    LAST_PASS_AT,
+    RAW_COLUMNS,
+    TTFT_COLUMNS,
+    aggregate,
+    get_state,
 )
 from collector.series import SeriesPoint, rate_moments, series
 
@@ -28,7 +36,15 @@ RAW_WINDOW_LIMIT_S = 6 * 3600.0
 # gain rows, so those steps are read from raw rows.
 GRACE_S = 300.0
 _SUMS = (
-    "requests", "errors", "output_tokens", "drafts", "draft_tokens", "accepted_tokens", "rate_n", "rate_sum", "rate_sumsq",
+    "requests",
+    "errors",
+    "output_tokens",
+    "drafts",
+    "draft_tokens",
+    "accepted_tokens",
+    "rate_n",
+    "rate_sum",
+    "rate_sumsq",
 )
 
 
@@ -47,14 +63,18 @@ def histogram_quantile(q: float, counts: np.ndarray, bounds=LATENCY_BUCKETS) -> 
     return float(lower + (bounds[i] - lower) * (rank - below) / counts[i])
 
 
-def auto_series(engine: Engine, window: Window, filters: Filters = Filters(), step_s: float = 60.0) -> list[SeriesPoint]:
+def auto_series(
+    engine: Engine, window: Window, filters: Filters = Filters(), step_s: float = 60.0
+) -> list[SeriesPoint]:
     """Exact raw-row series for short windows, rollups for long ones."""
     if window.seconds <= RAW_WINDOW_LIMIT_S:
         return series(engine, window, filters, step_s)
     return long_series(engine, window, filters, step_s)
 
 
-def long_series(engine: Engine, window: Window, filters: Filters = Filters(), step_s: float = 3600.0) -> list[SeriesPoint]:
+def long_series(
+    engine: Engine, window: Window, filters: Filters = Filters(), step_s: float = 3600.0
+) -> list[SeriesPoint]:
     """Steps ending before the last roll-up pass (less GRACE_S) come from rollups (plus raw rows the
     pass has not seen yet), the rest from raw rows."""
     if filters.tags or step_s % 60 or window.start % 60:
@@ -94,10 +114,17 @@ def errors_by_hour_long(engine: Engine, window: Window, filters: Filters = Filte
     h1 = min(math.floor(window.end / 3600), math.floor(((pass_at or 0) - GRACE_S) / 3600)) * 3600
     if window.seconds <= RAW_WINDOW_LIMIT_S or filters.tags or h1 <= h0:
         return errors_by_hour(engine, window, filters)
-    cols = [RequestRollupHourly.period_start, RequestRollupHourly.requests, RequestRollupHourly.errors, RequestRollupHourly.ooms]
+    cols = [
+        RequestRollupHourly.period_start,
+        RequestRollupHourly.requests,
+        RequestRollupHourly.errors,
+        RequestRollupHourly.ooms,
+    ]
     totals = np.zeros((24, 3), dtype=np.int64)
     with engine.connect() as conn:
-        for start, *counts in conn.execute(select(*cols).where(and_(*rollup_conditions(RequestRollupHourly, h0, h1, filters)))):
+        for start, *counts in conn.execute(
+            select(*cols).where(and_(*rollup_conditions(RequestRollupHourly, h0, h1, filters)))
+        ):
             totals[int(start // 3600) % 24] += [int(c) for c in counts]
     parts = [(window.start, h0, None), (h1, window.end, None), (h0, h1, last_id)]  # last: rows not rolled up yet
     for lo, hi, after_id in parts:
@@ -111,7 +138,11 @@ def _rollup_points(engine: Engine, start: float, steps: int, step_s: float, filt
     table = RequestRollupHourly if start % 3600 == 0 and step_s % 3600 == 0 else RequestRollup
     index = func.floor((table.period_start - start) / step_s).label("step")
     sums = [func.sum(getattr(table, c)) for c in (*_SUMS, *TTFT_COLUMNS, *E2E_COLUMNS)]
-    stmt = select(index, *sums).where(and_(*rollup_conditions(table, start, start + steps * step_s, filters))).group_by(index)
+    stmt = (
+        select(index, *sums)
+        .where(and_(*rollup_conditions(table, start, start + steps * step_s, filters)))
+        .group_by(index)
+    )
     totals = np.zeros((steps, len(sums)))
     with engine.connect() as conn:
         for step, *values in conn.execute(stmt):
@@ -143,10 +174,19 @@ def _point(t: float, row: np.ndarray) -> SeriesPoint:
     ttft = row[len(_SUMS) : len(_SUMS) + len(TTFT_COLUMNS)]
     e2e = row[len(_SUMS) + len(TTFT_COLUMNS) :]
     return SeriesPoint(
-        t=t, requests=requests, errors=errors, output_tokens=out, drafts=drafts, draft_tokens=drafted,
-        accepted_tokens=accepted, acceptance_rate=accepted / drafted if drafted else None,
-        acceptance_rate_mean=None if math.isnan(mean) else mean, acceptance_rate_stddev=None if math.isnan(stddev) else stddev,
+        t=t,
+        requests=requests,
+        errors=errors,
+        output_tokens=out,
+        drafts=drafts,
+        draft_tokens=drafted,
+        accepted_tokens=accepted,
+        acceptance_rate=accepted / drafted if drafted else None,
+        acceptance_rate_mean=None if math.isnan(mean) else mean,
+        acceptance_rate_stddev=None if math.isnan(stddev) else stddev,
         mean_acceptance_length=1.0 + accepted / drafts if drafts else None,
-        ttft_p50=histogram_quantile(0.5, ttft), ttft_p99=histogram_quantile(0.99, ttft),
-        e2e_p50=histogram_quantile(0.5, e2e), e2e_p99=histogram_quantile(0.99, e2e),
+        ttft_p50=histogram_quantile(0.5, ttft),
+        ttft_p99=histogram_quantile(0.99, ttft),
+        e2e_p50=histogram_quantile(0.5, e2e),
+        e2e_p99=histogram_quantile(0.99, e2e),
     )

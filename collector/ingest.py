@@ -66,7 +66,9 @@ def store_body(store: Store, body: bytes) -> IngestCounts:
     try:
         return store.insert(batch)
     except DataRejected as exc:
-        raise BatchRejected(422, "rejected_by_database", {"error": "rejected_by_database", "message": str(exc)}) from None
+        raise BatchRejected(
+            422, "rejected_by_database", {"error": "rejected_by_database", "message": str(exc)}
+        ) from None
     except StoreUnavailable as exc:  # nothing was stored; the client keeps the batch and retries
         raise BatchRejected(503, "store_unavailable", {"error": "store_unavailable", "message": str(exc)}) from None
 
@@ -80,7 +82,9 @@ def parse_batch(body: bytes) -> IngestBatch:
         return IngestBatch.model_validate(payload)
     except ValidationError as exc:
         errors = [_describe(e) for e in exc.errors(include_url=False, include_input=False)[:MAX_REPORTED_ERRORS]]
-        raise BatchRejected(422, "invalid_batch", {"error": "invalid_batch", "count": exc.error_count(), "errors": errors}) from None
+        raise BatchRejected(
+            422, "invalid_batch", {"error": "invalid_batch", "count": exc.error_count(), "errors": errors}
+        ) from None
 
 
 def _describe(error: dict[str, Any]) -> dict[str, Any]:
@@ -117,8 +121,12 @@ class IngestWorkers:
             self._ingest_body = _ingest_in_worker
 
     def _new_pool(self, all_started: threading.Barrier | None = None) -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(self._processes, mp_context=self._context, initializer=_start_worker,
-                                   initargs=(self._database_url, all_started))
+        return ProcessPoolExecutor(
+            self._processes,
+            mp_context=self._context,
+            initializer=_start_worker,
+            initargs=(self._database_url, all_started),
+        )
 
     async def start(self) -> None:
         """Start every worker now, not on the first batches (a spawned worker takes ~1 s to import

@@ -20,7 +20,15 @@ from collector.history import GRACE_S, RAW_WINDOW_LIMIT_S, histogram_quantile, r
 from collector.models import Request, RequestRollup, RequestRollupHourly
 from collector.queries import Filters, Percentiles, Signals, Window, signals
 from collector.rollups import (
-    E2E_COLUMNS, FLOAT_COLUMNS, INT_COLUMNS, LAST_ID, LAST_PASS_AT, RAW_COLUMNS, TTFT_COLUMNS, aggregate, get_state,
+    E2E_COLUMNS,
+    FLOAT_COLUMNS,
+    INT_COLUMNS,
+    LAST_ID,
+    LAST_PASS_AT,
+    RAW_COLUMNS,
+    TTFT_COLUMNS,
+    aggregate,
+    get_state,
 )
 
 _COLUMNS = (*INT_COLUMNS, *FLOAT_COLUMNS)
@@ -48,13 +56,18 @@ def long_signals(engine: Engine, window: Window, filters: Filters = Filters()) -
 def _rollup_totals(conn, start: float, end: float, filters: Filters) -> np.ndarray:
     """Sums over [start, end): whole hours from the hourly rollups, the edges from the per-minute ones."""
     h0, h1 = math.ceil(start / 3600) * 3600, math.floor(end / 3600) * 3600
-    spans = [(RequestRollupHourly, h0, h1), (RequestRollup, start, h0), (RequestRollup, h1, end)] if h1 > h0 else [
-        (RequestRollup, start, end)]
+    spans = (
+        [(RequestRollupHourly, h0, h1), (RequestRollup, start, h0), (RequestRollup, h1, end)]
+        if h1 > h0
+        else [(RequestRollup, start, end)]
+    )
     totals = np.zeros(len(_COLUMNS))
     for table, lo, hi in spans:
         if hi > lo:
             stmt = select(*(func.coalesce(func.sum(getattr(table, c)), 0) for c in _COLUMNS))
-            totals += np.array(conn.execute(stmt.where(and_(*rollup_conditions(table, lo, hi, filters)))).one(), dtype=float)
+            totals += np.array(
+                conn.execute(stmt.where(and_(*rollup_conditions(table, lo, hi, filters)))).one(), dtype=float
+            )
     return totals
 
 
@@ -76,13 +89,21 @@ def _signals_from(window: Window, t: dict[str, float]) -> Signals:
     mean = t["rate_sum"] / n_rate if n_rate else None
     stddev = math.sqrt(max(0.0, t["rate_sumsq"] / n_rate - mean * mean)) if n_rate else None
     return Signals(
-        window=window, requests=int(t["requests"]), errors=int(t["errors"]), ooms=int(t["ooms"]),
-        requests_per_s=t["requests"] / window.seconds, output_tokens_per_s=t["output_tokens"] / window.seconds,
-        drafts=int(t["drafts"]), draft_tokens=int(t["draft_tokens"]), accepted_tokens=int(t["accepted_tokens"]),
+        window=window,
+        requests=int(t["requests"]),
+        errors=int(t["errors"]),
+        ooms=int(t["ooms"]),
+        requests_per_s=t["requests"] / window.seconds,
+        output_tokens_per_s=t["output_tokens"] / window.seconds,
+        drafts=int(t["drafts"]),
+        draft_tokens=int(t["draft_tokens"]),
+        accepted_tokens=int(t["accepted_tokens"]),
         acceptance_rate=t["accepted_tokens"] / t["draft_tokens"] if t["draft_tokens"] else None,
-        acceptance_rate_mean=mean, acceptance_rate_stddev=stddev,
+        acceptance_rate_mean=mean,
+        acceptance_rate_stddev=stddev,
         mean_acceptance_length=1.0 + t["accepted_tokens"] / t["drafts"] if t["drafts"] else None,
-        ttft=_percentiles(np.array([t[c] for c in TTFT_COLUMNS])), e2e=_percentiles(np.array([t[c] for c in E2E_COLUMNS])),
+        ttft=_percentiles(np.array([t[c] for c in TTFT_COLUMNS])),
+        e2e=_percentiles(np.array([t[c] for c in E2E_COLUMNS])),
         tpot=Percentiles(),
     )
 

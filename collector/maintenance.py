@@ -20,8 +20,12 @@ def run_once(store: Store, settings: Settings, now: float | None = None) -> None
     report = roll_up(store.engine, now, lock=store.write_lock())
     deleted_raw, deleted_rollups = apply_retention(store.engine, now, raw_s, rollup_s, lock=store.write_lock())
     if report.rows_folded or deleted_raw or deleted_rollups:
-        log.info("rolled up %d requests; deleted %d raw requests and %d rollup rows",
-                 report.rows_folded, deleted_raw, deleted_rollups)
+        log.info(
+            "rolled up %d requests; deleted %d raw requests and %d rollup rows",
+            report.rows_folded,
+            deleted_raw,
+            deleted_rollups,
+        )
 
 
 async def maintenance_loop(store: Store, settings: Settings) -> None:

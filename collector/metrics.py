@@ -19,7 +19,8 @@ collector: `Histogram.observe` per record cost more than parsing the record on i
 from __future__ import annotations
 
 import threading
-from collections import Counter as Tally, defaultdict
+from collections import Counter as Tally
+from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from operator import itemgetter
 
@@ -101,7 +102,9 @@ class RequestTotals:
             groups[row[:4]].append(row)
         for (instance, model, mode, drafter), rows in groups.items():
             columns = dict(zip(_ROW_FIELDS, zip(*rows)))
-            totals._add_group(totals.by_labels.setdefault((instance, model, mode, drafter or "none"), _LabelStats()), columns)
+            totals._add_group(
+                totals.by_labels.setdefault((instance, model, mode, drafter or "none"), _LabelStats()), columns
+            )
             if any(columns["arm"]):
                 totals._add_arms(instance, model, columns)
         return totals
@@ -116,7 +119,9 @@ class RequestTotals:
 
     def _add_arms(self, instance: str, model: str, columns: dict[str, tuple]) -> None:
         """The requests `spec_latency_regression` compares: ok, with output, under an arm."""
-        for arm, status, output_tokens, e2e_s in zip(columns["arm"], columns["status"], columns["output_tokens"], columns["e2e_s"]):
+        for arm, status, output_tokens, e2e_s in zip(
+            columns["arm"], columns["status"], columns["output_tokens"], columns["e2e_s"]
+        ):
             if arm is not None and status == "ok" and output_tokens > 0:
                 totals = self.arms.setdefault((instance, model, arm), dict.fromkeys(_ARM_DOCS, 0))
                 totals["arm_requests"] += 1
@@ -157,12 +162,22 @@ class RequestMetrics:
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
-            items = [(labels, s.status.copy(), s.sums.copy(), {k: v.copy() for k, v in s.buckets.items()}, s.value_sums.copy())
-                     for labels, s in self._totals.by_labels.items()]
+            items = [
+                (
+                    labels,
+                    s.status.copy(),
+                    s.sums.copy(),
+                    {k: v.copy() for k, v in s.buckets.items()},
+                    s.value_sums.copy(),
+                )
+                for labels, s in self._totals.by_labels.items()
+            ]
             arms = [(labels, totals.copy()) for labels, totals in self._totals.arms.items()]
         requests = CounterMetricFamily("specwatch_requests", "Finished requests.", labels=[*REQUEST_LABELS, "status"])
         sums = {n: CounterMetricFamily(f"specwatch_{n}", doc, labels=REQUEST_LABELS) for n, doc in _SUM_DOCS.items()}
-        hists = {n: HistogramMetricFamily(metric, doc, labels=REQUEST_LABELS) for n, (metric, doc) in _HISTOGRAMS.items()}
+        hists = {
+            n: HistogramMetricFamily(metric, doc, labels=REQUEST_LABELS) for n, (metric, doc) in _HISTOGRAMS.items()
+        }
         for labels, status, totals, buckets, value_sums in items:
             for s, n in status.items():
                 requests.add_metric([*labels, s], n)
@@ -192,11 +207,16 @@ class CollectorMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
         self.ingest_records = Counter(
-            "specwatch_ingest_records", "Records received by /v1/ingest, by kind and outcome.",
-            ("kind", "outcome"), registry=registry,
+            "specwatch_ingest_records",
+            "Records received by /v1/ingest, by kind and outcome.",
+            ("kind", "outcome"),
+            registry=registry,
         )
         self.ingest_rejected = Counter(
-            "specwatch_ingest_rejected_batches", "Batches refused by /v1/ingest, by reason.", ("reason",), registry=registry
+            "specwatch_ingest_rejected_batches",
+            "Batches refused by /v1/ingest, by reason.",
+            ("reason",),
+            registry=registry,
         )
         self.requests = RequestMetrics()
         registry.register(self.requests)
@@ -206,16 +226,28 @@ class CollectorMetrics:
     def _device_metrics(self, registry: CollectorRegistry) -> None:
         labels = ("instance", "device")
         self.fragmentation = Gauge(
-            "specwatch_device_fragmentation_ratio", "Last reported reserved/allocated memory ratio.", labels, registry=registry
+            "specwatch_device_fragmentation_ratio",
+            "Last reported reserved/allocated memory ratio.",
+            labels,
+            registry=registry,
         )
-        self.power = Gauge("specwatch_device_power_watts", "Last reported device power draw.", labels, registry=registry)
-        self.load = Gauge("specwatch_device_load_ratio", "Last reported load of the instance.", labels, registry=registry)
+        self.power = Gauge(
+            "specwatch_device_power_watts", "Last reported device power draw.", labels, registry=registry
+        )
+        self.load = Gauge(
+            "specwatch_device_load_ratio", "Last reported load of the instance.", labels, registry=registry
+        )
         self.reserved = Gauge(
             "specwatch_device_memory_reserved_bytes", "Last reported reserved device memory.", labels, registry=registry
         )
-        self.queue_depth = Gauge("specwatch_device_queue_depth", "Last reported scheduler queue depth.", labels, registry=registry)
+        self.queue_depth = Gauge(
+            "specwatch_device_queue_depth", "Last reported scheduler queue depth.", labels, registry=registry
+        )
         self.util_draft = Gauge(
-            "specwatch_device_util_draft_ratio", "Last reported busy fraction of the draft model.", labels, registry=registry
+            "specwatch_device_util_draft_ratio",
+            "Last reported busy fraction of the draft model.",
+            labels,
+            registry=registry,
         )
 
     def record_batch(self, counts: IngestCounts, new_requests: RequestTotals | None = None) -> None:
@@ -242,7 +274,11 @@ class CollectorMetrics:
             self._last_sample_at[labels] = s.at
             self.reserved.labels(*labels).set(s.mem_reserved_bytes)
             self.queue_depth.labels(*labels).set(s.queue_depth)
-            for gauge, value in ((self.fragmentation, s.fragmentation), (self.power, s.power_w), (self.load, s.load),
-                                 (self.util_draft, s.util_draft)):
+            for gauge, value in (
+                (self.fragmentation, s.fragmentation),
+                (self.power, s.power_w),
+                (self.load, s.load),
+                (self.util_draft, s.util_draft),
+            ):
                 if value is not None:
                     gauge.labels(*labels).set(value)

@@ -27,7 +27,11 @@ NAMING = {
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
     type_annotation_map = {
-        float: Double(), dict[str, Any]: JSON(), list[int]: JSON(), list[float]: JSON(), dict[str, str]: JSON(),
+        float: Double(),
+        dict[str, Any]: JSON(),
+        list[int]: JSON(),
+        list[float]: JSON(),
+        dict[str, str]: JSON(),
     }
 
 

@@ -14,8 +14,8 @@ numpy beats window-function emulation). Definitions follow vLLM:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 from sqlalchemy import Engine, Select, and_, func, select
@@ -105,8 +105,14 @@ class Signals:
 
 
 _SIGNAL_COLUMNS = (
-    Request.ttft_s, Request.e2e_s, Request.output_tokens, Request.num_drafts,
-    Request.num_draft_tokens, Request.num_accepted_tokens, Request.status, Request.error,
+    Request.ttft_s,
+    Request.e2e_s,
+    Request.output_tokens,
+    Request.num_drafts,
+    Request.num_draft_tokens,
+    Request.num_accepted_tokens,
+    Request.status,
+    Request.error,
 )
 
 
@@ -214,7 +220,10 @@ MAX_POINTS = 2000
 
 
 def acceptance_vs_length(
-    engine: Engine, window: Window, filters: Filters = Filters(), by: str = "prompt_tokens",
+    engine: Engine,
+    window: Window,
+    filters: Filters = Filters(),
+    by: str = "prompt_tokens",
     edges: Sequence[int] = LENGTH_EDGES,
 ) -> LengthCorrelation:
     from scipy.stats import spearmanr
@@ -240,7 +249,9 @@ def _length_buckets(length, drafted, accepted, edges: Sequence[int]) -> list[Len
     bounds = list(edges) + [None]
     for low, high in zip(bounds[:-1], bounds[1:]):
         inside = (length >= low) & (length < (np.inf if high is None else high))
-        buckets.append(LengthBucket(low, high, int(inside.sum()), _ratio(accepted[inside].sum(), drafted[inside].sum())))
+        buckets.append(
+            LengthBucket(low, high, int(inside.sum()), _ratio(accepted[inside].sum(), drafted[inside].sum()))
+        )
     return buckets
 
 
@@ -262,8 +273,11 @@ def errors_by_hour(
     is_error = (Request.status == "error").cast(Request.retries.type)
     is_oom = Request.error.like("%oom%").cast(Request.retries.type)
     stmt = filters.apply(
-        select(hour.label("hour"), func.count(), func.coalesce(func.sum(is_error), 0), func.coalesce(func.sum(is_oom), 0)),
-        window, time_index=after_id is None,
+        select(
+            hour.label("hour"), func.count(), func.coalesce(func.sum(is_error), 0), func.coalesce(func.sum(is_oom), 0)
+        ),
+        window,
+        time_index=after_id is None,
     ).group_by(hour)
     if after_id is not None:
         stmt = stmt.where(Request.id > after_id)

@@ -22,24 +22,57 @@ from sqlalchemy import Connection, Engine, Table, delete, insert, select, text
 
 from collector.db import write_transaction
 from collector.models import (
-    AlertActionRow, AlertNotificationRow, AlertTransitionRow,
-    LATENCY_BUCKETS, DeviceSampleRow, EngineEventRow, MaintenanceState, Request, RequestRollup, RequestRollupHourly,
-    VllmScrape, bucket_column_names,
+    LATENCY_BUCKETS,
+    AlertActionRow,
+    AlertNotificationRow,
+    AlertTransitionRow,
+    DeviceSampleRow,
+    EngineEventRow,
+    MaintenanceState,
+    Request,
+    RequestRollup,
+    RequestRollupHourly,
+    VllmScrape,
+    bucket_column_names,
 )
 
 CHUNK_ROWS = 200_000  # raw rows folded per transaction
 LAST_ID, LAST_PASS_AT = "rollup_last_id", "rollup_pass_at"
 TTFT_COLUMNS, E2E_COLUMNS = bucket_column_names("ttft"), bucket_column_names("e2e")
 KEY_COLUMNS = ("period_start", "instance", "model", "mode", "drafter", "arm")
-INT_COLUMNS = ("requests", "errors", "ooms", "prompt_tokens", "output_tokens", "drafts", "draft_tokens",
-               "accepted_tokens", "rate_n", "ttft_count", *TTFT_COLUMNS, *E2E_COLUMNS)
+INT_COLUMNS = (
+    "requests",
+    "errors",
+    "ooms",
+    "prompt_tokens",
+    "output_tokens",
+    "drafts",
+    "draft_tokens",
+    "accepted_tokens",
+    "rate_n",
+    "ttft_count",
+    *TTFT_COLUMNS,
+    *E2E_COLUMNS,
+)
 FLOAT_COLUMNS = ("rate_sum", "rate_sumsq", "ttft_sum", "e2e_sum")
 PERIODS = ((RequestRollup.__table__, 60), (RequestRollupHourly.__table__, 3600))
 _BOUNDS = np.array(LATENCY_BUCKETS)
 RAW_COLUMNS = (
-    Request.started_at, Request.instance, Request.model, Request.mode, Request.drafter, Request.arm, Request.status,
-    Request.error, Request.prompt_tokens, Request.output_tokens, Request.num_drafts, Request.num_draft_tokens,
-    Request.num_accepted_tokens, Request.ttft_s, Request.e2e_s,
+    Request.started_at,
+    Request.instance,
+    Request.model,
+    Request.mode,
+    Request.drafter,
+    Request.arm,
+    Request.status,
+    Request.error,
+    Request.prompt_tokens,
+    Request.output_tokens,
+    Request.num_drafts,
+    Request.num_draft_tokens,
+    Request.num_accepted_tokens,
+    Request.ttft_s,
+    Request.e2e_s,
 )
 Aggregates = tuple[list[tuple], np.ndarray, np.ndarray]
 
@@ -104,9 +137,12 @@ def aggregate(rows: list[tuple], period_s: int) -> Aggregates:
     """Raw rows (in `RAW_COLUMNS` order) -> group keys and their INT_COLUMNS / FLOAT_COLUMNS sums."""
     index: dict[tuple, int] = {}
     group = np.fromiter(
-        (index.setdefault((int(r[0] // period_s) * period_s, r[1], r[2], r[3], r[4] or "", r[5] or ""), len(index))
-         for r in rows),
-        dtype=np.int64, count=len(rows),
+        (
+            index.setdefault((int(r[0] // period_s) * period_s, r[1], r[2], r[3], r[4] or "", r[5] or ""), len(index))
+            for r in rows
+        ),
+        dtype=np.int64,
+        count=len(rows),
     )
     n = len(index)
     cols = list(zip(*rows))
@@ -121,9 +157,16 @@ def aggregate(rows: list[tuple], period_s: int) -> Aggregates:
     rate = np.divide(accepted, drafted, out=np.zeros_like(accepted), where=drafting)
     has_ttft = ~np.isnan(ttft)
     counts = [
-        np.bincount(group, minlength=n), total(np.array([s == "error" for s in cols[6]], dtype=float)),
-        total(np.array([bool(e) and "oom" in e for e in cols[7]], dtype=float)), total(prompt), total(output),
-        total(drafts), total(drafted), total(accepted), total(drafting.astype(float)), total(has_ttft.astype(float)),
+        np.bincount(group, minlength=n),
+        total(np.array([s == "error" for s in cols[6]], dtype=float)),
+        total(np.array([bool(e) and "oom" in e for e in cols[7]], dtype=float)),
+        total(prompt),
+        total(output),
+        total(drafts),
+        total(drafted),
+        total(accepted),
+        total(drafting.astype(float)),
+        total(has_ttft.astype(float)),
     ]
     ints = np.column_stack([*counts, _histogram(group[has_ttft], ttft[has_ttft], n), _histogram(group, e2e, n)])
     floats = np.column_stack([total(rate, drafting), total(rate * rate, drafting), total(ttft, has_ttft), total(e2e)])
@@ -137,8 +180,13 @@ def _histogram(group: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
     return np.bincount(flat, minlength=n * width).reshape(n, width)
 
 
-def apply_retention(engine: Engine, now: float, raw_retention_s: float, rollup_retention_s: float,
-                    lock: contextlib.AbstractContextManager | None = None) -> tuple[int, int]:
+def apply_retention(
+    engine: Engine,
+    now: float,
+    raw_retention_s: float,
+    rollup_retention_s: float,
+    lock: contextlib.AbstractContextManager | None = None,
+) -> tuple[int, int]:
     """Delete rolled-up raw requests older than raw_retention_s, old samples/events, and old rollups."""
     with lock or contextlib.nullcontext(), write_transaction(engine) as conn:
         last_id = int(get_state(conn, LAST_ID) or 0)
@@ -154,6 +202,9 @@ def apply_retention(engine: Engine, now: float, raw_retention_s: float, rollup_r
         # alert history is small and is what post-mortems read: kept as long as the rollups
         conn.execute(delete(AlertTransitionRow).where(AlertTransitionRow.at < now - rollup_retention_s))
         conn.execute(delete(AlertActionRow).where(AlertActionRow.at < now - rollup_retention_s))
-        conn.execute(delete(AlertNotificationRow).where(
-            AlertNotificationRow.created_at < now - rollup_retention_s, AlertNotificationRow.status != "pending"))
+        conn.execute(
+            delete(AlertNotificationRow).where(
+                AlertNotificationRow.created_at < now - rollup_retention_s, AlertNotificationRow.status != "pending"
+            )
+        )
     return raw, rolled

@@ -35,7 +35,9 @@ Fraction = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 NonNegative = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
 
 Mode = Literal["speculative", "autoregressive"]
-ModeReason = Literal["default", "canary", "load", "long_prompt", "low_acceptance", "alert", "memory", "manual", "selected"]
+ModeReason = Literal[
+    "default", "canary", "load", "long_prompt", "low_acceptance", "alert", "memory", "manual", "selected"
+]
 Arm = Literal["spec", "control"]
 Status = Literal["ok", "error", "cancelled"]
 EnergySource = Literal["nvml", "rapl", "estimate"]
@@ -93,14 +95,18 @@ class RequestRecord(_Strict):
         drafts, drafted, accepted = self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens
         per_position = self.accepted_per_position
         if drafts > drafted:
-            raise FieldError("num_draft_tokens", "num_drafts must be <= num_draft_tokens (a draft holds at least one token)")
+            raise FieldError(
+                "num_draft_tokens", "num_drafts must be <= num_draft_tokens (a draft holds at least one token)"
+            )
         if accepted > drafted:
             raise FieldError("num_accepted_tokens", "num_accepted_tokens must be <= num_draft_tokens")
         if len(per_position) != self.gamma:
             raise FieldError("gamma", f"accepted_per_position has {len(per_position)} entries, gamma is {self.gamma}")
         # One cheap test on the hot path; the slow one below says what is wrong.
         if per_position and (
-            per_position[0] > drafts or sum(per_position) != accepted or not all(map(ge, per_position, per_position[1:]))
+            per_position[0] > drafts
+            or sum(per_position) != accepted
+            or not all(map(ge, per_position, per_position[1:]))
         ):
             _explain_per_position(per_position, drafts, accepted)
         if (self.energy_j is None) != (self.energy_source is None):

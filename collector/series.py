@@ -35,8 +35,14 @@ class SeriesPoint:
 
 
 _COLUMNS = (
-    Request.started_at, Request.ttft_s, Request.e2e_s, Request.output_tokens, Request.num_drafts,
-    Request.num_draft_tokens, Request.num_accepted_tokens, Request.status,
+    Request.started_at,
+    Request.ttft_s,
+    Request.e2e_s,
+    Request.output_tokens,
+    Request.num_drafts,
+    Request.num_draft_tokens,
+    Request.num_accepted_tokens,
+    Request.status,
 )
 
 
@@ -51,23 +57,42 @@ def series(engine: Engine, window: Window, filters: Filters = Filters(), step_s:
         return [_point(window.start + i * step_s) for i in range(steps)]
     started, ttft, e2e, out, drafts, drafted, accepted = (np.array(c, dtype=float) for c in list(zip(*rows))[:7])
     index = np.minimum(((started - window.start) // step_s).astype(np.int64), steps - 1)
-    sums = {name: np.bincount(index, weights=values, minlength=steps) for name, values in
-            (("out", out), ("drafts", drafts), ("drafted", drafted), ("accepted", accepted))}
+    sums = {
+        name: np.bincount(index, weights=values, minlength=steps)
+        for name, values in (("out", out), ("drafts", drafts), ("drafted", drafted), ("accepted", accepted))
+    }
     counts = np.bincount(index, minlength=steps)
     rate_mean, rate_std = _rate_moments(index, drafted, accepted, steps)
-    errors = np.bincount(index, weights=np.array([s == "error" for s in list(zip(*rows))[7]], dtype=float), minlength=steps)
-    ttft_q, e2e_q = grouped_quantiles(index, ttft, steps, (0.5, 0.99)), grouped_quantiles(index, e2e, steps, (0.5, 0.99))
+    errors = np.bincount(
+        index, weights=np.array([s == "error" for s in list(zip(*rows))[7]], dtype=float), minlength=steps
+    )
+    ttft_q, e2e_q = (
+        grouped_quantiles(index, ttft, steps, (0.5, 0.99)),
+        grouped_quantiles(index, e2e, steps, (0.5, 0.99)),
+    )
     tpot = np.where((out > 1) & ~np.isnan(ttft), (e2e - ttft) / np.maximum(out - 1, 1), np.nan)
     tpot_q = grouped_quantiles(index, tpot, steps, (0.5, 0.99))
     return [
         SeriesPoint(
-            t=window.start + i * step_s, requests=int(counts[i]), errors=int(errors[i]), output_tokens=int(sums["out"][i]),
-            drafts=int(sums["drafts"][i]), draft_tokens=int(sums["drafted"][i]), accepted_tokens=int(sums["accepted"][i]),
+            t=window.start + i * step_s,
+            requests=int(counts[i]),
+            errors=int(errors[i]),
+            output_tokens=int(sums["out"][i]),
+            drafts=int(sums["drafts"][i]),
+            draft_tokens=int(sums["drafted"][i]),
+            accepted_tokens=int(sums["accepted"][i]),
             acceptance_rate=_div(sums["accepted"][i], sums["drafted"][i]),
-            acceptance_rate_mean=_num(rate_mean[i]), acceptance_rate_stddev=_num(rate_std[i]),
-            mean_acceptance_length=None if not sums["drafts"][i] else float(1.0 + sums["accepted"][i] / sums["drafts"][i]),
-            ttft_p50=_num(ttft_q[0][i]), ttft_p99=_num(ttft_q[1][i]), e2e_p50=_num(e2e_q[0][i]), e2e_p99=_num(e2e_q[1][i]),
-            tpot_p50=_num(tpot_q[0][i]), tpot_p99=_num(tpot_q[1][i]),
+            acceptance_rate_mean=_num(rate_mean[i]),
+            acceptance_rate_stddev=_num(rate_std[i]),
+            mean_acceptance_length=None
+            if not sums["drafts"][i]
+            else float(1.0 + sums["accepted"][i] / sums["drafts"][i]),
+            ttft_p50=_num(ttft_q[0][i]),
+            ttft_p99=_num(ttft_q[1][i]),
+            e2e_p50=_num(e2e_q[0][i]),
+            e2e_p99=_num(e2e_q[1][i]),
+            tpot_p50=_num(tpot_q[0][i]),
+            tpot_p99=_num(tpot_q[1][i]),
         )
         for i in range(steps)
     ]
@@ -89,7 +114,10 @@ def _rate_moments(index: np.ndarray, drafted: np.ndarray, accepted: np.ndarray, 
     rate = accepted[drafting] / drafted[drafting]
     where = index[drafting]
     n = np.bincount(where, minlength=steps)
-    total, total_sq = np.bincount(where, weights=rate, minlength=steps), np.bincount(where, weights=rate * rate, minlength=steps)
+    total, total_sq = (
+        np.bincount(where, weights=rate, minlength=steps),
+        np.bincount(where, weights=rate * rate, minlength=steps),
+    )
     return rate_moments(n, total, total_sq)
 
 
@@ -148,9 +176,18 @@ def latest_device_samples(engine: Engine, instance: str | None = None) -> list[D
         latest = latest.where(DeviceSampleRow.instance == instance)
     latest = latest.group_by(DeviceSampleRow.instance, DeviceSampleRow.device).subquery()
     fields = [getattr(DeviceSampleRow, f) for f in DeviceSnapshot.__dataclass_fields__]
-    stmt = select(*fields).join(latest, and_(
-        DeviceSampleRow.instance == latest.c.instance, DeviceSampleRow.device == latest.c.device, DeviceSampleRow.at == latest.c.at,
-    )).order_by(DeviceSampleRow.instance, DeviceSampleRow.device)
+    stmt = (
+        select(*fields)
+        .join(
+            latest,
+            and_(
+                DeviceSampleRow.instance == latest.c.instance,
+                DeviceSampleRow.device == latest.c.device,
+                DeviceSampleRow.at == latest.c.at,
+            ),
+        )
+        .order_by(DeviceSampleRow.instance, DeviceSampleRow.device)
+    )
     with engine.connect() as conn:
         return [DeviceSnapshot(*row) for row in conn.execute(stmt)]
 
@@ -168,7 +205,13 @@ def engine_events(
     engine: Engine, window: Window, instance: str | None = None, kind: str | None = None, limit: int = 1000
 ) -> list[EventRecord]:
     """Engine events (mode switches, defrags, OOMs, ...) in the window, oldest first, at most `limit`."""
-    stmt = select(EngineEventRow.instance, EngineEventRow.at, EngineEventRow.kind, EngineEventRow.detail, EngineEventRow.duration_s)
+    stmt = select(
+        EngineEventRow.instance,
+        EngineEventRow.at,
+        EngineEventRow.kind,
+        EngineEventRow.detail,
+        EngineEventRow.duration_s,
+    )
     stmt = stmt.where(EngineEventRow.at >= window.start, EngineEventRow.at < window.end)
     if instance is not None:
         stmt = stmt.where(EngineEventRow.instance == instance)

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter, itemgetter
 from typing import Any
-from collections.abc import Callable, Sequence
 
 import orjson
 from sqlalchemy import Engine, Table
@@ -24,6 +24,7 @@ from sqlalchemy.types import JSON, BigInteger, Boolean, Double, Integer, String
 from collector.db import write_transaction
 from collector.models import DeviceSampleRow, EngineEventRow, Request
 from collector.schema import DeviceSample, IngestBatch, RequestRecord
+
 
 def _classify(exc: Exception, dbapi: Any) -> Exception:
     """DataError/IntegrityError: the batch's data (validation should have caught it) -> 4xx;
@@ -171,12 +172,16 @@ def _sqlite_executemany(cursor, spec: _TableSpec, records: Sequence[Any]) -> lis
     name = spec.table.name
     last_id = cursor.execute(f"SELECT max(id) FROM {name}").fetchone()[0] or 0
     marks = ", ".join("?" * len(spec.columns))
-    cursor.executemany(f"INSERT OR IGNORE INTO {name} ({', '.join(spec.columns)}) VALUES ({marks})", spec.rows(records, _json_text))
+    cursor.executemany(
+        f"INSERT OR IGNORE INTO {name} ({', '.join(spec.columns)}) VALUES ({marks})", spec.rows(records, _json_text)
+    )
     if cursor.rowcount == len(records):
         return list(records)
     # Some were skipped: the rows with ids past `last_id` are this batch's new ones (the
     # transaction began IMMEDIATE, holding SQLite's write lock, so nobody else's ids interleave).
-    new_keys = {tuple(row) for row in cursor.execute(f"SELECT {', '.join(spec.conflict)} FROM {name} WHERE id > ?", (last_id,))}
+    new_keys = {
+        tuple(row) for row in cursor.execute(f"SELECT {', '.join(spec.conflict)} FROM {name} WHERE id > ?", (last_id,))
+    }
     return _first_of_each(spec, records, new_keys)
 
 

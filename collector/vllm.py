@@ -64,7 +64,7 @@ def parse(text: str) -> dict[tuple[str, str], Snapshot]:
 
 
 def _take(snap: Snapshot, family: str, sample) -> None:
-    suffix = sample.name[len(family):]
+    suffix = sample.name[len(family) :]
     if suffix == "_created":
         snap.created[family + sample.labels.get("position", "")] = sample.value
     elif family in COUNTERS and suffix == "_total":
@@ -80,12 +80,18 @@ def _take(snap: Snapshot, family: str, sample) -> None:
 def is_reset(previous: Snapshot, current: Snapshot) -> bool:
     if any(current.created.get(k, v) != v for k, v in previous.created.items()):
         return True
-    pairs = [(previous.counters, current.counters), (previous.per_position, current.per_position), (previous.sums, current.sums)]
+    pairs = [
+        (previous.counters, current.counters),
+        (previous.per_position, current.per_position),
+        (previous.sums, current.sums),
+    ]
     pairs += [(previous.buckets.get(h, {}), current.buckets.get(h, {})) for h in HISTOGRAMS.values()]
     return any(now < before.get(k, 0.0) for before, after in pairs for k, now in after.items())
 
 
-def delta(previous: Snapshot, current: Snapshot, source: str, key: tuple[str, str], at: float, interval_s: float) -> dict:
+def delta(
+    previous: Snapshot, current: Snapshot, source: str, key: tuple[str, str], at: float, interval_s: float
+) -> dict:
     """A `vllm_scrapes` row: what happened between two snapshots."""
     reset = is_reset(previous, current)
     base = Snapshot() if reset else previous
@@ -93,7 +99,14 @@ def delta(previous: Snapshot, current: Snapshot, source: str, key: tuple[str, st
     def diff(now: dict, before: dict, k) -> float:
         return max(0.0, now.get(k, 0.0) - before.get(k, 0.0))
 
-    row = {"source": source, "model": key[0], "engine": key[1], "at": at, "interval_s": interval_s, "counter_reset": reset}
+    row = {
+        "source": source,
+        "model": key[0],
+        "engine": key[1],
+        "at": at,
+        "interval_s": interval_s,
+        "counter_reset": reset,
+    }
     row.update({name: diff(current.counters, base.counters, name) for name in COUNTERS.values()})
     positions = range(max(current.per_position, default=-1) + 1)
     row["accepted_per_position"] = [diff(current.per_position, base.per_position, p) for p in positions]
@@ -137,12 +150,20 @@ class Scraper:
         except Exception as exc:  # noqa: BLE001 - a down vLLM must not stop the collector
             if self.down_since is None:
                 self.down_since = time.time()
-                log.warning("scraping %s failed: %s (retrying every %g s; the gap is recorded as one interval)",
-                            self.url, exc, self.interval_s)
+                log.warning(
+                    "scraping %s failed: %s (retrying every %g s; the gap is recorded as one interval)",
+                    self.url,
+                    exc,
+                    self.interval_s,
+                )
             return []
         if self.down_since is not None:
-            log.warning("scraping %s works again after %.0f s%s", self.url, time.time() - self.down_since,
-                        " (vLLM restarted: counters reset)" if any(r["counter_reset"] for r in rows) else "")
+            log.warning(
+                "scraping %s works again after %.0f s%s",
+                self.url,
+                time.time() - self.down_since,
+                " (vLLM restarted: counters reset)" if any(r["counter_reset"] for r in rows) else "",
+            )
             self.down_since = None
         return rows
 
@@ -182,9 +203,15 @@ def vllm_signals(engine: Engine, window: Window, source: str | None = None, mode
     for r in rows:
         per_pos[: len(r["accepted_per_position"])] += r["accepted_per_position"]
     return VllmSignals(
-        len(rows), drafts, drafted, accepted, accepted / drafted if drafted else None,
-        1.0 + accepted / drafts if drafts else None, (per_pos / drafts).tolist() if drafts else [],
-        _histogram_percentiles(rows, "ttft"), _histogram_percentiles(rows, "e2e"),
+        len(rows),
+        drafts,
+        drafted,
+        accepted,
+        accepted / drafted if drafted else None,
+        1.0 + accepted / drafts if drafts else None,
+        (per_pos / drafts).tolist() if drafts else [],
+        _histogram_percentiles(rows, "ttft"),
+        _histogram_percentiles(rows, "e2e"),
     )
 
 
@@ -193,7 +220,11 @@ def _histogram_percentiles(rows, hist: str) -> Percentiles:
     if not rows:
         return Percentiles()
     bounds = rows[-1][f"{hist}_bounds"]
-    same = [r[f"{hist}_counts"] for r in rows if r[f"{hist}_bounds"] == bounds and len(r[f"{hist}_counts"]) == len(bounds) + 1]
+    same = [
+        r[f"{hist}_counts"]
+        for r in rows
+        if r[f"{hist}_bounds"] == bounds and len(r[f"{hist}_counts"]) == len(bounds) + 1
+    ]
     counts = np.sum(same, axis=0) if same else np.zeros(len(bounds) + 1)
     if not counts.sum():
         return Percentiles()

@@ -36,8 +36,10 @@ from collector.queries import Filters, Window
 GIB = 2**30
 DETERMINISM_VALUES = ("required", "true", "yes", "1", "strict")
 LATENCY_VALUES = ("sensitive", "interactive", "realtime", "high")
-GREEDY_IDENTITY = ("greedy speculative decoding emits exactly the tokens of plain greedy decoding "
-                   "(tests/engine/test_greedy_identity.py, every drafter, float32)")
+GREEDY_IDENTITY = (
+    "greedy speculative decoding emits exactly the tokens of plain greedy decoding "
+    "(tests/engine/test_greedy_identity.py, every drafter, float32)"
+)
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,7 @@ class Recommendation:
 
 # --- the rules (pure) -------------------------------------------------------------------
 
+
 def guidance(ev: ScenarioEvidence, rules: AdvisorRules = AdvisorRules()) -> tuple[str | None, str, str]:
     """(enable | disable | None, rule, reason) from the workload's shape alone."""
     headroom = ev.memory_headroom
@@ -103,13 +106,25 @@ def guidance(ev: ScenarioEvidence, rules: AdvisorRules = AdvisorRules()) -> tupl
         limit = rules.edge_memory_bytes / GIB
         return "disable", "edge_device", f"device memory {ev.device_memory_bytes / GIB:.1f} GiB <= {limit:.0f} GiB"
     if ev.gpu_count > 1 or (headroom is not None and headroom < 0):
-        return "disable", "memory_beyond_one_device", f"peak memory {_gib(ev.peak_memory_bytes)} on {ev.gpu_count} device(s)"
+        return (
+            "disable",
+            "memory_beyond_one_device",
+            f"peak memory {_gib(ev.peak_memory_bytes)} on {ev.gpu_count} device(s)",
+        )
     if ev.context_tokens_p50 is not None and ev.context_tokens_p50 > rules.long_context_tokens:
-        return "disable", "long_context", f"median context {ev.context_tokens_p50:.0f} tokens > {rules.long_context_tokens}"
+        return (
+            "disable",
+            "long_context",
+            f"median context {ev.context_tokens_p50:.0f} tokens > {rules.long_context_tokens}",
+        )
     if headroom is not None and headroom < rules.ample_headroom:
         return None, "tight_memory", f"memory headroom {headroom:.0%} < {rules.ample_headroom:.0%}"
     if ev.latency_sensitive:
-        return "enable", "latency_sensitive_chat", f"latency-sensitive (TTFT p99 {_s(ev.ttft_p99_s)}), {_memory_words(headroom)}"
+        return (
+            "enable",
+            "latency_sensitive_chat",
+            f"latency-sensitive (TTFT p99 {_s(ev.ttft_p99_s)}), {_memory_words(headroom)}",
+        )
     if ev.context_tokens_p90 is not None and ev.context_tokens_p90 < rules.short_tokens:
         context = f"p90 context {ev.context_tokens_p90:.0f} tokens < {rules.short_tokens}"
         return "enable", "short_batch", f"{context}, {_memory_words(headroom)}"
@@ -140,9 +155,13 @@ def recommend(ev: ScenarioEvidence, rules: AdvisorRules = AdvisorRules()) -> Rec
         notes += (f"guidance says enable ({why}), but measured {measured}",)
         return Recommendation(ev.scenario, "disable", f"{rule}_contradicted", f"{why}; {measured}", notes, ev)
     if advice == "disable" or (advice is None and verdict == "hurts"):
-        return Recommendation(ev.scenario, "disable", rule if advice else "measured_slowdown", f"{why}; {measured}", notes, ev)
+        return Recommendation(
+            ev.scenario, "disable", rule if advice else "measured_slowdown", f"{why}; {measured}", notes, ev
+        )
     if verdict == "pays" or (advice == "enable" and (ev.speedup is None or ev.speedup >= 1.0)):
-        return Recommendation(ev.scenario, "enable", rule if advice else "measured_speedup", f"{why}; {measured}", notes, ev)
+        return Recommendation(
+            ev.scenario, "enable", rule if advice else "measured_speedup", f"{why}; {measured}", notes, ev
+        )
     return Recommendation(ev.scenario, "canary", "unclear", f"{why}; {measured}", notes, ev)
 
 
@@ -150,10 +169,14 @@ def _determinism_notes(ev: ScenarioEvidence) -> tuple[str, ...]:
     if not ev.determinism_required:
         return ()
     if ev.greedy_share == 1.0:
-        return (f"determinism is required and all tagged requests are greedy: {GREEDY_IDENTITY}; "
-                + "determinism is no reason to disable speculation here",)
-    return ("determinism is required on sampled requests: speculative sampling keeps the target's distribution "
-            + "but not per-seed outputs; pin one mode for requests that must reproduce samples",)
+        return (
+            f"determinism is required and all tagged requests are greedy: {GREEDY_IDENTITY}; "
+            + "determinism is no reason to disable speculation here",
+        )
+    return (
+        "determinism is required on sampled requests: speculative sampling keeps the target's distribution "
+        + "but not per-seed outputs; pin one mode for requests that must reproduce samples",
+    )
 
 
 def _ngram_memory_note(ev: ScenarioEvidence, rule: str) -> str:
@@ -188,20 +211,39 @@ _TAGS = ("scenario", "temperature", "sampling", "determinism", "latency")
 
 
 def advise(
-    engine: Engine, window: Window, device_memory_bytes: float | None, gpu_count: int = 1,
-    rules: AdvisorRules = AdvisorRules(), filters: Filters = Filters(),
+    engine: Engine,
+    window: Window,
+    device_memory_bytes: float | None,
+    gpu_count: int = 1,
+    rules: AdvisorRules = AdvisorRules(),
+    filters: Filters = Filters(),
 ) -> list[Recommendation]:
     """One recommendation per scenario tag value ("untagged" for requests without one)."""
     return [recommend(ev, rules) for ev in scenario_evidence(engine, window, device_memory_bytes, gpu_count, filters)]
 
 
 def scenario_evidence(
-    engine: Engine, window: Window, device_memory_bytes: float | None, gpu_count: int = 1, filters: Filters = Filters(),
+    engine: Engine,
+    window: Window,
+    device_memory_bytes: float | None,
+    gpu_count: int = 1,
+    filters: Filters = Filters(),
 ) -> list[ScenarioEvidence]:
-    columns = (Request.mode, Request.drafter, Request.arm, Request.instance, Request.status,
-               (Request.prompt_tokens + Request.output_tokens).label("context"), Request.ttft_s, Request.e2e_s,
-               Request.output_tokens, Request.num_draft_tokens, Request.num_accepted_tokens, Request.load_at_admission,
-               *(Request.tags[key].as_string().label(key) for key in _TAGS))
+    columns = (
+        Request.mode,
+        Request.drafter,
+        Request.arm,
+        Request.instance,
+        Request.status,
+        (Request.prompt_tokens + Request.output_tokens).label("context"),
+        Request.ttft_s,
+        Request.e2e_s,
+        Request.output_tokens,
+        Request.num_draft_tokens,
+        Request.num_accepted_tokens,
+        Request.load_at_admission,
+        *(Request.tags[key].as_string().label(key) for key in _TAGS),
+    )
     with engine.connect() as conn:
         result = conn.execute(filters.apply(select(*columns), window))
         names, rows = list(result.keys()), result.all()
@@ -211,25 +253,41 @@ def scenario_evidence(
     table = {name: np.array(column, dtype=object) for name, column in zip(names, zip(*rows))}
     scenario = np.where(np.equal(table["scenario"], None), "untagged", table["scenario"]).astype(str)
     peaks = _peak_memory(engine, window)
-    return [_evidence(name, {k: v[scenario == name] for k, v in table.items()}, peaks, device_memory_bytes, gpu_count)
-            for name in sorted(set(scenario))]
+    return [
+        _evidence(name, {k: v[scenario == name] for k, v in table.items()}, peaks, device_memory_bytes, gpu_count)
+        for name in sorted(set(scenario))
+    ]
 
 
 Columns = dict[str, np.ndarray]
 
 
-def _evidence(name: str, t: Columns, peaks: dict[str, float], device_memory: float | None, gpu_count: int) -> ScenarioEvidence:
-    context, ttft, drafted, accepted, load = (t[column].astype(float) for column in (
-        "context", "ttft_s", "num_draft_tokens", "num_accepted_tokens", "load_at_admission"))
+def _evidence(
+    name: str, t: Columns, peaks: dict[str, float], device_memory: float | None, gpu_count: int
+) -> ScenarioEvidence:
+    context, ttft, drafted, accepted, load = (
+        t[column].astype(float)
+        for column in ("context", "ttft_s", "num_draft_tokens", "num_accepted_tokens", "load_at_admission")
+    )
     spec = t["mode"] == "speculative"
     speedup, p_value, by = _speedup(t)
     instance_peaks = [peaks[i] for i in set(t["instance"]) if i in peaks]
     return ScenarioEvidence(
-        name, len(context), int(spec.sum()), tuple(sorted(set(t["drafter"][spec]) - {None})),
-        *_quantiles(context, (0.5, 0.9, 1.0)), *_quantiles(ttft, (0.5, 0.99)),
-        float(accepted.sum() / drafted.sum()) if drafted.sum() else None, speedup, p_value, by,
-        max(instance_peaks) if instance_peaks else None, device_memory, gpu_count,
-        float(np.nanmean(load)) if np.isfinite(load).any() else None, _greedy_share(t),
+        name,
+        len(context),
+        int(spec.sum()),
+        tuple(sorted(set(t["drafter"][spec]) - {None})),
+        *_quantiles(context, (0.5, 0.9, 1.0)),
+        *_quantiles(ttft, (0.5, 0.99)),
+        float(accepted.sum() / drafted.sum()) if drafted.sum() else None,
+        speedup,
+        p_value,
+        by,
+        max(instance_peaks) if instance_peaks else None,
+        device_memory,
+        gpu_count,
+        float(np.nanmean(load)) if np.isfinite(load).any() else None,
+        _greedy_share(t),
         bool(_lower_values(t["determinism"]) & set(DETERMINISM_VALUES)),
         "chat" in name.lower() or bool(_lower_values(t["latency"]) & set(LATENCY_VALUES)),
     )
@@ -252,7 +310,9 @@ def _speedup(t: Columns) -> tuple[float | None, float | None, str | None]:
     spec, plain = (per_token[t[by][ok] == name] for name in names)
     if not spec.size or not plain.size or not spec.mean():
         return None, None, None
-    p_value = float(mannwhitneyu(spec, plain, alternative="two-sided").pvalue) if min(spec.size, plain.size) > 1 else None
+    p_value = (
+        float(mannwhitneyu(spec, plain, alternative="two-sided").pvalue) if min(spec.size, plain.size) > 1 else None
+    )
     return float(plain.mean() / spec.mean()), p_value, by
 
 
@@ -281,7 +341,10 @@ def _is_zero(value: str | None) -> bool:
 
 def _peak_memory(engine: Engine, window: Window) -> dict[str, float]:
     """Instance -> peak mem_reserved_bytes of its device samples in the window."""
-    stmt = select(DeviceSampleRow.instance, func.max(DeviceSampleRow.mem_reserved_bytes)).where(
-        DeviceSampleRow.at >= window.start, DeviceSampleRow.at < window.end).group_by(DeviceSampleRow.instance)
+    stmt = (
+        select(DeviceSampleRow.instance, func.max(DeviceSampleRow.mem_reserved_bytes))
+        .where(DeviceSampleRow.at >= window.start, DeviceSampleRow.at < window.end)
+        .group_by(DeviceSampleRow.instance)
+    )
     with engine.connect() as conn:
         return {instance: float(peak) for instance, peak in conn.execute(stmt)}

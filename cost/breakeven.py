@@ -60,7 +60,7 @@ def alpha_from_mean_acceptance_length(length: float, gamma: float) -> float:
 
 def draft_cost_ratio(draft_s: float, verify_s: float, drafts: int, draft_tokens: int) -> float | None:
     """c = seconds per drafted token / seconds per verification (one target forward per round)
-         = (draft_s / draft_tokens) / (verify_s / drafts).  None when not measured."""
+    = (draft_s / draft_tokens) / (verify_s / drafts).  None when not measured."""
     if drafts <= 0 or draft_tokens <= 0 or verify_s <= 0:
         return None
     return (draft_s / draft_tokens) / (verify_s / drafts)
@@ -155,14 +155,26 @@ def _break_even(inputs: CostInputs, arm: ModeMeasure) -> BreakEven:
     gamma, c, alpha = arm.mean_draft_length, arm_ratio(arm), measured_alpha(arm)
     modelled = gamma is not None and c is not None
     plain = inputs.baseline
-    curve = tuple((float(a), expected_speedup(a, gamma, c) if modelled else None,
-                   _net_at(inputs, a, arm.key) if modelled and alpha is not None else None)
-                  for a in np.linspace(0.0, 1.0, 21))
+    curve = tuple(
+        (
+            float(a),
+            expected_speedup(a, gamma, c) if modelled else None,
+            _net_at(inputs, a, arm.key) if modelled and alpha is not None else None,
+        )
+        for a in np.linspace(0.0, 1.0, 21)
+    )
     return BreakEven(
-        arm.key, gamma, c, arm.accepted_tokens / arm.draft_tokens if arm.draft_tokens else None, alpha,
+        arm.key,
+        gamma,
+        c,
+        arm.accepted_tokens / arm.draft_tokens if arm.draft_tokens else None,
+        alpha,
         expected_speedup(alpha, gamma, c) if modelled and alpha is not None else None,
         arm.tokens_per_s / plain.tokens_per_s if plain else None,
-        break_even_alpha(gamma, c) if modelled else None, benefit_break_even_alpha(inputs, arm.key), curve)
+        break_even_alpha(gamma, c) if modelled else None,
+        benefit_break_even_alpha(inputs, arm.key),
+        curve,
+    )
 
 
 @dataclass(frozen=True)
@@ -179,26 +191,42 @@ class TornadoRow:
 
 
 _PRICE_FIELDS = ("electricity_usd_per_kwh", "pue", "storage_usd_per_gb_month", "engineer_day_usd")
-_HIDDEN_FIELDS = ("draft_training_usd", "amortisation_months", "monitoring_gb_per_day", "incident_days_per_week",
-                  "tech_debt_buffer")
-_BOUNDS = {"pue": (1.0, math.inf), "tech_debt_buffer": (0.0, 10.0), "acceptance (alpha)": (0.0, 1.0),
-           "amortisation_months": (1e-9, math.inf)}
+_HIDDEN_FIELDS = (
+    "draft_training_usd",
+    "amortisation_months",
+    "monitoring_gb_per_day",
+    "incident_days_per_week",
+    "tech_debt_buffer",
+)
+_BOUNDS = {
+    "pue": (1.0, math.inf),
+    "tech_debt_buffer": (0.0, 10.0),
+    "acceptance (alpha)": (0.0, 1.0),
+    "amortisation_months": (1e-9, math.inf),
+}
 
 
 def _knobs(inputs: CostInputs, key: str) -> dict[str, tuple[float, Callable[[float], CostInputs]]]:
     """Input name -> (base value, inputs with that value)."""
     p, h = inputs.prices, inputs.hidden
-    knobs = {"gpu_hour_usd": (inputs.gpu_hour_usd, lambda v: replace(inputs, prices=p.with_gpu_hour(inputs.gpu_type, v))),
-             "monthly_output_tokens": (monthly_volume(inputs)[0], lambda v: replace(inputs, monthly_output_tokens=v))}
+    knobs = {
+        "gpu_hour_usd": (inputs.gpu_hour_usd, lambda v: replace(inputs, prices=p.with_gpu_hour(inputs.gpu_type, v))),
+        "monthly_output_tokens": (monthly_volume(inputs)[0], lambda v: replace(inputs, monthly_output_tokens=v)),
+    }
     knobs |= {n: (getattr(p, n), lambda v, n=n: replace(inputs, prices=replace(p, **{n: v}))) for n in _PRICE_FIELDS}
     knobs |= {n: (getattr(h, n), lambda v, n=n: replace(inputs, hidden=replace(h, **{n: v}))) for n in _HIDDEN_FIELDS}
     for arm in (_arm(inputs, key), inputs.baseline):
         knobs[f"{arm.key} tokens_per_s"] = (arm.tokens_per_s, lambda v, k=arm.key: _with_arm(inputs, k, tokens_per_s=v))
         if arm.energy_j_per_token is not None:
             knobs[f"{arm.key} energy_j_per_token"] = (
-                arm.energy_j_per_token, lambda v, k=arm.key: _with_arm(inputs, k, energy_j_per_token=v))
+                arm.energy_j_per_token,
+                lambda v, k=arm.key: _with_arm(inputs, k, energy_j_per_token=v),
+            )
     spec = _arm(inputs, key)
-    knobs[f"{key} draft_memory_bytes"] = (spec.draft_memory_bytes, lambda v: _with_arm(inputs, key, draft_memory_bytes=v))
+    knobs[f"{key} draft_memory_bytes"] = (
+        spec.draft_memory_bytes,
+        lambda v: _with_arm(inputs, key, draft_memory_bytes=v),
+    )
     if measured_alpha(spec) is not None and arm_ratio(spec) is not None:
         knobs["acceptance (alpha)"] = (measured_alpha(spec), lambda v: at_acceptance(inputs, v, key))
     return knobs

@@ -1,8 +1,8 @@
 """`specwatch cost`: the TCO of speculative decoding for a window of the store, or for what-if inputs.
 
-    specwatch cost [--db URL] [--last SECONDS]           measured (default: the last 30 days)
-    specwatch cost --what-if FILE.toml                   inputs from TOML (cost/cost_example.toml)
-        [--gpu TYPE] [--prices FILE] [--volume TOKENS] [--json] [--xlsx FILE]
+specwatch cost [--db URL] [--last SECONDS]           measured (default: the last 30 days)
+specwatch cost --what-if FILE.toml                   inputs from TOML (cost/cost_example.toml)
+    [--gpu TYPE] [--prices FILE] [--volume TOKENS] [--json] [--xlsx FILE]
 """
 
 from __future__ import annotations
@@ -29,22 +29,55 @@ def _positive(value: str) -> float:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     cost = subparsers.add_parser("cost", help="price speculative decoding: TCO, break-even, sensitivity, advice")
-    cost.add_argument("--db", metavar="URL", default=None,
-                      help="SQLAlchemy URL (default: SPECWATCH_DATABASE_URL, else SQLite under SPECWATCH_DATA_DIR)")
+    cost.add_argument(
+        "--db",
+        metavar="URL",
+        default=None,
+        help="SQLAlchemy URL (default: SPECWATCH_DATABASE_URL, else SQLite under SPECWATCH_DATA_DIR)",
+    )
     source = cost.add_mutually_exclusive_group()
-    source.add_argument("--last", metavar="SECONDS", type=_positive, default=None,
-                        help=f"measure the last SECONDS of the store (default {MONTH_S}, 30 days)")
-    source.add_argument("--what-if", metavar="FILE.toml", type=Path, default=None,
-                        help="inputs from a TOML file instead of the store (keys: cost/cost_example.toml)")
-    cost.add_argument("--gpu", metavar="TYPE", default=None,
-                      help="accelerator of the price table (default: the what-if file's, else the sampled device's)")
-    cost.add_argument("--prices", metavar="FILE.toml", type=Path, default=None,
-                      help="price table (default: the shipped cost/prices.toml)")
-    cost.add_argument("--volume", metavar="TOKENS", type=_positive, default=None,
-                      help="output tokens per month to price (default: the observed volume)")
+    source.add_argument(
+        "--last",
+        metavar="SECONDS",
+        type=_positive,
+        default=None,
+        help=f"measure the last SECONDS of the store (default {MONTH_S}, 30 days)",
+    )
+    source.add_argument(
+        "--what-if",
+        metavar="FILE.toml",
+        type=Path,
+        default=None,
+        help="inputs from a TOML file instead of the store (keys: cost/cost_example.toml)",
+    )
+    cost.add_argument(
+        "--gpu",
+        metavar="TYPE",
+        default=None,
+        help="accelerator of the price table (default: the what-if file's, else the sampled device's)",
+    )
+    cost.add_argument(
+        "--prices",
+        metavar="FILE.toml",
+        type=Path,
+        default=None,
+        help="price table (default: the shipped cost/prices.toml)",
+    )
+    cost.add_argument(
+        "--volume",
+        metavar="TOKENS",
+        type=_positive,
+        default=None,
+        help="output tokens per month to price (default: the observed volume)",
+    )
     cost.add_argument("--json", action="store_true", help="print the whole model as JSON")
-    cost.add_argument("--xlsx", metavar="FILE", type=Path, default=None,
-                      help="also write the model as a spreadsheet with live formulas over an Inputs sheet")
+    cost.add_argument(
+        "--xlsx",
+        metavar="FILE",
+        type=Path,
+        default=None,
+        help="also write the model as a spreadsheet with live formulas over an Inputs sheet",
+    )
     cost.set_defaults(handler=cost_command)
 
 
@@ -85,7 +118,9 @@ def _measured(args: argparse.Namespace, prices, overrides: Overrides) -> CostSum
     try:
         if not is_current(engine):
             raise UsageError("the database schema is not current: run `specwatch db upgrade` first")
-        return measured_summary(engine, Window.last(args.last or MONTH_S), prices, gpu_type=args.gpu, overrides=overrides)
+        return measured_summary(
+            engine, Window.last(args.last or MONTH_S), prices, gpu_type=args.gpu, overrides=overrides
+        )
     except OperationalError as exc:
         raise UsageError(f"cannot read the database: {str(exc.orig).splitlines()[0]}") from None
     finally:

@@ -30,9 +30,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from sqlalchemy import Engine, case, func, select, text
 
-from cost.model import GB, Accelerator, CostInputs, HiddenCosts, ModeMeasure, Prices
 from collector.models import DeviceSampleRow, EngineEventRow, Request
 from collector.queries import Filters, Window
+from cost.model import GB, Accelerator, CostInputs, HiddenCosts, ModeMeasure, Prices
 
 PRICES_PATH = Path(__file__).with_name("prices.toml")
 
@@ -81,8 +81,14 @@ def load_prices(path: Path | None = None) -> Prices:
     except ValidationError as exc:
         raise ValueError(one_line(exc, str(path))) from None
     gpus = {name: Accelerator(name, g.usd_per_hour, g.memory_gb, g.source) for name, g in table.accelerators.items()}
-    return Prices(gpus, table.electricity.get("usd_per_kwh", 0.12), table.electricity.get("pue", 1.3),
-                  table.storage.get("usd_per_gb_month", 0.08), table.labour.get("engineer_day_usd", 800.0), table.as_of)
+    return Prices(
+        gpus,
+        table.electricity.get("usd_per_kwh", 0.12),
+        table.electricity.get("pue", 1.3),
+        table.storage.get("usd_per_gb_month", 0.08),
+        table.labour.get("engineer_day_usd", 800.0),
+        table.as_of,
+    )
 
 
 @dataclass(frozen=True)
@@ -110,15 +116,27 @@ def apply_overrides(inputs: CostInputs, overrides: Overrides) -> CostInputs:
     if "gpu_hour_usd" in given:
         prices = prices.with_gpu_hour(inputs.gpu_type, given["gpu_hour_usd"])
     hidden = replace(inputs.hidden, **{k: given[k] for k in _HIDDEN_OVERRIDES if k in given})
-    return replace(inputs, prices=prices, hidden=hidden,
-                   monthly_output_tokens=given.get("monthly_output_tokens", inputs.monthly_output_tokens))
+    return replace(
+        inputs,
+        prices=prices,
+        hidden=hidden,
+        monthly_output_tokens=given.get("monthly_output_tokens", inputs.monthly_output_tokens),
+    )
 
 
 # --- measured ---------------------------------------------------------------------------
 
+
 def measured_inputs(
-    engine: Engine, window: Window, prices: Prices, *, gpu_type: str, gpu_count: int = 1,
-    gpu_memory_bytes: float | None = None, hidden: HiddenCosts = HiddenCosts(), filters: Filters = Filters(),
+    engine: Engine,
+    window: Window,
+    prices: Prices,
+    *,
+    gpu_type: str,
+    gpu_count: int = 1,
+    gpu_memory_bytes: float | None = None,
+    hidden: HiddenCosts = HiddenCosts(),
+    filters: Filters = Filters(),
     measure_storage: bool = True,
 ) -> CostInputs:
     """CostInputs from the requests, device samples and events stored in `window` (module docstring).
@@ -127,9 +145,11 @@ def measured_inputs(
     window_s = window.end - max(window.start, first_at if first_at is not None else window.start)
     target, draft, memory_source = _memory(engine, window, filters)
     power_w = _serving_power(engine, window, filters)
-    arms = tuple(_measure(key, t, max(window_s, 1e-9), target, draft, memory_source, power_w)
-                 for key, t in sorted(totals.items(), key=lambda kv: (kv[0][0] != "autoregressive", kv[0][1] or ""))
-                 if t["busy_s"] > 0 and t["ok_tokens"] > 0)
+    arms = tuple(
+        _measure(key, t, max(window_s, 1e-9), target, draft, memory_source, power_w)
+        for key, t in sorted(totals.items(), key=lambda kv: (kv[0][0] != "autoregressive", kv[0][1] or ""))
+        if t["busy_s"] > 0 and t["ok_tokens"] > 0
+    )
     growth = storage_gb_per_day(engine, window) if measure_storage else None
     if growth is not None:
         hidden = replace(hidden, monitoring_gb_per_day=growth, monitoring_source="measured")
@@ -154,8 +174,10 @@ _SUMMED = {
 
 def _arm_totals(engine: Engine, window: Window, filters: Filters) -> tuple[dict, float | None]:
     """(mode, drafter) -> summed columns (+ the set of energy sources); and the first request time."""
-    stmt = filters.apply(select(Request.mode, Request.drafter, Request.energy_source, func.min(Request.started_at),
-                                *_SUMMED.values()), window).group_by(Request.mode, Request.drafter, Request.energy_source)
+    stmt = filters.apply(
+        select(Request.mode, Request.drafter, Request.energy_source, func.min(Request.started_at), *_SUMMED.values()),
+        window,
+    ).group_by(Request.mode, Request.drafter, Request.energy_source)
     totals: dict = defaultdict(lambda: {**dict.fromkeys(_SUMMED, 0.0), "sources": set()})
     first_at = None
     with engine.connect() as conn:
@@ -174,9 +196,24 @@ def _measure(key, t: dict, window_s: float, target, draft, memory_source, power_
     energy, source = _energy(t, tokens_per_s, power_w)
     draft_bytes, arm_memory_source = _draft_memory(drafter, draft, memory_source)
     return ModeMeasure(
-        mode, drafter, int(t["requests"]), int(t["output_tokens"]), window_s, tokens_per_s, energy, source,
-        int(t["retries"]), target, draft_bytes, arm_memory_source, int(t["drafts"]), int(t["draft_tokens"]),
-        int(t["accepted_tokens"]), t["draft_s"], t["verify_s"])
+        mode,
+        drafter,
+        int(t["requests"]),
+        int(t["output_tokens"]),
+        window_s,
+        tokens_per_s,
+        energy,
+        source,
+        int(t["retries"]),
+        target,
+        draft_bytes,
+        arm_memory_source,
+        int(t["drafts"]),
+        int(t["draft_tokens"]),
+        int(t["accepted_tokens"]),
+        t["draft_s"],
+        t["verify_s"],
+    )
 
 
 def _energy(t: dict, tokens_per_s: float, power_w: float | None) -> tuple[float | None, str | None]:
@@ -200,7 +237,8 @@ def _draft_memory(drafter: str | None, draft: float | None, memory_source: str) 
 def _memory(engine: Engine, window: Window, filters: Filters) -> tuple[float | None, float | None, str]:
     """(target bytes, draft bytes or None, source): medians of mem_reserved_bytes in the window."""
     stmt = select(DeviceSampleRow.mem_reserved_bytes, DeviceSampleRow.draft_loaded).where(
-        DeviceSampleRow.at >= window.start, DeviceSampleRow.at < window.end)
+        DeviceSampleRow.at >= window.start, DeviceSampleRow.at < window.end
+    )
     if filters.instance is not None:
         stmt = stmt.where(DeviceSampleRow.instance == filters.instance)
     with engine.connect() as conn:
@@ -221,8 +259,9 @@ def _memory(engine: Engine, window: Window, filters: Filters) -> tuple[float | N
 
 def _freed_by_unloads(engine: Engine, window: Window, filters: Filters) -> float | None:
     """Median memory a `draft_unloaded` event freed (reserved bytes, else process RSS)."""
-    stmt = select(EngineEventRow.detail).where(EngineEventRow.kind == "draft_unloaded", EngineEventRow.at >= window.start,
-                                               EngineEventRow.at < window.end)
+    stmt = select(EngineEventRow.detail).where(
+        EngineEventRow.kind == "draft_unloaded", EngineEventRow.at >= window.start, EngineEventRow.at < window.end
+    )
     if filters.instance is not None:
         stmt = stmt.where(EngineEventRow.instance == filters.instance)
     with engine.connect() as conn:
@@ -242,8 +281,11 @@ def _freed(detail: dict) -> float | None:
 def _serving_power(engine: Engine, window: Window, filters: Filters) -> float | None:
     """Mean power_w of device samples taken while requests were active (None without power readings)."""
     stmt = select(func.avg(DeviceSampleRow.power_w)).where(
-        DeviceSampleRow.at >= window.start, DeviceSampleRow.at < window.end, DeviceSampleRow.active_requests > 0,
-        DeviceSampleRow.power_w.is_not(None))
+        DeviceSampleRow.at >= window.start,
+        DeviceSampleRow.at < window.end,
+        DeviceSampleRow.active_requests > 0,
+        DeviceSampleRow.power_w.is_not(None),
+    )
     if filters.instance is not None:
         stmt = stmt.where(DeviceSampleRow.instance == filters.instance)
     with engine.connect() as conn:
@@ -258,8 +300,10 @@ def storage_gb_per_day(engine: Engine, window: Window) -> float | None:
     times = (Request.started_at, DeviceSampleRow.at, EngineEventRow.at)
     with engine.connect() as conn:
         total = sum(conn.execute(select(func.count()).select_from(t)).scalar() for t in tables)
-        in_window = [conn.execute(select(func.count(), func.min(c), func.max(c)).where(c >= window.start, c < window.end)).one()
-                     for c in times]
+        in_window = [
+            conn.execute(select(func.count(), func.min(c), func.max(c)).where(c >= window.start, c < window.end)).one()
+            for c in times
+        ]
         size = _database_bytes(conn)
     starts = [lo for n, lo, _ in in_window if n]
     if not total or not size or not starts:
@@ -277,14 +321,22 @@ def _database_bytes(conn) -> float | None:
 
 
 # Device names (DeviceSample.device) -> price table rows: the first pattern that matches.
-DEVICE_PATTERNS = (("H200", r"\bH200\b"), ("H100-SXM", r"\bH100\b"), ("A100-80GB", r"\bA100\b"), ("L4", r"\bL4\b"),
-                   ("cpu-laptop", r"^cpu$"))
+DEVICE_PATTERNS = (
+    ("H200", r"\bH200\b"),
+    ("H100-SXM", r"\bH100\b"),
+    ("A100-80GB", r"\bA100\b"),
+    ("L4", r"\bL4\b"),
+    ("cpu-laptop", r"^cpu$"),
+)
 
 
 def infer_gpu_type(engine: Engine, window: Window, prices: Prices) -> str | None:
     """The price table row of the device most samples in the window came from (None: no match)."""
-    stmt = select(DeviceSampleRow.device, func.count()).where(
-        DeviceSampleRow.at >= window.start, DeviceSampleRow.at < window.end).group_by(DeviceSampleRow.device)
+    stmt = (
+        select(DeviceSampleRow.device, func.count())
+        .where(DeviceSampleRow.at >= window.start, DeviceSampleRow.at < window.end)
+        .group_by(DeviceSampleRow.device)
+    )
     with engine.connect() as conn:
         devices = sorted(conn.execute(stmt).all(), key=lambda row: -row[1])
     for device, _ in devices:
@@ -295,6 +347,7 @@ def infer_gpu_type(engine: Engine, window: Window, prices: Prices) -> str | None
 
 
 # --- what-if TOML ----------------------------------------------------------------------
+
 
 class _ArmToml(_Model):
     mode: Literal["speculative", "autoregressive"]
@@ -323,8 +376,12 @@ class _ArmToml(_Model):
     def measure(self) -> ModeMeasure:
         fields = self.model_dump(exclude={"target_memory_gb", "draft_memory_gb"})
         target = None if self.target_memory_gb is None else self.target_memory_gb * GB
-        return ModeMeasure(**fields, target_memory_bytes=target, draft_memory_bytes=self.draft_memory_gb * GB,
-                           memory_source="given" if target is not None else "unmeasured")
+        return ModeMeasure(
+            **fields,
+            target_memory_bytes=target,
+            draft_memory_bytes=self.draft_memory_gb * GB,
+            memory_source="given" if target is not None else "unmeasured",
+        )
 
 
 class _PriceOverridesToml(_Model):
@@ -374,5 +431,12 @@ def _what_if(spec: _WhatIfToml, prices: Prices, gpu: str) -> CostInputs:
         prices = prices.with_gpu_hour(gpu, gpu_hour)
     hidden = HiddenCosts(**spec.hidden.model_dump(), monitoring_source="given")
     memory = None if spec.gpu_memory_gb is None else spec.gpu_memory_gb * GB
-    return CostInputs(tuple(arm.measure() for arm in spec.arms), prices, gpu, spec.gpu_count, memory,
-                      spec.monthly_output_tokens, hidden)
+    return CostInputs(
+        tuple(arm.measure() for arm in spec.arms),
+        prices,
+        gpu,
+        spec.gpu_count,
+        memory,
+        spec.monthly_output_tokens,
+        hidden,
+    )

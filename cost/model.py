@@ -68,7 +68,9 @@ class Prices:
 
     def accelerator(self, gpu_type: str) -> Accelerator:
         if gpu_type not in self.accelerators:
-            raise ValueError(f"unknown GPU type {gpu_type!r}; the price table has {', '.join(sorted(self.accelerators))}")
+            raise ValueError(
+                f"unknown GPU type {gpu_type!r}; the price table has {', '.join(sorted(self.accelerators))}"
+            )
         return self.accelerators[gpu_type]
 
     def with_gpu_hour(self, gpu_type: str, usd_per_hour: float) -> Prices:
@@ -93,7 +95,12 @@ class HiddenCosts:
     def __post_init__(self) -> None:
         _require(self.amortisation_months > 0, "amortisation_months must be > 0")
         _require(0 <= self.tech_debt_buffer <= 10, "tech_debt_buffer must be a fraction in [0, 10]")
-        for name in ("draft_training_usd", "monitoring_gb_per_day", "monitoring_retention_days", "incident_days_per_week"):
+        for name in (
+            "draft_training_usd",
+            "monitoring_gb_per_day",
+            "monitoring_retention_days",
+            "incident_days_per_week",
+        ):
             _require(getattr(self, name) >= 0, f"{name} must be >= 0")
 
 
@@ -127,8 +134,17 @@ class ModeMeasure:
         _require(self.mode in MODES, f"mode must be one of {MODES}")
         _require(self.tokens_per_s > 0, f"{self.key}: tokens_per_s must be > 0")
         _require(self.window_s > 0, f"{self.key}: window_s must be > 0")
-        for name in ("requests", "output_tokens", "retries", "draft_memory_bytes", "drafts", "draft_tokens",
-                     "accepted_tokens", "draft_s", "verify_s"):
+        for name in (
+            "requests",
+            "output_tokens",
+            "retries",
+            "draft_memory_bytes",
+            "drafts",
+            "draft_tokens",
+            "accepted_tokens",
+            "draft_s",
+            "verify_s",
+        ):
             _require(getattr(self, name) >= 0, f"{self.key}: {name} must be >= 0")
         _require(self.energy_j_per_token is None or self.energy_j_per_token >= 0, f"{self.key}: energy must be >= 0")
         _require(self.target_memory_bytes is None or self.target_memory_bytes >= 0, f"{self.key}: memory must be >= 0")
@@ -165,7 +181,9 @@ class CostInputs:
         self.prices.accelerator(self.gpu_type)
         _require(self.gpu_count >= 1, "gpu_count must be >= 1")
         _require(self.gpu_memory_bytes is None or self.gpu_memory_bytes > 0, "gpu_memory_bytes must be > 0")
-        _require(self.monthly_output_tokens is None or self.monthly_output_tokens >= 0, "monthly_output_tokens must be >= 0")
+        _require(
+            self.monthly_output_tokens is None or self.monthly_output_tokens >= 0, "monthly_output_tokens must be >= 0"
+        )
         keys = [arm.key for arm in self.arms]
         _require(len(set(keys)) == len(keys), "one measure per (mode, drafter)")
         _require(sum(arm.mode == "autoregressive" for arm in self.arms) <= 1, "at most one autoregressive arm")
@@ -277,8 +295,22 @@ def arm_cost(arm: ModeMeasure, inputs: CostInputs, volume: float) -> ArmCost:
     retry_factor = arm.retries / arm.requests if arm.requests else 0.0
     retries = (compute + energy) * retry_factor
     total = compute + energy + retries
-    return ArmCost(arm.key, arm.mode, arm.drafter, share, arm.memory_source, gpu_hours, compute, kwh, energy,
-                   arm.energy_source if kwh is not None else None, retry_factor, retries, total, total * volume / MTOK)
+    return ArmCost(
+        arm.key,
+        arm.mode,
+        arm.drafter,
+        share,
+        arm.memory_source,
+        gpu_hours,
+        compute,
+        kwh,
+        energy,
+        arm.energy_source if kwh is not None else None,
+        retry_factor,
+        retries,
+        total,
+        total * volume / MTOK,
+    )
 
 
 def needs_training(drafter: str | None) -> bool:
@@ -287,17 +319,18 @@ def needs_training(drafter: str | None) -> bool:
 
 def hidden_monthly(hidden: HiddenCosts, prices: Prices, drafter: str | None) -> HiddenMonthly:
     """USD/month:
-        draft_training = draft_training_usd / amortisation_months   (0 for n-gram drafters)
-        monitoring     = monitoring_gb_per_day x retention_days x storage_usd_per_gb_month
-                         (the steady-state store size, paid every month)
-        incidents      = incident_days_per_week x 52/12 x engineer_day_usd
-        tech_debt      = tech_debt_buffer x (draft_training + monitoring + incidents)"""
+    draft_training = draft_training_usd / amortisation_months   (0 for n-gram drafters)
+    monitoring     = monitoring_gb_per_day x retention_days x storage_usd_per_gb_month
+                     (the steady-state store size, paid every month)
+    incidents      = incident_days_per_week x 52/12 x engineer_day_usd
+    tech_debt      = tech_debt_buffer x (draft_training + monitoring + incidents)"""
     training = hidden.draft_training_usd / hidden.amortisation_months if needs_training(drafter) else 0.0
     monitoring = hidden.monitoring_gb_per_day * hidden.monitoring_retention_days * prices.storage_usd_per_gb_month
     incidents = hidden.incident_days_per_week * WEEKS_PER_MONTH * prices.engineer_day_usd
     buffer = hidden.tech_debt_buffer * (training + monitoring + incidents)
-    return HiddenMonthly(training, monitoring, hidden.monitoring_source, incidents, buffer,
-                         training + monitoring + incidents + buffer)
+    return HiddenMonthly(
+        training, monitoring, hidden.monitoring_source, incidents, buffer, training + monitoring + incidents + buffer
+    )
 
 
 def benefit(spec: ArmCost, plain: ArmCost, inputs: CostInputs) -> Benefit:
@@ -316,8 +349,17 @@ def tco(inputs: CostInputs) -> Tco:
     costs = tuple(arm_cost(arm, inputs, volume) for arm in inputs.arms)
     plain = next((c for c in costs if c.mode == "autoregressive"), None)
     benefits = tuple(benefit(c, plain, inputs) for c in costs if c.mode == "speculative") if plain else ()
-    return Tco(inputs.gpu_type, inputs.gpu_hour_usd, inputs.prices.as_of, volume, volume_source, costs, benefits,
-               primary_key(inputs), notes(inputs))
+    return Tco(
+        inputs.gpu_type,
+        inputs.gpu_hour_usd,
+        inputs.prices.as_of,
+        volume,
+        volume_source,
+        costs,
+        benefits,
+        primary_key(inputs),
+        notes(inputs),
+    )
 
 
 def primary_key(inputs: CostInputs) -> str | None:
@@ -344,10 +386,14 @@ def notes(inputs: CostInputs) -> tuple[str, ...]:
         elif "estimate" in arm.energy_source:
             found.append(f"{arm.key}: energy is an estimate ({arm.energy_source.replace('estimate', 'not metered')})")
         if arm.memory_source not in ("measured", "given"):
-            found.append(f"{arm.key}: memory {arm.memory_source}" + (
-                " (whole devices charged)" if arm.target_memory_bytes is None else ""))
+            found.append(
+                f"{arm.key}: memory {arm.memory_source}"
+                + (" (whole devices charged)" if arm.target_memory_bytes is None else "")
+            )
     if inputs.hidden.monitoring_source == "default":
-        found.append(f"monitoring storage: {inputs.hidden.monitoring_gb_per_day:g} GB/day assumed (default), not measured")
+        found.append(
+            f"monitoring storage: {inputs.hidden.monitoring_gb_per_day:g} GB/day assumed (default), not measured"
+        )
     return tuple(found)
 
 

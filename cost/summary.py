@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine
 
+from collector.queries import Filters, Window
 from cost.advisor import Recommendation, advise
 from cost.breakeven import BreakEven, TornadoRow, break_even, sensitivity
-from cost.model import CostInputs, Prices, Tco, tco
 from cost.inputs import Overrides, apply_overrides, infer_gpu_type, measured_inputs
-from collector.queries import Filters, Window
+from cost.model import CostInputs, Prices, Tco, tco
 
 DEFAULT_GPU = "H100-SXM"
 MONTH_S = 30 * 86400
@@ -36,15 +36,37 @@ class CostSummary:
     notes: tuple[str, ...]  # the TCO's notes and how the inputs were chosen
 
 
-def summarize(inputs: CostInputs, *, source: str = "what-if", window: Window | None = None,
-              advice: tuple[Recommendation, ...] = (), notes: tuple[str, ...] = (), spread: float = 0.2) -> CostSummary:
+def summarize(
+    inputs: CostInputs,
+    *,
+    source: str = "what-if",
+    window: Window | None = None,
+    advice: tuple[Recommendation, ...] = (),
+    notes: tuple[str, ...] = (),
+    spread: float = 0.2,
+) -> CostSummary:
     costs = tco(inputs)
-    return CostSummary(source, window, inputs, costs, break_even(inputs), tuple(sensitivity(inputs, spread)),
-                       tuple(advice), tuple(notes) + costs.notes)
+    return CostSummary(
+        source,
+        window,
+        inputs,
+        costs,
+        break_even(inputs),
+        tuple(sensitivity(inputs, spread)),
+        tuple(advice),
+        tuple(notes) + costs.notes,
+    )
 
 
-def measured_summary(engine: Engine, window: Window, prices: Prices, *, gpu_type: str | None = None,
-                     overrides: Overrides = Overrides(), filters: Filters = Filters()) -> CostSummary:
+def measured_summary(
+    engine: Engine,
+    window: Window,
+    prices: Prices,
+    *,
+    gpu_type: str | None = None,
+    overrides: Overrides = Overrides(),
+    filters: Filters = Filters(),
+) -> CostSummary:
     """Measure the window, price it on `gpu_type` (default: the sampled device, else H100-SXM),
     apply the overrides and advise per scenario. ValueError on an unknown GPU or a bad override."""
     notes = []
@@ -59,6 +81,7 @@ def measured_summary(engine: Engine, window: Window, prices: Prices, *, gpu_type
 
 # --- text -----------------------------------------------------------------------------------
 
+
 def _usd(value: float | None, digits: int = 2) -> str:
     return "n/a" if value is None else f"{value:,.{digits}f}"
 
@@ -69,31 +92,47 @@ def _num(value: float | None, fmt: str = ".3f") -> str:
 
 def render_text(summary: CostSummary) -> str:
     notes = ["", "Notes:", *(f"  - {n}" for n in summary.notes)] if summary.notes else []
-    return "\n".join([*_header(summary), "", *_arm_table(summary.tco), "", *_benefits(summary.tco),
-                      *_break_even_lines(summary.break_even), *_tornado_lines(summary.sensitivity),
-                      *_advice_lines(summary.advice), *notes])
+    return "\n".join(
+        [
+            *_header(summary),
+            "",
+            *_arm_table(summary.tco),
+            "",
+            *_benefits(summary.tco),
+            *_break_even_lines(summary.break_even),
+            *_tornado_lines(summary.sensitivity),
+            *_advice_lines(summary.advice),
+            *notes,
+        ]
+    )
 
 
 def _header(summary: CostSummary) -> list[str]:
     t = summary.tco
     where = "what-if inputs" if summary.window is None else f"last {_span(summary.window.seconds)} measured"
-    return [(f"Cost of speculative decoding ({where}); {t.gpu_type} at ${t.gpu_hour_usd:.2f}/GPU-hour, "
-             f"prices as of {t.prices_as_of}"),
-            f"Volume priced: {t.monthly_output_tokens:,.0f} output tokens/month ({t.volume_source})"]
+    return [
+        (
+            f"Cost of speculative decoding ({where}); {t.gpu_type} at ${t.gpu_hour_usd:.2f}/GPU-hour, "
+            f"prices as of {t.prices_as_of}"
+        ),
+        f"Volume priced: {t.monthly_output_tokens:,.0f} output tokens/month ({t.volume_source})",
+    ]
 
 
 def _arm_table(t: Tco) -> list[str]:
     if not t.arms:
         return ["No requests to price in this window."]
-    rows = [("USD per 1M output tokens", [a.key for a in t.arms]),
-            ("memory share", [_num(a.memory_share) for a in t.arms]),
-            ("GPU-hours", [_num(a.gpu_hours_per_mtok, ".4g") for a in t.arms]),
-            ("compute", [_usd(a.compute_usd_per_mtok, 4) for a in t.arms]),
-            ("energy", [_usd(a.energy_usd_per_mtok, 4) for a in t.arms]),
-            ("  energy source", [a.energy_source or "not measured" for a in t.arms]),
-            ("retries", [_usd(a.retries_usd_per_mtok, 4) for a in t.arms]),
-            ("total", [_usd(a.total_usd_per_mtok, 4) for a in t.arms]),
-            ("monthly USD at the volume", [_usd(a.monthly_usd, 0) for a in t.arms])]
+    rows = [
+        ("USD per 1M output tokens", [a.key for a in t.arms]),
+        ("memory share", [_num(a.memory_share) for a in t.arms]),
+        ("GPU-hours", [_num(a.gpu_hours_per_mtok, ".4g") for a in t.arms]),
+        ("compute", [_usd(a.compute_usd_per_mtok, 4) for a in t.arms]),
+        ("energy", [_usd(a.energy_usd_per_mtok, 4) for a in t.arms]),
+        ("  energy source", [a.energy_source or "not measured" for a in t.arms]),
+        ("retries", [_usd(a.retries_usd_per_mtok, 4) for a in t.arms]),
+        ("total", [_usd(a.total_usd_per_mtok, 4) for a in t.arms]),
+        ("monthly USD at the volume", [_usd(a.monthly_usd, 0) for a in t.arms]),
+    ]
     widths = [max(len(r[1][i]) for r in rows) + 2 for i in range(len(t.arms))]
     return [f"{label:<28}" + "".join(f"{cell:>{w}}" for cell, w in zip(cells, widths)) for label, cells in rows]
 
@@ -104,21 +143,27 @@ def _benefits(t: Tco) -> list[str]:
         h = b.hidden
         payback = "never" if b.payback_months is None else f"{b.payback_months:.1f} months"
         primary = " (primary)" if b.key == t.primary else ""
-        lines += [f"{b.key}{primary}: saves {_usd(b.explicit_saving_usd, 0)} USD/month explicit",
-                  (f"  hidden USD/month: draft training {_usd(h.draft_training_usd, 0)}, monitoring {_usd(h.monitoring_usd, 0)}"
-                   f" ({h.monitoring_source}), incidents {_usd(h.incidents_usd, 0)}, tech debt {_usd(h.tech_debt_usd, 0)}"
-                   f" = {_usd(h.total_usd, 0)}"),
-                  f"  net benefit {_usd(b.net_usd, 0)} USD/month; draft training pays back: {payback}"]
+        lines += [
+            f"{b.key}{primary}: saves {_usd(b.explicit_saving_usd, 0)} USD/month explicit",
+            (
+                f"  hidden USD/month: draft training {_usd(h.draft_training_usd, 0)}, monitoring {_usd(h.monitoring_usd, 0)}"
+                f" ({h.monitoring_source}), incidents {_usd(h.incidents_usd, 0)}, tech debt {_usd(h.tech_debt_usd, 0)}"
+                f" = {_usd(h.total_usd, 0)}"
+            ),
+            f"  net benefit {_usd(b.net_usd, 0)} USD/month; draft training pays back: {payback}",
+        ]
     return lines or ["No plain-decoding arm to compare against: no benefit computed."]
 
 
 def _break_even_lines(rows: tuple[BreakEven, ...]) -> list[str]:
     lines = ["", "Break-even (acceptance alpha per drafted token):"] if rows else []
     for b in rows:
-        lines.append(f"  {b.key}: gamma {_num(b.gamma, '.2f')}, c {_num(b.draft_cost_ratio)}, acceptance rate "
-                     f"{_num(b.acceptance_rate)}, alpha {_num(b.measured_alpha)}; speed-up model {_num(b.model_speedup, '.2f')}x,"
-                     f" measured {_num(b.measured_speedup, '.2f')}x; speed-up 1 at alpha {_num(b.speedup_alpha)},"
-                     f" net benefit 0 at alpha {_num(b.benefit_alpha)}")
+        lines.append(
+            f"  {b.key}: gamma {_num(b.gamma, '.2f')}, c {_num(b.draft_cost_ratio)}, acceptance rate "
+            f"{_num(b.acceptance_rate)}, alpha {_num(b.measured_alpha)}; speed-up model {_num(b.model_speedup, '.2f')}x,"
+            f" measured {_num(b.measured_speedup, '.2f')}x; speed-up 1 at alpha {_num(b.speedup_alpha)},"
+            f" net benefit 0 at alpha {_num(b.benefit_alpha)}"
+        )
     return lines
 
 

@@ -68,9 +68,11 @@ BENEFIT_ROWS = {
     "explicit_saving_usd_month": "{plain:monthly_usd}-{m:monthly_usd}",
     "net_benefit_usd_month": "{m:explicit_saving_usd_month}-{m:hidden_usd_month}",
     # saving net of the recurring hidden costs (with buffer) > 0: training / that saving, else "never"
-    "payback_months": ("IF({m:explicit_saving_usd_month}-({m:monitoring_usd_month}+{m:incidents_usd_month})"
-                       "*(1+{g:tech_debt_buffer})>0,{g:draft_training_usd}*{a:needs_training}/({m:explicit_saving_usd_month}"
-                       "-({m:monitoring_usd_month}+{m:incidents_usd_month})*(1+{g:tech_debt_buffer})),\"never\")"),
+    "payback_months": (
+        "IF({m:explicit_saving_usd_month}-({m:monitoring_usd_month}+{m:incidents_usd_month})"
+        "*(1+{g:tech_debt_buffer})>0,{g:draft_training_usd}*{a:needs_training}/({m:explicit_saving_usd_month}"
+        '-({m:monitoring_usd_month}+{m:incidents_usd_month})*(1+{g:tech_debt_buffer})),"never")'
+    ),
 }
 MODEL_ROW = {label: i + 2 for i, label in enumerate([*ARM_ROWS, *BENEFIT_ROWS])}
 
@@ -78,20 +80,33 @@ MODEL_ROW = {label: i + 2 for i, label in enumerate([*ARM_ROWS, *BENEFIT_ROWS])}
 def global_values(inputs: CostInputs) -> dict[str, float]:
     h, p = inputs.hidden, inputs.prices
     return {
-        "gpu_hour_usd": inputs.gpu_hour_usd, "gpu_count": inputs.gpu_count, "gpu_memory_gb": inputs.device_memory_bytes / GB,
-        "electricity_usd_per_kwh": p.electricity_usd_per_kwh, "pue": p.pue,
+        "gpu_hour_usd": inputs.gpu_hour_usd,
+        "gpu_count": inputs.gpu_count,
+        "gpu_memory_gb": inputs.device_memory_bytes / GB,
+        "electricity_usd_per_kwh": p.electricity_usd_per_kwh,
+        "pue": p.pue,
         "storage_usd_per_gb_month": p.storage_usd_per_gb_month,
-        "engineer_day_usd": p.engineer_day_usd, "monthly_output_tokens": monthly_volume(inputs)[0],
-        "draft_training_usd": h.draft_training_usd, "amortisation_months": h.amortisation_months,
-        "monitoring_gb_per_day": h.monitoring_gb_per_day, "monitoring_retention_days": h.monitoring_retention_days,
-        "incident_days_per_week": h.incident_days_per_week, "tech_debt_buffer": h.tech_debt_buffer,
+        "engineer_day_usd": p.engineer_day_usd,
+        "monthly_output_tokens": monthly_volume(inputs)[0],
+        "draft_training_usd": h.draft_training_usd,
+        "amortisation_months": h.amortisation_months,
+        "monitoring_gb_per_day": h.monitoring_gb_per_day,
+        "monitoring_retention_days": h.monitoring_retention_days,
+        "incident_days_per_week": h.incident_days_per_week,
+        "tech_debt_buffer": h.tech_debt_buffer,
     }
 
 
 def arm_values(arm) -> dict[str, float]:
-    return {"tokens_per_s": arm.tokens_per_s, "requests": arm.requests, "retries": arm.retries,
-            "energy_j_per_token": arm.energy_j_per_token or 0.0, "target_memory_gb": (arm.target_memory_bytes or 0.0) / GB,
-            "draft_memory_gb": arm.draft_memory_bytes / GB, "needs_training": int(needs_training(arm.drafter))}
+    return {
+        "tokens_per_s": arm.tokens_per_s,
+        "requests": arm.requests,
+        "retries": arm.retries,
+        "energy_j_per_token": arm.energy_j_per_token or 0.0,
+        "target_memory_gb": (arm.target_memory_bytes or 0.0) / GB,
+        "draft_memory_gb": arm.draft_memory_bytes / GB,
+        "needs_training": int(needs_training(arm.drafter)),
+    }
 
 
 def write_workbook(inputs: CostInputs, path: Path) -> None:
@@ -147,8 +162,10 @@ def _model_sheet(sheet, arms, has_plain: bool) -> None:
     for label, template in ARM_ROWS.items():
         sheet.append([label, *(formula(template, get_column_letter(i + 2)) for i in range(len(arms)))])
     for label, template in BENEFIT_ROWS.items():
-        cells = [formula(template, get_column_letter(i + 2)) if arm.mode == "speculative" and has_plain else None
-                 for i, arm in enumerate(arms)]
+        cells = [
+            formula(template, get_column_letter(i + 2)) if arm.mode == "speculative" and has_plain else None
+            for i, arm in enumerate(arms)
+        ]
         sheet.append([label, *cells])
     for cell in sheet[1]:
         cell.font = Font(bold=True)

@@ -15,17 +15,21 @@ import streamlit as st  # noqa: E402
 
 from dashboard.state import sidebar  # noqa: E402
 
-PAGES = Path(__file__).resolve().parent / "views"  # not "pages": Streamlit would also treat that as an old-style multipage app
+PAGES = (
+    Path(__file__).resolve().parent / "views"
+)  # not "pages": Streamlit would also treat that as an old-style multipage app
 
 st.set_page_config(page_title="specwatch", page_icon="📈", layout="wide")
-navigation = st.navigation([
-    st.Page(PAGES / "overview.py", title="Overview", icon="📊", default=True),
-    st.Page(PAGES / "acceptance.py", title="Acceptance", icon="🎯"),
-    st.Page(PAGES / "latency.py", title="Latency & throughput", icon="⏱️"),
-    st.Page(PAGES / "memory.py", title="Memory & power", icon="🔋"),
-    st.Page(PAGES / "alerts.py", title="Alerts", icon="🚨"),
-    st.Page(PAGES / "cost.py", title="Cost", icon="💲"),
-    st.Page(PAGES / "sources.py", title="Sources", icon="🛰️"),
-])
+navigation = st.navigation(
+    [
+        st.Page(PAGES / "overview.py", title="Overview", icon="📊", default=True),
+        st.Page(PAGES / "acceptance.py", title="Acceptance", icon="🎯"),
+        st.Page(PAGES / "latency.py", title="Latency & throughput", icon="⏱️"),
+        st.Page(PAGES / "memory.py", title="Memory & power", icon="🔋"),
+        st.Page(PAGES / "alerts.py", title="Alerts", icon="🚨"),
+        st.Page(PAGES / "cost.py", title="Cost", icon="💲"),
+        st.Page(PAGES / "sources.py", title="Sources", icon="🛰️"),
+    ]
+)
 st.session_state["view"] = sidebar()
 navigation.run()

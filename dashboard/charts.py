@@ -15,8 +15,15 @@ def _threshold(value: float, label: str) -> alt.LayerChart:
     return rule + text
 
 
-def line(frame: pd.DataFrame, y: str, title: str, threshold: float | None = None, threshold_label: str = "",
-         band: tuple[str, str] | None = None, color: str | None = None) -> alt.Chart:
+def line(
+    frame: pd.DataFrame,
+    y: str,
+    title: str,
+    threshold: float | None = None,
+    threshold_label: str = "",
+    band: tuple[str, str] | None = None,
+    color: str | None = None,
+) -> alt.Chart:
     """A time series (x = `time`), optionally with a threshold line and a shaded band (low, high columns)."""
     encoding = {"x": alt.X("time:T", title="time (UTC)"), "y": alt.Y(f"{y}:Q", title=title)}
     if color:
@@ -24,16 +31,28 @@ def line(frame: pd.DataFrame, y: str, title: str, threshold: float | None = None
     chart = alt.Chart(frame).mark_line(point=True).encode(**encoding, tooltip=["time:T", f"{y}:Q"])
     layers = [chart]
     if band:
-        layers.insert(0, alt.Chart(frame).mark_area(opacity=0.2).encode(x="time:T", y=f"{band[0]}:Q", y2=f"{band[1]}:Q"))
+        layers.insert(
+            0, alt.Chart(frame).mark_area(opacity=0.2).encode(x="time:T", y=f"{band[0]}:Q", y2=f"{band[1]}:Q")
+        )
     if threshold is not None:
         layers.append(_threshold(threshold, threshold_label))
     return alt.layer(*layers).properties(height=HEIGHT)
 
 
-def bars(frame: pd.DataFrame, x: str, y: str, x_title: str, y_title: str, threshold: float | None = None,
-         threshold_label: str = "") -> alt.Chart:
-    chart = alt.Chart(frame).mark_bar().encode(x=alt.X(f"{x}:O", title=x_title), y=alt.Y(f"{y}:Q", title=y_title),
-                                               tooltip=[f"{x}:O", f"{y}:Q"])
+def bars(
+    frame: pd.DataFrame,
+    x: str,
+    y: str,
+    x_title: str,
+    y_title: str,
+    threshold: float | None = None,
+    threshold_label: str = "",
+) -> alt.Chart:
+    chart = (
+        alt.Chart(frame)
+        .mark_bar()
+        .encode(x=alt.X(f"{x}:O", title=x_title), y=alt.Y(f"{y}:Q", title=y_title), tooltip=[f"{x}:O", f"{y}:Q"])
+    )
     layers = [chart] + ([_threshold(threshold, threshold_label)] if threshold is not None else [])
     return alt.layer(*layers).properties(height=HEIGHT)
 
@@ -41,9 +60,16 @@ def bars(frame: pd.DataFrame, x: str, y: str, x_title: str, y_title: str, thresh
 def cdf(frame: pd.DataFrame, metric: str, slo_ms: float | None = None) -> alt.Chart:
     """Quantile curves per group for one metric (x: milliseconds, y: share of requests)."""
     data = frame[frame["metric"] == metric]
-    chart = alt.Chart(data).mark_line(point=True).encode(
-        x=alt.X("ms:Q", title=f"{metric} (ms)"), y=alt.Y("quantile:Q", title="share of requests"), color="group:N",
-        tooltip=["group:N", "quantile:Q", "ms:Q"])
+    chart = (
+        alt.Chart(data)
+        .mark_line(point=True)
+        .encode(
+            x=alt.X("ms:Q", title=f"{metric} (ms)"),
+            y=alt.Y("quantile:Q", title="share of requests"),
+            color="group:N",
+            tooltip=["group:N", "quantile:Q", "ms:Q"],
+        )
+    )
     if slo_ms is None:
         return chart.properties(height=HEIGHT)
     rule = alt.Chart(pd.DataFrame({"x": [slo_ms]})).mark_rule(color="#d62728", strokeDash=[6, 4]).encode(x="x:Q")
@@ -59,16 +85,34 @@ def scatter(frame: pd.DataFrame, x: str, y: str, x_title: str, y_title: str, col
 
 def break_even(curves: pd.DataFrame, measured: list[tuple[str, float]]) -> alt.LayerChart:
     """Modelled speed-up against per-token acceptance α, the 1× line, and the measured α per arm."""
-    chart = alt.Chart(curves).mark_line().encode(
-        x=alt.X("acceptance:Q", title="per-token acceptance α"), y=alt.Y("speed-up:Q", title="speed-up (×)"), color="arm:N")
+    chart = (
+        alt.Chart(curves)
+        .mark_line()
+        .encode(
+            x=alt.X("acceptance:Q", title="per-token acceptance α"),
+            y=alt.Y("speed-up:Q", title="speed-up (×)"),
+            color="arm:N",
+        )
+    )
     one = alt.Chart(pd.DataFrame({"y": [1.0]})).mark_rule(color="#d62728", strokeDash=[6, 4]).encode(y="y:Q")
-    marks = alt.Chart(pd.DataFrame(measured, columns=["arm", "acceptance"])).mark_rule(strokeWidth=2).encode(
-        x="acceptance:Q", color="arm:N")
+    marks = (
+        alt.Chart(pd.DataFrame(measured, columns=["arm", "acceptance"]))
+        .mark_rule(strokeWidth=2)
+        .encode(x="acceptance:Q", color="arm:N")
+    )
     return alt.layer(chart, one, marks).properties(height=HEIGHT)
 
 
 def tornado(rows: pd.DataFrame) -> alt.Chart:
     """Net monthly benefit with each input at -20% and +20% (widest swing on top)."""
-    return alt.Chart(rows).mark_bar().encode(
-        y=alt.Y("name:N", sort=None, title=None), x=alt.X("net_at_low:Q", title="net benefit $/month"), x2="net_at_high:Q",
-        tooltip=["name:N", "low:Q", "high:Q", "net_at_low:Q", "net_at_high:Q"]).properties(height=HEIGHT)
+    return (
+        alt.Chart(rows)
+        .mark_bar()
+        .encode(
+            y=alt.Y("name:N", sort=None, title=None),
+            x=alt.X("net_at_low:Q", title="net benefit $/month"),
+            x2="net_at_high:Q",
+            tooltip=["name:N", "low:Q", "high:Q", "net_at_low:Q", "net_at_high:Q"],
+        )
+        .properties(height=HEIGHT)
+    )

@@ -11,7 +11,9 @@ from specwatch.common import tcp_port
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     dashboard = subparsers.add_parser("dashboard", help="the Streamlit dashboard over a collector")
-    dashboard.add_argument("--collector", default=None, help="collector URL (default: SPECWATCH_COLLECTOR_URL or http://127.0.0.1:8087)")
+    dashboard.add_argument(
+        "--collector", default=None, help="collector URL (default: SPECWATCH_COLLECTOR_URL or http://127.0.0.1:8087)"
+    )
     dashboard.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
     dashboard.add_argument("--port", type=tcp_port, default=8501, help="TCP port (default 8501)")
     dashboard.set_defaults(handler=run_dashboard)

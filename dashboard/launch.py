@@ -12,8 +12,23 @@ APP = Path(__file__).resolve().parent / "app.py"
 
 
 def command(port: int, host: str = "127.0.0.1") -> list[str]:
-    return [sys.executable, "-m", "streamlit", "run", str(APP), "--server.port", str(port), "--server.address", host,
-            "--server.headless", "true", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
+    return [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(APP),
+        "--server.port",
+        str(port),
+        "--server.address",
+        host,
+        "--server.headless",
+        "true",
+        "--browser.gatherUsageStats",
+        "false",
+        "--server.fileWatcherType",
+        "none",
+    ]
 
 
 def start_dashboard(port: int, collector_url: str, log: Path, timeout_s: float = 60.0) -> subprocess.Popen:

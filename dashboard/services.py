@@ -88,20 +88,34 @@ def acceptance_vs_length(view: View, by: str) -> dict:
 
 def breakdown(view: View, by: str) -> pd.DataFrame:
     groups = get("/v1/breakdown", view.params() | {"by": by})["groups"]
-    rows = [{"group": g["key"], "requests": g["requests"], "errors": g["errors"], "acceptance_rate": g["acceptance_rate"],
-             "mean_acceptance_length": g["mean_acceptance_length"], "ttft_p50_ms": _ms(g["ttft"]["p50"]),
-             "ttft_p99_ms": _ms(g["ttft"]["p99"]), "ms_per_token_p50": _ms(g["s_per_token"]["p50"]),
-             "energy_j_per_token": g["energy_j_per_token"], "energy_source": ", ".join(g["energy_sources"]) or None}
-            for g in groups]
+    rows = [
+        {
+            "group": g["key"],
+            "requests": g["requests"],
+            "errors": g["errors"],
+            "acceptance_rate": g["acceptance_rate"],
+            "mean_acceptance_length": g["mean_acceptance_length"],
+            "ttft_p50_ms": _ms(g["ttft"]["p50"]),
+            "ttft_p99_ms": _ms(g["ttft"]["p99"]),
+            "ms_per_token_p50": _ms(g["s_per_token"]["p50"]),
+            "energy_j_per_token": g["energy_j_per_token"],
+            "energy_source": ", ".join(g["energy_sources"]) or None,
+        }
+        for g in groups
+    ]
     return pd.DataFrame(rows)
 
 
 def cdfs(view: View, by: str = "mode") -> pd.DataFrame:
     """TTFT and latency-per-token quantiles per group, long format for a CDF chart."""
     data = get("/v1/breakdown", view.params() | {"by": by})
-    rows = [{"group": g["key"], "metric": metric, "quantile": q, "ms": _ms(v)}
-            for g in data["groups"] for metric, values in (("TTFT", g["ttft_cdf"]), ("latency per token", g["s_per_token_cdf"]))
-            for q, v in zip(data["cdf_points"], values) if v is not None]
+    rows = [
+        {"group": g["key"], "metric": metric, "quantile": q, "ms": _ms(v)}
+        for g in data["groups"]
+        for metric, values in (("TTFT", g["ttft_cdf"]), ("latency per token", g["s_per_token_cdf"]))
+        for q, v in zip(data["cdf_points"], values)
+        if v is not None
+    ]
     return pd.DataFrame(rows)
 
 
@@ -166,8 +180,12 @@ def vllm_signals(view: View) -> dict:
 def filter_options(seconds: float) -> dict[str, list[str]]:
     """Values seen in the window for each sidebar filter."""
     found = labels(View(seconds))
-    return {"instance": sorted(found["instance"]), "model": sorted(found["model"]), "drafter": sorted(found["drafter"]),
-            "tag": [f"scenario:{value}" for value in sorted(found["tag:scenario"])]}
+    return {
+        "instance": sorted(found["instance"]),
+        "model": sorted(found["model"]),
+        "drafter": sorted(found["drafter"]),
+        "tag": [f"scenario:{value}" for value in sorted(found["tag:scenario"])],
+    }
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -182,15 +200,24 @@ def overview(view: View) -> dict:
     seconds, total = view.seconds, sum(share.values())
     output_tokens = s["output_tokens_per_s"] * seconds
     return {
-        "requests": s["requests"], "requests_per_s": s["requests_per_s"], "output_tokens_per_s": s["output_tokens_per_s"],
+        "requests": s["requests"],
+        "requests_per_s": s["requests_per_s"],
+        "output_tokens_per_s": s["output_tokens_per_s"],
         "speculative_share": share.get("speculative", 0) / total if total else None,
-        "acceptance_rate": s["acceptance_rate"], "mean_acceptance_length": s["mean_acceptance_length"],
-        "drafts_per_s": s["drafts"] / seconds, "draft_tokens_per_s": s["draft_tokens"] / seconds,
+        "acceptance_rate": s["acceptance_rate"],
+        "mean_acceptance_length": s["mean_acceptance_length"],
+        "drafts_per_s": s["drafts"] / seconds,
+        "draft_tokens_per_s": s["draft_tokens"] / seconds,
         "accepted_tokens_per_s": s["accepted_tokens"] / seconds,
         "accepted_share_of_output": s["accepted_tokens"] / output_tokens if output_tokens else None,
-        "ttft_p50": s["ttft"]["p50"], "ttft_p99": s["ttft"]["p99"], "errors": s["errors"],
-        "firing": sum(a["state"] == "firing" for a in active), "pending": sum(a["state"] == "pending" for a in active),
-        "active_alerts": active, "speedup": comparison["speedup"], "speedup_p_value": comparison["p_value"],
+        "ttft_p50": s["ttft"]["p50"],
+        "ttft_p99": s["ttft"]["p99"],
+        "errors": s["errors"],
+        "firing": sum(a["state"] == "firing" for a in active),
+        "pending": sum(a["state"] == "pending" for a in active),
+        "active_alerts": active,
+        "speedup": comparison["speedup"],
+        "speedup_p_value": comparison["p_value"],
         "speedup_biased": comparison["biased"],
     }
 
@@ -220,8 +247,16 @@ def power_by_mode(view: View) -> pd.DataFrame:
     return frame[["group", "requests", "energy_j_per_token", "energy_source"]] if not frame.empty else frame
 
 
-COST_INPUTS = ("gpu_hour_usd", "electricity_usd_per_kwh", "pue", "monthly_output_tokens", "draft_training_usd",
-               "amortisation_months", "incident_days_per_week", "tech_debt_buffer")
+COST_INPUTS = (
+    "gpu_hour_usd",
+    "electricity_usd_per_kwh",
+    "pue",
+    "monthly_output_tokens",
+    "draft_training_usd",
+    "amortisation_months",
+    "incident_days_per_week",
+    "tech_debt_buffer",
+)
 
 
 def cost(view: View, gpu_type: str | None = None, overrides: tuple[tuple[str, float], ...] = ()) -> dict:
@@ -229,21 +264,52 @@ def cost(view: View, gpu_type: str | None = None, overrides: tuple[tuple[str, fl
     params = view.params() | ({"gpu_type": gpu_type} if gpu_type else {}) | dict(overrides)
     found = get("/v1/cost", params)
     tco = found["tco"]
-    arms = pd.DataFrame([{
-        "arm": a["key"], "$ / 1M tokens": a["total_usd_per_mtok"], "compute $": a["compute_usd_per_mtok"],
-        "energy $": a["energy_usd_per_mtok"], "energy source": a["energy_source"], "retries $": a["retries_usd_per_mtok"],
-        "GPU-hours / 1M tokens": a["gpu_hours_per_mtok"], "memory share": a["memory_share"], "monthly $": a["monthly_usd"],
-    } for a in tco["arms"]])
-    benefits = pd.DataFrame([{
-        "drafter arm": b["key"], "explicit saving $/month": b["explicit_saving_usd"],
-        "draft training $/month": b["hidden"]["draft_training_usd"], "monitoring $/month": b["hidden"]["monitoring_usd"],
-        "incidents $/month": b["hidden"]["incidents_usd"], "tech debt $/month": b["hidden"]["tech_debt_usd"],
-        "net $/month": b["net_usd"], "payback (months)": b["payback_months"],
-    } for b in tco["benefits"]])
-    curves = pd.DataFrame([{"arm": b["key"], "acceptance": alpha, "speed-up": speedup, "net $/month": net}
-                           for b in found["break_even"] for alpha, speedup, net in b["curve"]])
-    return {"summary": found, "arms": arms, "benefits": benefits, "curves": curves,
-            "tornado": pd.DataFrame(found["sensitivity"]), "advice": pd.DataFrame(found["advice"])}
+    arms = pd.DataFrame(
+        [
+            {
+                "arm": a["key"],
+                "$ / 1M tokens": a["total_usd_per_mtok"],
+                "compute $": a["compute_usd_per_mtok"],
+                "energy $": a["energy_usd_per_mtok"],
+                "energy source": a["energy_source"],
+                "retries $": a["retries_usd_per_mtok"],
+                "GPU-hours / 1M tokens": a["gpu_hours_per_mtok"],
+                "memory share": a["memory_share"],
+                "monthly $": a["monthly_usd"],
+            }
+            for a in tco["arms"]
+        ]
+    )
+    benefits = pd.DataFrame(
+        [
+            {
+                "drafter arm": b["key"],
+                "explicit saving $/month": b["explicit_saving_usd"],
+                "draft training $/month": b["hidden"]["draft_training_usd"],
+                "monitoring $/month": b["hidden"]["monitoring_usd"],
+                "incidents $/month": b["hidden"]["incidents_usd"],
+                "tech debt $/month": b["hidden"]["tech_debt_usd"],
+                "net $/month": b["net_usd"],
+                "payback (months)": b["payback_months"],
+            }
+            for b in tco["benefits"]
+        ]
+    )
+    curves = pd.DataFrame(
+        [
+            {"arm": b["key"], "acceptance": alpha, "speed-up": speedup, "net $/month": net}
+            for b in found["break_even"]
+            for alpha, speedup, net in b["curve"]
+        ]
+    )
+    return {
+        "summary": found,
+        "arms": arms,
+        "benefits": benefits,
+        "curves": curves,
+        "tornado": pd.DataFrame(found["sensitivity"]),
+        "advice": pd.DataFrame(found["advice"]),
+    }
 
 
 def report_html(month: str) -> bytes:
@@ -254,5 +320,7 @@ def report_html(month: str) -> bytes:
     except httpx.HTTPError as exc:
         raise CollectorUnavailable(f"cannot reach the collector at {collector_url()}: {exc}") from None
     if response.status_code != 200:
-        raise CollectorUnavailable(f"the collector answered {response.status_code} for the report: {response.text[:300]}")
+        raise CollectorUnavailable(
+            f"the collector answered {response.status_code} for the report: {response.text[:300]}"
+        )
     return response.content

@@ -14,8 +14,14 @@ from dashboard import services
 from dashboard.services import CollectorUnavailable, View
 
 TTL_S = 10
-WINDOWS = {"last 15 minutes": 900, "last hour": 3600, "last 6 hours": 6 * 3600, "last 24 hours": 86400,
-           "last 7 days": 7 * 86400, "last 30 days": 30 * 86400}
+WINDOWS = {
+    "last 15 minutes": 900,
+    "last hour": 3600,
+    "last 6 hours": 6 * 3600,
+    "last 24 hours": 86400,
+    "last 7 days": 7 * 86400,
+    "last 30 days": 30 * 86400,
+}
 EMPTY = "No telemetry in this window. Send some with `specwatch traffic --url http://127.0.0.1:8000` (or run `specwatch up`)."
 
 
@@ -29,8 +35,11 @@ def fetch(name: str, *args):
     try:
         return _cached(name, *args)
     except CollectorUnavailable as exc:
-        st.error(f"**Collector unavailable.** {exc}\n\nStart it with `specwatch collector serve` "
-                 f"(or set SPECWATCH_COLLECTOR_URL), then press *Refresh*.", icon="🚫")
+        st.error(
+            f"**Collector unavailable.** {exc}\n\nStart it with `specwatch collector serve` "
+            f"(or set SPECWATCH_COLLECTOR_URL), then press *Refresh*.",
+            icon="🚫",
+        )
         st.stop()
 
 
@@ -47,8 +56,10 @@ def sidebar() -> View:
             options = _cached("filter_options", seconds)
         except CollectorUnavailable:
             options = {"instance": [], "model": [], "drafter": [], "tag": []}
-        picks = {name: _pick(name, title, options.get(name, [])) for name, title in
-                 (("instance", "Instance"), ("model", "Model"), ("drafter", "Drafter"))}
+        picks = {
+            name: _pick(name, title, options.get(name, []))
+            for name, title in (("instance", "Instance"), ("model", "Model"), ("drafter", "Drafter"))
+        }
         picks["mode"] = _pick("mode", "Mode", ["speculative", "autoregressive"])
         picks["arm"] = _pick("arm", "A/B arm", ["spec", "control"])
         picks["tag"] = _pick("tag", "Scenario", options.get("tag", []))

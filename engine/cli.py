@@ -29,7 +29,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     gen.add_argument("--json", action="store_true", help="print one JSON object: text, finish_reason, record")
     gen.set_defaults(handler=run_generate)
 
-
     engine = subparsers.add_parser("engine", help="the speculative-decoding engine")
     engine_commands = engine.add_subparsers(dest="engine_command", required=True, metavar="SUBCOMMAND")
     serve = engine_commands.add_parser("serve", help="serve the OpenAI-compatible API")
@@ -38,36 +37,71 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--port", type=tcp_port, default=8000)
     serve.add_argument("--slots", type=int, default=4, help="requests decoded concurrently (default: 4)")
     serve.add_argument("--max-queue", type=int, default=64, help="waiting requests before 429 (default: 64)")
-    serve.add_argument("--collector", default=os.environ.get("SPECWATCH_COLLECTOR_URL"), help="collector URL for telemetry (default: SPECWATCH_COLLECTOR_URL; none: no telemetry)")
-    serve.add_argument("--spool-dir", type=Path, default=Path("data/engine-spool"), help="telemetry spool while the collector is down")
+    serve.add_argument(
+        "--collector",
+        default=os.environ.get("SPECWATCH_COLLECTOR_URL"),
+        help="collector URL for telemetry (default: SPECWATCH_COLLECTOR_URL; none: no telemetry)",
+    )
+    serve.add_argument(
+        "--spool-dir", type=Path, default=Path("data/engine-spool"), help="telemetry spool while the collector is down"
+    )
     serve.add_argument("--instance", default=socket.gethostname())
     serve.add_argument("--sample-interval", type=float, default=5.0, help="seconds between device samples")
     serve.add_argument("--load-off", type=float, default=0.75, help="speculation off above this load (default: 0.75)")
     serve.add_argument("--load-on", type=float, default=0.60, help="...and back on below this (default: 0.60)")
     serve.add_argument("--long-prompt-tokens", type=int, default=512)
-    serve.add_argument("--canary-fraction", type=float, default=1.0, help="share of requests that speculate (A/B arms when < 1)")
+    serve.add_argument(
+        "--canary-fraction", type=float, default=1.0, help="share of requests that speculate (A/B arms when < 1)"
+    )
     serve.add_argument("--min-acceptance", type=float, default=0.3)
-    serve.add_argument("--candidates", nargs="+", default=list(PolicyConfig.candidates), metavar="DRAFTER[@GAMMA]",
-                       help="what requests with drafter 'auto' choose from, per scenario tag (default: %(default)s)")
-    serve.add_argument("--explore", type=float, default=0.1, help="share of 'auto' requests that try a non-best candidate")
-    serve.add_argument("--no-batch", dest="batch", action="store_false",
-                       help="verify each request in its own target forward (default: one batched forward per round)")
-    serve.add_argument("--memory-high", type=float, default=0.90,
-                       help="unload the draft models above this share of device memory in use (default 0.90; 1 = never)")
-    serve.add_argument("--memory-low", type=float, default=0.80, help="...and load them again below this share (default 0.80)")
-    serve.add_argument("--control-token", default=os.environ.get("SPECWATCH_CONTROL_TOKEN"),
-                       help="bearer token for /v1/control (default: SPECWATCH_CONTROL_TOKEN; unset: open)")
+    serve.add_argument(
+        "--candidates",
+        nargs="+",
+        default=list(PolicyConfig.candidates),
+        metavar="DRAFTER[@GAMMA]",
+        help="what requests with drafter 'auto' choose from, per scenario tag (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--explore", type=float, default=0.1, help="share of 'auto' requests that try a non-best candidate"
+    )
+    serve.add_argument(
+        "--no-batch",
+        dest="batch",
+        action="store_false",
+        help="verify each request in its own target forward (default: one batched forward per round)",
+    )
+    serve.add_argument(
+        "--memory-high",
+        type=float,
+        default=0.90,
+        help="unload the draft models above this share of device memory in use (default 0.90; 1 = never)",
+    )
+    serve.add_argument(
+        "--memory-low", type=float, default=0.80, help="...and load them again below this share (default 0.80)"
+    )
+    serve.add_argument(
+        "--control-token",
+        default=os.environ.get("SPECWATCH_CONTROL_TOKEN"),
+        help="bearer token for /v1/control (default: SPECWATCH_CONTROL_TOKEN; unset: open)",
+    )
     serve.set_defaults(handler=run_serve)
 
-
     traffic = subparsers.add_parser("traffic", help="send scenario traffic to an engine through its OpenAI API")
-    traffic.add_argument("--url", default="http://127.0.0.1:8000", help="engine base URL (default: http://127.0.0.1:8000)")
-    traffic.add_argument("--scenarios", nargs="+", default=["chat", "grounded", "summary", "code-edit", "extraction"],
-                         help="any of: grounded summary code-edit chat extraction long-context")
+    traffic.add_argument(
+        "--url", default="http://127.0.0.1:8000", help="engine base URL (default: http://127.0.0.1:8000)"
+    )
+    traffic.add_argument(
+        "--scenarios",
+        nargs="+",
+        default=["chat", "grounded", "summary", "code-edit", "extraction"],
+        help="any of: grounded summary code-edit chat extraction long-context",
+    )
     traffic.add_argument("--duration", type=float, default=30.0, help="seconds (default: 30)")
     traffic.add_argument("--requests", type=int, default=1000, help="at most this many requests (default: 1000)")
     traffic.add_argument("--concurrency", type=int, default=4, help="concurrent clients (default: 4)")
-    traffic.add_argument("--rate", type=float, default=None, help="Poisson arrivals per second instead of fixed concurrency")
+    traffic.add_argument(
+        "--rate", type=float, default=None, help="Poisson arrivals per second instead of fixed concurrency"
+    )
     traffic.add_argument("--max-tokens", type=int, default=64)
     traffic.add_argument("--drafter", default="ngram")
     traffic.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -75,12 +109,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="bundled", help="bundled | PATH.gguf | HF model directory (default: bundled)")
+    parser.add_argument(
+        "--model", default="bundled", help="bundled | PATH.gguf | HF model directory (default: bundled)"
+    )
     parser.add_argument("--dtype", default="auto", help="auto | bfloat16 | float32 | float16")
     parser.add_argument("--device", default="cpu", help="cpu | cuda | auto")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: all cores)")
-    parser.add_argument("--memory-fraction", type=float, default=0.8,
-                        help="CUDA: cap this process at this share of device memory (default 0.8; ignored on a CPU)")
+    parser.add_argument(
+        "--memory-fraction",
+        type=float,
+        default=0.8,
+        help="CUDA: cap this process at this share of device memory (default 0.8; ignored on a CPU)",
+    )
 
 
 def engine_config(args: argparse.Namespace):
@@ -89,8 +129,13 @@ def engine_config(args: argparse.Namespace):
     if args.threads < 0:
         raise UsageError("--threads must be >= 0")
     try:
-        return EngineConfig(model=args.model, dtype=args.dtype, device=args.device, threads=args.threads,
-                            memory_fraction=args.memory_fraction)
+        return EngineConfig(
+            model=args.model,
+            dtype=args.dtype,
+            device=args.device,
+            threads=args.threads,
+            memory_fraction=args.memory_fraction,
+        )
     except ValueError as exc:
         raise UsageError(f"--memory-fraction: {exc}") from None
 
@@ -104,8 +149,15 @@ def run_generate(args: argparse.Namespace) -> int:
         sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
         content = {"prompt": args.prompt} if args.raw else {"messages": [{"role": "user", "content": args.prompt}]}
         drafter = None if args.drafter == "none" else args.drafter
-        request = GenerateRequest(**content, max_tokens=args.max_tokens, drafter=drafter, gamma=args.gamma,
-                                  sampling=sampling, stop=tuple(args.stop), seed=args.seed)
+        request = GenerateRequest(
+            **content,
+            max_tokens=args.max_tokens,
+            drafter=drafter,
+            gamma=args.gamma,
+            sampling=sampling,
+            stop=tuple(args.stop),
+            seed=args.seed,
+        )
         engine = Engine(engine_config(args))
         engine.drafter(request.drafter)  # a bad drafter spec fails here, before any output
     except (ValueError, ModelLoadError) as exc:
@@ -122,7 +174,11 @@ def _print_stream(engine, request, as_json: bool) -> int:
         elif not as_json:
             print(piece, end="", flush=True)
     if as_json:
-        payload = {"text": result.text, "finish_reason": result.finish_reason, "record": result.record.model_dump(mode="json")}
+        payload = {
+            "text": result.text,
+            "finish_reason": result.finish_reason,
+            "record": result.record.model_dump(mode="json"),
+        }
         print(json.dumps(payload, indent=2))
     else:
         print(f"\n\n{json.dumps(result.record.model_dump(mode='json'))}", file=sys.stderr)
@@ -155,13 +211,27 @@ def run_serve(args: argparse.Namespace) -> int:
     from engine.server import create_app
 
     try:
-        policy = Policy(PolicyConfig(load_off=args.load_off, load_on=args.load_on, long_prompt_tokens=args.long_prompt_tokens,
-                                     canary_fraction=args.canary_fraction, min_acceptance=args.min_acceptance,
-                                     candidates=tuple(args.candidates), explore=args.explore))
+        policy = Policy(
+            PolicyConfig(
+                load_off=args.load_off,
+                load_on=args.load_on,
+                long_prompt_tokens=args.long_prompt_tokens,
+                canary_fraction=args.canary_fraction,
+                min_acceptance=args.min_acceptance,
+                candidates=tuple(args.candidates),
+                explore=args.explore,
+            )
+        )
         scheduler_config = SchedulerConfig(slots=args.slots, max_queue=args.max_queue, batch=args.batch)
         guard_config = MemoryGuardConfig(high=args.memory_high, low=args.memory_low)
-        config = EngineConfig(model=args.model, dtype=args.dtype, device=args.device, threads=args.threads, instance=args.instance,
-                              memory_fraction=args.memory_fraction)
+        config = EngineConfig(
+            model=args.model,
+            dtype=args.dtype,
+            device=args.device,
+            threads=args.threads,
+            instance=args.instance,
+            memory_fraction=args.memory_fraction,
+        )
         engine = Engine(config)
     except (ValueError, ModelLoadError) as exc:
         raise UsageError(str(exc)) from exc
@@ -172,13 +242,24 @@ def run_serve(args: argparse.Namespace) -> int:
         if client:
             client.submit_event(control.event(args.instance, kind, detail, duration_s))
 
-    emit("cold_start", {"model": engine.target.name, "from_cache": engine.target.from_cache}, engine.target.cold_start_s)
+    emit(
+        "cold_start", {"model": engine.target.name, "from_cache": engine.target.from_cache}, engine.target.cold_start_s
+    )
     emit("config", _config_detail(engine, policy, scheduler_config), None)
     if client:
-        sampler = DeviceSampler(scheduler, args.instance, args.sample_interval, lambda sample: _send_sample(client, policy, args.instance, sample))
+        sampler = DeviceSampler(
+            scheduler,
+            args.instance,
+            args.sample_interval,
+            lambda sample: _send_sample(client, policy, args.instance, sample),
+        )
         sampler.start()
-    print(f"engine: {engine.target.name} ({engine.target.dtype}) on http://{args.host}:{args.port}/v1, "
-          f"telemetry -> {args.collector or 'off'}", file=sys.stderr, flush=True)
+    print(
+        f"engine: {engine.target.name} ({engine.target.dtype}) on http://{args.host}:{args.port}/v1, "
+        f"telemetry -> {args.collector or 'off'}",
+        file=sys.stderr,
+        flush=True,
+    )
     app = create_app(scheduler, engine.target.name, control_token=args.control_token, emit=emit)
     guard = MemoryGuard(scheduler, emit, guard_config)
     guard.start()
@@ -198,11 +279,18 @@ def _config_detail(engine, policy, scheduler_config) -> dict:
     import torch
     import transformers
 
-    return {"torch": torch.__version__, "transformers": transformers.__version__, "cuda": torch.version.cuda,
-            "dtype": str(engine.target.dtype).removeprefix("torch."), "threads": torch.get_num_threads(),
-            "slots": scheduler_config.slots, "max_queue": scheduler_config.max_queue,
-            "policy": dataclasses.asdict(policy.config),
-            "memory_fraction": engine.memory_fraction, "streams": engine.streams.describe()}
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cuda": torch.version.cuda,
+        "dtype": str(engine.target.dtype).removeprefix("torch."),
+        "threads": torch.get_num_threads(),
+        "slots": scheduler_config.slots,
+        "max_queue": scheduler_config.max_queue,
+        "policy": dataclasses.asdict(policy.config),
+        "memory_fraction": engine.memory_fraction,
+        "streams": engine.streams.describe(),
+    }
 
 
 def _send_sample(client, policy, instance: str, sample) -> None:
@@ -211,7 +299,11 @@ def _send_sample(client, policy, instance: str, sample) -> None:
     client.submit_sample(sample)
     while policy.switches:
         switch = policy.switches.popleft()
-        detail = {"to": "speculative" if switch.speculate else "autoregressive", "reason": switch.reason, "load": switch.load}
+        detail = {
+            "to": "speculative" if switch.speculate else "autoregressive",
+            "reason": switch.reason,
+            "load": switch.load,
+        }
         client.submit_event(EngineEvent(instance=instance, at=switch.at, kind="mode_switch", detail=detail))
 
 
@@ -231,10 +323,19 @@ def run_traffic_command(args: argparse.Namespace) -> int:
     try:
         httpx.get(f"{args.url}/v1/models", timeout=5).raise_for_status()
     except httpx.HTTPError as exc:
-        raise UsageError(f"no engine answering at {args.url} ({exc}); start one with `specwatch engine serve`") from None
-    config = TrafficConfig(url=args.url, scenarios=tuple(args.scenarios), duration_s=args.duration, max_requests=args.requests,
-                           concurrency=args.concurrency, rate=args.rate, max_tokens=args.max_tokens,
-                           drafter=None if args.drafter == "none" else args.drafter)
+        raise UsageError(
+            f"no engine answering at {args.url} ({exc}); start one with `specwatch engine serve`"
+        ) from None
+    config = TrafficConfig(
+        url=args.url,
+        scenarios=tuple(args.scenarios),
+        duration_s=args.duration,
+        max_requests=args.requests,
+        concurrency=args.concurrency,
+        rate=args.rate,
+        max_tokens=args.max_tokens,
+        drafter=None if args.drafter == "none" else args.drafter,
+    )
     rows = summary(asyncio.run(run_traffic(config)))
     print(json.dumps(rows, indent=2)) if args.json else print_summary(rows)
     return 0

@@ -63,7 +63,9 @@ def unload_drafts(scheduler, emit) -> dict:
     """Drop every draft model and early-exit cache; speculation with them pauses ('memory')."""
     engine = scheduler.engine
     started, before = time.monotonic(), _memory(engine.target.device)
-    unloaded = sorted({spec for slot in scheduler.slots for spec in slot.drafters if spec != "ngram"} | set(engine._draft_models))
+    unloaded = sorted(
+        {spec for slot in scheduler.slots for spec in slot.drafters if spec != "ngram"} | set(engine._draft_models)
+    )
     scheduler.policy.set_draft_loaded(False)
     for slot in scheduler.slots:
         for spec in [s for s in slot.drafters if s != "ngram"]:
@@ -75,8 +77,13 @@ def unload_drafts(scheduler, emit) -> dict:
     else:
         _malloc_trim()
     after = _memory(engine.target.device)
-    report = {"unloaded": unloaded, "before": before, "after": after, "freed_rss_bytes": before["rss_bytes"] - after["rss_bytes"],
-              "duration_s": time.monotonic() - started}
+    report = {
+        "unloaded": unloaded,
+        "before": before,
+        "after": after,
+        "freed_rss_bytes": before["rss_bytes"] - after["rss_bytes"],
+        "duration_s": time.monotonic() - started,
+    }
     emit("draft_unloaded", report, report["duration_s"])
     return report
 

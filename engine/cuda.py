@@ -115,21 +115,37 @@ class Streams:
             return self._describe()
 
     def _describe(self) -> dict:
-        described = {"device": str(self.device), "enabled": self.enabled, "target": None, "draft": None,
-                     "target_priority": None, "draft_priority": None, "priority_range": None}
+        described = {
+            "device": str(self.device),
+            "enabled": self.enabled,
+            "target": None,
+            "draft": None,
+            "target_priority": None,
+            "draft_priority": None,
+            "priority_range": None,
+        }
         if not self.enabled:
             return {**described, "reason": f"device {self.device} has no CUDA streams"}
         least, greatest = self.priority_range()
         described["priority_range"] = [least, greatest]
         if self._target is not None and self._draft is not None:
-            described.update(target=self.levels["target"], draft=self.levels["draft"],
-                             target_priority=self._target.priority, draft_priority=self._draft.priority)
+            described.update(
+                target=self.levels["target"],
+                draft=self.levels["draft"],
+                target_priority=self._target.priority,
+                draft_priority=self._draft.priority,
+            )
         return described
 
 
 def check_memory_fraction(fraction: float) -> float:
     """The fraction as a float in (0, 1], else ValueError."""
-    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not math.isfinite(fraction) or not 0 < fraction <= 1:
+    if (
+        isinstance(fraction, bool)
+        or not isinstance(fraction, (int, float))
+        or not math.isfinite(fraction)
+        or not 0 < fraction <= 1
+    ):
         raise ValueError(f"memory fraction must be in (0, 1], got {fraction!r}")
     return float(fraction)
 
@@ -143,11 +159,21 @@ def apply_memory_fraction(device: torch.device | str, fraction: float) -> dict:
     fraction = check_memory_fraction(fraction)
     device = torch.device(device)
     if device.type != "cuda" or not torch.cuda.is_available():
-        return {"device": str(device), "applied": False, "fraction": fraction,
-                "reason": f"not applicable on {device.type}: the memory fraction caps the CUDA caching allocator"}
+        return {
+            "device": str(device),
+            "applied": False,
+            "fraction": fraction,
+            "reason": f"not applicable on {device.type}: the memory fraction caps the CUDA caching allocator",
+        }
     index = device.index if device.index is not None else torch.cuda.current_device()
     before = torch.cuda.get_per_process_memory_fraction(index)
     torch.cuda.set_per_process_memory_fraction(fraction, index)
     total = torch.cuda.get_device_properties(index).total_memory
-    return {"device": f"cuda:{index}", "applied": True, "fraction": fraction, "previous_fraction": before,
-            "total_bytes": total, "limit_bytes": int(total * fraction)}
+    return {
+        "device": f"cuda:{index}",
+        "applied": True,
+        "fraction": fraction,
+        "previous_fraction": before,
+        "total_bytes": total,
+        "limit_bytes": int(total * fraction),
+    }

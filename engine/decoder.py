@@ -106,7 +106,9 @@ class LlamaDecoder:
         self.vocab_size = self.lm_head.shape[0]
         self.dtype = self.embed.dtype
         self.device = self.embed.device
-        self.rope_theta = (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", getattr(cfg, "rope_theta", 10000.0))
+        self.rope_theta = (getattr(cfg, "rope_parameters", None) or {}).get(
+            "rope_theta", getattr(cfg, "rope_theta", 10000.0)
+        )
         self._len = 0
         self.k_cache: list[torch.Tensor] = []
         self.v_cache: list[torch.Tensor] = []
@@ -122,7 +124,9 @@ class LlamaDecoder:
 
     def _rope_tables(self, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         # Same arithmetic as transformers' default rotary embedding, so fp32 logits match it.
-        inv_freq = 1.0 / (self.rope_theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.int64).float() / self.head_dim))
+        inv_freq = 1.0 / (
+            self.rope_theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.int64).float() / self.head_dim)
+        )
         freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1).to(self.device)
         return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
@@ -140,7 +144,11 @@ class LlamaDecoder:
 
     def shares_weights(self, other: object) -> bool:
         """Whether `other` runs the same layers (so their forwards can share one pass over the weights)."""
-        return isinstance(other, LlamaDecoder) and other.layers[0].wqkv is self.layers[0].wqkv and len(other.layers) == len(self.layers)
+        return (
+            isinstance(other, LlamaDecoder)
+            and other.layers[0].wqkv is self.layers[0].wqkv
+            and len(other.layers) == len(self.layers)
+        )
 
     def _causal_mask(self, start: int, n: int) -> torch.Tensor:
         # query i sits at position start + i and sees keys 0 .. start + i
@@ -167,8 +175,15 @@ class LlamaDecoder:
             k_cache, v_cache = seq.decoder.k_cache[i], seq.decoder.v_cache[i]
             k_cache[:, :, seq.start : seq.end] = k[:, :, seq.rows]
             v_cache[:, :, seq.start : seq.end] = v[:, :, seq.rows]
-            outs.append(F.scaled_dot_product_attention(q[:, :, seq.rows], k_cache[:, :, : seq.end], v_cache[:, :, : seq.end],
-                                                       attn_mask=seq.mask, enable_gqa=self.n_kv != self.n_heads))
+            outs.append(
+                F.scaled_dot_product_attention(
+                    q[:, :, seq.rows],
+                    k_cache[:, :, : seq.end],
+                    v_cache[:, :, : seq.end],
+                    attn_mask=seq.mask,
+                    enable_gqa=self.n_kv != self.n_heads,
+                )
+            )
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
         return _linear(out.transpose(1, 2).reshape(1, rows, q_size), layer.wo)
 
@@ -208,7 +223,9 @@ def forward_many(decoders: Sequence[Decoder], tokens: Sequence[torch.Tensor]) ->
 
 
 @torch.inference_mode()
-def forward_batch(decoders: Sequence[LlamaDecoder], tokens: Sequence[torch.Tensor], keep: Sequence[int]) -> list[torch.Tensor]:
+def forward_batch(
+    decoders: Sequence[LlamaDecoder], tokens: Sequence[torch.Tensor], keep: Sequence[int]
+) -> list[torch.Tensor]:
     """Ragged batching: the rows of all sequences go through each weight matrix together
     (on a memory-bound decode step that costs about as much as one sequence's rows), while
     attention runs per sequence against its own KV cache. Logits [n_i, vocab] per sequence
@@ -220,7 +237,9 @@ def forward_batch(decoders: Sequence[LlamaDecoder], tokens: Sequence[torch.Tenso
             raise RuntimeError(f"KV cache holds {decoder.k_cache[0].shape[2]} tokens, asked for {start + n}")
         seqs.append(_Seq(decoder, start, start + n, offset, None if n == 1 else decoder._causal_mask(start, n)))
         offset += n
-    batch = _Batch(seqs, _cat([s.decoder.cos[s.start : s.end] for s in seqs]), _cat([s.decoder.sin[s.start : s.end] for s in seqs]))
+    batch = _Batch(
+        seqs, _cat([s.decoder.cos[s.start : s.end] for s in seqs]), _cat([s.decoder.sin[s.start : s.end] for s in seqs])
+    )
     x = F.embedding(_cat(list(tokens)), lead.embed).unsqueeze(0)  # [1, rows, hidden]
     for i, layer in enumerate(lead.layers):
         x = x + lead._attention(layer, lead._rms_norm(x, layer.attn_norm), i, batch)
@@ -281,6 +300,8 @@ class HFDecoder:
     def forward(self, tokens: torch.Tensor, keep: int = 0) -> torch.Tensor:
         n = tokens.shape[0]
         positions = torch.arange(self._len, self._len + n, device=self.device).unsqueeze(0)
-        out = self.model(input_ids=tokens.unsqueeze(0), position_ids=positions, cache=self.cache, use_cache=True, logits_to_keep=keep)
+        out = self.model(
+            input_ids=tokens.unsqueeze(0), position_ids=positions, cache=self.cache, use_cache=True, logits_to_keep=keep
+        )
         self._len += n
         return out.logits[0]

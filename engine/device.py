@@ -34,8 +34,21 @@ class Memory:
 
 
 class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 def _load_mallinfo2():
@@ -188,11 +201,19 @@ class DeviceSampler(Periodic):
         watts = self.power.watts()
         state = self.scheduler.policy.state
         return DeviceSample(
-            instance=self.instance, at=time.time(), device=_device_name(self.device),
-            mem_allocated_bytes=memory.allocated, mem_reserved_bytes=memory.reserved, fragmentation=memory.fragmentation,
-            power_w=watts, power_source=self.power.source if watts is not None else None,
-            util_target=util_target, util_draft=util_draft, active_requests=self.scheduler.active,
-            queue_depth=self.scheduler.queue_depth, load=self.scheduler.load,
+            instance=self.instance,
+            at=time.time(),
+            device=_device_name(self.device),
+            mem_allocated_bytes=memory.allocated,
+            mem_reserved_bytes=memory.reserved,
+            fragmentation=memory.fragmentation,
+            power_w=watts,
+            power_source=self.power.source if watts is not None else None,
+            util_target=util_target,
+            util_draft=util_draft,
+            active_requests=self.scheduler.active,
+            queue_depth=self.scheduler.queue_depth,
+            load=self.scheduler.load,
             draft_loaded=state.get("draft_loaded", True),
             default_mode="speculative" if state["load_allows_speculation"] else "autoregressive",
         )

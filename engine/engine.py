@@ -46,7 +46,9 @@ class GenerateRequest:
     prompt: str | None = None
     messages: list[dict[str, str]] | None = None  # chat: rendered with the tokenizer's template
     max_tokens: int = 128
-    drafter: str | None = "ngram"  # 'ngram' | 'model:PATH' | 'early-exit:K' | 'auto' (scheduler: the policy picks) | None (plain)
+    drafter: str | None = (
+        "ngram"  # 'ngram' | 'model:PATH' | 'early-exit:K' | 'auto' (scheduler: the policy picks) | None (plain)
+    )
     gamma: int = 8
     sampling: SamplingParams = SamplingParams()
     stop: tuple[str, ...] = ()
@@ -128,7 +130,9 @@ class Engine:
         if kind == "early-exit":
             return early_exit_drafter(self.target.model, int(arg))
         if arg not in self._draft_models:
-            self._draft_models[arg] = load_model(arg, _dtype_name(self.target.dtype), str(self.target.device), self.config.cache_dir)
+            self._draft_models[arg] = load_model(
+                arg, _dtype_name(self.target.dtype), str(self.target.device), self.config.cache_dir
+            )
         draft = self._draft_models[arg]
         return model_drafter(draft.model, self.target.model, draft.name)
 
@@ -161,9 +165,19 @@ class Run:
     The scheduler interleaves the runs of several slots one round at a time.
     """
 
-    def __init__(self, engine: Engine, request: GenerateRequest, slot: Slot, *, speculate: bool = True,
-                 mode_reason: str = "default", arm: str | None = None, queue_s: float = 0.0,
-                 load: float | None = None, prompt_ids: list[int] | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        request: GenerateRequest,
+        slot: Slot,
+        *,
+        speculate: bool = True,
+        mode_reason: str = "default",
+        arm: str | None = None,
+        queue_s: float = 0.0,
+        load: float | None = None,
+        prompt_ids: list[int] | None = None,
+    ) -> None:
         self.engine, self.request, self.slot = engine, request, slot
         self.started_at, self.started = time.time() - queue_s, time.monotonic() - queue_s
         self.queue_s, self.load, self.mode_reason, self.arm = queue_s, load, mode_reason, arm
@@ -187,7 +201,9 @@ class Run:
     def prefill(self) -> str:
         request = self.request
         with self.engine.streams.target():
-            self.loop.prefill(self.prompt_ids, request.max_tokens, request.gamma, request.sampling, self.engine.stop_ids, request.seed)
+            self.loop.prefill(
+                self.prompt_ids, request.max_tokens, request.gamma, request.sampling, self.engine.stop_ids, request.seed
+            )
         self.ttft = time.monotonic() - self.started
         return self._delta()
 

@@ -50,7 +50,10 @@ class LoadedModel:
 
 
 def default_cache_dir() -> Path:
-    root = os.environ.get("SPECWATCH_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specwatch"
+    root = (
+        os.environ.get("SPECWATCH_CACHE_DIR")
+        or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specwatch"
+    )
     return Path(root)
 
 
@@ -149,7 +152,9 @@ def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     directory, name = gguf_path.parent, gguf_path.name
     try:
         # float32 is the GGUF loader's fast path, and exact for the dequantized values
-        model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(
+            directory, gguf_file=name, dtype=torch.float32, local_files_only=True
+        )
         tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name, local_files_only=True)
     except (ValueError, OSError, KeyError) as exc:
         raise ModelLoadError(f"{gguf_path}: cannot load as a causal language model: {exc}") from exc

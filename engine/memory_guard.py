@@ -51,8 +51,13 @@ class MemoryGuardConfig:
 
 
 class MemoryGuard(Periodic):
-    def __init__(self, scheduler, emit, config: MemoryGuardConfig = MemoryGuardConfig(),
-                 read: Callable[[torch.device], float | None] = used_fraction) -> None:
+    def __init__(
+        self,
+        scheduler,
+        emit,
+        config: MemoryGuardConfig = MemoryGuardConfig(),
+        read: Callable[[torch.device], float | None] = used_fraction,
+    ) -> None:
         super().__init__(config.interval_s, "specwatch-memory-guard")
         self.scheduler, self.emit, self.config, self.read = scheduler, emit, config, read
         self.unloaded: list[str] | None = None  # what the guard took out, until it puts it back

@@ -23,19 +23,51 @@ class EngineMetrics:
         self.requests = Counter(f"{prefix}_requests", "Finished requests.", ["mode", "status"], registry=registry)
         self.output_tokens = Counter(f"{prefix}_output_tokens", "Generated tokens.", ["mode"], registry=registry)
         self.drafts = Counter(f"{prefix}_spec_decode_num_drafts", "Draft rounds.", ["drafter"], registry=registry)
-        self.draft_tokens = Counter(f"{prefix}_spec_decode_num_draft_tokens", "Drafted tokens.", ["drafter"], registry=registry)
-        self.accepted = Counter(f"{prefix}_spec_decode_num_accepted_tokens", "Accepted draft tokens.", ["drafter"], registry=registry)
-        self.per_position = Counter(f"{prefix}_spec_decode_num_accepted_tokens_per_pos", "Accepted draft tokens by position.",
-                                    ["drafter", "position"], registry=registry)
-        self.ttft = Histogram(f"{prefix}_time_to_first_token_seconds", "Time to first token.", ["mode"], buckets=LATENCY_BUCKETS, registry=registry)
-        self.e2e = Histogram(f"{prefix}_e2e_request_latency_seconds", "End-to-end request latency.", ["mode"], buckets=LATENCY_BUCKETS, registry=registry)
-        self.tpot = Histogram(f"{prefix}_time_per_output_token_seconds", "Mean time per output token after the first.", ["mode"],
-                              buckets=TPOT_BUCKETS, registry=registry)
-        Gauge(f"{prefix}_num_requests_running", "Requests decoding.", registry=registry).set_function(lambda: scheduler.active)
-        Gauge(f"{prefix}_num_requests_waiting", "Requests queued.", registry=registry).set_function(lambda: scheduler.queue_depth)
+        self.draft_tokens = Counter(
+            f"{prefix}_spec_decode_num_draft_tokens", "Drafted tokens.", ["drafter"], registry=registry
+        )
+        self.accepted = Counter(
+            f"{prefix}_spec_decode_num_accepted_tokens", "Accepted draft tokens.", ["drafter"], registry=registry
+        )
+        self.per_position = Counter(
+            f"{prefix}_spec_decode_num_accepted_tokens_per_pos",
+            "Accepted draft tokens by position.",
+            ["drafter", "position"],
+            registry=registry,
+        )
+        self.ttft = Histogram(
+            f"{prefix}_time_to_first_token_seconds",
+            "Time to first token.",
+            ["mode"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.e2e = Histogram(
+            f"{prefix}_e2e_request_latency_seconds",
+            "End-to-end request latency.",
+            ["mode"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.tpot = Histogram(
+            f"{prefix}_time_per_output_token_seconds",
+            "Mean time per output token after the first.",
+            ["mode"],
+            buckets=TPOT_BUCKETS,
+            registry=registry,
+        )
+        Gauge(f"{prefix}_num_requests_running", "Requests decoding.", registry=registry).set_function(
+            lambda: scheduler.active
+        )
+        Gauge(f"{prefix}_num_requests_waiting", "Requests queued.", registry=registry).set_function(
+            lambda: scheduler.queue_depth
+        )
         Gauge(f"{prefix}_load", "(running + waiting) / slots.", registry=registry).set_function(lambda: scheduler.load)
-        Gauge(f"{prefix}_speculation_enabled", "1 while load allows speculation and no override disables it.", registry=registry
-              ).set_function(lambda: _speculation_enabled(scheduler.policy.state))
+        Gauge(
+            f"{prefix}_speculation_enabled",
+            "1 while load allows speculation and no override disables it.",
+            registry=registry,
+        ).set_function(lambda: _speculation_enabled(scheduler.policy.state))
 
     def observe(self, record: RequestRecord) -> None:
         self.requests.labels(record.mode, record.status).inc()

@@ -121,7 +121,9 @@ class Policy:
         self._goodput: dict[str, deque[float]] = {}  # drafter or 'plain' -> tokens per busy second
         self._load_probes = 0
         self.switches: deque[Switch] = deque(maxlen=1000)
-        self.selector = Selector([Choice.parse(c) for c in config.candidates], config.acceptance_window, config.explore, self._rng)
+        self.selector = Selector(
+            [Choice.parse(c) for c in config.candidates], config.acceptance_window, config.explore, self._rng
+        )
 
     def set_override(self, mode: Override, reason: str = "manual") -> None:
         with self._lock:
@@ -136,9 +138,13 @@ class Policy:
     @property
     def state(self) -> dict:
         with self._lock:
-            return {"override": self._override[0], "override_reason": self._override[1],
-                    "load_allows_speculation": self._load_allows, "draft_loaded": self._draft_loaded,
-                    "selector": self.selector.summary()}
+            return {
+                "override": self._override[0],
+                "override_reason": self._override[1],
+                "load_allows_speculation": self._load_allows,
+                "draft_loaded": self._draft_loaded,
+                "selector": self.selector.summary(),
+            }
 
     def decide(self, prompt_tokens: int, load: float, drafter: str | None, now: float | None = None) -> Decision:
         now = time.monotonic() if now is None else now
@@ -207,7 +213,9 @@ class Policy:
         with self._lock:
             if record.status == "ok" and record.output_tokens > 1 and busy_s > 0:
                 goodput = (record.output_tokens - 1) / busy_s
-                window = self._goodput.setdefault(record.drafter or "plain", deque(maxlen=self.config.acceptance_window))
+                window = self._goodput.setdefault(
+                    record.drafter or "plain", deque(maxlen=self.config.acceptance_window)
+                )
                 window.append(goodput)
                 if choice is not None:  # credit what actually ran: plain decoding if the policy overruled the choice
                     ran = choice if record.mode == "speculative" else Choice(None, 0)
@@ -228,7 +236,9 @@ class Selector:
     `explore` share of requests tries another candidate at random so all stay measured.
     """
 
-    def __init__(self, candidates: list[Choice], window: int, explore: float, rng: random.Random, min_tries: int = 2) -> None:
+    def __init__(
+        self, candidates: list[Choice], window: int, explore: float, rng: random.Random, min_tries: int = 2
+    ) -> None:
         self.candidates, self.explore, self.rng, self.min_tries = candidates, explore, rng, min_tries
         self.window = window
         self.rewards: dict[str, dict[Choice, deque[float]]] = {}
@@ -256,5 +266,9 @@ class Selector:
 
     def summary(self) -> dict[str, dict[str, dict]]:
         """scenario -> candidate -> {'requests', 'goodput'}: what the control API's state shows."""
-        return {scenario: {str(c): {"requests": len(r), "goodput": statistics.fmean(r) if r else None} for c, r in rewards.items()}
-                for scenario, rewards in self.rewards.items()}
+        return {
+            scenario: {
+                str(c): {"requests": len(r), "goodput": statistics.fmean(r) if r else None} for c, r in rewards.items()
+            }
+            for scenario, rewards in self.rewards.items()
+        }

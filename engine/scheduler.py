@@ -154,8 +154,17 @@ class Scheduler:
         decision = self.policy.decide(len(ticket.prompt_ids), load, request.drafter if request.gamma > 0 else None)
         reason = "selected" if choice is not None and decision.reason == "default" else decision.reason
         try:
-            run = Run(self.engine, request, self.slots[index], speculate=decision.speculate, mode_reason=reason,
-                      arm=decision.arm, queue_s=time.monotonic() - ticket.queued_at, load=load, prompt_ids=ticket.prompt_ids)
+            run = Run(
+                self.engine,
+                request,
+                self.slots[index],
+                speculate=decision.speculate,
+                mode_reason=reason,
+                arm=decision.arm,
+                queue_s=time.monotonic() - ticket.queued_at,
+                load=load,
+                prompt_ids=ticket.prompt_ids,
+            )
             run.choice = choice
         except Exception as exc:  # e.g. a draft model that fails to load
             log.exception("request %s could not start", request.request_id)
@@ -231,8 +240,17 @@ class Scheduler:
     def _retry_plain(self, index: int, error: str) -> None:
         """Run the request again without a draft; the client only gets text it has not seen yet."""
         ticket, failed = self._active[index]
-        run = Run(self.engine, ticket.request, self.slots[index], speculate=False, mode_reason=failed.mode_reason,
-                  arm=failed.arm, queue_s=failed.queue_s, load=failed.load, prompt_ids=ticket.prompt_ids)
+        run = Run(
+            self.engine,
+            ticket.request,
+            self.slots[index],
+            speculate=False,
+            mode_reason=failed.mode_reason,
+            arm=failed.arm,
+            queue_s=failed.queue_s,
+            load=failed.load,
+            prompt_ids=ticket.prompt_ids,
+        )
         run.started, run.started_at, run.retries, run.error = failed.started, failed.started_at, 1, error
         run.text.sent = failed.text.sent
         self._active[index] = (ticket, run)

@@ -24,14 +24,14 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from specwatch.common import free_port
 from engine import control
 from engine.cuda import NoCudaStreams
 from engine.engine import GenerateRequest, GenerateResult
 from engine.metrics import EngineMetrics
-from engine.sampling import SamplingParams
 from engine.policy import Policy, PolicyConfig
+from engine.sampling import SamplingParams
 from engine.scheduler import Overloaded, Scheduler, SchedulerConfig, Ticket
+from specwatch.common import free_port
 
 Tag = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 
@@ -55,9 +55,17 @@ class _Common(BaseModel):
     def generate_request(self, **content) -> GenerateRequest:
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         drafter = None if self.drafter in (None, "none") else self.drafter
-        return GenerateRequest(**content, max_tokens=self.max_tokens or 16, drafter=drafter, gamma=self.gamma,
-                               sampling=SamplingParams(temperature=self.temperature, top_p=self.top_p),
-                               stop=stop[:4], seed=self.seed, tags=self.tags, request_id=uuid.uuid4().hex)
+        return GenerateRequest(
+            **content,
+            max_tokens=self.max_tokens or 16,
+            drafter=drafter,
+            gamma=self.gamma,
+            sampling=SamplingParams(temperature=self.temperature, top_p=self.top_p),
+            stop=stop[:4],
+            seed=self.seed,
+            tags=self.tags,
+            request_id=uuid.uuid4().hex,
+        )
 
 
 class CompletionBody(_Common):
@@ -91,7 +99,9 @@ class StreamsBody(BaseModel):
     draft: Literal["high", "low"] = "low"
 
 
-def openai_error(status: int, message: str, kind: str = "invalid_request_error", headers: dict | None = None) -> JSONResponse:
+def openai_error(
+    status: int, message: str, kind: str = "invalid_request_error", headers: dict | None = None
+) -> JSONResponse:
     body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
     return JSONResponse(body, status_code=status, headers=headers)
 
@@ -99,6 +109,7 @@ def openai_error(status: int, message: str, kind: str = "invalid_request_error",
 def create_app(scheduler: Scheduler, model_name: str, control_token: str | None = None, emit=None) -> FastAPI:
     """`control_token`: bearer token the /v1/control endpoints require (None: open).
     `emit(kind, detail, duration_s)`: where control actions report their EngineEvents."""
+
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         scheduler.start()
@@ -130,7 +141,12 @@ def create_app(scheduler: Scheduler, model_name: str, control_token: str | None 
         where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
         return openai_error(400, f"{where}: {first.get('msg', 'invalid request')}" if where else "invalid JSON body")
 
-    app.get("/v1/models")(lambda: {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "specwatch"}]})
+    app.get("/v1/models")(
+        lambda: {
+            "object": "list",
+            "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "specwatch"}],
+        }
+    )
     app.get("/healthz")(lambda: {"status": "ok"})
     app.post("/v1/completions")(_completions)
     app.post("/v1/chat/completions")(_chat_completions)
@@ -185,14 +201,23 @@ def _streams(body: StreamsBody, request: Request) -> dict:
 
 async def _state(request: Request) -> dict:
     scheduler: Scheduler = request.app.state.scheduler
-    return {**scheduler.policy.state, "load": scheduler.load, "active": scheduler.active, "queued": scheduler.queue_depth,
-            "streams": scheduler.engine.streams.describe()}
+    return {
+        **scheduler.policy.state,
+        "load": scheduler.load,
+        "active": scheduler.active,
+        "queued": scheduler.queue_depth,
+        "streams": scheduler.engine.streams.describe(),
+    }
 
 
 async def _serve(request: Request, body: _Common, content: dict, chat: bool) -> Response:
     scheduler: Scheduler = request.app.state.scheduler
     if body.model and body.model != request.app.state.model_name:
-        return openai_error(404, f"model {body.model!r} does not exist; this server serves {request.app.state.model_name!r}", "not_found_error")
+        return openai_error(
+            404,
+            f"model {body.model!r} does not exist; this server serves {request.app.state.model_name!r}",
+            "not_found_error",
+        )
     try:
         generate = body.generate_request(**content)
         scheduler.engine.check_drafter(generate.drafter)
@@ -296,13 +321,17 @@ class BackgroundServer:
     `records` collects every finished request's telemetry record.
     """
 
-    def __init__(self, engine, scheduler_config: SchedulerConfig, policy: PolicyConfig | Policy = PolicyConfig(), **app_options) -> None:
+    def __init__(
+        self, engine, scheduler_config: SchedulerConfig, policy: PolicyConfig | Policy = PolicyConfig(), **app_options
+    ) -> None:
         self.records: list = []
         policy = policy if isinstance(policy, Policy) else Policy(policy)
         self.scheduler = Scheduler(engine, scheduler_config, policy, self.records.append)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(create_app(self.scheduler, engine.target.name, **app_options), port=self.port, log_level="warning")
+        config = uvicorn.Config(
+            create_app(self.scheduler, engine.target.name, **app_options), port=self.port, log_level="warning"
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 

@@ -65,7 +65,9 @@ class DecodeStats:
 class SpeculativeDecoder:
     """Generates one request's tokens; call `prefill` once, then `step` until `finished`."""
 
-    def __init__(self, target: Decoder, drafter: Drafter | None, device: torch.device | str = "cpu", adaptive: bool = True) -> None:
+    def __init__(
+        self, target: Decoder, drafter: Drafter | None, device: torch.device | str = "cpu", adaptive: bool = True
+    ) -> None:
         self.target = target
         self.adaptive = adaptive
         self.drafter = drafter

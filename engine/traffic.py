@@ -53,9 +53,15 @@ class Tally:
 
 
 async def one_request(http: httpx.AsyncClient, config: TrafficConfig, scenario: str) -> Outcome:
-    body = {"messages": [{"role": "user", "content": PROMPTS[scenario]}], "max_tokens": config.max_tokens,
-            "temperature": config.temperature, "stream": True, "stream_options": {"include_usage": True},
-            "drafter": config.drafter or "none", "tags": {"scenario": scenario}}
+    body = {
+        "messages": [{"role": "user", "content": PROMPTS[scenario]}],
+        "max_tokens": config.max_tokens,
+        "temperature": config.temperature,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "drafter": config.drafter or "none",
+        "tags": {"scenario": scenario},
+    }
     started, ttft, tokens = time.monotonic(), None, 0
     try:
         async with http.stream("POST", "/v1/chat/completions", json=body) as response:
@@ -67,7 +73,9 @@ async def one_request(http: httpx.AsyncClient, config: TrafficConfig, scenario: 
                     continue
                 chunk = json.loads(line[6:])
                 if "error" in chunk:
-                    return Outcome(scenario, False, e2e_s=time.monotonic() - started, error=chunk["error"]["message"][:80])
+                    return Outcome(
+                        scenario, False, e2e_s=time.monotonic() - started, error=chunk["error"]["message"][:80]
+                    )
                 if ttft is None and chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
                     ttft = time.monotonic() - started
                 tokens = (chunk.get("usage") or {}).get("completion_tokens", tokens)
@@ -119,14 +127,20 @@ async def _report_progress(tally: Tally, config: TrafficConfig, out) -> None:
         done = len(tally.outcomes)
         errors = sum(not o.ok for o in tally.outcomes)
         tokens = sum(o.tokens for o in tally.outcomes)
-        print(f"  {elapsed:5.0f}/{config.duration_s:.0f}s  {done} done ({errors} errors)  "
-              f"{done / elapsed:.2f} req/s  {tokens / elapsed:.1f} tok/s", file=out, flush=True)
+        print(
+            f"  {elapsed:5.0f}/{config.duration_s:.0f}s  {done} done ({errors} errors)  "
+            f"{done / elapsed:.2f} req/s  {tokens / elapsed:.1f} tok/s",
+            file=out,
+            flush=True,
+        )
 
 
 def summary(tally: Tally) -> list[dict]:
     """Per scenario and overall: requests, errors, throughput, TTFT and e2e percentiles."""
     elapsed = time.monotonic() - tally.started
-    groups = {"all": tally.outcomes} | {s: [o for o in tally.outcomes if o.scenario == s] for s in sorted({o.scenario for o in tally.outcomes})}
+    groups = {"all": tally.outcomes} | {
+        s: [o for o in tally.outcomes if o.scenario == s] for s in sorted({o.scenario for o in tally.outcomes})
+    }
     return [_summarise(name, outcomes, elapsed) for name, outcomes in groups.items()]
 
 
@@ -138,19 +152,32 @@ def _summarise(name: str, outcomes: list[Outcome], elapsed: float) -> dict:
     def pct(values: np.ndarray, q: float) -> float | None:
         return float(np.percentile(values, q)) if values.size else None
 
-    return {"scenario": name, "requests": len(outcomes), "errors": len(outcomes) - len(ok),
-            "output_tokens_per_s": sum(o.tokens for o in ok) / max(elapsed, 1e-9),
-            "ttft_p50_s": pct(ttft, 50), "ttft_p99_s": pct(ttft, 99), "e2e_p50_s": pct(e2e, 50), "e2e_p99_s": pct(e2e, 99),
-            "errors_seen": sorted({o.error for o in outcomes if o.error})[:5]}
+    return {
+        "scenario": name,
+        "requests": len(outcomes),
+        "errors": len(outcomes) - len(ok),
+        "output_tokens_per_s": sum(o.tokens for o in ok) / max(elapsed, 1e-9),
+        "ttft_p50_s": pct(ttft, 50),
+        "ttft_p99_s": pct(ttft, 99),
+        "e2e_p50_s": pct(e2e, 50),
+        "e2e_p99_s": pct(e2e, 99),
+        "errors_seen": sorted({o.error for o in outcomes if o.error})[:5],
+    }
 
 
 def print_summary(rows: list[dict], out=sys.stdout) -> None:
     def ms(value: float | None) -> str:
         return "-" if value is None else f"{1000 * value:.0f}"
 
-    print(f"{'scenario':<13} {'requests':>8} {'errors':>6} {'tok/s':>7} {'TTFT p50':>9} {'TTFT p99':>9} {'e2e p50':>8} {'e2e p99':>8}  (ms)", file=out)
+    print(
+        f"{'scenario':<13} {'requests':>8} {'errors':>6} {'tok/s':>7} {'TTFT p50':>9} {'TTFT p99':>9} {'e2e p50':>8} {'e2e p99':>8}  (ms)",
+        file=out,
+    )
     for row in rows:
-        print(f"{row['scenario']:<13} {row['requests']:>8} {row['errors']:>6} {row['output_tokens_per_s']:>7.1f} "
-              f"{ms(row['ttft_p50_s']):>9} {ms(row['ttft_p99_s']):>9} {ms(row['e2e_p50_s']):>8} {ms(row['e2e_p99_s']):>8}", file=out)
+        print(
+            f"{row['scenario']:<13} {row['requests']:>8} {row['errors']:>6} {row['output_tokens_per_s']:>7.1f} "
+            f"{ms(row['ttft_p50_s']):>9} {ms(row['ttft_p99_s']):>9} {ms(row['e2e_p50_s']):>8} {ms(row['e2e_p99_s']):>8}",
+            file=out,
+        )
         if row["errors_seen"]:
             print(f"{'':<13} errors: {', '.join(row['errors_seen'])}", file=out)

@@ -34,9 +34,9 @@ PROMPTS = {
     "code-edit": f"Rename the function to rolling_mean and the variable chunk to segment. Output the full code.\n\n{CODE}",
     "chat": "What are three good habits for staying healthy? Answer in a short paragraph.",
     "extraction": f"From the support note below, list the order number, customer name, email, items with prices, "
-                  f"and the replacement tracking number, one per line.\n\n{CONTEXT}",
+    f"and the replacement tracking number, one per line.\n\n{CONTEXT}",
     "long-context": "Read these reports and then answer: how did the council vote, and what changes for parks?\n\n"
-                    + "\n\n".join(f"Report {i + 1}: {PASSAGE}" for i in range(5)),
+    + "\n\n".join(f"Report {i + 1}: {PASSAGE}" for i in range(5)),
 }
 
 

@@ -32,19 +32,18 @@ import re
 import time
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from pathlib import Path
 
 from sqlalchemy import Engine, func, select
 
 from alerts.store import history
-from cost.advisor import AdvisorRules
 from collector.breakdown import Comparison, LoadBucket, compare, throughput_by_load
-from cost.model import Prices
-from cost.summary import CostSummary, measured_summary
 from collector.history import auto_series, errors_by_hour_long
 from collector.long_signals import auto_signals
 from collector.models import Request, RequestRollupHourly
 from collector.queries import Filters, HourOfDay, LengthCorrelation, Signals, Window, acceptance_vs_length
+from cost.advisor import AdvisorRules
+from cost.model import Prices
+from cost.summary import CostSummary, measured_summary
 
 _MONTH = re.compile(r"(\d{4})-(0[1-9]|1[0-2])")
 KNEE_DROP = 0.8  # the knee: per-request decode speed below 80% of the lightest load's
@@ -83,6 +82,7 @@ def last_month(now: float | None = None) -> str:
 
 
 # --- the report's parts ----------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Share:
@@ -185,8 +185,15 @@ class Report:
 
 # --- building ----------------------------------------------------------------------------------
 
-def build_report(engine: Engine, month: str, prices: Prices, gpu_type: str | None = None, previous: bool = True,
-                 now: float | None = None) -> Report:
+
+def build_report(
+    engine: Engine,
+    month: str,
+    prices: Prices,
+    gpu_type: str | None = None,
+    previous: bool = True,
+    now: float | None = None,
+) -> Report:
     """The month's report from the store. ValueError on a bad month or an unknown GPU type."""
     now = time.time() if now is None else now
     window = month_window(month, now)
@@ -200,37 +207,78 @@ def build_report(engine: Engine, month: str, prices: Prices, gpu_type: str | Non
     prior = month_headline(engine, month_window(prior_month, now), prices, gpu_type) if previous else None
     prior = prior if prior is not None and prior.requests else None
     return Report(
-        month, window, window.end < month_bounds(month)[1], now, head, traffic, _daily(engine, window),
-        replace(acceptance_vs_length(engine, window), points=[]), latency, load_knee(throughput_by_load(engine, window)),
-        alerts, tuple(errors_by_hour_long(engine, window)), cost, recommend(head), prior_month, prior,
-        changes(head, prior), _notes(traffic))
+        month,
+        window,
+        window.end < month_bounds(month)[1],
+        now,
+        head,
+        traffic,
+        _daily(engine, window),
+        replace(acceptance_vs_length(engine, window), points=[]),
+        latency,
+        load_knee(throughput_by_load(engine, window)),
+        alerts,
+        tuple(errors_by_hour_long(engine, window)),
+        cost,
+        recommend(head),
+        prior_month,
+        prior,
+        changes(head, prior),
+        _notes(traffic),
+    )
 
 
 def month_headline(engine: Engine, window: Window, prices: Prices, gpu_type: str | None = None) -> Headline:
     """The headline figures of any window, computed as `build_report` does."""
     sig = auto_signals(engine, window)
     cost = measured_summary(engine, window, prices, gpu_type=gpu_type)
-    return _headline(sig, _shares(engine, window, "mode", sig.requests), _comparison(engine, window), cost,
-                     alert_summary(engine, window))
+    return _headline(
+        sig,
+        _shares(engine, window, "mode", sig.requests),
+        _comparison(engine, window),
+        cost,
+        alert_summary(engine, window),
+    )
 
 
-def _headline(sig: Signals, by_mode: tuple[Share, ...], latency: Comparison, cost: CostSummary,
-              alerts: AlertSummary) -> Headline:
+def _headline(
+    sig: Signals, by_mode: tuple[Share, ...], latency: Comparison, cost: CostSummary, alerts: AlertSummary
+) -> Headline:
     spec = next((s.share for s in by_mode if s.key == "speculative"), 0.0) if sig.requests else None
     t = cost.tco
     net = next((b.net_usd for b in t.benefits if b.key == t.primary), None)
     return Headline(
-        sig.requests, sig.errors, sig.ooms, round(sig.output_tokens_per_s * sig.window.seconds), spec,
-        sig.acceptance_rate, sig.mean_acceptance_length, sig.ttft.p50, sig.ttft.p99, sig.e2e.p99,
-        latency.speedup, latency.p_value, net, sum(alerts.fired.values()))
+        sig.requests,
+        sig.errors,
+        sig.ooms,
+        round(sig.output_tokens_per_s * sig.window.seconds),
+        spec,
+        sig.acceptance_rate,
+        sig.mean_acceptance_length,
+        sig.ttft.p50,
+        sig.ttft.p99,
+        sig.e2e.p99,
+        latency.speedup,
+        latency.p_value,
+        net,
+        sum(alerts.fired.values()),
+    )
 
 
 def _traffic(engine: Engine, window: Window, sig: Signals) -> Traffic:
     with engine.connect() as conn:
         raw = conn.scalar(Filters().apply(select(func.count()).select_from(Request), window))
     output = round(sig.output_tokens_per_s * window.seconds)
-    return Traffic(sig.requests, sig.errors, sig.ooms, output, int(raw or 0), _shares(engine, window, "mode", sig.requests),
-                   _shares(engine, window, "drafter", sig.requests), _shares(engine, window, "arm", sig.requests))
+    return Traffic(
+        sig.requests,
+        sig.errors,
+        sig.ooms,
+        output,
+        int(raw or 0),
+        _shares(engine, window, "mode", sig.requests),
+        _shares(engine, window, "drafter", sig.requests),
+        _shares(engine, window, "arm", sig.requests),
+    )
 
 
 def _shares(engine: Engine, window: Window, column: str, total: int) -> tuple[Share, ...]:
@@ -256,8 +304,15 @@ def _comparison(engine: Engine, window: Window) -> Comparison:
 
 def _daily(engine: Engine, window: Window) -> tuple[Day, ...]:
     days = auto_series(engine, window, step_s=86400.0)
-    return tuple(Day(datetime.fromtimestamp(p.t, UTC).strftime("%Y-%m-%d"), p.requests, p.acceptance_rate,
-                     p.mean_acceptance_length) for p in days)
+    return tuple(
+        Day(
+            datetime.fromtimestamp(p.t, UTC).strftime("%Y-%m-%d"),
+            p.requests,
+            p.acceptance_rate,
+            p.mean_acceptance_length,
+        )
+        for p in days
+    )
 
 
 def load_knee(buckets: list[LoadBucket]) -> LoadKnee:
@@ -282,10 +337,13 @@ def alert_summary(engine: Engine, window: Window) -> AlertSummary:
         if t["to_state"] == "firing":
             fired[t["rule"]] = fired.get(t["rule"], 0) + 1
     return AlertSummary(
-        fired, sum(t["from_state"] == "firing" for t in found["transitions"]),
+        fired,
+        sum(t["from_state"] == "firing" for t in found["transitions"]),
         _count(f"{a['action']}: {a['outcome']}" for a in found["actions"]),
         _count(n["status"] for n in found["notifications"] if n["alert_status"] != "report"),
-        tuple(found["transitions"][:RECENT]), tuple(found["actions"][:RECENT]))
+        tuple(found["transitions"][:RECENT]),
+        tuple(found["actions"][:RECENT]),
+    )
 
 
 def _count(keys) -> dict[str, int]:
@@ -300,9 +358,12 @@ def recommend(h: Headline, rules: AdvisorRules = AdvisorRules()) -> Verdict:
     significant = h.speedup is not None and h.speedup_p_value is not None and h.speedup_p_value < rules.significance
     pays = significant and h.speedup >= rules.pays_speedup
     hurts = significant and h.speedup <= rules.hurts_speedup
-    speed = ("not compared" if h.speedup is None else
-             f"measured speed-up {h.speedup:.2f}x (p={_p(h.speedup_p_value)})")
-    net = "not computable" if h.net_monthly_benefit_usd is None else f"net benefit {h.net_monthly_benefit_usd:,.0f} USD/month"
+    speed = "not compared" if h.speedup is None else f"measured speed-up {h.speedup:.2f}x (p={_p(h.speedup_p_value)})"
+    net = (
+        "not computable"
+        if h.net_monthly_benefit_usd is None
+        else f"net benefit {h.net_monthly_benefit_usd:,.0f} USD/month"
+    )
     alerts = f"{h.alerts_fired} alert(s) fired"
     if not h.speculative_share:
         return Verdict("keep", "not_in_use", "no speculative requests this month: nothing to judge")
@@ -325,9 +386,21 @@ def _p(p: float | None) -> str:
     return "n/a" if p is None else f"{p:.2g}"
 
 
-_COMPARED = ("requests", "errors", "ooms", "output_tokens", "speculative_share", "acceptance_rate",
-             "mean_acceptance_length", "ttft_p50_s", "ttft_p99_s", "e2e_p99_s", "speedup", "net_monthly_benefit_usd",
-             "alerts_fired")
+_COMPARED = (
+    "requests",
+    "errors",
+    "ooms",
+    "output_tokens",
+    "speculative_share",
+    "acceptance_rate",
+    "mean_acceptance_length",
+    "ttft_p50_s",
+    "ttft_p99_s",
+    "e2e_p99_s",
+    "speedup",
+    "net_monthly_benefit_usd",
+    "alerts_fired",
+)
 
 
 def changes(current: Headline, prior: Headline | None) -> tuple[Change, ...]:
@@ -342,13 +415,16 @@ def changes(current: Headline, prior: Headline | None) -> tuple[Change, ...]:
 
 def _notes(traffic: Traffic) -> tuple[str, ...]:
     if traffic.requests and traffic.raw_requests < traffic.requests:
-        return (f"raw-row sections (acceptance vs length, latency test, load knee, cost) cover the "
-                f"{traffic.raw_requests:,} of {traffic.requests:,} requests still held as raw rows; "
-                "the older ones were rolled up and expired under the raw retention",)
+        return (
+            f"raw-row sections (acceptance vs length, latency test, load knee, cost) cover the "
+            f"{traffic.raw_requests:,} of {traffic.requests:,} requests still held as raw rows; "
+            "the older ones were rolled up and expired under the raw retention",
+        )
     return ()
 
 
 # --- writing -------------------------------------------------------------------------------------
+
 
 def report_names(month: str) -> tuple[str, str]:
     return f"specwatch-report-{month}.html", f"specwatch-report-{month}.json"

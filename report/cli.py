@@ -16,14 +16,26 @@ from specwatch.common import UsageError
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     report = subparsers.add_parser("report", help="write the monthly cost-benefit report (HTML + JSON)")
-    report.add_argument("--month", metavar="YYYY-MM", default=None, help="the month to report (default: last month, UTC)")
+    report.add_argument(
+        "--month", metavar="YYYY-MM", default=None, help="the month to report (default: last month, UTC)"
+    )
     report.add_argument("--out", metavar="DIR", type=Path, default=Path("."), help="output directory (default: .)")
-    report.add_argument("--db", metavar="URL", default=None,
-                        help="SQLAlchemy URL (default: SPECWATCH_DATABASE_URL, else SQLite under SPECWATCH_DATA_DIR)")
-    report.add_argument("--gpu", metavar="TYPE", default=None,
-                        help="accelerator of the price table (default: the sampled device's)")
-    report.add_argument("--prices", metavar="FILE.toml", type=Path, default=None,
-                        help="price table (default: the shipped cost/prices.toml)")
+    report.add_argument(
+        "--db",
+        metavar="URL",
+        default=None,
+        help="SQLAlchemy URL (default: SPECWATCH_DATABASE_URL, else SQLite under SPECWATCH_DATA_DIR)",
+    )
+    report.add_argument(
+        "--gpu", metavar="TYPE", default=None, help="accelerator of the price table (default: the sampled device's)"
+    )
+    report.add_argument(
+        "--prices",
+        metavar="FILE.toml",
+        type=Path,
+        default=None,
+        help="price table (default: the shipped cost/prices.toml)",
+    )
     report.set_defaults(handler=report_command)
 
 
@@ -45,8 +57,8 @@ def _write(args: argparse.Namespace, month: str) -> tuple[Path, Path]:
     from sqlalchemy.exc import OperationalError
 
     from collector.cli import settings_from
-    from cost.inputs import load_prices
     from collector.db import is_current, make_engine
+    from cost.inputs import load_prices
     from report.build import build_report
     from report.html import write_report
 

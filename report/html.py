@@ -15,9 +15,9 @@ from html import escape
 from pathlib import Path
 from string import Template
 
-from report import plots
 from collector.breakdown import Group
 from cost.summary import CostSummary
+from report import plots
 from report.build import Headline, Report, report_names, to_json
 
 TEMPLATE = Path(__file__).with_name("template.html")
@@ -27,17 +27,28 @@ ESTIMATE = '<span class="estimate" title="not metered: modelled from device powe
 def render_html(report: Report) -> str:
     sections = [_title(report), _verdict(report), _changes(report)]
     if report.headline.requests:
-        sections += [_traffic(report), _acceptance(report), _latency(report), _load(report), _alerts(report),
-                     _hours(report), _cost(report.cost)]
+        sections += [
+            _traffic(report),
+            _acceptance(report),
+            _latency(report),
+            _load(report),
+            _alerts(report),
+            _hours(report),
+            _cost(report.cost),
+        ]
     else:
-        sections += [f'<p class="empty">No traffic in {escape(report.month)}: the store holds no request for this '
-                     "month, so there is nothing to measure or price.</p>", _alerts(report)]
+        sections += [
+            f'<p class="empty">No traffic in {escape(report.month)}: the store holds no request for this '
+            "month, so there is nothing to measure or price.</p>",
+            _alerts(report),
+        ]
     sections.append(_notes(report))
     title = f"specwatch report {report.month}"
     return Template(TEMPLATE.read_text()).substitute(title=escape(title), body="\n".join(sections))
 
 
 # --- formatting -----------------------------------------------------------------------------
+
 
 def _f(value: float | None, fmt: str = ".3f", suffix: str = "") -> str:
     return "n/a" if value is None else f"{value:{fmt}}{suffix}"
@@ -74,8 +85,9 @@ def _table(head: Sequence[str], rows: Iterable[Sequence[object]], raw: bool = Fa
     """A table; cells are escaped unless `raw` (for cells built here with markup); numbers align right."""
     cell = (lambda c: str(c)) if raw else (lambda c: escape(str(c)))
     body = "".join("<tr>" + "".join(_td(cell(c)) for c in row) + "</tr>" for row in rows)
-    return (f"<table><thead><tr>{''.join(f'<th>{escape(h)}</th>' for h in head)}</tr></thead>"
-            f"<tbody>{body}</tbody></table>")
+    return (
+        f"<table><thead><tr>{''.join(f'<th>{escape(h)}</th>' for h in head)}</tr></thead><tbody>{body}</tbody></table>"
+    )
 
 
 def _img(uri: str | None, alt: str) -> str:
@@ -88,30 +100,43 @@ def _section(anchor: str, title: str, *parts: str) -> str:
 
 # --- sections -------------------------------------------------------------------------------
 
+
 def _title(r: Report) -> str:
     span = f"{_when(r.window.start)} to {_when(r.window.end)}" + (" (month in progress)" if r.partial else "")
-    return (f"<h1>specwatch monthly report: {escape(r.month)}</h1>"
-            f'<p class="sub">{escape(span)}; generated {escape(_when(r.generated_at))}. Every figure is read from '
-            "the specwatch store.</p>")
+    return (
+        f"<h1>specwatch monthly report: {escape(r.month)}</h1>"
+        f'<p class="sub">{escape(span)}; generated {escape(_when(r.generated_at))}. Every figure is read from '
+        "the specwatch store.</p>"
+    )
 
 
 def _verdict(r: Report) -> str:
     v = r.recommendation
-    return _section("recommendation", "Recommendation",
-                    f'<div class="verdict {escape(v.action)}"><div class="action">{escape(v.action)} speculation</div>'
-                    f"<div>{escape(v.reason)}</div><div class=\"note\">rule <code>{escape(v.rule)}</code> "
-                    "(the decision table is in <code>collector/report.py</code>: measured speed-up and its "
-                    "significance, net monthly benefit, alerts fired)</div></div>")
+    return _section(
+        "recommendation",
+        "Recommendation",
+        f'<div class="verdict {escape(v.action)}"><div class="action">{escape(v.action)} speculation</div>'
+        f'<div>{escape(v.reason)}</div><div class="note">rule <code>{escape(v.rule)}</code> '
+        "(the decision table is in <code>collector/report.py</code>: measured speed-up and its "
+        "significance, net monthly benefit, alerts fired)</div></div>",
+    )
 
 
 _LABELS = {
-    "requests": ("requests", lambda v: _f(v, ",.0f")), "errors": ("errors", lambda v: _f(v, ",.0f")),
-    "ooms": ("OOMs", lambda v: _f(v, ",.0f")), "output_tokens": ("output tokens", lambda v: _f(v, ",.0f")),
-    "speculative_share": ("speculative share", _pct), "acceptance_rate": ("acceptance rate", _f),
-    "mean_acceptance_length": ("mean acceptance length", _f), "ttft_p50_s": ("TTFT p50", _ms),
-    "ttft_p99_s": ("TTFT p99", _ms), "e2e_p99_s": ("e2e p99", _ms), "speedup": ("measured speed-up (x)", _f),
+    "requests": ("requests", lambda v: _f(v, ",.0f")),
+    "errors": ("errors", lambda v: _f(v, ",.0f")),
+    "ooms": ("OOMs", lambda v: _f(v, ",.0f")),
+    "output_tokens": ("output tokens", lambda v: _f(v, ",.0f")),
+    "speculative_share": ("speculative share", _pct),
+    "acceptance_rate": ("acceptance rate", _f),
+    "mean_acceptance_length": ("mean acceptance length", _f),
+    "ttft_p50_s": ("TTFT p50", _ms),
+    "ttft_p99_s": ("TTFT p99", _ms),
+    "e2e_p99_s": ("e2e p99", _ms),
+    "speedup": ("measured speed-up (x)", _f),
     "speedup_p_value": ("speed-up p-value", _pval),
-    "net_monthly_benefit_usd": ("net benefit (USD/month)", _usd), "alerts_fired": ("alerts fired", lambda v: _f(v, ",.0f")),
+    "net_monthly_benefit_usd": ("net benefit (USD/month)", _usd),
+    "alerts_fired": ("alerts fired", lambda v: _f(v, ",.0f")),
 }
 
 
@@ -127,103 +152,200 @@ def _changes(r: Report) -> str:
     fmt = {name: f for name, (_, f) in _LABELS.items()}
     if r.previous is None:
         rows = [(_LABELS[n][0], fmt[n](getattr(r.headline, n))) for n in Headline.__dataclass_fields__]
-        return _section("changes", "Headline figures", _table(("figure", r.month), rows),
-                        f"<p>What changed since the previous month: no previous month ({escape(r.previous_month)} "
-                        "holds no traffic in the store).</p>")
-    rows = [(_LABELS[c.name][0], fmt[c.name](c.current), fmt[c.name](c.previous), _signed(c.name, c.delta))
-            for c in r.changes]
-    return _section("changes", f"Headline figures and what changed since {r.previous_month}",
-                    _table(("figure", r.month, r.previous_month, "change"), rows))
+        return _section(
+            "changes",
+            "Headline figures",
+            _table(("figure", r.month), rows),
+            f"<p>What changed since the previous month: no previous month ({escape(r.previous_month)} "
+            "holds no traffic in the store).</p>",
+        )
+    rows = [
+        (_LABELS[c.name][0], fmt[c.name](c.current), fmt[c.name](c.previous), _signed(c.name, c.delta))
+        for c in r.changes
+    ]
+    return _section(
+        "changes",
+        f"Headline figures and what changed since {r.previous_month}",
+        _table(("figure", r.month, r.previous_month, "change"), rows),
+    )
 
 
 def _shares(title: str, shares) -> str:
-    return _table((title, "requests", "share"), [(s.key, f"{s.requests:,}", _pct(s.share)) for s in shares]) if shares else ""
+    return (
+        _table((title, "requests", "share"), [(s.key, f"{s.requests:,}", _pct(s.share)) for s in shares])
+        if shares
+        else ""
+    )
 
 
 def _traffic(r: Report) -> str:
     t = r.traffic
-    return _section("traffic", "Traffic and mode share",
-                    f"<p>{t.requests:,} requests ({t.errors:,} errors, {t.ooms:,} OOMs), {t.output_tokens:,} output "
-                    "tokens.</p>", _shares("mode", t.by_mode), _shares("drafter", t.by_drafter),
-                    _shares("A/B arm", t.by_arm))
+    return _section(
+        "traffic",
+        "Traffic and mode share",
+        f"<p>{t.requests:,} requests ({t.errors:,} errors, {t.ooms:,} OOMs), {t.output_tokens:,} output tokens.</p>",
+        _shares("mode", t.by_mode),
+        _shares("drafter", t.by_drafter),
+        _shares("A/B arm", t.by_arm),
+    )
 
 
 def _acceptance(r: Report) -> str:
     c = r.by_length
-    corr = ("Spearman's rho between prompt length and per-request acceptance: "
-            f"{_f(c.spearman_rho)} (p={_pval(c.p_value)}, {c.requests:,} requests that drafted).")
-    buckets = [(f"{b.low}-{b.high}" if b.high is not None else f">={b.low}", f"{b.requests:,}", _f(b.acceptance_rate))
-               for b in c.buckets if b.requests]
-    return _section("acceptance", "Acceptance",
-                    f"<p>Acceptance rate over the month {_f(r.headline.acceptance_rate)} (accepted / drafted tokens), "
-                    f"mean acceptance length {_f(r.headline.mean_acceptance_length)}.</p>",
-                    "<h3>Daily trend</h3>", _img(plots.daily_plot(r.daily), "requests and acceptance rate per day"),
-                    "<h3>Acceptance against prompt length</h3>", f"<p>{escape(corr)}</p>",
-                    _img(plots.length_plot(c.buckets), "acceptance rate per prompt-length bucket"),
-                    _table(("prompt tokens", "requests", "acceptance rate"), buckets) if buckets else "")
+    corr = (
+        "Spearman's rho between prompt length and per-request acceptance: "
+        f"{_f(c.spearman_rho)} (p={_pval(c.p_value)}, {c.requests:,} requests that drafted)."
+    )
+    buckets = [
+        (f"{b.low}-{b.high}" if b.high is not None else f">={b.low}", f"{b.requests:,}", _f(b.acceptance_rate))
+        for b in c.buckets
+        if b.requests
+    ]
+    return _section(
+        "acceptance",
+        "Acceptance",
+        f"<p>Acceptance rate over the month {_f(r.headline.acceptance_rate)} (accepted / drafted tokens), "
+        f"mean acceptance length {_f(r.headline.mean_acceptance_length)}.</p>",
+        "<h3>Daily trend</h3>",
+        _img(plots.daily_plot(r.daily), "requests and acceptance rate per day"),
+        "<h3>Acceptance against prompt length</h3>",
+        f"<p>{escape(corr)}</p>",
+        _img(plots.length_plot(c.buckets), "acceptance rate per prompt-length bucket"),
+        _table(("prompt tokens", "requests", "acceptance rate"), buckets) if buckets else "",
+    )
 
 
 def _group_rows(g: Group | None, name: str) -> list[tuple]:
     if g is None:
         return []
-    return [(name, f"{g.requests:,}", _ms(g.ttft.p50), _ms(g.ttft.p90), _ms(g.ttft.p99), _ms(g.e2e.p50), _ms(g.e2e.p99),
-             _ms(g.s_per_token.p50), _ms(g.s_per_token.p99))]
+    return [
+        (
+            name,
+            f"{g.requests:,}",
+            _ms(g.ttft.p50),
+            _ms(g.ttft.p90),
+            _ms(g.ttft.p99),
+            _ms(g.e2e.p50),
+            _ms(g.e2e.p99),
+            _ms(g.s_per_token.p50),
+            _ms(g.s_per_token.p99),
+        )
+    ]
 
 
 def _latency(r: Report) -> str:
     c = r.latency
     if c.speculative is None and c.plain is None:
         return _section("latency", "Latency: speculative against plain", "<p>No request to compare.</p>")
-    how = ("the A/B arms (spec against control: requests split at random, an unbiased comparison)" if c.by == "arm" else
-           "mode (all speculative against all plain requests: biased when the policy chose the mode by load or "
-           "prompt length)")
-    test = (f"Measured speed-up {_f(c.speedup, '.2f')}x (plain mean s/token / speculative mean s/token); two-sided "
-            f"Mann-Whitney U on per-request s/token: p={_pval(c.p_value)}.")
+    how = (
+        "the A/B arms (spec against control: requests split at random, an unbiased comparison)"
+        if c.by == "arm"
+        else "mode (all speculative against all plain requests: biased when the policy chose the mode by load or "
+        "prompt length)"
+    )
+    test = (
+        f"Measured speed-up {_f(c.speedup, '.2f')}x (plain mean s/token / speculative mean s/token); two-sided "
+        f"Mann-Whitney U on per-request s/token: p={_pval(c.p_value)}."
+    )
     names = ("spec arm", "control arm") if c.by == "arm" else ("speculative", "plain")
     rows = _group_rows(c.speculative, names[0]) + _group_rows(c.plain, names[1])
-    return _section("latency", "Latency: speculative against plain", f"<p>Compared by {escape(how)}.</p>",
-                    _table(("", "requests", "TTFT p50", "TTFT p90", "TTFT p99", "e2e p50", "e2e p99",
-                            "s/token p50", "s/token p99"), rows), f"<p>{escape(test)}</p>",
-                    _img(plots.latency_plot(c), "latency percentiles, speculative against plain"))
+    return _section(
+        "latency",
+        "Latency: speculative against plain",
+        f"<p>Compared by {escape(how)}.</p>",
+        _table(
+            ("", "requests", "TTFT p50", "TTFT p90", "TTFT p99", "e2e p50", "e2e p99", "s/token p50", "s/token p99"),
+            rows,
+        ),
+        f"<p>{escape(test)}</p>",
+        _img(plots.latency_plot(c), "latency percentiles, speculative against plain"),
+    )
 
 
 def _load(r: Report) -> str:
     k = r.load
     if not k.buckets:
-        return _section("load", "Throughput against load",
-                        "<p>No request recorded its load at admission: no knee to show.</p>")
-    knees = "; ".join(f"{m}: {'none within the measured loads' if v is None else f'from load {v:g}'}" for m, v in k.knee.items())
-    cross = ("speculation decodes at least as fast as plain at every load measured for both" if k.crossover is None
-             else f"from load {k.crossover:g} speculative requests decode no faster than plain ones")
-    rows = [(b.mode, f"{b.low:g}-{'' if b.high is None else f'{b.high:g}'}", f"{b.requests:,}", _f(b.tokens_per_s, ".1f"),
-             _ms(b.ttft_p99)) for b in k.buckets]
-    return _section("load", "Throughput against load",
-                    f"<p>Knee (per-request decode speed below 80% of the lightest load's): {escape(knees)}. "
-                    f"{escape(cross.capitalize())}.</p>", _img(plots.load_plot(k.buckets, k.knee), "decode speed by load"),
-                    _table(("mode", "load", "requests", "tokens/s per request", "TTFT p99"), rows))
+        return _section(
+            "load", "Throughput against load", "<p>No request recorded its load at admission: no knee to show.</p>"
+        )
+    knees = "; ".join(
+        f"{m}: {'none within the measured loads' if v is None else f'from load {v:g}'}" for m, v in k.knee.items()
+    )
+    cross = (
+        "speculation decodes at least as fast as plain at every load measured for both"
+        if k.crossover is None
+        else f"from load {k.crossover:g} speculative requests decode no faster than plain ones"
+    )
+    rows = [
+        (
+            b.mode,
+            f"{b.low:g}-{'' if b.high is None else f'{b.high:g}'}",
+            f"{b.requests:,}",
+            _f(b.tokens_per_s, ".1f"),
+            _ms(b.ttft_p99),
+        )
+        for b in k.buckets
+    ]
+    return _section(
+        "load",
+        "Throughput against load",
+        f"<p>Knee (per-request decode speed below 80% of the lightest load's): {escape(knees)}. "
+        f"{escape(cross.capitalize())}.</p>",
+        _img(plots.load_plot(k.buckets, k.knee), "decode speed by load"),
+        _table(("mode", "load", "requests", "tokens/s per request", "TTFT p99"), rows),
+    )
 
 
 def _alerts(r: Report) -> str:
     a = r.alerts
     fired = _table(("rule", "times fired"), a.fired.items()) if a.fired else "<p>No alert fired this month.</p>"
-    actions = _table(("remediation: outcome", "count"), a.actions.items()) if a.actions else "<p>No remediation action.</p>"
+    actions = (
+        _table(("remediation: outcome", "count"), a.actions.items()) if a.actions else "<p>No remediation action.</p>"
+    )
     sent = ", ".join(f"{n} {s}" for s, n in a.notifications.items()) or "none"
-    recent = _table(("at", "rule", "labels", "from", "to", "value"), [
-        (_when(t["at"]), t["rule"], ", ".join(f"{k}={v}" for k, v in t["labels"].items()), t["from_state"], t["to_state"],
-         _f(t["value"], ".3g")) for t in a.recent_transitions]) if a.recent_transitions else ""
-    return _section("alerts", "Alerts fired and actions taken", fired,
-                    f"<p>{a.resolved} resolved; webhook notifications: {escape(sent)}.</p>", actions,
-                    "<h3>Latest transitions</h3>" + recent if recent else "")
+    recent = (
+        _table(
+            ("at", "rule", "labels", "from", "to", "value"),
+            [
+                (
+                    _when(t["at"]),
+                    t["rule"],
+                    ", ".join(f"{k}={v}" for k, v in t["labels"].items()),
+                    t["from_state"],
+                    t["to_state"],
+                    _f(t["value"], ".3g"),
+                )
+                for t in a.recent_transitions
+            ],
+        )
+        if a.recent_transitions
+        else ""
+    )
+    return _section(
+        "alerts",
+        "Alerts fired and actions taken",
+        fired,
+        f"<p>{a.resolved} resolved; webhook notifications: {escape(sent)}.</p>",
+        actions,
+        "<h3>Latest transitions</h3>" + recent if recent else "",
+    )
 
 
 def _hours(r: Report) -> str:
     most = max(h.ooms for h in r.by_hour)
     peaks = ", ".join(f"{h.hour:02d}:00" for h in r.by_hour if most and h.ooms == most)
-    text = ("No OOM this month." if not most else
-            f"{r.headline.ooms} OOMs; most in the hour(s) starting {peaks} UTC ({most} each).")
+    text = (
+        "No OOM this month."
+        if not most
+        else f"{r.headline.ooms} OOMs; most in the hour(s) starting {peaks} UTC ({most} each)."
+    )
     errors = sum(h.errors for h in r.by_hour)
-    return _section("oom", "Errors and OOMs by hour of day", f"<p>{escape(text)} {errors:,} errors in all.</p>",
-                    _img(plots.hours_plot(r.by_hour), "requests, errors and OOMs by hour of day"))
+    return _section(
+        "oom",
+        "Errors and OOMs by hour of day",
+        f"<p>{escape(text)} {errors:,} errors in all.</p>",
+        _img(plots.hours_plot(r.by_hour), "requests, errors and OOMs by hour of day"),
+    )
 
 
 def _energy_cell(source: str | None, value: float) -> str:
@@ -238,39 +360,78 @@ def _cost(s: CostSummary) -> str:
     t = s.tco
     if not t.arms:
         return _section("cost", "Cost (TCO)", "<p>No request held as a raw row to price this month.</p>")
-    head = ("USD per 1M output tokens", "memory share", "GPU-hours", "compute", "energy", "retries", "total",
-            "monthly USD at the volume")
-    rows = [(escape(a.key), _f(a.memory_share), _f(a.gpu_hours_per_mtok, ".4g"), escape(_usd(a.compute_usd_per_mtok, 4)),
-             _energy_cell(a.energy_source, a.energy_usd_per_mtok), escape(_usd(a.retries_usd_per_mtok, 4)),
-             escape(_usd(a.total_usd_per_mtok, 4)), escape(_usd(a.monthly_usd))) for a in t.arms]
+    head = (
+        "USD per 1M output tokens",
+        "memory share",
+        "GPU-hours",
+        "compute",
+        "energy",
+        "retries",
+        "total",
+        "monthly USD at the volume",
+    )
+    rows = [
+        (
+            escape(a.key),
+            _f(a.memory_share),
+            _f(a.gpu_hours_per_mtok, ".4g"),
+            escape(_usd(a.compute_usd_per_mtok, 4)),
+            _energy_cell(a.energy_source, a.energy_usd_per_mtok),
+            escape(_usd(a.retries_usd_per_mtok, 4)),
+            escape(_usd(a.total_usd_per_mtok, 4)),
+            escape(_usd(a.monthly_usd)),
+        )
+        for a in t.arms
+    ]
     estimated = any(a.energy_source and "estimate" in a.energy_source for a in t.arms)
-    parts = [f"<p>{escape(t.gpu_type)} at ${t.gpu_hour_usd:.2f}/GPU-hour (prices as of {escape(t.prices_as_of)}); "
-             f"{t.monthly_output_tokens:,.0f} output tokens/month ({escape(t.volume_source)}).</p>",
-             _table(head, rows, raw=True)]
+    parts = [
+        f"<p>{escape(t.gpu_type)} at ${t.gpu_hour_usd:.2f}/GPU-hour (prices as of {escape(t.prices_as_of)}); "
+        f"{t.monthly_output_tokens:,.0f} output tokens/month ({escape(t.volume_source)}).</p>",
+        _table(head, rows, raw=True),
+    ]
     if estimated:
-        parts.append(f"<p>{ESTIMATE} Energy marked estimate was not metered (no NVML or RAPL reading): it is "
-                     "modelled, and so are the totals that include it.</p>")
+        parts.append(
+            f"<p>{ESTIMATE} Energy marked estimate was not metered (no NVML or RAPL reading): it is "
+            "modelled, and so are the totals that include it.</p>"
+        )
     parts += [_benefits(s), *_break_even(s), _tornado(s), _advice(s)]
     return _section("cost", "Cost (TCO), break-even and sensitivity", *parts)
 
 
 def _benefits(s: CostSummary) -> str:
-    rows = [(b.key + (" (primary)" if b.key == s.tco.primary else ""), _usd(b.explicit_saving_usd), _usd(b.hidden.total_usd),
-             _usd(b.net_usd), "never" if b.payback_months is None else f"{b.payback_months:.1f} months")
-            for b in s.tco.benefits]
+    rows = [
+        (
+            b.key + (" (primary)" if b.key == s.tco.primary else ""),
+            _usd(b.explicit_saving_usd),
+            _usd(b.hidden.total_usd),
+            _usd(b.net_usd),
+            "never" if b.payback_months is None else f"{b.payback_months:.1f} months",
+        )
+        for b in s.tco.benefits
+    ]
     if not rows:
         return "<p>No plain-decoding requests to compare against: no benefit computed.</p>"
-    return _table(("speculative arm", "explicit saving /month", "hidden costs /month", "net benefit /month",
-                   "draft training pays back"), rows)
+    return _table(
+        (
+            "speculative arm",
+            "explicit saving /month",
+            "hidden costs /month",
+            "net benefit /month",
+            "draft training pays back",
+        ),
+        rows,
+    )
 
 
 def _break_even(s: CostSummary) -> list[str]:
     parts = ["<h3>Break-even</h3>"] if s.break_even else []
     for b in s.break_even:
-        parts.append(f"<p>{escape(b.key)}: lookahead gamma {_f(b.gamma, '.2f')}, draft cost ratio c {_f(b.draft_cost_ratio)}, "
-                     f"measured alpha {_f(b.measured_alpha)} (acceptance rate {_f(b.acceptance_rate)}); model speed-up "
-                     f"{_f(b.model_speedup, '.2f')}x, measured {_f(b.measured_speedup, '.2f')}x. Speed-up 1 at alpha "
-                     f"{_f(b.speedup_alpha)}; net benefit 0 at alpha {_f(b.benefit_alpha)}.</p>")
+        parts.append(
+            f"<p>{escape(b.key)}: lookahead gamma {_f(b.gamma, '.2f')}, draft cost ratio c {_f(b.draft_cost_ratio)}, "
+            f"measured alpha {_f(b.measured_alpha)} (acceptance rate {_f(b.acceptance_rate)}); model speed-up "
+            f"{_f(b.model_speedup, '.2f')}x, measured {_f(b.measured_speedup, '.2f')}x. Speed-up 1 at alpha "
+            f"{_f(b.speedup_alpha)}; net benefit 0 at alpha {_f(b.benefit_alpha)}.</p>"
+        )
         parts.append(_img(plots.breakeven_plot(b), f"break-even curves of {b.key}"))
     return parts
 
@@ -278,8 +439,14 @@ def _break_even(s: CostSummary) -> list[str]:
 def _tornado(s: CostSummary) -> str:
     base = next((b.net_usd for b in s.tco.benefits if b.key == s.tco.primary), None)
     uri = plots.tornado_plot(s.sensitivity, base)
-    return "" if uri is None else ("<h3>Sensitivity: net benefit with each input -20% / +20%</h3>"
-                                   + _img(uri, "sensitivity tornado of the net monthly benefit"))
+    return (
+        ""
+        if uri is None
+        else (
+            "<h3>Sensitivity: net benefit with each input -20% / +20%</h3>"
+            + _img(uri, "sensitivity tornado of the net monthly benefit")
+        )
+    )
 
 
 def _advice(s: CostSummary) -> str:

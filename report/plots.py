@@ -18,12 +18,19 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from collector.breakdown import Comparison, LoadBucket  # noqa: E402
-from cost.breakeven import BreakEven, TornadoRow  # noqa: E402
 from collector.queries import HourOfDay, LengthBucket  # noqa: E402
+from cost.breakeven import BreakEven, TornadoRow  # noqa: E402
 
 SPEC, PLAIN, ACCENT, GREY = "#1f77b4", "#ff7f0e", "#d62728", "#7f7f7f"
-_STYLE = {"svg.fonttype": "none", "svg.hashsalt": "specwatch", "font.size": 9, "axes.spines.top": False,
-          "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3}
+_STYLE = {
+    "svg.fonttype": "none",
+    "svg.hashsalt": "specwatch",
+    "font.size": 9,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+}
 SIZE = (6.4, 3.2)  # inches
 
 
@@ -78,8 +85,11 @@ def length_plot(buckets: Sequence[LengthBucket]) -> str | None:
 
 def latency_plot(comparison: Comparison) -> str | None:
     """TTFT and seconds per output token at p50/p90/p99, speculative against plain."""
-    groups = [(name, g, color) for name, g, color in (("speculative", comparison.speculative, SPEC),
-                                                      ("plain", comparison.plain, PLAIN)) if g is not None]
+    groups = [
+        (name, g, color)
+        for name, g, color in (("speculative", comparison.speculative, SPEC), ("plain", comparison.plain, PLAIN))
+        if g is not None
+    ]
     if not groups:
         return None
     with plt.rc_context(_STYLE):

@@ -19,9 +19,9 @@ from pathlib import Path
 from sqlalchemy import Engine
 
 from collector.db import write_transaction
+from collector.settings import Settings
 from report.build import Report, build_report, last_month, report_names
 from report.html import write_report
-from collector.settings import Settings
 
 log = logging.getLogger("specwatch.collector")
 CHECK_INTERVAL_S = 3600.0
@@ -34,8 +34,12 @@ def report_url(settings: Settings, path: Path) -> str:
 
 def summary(report: Report) -> dict:
     """What the notification says besides the link."""
-    return {"recommendation": report.recommendation.action, "reason": report.recommendation.reason,
-            "net_monthly_benefit_usd": report.headline.net_monthly_benefit_usd, "requests": report.headline.requests}
+    return {
+        "recommendation": report.recommendation.action,
+        "reason": report.recommendation.reason,
+        "net_monthly_benefit_usd": report.headline.net_monthly_benefit_usd,
+        "requests": report.headline.requests,
+    }
 
 
 def run_once(engine: Engine, settings: Settings, config=None, now: float | None = None) -> Path | None:
@@ -67,9 +71,12 @@ def _stored_summary(html_path: Path) -> dict:
 
     try:
         data = orjson.loads(html_path.with_suffix(".json").read_bytes())
-        return {"recommendation": data["recommendation"]["action"], "reason": data["recommendation"]["reason"],
-                "net_monthly_benefit_usd": data["headline"]["net_monthly_benefit_usd"],
-                "requests": data["headline"]["requests"]}
+        return {
+            "recommendation": data["recommendation"]["action"],
+            "reason": data["recommendation"]["reason"],
+            "net_monthly_benefit_usd": data["headline"]["net_monthly_benefit_usd"],
+            "requests": data["headline"]["requests"],
+        }
     except (OSError, ValueError, KeyError, TypeError):
         return {}
 

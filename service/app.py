@@ -12,7 +12,6 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
-from service import routes_alerts, routes_cost, routes_ingest, routes_query, routes_report
 from collector.db import make_engine, upgrade
 from collector.ingest import IngestWorkers
 from collector.maintenance import maintenance_loop
@@ -20,6 +19,7 @@ from collector.metrics import CollectorMetrics
 from collector.settings import Settings
 from collector.store import Store
 from collector.vllm import Scraper
+from service import routes_alerts, routes_cost, routes_ingest, routes_query, routes_report
 
 
 def create_app(settings: Settings | None = None, registry: CollectorRegistry | None = None) -> FastAPI:
@@ -32,7 +32,9 @@ def create_app(settings: Settings | None = None, registry: CollectorRegistry | N
         app.state.settings = settings
         app.state.store = Store(engine)
         app.state.metrics = CollectorMetrics(registry or CollectorRegistry())
-        app.state.ingest = IngestWorkers(app.state.store, settings.database_url_resolved, _ingest_processes(settings, engine))
+        app.state.ingest = IngestWorkers(
+            app.state.store, settings.database_url_resolved, _ingest_processes(settings, engine)
+        )
         await app.state.ingest.start()
         tasks = [asyncio.create_task(maintenance_loop(app.state.store, settings), name="maintenance")]
         tasks += [

@@ -18,11 +18,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=tcp_port, default=8087, help="TCP port (default 8087)")
     serve.add_argument(
-        "--scrape-vllm", metavar="URL", nargs="+", default=None,
+        "--scrape-vllm",
+        metavar="URL",
+        nargs="+",
+        default=None,
         help="vLLM /metrics URLs to poll (default: SPECWATCH_SCRAPE_VLLM)",
     )
-    serve.add_argument("--alert-rules", metavar="FILE", default=None,
-                       help="alert rules YAML (default: SPECWATCH_ALERT_RULES, else the shipped rules)")
+    serve.add_argument(
+        "--alert-rules",
+        metavar="FILE",
+        default=None,
+        help="alert rules YAML (default: SPECWATCH_ALERT_RULES, else the shipped rules)",
+    )
     serve.add_argument("--no-alerts", action="store_true", help="do not run the alert runner in this process")
     serve.set_defaults(handler=serve_command)
 
@@ -31,8 +38,8 @@ def serve_command(args: argparse.Namespace) -> int:
     import uvicorn
 
     from alerts.rules import RulesError, load_config
-    from service.app import create_app
     from collector.ingest import tune_gc_for_ingest
+    from service.app import create_app
 
     settings = settings_from(args)
     if settings.alerts_enabled:
@@ -47,5 +54,3 @@ def serve_command(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     return 0
-
-

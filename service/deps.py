@@ -29,7 +29,9 @@ async def get_metrics(request: Request) -> CollectorMetrics:
 
 def json_response(data: object, status: int = 200) -> Response:
     """A JSON response serialised by orjson (dataclasses and numpy scalars included)."""
-    return Response(orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY), status_code=status, media_type="application/json")
+    return Response(
+        orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY), status_code=status, media_type="application/json"
+    )
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]

@@ -17,11 +17,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Response
 
-from cost.model import Prices
+from collector.queries import Window
 from cost.inputs import Overrides, load_prices
+from cost.model import Prices
 from cost.summary import MONTH_S, measured_summary
 from service.deps import EngineDep, json_response
-from collector.queries import Window
 from service.routes_query import FiltersDep, window_param
 
 router = APIRouter(prefix="/v1")
@@ -33,20 +33,34 @@ def shipped_prices() -> Prices:
     return load_prices()
 
 
-def cost_window(start: float | None = None, end: float | None = None,
-                last: Annotated[float, Query(gt=0, allow_inf_nan=False)] = float(MONTH_S)) -> Window:
+def cost_window(
+    start: float | None = None,
+    end: float | None = None,
+    last: Annotated[float, Query(gt=0, allow_inf_nan=False)] = float(MONTH_S),
+) -> Window:
     return window_param(start, end, last)
 
 
 def overrides_param(
-    gpu_hour_usd: NonNegative = None, electricity_usd_per_kwh: NonNegative = None,
-    pue: Annotated[float | None, Query(ge=1, allow_inf_nan=False)] = None, monthly_output_tokens: NonNegative = None,
-    draft_training_usd: NonNegative = None, amortisation_months: Annotated[float | None, Query(gt=0, allow_inf_nan=False)] = None,
+    gpu_hour_usd: NonNegative = None,
+    electricity_usd_per_kwh: NonNegative = None,
+    pue: Annotated[float | None, Query(ge=1, allow_inf_nan=False)] = None,
+    monthly_output_tokens: NonNegative = None,
+    draft_training_usd: NonNegative = None,
+    amortisation_months: Annotated[float | None, Query(gt=0, allow_inf_nan=False)] = None,
     incident_days_per_week: NonNegative = None,
     tech_debt_buffer: Annotated[float | None, Query(ge=0, le=10, allow_inf_nan=False)] = None,
 ) -> Overrides:
-    return Overrides(gpu_hour_usd, electricity_usd_per_kwh, pue, monthly_output_tokens, draft_training_usd,
-                     amortisation_months, incident_days_per_week, tech_debt_buffer)
+    return Overrides(
+        gpu_hour_usd,
+        electricity_usd_per_kwh,
+        pue,
+        monthly_output_tokens,
+        draft_training_usd,
+        amortisation_months,
+        incident_days_per_week,
+        tech_debt_buffer,
+    )
 
 
 def gpu_param(gpu: str | None = None, gpu_type: str | None = None) -> str | None:
@@ -57,12 +71,17 @@ def gpu_param(gpu: str | None = None, gpu_type: str | None = None) -> str | None
 
 @router.get("/cost")
 def get_cost(
-    engine: EngineDep, filters: FiltersDep, window: Annotated[Window, Depends(cost_window)],
-    overrides: Annotated[Overrides, Depends(overrides_param)], gpu_type: Annotated[str | None, Depends(gpu_param)],
+    engine: EngineDep,
+    filters: FiltersDep,
+    window: Annotated[Window, Depends(cost_window)],
+    overrides: Annotated[Overrides, Depends(overrides_param)],
+    gpu_type: Annotated[str | None, Depends(gpu_param)],
 ) -> Response:
     """TCO per arm, benefit of speculation, break-even acceptance, sensitivity and per-scenario advice."""
     try:
-        summary = measured_summary(engine, window, shipped_prices(), gpu_type=gpu_type, overrides=overrides, filters=filters)
+        summary = measured_summary(
+            engine, window, shipped_prices(), gpu_type=gpu_type, overrides=overrides, filters=filters
+        )
     except ValueError as exc:
         raise HTTPException(422, {"error": "invalid_parameter", "message": str(exc)}) from None
     return json_response(summary)

@@ -8,9 +8,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy.exc import SQLAlchemyError
 
 from collector.db import is_current
-from service.deps import EngineDep, MetricsDep, SettingsDep, json_response, require_ingest_token
 from collector.ingest import BatchRejected
 from collector.store import IngestCounts
+from service.deps import EngineDep, MetricsDep, SettingsDep, json_response, require_ingest_token
 
 router = APIRouter()
 

@@ -12,8 +12,8 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, HTTPException, Query, Response
 
 from collector import breakdown, history, long_signals, queries, series, vllm
-from service.deps import EngineDep, json_response
 from collector.queries import Filters, Window
+from service.deps import EngineDep, json_response
 
 router = APIRouter(prefix="/v1")
 MAX_WINDOW_S = 400 * 86400
@@ -34,8 +34,11 @@ def window_param(
 
 
 def filters_param(
-    instance: str | None = None, model: str | None = None, drafter: str | None = None,
-    mode: Literal["speculative", "autoregressive"] | None = None, arm: Literal["spec", "control"] | None = None,
+    instance: str | None = None,
+    model: str | None = None,
+    drafter: str | None = None,
+    mode: Literal["speculative", "autoregressive"] | None = None,
+    arm: Literal["spec", "control"] | None = None,
     tag: Annotated[list[str], Query()] = [],  # noqa: B006 - FastAPI copies defaults
 ) -> Filters:
     pairs = [t.partition(":") for t in tag]
@@ -62,7 +65,10 @@ def get_positions(engine: EngineDep, window: WindowDep, filters: FiltersDep) -> 
 
 @router.get("/acceptance/length")
 def get_length(
-    engine: EngineDep, window: WindowDep, filters: FiltersDep, by: Literal["prompt_tokens", "output_tokens"] = "prompt_tokens"
+    engine: EngineDep,
+    window: WindowDep,
+    filters: FiltersDep,
+    by: Literal["prompt_tokens", "output_tokens"] = "prompt_tokens",
 ) -> Response:
     return json_response(queries.acceptance_vs_length(engine, window, filters, by))
 
@@ -73,7 +79,9 @@ def get_errors_by_hour(engine: EngineDep, window: WindowDep, filters: FiltersDep
 
 
 @router.get("/series")
-def get_series(engine: EngineDep, window: WindowDep, filters: FiltersDep, step: Annotated[float, Query(ge=1)] = 60.0) -> Response:
+def get_series(
+    engine: EngineDep, window: WindowDep, filters: FiltersDep, step: Annotated[float, Query(ge=1)] = 60.0
+) -> Response:
     """Per-step series: exact from raw rows up to 6 h, from per-minute rollups beyond."""
     try:
         return json_response(history.auto_series(engine, window, filters, step))
@@ -88,7 +96,10 @@ def get_devices(engine: EngineDep, instance: str | None = None) -> Response:
 
 @router.get("/events")
 def get_events(
-    engine: EngineDep, window: WindowDep, instance: str | None = None, kind: str | None = None,
+    engine: EngineDep,
+    window: WindowDep,
+    instance: str | None = None,
+    kind: str | None = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ) -> Response:
     """Engine events in the window (oldest first)."""
@@ -96,7 +107,9 @@ def get_events(
 
 
 @router.get("/vllm/signals")
-def get_vllm_signals(engine: EngineDep, window: WindowDep, source: str | None = None, model: str | None = None) -> Response:
+def get_vllm_signals(
+    engine: EngineDep, window: WindowDep, source: str | None = None, model: str | None = None
+) -> Response:
     """Acceptance, per-position acceptance and TTFT/e2e percentiles of scraped vLLM engines."""
     return json_response(vllm.vllm_signals(engine, window, source, model))
 
@@ -116,7 +129,9 @@ def get_breakdown(engine: EngineDep, window: WindowDep, filters: FiltersDep, by:
 
 
 @router.get("/compare")
-def get_compare(engine: EngineDep, window: WindowDep, filters: FiltersDep, by: Literal["arm", "mode"] = "arm") -> Response:
+def get_compare(
+    engine: EngineDep, window: WindowDep, filters: FiltersDep, by: Literal["arm", "mode"] = "arm"
+) -> Response:
     """Speculative vs plain latency per output token: speed-up and Mann-Whitney U p-value."""
     return _bad_value(lambda: breakdown.compare(engine, window, filters, by))
 
@@ -128,7 +143,9 @@ def get_throughput_by_load(engine: EngineDep, window: WindowDep, filters: Filter
 
 @router.get("/devices/series")
 def get_device_series(
-    engine: EngineDep, window: WindowDep, instance: str | None = None,
+    engine: EngineDep,
+    window: WindowDep,
+    instance: str | None = None,
     max_points: Annotated[int, Query(ge=10, le=100_000)] = 2000,
 ) -> Response:
     return json_response(breakdown.device_series(engine, window, instance, max_points))

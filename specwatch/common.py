@@ -47,8 +47,9 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, **(extra or {})}
 
 
-def start_service(name: str, cmd: list[str], env: dict[str, str], log: Path, ready_url: str,
-                  timeout_s: float) -> subprocess.Popen:
+def start_service(
+    name: str, cmd: list[str], env: dict[str, str], log: Path, ready_url: str, timeout_s: float
+) -> subprocess.Popen:
     """Start `cmd` with output appended to `log`; return once `ready_url` answers 200.
     Raises StartError (and kills the child) if it exits first or is not ready in time."""
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -68,8 +69,18 @@ def start_service(name: str, cmd: list[str], env: dict[str, str], log: Path, rea
     raise StartError(f"the {name} did not answer {ready_url} within {timeout_s:.0f} s; see {log}")
 
 
-def start_collector(port: int, log: Path, db_url: str | None = None, env: dict[str, str] | None = None,
-                    timeout_s: float = 60.0) -> subprocess.Popen:
+def start_collector(
+    port: int, log: Path, db_url: str | None = None, env: dict[str, str] | None = None, timeout_s: float = 60.0
+) -> subprocess.Popen:
     """`specwatch collector serve` on 127.0.0.1:`port`, output appended to `log`; returns once /readyz answers 200."""
-    cmd = [sys.executable, "-m", "specwatch", "collector", "serve", "--port", str(port), *(["--db", db_url] if db_url else [])]
+    cmd = [
+        sys.executable,
+        "-m",
+        "specwatch",
+        "collector",
+        "serve",
+        "--port",
+        str(port),
+        *(["--db", db_url] if db_url else []),
+    ]
     return start_service("collector", cmd, child_env(env), log, f"http://127.0.0.1:{port}/readyz", timeout_s)

@@ -24,8 +24,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from specwatch.common import StartError, child_env, start_collector, start_service
-from specwatch.common import UsageError, tcp_port
+from specwatch.common import StartError, UsageError, child_env, start_collector, start_service, tcp_port
 
 # (name, scenarios, drafter): the traffic phases `up` cycles through
 PHASES = (
@@ -101,8 +100,12 @@ def start_stack(args: argparse.Namespace, stack: Stack) -> None:
 
 def _start_children(args: argparse.Namespace, stack: Stack) -> None:
     token = secrets.token_urlsafe(24)
-    env = {"SPECWATCH_DATA_DIR": str(args.data_dir), "SPECWATCH_CONTROL_TOKEN": token,
-           "SPECWATCH_ALERT_RULES": str(write_rules(args.data_dir, stack.engine, args.device == "cpu")), "SPECWATCH_EXTERNAL_URL": stack.collector}
+    env = {
+        "SPECWATCH_DATA_DIR": str(args.data_dir),
+        "SPECWATCH_CONTROL_TOKEN": token,
+        "SPECWATCH_ALERT_RULES": str(write_rules(args.data_dir, stack.engine, args.device == "cpu")),
+        "SPECWATCH_EXTERNAL_URL": stack.collector,
+    }
     stack.processes.append(start_collector(args.port, args.data_dir / "collector.log", env=env))
     print(f"collector  {stack.collector}   (alerts every 15 s; log {args.data_dir}/collector.log)", flush=True)
     stack.processes.append(start_engine(args, stack, token))
@@ -130,8 +133,11 @@ def write_rules(data_dir: Path, engine_url: str, on_cpu: bool) -> Path:
     if on_cpu:
         ttft["threshold"] = CPU_TTFT_SLO_S
         ttft["summary"] = ttft["summary"].replace("> 0.3 s", f"> {CPU_TTFT_SLO_S:g} s (CPU demo SLO)")
-        print(f"alerts     TTFTP99High threshold raised from 0.3 s to {CPU_TTFT_SLO_S:g} s for this CPU demo "
-              f"(rules: {data_dir}/alert-rules.yaml)", flush=True)
+        print(
+            f"alerts     TTFTP99High threshold raised from 0.3 s to {CPU_TTFT_SLO_S:g} s for this CPU demo "
+            f"(rules: {data_dir}/alert-rules.yaml)",
+            flush=True,
+        )
     path = data_dir / "alert-rules.yaml"
     path.write_text(yaml.safe_dump(rules, sort_keys=False))
     return path
@@ -139,22 +145,56 @@ def write_rules(data_dir: Path, engine_url: str, on_cpu: bool) -> Path:
 
 def start_engine(args: argparse.Namespace, stack: Stack, token: str, timeout_s: float = 600.0) -> subprocess.Popen:
     """`specwatch engine serve` with telemetry to the collector; returns once /v1/models answers."""
-    cmd = [sys.executable, "-m", "specwatch", "engine", "serve", "--port", str(args.engine_port), "--collector", stack.collector,
-           "--spool-dir", str(args.data_dir / "engine-spool"), "--control-token", token, "--sample-interval", "2",
-           "--min-acceptance", "0",  # the engine's own low-acceptance fallback off: in this demo the alert reacts
-           "--canary-fraction", "0.8",  # 20% plain 'control' arm: the speed-up is measured A/B, not assumed
-           "--model", args.model, "--dtype", args.dtype, "--device", args.device, "--threads", str(args.threads)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "specwatch",
+        "engine",
+        "serve",
+        "--port",
+        str(args.engine_port),
+        "--collector",
+        stack.collector,
+        "--spool-dir",
+        str(args.data_dir / "engine-spool"),
+        "--control-token",
+        token,
+        "--sample-interval",
+        "2",
+        "--min-acceptance",
+        "0",  # the engine's own low-acceptance fallback off: in this demo the alert reacts
+        "--canary-fraction",
+        "0.8",  # 20% plain 'control' arm: the speed-up is measured A/B, not assumed
+        "--model",
+        args.model,
+        "--dtype",
+        args.dtype,
+        "--device",
+        args.device,
+        "--threads",
+        str(args.threads),
+    ]
     print("engine     loading the model (the first run converts the bundled GGUF, ~30 s) ...", flush=True)
-    return start_service("engine", cmd, child_env(), args.data_dir / "engine.log", f"{stack.engine}/v1/models", timeout_s)
+    return start_service(
+        "engine", cmd, child_env(), args.data_dir / "engine.log", f"{stack.engine}/v1/models", timeout_s
+    )
 
 
-async def send_traffic(args: argparse.Namespace, engine_url: str, phase: tuple, duration_s: float = 3600.0,
-                       max_requests: int = 1_000_000) -> int:
+async def send_traffic(
+    args: argparse.Namespace, engine_url: str, phase: tuple, duration_s: float = 3600.0, max_requests: int = 1_000_000
+) -> int:
     from engine.traffic import TrafficConfig, run_traffic
 
     name, scenarios, drafter = phase
-    config = TrafficConfig(url=engine_url, scenarios=scenarios, duration_s=duration_s, max_requests=max_requests,
-                           concurrency=args.concurrency, max_tokens=args.max_tokens, drafter=drafter)
+    config = TrafficConfig(
+        url=engine_url,
+        scenarios=scenarios,
+        duration_s=duration_s,
+        max_requests=max_requests,
+        concurrency=args.concurrency,
+        max_tokens=args.max_tokens,
+        drafter=drafter,
+    )
     with (args.data_dir / "traffic.log").open("a") as log:
         tally = await run_traffic(config, progress=log)
     ok = sum(o.ok for o in tally.outcomes)
@@ -163,7 +203,10 @@ async def send_traffic(args: argparse.Namespace, engine_url: str, phase: tuple, 
 
 
 def run_phases(args: argparse.Namespace, stack: Stack) -> None:
-    print(f"\ntraffic phases of {args.phase_seconds:.0f} s each; watch the dashboard. Ctrl-C stops everything.", flush=True)
+    print(
+        f"\ntraffic phases of {args.phase_seconds:.0f} s each; watch the dashboard. Ctrl-C stops everything.",
+        flush=True,
+    )
     while True:
         for phase in PHASES:
             print(f"traffic    phase: {phase[0]} ...", flush=True)
@@ -192,5 +235,8 @@ def print_window(url: str, last_s: float = 3600) -> None:
         flush=True,
     )
     alerts = httpx.get(f"{url}/v1/alerts", timeout=10).json()["alerts"]
-    print(f"alerts: {len(alerts)} pending or firing" + "".join(
-        f"\n  {a['state']:<8} {a['rule']}: {a['annotations'].get('summary', '')}" for a in alerts), flush=True)
+    print(
+        f"alerts: {len(alerts)} pending or firing"
+        + "".join(f"\n  {a['state']:<8} {a['rule']}: {a['annotations'].get('summary', '')}" for a in alerts),
+        flush=True,
+    )

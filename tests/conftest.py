@@ -20,10 +20,9 @@ import time
 
 import httpx
 import pytest
-from sqlalchemy import Engine, text
-
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
+from sqlalchemy import Engine, text
 
 from collector.db import make_engine, upgrade
 from collector.settings import Settings
@@ -64,8 +63,9 @@ def settings(db_url: str, tmp_path) -> Settings:
     # The fixed test epoch is months old: keep retention from deleting it under the tests.
     # Ingest runs in threads here (spawning worker processes per test costs ~1 s);
     # test_ingest_workers.py runs it in worker processes, as the service does by default.
-    return Settings(data_dir=tmp_path, database_url=db_url, max_body_bytes=256 * 1024, retention_days=36500,
-                    ingest_processes=0)
+    return Settings(
+        data_dir=tmp_path, database_url=db_url, max_body_bytes=256 * 1024, retention_days=36500, ingest_processes=0
+    )
 
 
 @pytest.fixture
@@ -77,7 +77,6 @@ def registry() -> CollectorRegistry:
 def client(settings: Settings, registry: CollectorRegistry) -> TestClient:
     with TestClient(create_app(settings, registry)) as test_client:
         yield test_client
-
 
 
 @pytest.fixture(scope="session")
@@ -98,17 +97,47 @@ def live_collector(tmp_path_factory) -> dict:
     collector = start_collector(port, data / "collector.log", f"sqlite:///{data / 'specwatch.db'}")
     url, engine_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{engine_port}"
     engine = subprocess.Popen(
-        [sys.executable, "-m", "specwatch", "engine", "serve", "--port", str(engine_port), "--collector", url,
-         "--spool-dir", str(data / "spool"), "--canary-fraction", "0.7", "--sample-interval", "0.5", "--instance", "laptop",
-         "--min-acceptance", "0"],
-        env={**os.environ, "PYTHONPATH": str(SOURCE_ROOT)}, stdout=(data / "engine.log").open("wb"), stderr=subprocess.STDOUT)
+        [
+            sys.executable,
+            "-m",
+            "specwatch",
+            "engine",
+            "serve",
+            "--port",
+            str(engine_port),
+            "--collector",
+            url,
+            "--spool-dir",
+            str(data / "spool"),
+            "--canary-fraction",
+            "0.7",
+            "--sample-interval",
+            "0.5",
+            "--instance",
+            "laptop",
+            "--min-acceptance",
+            "0",
+        ],
+        env={**os.environ, "PYTHONPATH": str(SOURCE_ROOT)},
+        stdout=(data / "engine.log").open("wb"),
+        stderr=subprocess.STDOUT,
+    )
     try:
         _wait(lambda: httpx.get(f"{engine_url}/v1/models", timeout=1).status_code == 200, 300, "the engine")
         for scenarios, drafter in ((("grounded", "summary"), "ngram"), (("chat",), "early-exit:2")):
-            config = TrafficConfig(url=engine_url, scenarios=scenarios, max_requests=10, duration_s=300, concurrency=2,
-                                   max_tokens=24, drafter=drafter)
+            config = TrafficConfig(
+                url=engine_url,
+                scenarios=scenarios,
+                max_requests=10,
+                duration_s=300,
+                concurrency=2,
+                max_tokens=24,
+                drafter=drafter,
+            )
             asyncio.run(run_traffic(config, progress=open(os.devnull, "w")))
-        _wait(lambda: httpx.get(f"{url}/v1/signals", params={"last": 3600}).json()["requests"] >= 20, 30, "the telemetry")
+        _wait(
+            lambda: httpx.get(f"{url}/v1/signals", params={"last": 3600}).json()["requests"] >= 20, 30, "the telemetry"
+        )
         time.sleep(1.0)  # a few more device samples
         yield {"url": url, "db": data / "specwatch.db"}
     finally:

@@ -18,8 +18,25 @@ REPO = Path(__file__).resolve().parents[1]
 def test_up_once_stores_the_sample_traffic(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     ports = [str(free_port()) for _ in range(3)]
-    cmd = [sys.executable, "-m", "specwatch", "up", "--once", "--requests", "3", "--max-tokens", "16", "--data-dir", str(tmp_path),
-           "--port", ports[0], "--engine-port", ports[1], "--dashboard-port", ports[2]]
+    cmd = [
+        sys.executable,
+        "-m",
+        "specwatch",
+        "up",
+        "--once",
+        "--requests",
+        "3",
+        "--max-tokens",
+        "16",
+        "--data-dir",
+        str(tmp_path),
+        "--port",
+        ports[0],
+        "--engine-port",
+        ports[1],
+        "--dashboard-port",
+        ports[2],
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "collector, last 60 min: 3 requests" in done.stdout
@@ -38,5 +55,7 @@ def test_up_once_stores_the_sample_traffic(tmp_path):
 
 def test_up_rejects_bad_arguments():
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-m", "specwatch", "up", "--port", "0"], capture_output=True, text=True, env=env, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "specwatch", "up", "--port", "0"], capture_output=True, text=True, env=env, timeout=120
+    )
     assert done.returncode == 2 and "--port" in done.stderr

@@ -11,8 +11,9 @@ threshold and the queries, written once against a `Source` naming each flavour's
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 HERE = Path(__file__).resolve().parent
 DS = {"type": "prometheus", "uid": "${datasource}"}
@@ -20,24 +21,39 @@ RATE = "[$__rate_interval]"
 
 SOURCES = {
     "specwatch.json": {
-        "uid": "specwatch", "title": "specwatch: speculative decoding", "model": "model", "split": "mode",
+        "uid": "specwatch",
+        "title": "specwatch: speculative decoding",
+        "model": "model",
+        "split": "mode",
         "description": "specwatch collector /metrics; scrape it with honor_labels: true (instance = engine instance).",
-        "requests": "specwatch_requests_total", "drafts": "specwatch_drafts_total",
-        "draft_tokens": "specwatch_draft_tokens_total", "accepted": "specwatch_accepted_tokens_total",
-        "output": "specwatch_output_tokens_total", "oom": "specwatch_oom_errors_total", "drafter": "drafter",
+        "requests": "specwatch_requests_total",
+        "drafts": "specwatch_drafts_total",
+        "draft_tokens": "specwatch_draft_tokens_total",
+        "accepted": "specwatch_accepted_tokens_total",
+        "output": "specwatch_output_tokens_total",
+        "oom": "specwatch_oom_errors_total",
+        "drafter": "drafter",
         "moments": "specwatch_acceptance_rate_{}_total",
-        "ttft": "specwatch_time_to_first_token_seconds", "e2e": "specwatch_e2e_request_latency_seconds",
-        "fragmentation": "specwatch_device_fragmentation_ratio", "reserved": "specwatch_device_memory_reserved_bytes",
-        "power": "specwatch_device_power_watts", "util_draft": "specwatch_device_util_draft_ratio",
+        "ttft": "specwatch_time_to_first_token_seconds",
+        "e2e": "specwatch_e2e_request_latency_seconds",
+        "fragmentation": "specwatch_device_fragmentation_ratio",
+        "reserved": "specwatch_device_memory_reserved_bytes",
+        "power": "specwatch_device_power_watts",
+        "util_draft": "specwatch_device_util_draft_ratio",
     },
     "specwatch-vllm.json": {
-        "uid": "specwatch-vllm", "title": "specwatch: speculative decoding (vLLM metrics)", "model": "model_name",
+        "uid": "specwatch-vllm",
+        "title": "specwatch: speculative decoding (vLLM metrics)",
+        "model": "model_name",
         "description": "vLLM's native /metrics (v1 spec_decode counters); instance is the scrape target.",
-        "split": "model_name", "requests": "vllm:e2e_request_latency_seconds_count",
-        "drafts": "vllm:spec_decode_num_drafts_total", "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
+        "split": "model_name",
+        "requests": "vllm:e2e_request_latency_seconds_count",
+        "drafts": "vllm:spec_decode_num_drafts_total",
+        "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
         "accepted": "vllm:spec_decode_num_accepted_tokens_total",
         "per_pos": "vllm:spec_decode_num_accepted_tokens_per_pos_total",
-        "ttft": "vllm:time_to_first_token_seconds", "e2e": "vllm:e2e_request_latency_seconds",
+        "ttft": "vllm:time_to_first_token_seconds",
+        "e2e": "vllm:e2e_request_latency_seconds",
     },
 }
 DRAFTED = 'drafter!="none"'  # autoregressive requests: no drafts, so 0 / 0
@@ -86,42 +102,99 @@ class Panel(NamedTuple):
 
 ROWS: dict[str, list[Panel]] = {
     "Overview": [
-        Panel("Acceptance rate", "stat", "percentunit",
-              lambda s: [(f"{s.rate('accepted')} / {s.rate('draft_tokens')}", "acceptance")], (0.6, "below")),
-        Panel("Mean acceptance length", "stat", "none",
-              lambda s: [(f"1 + {s.rate('accepted')} / {s.rate('drafts')}", "tokens per draft")]),
-        Panel("Share of output tokens from accepted drafts", "stat", "percentunit",
-              lambda s: [(f"{s.rate('accepted')} / {s.rate('output')}", "from drafts")]),
+        Panel(
+            "Acceptance rate",
+            "stat",
+            "percentunit",
+            lambda s: [(f"{s.rate('accepted')} / {s.rate('draft_tokens')}", "acceptance")],
+            (0.6, "below"),
+        ),
+        Panel(
+            "Mean acceptance length",
+            "stat",
+            "none",
+            lambda s: [(f"1 + {s.rate('accepted')} / {s.rate('drafts')}", "tokens per draft")],
+        ),
+        Panel(
+            "Share of output tokens from accepted drafts",
+            "stat",
+            "percentunit",
+            lambda s: [(f"{s.rate('accepted')} / {s.rate('output')}", "from drafts")],
+        ),
         Panel("Requests/s", "timeseries", "reqps", lambda s: [(s.rate("requests", s["split"]), legend(s["split"]))]),
         Panel("Output tokens/s", "timeseries", "none", lambda s: [(s.rate("output", s["split"]), legend(s["split"]))]),
-        Panel("Drafted & accepted tokens/s", "timeseries", "none",
-              lambda s: [(s.rate("draft_tokens"), "drafted"), (s.rate("accepted"), "accepted")]),
+        Panel(
+            "Drafted & accepted tokens/s",
+            "timeseries",
+            "none",
+            lambda s: [(s.rate("draft_tokens"), "drafted"), (s.rate("accepted"), "accepted")],
+        ),
     ],
     "Acceptance": [
-        Panel("Acceptance rate by drafter", "timeseries", "percentunit",
-              lambda s: [(f"{s.rate('accepted', s['drafter'], extra=DRAFTED)}"
-                          f" / {s.rate('draft_tokens', s['drafter'], extra=DRAFTED)}", legend("drafter"))],
-              (0.6, "below")),
-        Panel("Per-request acceptance stddev", "timeseries", "none",
-              lambda s: [(s.stddev(s["drafter"], DRAFTED), legend("drafter"))], (0.15, "above")),
-        Panel("Acceptance by draft position", "timeseries", "percentunit",
-              lambda s: [(f"{s.rate('per_pos', 'position')} / on () group_left () {s.rate('drafts')}",
-                          "position " + legend("position"))]),
+        Panel(
+            "Acceptance rate by drafter",
+            "timeseries",
+            "percentunit",
+            lambda s: [
+                (
+                    f"{s.rate('accepted', s['drafter'], extra=DRAFTED)}"
+                    f" / {s.rate('draft_tokens', s['drafter'], extra=DRAFTED)}",
+                    legend("drafter"),
+                )
+            ],
+            (0.6, "below"),
+        ),
+        Panel(
+            "Per-request acceptance stddev",
+            "timeseries",
+            "none",
+            lambda s: [(s.stddev(s["drafter"], DRAFTED), legend("drafter"))],
+            (0.15, "above"),
+        ),
+        Panel(
+            "Acceptance by draft position",
+            "timeseries",
+            "percentunit",
+            lambda s: [
+                (
+                    f"{s.rate('per_pos', 'position')} / on () group_left () {s.rate('drafts')}",
+                    "position " + legend("position"),
+                )
+            ],
+        ),
     ],
     "Latency": [
-        Panel("Time to first token P50 / P99", "timeseries", "s",
-              lambda s: [(s.quantile(0.5, "ttft"), "P50"), (s.quantile(0.99, "ttft"), "P99")], (0.3, "above")),
+        Panel(
+            "Time to first token P50 / P99",
+            "timeseries",
+            "s",
+            lambda s: [(s.quantile(0.5, "ttft"), "P50"), (s.quantile(0.99, "ttft"), "P99")],
+            (0.3, "above"),
+        ),
         Panel("End-to-end latency P99", "timeseries", "s", lambda s: [(s.quantile(0.99, "e2e"), "P99")]),
     ],
     "Memory": [
-        Panel("OOM errors in range", "stat", "none",
-              lambda s: [(s.rate("oom", fn="increase", window="[$__range]"), "OOM errors")]),
-        Panel("Fragmentation ratio", "timeseries", "none",
-              lambda s: [(s.sel("fragmentation"), "{{instance}} {{device}}")], (1.2, "above")),
+        Panel(
+            "OOM errors in range",
+            "stat",
+            "none",
+            lambda s: [(s.rate("oom", fn="increase", window="[$__range]"), "OOM errors")],
+        ),
+        Panel(
+            "Fragmentation ratio",
+            "timeseries",
+            "none",
+            lambda s: [(s.sel("fragmentation"), "{{instance}} {{device}}")],
+            (1.2, "above"),
+        ),
         Panel("Memory reserved", "timeseries", "bytes", lambda s: [(s.sel("reserved"), "{{instance}} {{device}}")]),
         Panel("Power", "timeseries", "watt", lambda s: [(s.sel("power"), "{{instance}} {{device}}")]),
-        Panel("Draft model utilisation", "timeseries", "percentunit",
-              lambda s: [(s.sel("util_draft"), "{{instance}} {{device}}")]),
+        Panel(
+            "Draft model utilisation",
+            "timeseries",
+            "percentunit",
+            lambda s: [(s.sel("util_draft"), "{{instance}} {{device}}")],
+        ),
     ],
 }
 HEIGHT = {"stat": 5, "timeseries": 8}  # timeseries take 12 of the 24 columns; a row's stats share one line
@@ -149,10 +222,15 @@ def panel(p: Panel, source: Source) -> dict | None:
         defaults["custom"] = {"thresholdsStyle": {"mode": "line" if p.threshold else "off"}}
         options = {"legend": {"displayMode": "list", "placement": "bottom"}, "tooltip": {"mode": "multi"}}
     return {
-        "type": p.type, "title": p.title, "datasource": DS,
-        "fieldConfig": {"defaults": defaults, "overrides": []}, "options": options,
-        "targets": [{"refId": chr(ord("A") + i), "datasource": DS, "expr": expr, "legendFormat": leg}
-                    for i, (expr, leg) in enumerate(queries)],
+        "type": p.type,
+        "title": p.title,
+        "datasource": DS,
+        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "options": options,
+        "targets": [
+            {"refId": chr(ord("A") + i), "datasource": DS, "expr": expr, "legendFormat": leg}
+            for i, (expr, leg) in enumerate(queries)
+        ],
     }
 
 
@@ -164,8 +242,16 @@ def layout(source: Source) -> list[dict]:
         built = [b for b in (panel(p, source) for p in defs) if b]
         if not built:
             continue
-        panels.append({"type": "row", "title": row, "collapsed": False, "datasource": DS,
-                       "gridPos": {"x": 0, "y": y, "w": 24, "h": 1}, "panels": []})
+        panels.append(
+            {
+                "type": "row",
+                "title": row,
+                "collapsed": False,
+                "datasource": DS,
+                "gridPos": {"x": 0, "y": y, "w": 24, "h": 1},
+                "panels": [],
+            }
+        )
         stats = sum(b["type"] == "stat" for b in built)
         x, y, line_h = 0, y + 1, 0
         for i, b in enumerate(built):
@@ -182,24 +268,44 @@ def layout(source: Source) -> list[dict]:
 
 
 def variable(name: str, label: str, query: str) -> dict:
-    return {"name": name, "label": label, "type": "query", "datasource": DS, "definition": query,
-            "query": {"query": query, "refId": f"{name}-variable"}, "refresh": 2, "sort": 1,
-            "multi": True, "includeAll": True, "allValue": ".*", "current": {"text": "All", "value": "$__all"}}
+    return {
+        "name": name,
+        "label": label,
+        "type": "query",
+        "datasource": DS,
+        "definition": query,
+        "query": {"query": query, "refId": f"{name}-variable"},
+        "refresh": 2,
+        "sort": 1,
+        "multi": True,
+        "includeAll": True,
+        "allValue": ".*",
+        "current": {"text": "All", "value": "$__all"},
+    }
 
 
 def dashboard(names: dict[str, str]) -> dict:
     source = Source(names)
     requests, model = names["requests"], names["model"]
     return {
-        "uid": names["uid"], "title": names["title"], "description": names["description"],
-        "tags": ["specwatch", "speculative-decoding"], "schemaVersion": 39, "version": 1, "editable": True,
-        "timezone": "browser", "time": {"from": "now-1h", "to": "now"}, "refresh": "30s",
+        "uid": names["uid"],
+        "title": names["title"],
+        "description": names["description"],
+        "tags": ["specwatch", "speculative-decoding"],
+        "schemaVersion": 39,
+        "version": 1,
+        "editable": True,
+        "timezone": "browser",
+        "time": {"from": "now-1h", "to": "now"},
+        "refresh": "30s",
         "annotations": {"list": []},
-        "templating": {"list": [
-            {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus"},
-            variable("instance", "Instance", f"label_values({requests}, instance)"),
-            variable("model", "Model", f'label_values({requests}{{instance=~"$instance"}}, {model})'),
-        ]},
+        "templating": {
+            "list": [
+                {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus"},
+                variable("instance", "Instance", f"label_values({requests}, instance)"),
+                variable("model", "Model", f'label_values({requests}{{instance=~"$instance"}}, {model})'),
+            ]
+        },
         "panels": layout(source),
     }
 

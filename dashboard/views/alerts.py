@@ -12,10 +12,21 @@ cols = st.columns(3)
 for col, state in zip(cols, ("firing", "pending", "inactive")):
     col.metric(state if state != "inactive" else "resolved (recently)", sum(a["state"] == state for a in alerts))
 if alerts:
-    st.dataframe([{"state": a["state"], "rule": a["rule"], "summary": a["annotations"].get("summary", ""),
-                   "labels": ", ".join(f"{k}={v}" for k, v in a["labels"].items() if k not in ("alertname", "severity")),
-                   "severity": a["labels"].get("severity"), "value": a["value"]} for a in alerts],
-                 hide_index=True, width="stretch")
+    st.dataframe(
+        [
+            {
+                "state": a["state"],
+                "rule": a["rule"],
+                "summary": a["annotations"].get("summary", ""),
+                "labels": ", ".join(f"{k}={v}" for k, v in a["labels"].items() if k not in ("alertname", "severity")),
+                "severity": a["labels"].get("severity"),
+                "value": a["value"],
+            }
+            for a in alerts
+        ],
+        hide_index=True,
+        width="stretch",
+    )
 else:
     st.success("No alert is pending or firing.")
 

@@ -11,20 +11,32 @@ base = fetch("cost", v)["summary"]
 prices = base["inputs"]["prices"]
 with st.expander("Prices and volumes (what-if)", expanded=False):
     gpus = list(prices["accelerators"])
-    gpu = st.selectbox("Accelerator", gpus, index=gpus.index(base["tco"]["gpu_type"]) if base["tco"]["gpu_type"] in gpus else 0)
+    gpu = st.selectbox(
+        "Accelerator", gpus, index=gpus.index(base["tco"]["gpu_type"]) if base["tco"]["gpu_type"] in gpus else 0
+    )
     cols = st.columns(4)
     hidden = base["inputs"]["hidden"]
     edits = {
-        "gpu_hour_usd": cols[0].number_input("GPU $/hour", 0.0, value=float(prices["accelerators"][gpu]["usd_per_hour"])),
-        "electricity_usd_per_kwh": cols[1].number_input("Electricity $/kWh", 0.0, value=float(prices["electricity_usd_per_kwh"])),
+        "gpu_hour_usd": cols[0].number_input(
+            "GPU $/hour", 0.0, value=float(prices["accelerators"][gpu]["usd_per_hour"])
+        ),
+        "electricity_usd_per_kwh": cols[1].number_input(
+            "Electricity $/kWh", 0.0, value=float(prices["electricity_usd_per_kwh"])
+        ),
         "pue": cols[2].number_input("PUE", 1.0, value=float(prices["pue"])),
-        "monthly_output_tokens": cols[3].number_input("Output tokens / month", 0.0,
-                                                      value=float(base["tco"]["monthly_output_tokens"] or 0.0), format="%.0f"),
+        "monthly_output_tokens": cols[3].number_input(
+            "Output tokens / month", 0.0, value=float(base["tco"]["monthly_output_tokens"] or 0.0), format="%.0f"
+        ),
         "draft_training_usd": cols[0].number_input("Draft training $", 0.0, value=float(hidden["draft_training_usd"])),
-        "amortisation_months": cols[1].number_input("Amortised over (months)", 1.0, value=float(hidden["amortisation_months"])),
-        "incident_days_per_week": cols[2].number_input("Incident person-days / week", 0.0,
-                                                       value=float(hidden["incident_days_per_week"])),
-        "tech_debt_buffer": cols[3].number_input("Tech-debt buffer", 0.0, 10.0, value=float(hidden["tech_debt_buffer"])),
+        "amortisation_months": cols[1].number_input(
+            "Amortised over (months)", 1.0, value=float(hidden["amortisation_months"])
+        ),
+        "incident_days_per_week": cols[2].number_input(
+            "Incident person-days / week", 0.0, value=float(hidden["incident_days_per_week"])
+        ),
+        "tech_debt_buffer": cols[3].number_input(
+            "Tech-debt buffer", 0.0, 10.0, value=float(hidden["tech_debt_buffer"])
+        ),
     }
     st.caption(f"Price table as of {prices['as_of']} (cost/prices.toml); edit it for your contract prices.")
 model = fetch("cost", v, gpu, tuple(sorted(edits.items())))
@@ -36,10 +48,16 @@ if model["arms"].empty:
 primary = next((b for b in summary["tco"]["benefits"] if b["key"] == summary["tco"]["primary"]), None)
 per_mtok = {a["key"]: a["total_usd_per_mtok"] for a in summary["tco"]["arms"]}
 cols = st.columns(4)
-cols[0].metric(f"{summary['tco']['primary'] or 'speculative'} $ / 1M tokens", fmt(per_mtok.get(summary["tco"]["primary"]), digits=4))
+cols[0].metric(
+    f"{summary['tco']['primary'] or 'speculative'} $ / 1M tokens",
+    fmt(per_mtok.get(summary["tco"]["primary"]), digits=4),
+)
 cols[1].metric("Plain $ / 1M tokens", fmt(per_mtok.get("autoregressive"), digits=4))
-cols[2].metric("Net benefit / month", fmt(primary and primary["net_usd"], digits=0),
-               help="explicit saving minus hidden costs (draft training, monitoring, incidents, tech debt)")
+cols[2].metric(
+    "Net benefit / month",
+    fmt(primary and primary["net_usd"], digits=0),
+    help="explicit saving minus hidden costs (draft training, monitoring, incidents, tech debt)",
+)
 cols[3].metric("Payback of draft training", fmt(primary and primary["payback_months"], " months", digits=1))
 st.subheader(f"Cost per 1M output tokens on {summary['tco']['gpu_type']}")
 st.dataframe(model["arms"], hide_index=True, width="stretch")
@@ -62,9 +80,11 @@ with left:
         measured = [(b["key"], b["measured_alpha"]) for b in summary["break_even"] if b["measured_alpha"] is not None]
         st.altair_chart(charts.break_even(curves, measured), width="stretch")
         for b in summary["break_even"]:
-            st.caption(f"{b['key']}: speculation stops paying below acceptance α = {fmt(b['speedup_alpha'], digits=3)} "
-                       f"(speed-up) / {fmt(b['benefit_alpha'], digits=3)} (net benefit); measured α = "
-                       f"{fmt(b['measured_alpha'], digits=3)}")
+            st.caption(
+                f"{b['key']}: speculation stops paying below acceptance α = {fmt(b['speedup_alpha'], digits=3)} "
+                f"(speed-up) / {fmt(b['benefit_alpha'], digits=3)} (net benefit); measured α = "
+                f"{fmt(b['measured_alpha'], digits=3)}"
+            )
 with right:
     st.subheader("Sensitivity (±20%)")
     if model["tornado"].empty:
@@ -73,11 +93,18 @@ with right:
         st.altair_chart(charts.tornado(model["tornado"]), width="stretch")
 
 st.subheader("Recommendations per scenario")
-st.dataframe(model["advice"][["scenario", "action", "rule", "reason"]] if not model["advice"].empty else model["advice"],
-             hide_index=True, width="stretch")
+st.dataframe(
+    model["advice"][["scenario", "action", "rule", "reason"]] if not model["advice"].empty else model["advice"],
+    hide_index=True,
+    width="stretch",
+)
 
 st.subheader("Monthly cost-benefit report")
 month = st.text_input("Month (YYYY-MM)", value=this_month(), max_chars=7)
 if st.button("Build the report"):
-    st.download_button(f"Download specwatch-report-{month}.html", fetch("report_html", month),
-                       file_name=f"specwatch-report-{month}.html", mime="text/html")
+    st.download_button(
+        f"Download specwatch-report-{month}.html",
+        fetch("report_html", month),
+        file_name=f"specwatch-report-{month}.html",
+        mime="text/html",
+    )

@@ -24,13 +24,20 @@ spec, plain = comparison["speculative"], comparison["plain"]
 if spec and plain:
     cols = st.columns(4)
     cols[0].metric("Speed-up per token", fmt(comparison["speedup"], "×"))
-    cols[1].metric("Mann-Whitney U p", fmt(comparison["p_value"], digits=4),
-                   "significant" if (comparison["p_value"] or 1) < 0.05 else "not significant", delta_color="off")
+    cols[1].metric(
+        "Mann-Whitney U p",
+        fmt(comparison["p_value"], digits=4),
+        "significant" if (comparison["p_value"] or 1) < 0.05 else "not significant",
+        delta_color="off",
+    )
     cols[2].metric("Speculative ms/token (P50)", fmt(spec["s_per_token"]["p50"], " ms", 1000, 1))
     cols[3].metric("Plain ms/token (P50)", fmt(plain["s_per_token"]["p50"], " ms", 1000, 1))
-    st.caption("From the A/B arms (spec vs control)." if not comparison["biased"] else
-               "No A/B arms in this window: all speculative vs all plain requests, which is biased when the policy "
-               "chose the mode by load or prompt length. Run with `--canary-fraction` for an unbiased comparison.")
+    st.caption(
+        "From the A/B arms (spec vs control)."
+        if not comparison["biased"]
+        else "No A/B arms in this window: all speculative vs all plain requests, which is biased when the policy "
+        "chose the mode by load or prompt length. Run with `--canary-fraction` for an unbiased comparison."
+    )
 else:
     st.info("Both speculative and plain requests are needed for a comparison.")
 
@@ -44,6 +51,10 @@ by_load = fetch("throughput_by_load", v)
 if by_load.empty:
     st.info("No request recorded its load at admission in this window (the bundled engine does).")
 else:
-    st.altair_chart(charts.scatter(by_load, "low", "tokens_per_s", "load at admission",
-                                   "tokens/s per request", color="mode").mark_line(point=True), width="stretch")
+    st.altair_chart(
+        charts.scatter(
+            by_load, "low", "tokens_per_s", "load at admission", "tokens/s per request", color="mode"
+        ).mark_line(point=True),
+        width="stretch",
+    )
     st.dataframe(by_load, hide_index=True, width="stretch")

@@ -8,8 +8,10 @@ v = view()
 st.title("Sources")
 found = fetch("sources", v)
 if found.empty:
-    empty_state("No engine or vLLM server has reported in this window. Start one with `specwatch engine serve "
-                "--collector http://127.0.0.1:8087`, or scrape vLLM with `specwatch collector serve --scrape-vllm URL`.")
+    empty_state(
+        "No engine or vLLM server has reported in this window. Start one with `specwatch engine serve "
+        "--collector http://127.0.0.1:8087`, or scrape vLLM with `specwatch collector serve --scrape-vllm URL`."
+    )
     st.stop()
 st.dataframe(found, hide_index=True, width="stretch")
 vllm = fetch("vllm_signals", v)

@@ -16,9 +16,17 @@ LABELS = (("instance", "a"),)
 
 
 def make_rule(**overrides):
-    rule = {"name": "AcceptanceLow", "signal": "acceptance_rate", "op": "<", "threshold": 0.6, "window": "5m",
-            "for": "60s", "min_samples": 10, "group_by": ["instance"],
-            "summary": "acceptance {{ $value }} on {{ $labels.instance }}"} | overrides
+    rule = {
+        "name": "AcceptanceLow",
+        "signal": "acceptance_rate",
+        "op": "<",
+        "threshold": 0.6,
+        "window": "5m",
+        "for": "60s",
+        "min_samples": 10,
+        "group_by": ["instance"],
+        "summary": "acceptance {{ $value }} on {{ $labels.instance }}",
+    } | overrides
     return parse_config({"rules": [rule]}).rules[0]
 
 
@@ -33,26 +41,32 @@ def run_table(rule, table, retention=900.0):
 
 
 def test_for_duration_pending_then_firing_then_resolved():
-    run_table(make_rule(), [
-        (0, 0.9, "-"),
-        (15, 0.5, "pending"),
-        (30, 0.4, "pending"),
-        (74, 0.4, "pending"),      # active 59 s < for 60 s
-        (75, 0.4, "firing"),       # active 60 s
-        (90, 0.55, "firing"),
-        (105, 0.7, "inactive"),    # resolved, kept to send "resolved"
-        (120, 0.7, "inactive"),
-    ])
+    run_table(
+        make_rule(),
+        [
+            (0, 0.9, "-"),
+            (15, 0.5, "pending"),
+            (30, 0.4, "pending"),
+            (74, 0.4, "pending"),  # active 59 s < for 60 s
+            (75, 0.4, "firing"),  # active 60 s
+            (90, 0.55, "firing"),
+            (105, 0.7, "inactive"),  # resolved, kept to send "resolved"
+            (120, 0.7, "inactive"),
+        ],
+    )
 
 
 def test_pending_alert_dropped_when_condition_clears_and_restarts_its_clock():
-    run_table(make_rule(), [
-        (0, 0.5, "pending"),
-        (30, 0.8, "-"),
-        (45, 0.5, "pending"),      # new active_at = 45
-        (90, 0.5, "pending"),      # 45 s active
-        (105, 0.5, "firing"),
-    ])
+    run_table(
+        make_rule(),
+        [
+            (0, 0.5, "pending"),
+            (30, 0.8, "-"),
+            (45, 0.5, "pending"),  # new active_at = 45
+            (90, 0.5, "pending"),  # 45 s active
+            (105, 0.5, "firing"),
+        ],
+    )
 
 
 def test_zero_for_fires_at_once():
@@ -60,31 +74,41 @@ def test_zero_for_fires_at_once():
 
 
 def test_min_samples_counts_as_no_data():
-    run_table(make_rule(**{"for": "0s"}), [
-        (0, 0.1, "-", 3),          # 3 requests: no alert however bad
-        (15, 0.1, "firing", 10),
-        (30, 0.1, "inactive", 9),  # too few samples again: resolves
-    ])
+    run_table(
+        make_rule(**{"for": "0s"}),
+        [
+            (0, 0.1, "-", 3),  # 3 requests: no alert however bad
+            (15, 0.1, "firing", 10),
+            (30, 0.1, "inactive", 9),  # too few samples again: resolves
+        ],
+    )
 
 
 def test_keep_firing_for_holds_a_flapping_alert():
-    run_table(make_rule(**{"for": "0s", "keep_firing_for": "60s"}), [
-        (0, 0.5, "firing"),
-        (15, 0.9, "firing"),       # condition gone 15 s ago
-        (30, 0.5, "firing"),       # back: last_seen moves to 30
-        (75, None, "firing"),      # no data 45 s
-        (90, None, "inactive"),    # 60 s since last seen
-    ])
+    run_table(
+        make_rule(**{"for": "0s", "keep_firing_for": "60s"}),
+        [
+            (0, 0.5, "firing"),
+            (15, 0.9, "firing"),  # condition gone 15 s ago
+            (30, 0.5, "firing"),  # back: last_seen moves to 30
+            (75, None, "firing"),  # no data 45 s
+            (90, None, "inactive"),  # 60 s since last seen
+        ],
+    )
 
 
 def test_resolved_alert_is_forgotten_after_retention_and_refires_as_new():
-    alerts = run_table(make_rule(**{"for": "0s"}), [
-        (0, 0.5, "firing"),
-        (15, 0.9, "inactive"),
-        (914, 0.9, "inactive"),
-        (916, 0.9, "-"),           # > 900 s after resolve
-        (930, 0.5, "firing"),
-    ], retention=900.0)
+    alerts = run_table(
+        make_rule(**{"for": "0s"}),
+        [
+            (0, 0.5, "firing"),
+            (15, 0.9, "inactive"),
+            (914, 0.9, "inactive"),
+            (916, 0.9, "-"),  # > 900 s after resolve
+            (930, 0.5, "firing"),
+        ],
+        retention=900.0,
+    )
     (alert,) = alerts.values()
     assert alert.active_at == alert.fired_at == 930 and alert.resolved_at is None
 
@@ -99,7 +123,11 @@ def test_signal_error_keeps_state_and_reports_it():
 
 def test_label_sets_are_separate_alerts_with_rendered_annotations():
     rule = make_rule(**{"for": "0s"})
-    samples = [Sample((("instance", "a"),), 0.5, 50), Sample((("instance", "b"),), 0.2, 50), Sample((("instance", "c"),), 0.9, 50)]
+    samples = [
+        Sample((("instance", "a"),), 0.5, 50),
+        Sample((("instance", "b"),), 0.2, 50),
+        Sample((("instance", "c"),), 0.9, 50),
+    ]
     alerts = evaluate(0, rule, samples, {}).alerts
     by_instance = {a.labels["instance"]: a for a in alerts.values()}
     assert sorted(by_instance) == ["a", "b"]
@@ -114,10 +142,18 @@ def test_insignificant_sample_does_not_alert():
     assert len(evaluate(0, rule, [Sample((), 0.5, 100, significant=True)], {}).alerts) == 1
 
 
-@pytest.mark.parametrize("op, threshold, value, holds", [
-    ("<", 0.6, 0.59, True), ("<", 0.6, 0.6, False), ("<=", 0.6, 0.6, True),
-    (">", 0.3, 0.31, True), (">", 0.3, 0.3, False), (">=", 3, 3, True), (">=", 3, 2, False),
-])
+@pytest.mark.parametrize(
+    "op, threshold, value, holds",
+    [
+        ("<", 0.6, 0.59, True),
+        ("<", 0.6, 0.6, False),
+        ("<=", 0.6, 0.6, True),
+        (">", 0.3, 0.31, True),
+        (">", 0.3, 0.3, False),
+        (">=", 3, 3, True),
+        (">=", 3, 2, False),
+    ],
+)
 def test_comparisons(op, threshold, value, holds):
     assert make_rule(op=op, threshold=threshold).holds(value) is holds
 
@@ -125,17 +161,17 @@ def test_comparisons(op, threshold, value, holds):
 def test_needs_sending_on_fire_repeat_and_resolve():
     rule = make_rule(**{"for": "30s"})
     table = [  # (t, value, needs sending at t)
-        (0, 0.5, False),           # pending: never sent
-        (30, 0.5, True),           # fired
-        (45, 0.5, False),          # sent at 30, repeat every 3600
-        (3630, 0.5, True),         # repeat interval passed
-        (3645, 0.9, True),         # resolved: send once
+        (0, 0.5, False),  # pending: never sent
+        (30, 0.5, True),  # fired
+        (45, 0.5, False),  # sent at 30, repeat every 3600
+        (3630, 0.5, True),  # repeat interval passed
+        (3645, 0.9, True),  # resolved: send once
         (3660, 0.9, False),
     ]
     alerts = {}
     for t, value, expected in table:
         alerts = evaluate(t, rule, [Sample(LABELS, value, 100)], alerts).alerts
-        (fp, alert), = alerts.items()
+        ((fp, alert),) = alerts.items()
         assert needs_sending(alert, t, repeat_interval=3600) is expected, f"t={t}"
         if expected:
             alerts[fp] = type(alert)(**{**alert.__dict__, "last_sent_at": t})
@@ -147,8 +183,14 @@ def test_transitions_are_recorded_in_order():
     for t, value in [(0, 0.5), (15, 0.5), (30, 0.9)]:
         outcome = evaluate(t, rule, [Sample(LABELS, value, 100)], alerts)
         alerts, log = outcome.alerts, log + [(x.at, x.from_state, x.to_state) for x in outcome.transitions]
-    assert log == [(0, State.INACTIVE, State.PENDING), (15, State.PENDING, State.FIRING), (30, State.FIRING, State.INACTIVE)]
+    assert log == [
+        (0, State.INACTIVE, State.PENDING),
+        (15, State.PENDING, State.FIRING),
+        (30, State.FIRING, State.INACTIVE),
+    ]
 
 
 def test_render_templates():
-    assert render("{{ $value }} {{$labels.instance}} {{ $labels.missing }}!", {"instance": "x"}, 0.123456) == "0.123 x !"
+    assert (
+        render("{{ $value }} {{$labels.instance}} {{ $labels.missing }}!", {"instance": "x"}, 0.123456) == "0.123 x !"
+    )

@@ -7,6 +7,7 @@ import json
 import httpx
 import pytest
 from sqlalchemy import select
+from webhook_receiver import Receiver
 
 from alerts.evaluator import Alert, State
 from alerts.notify import backoff_s, deliver_due, enqueue
@@ -14,17 +15,23 @@ from alerts.rules import parse_config
 from collector.db import write_transaction
 from collector.models import AlertNotificationRow
 from specwatch.common import free_port
-from webhook_receiver import Receiver
 
 
 def alert(fp: str, severity: str, state: State = State.FIRING) -> Alert:
     labels = {"alertname": "TTFTP99High", "severity": severity, "instance": f"gpu-{fp}"}
-    return Alert("TTFTP99High", fp * 16, labels, {"summary": f"slow on gpu-{fp}"}, state, 0.42, 100.0, 100.0, fired_at=100.0)
+    return Alert(
+        "TTFTP99High", fp * 16, labels, {"summary": f"slow on gpu-{fp}"}, state, 0.42, 100.0, 100.0, fired_at=100.0
+    )
 
 
 def outbox(engine) -> list[dict]:
     with engine.connect() as conn:
-        return [dict(r) for r in conn.execute(select(*AlertNotificationRow.__table__.columns).order_by(AlertNotificationRow.id)).mappings()]
+        return [
+            dict(r)
+            for r in conn.execute(
+                select(*AlertNotificationRow.__table__.columns).order_by(AlertNotificationRow.id)
+            ).mappings()
+        ]
 
 
 @pytest.fixture
@@ -40,8 +47,13 @@ def test_failing_receiver_backs_off_then_dead_letters(engine, receiver):
     with write_transaction(engine) as conn:
         assert enqueue(conn, config, "TTFTP99High", [alert("a", "critical")], 100.0, "http://collector") == 1
     with httpx.Client() as http:
-        schedule = [(100.0, 1, "pending", 110.0), (105.0, 1, "pending", 110.0), (110.0, 2, "pending", 130.0),
-                    (130.0, 3, "dead", 130.0), (1000.0, 3, "dead", 130.0)]
+        schedule = [
+            (100.0, 1, "pending", 110.0),
+            (105.0, 1, "pending", 110.0),
+            (110.0, 2, "pending", 130.0),
+            (130.0, 3, "dead", 130.0),
+            (1000.0, 3, "dead", 130.0),
+        ]
         for now, attempts, status, next_at in schedule:  # (now, attempts after, status after, next attempt at)
             assert deliver_due(engine, config, http, now) == 0
             (row,) = outbox(engine)
@@ -56,18 +68,26 @@ def test_backoff_doubles_up_to_ten_minutes():
 
 
 def test_receivers_get_only_matching_alerts_in_their_format(engine):
-    config = parse_config({"receivers": [
-        {"name": "pager", "url": "http://127.0.0.1:9/", "match": {"severity": "critical"}},
-        {"name": "chat", "url": "http://127.0.0.1:9/", "format": "slack"},
-    ]})
+    config = parse_config(
+        {
+            "receivers": [
+                {"name": "pager", "url": "http://127.0.0.1:9/", "match": {"severity": "critical"}},
+                {"name": "chat", "url": "http://127.0.0.1:9/", "format": "slack"},
+            ]
+        }
+    )
     with write_transaction(engine) as conn:
-        sent = enqueue(conn, config, "TTFTP99High", [alert("a", "critical"), alert("b", "warning", State.INACTIVE)], 200.0, "")
+        sent = enqueue(
+            conn, config, "TTFTP99High", [alert("a", "critical"), alert("b", "warning", State.INACTIVE)], 200.0, ""
+        )
     assert sent == 2
     pager, chat = outbox(engine)
     assert [a["labels"]["instance"] for a in pager["payload"]["alerts"]] == ["gpu-a"]
     assert pager["payload"]["commonLabels"] == {"alertname": "TTFTP99High", "severity": "critical", "instance": "gpu-a"}
     assert set(chat["payload"]) == {"text", "blocks"} and "[FIRING] TTFTP99High" in chat["payload"]["text"]
-    assert "slow on gpu-a" in json.dumps(chat["payload"]["blocks"]) and "slow on gpu-b" in json.dumps(chat["payload"]["blocks"])
+    assert "slow on gpu-a" in json.dumps(chat["payload"]["blocks"]) and "slow on gpu-b" in json.dumps(
+        chat["payload"]["blocks"]
+    )
 
 
 def test_a_receiver_removed_from_the_config_dead_letters_its_backlog(engine):

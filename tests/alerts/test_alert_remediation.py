@@ -34,12 +34,24 @@ def db(tmp_path):
 
 
 def config_for(engine_url: str):
-    return parse_config({
-        "rules": [{"name": "SpecAcceptanceLow", "signal": "acceptance_rate", "op": "<", "threshold": 0.6, "window": "5m",
-                   "for": "0s", "min_samples": 3, "group_by": ["instance", "drafter"],
-                   "actions": ["recommend_draft_retraining", "fallback_autoregressive"]}],
-        "remediation": {"cooldown": "90s", "token_env": TOKEN_ENV, "engines": {"*": engine_url}},
-    })
+    return parse_config(
+        {
+            "rules": [
+                {
+                    "name": "SpecAcceptanceLow",
+                    "signal": "acceptance_rate",
+                    "op": "<",
+                    "threshold": 0.6,
+                    "window": "5m",
+                    "for": "0s",
+                    "min_samples": 3,
+                    "group_by": ["instance", "drafter"],
+                    "actions": ["recommend_draft_retraining", "fallback_autoregressive"],
+                }
+            ],
+            "remediation": {"cooldown": "90s", "token_env": TOKEN_ENV, "engines": {"*": engine_url}},
+        }
+    )
 
 
 def complete(url: str, prompt: str) -> None:
@@ -55,16 +67,23 @@ def test_low_acceptance_falls_back_and_restores_on_the_real_engine(bundled_engin
     monkeypatch.setenv(TOKEN_ENV, "tok")
     # (the engine's own policy may stop drafting for some of them after seeing the acceptance)
     prompts = [f"Write a sentence about the number {n}." for n in range(6)]
-    with BackgroundServer(bundled_engine, SchedulerConfig(slots=2, max_queue=8), PolicyConfig(), control_token="tok") as server:
+    with BackgroundServer(
+        bundled_engine, SchedulerConfig(slots=2, max_queue=8), PolicyConfig(), control_token="tok"
+    ) as server:
         for prompt in prompts:
             complete(server.url, prompt)
         Store(db).insert(IngestBatch(requests=server.records))
         runner = AlertRunner(db, config_for(server.url))
         now = time.time() + 1
         report = runner.cycle(now)
-        assert [(t.from_state, t.to_state) for t in report.transitions] == [(State.INACTIVE, State.PENDING), (State.PENDING, State.FIRING)]
-        assert [(a.action, a.outcome) for a in report.actions] == [("recommend_draft_retraining", "recommended"),
-                                                                   ("fallback_autoregressive", "ok")]
+        assert [(t.from_state, t.to_state) for t in report.transitions] == [
+            (State.INACTIVE, State.PENDING),
+            (State.PENDING, State.FIRING),
+        ]
+        assert [(a.action, a.outcome) for a in report.actions] == [
+            ("recommend_draft_retraining", "recommended"),
+            ("fallback_autoregressive", "ok"),
+        ]
         assert (state(server.url)["override"], state(server.url)["override_reason"]) == ("autoregressive", "alert")
         complete(server.url, "One more, please.")
         assert (server.records[-1].mode, server.records[-1].mode_reason) == ("autoregressive", "alert")
@@ -84,14 +103,25 @@ def test_low_acceptance_falls_back_and_restores_on_the_real_engine(bundled_engin
     with db.connect() as conn:
         recorded = conn.execute(select(AlertActionRow.action, AlertActionRow.outcome).order_by(AlertActionRow.id)).all()
     assert [tuple(r) for r in recorded] == [
-        ("recommend_draft_retraining", "recommended"), ("fallback_autoregressive", "ok"), ("fallback_autoregressive", "cooldown"),
-        ("restore_speculative", "ok"), ("defragment", "failed"),
+        ("recommend_draft_retraining", "recommended"),
+        ("fallback_autoregressive", "ok"),
+        ("fallback_autoregressive", "cooldown"),
+        ("restore_speculative", "ok"),
+        ("defragment", "failed"),
     ]
 
 
 def _alert(transition) -> Alert:
-    return Alert(transition.rule, transition.fingerprint, transition.labels, {}, State.FIRING, transition.value,
-                 transition.at, transition.at)
+    return Alert(
+        transition.rule,
+        transition.fingerprint,
+        transition.labels,
+        {},
+        State.FIRING,
+        transition.value,
+        transition.at,
+        transition.at,
+    )
 
 
 def test_an_unreachable_or_unknown_engine_is_recorded_not_raised(db):
@@ -106,7 +136,9 @@ def test_an_unreachable_or_unknown_engine_is_recorded_not_raised(db):
 
 def test_rebalance_streams_on_a_cpu_engine_is_recorded_not_applicable(bundled_engine, db, monkeypatch):
     monkeypatch.setenv(TOKEN_ENV, "tok")
-    with BackgroundServer(bundled_engine, SchedulerConfig(slots=1, max_queue=1), PolicyConfig(), control_token="tok") as server:
+    with BackgroundServer(
+        bundled_engine, SchedulerConfig(slots=1, max_queue=1), PolicyConfig(), control_token="tok"
+    ) as server:
         runner = AlertRunner(db, config_for(server.url))
         alert = Alert("DraftUtilizationSwing", "d" * 16, {"instance": "test"}, {}, State.FIRING, 45.0, 0.0, 0.0)
         result = runner.remediator.run("rebalance_streams", alert, 1.0)
@@ -126,7 +158,9 @@ def test_rebalance_streams_asks_for_target_high_draft_low(db):
 
     def engine_api(request: httpx.Request) -> httpx.Response:
         sent.append((request.url.path, request.headers.get("authorization"), request.content))
-        return httpx.Response(200, json={"action": "streams", "before": {"target_priority": 0}, "after": {"target_priority": -5}})
+        return httpx.Response(
+            200, json={"action": "streams", "before": {"target_priority": 0}, "after": {"target_priority": -5}}
+        )
 
     config = parse_config({"remediation": {"engines": {"*": "http://gpu-1:8000"}}})
     with httpx.Client(transport=httpx.MockTransport(engine_api)) as http:

@@ -25,26 +25,34 @@ def test_shipped_defaults_hold_the_production_thresholds():
         "OOMBurst": ("oom_count", ">=", 3, 600),
     }
     for name, (signal, op, threshold, window) in expected.items():
-        assert (rules[name].signal, rules[name].op, rules[name].threshold, rules[name].window) == (signal, op, threshold, window)
+        assert (rules[name].signal, rules[name].op, rules[name].threshold, rules[name].window) == (
+            signal,
+            op,
+            threshold,
+            window,
+        )
     assert rules["MemoryFragmentationHigh"].for_ == 300
     assert rules["TTFTP99High"].actions == ("fallback_autoregressive",)
     assert rules["MemoryFragmentationHigh"].actions == ("defragment",)
     assert rules["SpecAcceptanceLow"].min_samples >= 10
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"signal": "acceptance_mean"}, "rules[0] (R).signal: unknown signal 'acceptance_mean'"),
-    ({"window": "5 minutes"}, "rules[0] (R).window: not a duration: '5 minutes'"),
-    ({"for": "-1m"}, "rules[0] (R).for: not a duration"),
-    ({"threshold": "high"}, "rules[0] (R).threshold: Input should be a valid number"),
-    ({"threshold": float("nan")}, "rules[0] (R).threshold: Input should be a finite number"),
-    ({"op": "=="}, "rules[0] (R).op: Input should be '<', '<=', '>' or '>='"),
-    ({"group_by": ["device"]}, "signal ttft_p99 cannot be grouped by ['device']"),
-    ({"actions": ["reboot"]}, "rules[0] (R).actions[0]: Input should be"),
-    ({"min_samples": -1}, "rules[0] (R).min_samples: Input should be greater than or equal to 0"),
-    ({"severity": "page"}, "rules[0] (R).severity"),
-    ({"tresh": 1}, "rules[0] (R).tresh: Extra inputs are not permitted"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"signal": "acceptance_mean"}, "rules[0] (R).signal: unknown signal 'acceptance_mean'"),
+        ({"window": "5 minutes"}, "rules[0] (R).window: not a duration: '5 minutes'"),
+        ({"for": "-1m"}, "rules[0] (R).for: not a duration"),
+        ({"threshold": "high"}, "rules[0] (R).threshold: Input should be a valid number"),
+        ({"threshold": float("nan")}, "rules[0] (R).threshold: Input should be a finite number"),
+        ({"op": "=="}, "rules[0] (R).op: Input should be '<', '<=', '>' or '>='"),
+        ({"group_by": ["device"]}, "signal ttft_p99 cannot be grouped by ['device']"),
+        ({"actions": ["reboot"]}, "rules[0] (R).actions[0]: Input should be"),
+        ({"min_samples": -1}, "rules[0] (R).min_samples: Input should be greater than or equal to 0"),
+        ({"severity": "page"}, "rules[0] (R).severity"),
+        ({"tresh": 1}, "rules[0] (R).tresh: Extra inputs are not permitted"),
+    ],
+)
 def test_bad_rules_are_named(tmp_path, change, message):
     path = tmp_path / "rules.yaml"
     path.write_text(yaml.safe_dump({"rules": [GOOD | change]}))
@@ -53,13 +61,19 @@ def test_bad_rules_are_named(tmp_path, change, message):
     assert message in str(caught.value) and str(path) in str(caught.value)
 
 
-@pytest.mark.parametrize("text, message", [
-    ("rules: [", "not valid YAML"),
-    ("- just\n- a list\n", "expected a mapping"),
-    ("rules:\n  - {name: A, signal: ttft_p99, op: '>', threshold: 1, window: 1m}\n"
-     "  - {name: A, signal: ttft_p99, op: '>', threshold: 2, window: 1m}\n", "duplicate rule names: ['A']"),
-    ("receivers:\n  - {name: x, url: 'ftp://nope'}\n", "receivers[0] (x).url"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("rules: [", "not valid YAML"),
+        ("- just\n- a list\n", "expected a mapping"),
+        (
+            "rules:\n  - {name: A, signal: ttft_p99, op: '>', threshold: 1, window: 1m}\n"
+            "  - {name: A, signal: ttft_p99, op: '>', threshold: 2, window: 1m}\n",
+            "duplicate rule names: ['A']",
+        ),
+        ("receivers:\n  - {name: x, url: 'ftp://nope'}\n", "receivers[0] (x).url"),
+    ],
+)
 def test_bad_files(tmp_path, text, message):
     path = tmp_path / "rules.yaml"
     path.write_text(text)
@@ -76,7 +90,9 @@ def test_missing_file_and_env_override(tmp_path, monkeypatch):
     assert [r.name for r in load_config().rules] == ["R"]
 
 
-@pytest.mark.parametrize("text, seconds", [("90s", 90), ("5m", 300), ("1h30m", 5400), ("250ms", 0.25), (15, 15), ("0s", 0)])
+@pytest.mark.parametrize(
+    "text, seconds", [("90s", 90), ("5m", 300), ("1h30m", 5400), ("250ms", 0.25), (15, 15), ("0s", 0)]
+)
 def test_durations(text, seconds):
     assert parse_duration(text) == seconds
 
@@ -100,8 +116,13 @@ def test_cli_run_once_over_an_empty_store(tmp_path, capsys):
     assert "9 rules in" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("db, message", [("not a url", "--db is not a database URL"),
-                                         ("postgresql+psycopg://nobody@127.0.0.1:9/none", "cannot reach the database")])
+@pytest.mark.parametrize(
+    "db, message",
+    [
+        ("not a url", "--db is not a database URL"),
+        ("postgresql+psycopg://nobody@127.0.0.1:9/none", "cannot reach the database"),
+    ],
+)
 def test_cli_run_with_a_bad_database_exits_2(db, message, capsys):
     assert main(["alerts", "run", "--once", "--db", db]) == 2
     err = capsys.readouterr().err

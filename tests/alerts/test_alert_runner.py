@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from collector_payloads import T0, event_dict, request_dict, sample_dict
 from sqlalchemy import select
 
 from alerts.rules import parse_config
@@ -17,26 +18,36 @@ from collector.models import AlertNotificationRow, AlertRuleHealthRow
 from collector.queries import Window
 from collector.schema import IngestBatch
 from collector.store import Store
-from collector_payloads import T0, request_dict, sample_dict, event_dict
 
 
 def store(engine, requests=(), samples=(), events=()) -> None:
-    Store(engine).insert(IngestBatch.model_validate({"requests": list(requests), "samples": list(samples), "events": list(events)}))
+    Store(engine).insert(
+        IngestBatch.model_validate({"requests": list(requests), "samples": list(samples), "events": list(events)})
+    )
 
 
 def drafted(i: int, accepted: int, drafted_tokens: int = 16, at: float | None = None, **extra) -> dict:
     """A request with 4 drafts of 4 tokens, `accepted` of them accepted (drafts fill in order, so
     position k counts the drafts that accepted more than k tokens)."""
     per_pos = [sum(1 for d in range(4) if min(4, max(0, accepted - 4 * d)) > k) for k in range(4)]
-    return request_dict(i, started_at=T0 + i if at is None else at, num_drafts=4, num_draft_tokens=drafted_tokens,
-                        num_accepted_tokens=sum(per_pos), accepted_per_position=per_pos, **extra)
+    return request_dict(
+        i,
+        started_at=T0 + i if at is None else at,
+        num_drafts=4,
+        num_draft_tokens=drafted_tokens,
+        num_accepted_tokens=sum(per_pos),
+        accepted_per_position=per_pos,
+        **extra,
+    )
 
 
 def test_request_signals_match_numpy_over_the_window(engine):
     rng = np.random.default_rng(0)
     accepted = rng.integers(0, 17, size=60)
     ttft = rng.gamma(2.0, 0.1, size=60)
-    records = [drafted(i, int(a), ttft_s=float(t), instance=f"gpu-{i % 2}") for i, (a, t) in enumerate(zip(accepted, ttft))]
+    records = [
+        drafted(i, int(a), ttft_s=float(t), instance=f"gpu-{i % 2}") for i, (a, t) in enumerate(zip(accepted, ttft))
+    ]
     store(engine, records + [drafted(100, 0, at=T0 - 400)])  # one outside the window
     source, now = StoreSignals(engine), T0 + 60
     got = {s.labels: s for s in source.query("acceptance_rate", 300, ["instance"], now)}
@@ -51,12 +62,23 @@ def test_request_signals_match_numpy_over_the_window(engine):
 
 
 def test_device_event_and_arm_signals(engine):
-    samples = [sample_dict(i, at=T0 + 5 * i, fragmentation=1.1 + 0.02 * i, util_draft=[0.1, 0.5, 0.2][i % 3]) for i in range(12)]
+    samples = [
+        sample_dict(i, at=T0 + 5 * i, fragmentation=1.1 + 0.02 * i, util_draft=[0.1, 0.5, 0.2][i % 3])
+        for i in range(12)
+    ]
     ooms = [request_dict(200 + i, status="error", error="target:oom") for i in range(2)]
     events = [event_dict(i, kind="oom", detail={}) for i in range(3)]
     rng = np.random.default_rng(1)
-    arms = [request_dict(300 + i, started_at=T0 + i, arm="spec" if i % 2 else "control", output_tokens=50,
-                         e2e_s=float(rng.normal(1.5 if i % 2 else 1.0, 0.05))) for i in range(40)]
+    arms = [
+        request_dict(
+            300 + i,
+            started_at=T0 + i,
+            arm="spec" if i % 2 else "control",
+            output_tokens=50,
+            e2e_s=float(rng.normal(1.5 if i % 2 else 1.0, 0.05)),
+        )
+        for i in range(40)
+    ]
     store(engine, ooms + arms, samples, events)
     source, now = StoreSignals(engine), T0 + 60
     (frag,) = source.query("fragmentation", 60, ["instance"], now)
@@ -71,9 +93,19 @@ def test_device_event_and_arm_signals(engine):
 
 RULES = {
     "evaluation": {"interval": "15s", "repeat_interval": "1h"},
-    "rules": [{"name": "SpecAcceptanceLow", "signal": "acceptance_rate", "op": "<", "threshold": 0.6,
-               "window": "5m", "for": "1m", "min_samples": 5, "group_by": ["instance"],
-               "summary": "acceptance {{ $value }}"}],
+    "rules": [
+        {
+            "name": "SpecAcceptanceLow",
+            "signal": "acceptance_rate",
+            "op": "<",
+            "threshold": 0.6,
+            "window": "5m",
+            "for": "1m",
+            "min_samples": 5,
+            "group_by": ["instance"],
+            "summary": "acceptance {{ $value }}",
+        }
+    ],
     "receivers": [{"name": "ops", "url": "http://127.0.0.1:9/unused"}],
 }
 
@@ -118,17 +150,26 @@ class FailingFor:
 
 
 def test_a_failing_signal_records_its_error_and_the_others_go_on(engine):
-    rules = {"rules": [RULES["rules"][0] | {"for": "0s"},
-                       RULES["rules"][0] | {"name": "Broken", "signal": "ttft_p99", "op": ">", "threshold": 0.3}]}
+    rules = {
+        "rules": [
+            RULES["rules"][0] | {"for": "0s"},
+            RULES["rules"][0] | {"name": "Broken", "signal": "ttft_p99", "op": ">", "threshold": 0.3},
+        ]
+    }
     store(engine, [drafted(i, 4) for i in range(10)])
     runner = AlertRunner(engine, parse_config(rules), source=FailingFor(StoreSignals(engine), "ttft_p99"))
     report = runner.cycle(T0 + 20)
     assert report.errors == {"Broken": "RuntimeError: relation does not exist"}
     (alert,), health = active_alerts(engine)
     assert alert.rule == "SpecAcceptanceLow" and alert.state == "firing"
-    assert {h.rule: h.error for h in health} == {"Broken": "RuntimeError: relation does not exist", "SpecAcceptanceLow": None}
+    assert {h.rule: h.error for h in health} == {
+        "Broken": "RuntimeError: relation does not exist",
+        "SpecAcceptanceLow": None,
+    }
     with engine.connect() as conn:
-        assert conn.execute(select(AlertRuleHealthRow.duration_s).where(AlertRuleHealthRow.rule == "Broken")).scalar() >= 0
+        assert (
+            conn.execute(select(AlertRuleHealthRow.duration_s).where(AlertRuleHealthRow.rule == "Broken")).scalar() >= 0
+        )
 
 
 def test_old_alert_history_expires_with_the_rollups_but_undelivered_notifications_stay(engine):
@@ -145,8 +186,9 @@ def test_old_alert_history_expires_with_the_rollups_but_undelivered_notification
 
 
 def test_vllm_signals_per_source_from_real_scrapes(engine):
-    from collector.vllm import Scraper
     from fake_vllm import FakeVllm
+
+    from collector.vllm import Scraper
 
     rng = np.random.default_rng(3)
     for source, (low, high) in (("http://good:8000/metrics", (2, 4)), ("http://bad:8000/metrics", (0, 2))):
@@ -157,11 +199,21 @@ def test_vllm_signals_per_source_from_real_scrapes(engine):
             vllm.observe_draft(int(a))
             vllm.observe_request(0.05, 1.0)
         scraper.observe(vllm.text(), at=T0 + 15)
-        (sample,) = [s for s in StoreSignals(engine).query("vllm_acceptance_rate", 300, ["source"], T0 + 30)
-                     if dict(s.labels)["source"] == source]
+        (sample,) = [
+            s
+            for s in StoreSignals(engine).query("vllm_acceptance_rate", 300, ["source"], T0 + 30)
+            if dict(s.labels)["source"] == source
+        ]
         assert sample.value == pytest.approx(accepted.sum() / 150) and sample.count == 50
-    rule = {"name": "VllmLow", "signal": "vllm_acceptance_rate", "op": "<", "threshold": 0.6, "window": "5m",
-            "min_samples": 20, "group_by": ["source"]}
+    rule = {
+        "name": "VllmLow",
+        "signal": "vllm_acceptance_rate",
+        "op": "<",
+        "threshold": 0.6,
+        "window": "5m",
+        "min_samples": 20,
+        "group_by": ["source"],
+    }
     runner = AlertRunner(engine, parse_config({"rules": [rule]}))
     runner.cycle(T0 + 30)
     runner.close()

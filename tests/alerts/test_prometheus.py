@@ -23,26 +23,75 @@ VLLM_FIXTURE = Path(__file__).parents[1] / "collector" / "fixtures" / "vllm_metr
 USER_RULES = {
     "evaluation": {"interval": "10s"},
     "rules": [
-        {"name": "AcceptanceLowAnywhere", "signal": "acceptance_rate", "op": "<=", "threshold": 0.45, "window": "90s",
-         "for": "30s", "keep_firing_for": "2m", "min_samples": 5, "group_by": [],
-         "summary": "acceptance {{ $value }} of {{ $labels.model }}"},
-        {"name": "TTFTByMode", "signal": "ttft_p99", "op": ">=", "threshold": 1.5, "window": "2m", "min_samples": 1,
-         "group_by": ["model", "mode"], "severity": "info", "summary": "{{$value}} s in {{ $labels.mode }} mode"},
-        {"name": "AcceptanceSpread", "signal": "acceptance_stddev", "op": ">", "threshold": 0.3, "window": "10m",
-         "for": "2m", "min_samples": 50, "group_by": ["drafter"]},
-        {"name": "SpecSlower", "signal": "spec_latency_regression", "op": ">=", "threshold": 0, "window": "30m",
-         "min_samples": 3, "group_by": ["model"]},
+        {
+            "name": "AcceptanceLowAnywhere",
+            "signal": "acceptance_rate",
+            "op": "<=",
+            "threshold": 0.45,
+            "window": "90s",
+            "for": "30s",
+            "keep_firing_for": "2m",
+            "min_samples": 5,
+            "group_by": [],
+            "summary": "acceptance {{ $value }} of {{ $labels.model }}",
+        },
+        {
+            "name": "TTFTByMode",
+            "signal": "ttft_p99",
+            "op": ">=",
+            "threshold": 1.5,
+            "window": "2m",
+            "min_samples": 1,
+            "group_by": ["model", "mode"],
+            "severity": "info",
+            "summary": "{{$value}} s in {{ $labels.mode }} mode",
+        },
+        {
+            "name": "AcceptanceSpread",
+            "signal": "acceptance_stddev",
+            "op": ">",
+            "threshold": 0.3,
+            "window": "10m",
+            "for": "2m",
+            "min_samples": 50,
+            "group_by": ["drafter"],
+        },
+        {
+            "name": "SpecSlower",
+            "signal": "spec_latency_regression",
+            "op": ">=",
+            "threshold": 0,
+            "window": "30m",
+            "min_samples": 3,
+            "group_by": ["model"],
+        },
         {"name": "AnyOOM", "signal": "oom_count", "op": ">", "threshold": 0, "window": "1h", "min_samples": 1},
-        {"name": "FragmentedFleet", "signal": "fragmentation", "op": ">", "threshold": 2, "window": "3m",
-         "min_samples": 8, "group_by": ["instance"], "description": "{{ $labels.device }} is not grouped on"},
-        {"name": "UtilSteady", "signal": "draft_util_swing", "op": "<", "threshold": 5, "window": "1m",
-         "min_samples": 0, "group_by": ["device"]},
+        {
+            "name": "FragmentedFleet",
+            "signal": "fragmentation",
+            "op": ">",
+            "threshold": 2,
+            "window": "3m",
+            "min_samples": 8,
+            "group_by": ["instance"],
+            "description": "{{ $labels.device }} is not grouped on",
+        },
+        {
+            "name": "UtilSteady",
+            "signal": "draft_util_swing",
+            "op": "<",
+            "threshold": 5,
+            "window": "1m",
+            "min_samples": 0,
+            "group_by": ["device"],
+        },
         {"name": "VllmTTFTAll", "signal": "vllm_ttft_p99", "op": ">", "threshold": 2, "window": "5m", "min_samples": 0},
     ],
 }
 CONFIGS = {"default": lambda: load_config(DEFAULT_RULES), "user": lambda: parse_config(USER_RULES, "user")}
-promtool = pytest.mark.skipif(shutil.which("promtool") is None,
-                              reason="promtool not installed (Debian package `prometheus`; .ci/run installs it)")
+promtool = pytest.mark.skipif(
+    shutil.which("promtool") is None, reason="promtool not installed (Debian package `prometheus`; .ci/run installs it)"
+)
 
 
 def exported(config) -> list[dict]:
@@ -54,7 +103,9 @@ def exported(config) -> list[dict]:
 def test_promtool_accepts_the_rules_and_passes_the_unit_tests(name, tmp_path):
     rules, tests = export(CONFIGS[name](), tmp_path)
     for command in (["check", "rules", str(rules)], ["test", "rules", str(tests)]):
-        result = subprocess.run(["promtool", *command], check=False, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        result = subprocess.run(
+            ["promtool", *command], check=False, capture_output=True, text=True, timeout=120, cwd=tmp_path
+        )
         assert result.returncode == 0, result.stdout + result.stderr
     assert yaml.safe_load(rules.read_text()) == rule_groups(CONFIGS[name]())
 
@@ -89,12 +140,35 @@ def test_regression_rule_says_it_has_no_significance_test():
 def collector_exposition() -> dict[str, set[str]]:
     """Sample name -> label names, as the collector's /metrics shows them after some traffic."""
     metrics = CollectorMetrics(CollectorRegistry())
-    requests = [RequestRecord(request_id=f"r{i}", instance="gpu-0", model="m", drafter="ngram", mode="speculative",
-                              arm=("spec", "control")[i % 2], started_at=1.7e9 + i, ttft_s=0.1, e2e_s=1.0,
-                              prompt_tokens=10, output_tokens=20, num_drafts=4, num_draft_tokens=8,
-                              num_accepted_tokens=i % 8, error="draft:oom" if i == 3 else None) for i in range(4)]
-    sample = DeviceSample(instance="gpu-0", at=1.7e9, device="cpu", mem_allocated_bytes=10, mem_reserved_bytes=12,
-                          fragmentation=1.2, util_draft=0.3)
+    requests = [
+        RequestRecord(
+            request_id=f"r{i}",
+            instance="gpu-0",
+            model="m",
+            drafter="ngram",
+            mode="speculative",
+            arm=("spec", "control")[i % 2],
+            started_at=1.7e9 + i,
+            ttft_s=0.1,
+            e2e_s=1.0,
+            prompt_tokens=10,
+            output_tokens=20,
+            num_drafts=4,
+            num_draft_tokens=8,
+            num_accepted_tokens=i % 8,
+            error="draft:oom" if i == 3 else None,
+        )
+        for i in range(4)
+    ]
+    sample = DeviceSample(
+        instance="gpu-0",
+        at=1.7e9,
+        device="cpu",
+        mem_allocated_bytes=10,
+        mem_reserved_bytes=12,
+        fragmentation=1.2,
+        util_draft=0.3,
+    )
     metrics.record_batch(IngestCounts(requests=4, samples=1, new_requests=tuple(requests), new_samples=(sample,)))
     return exposed_labels(generate_latest(metrics.registry).decode())
 
@@ -113,7 +187,9 @@ def metric_names(expr: str) -> set[str]:
 
 
 def grouping_labels(expr: str) -> set[str]:
-    return {label.strip() for group in re.findall(r"\b(?:by|on)\s*\(([^)]*)\)", expr) for label in group.split(",")} - {""}
+    return {label.strip() for group in re.findall(r"\b(?:by|on)\s*\(([^)]*)\)", expr) for label in group.split(",")} - {
+        ""
+    }
 
 
 @pytest.mark.parametrize("name", CONFIGS)
@@ -121,8 +197,10 @@ def test_rules_read_only_what_the_collector_and_vllm_expose(name):
     """Names and labels in the exprs, and in the unit tests' input series, exist in the real exposition."""
     config = CONFIGS[name]()
     scrape_labels = {"instance", "job"}  # added by Prometheus to everything scraped from vLLM
-    sources = {GROUP: collector_exposition(),
-               VLLM_GROUP: {n: labels | scrape_labels for n, labels in exposed_labels(VLLM_FIXTURE.read_text()).items()}}
+    sources = {
+        GROUP: collector_exposition(),
+        VLLM_GROUP: {n: labels | scrape_labels for n, labels in exposed_labels(VLLM_FIXTURE.read_text()).items()},
+    }
     for group in rule_groups(config)["groups"]:
         exposed = sources[group["name"]]
         for rule in group["rules"]:
@@ -137,7 +215,14 @@ def test_rules_read_only_what_the_collector_and_vllm_expose(name):
 
 
 def test_unexportable_rules_raise_rules_error():
-    arm = {"name": "ByArm", "signal": "acceptance_rate", "op": "<", "threshold": 0.5, "window": "5m", "group_by": ["arm"]}
+    arm = {
+        "name": "ByArm",
+        "signal": "acceptance_rate",
+        "op": "<",
+        "threshold": 0.5,
+        "window": "5m",
+        "group_by": ["arm"],
+    }
     with pytest.raises(RulesError, match=r"ByArm: signal acceptance_rate cannot be grouped by \['arm'\]"):
         rule_groups(parse_config({"rules": [arm]}))
     never = {**arm, "name": "Never", "op": ">", "threshold": 1.0, "group_by": []}

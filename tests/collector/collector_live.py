@@ -9,8 +9,8 @@ from contextlib import contextmanager
 import uvicorn
 from prometheus_client import CollectorRegistry
 
-from service.app import create_app
 from collector.settings import Settings
+from service.app import create_app
 
 
 @contextmanager

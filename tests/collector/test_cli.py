@@ -13,7 +13,9 @@ def test_db_upgrade_creates_the_schema(db_url, capsys):
     assert main(["db", "upgrade", "--db", db_url]) == 0
     assert "newest schema" in capsys.readouterr().out
     engine = make_engine(db_url)
-    assert {"requests", "device_samples", "engine_events", "request_rollups", "vllm_scrapes"} <= set(inspect(engine).get_table_names())
+    assert {"requests", "device_samples", "engine_events", "request_rollups", "vllm_scrapes"} <= set(
+        inspect(engine).get_table_names()
+    )
     engine.dispose()
     assert main(["db", "upgrade", "--db", db_url]) == 0  # idempotent
 
@@ -34,7 +36,10 @@ def test_settings_from_environment(monkeypatch, tmp_path):
     assert settings.database_url_resolved == f"sqlite:///{tmp_path.resolve() / 'specwatch.db'}"
     monkeypatch.setenv("SPECWATCH_SCRAPE_VLLM", '["http://c/metrics"]')
     monkeypatch.setenv("SPECWATCH_DATABASE_URL", "postgresql+psycopg://u@h/db")
-    assert Settings().scrape_vllm == ["http://c/metrics"] and Settings().database_url_resolved == "postgresql+psycopg://u@h/db"
+    assert (
+        Settings().scrape_vllm == ["http://c/metrics"]
+        and Settings().database_url_resolved == "postgresql+psycopg://u@h/db"
+    )
 
 
 def test_bad_setting_in_the_environment_is_a_usage_error(monkeypatch, capsys):
@@ -44,4 +49,6 @@ def test_bad_setting_in_the_environment_is_a_usage_error(monkeypatch, capsys):
     assert "SPECWATCH_INGEST_PROCESSES" in err and "'abc'" in err and "Traceback" not in err
     monkeypatch.setenv("SPECWATCH_INGEST_PROCESSES", "-1")
     assert main(["db", "upgrade"]) == 2
-    assert "SPECWATCH_INGEST_PROCESSES: Input should be greater than or equal to 0 (got '-1')" in capsys.readouterr().err
+    assert (
+        "SPECWATCH_INGEST_PROCESSES: Input should be greater than or equal to 0 (got '-1')" in capsys.readouterr().err
+    )

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import time
 
+from collector_live import running_collector
+from collector_payloads import event_dict, request_dict, sample_dict
 from sqlalchemy import create_engine, text
 
 from collector.client import TelemetryClient
 from collector.schema import DeviceSample, EngineEvent, RequestRecord
-from collector_payloads import event_dict, request_dict, sample_dict
 from specwatch.common import free_port
-from collector_live import running_collector
 
 
 def records(start: int, n: int) -> list[RequestRecord]:
@@ -34,7 +34,10 @@ def drain(client: TelemetryClient, timeout: float = 20.0) -> None:
 
 def test_delivers_every_kind_in_batches(settings):
     port = free_port()
-    with running_collector(settings, port) as url, TelemetryClient(url, batch_size=500, flush_interval_s=0.05) as client:
+    with (
+        running_collector(settings, port) as url,
+        TelemetryClient(url, batch_size=500, flush_interval_s=0.05) as client,
+    ):
         for record in records(0, 1200):
             client.submit_request(record)
         client.submit_sample(DeviceSample.model_validate(sample_dict(1)))
@@ -47,7 +50,9 @@ def test_delivers_every_kind_in_batches(settings):
 
 def test_spools_while_down_then_replays_in_order(settings, tmp_path):
     port = free_port()  # nothing listens there yet
-    client = TelemetryClient(f"http://127.0.0.1:{port}", tmp_path / "spool", batch_size=100, flush_interval_s=0.02, retries=1)
+    client = TelemetryClient(
+        f"http://127.0.0.1:{port}", tmp_path / "spool", batch_size=100, flush_interval_s=0.02, retries=1
+    )
     started = time.perf_counter()
     for wave in range(3):
         for record in records(wave * 100, 100):
@@ -65,7 +70,9 @@ def test_spools_while_down_then_replays_in_order(settings, tmp_path):
 
 def test_spool_outlives_the_client_process(settings, tmp_path):
     port = free_port()
-    first = TelemetryClient(f"http://127.0.0.1:{port}", tmp_path / "spool", batch_size=50, flush_interval_s=0.02, retries=0)
+    first = TelemetryClient(
+        f"http://127.0.0.1:{port}", tmp_path / "spool", batch_size=50, flush_interval_s=0.02, retries=0
+    )
     for record in records(0, 120):
         first.submit_request(record)
     first.close()
@@ -80,8 +87,12 @@ def test_spool_outlives_the_client_process(settings, tmp_path):
 
 def test_spool_is_bounded_and_overflow_is_counted(tmp_path):
     client = TelemetryClient(
-        f"http://127.0.0.1:{free_port()}", tmp_path / "spool", batch_size=100, flush_interval_s=0.02,
-        retries=0, max_spool_bytes=200_000,
+        f"http://127.0.0.1:{free_port()}",
+        tmp_path / "spool",
+        batch_size=100,
+        flush_interval_s=0.02,
+        retries=0,
+        max_spool_bytes=200_000,
     )
     for record in records(0, 1000):
         client.submit_request(record)
@@ -93,7 +104,9 @@ def test_spool_is_bounded_and_overflow_is_counted(tmp_path):
 
 
 def test_bounded_queue_drops_instead_of_blocking(tmp_path):
-    client = TelemetryClient(f"http://127.0.0.1:{free_port()}", None, batch_size=10_000, flush_interval_s=60, max_queue=100)
+    client = TelemetryClient(
+        f"http://127.0.0.1:{free_port()}", None, batch_size=10_000, flush_interval_s=60, max_queue=100
+    )
     batch = list(records(0, 300))
     started = time.perf_counter()
     for record in batch:

@@ -7,14 +7,14 @@ import subprocess
 import time
 from pathlib import Path
 
-from sqlalchemy import create_engine, text
-
-from specwatch import common
-from collector.client import TelemetryClient
-from collector.schema import RequestRecord
 from collector_payloads import request_dict
 from processes import children, running
+from sqlalchemy import create_engine, text
 from waiting import wait_for
+
+from collector.client import TelemetryClient
+from collector.schema import RequestRecord
+from specwatch import common
 from specwatch.common import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,8 +33,9 @@ def submit_wave(client: TelemetryClient, wave: int) -> None:
 def test_sigkill_mid_ingest_loses_and_duplicates_nothing(db_url, tmp_path):
     port, log = free_port(), tmp_path / "collector.log"
     proc = start_collector(db_url, port, log)
-    client = TelemetryClient(f"http://127.0.0.1:{port}", tmp_path / "spool", batch_size=150, flush_interval_s=0.02,
-                             retries=1, timeout_s=2.0)
+    client = TelemetryClient(
+        f"http://127.0.0.1:{port}", tmp_path / "spool", batch_size=150, flush_interval_s=0.02, retries=1, timeout_s=2.0
+    )
     delivered_before_kill, workers = 0, []
     try:
         for wave in range(WAVES):

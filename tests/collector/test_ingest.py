@@ -7,14 +7,16 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select, text
 
-from service.app import create_app
 from collector.models import DeviceSampleRow, EngineEventRow, Request
 from collector.settings import Settings
+from service.app import create_app
 
 
 def post(client, payload, **kwargs):
     body = payload if isinstance(payload, bytes) else orjson.dumps(payload)
-    return client.post("/v1/ingest", content=body, headers={"content-type": "application/json", **kwargs.pop("headers", {})}, **kwargs)
+    return client.post(
+        "/v1/ingest", content=body, headers={"content-type": "application/json", **kwargs.pop("headers", {})}, **kwargs
+    )
 
 
 def stored(client, model=Request) -> int:
@@ -82,7 +84,14 @@ def test_bad_sample_and_event_are_named(client, make_sample, make_event):
 
 @pytest.mark.parametrize(
     "body",
-    [b"{", b"not json", b'{"requests": [NaN]}', b'{"requests": [{"e2e_s": Infinity}]}', b"\xff\xfe", b"[" * 5000 + b"]" * 5000],
+    [
+        b"{",
+        b"not json",
+        b'{"requests": [NaN]}',
+        b'{"requests": [{"e2e_s": Infinity}]}',
+        b"\xff\xfe",
+        b"[" * 5000 + b"]" * 5000,
+    ],
 )
 def test_invalid_json_is_400(client, body):
     response = post(client, body)
@@ -97,7 +106,9 @@ def test_wrong_shape_is_422(client, body):
 def test_oversize_body_is_413(client, make_request):
     big = {"requests": [make_request(i) for i in range(1000)]}  # ~500 KB > the fixture's 256 KiB
     assert post(client, big).status_code == 413
-    chunked = client.post("/v1/ingest", content=iter([orjson.dumps(big)[i : i + 65536] for i in range(0, 600_000, 65536)]))
+    chunked = client.post(
+        "/v1/ingest", content=iter([orjson.dumps(big)[i : i + 65536] for i in range(0, 600_000, 65536)])
+    )
     assert chunked.status_code == 413
     assert stored(client) == 0
 

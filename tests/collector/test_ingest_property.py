@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import json
 
-from hypothesis import HealthCheck, given, settings, strategies as st
+from collector_payloads import event_dict, request_dict, sample_dict
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import func, select
 
 from collector.models import DeviceSampleRow, EngineEventRow, Request
-from collector_payloads import event_dict, request_dict, sample_dict
 
 TEXT = st.text(max_size=40) | st.text(alphabet="a-:\x00\u2028é\U0001f600", max_size=8)
 JSON_SCALARS = st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70) | st.floats() | TEXT
 JSON_VALUES = st.recursive(
-    JSON_SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4), max_leaves=12
+    JSON_SCALARS,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=12,
 )
 FACTORIES = {"requests": request_dict, "samples": sample_dict, "events": event_dict}
 

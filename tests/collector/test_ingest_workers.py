@@ -11,18 +11,18 @@ import sys
 
 import httpx
 import pytest
+from collector_payloads import request_dict, sample_dict
 from fastapi.testclient import TestClient
+from processes import children, running
 from prometheus_client import CollectorRegistry
 from sqlalchemy import func, select, text
-
-from service.app import create_app
-from specwatch.common import child_env, free_port
-from collector.models import DeviceSampleRow, Request
-from collector.settings import Settings
-from collector_payloads import request_dict, sample_dict
-from processes import children, running
 from test_metrics import scrape, total
 from waiting import wait_for
+
+from collector.models import DeviceSampleRow, Request
+from collector.settings import Settings
+from service.app import create_app
+from specwatch.common import child_env, free_port
 
 
 @pytest.fixture
@@ -51,13 +51,17 @@ def test_workers_store_count_and_refuse_like_threads(client):
     bad = client.post("/v1/ingest", json={"requests": [request_dict(41), request_dict(42, num_accepted_tokens=99)]})
     assert bad.status_code == 422  # raised in a worker, answered by the service
     assert {k: bad.json()["detail"]["errors"][0][k] for k in ("item", "field")} == {
-        "item": "requests[1]", "field": "num_accepted_tokens"}
+        "item": "requests[1]",
+        "field": "num_accepted_tokens",
+    }
     assert client.post("/v1/ingest", content=b"{broken").status_code == 400
     assert (stored(client), stored(client, DeviceSampleRow)) == (41, 1)
     metrics = scrape(client)  # summed in the workers, merged by the service: new records only
     assert total(metrics, "specwatch_requests_total") == 41
     assert total(metrics, "specwatch_requests_total", instance="gpu-1") == 20
-    assert total(metrics, "specwatch_draft_tokens_total") == sum(r["num_draft_tokens"] for r in rows + [request_dict(40)])
+    assert total(metrics, "specwatch_draft_tokens_total") == sum(
+        r["num_draft_tokens"] for r in rows + [request_dict(40)]
+    )
     assert total(metrics, "specwatch_ingest_records_total", kind="request", outcome="duplicate") == 10
     assert total(metrics, "specwatch_ingest_rejected_batches_total", reason="invalid_batch") == 1
 
@@ -93,7 +97,17 @@ def test_ctrl_c_stops_the_service_and_its_workers_cleanly(tmp_path):
     """Ctrl-C in a terminal signals the whole process group, workers included; `specwatch up`
     then terminates the service too."""
     port, log = free_port(), tmp_path / "collector.log"
-    cmd = [sys.executable, "-m", "specwatch", "collector", "serve", "--port", str(port), "--db", f"sqlite:///{tmp_path}/c.db"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "specwatch",
+        "collector",
+        "serve",
+        "--port",
+        str(port),
+        "--db",
+        f"sqlite:///{tmp_path}/c.db",
+    ]
     with log.open("wb") as out:
         service = subprocess.Popen(cmd, env=child_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:

@@ -7,6 +7,7 @@ import subprocess
 
 import numpy as np
 import pytest
+from collector_payloads import request_dict, sample_dict
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -14,15 +15,14 @@ from collector.metrics import CollectorMetrics
 from collector.schema import DeviceSample, RequestRecord
 from collector.store import IngestCounts
 
-from collector_payloads import request_dict, sample_dict
-
 
 def scrape(client) -> dict[tuple[str, tuple], float]:
     response = client.get("/metrics")
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(response.text) for s in family.samples
+        for family in text_string_to_metric_families(response.text)
+        for s in family.samples
     }
 
 
@@ -68,28 +68,53 @@ def test_exposition_passes_promtool(client, ingested):
     assert result.returncode == 0 and result.stdout.strip() == "" and result.stderr.strip() == "", result
 
 
-
 def observed(requests: list[dict], samples: list[dict]) -> dict[tuple[str, tuple], float]:
     """Feed stored records straight to CollectorMetrics and parse its exposition."""
     metrics = CollectorMetrics(CollectorRegistry())
-    metrics.record_batch(IngestCounts(
-        requests=len(requests), samples=len(samples), new_requests=tuple(RequestRecord.model_validate(r) for r in requests),
-        new_samples=tuple(DeviceSample.model_validate(s) for s in samples),
-    ))
+    metrics.record_batch(
+        IngestCounts(
+            requests=len(requests),
+            samples=len(samples),
+            new_requests=tuple(RequestRecord.model_validate(r) for r in requests),
+            new_samples=tuple(DeviceSample.model_validate(s) for s in samples),
+        )
+    )
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(generate_latest(metrics.registry).decode()) for s in family.samples
+        for family in text_string_to_metric_families(generate_latest(metrics.registry).decode())
+        for s in family.samples
     }
 
 
 def test_alert_counters_match_the_records():
     """The counters the exported Prometheus alert rules read, recomputed from the records fed."""
-    rows = [request_dict(i, num_accepted_tokens=i % 9, accepted_per_position=[], gamma=0, arm=("spec", "control")[i % 2],
-                         status="error" if i % 6 == 0 else "ok", error="target:oom" if i % 6 == 0 else None,
-                         output_tokens=i % 4 * 10)
-            for i in range(30)]
-    rows += [request_dict(100 + i, mode="autoregressive", drafter=None, num_drafts=0, num_draft_tokens=0,
-                          num_accepted_tokens=0, accepted_per_position=[], gamma=0, error="draft:oom") for i in range(4)]
+    rows = [
+        request_dict(
+            i,
+            num_accepted_tokens=i % 9,
+            accepted_per_position=[],
+            gamma=0,
+            arm=("spec", "control")[i % 2],
+            status="error" if i % 6 == 0 else "ok",
+            error="target:oom" if i % 6 == 0 else None,
+            output_tokens=i % 4 * 10,
+        )
+        for i in range(30)
+    ]
+    rows += [
+        request_dict(
+            100 + i,
+            mode="autoregressive",
+            drafter=None,
+            num_drafts=0,
+            num_draft_tokens=0,
+            num_accepted_tokens=0,
+            accepted_per_position=[],
+            gamma=0,
+            error="draft:oom",
+        )
+        for i in range(4)
+    ]
     m = observed(rows, [sample_dict(i, util_draft=u) for i, u in enumerate([0.1, 0.7, 0.4])])
     rates = np.array([r["num_accepted_tokens"] / r["num_draft_tokens"] for r in rows if r["num_draft_tokens"]])
     assert total(m, "specwatch_acceptance_rate_requests_total") == len(rates) == 30
@@ -103,4 +128,5 @@ def test_alert_counters_match_the_records():
         counted = [r for r in rows if r.get("arm") == arm and r["status"] == "ok" and r["output_tokens"] > 0]
         assert total(m, "specwatch_arm_requests_total", arm=arm, instance="gpu-0", model="smollm2-135m") == len(counted)
         assert total(m, "specwatch_arm_e2e_seconds_per_token_total", arm=arm) == pytest.approx(
-            sum(r["e2e_s"] / r["output_tokens"] for r in counted))
+            sum(r["e2e_s"] / r["output_tokens"] for r in counted)
+        )

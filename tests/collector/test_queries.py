@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from collector_payloads import T0, sample_dict, varied_request
 
 from collector.queries import Filters, Window, acceptance_vs_length, errors_by_hour, per_position_acceptance, signals
 from collector.schema import IngestBatch
 from collector.series import engine_events, latest_device_samples, series
 from collector.store import Store
-from collector_payloads import T0, sample_dict, varied_request
 
 N = 400
 
@@ -28,10 +28,19 @@ def expected(rows: list[dict]) -> dict:
     accepted = np.array([r["num_accepted_tokens"] for r in rows], float)
     rates = accepted[drafted > 0] / drafted[drafted > 0]
     ttft = np.array([r["ttft_s"] for r in rows if r["ttft_s"] is not None])
-    tpot = [(r["e2e_s"] - r["ttft_s"]) / (r["output_tokens"] - 1) for r in rows if r["ttft_s"] is not None and r["output_tokens"] > 1]
-    return {"rate": accepted.sum() / drafted.sum(), "mean": rates.mean(), "std": rates.std(),
-            "ttft_p99": np.quantile(ttft, 0.99), "tpot_p50": np.quantile(tpot, 0.5),
-            "mal": 1 + accepted.sum() / sum(r["num_drafts"] for r in rows)}
+    tpot = [
+        (r["e2e_s"] - r["ttft_s"]) / (r["output_tokens"] - 1)
+        for r in rows
+        if r["ttft_s"] is not None and r["output_tokens"] > 1
+    ]
+    return {
+        "rate": accepted.sum() / drafted.sum(),
+        "mean": rates.mean(),
+        "std": rates.std(),
+        "ttft_p99": np.quantile(ttft, 0.99),
+        "tpot_p50": np.quantile(tpot, 0.5),
+        "mal": 1 + accepted.sum() / sum(r["num_drafts"] for r in rows),
+    }
 
 
 def test_signals_match_direct_computation(engine, dataset):
@@ -40,7 +49,9 @@ def test_signals_match_direct_computation(engine, dataset):
     assert got.requests == N and got.errors == sum(r["status"] == "error" for r in dataset)
     assert got.ooms == sum(1 for r in dataset if r["error"])
     assert got.acceptance_rate == pytest.approx(want["rate"])
-    assert got.acceptance_rate_mean == pytest.approx(want["mean"]) and got.acceptance_rate_stddev == pytest.approx(want["std"])
+    assert got.acceptance_rate_mean == pytest.approx(want["mean"]) and got.acceptance_rate_stddev == pytest.approx(
+        want["std"]
+    )
     assert got.mean_acceptance_length == pytest.approx(want["mal"])
     assert got.ttft.p99 == pytest.approx(want["ttft_p99"]) and got.tpot.p50 == pytest.approx(want["tpot_p50"])
     assert got.requests_per_s == pytest.approx(N / window.seconds)
@@ -51,7 +62,10 @@ def test_signals_match_direct_computation(engine, dataset):
     [
         (Filters(instance="gpu-1"), lambda r: r["instance"] == "gpu-1"),
         (Filters(drafter="none"), lambda r: r["drafter"] is None),
-        (Filters(mode="speculative", tags=(("tenant", "acme"),)), lambda r: r["mode"] == "speculative" and r["tags"]["tenant"] == "acme"),
+        (
+            Filters(mode="speculative", tags=(("tenant", "acme"),)),
+            lambda r: r["mode"] == "speculative" and r["tags"]["tenant"] == "acme",
+        ),
     ],
 )
 def test_filters_select_the_right_requests(engine, dataset, filters, keep):
@@ -65,7 +79,12 @@ def test_filters_select_the_right_requests(engine, dataset, filters, keep):
 def test_window_is_start_inclusive_end_exclusive(engine, dataset):
     assert signals(engine, Window(T0 + 30, T0 + 60)).requests == 10  # i = 10..19
     empty = signals(engine, Window(T0 - 100, T0))
-    assert (empty.requests, empty.acceptance_rate, empty.ttft.p99, empty.mean_acceptance_length) == (0, None, None, None)
+    assert (empty.requests, empty.acceptance_rate, empty.ttft.p99, empty.mean_acceptance_length) == (
+        0,
+        None,
+        None,
+        None,
+    )
 
 
 def test_per_position_acceptance(engine, dataset):
@@ -78,7 +97,11 @@ def test_per_position_acceptance(engine, dataset):
 
 def test_acceptance_grows_with_prompt_length(engine, dataset):
     got = acceptance_vs_length(engine, Window(T0, T0 + N * 3.0), by="prompt_tokens")
-    assert got.requests == sum(1 for r in dataset if r["num_draft_tokens"]) and got.spearman_rho > 0.8 and got.p_value < 1e-6
+    assert (
+        got.requests == sum(1 for r in dataset if r["num_draft_tokens"])
+        and got.spearman_rho > 0.8
+        and got.p_value < 1e-6
+    )
     rates = [b.acceptance_rate for b in got.buckets if b.requests]
     assert rates == sorted(rates) and sum(b.requests for b in got.buckets) == got.requests
 
@@ -131,8 +154,14 @@ def test_http_endpoints_serve_the_same_numbers(client, dataset_via_http):
     assert client.get("/v1/acceptance/length", params={**params, "by": "output_tokens"}).json()["by"] == "output_tokens"
     assert client.get("/v1/devices/latest").json() == []
     assert client.get("/v1/events", params=params).json() == []
-    for bad in ({"start": T0}, {"start": T0, "end": T0 - 1}, {**params, "tag": "nocolon"}, {**params, "mode": "x"},
-                {"last": -5}, {**params, "step": 0.001}):
+    for bad in (
+        {"start": T0},
+        {"start": T0, "end": T0 - 1},
+        {**params, "tag": "nocolon"},
+        {**params, "mode": "x"},
+        {"last": -5},
+        {**params, "step": 0.001},
+    ):
         assert client.get("/v1/signals" if "step" not in bad else "/v1/series", params=bad).status_code == 422, bad
 
 

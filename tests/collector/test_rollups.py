@@ -6,20 +6,20 @@ import time
 
 import numpy as np
 import pytest
+from collector_payloads import T0, request_dict, varied_request
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from service.app import create_app
 from collector.history import errors_by_hour_long, histogram_quantile, long_series
-from collector.models import LATENCY_BUCKETS, Request, RequestRollup, RequestRollupHourly
 from collector.long_signals import long_signals
+from collector.models import LATENCY_BUCKETS, Request, RequestRollup, RequestRollupHourly
 from collector.queries import Filters, Window, errors_by_hour, signals
 from collector.rollups import apply_retention, roll_up
 from collector.schema import IngestBatch
 from collector.series import series
 from collector.settings import Settings
 from collector.store import Store
-from collector_payloads import T0, request_dict, varied_request
+from service.app import create_app
 
 DAY = 86400.0
 HOUR0 = T0 - T0 % 3600  # 20:00 UTC, the hour the data starts in
@@ -47,9 +47,13 @@ def test_rollups_sum_to_the_raw_rows(engine, stored):
     report = roll_up(engine, now=T0 + DAY)
     assert report.rows_folded == N and roll_up(engine, now=T0 + DAY).rows_folded == 0
     with engine.connect() as conn:
-        raw = conn.execute(select(func.count(), func.sum(Request.num_accepted_tokens), func.sum(Request.output_tokens))).one()
+        raw = conn.execute(
+            select(func.count(), func.sum(Request.num_accepted_tokens), func.sum(Request.output_tokens))
+        ).one()
         for table in (RequestRollup, RequestRollupHourly):
-            rolled = conn.execute(select(func.sum(table.requests), func.sum(table.accepted_tokens), func.sum(table.output_tokens))).one()
+            rolled = conn.execute(
+                select(func.sum(table.requests), func.sum(table.accepted_tokens), func.sum(table.output_tokens))
+            ).one()
             assert tuple(raw) == tuple(rolled)
 
 
@@ -61,8 +65,16 @@ def test_long_series_from_rollups_matches_raw_series(engine, stored):
         rolled, raw = long_series(engine, window, filters, step), series(engine, window, filters, step)
         assert len(rolled) == len(raw) and sum(p.requests for p in rolled) > 0
         for r, x in zip(rolled, raw):
-            assert (r.t, r.requests, r.errors, r.draft_tokens, r.accepted_tokens) == (x.t, x.requests, x.errors, x.draft_tokens, x.accepted_tokens)
-            assert (r.acceptance_rate_mean, r.acceptance_rate_stddev) == pytest.approx((x.acceptance_rate_mean, x.acceptance_rate_stddev))
+            assert (r.t, r.requests, r.errors, r.draft_tokens, r.accepted_tokens) == (
+                x.t,
+                x.requests,
+                x.errors,
+                x.draft_tokens,
+                x.accepted_tokens,
+            )
+            assert (r.acceptance_rate_mean, r.acceptance_rate_stddev) == pytest.approx(
+                (x.acceptance_rate_mean, x.acceptance_rate_stddev)
+            )
             if x.ttft_p50 is not None:
                 bucket = np.searchsorted(LATENCY_BUCKETS, x.ttft_p50)  # the estimate lies in the exact value's bucket
                 low = 0.0 if bucket == 0 else LATENCY_BUCKETS[bucket - 1]
@@ -84,7 +96,9 @@ def test_late_records_are_folded_into_their_minute(engine, stored, monkeypatch):
 def test_retention_keeps_rollups_and_deletes_only_rolled_up_rows(engine, stored):
     assert apply_retention(engine, now=T0 + 30 * DAY, raw_retention_s=14 * DAY, rollup_retention_s=400 * DAY) == (0, 0)
     roll_up(engine, now=T0 + 30 * DAY)
-    deleted_raw, deleted_rollups = apply_retention(engine, now=T0 + 30 * DAY, raw_retention_s=14 * DAY, rollup_retention_s=400 * DAY)
+    deleted_raw, deleted_rollups = apply_retention(
+        engine, now=T0 + 30 * DAY, raw_retention_s=14 * DAY, rollup_retention_s=400 * DAY
+    )
     assert deleted_raw == N and deleted_rollups == 0
     window = Window(HOUR0, HOUR0 + 3600)
     assert series(engine, window, step_s=3600)[0].requests == 0
@@ -101,7 +115,10 @@ def test_service_runs_maintenance_in_the_background(db_url, tmp_path):
         deadline = time.monotonic() + 10
         while True:  # rolled up, then deleted by the raw retention of one day
             with engine.connect() as conn:
-                raw, rolled = conn.scalar(select(func.count()).select_from(Request)), conn.scalar(select(func.sum(RequestRollup.requests)))
+                raw, rolled = (
+                    conn.scalar(select(func.count()).select_from(Request)),
+                    conn.scalar(select(func.sum(RequestRollup.requests))),
+                )
             if raw == 0 and rolled == 1:
                 break
             assert time.monotonic() < deadline, (raw, rolled)
@@ -117,14 +134,21 @@ def test_long_signals_add_up_rollups_and_raw_rows(engine, stored, rolled):
     window = Window(T0 - 7 * 3600 + 17.5, T0 + 3000)  # > 6 h, not minute-aligned
     exact, estimate = signals(engine, window), long_signals(engine, window)
     assert (estimate.requests, estimate.errors, estimate.ooms, estimate.draft_tokens, estimate.accepted_tokens) == (
-        exact.requests, exact.errors, exact.ooms, exact.draft_tokens, exact.accepted_tokens)
+        exact.requests,
+        exact.errors,
+        exact.ooms,
+        exact.draft_tokens,
+        exact.accepted_tokens,
+    )
     assert estimate.acceptance_rate_mean == pytest.approx(exact.acceptance_rate_mean)
     assert estimate.acceptance_rate_stddev == pytest.approx(exact.acceptance_rate_stddev)
     assert estimate.mean_acceptance_length == pytest.approx(exact.mean_acceptance_length)
     for got, want in ((estimate.ttft, exact.ttft), (estimate.e2e, exact.e2e)):
         assert got.count == want.count
         i = int(np.searchsorted(LATENCY_BUCKETS, want.p99))
-        assert (0.0 if i == 0 else LATENCY_BUCKETS[i - 1]) <= got.p99 <= LATENCY_BUCKETS[min(i, len(LATENCY_BUCKETS) - 1)]
+        assert (
+            (0.0 if i == 0 else LATENCY_BUCKETS[i - 1]) <= got.p99 <= LATENCY_BUCKETS[min(i, len(LATENCY_BUCKETS) - 1)]
+        )
 
 
 def test_signals_endpoint_switches_to_rollups_for_long_windows(client, make_request):
@@ -144,4 +168,5 @@ def test_errors_by_hour_from_rollups_match_raw(engine, stored):
     window = Window(T0 - DAY + 123.0, T0 + 1.5 * DAY + 60)
     assert errors_by_hour_long(engine, window) == errors_by_hour(engine, window)
     assert sum(h.ooms for h in errors_by_hour_long(engine, window, Filters(instance="gpu-0"))) == sum(
-        h.ooms for h in errors_by_hour(engine, window, Filters(instance="gpu-0")))
+        h.ooms for h in errors_by_hour(engine, window, Filters(instance="gpu-0"))
+    )

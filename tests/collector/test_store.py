@@ -46,7 +46,9 @@ def test_insert_stores_every_column_round_trip(engine, make_request, make_sample
 
 def test_duplicates_within_batch_and_already_stored_are_skipped(engine, make_request, make_sample, make_event):
     store = Store(engine)
-    first = store.insert(batch([make_request(1), make_request(2), make_request(1)], [make_sample(1)] * 2, [make_event(1)]))
+    first = store.insert(
+        batch([make_request(1), make_request(2), make_request(1)], [make_sample(1)] * 2, [make_event(1)])
+    )
     assert (first.requests, first.request_duplicates) == (2, 1)
     assert (first.samples, first.sample_duplicates, first.events) == (1, 1, 1)
     assert [r.request_id for r in first.new_requests] == ["req-1", "req-2"]
@@ -65,8 +67,22 @@ def test_batch_is_one_transaction(engine, make_request):
     with engine.begin() as conn:  # a trigger-free way to make the second table fail: drop it
         conn.execute(text("ALTER TABLE device_samples RENAME TO device_samples_gone"))
     with pytest.raises(StoreUnavailable):  # the missing table
-        store.insert(IngestBatch.model_validate({"requests": [make_request(2)], "samples": [{
-            "instance": "a", "at": 1.8e9, "device": "cpu", "mem_allocated_bytes": 1, "mem_reserved_bytes": 1}]}))
+        store.insert(
+            IngestBatch.model_validate(
+                {
+                    "requests": [make_request(2)],
+                    "samples": [
+                        {
+                            "instance": "a",
+                            "at": 1.8e9,
+                            "device": "cpu",
+                            "mem_allocated_bytes": 1,
+                            "mem_reserved_bytes": 1,
+                        }
+                    ],
+                }
+            )
+        )
     with engine.begin() as conn:
         conn.execute(text("ALTER TABLE device_samples_gone RENAME TO device_samples"))
     assert count(engine, Request) == 0

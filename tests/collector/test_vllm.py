@@ -7,16 +7,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fake_vllm import TTFT_BUCKETS, FakeVllm
 from fastapi.testclient import TestClient
 from prometheus_client import start_http_server
 
-from service.app import create_app
 from collector.history import histogram_quantile
 from collector.queries import Window
 from collector.settings import Settings
 from collector.vllm import Scraper, parse, vllm_signals
+from service.app import create_app
 from specwatch.common import free_port
-from fake_vllm import TTFT_BUCKETS, FakeVllm
 
 FIXTURE = Path(__file__).parent / "fixtures" / "vllm_metrics.txt"
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"

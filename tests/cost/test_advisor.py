@@ -6,47 +6,76 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from collector_payloads import T0, request_dict, sample_dict
 
-from cost.advisor import GIB, ScenarioEvidence, advise, recommend, scenario_evidence
 from collector.queries import Window
 from collector.schema import IngestBatch
 from collector.store import Store
-from collector_payloads import T0, request_dict, sample_dict
+from cost.advisor import GIB, ScenarioEvidence, advise, recommend, scenario_evidence
 
 BASE = ScenarioEvidence(
-    scenario="summary", requests=200, speculative_requests=100, drafters=("model:draft",), context_tokens_p50=300,
-    context_tokens_p90=450, context_tokens_max=800, ttft_p50_s=0.05, ttft_p99_s=0.2, acceptance_rate=0.7, speedup=1.6,
-    p_value=0.001, compared_by="arm", peak_memory_bytes=40 * GIB, device_memory_bytes=80 * GIB, gpu_count=1,
-    load_mean=0.5, greedy_share=None, determinism_required=False, latency_sensitive=False,
+    scenario="summary",
+    requests=200,
+    speculative_requests=100,
+    drafters=("model:draft",),
+    context_tokens_p50=300,
+    context_tokens_p90=450,
+    context_tokens_max=800,
+    ttft_p50_s=0.05,
+    ttft_p99_s=0.2,
+    acceptance_rate=0.7,
+    speedup=1.6,
+    p_value=0.001,
+    compared_by="arm",
+    peak_memory_bytes=40 * GIB,
+    device_memory_bytes=80 * GIB,
+    gpu_count=1,
+    load_mean=0.5,
+    greedy_share=None,
+    determinism_required=False,
+    latency_sensitive=False,
 )
-HURTS, UNCLEAR, NONE = {"speedup": 0.8, "p_value": 0.001}, {"speedup": 1.02, "p_value": 0.4}, {"speedup": None, "p_value": None}
+HURTS, UNCLEAR, NONE = (
+    {"speedup": 0.8, "p_value": 0.001},
+    {"speedup": 1.02, "p_value": 0.4},
+    {"speedup": None, "p_value": None},
+)
 
 
-@pytest.mark.parametrize("changes, action, rule", [
-    ({}, "enable", "short_batch"),
-    ({"scenario": "chat", "latency_sensitive": True, "context_tokens_p90": 2000}, "enable", "latency_sensitive_chat"),
-    ({"latency_sensitive": True, **HURTS}, "disable", "latency_sensitive_chat_contradicted"),
-    ({**NONE}, "enable", "short_batch"),  # guidance, not contradicted: no control measured yet
-    ({"speedup": 0.97, "p_value": 0.3}, "canary", "unclear"),  # guidance, but the point estimate is below 1
-    ({"context_tokens_p90": 4000}, "enable", "measured_speedup"),
-    ({"context_tokens_p90": 4000, **HURTS}, "disable", "measured_slowdown"),
-    ({"context_tokens_p90": 4000, **UNCLEAR}, "canary", "unclear"),
-    ({"context_tokens_p50": 200_000, "context_tokens_p90": 300_000, **UNCLEAR}, "disable", "long_context"),
-    ({"context_tokens_p50": 200_000, "context_tokens_p90": 300_000}, "canary", "long_context_contradicted"),
-    ({"device_memory_bytes": 16 * GIB, "peak_memory_bytes": 4 * GIB, **UNCLEAR}, "disable", "edge_device"),
-    ({"peak_memory_bytes": 90 * GIB, **HURTS}, "disable", "memory_beyond_one_device"),
-    ({"gpu_count": 2, "peak_memory_bytes": 100 * GIB, **NONE}, "disable", "memory_beyond_one_device"),
-    ({"peak_memory_bytes": 75 * GIB, "context_tokens_p90": 4000, **UNCLEAR}, "canary", "unclear"),  # tight memory
-    ({"requests": 10}, "canary", "insufficient_data"),
-    ({"speculative_requests": 0}, "canary", "insufficient_data"),
-])
+@pytest.mark.parametrize(
+    "changes, action, rule",
+    [
+        ({}, "enable", "short_batch"),
+        (
+            {"scenario": "chat", "latency_sensitive": True, "context_tokens_p90": 2000},
+            "enable",
+            "latency_sensitive_chat",
+        ),
+        ({"latency_sensitive": True, **HURTS}, "disable", "latency_sensitive_chat_contradicted"),
+        ({**NONE}, "enable", "short_batch"),  # guidance, not contradicted: no control measured yet
+        ({"speedup": 0.97, "p_value": 0.3}, "canary", "unclear"),  # guidance, but the point estimate is below 1
+        ({"context_tokens_p90": 4000}, "enable", "measured_speedup"),
+        ({"context_tokens_p90": 4000, **HURTS}, "disable", "measured_slowdown"),
+        ({"context_tokens_p90": 4000, **UNCLEAR}, "canary", "unclear"),
+        ({"context_tokens_p50": 200_000, "context_tokens_p90": 300_000, **UNCLEAR}, "disable", "long_context"),
+        ({"context_tokens_p50": 200_000, "context_tokens_p90": 300_000}, "canary", "long_context_contradicted"),
+        ({"device_memory_bytes": 16 * GIB, "peak_memory_bytes": 4 * GIB, **UNCLEAR}, "disable", "edge_device"),
+        ({"peak_memory_bytes": 90 * GIB, **HURTS}, "disable", "memory_beyond_one_device"),
+        ({"gpu_count": 2, "peak_memory_bytes": 100 * GIB, **NONE}, "disable", "memory_beyond_one_device"),
+        ({"peak_memory_bytes": 75 * GIB, "context_tokens_p90": 4000, **UNCLEAR}, "canary", "unclear"),  # tight memory
+        ({"requests": 10}, "canary", "insufficient_data"),
+        ({"speculative_requests": 0}, "canary", "insufficient_data"),
+    ],
+)
 def test_rule_table(changes, action, rule):
     got = recommend(replace(BASE, **changes))
     assert (got.action, got.rule) == (action, rule)
 
 
 def test_reasons_carry_the_numbers():
-    got = recommend(replace(BASE, scenario="chat", latency_sensitive=True, speedup=0.8, p_value=0.001, acceptance_rate=0.31))
+    got = recommend(
+        replace(BASE, scenario="chat", latency_sensitive=True, speedup=0.8, p_value=0.001, acceptance_rate=0.31)
+    )
     assert "0.80x" in got.reason and "p=0.001" in got.reason and "acceptance 0.31" in got.reason
     (contradiction,) = got.contradictions
     assert contradiction.startswith("guidance says enable (latency-sensitive") and "0.80x" in contradiction
@@ -58,28 +87,68 @@ def test_reasons_carry_the_numbers():
 def test_determinism_on_greedy_requests_is_no_reason_to_disable():
     got = recommend(replace(BASE, determinism_required=True, greedy_share=1.0))
     assert got.action == "enable"
-    assert "token-identical" not in got.reason and "exactly the tokens of plain greedy decoding" in got.contradictions[0]
+    assert (
+        "token-identical" not in got.reason and "exactly the tokens of plain greedy decoding" in got.contradictions[0]
+    )
     assert "no reason to disable" in got.contradictions[0]
     sampled = recommend(replace(BASE, determinism_required=True, greedy_share=0.5))
     assert "not per-seed outputs" in sampled.contradictions[0]
 
 
 def _plain(i: int, **overrides) -> dict:
-    return request_dict(i, mode="autoregressive", drafter=None, num_drafts=0, num_draft_tokens=0, num_accepted_tokens=0,
-                        accepted_per_position=[], gamma=0, **overrides)
+    return request_dict(
+        i,
+        mode="autoregressive",
+        drafter=None,
+        num_drafts=0,
+        num_draft_tokens=0,
+        num_accepted_tokens=0,
+        accepted_per_position=[],
+        gamma=0,
+        **overrides,
+    )
 
 
 def test_evidence_and_advice_from_a_store(engine):
     rng = np.random.default_rng(1)
     tags_chat = {"scenario": "chat", "determinism": "required", "temperature": "0"}
-    chat = [request_dict(i, e2e_s=float(rng.normal(1.0, 0.05)), prompt_tokens=200, output_tokens=64, tags=tags_chat,
-                         instance="gpu-1") for i in range(40)]
-    chat += [_plain(100 + i, e2e_s=float(rng.normal(1.6, 0.05)), prompt_tokens=200, output_tokens=64, tags=tags_chat,
-                    instance="gpu-1") for i in range(40)]
-    docs = [request_dict(200 + i, prompt_tokens=200_000, output_tokens=100, e2e_s=float(rng.normal(3.0, 0.1)),
-                         tags={"scenario": "long-doc"}) for i in range(20)]
-    docs += [_plain(300 + i, prompt_tokens=200_000, output_tokens=100, e2e_s=float(rng.normal(2.0, 0.1)),
-                    tags={"scenario": "long-doc"}) for i in range(20)]
+    chat = [
+        request_dict(
+            i, e2e_s=float(rng.normal(1.0, 0.05)), prompt_tokens=200, output_tokens=64, tags=tags_chat, instance="gpu-1"
+        )
+        for i in range(40)
+    ]
+    chat += [
+        _plain(
+            100 + i,
+            e2e_s=float(rng.normal(1.6, 0.05)),
+            prompt_tokens=200,
+            output_tokens=64,
+            tags=tags_chat,
+            instance="gpu-1",
+        )
+        for i in range(40)
+    ]
+    docs = [
+        request_dict(
+            200 + i,
+            prompt_tokens=200_000,
+            output_tokens=100,
+            e2e_s=float(rng.normal(3.0, 0.1)),
+            tags={"scenario": "long-doc"},
+        )
+        for i in range(20)
+    ]
+    docs += [
+        _plain(
+            300 + i,
+            prompt_tokens=200_000,
+            output_tokens=100,
+            e2e_s=float(rng.normal(2.0, 0.1)),
+            tags={"scenario": "long-doc"},
+        )
+        for i in range(20)
+    ]
     few = [request_dict(400 + i, tags={}) for i in range(3)]
     samples = [sample_dict(i, instance="gpu-1", mem_reserved_bytes=(20 + i) * GIB) for i in range(5)]
     Store(engine).insert(IngestBatch.model_validate({"requests": chat + docs + few, "samples": samples}))
@@ -88,9 +157,13 @@ def test_evidence_and_advice_from_a_store(engine):
     assert set(evidence) == {"chat", "long-doc", "untagged"}
     ev = evidence["chat"]
     assert (ev.requests, ev.speculative_requests, ev.drafters, ev.compared_by) == (80, 40, ("ngram",), "mode")
-    per_token = [np.array([r["e2e_s"] / 64 for r in chat if r["mode"] == mode]) for mode in ("speculative", "autoregressive")]
+    per_token = [
+        np.array([r["e2e_s"] / 64 for r in chat if r["mode"] == mode]) for mode in ("speculative", "autoregressive")
+    ]
     assert ev.speedup == pytest.approx(per_token[1].mean() / per_token[0].mean())
-    assert ev.context_tokens_p50 == 264 and ev.peak_memory_bytes == 24 * GIB and ev.memory_headroom == pytest.approx(0.7)
+    assert (
+        ev.context_tokens_p50 == 264 and ev.peak_memory_bytes == 24 * GIB and ev.memory_headroom == pytest.approx(0.7)
+    )
     assert ev.greedy_share == 1.0 and ev.determinism_required and ev.latency_sensitive
     assert ev.ttft_p99_s == pytest.approx(np.quantile([r["ttft_s"] for r in chat], 0.99))
     assert evidence["long-doc"].peak_memory_bytes is None  # gpu-0 sent no samples

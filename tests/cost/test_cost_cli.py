@@ -9,16 +9,16 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from collector_payloads import T0, request_dict, sample_dict
 from openpyxl import load_workbook
 
-from cost.breakeven import break_even_alpha
-from cost.model import tco
-from cost.inputs import load_prices, what_if_inputs
-from cost.xlsx import ARM_ROWS, BENEFIT_ROWS, MODEL_ROW
 from collector.db import make_engine, upgrade
 from collector.schema import IngestBatch
 from collector.store import Store
-from collector_payloads import T0, request_dict, sample_dict
+from cost.breakeven import break_even_alpha
+from cost.inputs import load_prices, what_if_inputs
+from cost.model import tco
+from cost.xlsx import ARM_ROWS, BENEFIT_ROWS, MODEL_ROW
 from specwatch.cli import main
 
 EXAMPLE = Path(__file__).parents[2] / "cost" / "cost_example.toml"
@@ -36,8 +36,17 @@ def evaluate(book, sheet: str, cell: str):
 
 
 def _plain(i: int, **overrides) -> dict:
-    return request_dict(i, mode="autoregressive", drafter=None, num_drafts=0, num_draft_tokens=0, num_accepted_tokens=0,
-                        accepted_per_position=[], gamma=0, **overrides)
+    return request_dict(
+        i,
+        mode="autoregressive",
+        drafter=None,
+        num_drafts=0,
+        num_draft_tokens=0,
+        num_accepted_tokens=0,
+        accepted_per_position=[],
+        gamma=0,
+        **overrides,
+    )
 
 
 def _fill(url: str, start: float | None) -> None:
@@ -46,8 +55,10 @@ def _fill(url: str, start: float | None) -> None:
     upgrade(engine)
     if start is None:
         return engine.dispose()
-    records = [request_dict(i, started_at=start + i, e2e_s=1.0, draft_s=0.01, verify_s=0.5, tags={"scenario": "grounded"})
-               for i in range(40)]
+    records = [
+        request_dict(i, started_at=start + i, e2e_s=1.0, draft_s=0.01, verify_s=0.5, tags={"scenario": "grounded"})
+        for i in range(40)
+    ]
     records += [_plain(100 + i, started_at=start + i, e2e_s=2.0, tags={"scenario": "grounded"}) for i in range(40)]
     samples = [sample_dict(i, at=start + 5 * i, active_requests=1) for i in range(10)]
     Store(engine).insert(IngestBatch.model_validate({"requests": records, "samples": samples}))
@@ -62,7 +73,9 @@ def test_what_if_text_and_json(capsys):
     assert main(["cost", "--what-if", str(EXAMPLE), "--json", "--gpu", "H200", "--volume", "1e9"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert set(got) == {"source", "window", "inputs", "tco", "break_even", "sensitivity", "advice", "notes"}
-    assert got["source"] == "what-if" and got["tco"]["gpu_type"] == "H200" and got["tco"]["monthly_output_tokens"] == 1e9
+    assert (
+        got["source"] == "what-if" and got["tco"]["gpu_type"] == "H200" and got["tco"]["monthly_output_tokens"] == 1e9
+    )
     expected = tco(replace(what_if_inputs(EXAMPLE, load_prices(), "H200"), monthly_output_tokens=1e9))
     assert got["tco"]["benefits"][0]["net_usd"] == pytest.approx(expected.benefits[0].net_usd)
     row = got["break_even"][0]
@@ -80,14 +93,19 @@ def test_xlsx_formulas_recompute_the_model(tmp_path, capsys):
     model = book["Model"]
     formulas = [c.value for row in model.iter_rows(min_row=2, min_col=2) for c in row if c.value is not None]
     assert formulas and all(f.startswith("=") for f in formulas)
-    assert all("Inputs!" in f for f in (model[f"B{MODEL_ROW[label]}"].value for label in ("gpu_hours_per_mtok", "memory_share")))
+    assert all(
+        "Inputs!" in f
+        for f in (model[f"B{MODEL_ROW[label]}"].value for label in ("gpu_hours_per_mtok", "memory_share"))
+    )
     assert model[f"B{MODEL_ROW['gpu_hours_per_mtok']}"].value == "=Inputs!$B$4*1000000/Inputs!B19/3600"
     # by hand: 1 GPU x 1e6 tokens / 40 tok/s / 3600 s/h
     assert evaluate(book, "Model", f"B{MODEL_ROW['gpu_hours_per_mtok']}") == pytest.approx(1e6 / 40 / 3600)
     expected = tco(what_if_inputs(EXAMPLE, load_prices()))
     for column, arm in zip("BC", expected.arms):
         for label in ARM_ROWS:
-            assert evaluate(book, "Model", f"{column}{MODEL_ROW[label]}") == pytest.approx(getattr(arm, label) or 0.0), label
+            assert evaluate(book, "Model", f"{column}{MODEL_ROW[label]}") == pytest.approx(
+                getattr(arm, label) or 0.0
+            ), label
     benefit = expected.benefits[0]
     spec = {label: evaluate(book, "Model", f"C{MODEL_ROW[label]}") for label in BENEFIT_ROWS}
     assert spec["net_benefit_usd_month"] == pytest.approx(benefit.net_usd)
@@ -96,7 +114,9 @@ def test_xlsx_formulas_recompute_the_model(tmp_path, capsys):
     assert model[f"B{MODEL_ROW['net_benefit_usd_month']}"].value is None  # no benefit row for plain decoding
     # finance edits a price: the formulas follow
     book["Inputs"]["B3"] = 9.0
-    assert evaluate(book, "Model", f"B{MODEL_ROW['compute_usd_per_mtok']}") == pytest.approx(1e6 / 40 / 3600 * 9.0 * 0.25)
+    assert evaluate(book, "Model", f"B{MODEL_ROW['compute_usd_per_mtok']}") == pytest.approx(
+        1e6 / 40 / 3600 * 9.0 * 0.25
+    )
 
 
 def test_measured_window(tmp_path, capsys):
@@ -116,14 +136,17 @@ def test_measured_window(tmp_path, capsys):
     assert got["advice"][0]["evidence"]["speedup"] == pytest.approx(2.0)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--what-if", "missing.toml"], "cannot read missing.toml"),
-    (["--what-if", str(EXAMPLE), "--gpu", "B200"], "unknown GPU type 'B200'"),
-    (["--what-if", str(EXAMPLE), "--prices", "missing-prices.toml"], "cannot read missing-prices.toml"),
-    (["--db", "sqlite:///{tmp}/empty.db"], "run `specwatch db upgrade` first"),
-    (["--db", "postgresql+psycopg://nobody@127.0.0.1:1/none"], "cannot read the database"),
-    (["--db", "not a url"], "not a database URL"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--what-if", "missing.toml"], "cannot read missing.toml"),
+        (["--what-if", str(EXAMPLE), "--gpu", "B200"], "unknown GPU type 'B200'"),
+        (["--what-if", str(EXAMPLE), "--prices", "missing-prices.toml"], "cannot read missing-prices.toml"),
+        (["--db", "sqlite:///{tmp}/empty.db"], "run `specwatch db upgrade` first"),
+        (["--db", "postgresql+psycopg://nobody@127.0.0.1:1/none"], "cannot read the database"),
+        (["--db", "not a url"], "not a database URL"),
+    ],
+)
 def test_bad_input_exits_2_with_one_line(argv, message, tmp_path, capsys):
     assert main(["cost", *(a.replace("{tmp}", str(tmp_path)) for a in argv)]) == 2
     err = capsys.readouterr().err
@@ -153,15 +176,31 @@ def test_cost_endpoint(client):
     assert [a["key"] for a in got["tco"]["arms"]] == ["autoregressive", "speculative:ngram"]
     assert got["break_even"][0]["measured_speedup"] == pytest.approx(2.0)
     assert got["advice"][0]["scenario"] == "grounded" and got["sensitivity"]
-    edited = client.get("/v1/cost", params={**window, "gpu": "L4", "gpu_hour_usd": 2.0, "pue": 1.1,
-                                            "monthly_output_tokens": 1e9, "draft_training_usd": 0, "amortisation_months": 6,
-                                            "incident_days_per_week": 0.5, "tech_debt_buffer": 0.1}).json()
+    edited = client.get(
+        "/v1/cost",
+        params={
+            **window,
+            "gpu": "L4",
+            "gpu_hour_usd": 2.0,
+            "pue": 1.1,
+            "monthly_output_tokens": 1e9,
+            "draft_training_usd": 0,
+            "amortisation_months": 6,
+            "incident_days_per_week": 0.5,
+            "tech_debt_buffer": 0.1,
+        },
+    ).json()
     assert edited["tco"]["gpu_type"] == "L4" and edited["tco"]["gpu_hour_usd"] == 2.0
     assert edited["tco"]["monthly_output_tokens"] == 1e9 and edited["inputs"]["prices"]["pue"] == 1.1
     hidden = edited["tco"]["benefits"][0]["hidden"]
     assert hidden["incidents_usd"] == pytest.approx(0.5 * 52 / 12 * 800)
-    for params, message in (({"pue": 0.5}, "greater than or equal to 1"), ({"tech_debt_buffer": -1}, "greater than"),
-                            ({"gpu_type": "B200"}, "unknown GPU type"), ({"gpu": "L4", "gpu_type": "H200"}, "disagree"),
-                            ({"last": 0}, "greater than 0"), ({"monthly_output_tokens": "lots"}, "valid number")):
+    for params, message in (
+        ({"pue": 0.5}, "greater than or equal to 1"),
+        ({"tech_debt_buffer": -1}, "greater than"),
+        ({"gpu_type": "B200"}, "unknown GPU type"),
+        ({"gpu": "L4", "gpu_type": "H200"}, "disagree"),
+        ({"last": 0}, "greater than 0"),
+        ({"monthly_output_tokens": "lots"}, "valid number"),
+    ):
         bad = client.get("/v1/cost", params={**window, **params})
         assert bad.status_code == 422 and message in bad.text, params

@@ -9,31 +9,78 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from collector_payloads import T0, request_dict, sample_dict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cost.breakeven import (
-    alpha_from_mean_acceptance_length, at_acceptance, benefit_break_even_alpha, break_even, break_even_alpha,
-    draft_cost_ratio, expected_speedup, sensitivity, tokens_per_round,
-)
-from cost.model import (
-    GB, Accelerator, CostInputs, HiddenCosts, ModeMeasure, Prices, arm_cost, hidden_monthly, net_benefit, tco,
-)
-from cost.inputs import load_prices, measured_inputs, storage_gb_per_day, what_if_inputs
 from collector.queries import Window
 from collector.schema import IngestBatch
 from collector.store import Store
-from collector_payloads import T0, request_dict, sample_dict
+from cost.breakeven import (
+    alpha_from_mean_acceptance_length,
+    at_acceptance,
+    benefit_break_even_alpha,
+    break_even,
+    break_even_alpha,
+    draft_cost_ratio,
+    expected_speedup,
+    sensitivity,
+    tokens_per_round,
+)
+from cost.inputs import load_prices, measured_inputs, storage_gb_per_day, what_if_inputs
+from cost.model import (
+    GB,
+    Accelerator,
+    CostInputs,
+    HiddenCosts,
+    ModeMeasure,
+    Prices,
+    arm_cost,
+    hidden_monthly,
+    net_benefit,
+    tco,
+)
 
-PRICES = Prices({"X": Accelerator("X", 4.0, 80.0)}, electricity_usd_per_kwh=0.2, pue=1.5, storage_usd_per_gb_month=0.08,
-                engineer_day_usd=800.0, as_of="test")
-PLAIN = ModeMeasure("autoregressive", None, requests=100, output_tokens=1_000_000, window_s=86_400, tokens_per_s=100.0,
-                    energy_j_per_token=3.6, energy_source="nvml", retries=10, target_memory_bytes=40 * GB,
-                    memory_source="measured")
-SPEC = ModeMeasure("speculative", "model:draft", requests=100, output_tokens=1_000_000, window_s=86_400, tokens_per_s=200.0,
-                   energy_j_per_token=1.8, energy_source="estimate", retries=0, target_memory_bytes=40 * GB,
-                   draft_memory_bytes=8 * GB, memory_source="measured", drafts=1000, draft_tokens=4000,
-                   accepted_tokens=2000, draft_s=10.0, verify_s=100.0)
+PRICES = Prices(
+    {"X": Accelerator("X", 4.0, 80.0)},
+    electricity_usd_per_kwh=0.2,
+    pue=1.5,
+    storage_usd_per_gb_month=0.08,
+    engineer_day_usd=800.0,
+    as_of="test",
+)
+PLAIN = ModeMeasure(
+    "autoregressive",
+    None,
+    requests=100,
+    output_tokens=1_000_000,
+    window_s=86_400,
+    tokens_per_s=100.0,
+    energy_j_per_token=3.6,
+    energy_source="nvml",
+    retries=10,
+    target_memory_bytes=40 * GB,
+    memory_source="measured",
+)
+SPEC = ModeMeasure(
+    "speculative",
+    "model:draft",
+    requests=100,
+    output_tokens=1_000_000,
+    window_s=86_400,
+    tokens_per_s=200.0,
+    energy_j_per_token=1.8,
+    energy_source="estimate",
+    retries=0,
+    target_memory_bytes=40 * GB,
+    draft_memory_bytes=8 * GB,
+    memory_source="measured",
+    drafts=1000,
+    draft_tokens=4000,
+    accepted_tokens=2000,
+    draft_s=10.0,
+    verify_s=100.0,
+)
 
 
 def inputs(**changes) -> CostInputs:
@@ -41,6 +88,7 @@ def inputs(**changes) -> CostInputs:
 
 
 # --- hand-computed cases ---------------------------------------------------------------------
+
 
 def test_plain_arm_cost_by_hand():
     cost = arm_cost(PLAIN, inputs(), volume=1e9)
@@ -95,19 +143,23 @@ def test_observed_volume_unmeasured_energy_and_labels():
     assert arm_cost(whole, inputs(), 1e9).memory_share == 1.0
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda: replace(PRICES, pue=0.9), "pue"),
-    (lambda: inputs(gpu_type="B200"), "unknown GPU type 'B200'"),
-    (lambda: inputs(arms=(PLAIN, PLAIN)), "one measure per"),
-    (lambda: replace(PLAIN, tokens_per_s=0), "tokens_per_s"),
-    (lambda: HiddenCosts(amortisation_months=0), "amortisation_months"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda: replace(PRICES, pue=0.9), "pue"),
+        (lambda: inputs(gpu_type="B200"), "unknown GPU type 'B200'"),
+        (lambda: inputs(arms=(PLAIN, PLAIN)), "one measure per"),
+        (lambda: replace(PLAIN, tokens_per_s=0), "tokens_per_s"),
+        (lambda: HiddenCosts(amortisation_months=0), "amortisation_months"),
+    ],
+)
 def test_bad_inputs_are_value_errors(change, message):
     with pytest.raises(ValueError, match=message):
         change()
 
 
 # --- break-even --------------------------------------------------------------------------------
+
 
 def _closed_form(gamma: int, c: float) -> float:
     """Speed-up 1 <=> 1 + a + ... + a^gamma = gamma c + 1: the polynomial's root in [0, 1]."""
@@ -140,8 +192,13 @@ def test_break_even_edges():
 @pytest.mark.parametrize("gamma", [1, 3, 4, 7])
 def test_alpha_from_mean_acceptance_length_inverts(gamma):
     for alpha in (0.0, 0.1, 0.5, 0.73, 0.95):
-        assert alpha_from_mean_acceptance_length(tokens_per_round(alpha, gamma), gamma) == pytest.approx(alpha, abs=1e-8)
-    assert alpha_from_mean_acceptance_length(1.0, gamma) == 0.0 and alpha_from_mean_acceptance_length(gamma + 1, gamma) == 1.0
+        assert alpha_from_mean_acceptance_length(tokens_per_round(alpha, gamma), gamma) == pytest.approx(
+            alpha, abs=1e-8
+        )
+    assert (
+        alpha_from_mean_acceptance_length(1.0, gamma) == 0.0
+        and alpha_from_mean_acceptance_length(gamma + 1, gamma) == 1.0
+    )
     # gamma = 1: E = 1 + alpha
     assert alpha_from_mean_acceptance_length(1.6, 1) == pytest.approx(0.6)
 
@@ -170,7 +227,9 @@ def test_sensitivity_rows_by_hand():
     assert pue.low == pytest.approx(1.2) and pue.high == pytest.approx(1.8)
     near_one = sensitivity(inputs(prices=replace(PRICES, pue=1.1)))
     assert next(r for r in near_one if r.name == "pue").low == 1.0  # PUE never below 1
-    assert {"acceptance (alpha)", "draft_training_usd", "incident_days_per_week", "tech_debt_buffer"} <= {r.name for r in rows}
+    assert {"acceptance (alpha)", "draft_training_usd", "incident_days_per_week", "tech_debt_buffer"} <= {
+        r.name for r in rows
+    }
     assert sensitivity(inputs(arms=(SPEC,))) == []
 
 
@@ -180,11 +239,23 @@ positive = st.floats(0.01, 1e4, allow_nan=False)
 
 
 @settings(max_examples=200, deadline=None)
-@given(tokens_per_s=positive, energy=st.floats(0, 100), requests=st.integers(1, 10_000), retries=st.integers(0, 10_000),
-       more=st.integers(0, 10_000), memory=st.floats(0, 200))
+@given(
+    tokens_per_s=positive,
+    energy=st.floats(0, 100),
+    requests=st.integers(1, 10_000),
+    retries=st.integers(0, 10_000),
+    more=st.integers(0, 10_000),
+    memory=st.floats(0, 200),
+)
 def test_more_retries_never_lower_cost(tokens_per_s, energy, requests, retries, more, memory):
-    arm = replace(PLAIN, tokens_per_s=tokens_per_s, energy_j_per_token=energy, requests=requests, retries=retries,
-                  target_memory_bytes=memory * GB)
+    arm = replace(
+        PLAIN,
+        tokens_per_s=tokens_per_s,
+        energy_j_per_token=energy,
+        requests=requests,
+        retries=retries,
+        target_memory_bytes=memory * GB,
+    )
     base, worse = (arm_cost(replace(arm, retries=r), inputs(), 1e9) for r in (retries, retries + more))
     assert worse.total_usd_per_mtok >= base.total_usd_per_mtok and worse.monthly_usd >= base.monthly_usd
 
@@ -207,13 +278,17 @@ def test_speedup_tends_to_its_limit_as_acceptance_tends_to_one(gamma, c):
 
 # --- where inputs come from ----------------------------------------------------------------------
 
+
 def test_shipped_price_table_and_example_file():
     prices = load_prices()
     assert prices.as_of == "2026-11"
     assert set(prices.accelerators) == {"A100-80GB", "H100-SXM", "H200", "L4", "cpu-laptop"}
     assert all(gpu.source and gpu.usd_per_hour > 0 for gpu in prices.accelerators.values())
     example = what_if_inputs(Path(__file__).parents[2] / "cost" / "cost_example.toml", prices)
-    assert example.gpu_type == "H100-SXM" and {a.key for a in example.arms} == {"autoregressive", "speculative:model:llama-68m"}
+    assert example.gpu_type == "H100-SXM" and {a.key for a in example.arms} == {
+        "autoregressive",
+        "speculative:model:llama-68m",
+    }
     assert example.hidden.draft_training_usd == 15_000 and example.hidden.monitoring_source == "given"
 
 
@@ -230,13 +305,41 @@ def test_bad_what_if_file_is_one_line(tmp_path):
 
 def test_measured_inputs_from_stored_records(engine):
     rng = np.random.default_rng(3)
-    plain = [request_dict(i, mode="autoregressive", drafter=None, num_drafts=0, num_draft_tokens=0, num_accepted_tokens=0,
-                          accepted_per_position=[], gamma=0, e2e_s=float(rng.uniform(1, 2)), queue_s=0.1, output_tokens=50,
-                          retries=i % 3, energy_j=100.0, energy_source="rapl") for i in range(20)]
-    spec = [request_dict(100 + i, e2e_s=float(rng.uniform(0.5, 1)), queue_s=0.0, output_tokens=64, draft_s=0.05,
-                         verify_s=0.4, status="error" if i == 0 else "ok") for i in range(30)]
-    samples = [sample_dict(i, mem_reserved_bytes=4 * GB + i, draft_loaded=i % 2 == 0, active_requests=1, power_w=50.0)
-               for i in range(10)]
+    plain = [
+        request_dict(
+            i,
+            mode="autoregressive",
+            drafter=None,
+            num_drafts=0,
+            num_draft_tokens=0,
+            num_accepted_tokens=0,
+            accepted_per_position=[],
+            gamma=0,
+            e2e_s=float(rng.uniform(1, 2)),
+            queue_s=0.1,
+            output_tokens=50,
+            retries=i % 3,
+            energy_j=100.0,
+            energy_source="rapl",
+        )
+        for i in range(20)
+    ]
+    spec = [
+        request_dict(
+            100 + i,
+            e2e_s=float(rng.uniform(0.5, 1)),
+            queue_s=0.0,
+            output_tokens=64,
+            draft_s=0.05,
+            verify_s=0.4,
+            status="error" if i == 0 else "ok",
+        )
+        for i in range(30)
+    ]
+    samples = [
+        sample_dict(i, mem_reserved_bytes=4 * GB + i, draft_loaded=i % 2 == 0, active_requests=1, power_w=50.0)
+        for i in range(10)
+    ]
     Store(engine).insert(IngestBatch.model_validate({"requests": plain + spec, "samples": samples}))
     window = Window(T0 - 100, T0 + 1000)
     got = measured_inputs(engine, window, load_prices(), gpu_type="cpu-laptop")
@@ -262,8 +365,12 @@ def test_measured_inputs_from_stored_records(engine):
 def test_draft_memory_from_unload_events(engine):
     records = [request_dict(i, drafter="model:tiny") for i in range(5)]
     samples = [sample_dict(i, mem_reserved_bytes=10 * GB) for i in range(5)]
-    event = {"instance": "gpu-0", "at": T0 + 3, "kind": "draft_unloaded",
-             "detail": {"before": {"reserved": 10 * GB}, "after": {"reserved": 7 * GB}, "freed_rss_bytes": 1}}
+    event = {
+        "instance": "gpu-0",
+        "at": T0 + 3,
+        "kind": "draft_unloaded",
+        "detail": {"before": {"reserved": 10 * GB}, "after": {"reserved": 7 * GB}, "freed_rss_bytes": 1},
+    }
     Store(engine).insert(IngestBatch.model_validate({"requests": records, "samples": samples, "events": [event]}))
     (arm,) = measured_inputs(engine, Window(T0 - 1, T0 + 100), load_prices(), gpu_type="L4", measure_storage=False).arms
     assert arm.target_memory_bytes == 7 * GB and arm.draft_memory_bytes == 3 * GB

@@ -22,10 +22,12 @@ import pytest
 CHROMIUM = Path("/usr/bin/chromium")
 if not CHROMIUM.exists():
     pytest.skip(f"Chromium not installed at {CHROMIUM} (apt-get install chromium)", allow_module_level=True)
-sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed (pip install playwright)")
+sync_api = pytest.importorskip(
+    "playwright.sync_api", reason="the playwright package is not installed (pip install playwright)"
+)
 
-from specwatch.common import free_port  # noqa: E402
 from dashboard.launch import start_dashboard  # noqa: E402
+from specwatch.common import free_port  # noqa: E402
 
 SCREENSHOTS = Path(__file__).resolve().parents[1] / "artifacts" / "screenshots"
 VIEWPORT = {"width": 1440, "height": 900}
@@ -120,8 +122,10 @@ def test_deep_link_on_a_fresh_server(browser, live_collector, tmp_path):
             try:
                 sidebar_filters(page).wait_for(state="visible", timeout=5_000)
             except sync_api.TimeoutError:
-                raise AssertionError("no sidebar filters: the page ran without app.py; sidebar: "
-                                     + page.get_by_test_id("stSidebar").inner_text().replace("\n\n", ", ")) from None
+                raise AssertionError(
+                    "no sidebar filters: the page ran without app.py; sidebar: "
+                    + page.get_by_test_id("stSidebar").inner_text().replace("\n\n", ", ")
+                ) from None
         finally:
             context.close()
 
@@ -137,8 +141,11 @@ def settle(page) -> None:
     except sync_api.TimeoutError:
         pass
     try:  # Vega charts render into a canvas or svg once their data arrived
-        page.wait_for_function("""() => [...document.querySelectorAll('[data-testid="stVegaLiteChart"]')]
-                                         .every(c => c.querySelector('canvas, svg'))""", timeout=10_000)
+        page.wait_for_function(
+            """() => [...document.querySelectorAll('[data-testid="stVegaLiteChart"]')]
+                                         .every(c => c.querySelector('canvas, svg'))""",
+            timeout=10_000,
+        )
     except sync_api.TimeoutError:
         pass
     page.wait_for_timeout(750)

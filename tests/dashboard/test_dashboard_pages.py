@@ -10,8 +10,15 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 APP = str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py")
-PAGES = ("views/overview.py", "views/acceptance.py", "views/latency.py", "views/memory.py", "views/alerts.py",
-         "views/cost.py", "views/sources.py")
+PAGES = (
+    "views/overview.py",
+    "views/acceptance.py",
+    "views/latency.py",
+    "views/memory.py",
+    "views/alerts.py",
+    "views/cost.py",
+    "views/sources.py",
+)
 
 
 @pytest.fixture
@@ -47,8 +54,10 @@ def test_page_renders_without_errors(app, page):
 
 def test_overview_shows_the_stored_acceptance_and_mode_share(app, live_collector):
     shown = metrics(open_page(app, "views/overview.py"))
-    (accepted, drafted, speculative, total), = stored(live_collector["db"], "select sum(num_accepted_tokens), "
-                                                      "sum(num_draft_tokens), sum(mode = 'speculative'), count(*) from requests")
+    ((accepted, drafted, speculative, total),) = stored(
+        live_collector["db"],
+        "select sum(num_accepted_tokens), sum(num_draft_tokens), sum(mode = 'speculative'), count(*) from requests",
+    )
     assert shown["Acceptance rate"] == f"{accepted / drafted:,.3f}"
     assert shown["Speculative share"] == f"{100 * speculative / total:,.0f}%"
     assert shown["Speed-up (A/B arms)"].endswith("×")  # canary arms exist: measured from them
@@ -64,7 +73,7 @@ def test_acceptance_page_lists_each_drafter(app, live_collector):
 
 def test_memory_page_marks_estimated_power(app, live_collector):
     page = open_page(app, "views/memory.py")
-    (source,), = stored(live_collector["db"], "select power_source from device_samples order by at desc limit 1")
+    ((source,),) = stored(live_collector["db"], "select power_source from device_samples order by at desc limit 1")
     shown = metrics(page)
     assert ("Power (estimated)" in shown) == (source == "estimate")
     if source == "estimate":
@@ -78,8 +87,8 @@ def test_sources_page_lists_the_engine(app):
 
 
 def test_unreachable_collector_is_a_banner_not_a_traceback(monkeypatch):
-    from specwatch.common import free_port
     from dashboard.state import _cached
+    from specwatch.common import free_port
 
     monkeypatch.setenv("SPECWATCH_COLLECTOR_URL", f"http://127.0.0.1:{free_port()}")
     _cached.clear()

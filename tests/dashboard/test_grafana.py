@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 import yaml
+from collector_payloads import request_dict, sample_dict
+from fake_vllm import FakeVllm
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from collector.metrics import CollectorMetrics
 from collector.schema import DeviceSample, RequestRecord
 from collector.store import IngestCounts
-from collector_payloads import request_dict, sample_dict
-from fake_vllm import FakeVllm
 
 GRAFANA = Path(__file__).resolve().parents[2] / "dashboard" / "grafana"
 FILES = ("specwatch.json", "specwatch-vllm.json")
@@ -27,20 +27,42 @@ NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 SELECTOR = re.compile(r"((?:specwatch_|vllm:)[a-zA-Z0-9_:]*)(\{[^}]*\})?")
 TITLES = {
     "specwatch.json": {
-        "Requests/s", "Output tokens/s", "Acceptance rate", "Mean acceptance length", "Drafted & accepted tokens/s",
-        "Share of output tokens from accepted drafts", "Acceptance rate by drafter", "Per-request acceptance stddev",
-        "Time to first token P50 / P99", "End-to-end latency P99", "Fragmentation ratio", "Memory reserved", "Power",
+        "Requests/s",
+        "Output tokens/s",
+        "Acceptance rate",
+        "Mean acceptance length",
+        "Drafted & accepted tokens/s",
+        "Share of output tokens from accepted drafts",
+        "Acceptance rate by drafter",
+        "Per-request acceptance stddev",
+        "Time to first token P50 / P99",
+        "End-to-end latency P99",
+        "Fragmentation ratio",
+        "Memory reserved",
+        "Power",
         "Draft model utilisation",
     },
     "specwatch-vllm.json": {
-        "Requests/s", "Acceptance rate", "Mean acceptance length", "Drafted & accepted tokens/s",
-        "Acceptance by draft position", "Time to first token P50 / P99", "End-to-end latency P99",
+        "Requests/s",
+        "Acceptance rate",
+        "Mean acceptance length",
+        "Drafted & accepted tokens/s",
+        "Acceptance by draft position",
+        "Time to first token P50 / P99",
+        "End-to-end latency P99",
     },
 }
-ROWS = {"specwatch.json": ["Overview", "Acceptance", "Latency", "Memory"],
-        "specwatch-vllm.json": ["Overview", "Acceptance", "Latency"]}
-THRESHOLDS = {"Acceptance rate": 0.6, "Acceptance rate by drafter": 0.6, "Per-request acceptance stddev": 0.15,
-              "Time to first token P50 / P99": 0.3, "Fragmentation ratio": 1.2}
+ROWS = {
+    "specwatch.json": ["Overview", "Acceptance", "Latency", "Memory"],
+    "specwatch-vllm.json": ["Overview", "Acceptance", "Latency"],
+}
+THRESHOLDS = {
+    "Acceptance rate": 0.6,
+    "Acceptance rate by drafter": 0.6,
+    "Per-request acceptance stddev": 0.15,
+    "Time to first token P50 / P99": 0.3,
+    "Fragmentation ratio": 1.2,
+}
 
 
 def load(file: str) -> dict:
@@ -112,12 +134,28 @@ def test_every_selector_is_filtered_by_instance_and_model(file):
 def collector_exposition() -> str:
     metrics = CollectorMetrics(CollectorRegistry())
     rows = [request_dict(i, arm=("spec", "control")[i % 2]) for i in range(6)]
-    rows += [request_dict(10, mode="autoregressive", drafter=None, num_drafts=0, num_draft_tokens=0,
-                          num_accepted_tokens=0, accepted_per_position=[], gamma=0, status="error", error="draft:oom")]
-    metrics.record_batch(IngestCounts(
-        requests=len(rows), samples=1, new_requests=tuple(RequestRecord.model_validate(r) for r in rows),
-        new_samples=(DeviceSample.model_validate(sample_dict(0, util_draft=0.3)),),
-    ))
+    rows += [
+        request_dict(
+            10,
+            mode="autoregressive",
+            drafter=None,
+            num_drafts=0,
+            num_draft_tokens=0,
+            num_accepted_tokens=0,
+            accepted_per_position=[],
+            gamma=0,
+            status="error",
+            error="draft:oom",
+        )
+    ]
+    metrics.record_batch(
+        IngestCounts(
+            requests=len(rows),
+            samples=1,
+            new_requests=tuple(RequestRecord.model_validate(r) for r in rows),
+            new_samples=(DeviceSample.model_validate(sample_dict(0, util_draft=0.3)),),
+        )
+    )
     return generate_latest(metrics.registry).decode()
 
 
@@ -129,15 +167,20 @@ def vllm_exposition() -> str:
     return vllm.text()
 
 
-@pytest.mark.parametrize(("file", "prefix", "exposition"), [
-    ("specwatch.json", "specwatch_", collector_exposition), ("specwatch-vllm.json", "vllm:", vllm_exposition)])
+@pytest.mark.parametrize(
+    ("file", "prefix", "exposition"),
+    [("specwatch.json", "specwatch_", collector_exposition), ("specwatch-vllm.json", "vllm:", vllm_exposition)],
+)
 def test_promql_reads_only_exposed_metrics(file, prefix, exposition):
     names = exposed(exposition())
     used = {token for expr in queries(load(file)) for token in NAME.findall(expr) if token.startswith(prefix)}
     assert used and used <= names, sorted(used - names)
     if prefix == "specwatch_":  # the panels cover the per-request and device metrics the brief names
-        assert {"specwatch_oom_errors_total", "specwatch_device_util_draft_ratio",
-                "specwatch_acceptance_rate_squares_total"} <= used
+        assert {
+            "specwatch_oom_errors_total",
+            "specwatch_device_util_draft_ratio",
+            "specwatch_acceptance_rate_squares_total",
+        } <= used
 
 
 def concrete(expr: str) -> str:

@@ -28,7 +28,9 @@ def tiny_llama(seed: int, vocab: int = 256, layers: int = 4, hidden: int = 64, i
 
 def tiny_gpt2(seed: int, vocab: int = 256, layers: int = 2) -> GPT2LMHeadModel:
     torch.manual_seed(seed)
-    config = GPT2Config(vocab_size=vocab, n_embd=64, n_layer=layers, n_head=4, n_positions=512, bos_token_id=None, eos_token_id=None)
+    config = GPT2Config(
+        vocab_size=vocab, n_embd=64, n_layer=layers, n_head=4, n_positions=512, bos_token_id=None, eos_token_id=None
+    )
     return GPT2LMHeadModel(config).to(torch.float32).eval()
 
 

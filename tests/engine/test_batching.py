@@ -14,7 +14,10 @@ from engine.server import BackgroundServer
 
 ALWAYS_SPECULATE = PolicyConfig(load_off=100.0, load_on=99.0, min_acceptance=0.0)
 PROMPTS = [
-    ("Repeat exactly: the quick brown fox jumps over the lazy dog, the quick brown fox jumps over the lazy dog.", "ngram"),
+    (
+        "Repeat exactly: the quick brown fox jumps over the lazy dog, the quick brown fox jumps over the lazy dog.",
+        "ngram",
+    ),
     ("Name three primary colours.", "none"),
     ("def add(a, b):\n    return a + b\n\nRewrite add with type hints.", "ngram"),
     ("What is the capital of France?", "none"),
@@ -41,8 +44,13 @@ def run_concurrently(engine, config: SchedulerConfig) -> tuple[list[str], list]:
 
         def ask(prompt_and_drafter):
             prompt, drafter = prompt_and_drafter
-            return client.completions.create(model=None, prompt=prompt, max_tokens=40, temperature=0,
-                                             extra_body={"drafter": drafter}).choices[0].text
+            return (
+                client.completions.create(
+                    model=None, prompt=prompt, max_tokens=40, temperature=0, extra_body={"drafter": drafter}
+                )
+                .choices[0]
+                .text
+            )
 
         with ThreadPoolExecutor(len(PROMPTS)) as pool:
             texts = list(pool.map(ask, PROMPTS))
@@ -85,8 +93,13 @@ def test_auto_requests_run_what_the_selector_picks_per_scenario(bundled_engine):
     with BackgroundServer(bundled_engine, SchedulerConfig(slots=2), policy) as server:
         client = server.client()
         for _ in range(4):  # each candidate is tried twice before the selector exploits
-            client.completions.create(model=None, prompt=PROMPTS[0][0], max_tokens=12, temperature=0,
-                                      extra_body={"drafter": "auto", "tags": {"scenario": "grounded"}})
+            client.completions.create(
+                model=None,
+                prompt=PROMPTS[0][0],
+                max_tokens=12,
+                temperature=0,
+                extra_body={"drafter": "auto", "tags": {"scenario": "grounded"}},
+            )
         state = server.scheduler.policy.state["selector"]
     ran = sorted((r.drafter or "none", r.gamma) for r in server.records)
     assert ran == [("ngram", 4), ("ngram", 4), ("none", 0), ("none", 0)]

@@ -54,7 +54,7 @@ def test_one_batched_pass_gives_each_sequence_its_own_logits(target):
         fed = [[tokens[-1]] + [rng.randrange(vocab) for _ in range(rng.randint(0, 6))] for tokens in committed]
         logits = forward_many(decoders, [torch.tensor(f) for f in fed])
         for decoder, tokens, rows, got in zip(decoders, committed, fed, logits):
-            torch.testing.assert_close(got, full_logits(target, tokens + rows[1:])[-len(rows):], atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(got, full_logits(target, tokens + rows[1:])[-len(rows) :], atol=1e-4, rtol=1e-4)
             keep = rng.randint(0, len(rows) - 1)
             decoder.crop(len(tokens) + keep)
             tokens += rows[1 : 1 + keep] + [rng.randrange(vocab)]

@@ -30,17 +30,19 @@ def needs_cuda(test):
     return pytest.mark.cuda(_no_cuda(test))
 
 
-needs_nvml = pytest.mark.skipif(importlib.util.find_spec("pynvml") is None, reason="needs nvidia-ml-py (pip install '.[gpu]')")
+needs_nvml = pytest.mark.skipif(
+    importlib.util.find_spec("pynvml") is None, reason="needs nvidia-ml-py (pip install '.[gpu]')"
+)
 AUTH = {"authorization": "Bearer s3cret"}
 
 
 # --- CPU: everything CUDA-only is a clear no-op ---------------------------------------------------
 
+
 def test_streams_on_a_cpu_are_no_ops_and_say_so():
     streams = Streams("cpu")
-    with streams.target():
-        with streams.draft():
-            assert (torch.ones(3) * 2).sum().item() == 6
+    with streams.target(), streams.draft():
+        assert (torch.ones(3) * 2).sum().item() == 6
     described = streams.describe()
     assert described["enabled"] is False and described["device"] == "cpu"
     assert described["target_priority"] is None and described["priority_range"] is None
@@ -66,8 +68,13 @@ def test_memory_fraction_is_not_applied_on_a_cpu():
 @pytest.fixture(scope="module")
 def guarded(bundled_engine):
     events = []
-    server = BackgroundServer(bundled_engine, SchedulerConfig(slots=2, max_queue=4), PolicyConfig(), control_token="s3cret",
-                              emit=lambda kind, detail, duration_s: events.append((kind, detail)))
+    server = BackgroundServer(
+        bundled_engine,
+        SchedulerConfig(slots=2, max_queue=4),
+        PolicyConfig(),
+        control_token="s3cret",
+        emit=lambda kind, detail, duration_s: events.append((kind, detail)),
+    )
     with server:
         server.events = events
         yield server
@@ -79,7 +86,9 @@ def test_streams_endpoint_requires_the_token(guarded):
     assert wrong.status_code == 401 and wrong.json()["error"]["type"] == "authentication_error"
 
 
-@pytest.mark.parametrize("body", [{"target": "highest"}, {"draft": 3}, {"target": "high", "draft": "low", "extra": 1}, []])
+@pytest.mark.parametrize(
+    "body", [{"target": "highest"}, {"draft": 3}, {"target": "high", "draft": "low", "extra": 1}, []]
+)
 def test_streams_endpoint_rejects_bad_bodies(guarded, body):
     # the engine answers every invalid body with an OpenAI-style 400 (its one validation handler)
     answer = httpx.post(f"{guarded.url}/v1/control/streams", json=body, headers=AUTH)
@@ -100,13 +109,18 @@ def test_streams_endpoint_on_a_cpu_engine_is_409_and_changes_nothing(guarded):
 
 def test_streams_action_emits_an_event_where_streams_exist():
     emitted = []
-    engine = SimpleNamespace(streams=SimpleNamespace(configure=lambda t, d: {"before": {"target": "low"}, "after": {"target": t, "draft": d}}))
+    engine = SimpleNamespace(
+        streams=SimpleNamespace(
+            configure=lambda t, d: {"before": {"target": "low"}, "after": {"target": t, "draft": d}}
+        )
+    )
     report = control.set_streams(SimpleNamespace(engine=engine), lambda *event: emitted.append(event), "high", "low")
     assert report["after"] == {"target": "high", "draft": "low"} and [e[0] for e in emitted] == ["streams"]
     assert control.event("gpu-0", "streams", report, report["duration_s"]).kind == "streams"
 
 
 # --- CUDA ----------------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def restore_fraction():
@@ -164,14 +178,22 @@ def test_used_fraction_counts_against_the_cap(restore_fraction):
     from engine.memory_guard import used_fraction
 
     block = torch.empty(512 * 2**20, dtype=torch.uint8, device="cuda")
-    apply_memory_fraction("cuda", (torch.cuda.memory_reserved() + 64 * 2**20) / torch.cuda.get_device_properties(0).total_memory)
+    apply_memory_fraction(
+        "cuda", (torch.cuda.memory_reserved() + 64 * 2**20) / torch.cuda.get_device_properties(0).total_memory
+    )
     assert used_fraction(torch.device("cuda")) > 0.85  # of the cap, whatever the rest of the GPU holds
     del block
 
 
 def _stub_scheduler(device: torch.device):
-    return SimpleNamespace(engine=SimpleNamespace(target=SimpleNamespace(device=device)), busy=SimpleNamespace(target_s=0.0, draft_s=0.0),
-                           active=0, queue_depth=0, load=0.0, policy=SimpleNamespace(state={"load_allows_speculation": True}))
+    return SimpleNamespace(
+        engine=SimpleNamespace(target=SimpleNamespace(device=device)),
+        busy=SimpleNamespace(target_s=0.0, draft_s=0.0),
+        active=0,
+        queue_depth=0,
+        load=0.0,
+        policy=SimpleNamespace(state={"load_allows_speculation": True}),
+    )
 
 
 @needs_cuda
@@ -197,7 +219,9 @@ def test_device_sample_matches_torch_memory_stats():
     stats = torch.cuda.memory_stats()
     assert sample.mem_allocated_bytes == stats["allocated_bytes.all.current"]
     assert sample.mem_reserved_bytes == stats["reserved_bytes.all.current"]
-    assert sample.fragmentation == pytest.approx(stats["reserved_bytes.all.current"] / stats["allocated_bytes.all.current"])
+    assert sample.fragmentation == pytest.approx(
+        stats["reserved_bytes.all.current"] / stats["allocated_bytes.all.current"]
+    )
     assert sample.device == torch.cuda.get_device_name(0)[:128]
     del block
 
@@ -233,10 +257,15 @@ def test_a_draft_oom_under_the_memory_fraction_is_retried_plain(restore_fraction
     for slot in scheduler.slots:
         slot.drafters["ngram"] = _Greedy(engine.config.ngram)
     torch.cuda.empty_cache()
-    cap = apply_memory_fraction("cuda", (torch.cuda.memory_reserved() + 256 * 2**20) / torch.cuda.get_device_properties(0).total_memory)
+    cap = apply_memory_fraction(
+        "cuda", (torch.cuda.memory_reserved() + 256 * 2**20) / torch.cuda.get_device_properties(0).total_memory
+    )
 
     async def one():
-        ticket = scheduler.submit(GenerateRequest(prompt="Repeat: a b c a b c a b c", max_tokens=8, drafter="ngram", gamma=4), asyncio.get_running_loop())
+        ticket = scheduler.submit(
+            GenerateRequest(prompt="Repeat: a b c a b c a b c", max_tokens=8, drafter="ngram", gamma=4),
+            asyncio.get_running_loop(),
+        )
         while not isinstance(item := await ticket.events.get(), (GenerateResult, Exception)):
             pass
         return item
@@ -274,6 +303,7 @@ class _Greedy:
 
 # --- the device sampler and bench/gpu_check.py ------------------------------------------------------
 
+
 def test_device_sample_reports_whether_the_drafts_are_loaded():
     from engine.device import DeviceSampler
 
@@ -306,7 +336,9 @@ def test_gpu_check_dry_run_on_a_cpu_completes(tmp_path):
     import json
 
     out = tmp_path / "gpu_check.json"
-    assert _gpu_check().main(["--device", "cpu", "--dry-run", "--max-tokens", "8", "--burst", "3", "--out", str(out)]) == 0
+    assert (
+        _gpu_check().main(["--device", "cpu", "--dry-run", "--max-tokens", "8", "--burst", "3", "--out", str(out)]) == 0
+    )
     rows = {row["check"]: row for row in json.loads(out.read_text())["rows"]}
     assert rows["greedy identity fp32"]["status"] == "ok" and rows["draft OOM retried plain"]["status"] == "ok"
     assert rows["streams"]["status"] == "skip" and not [r for r in rows.values() if r["status"] == "error"]

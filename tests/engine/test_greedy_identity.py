@@ -25,7 +25,15 @@ def run_loop(model, drafter, prompt: list[int], max_new: int, gamma: int, decode
 
 def hf_greedy(model, prompt: list[int], max_new: int) -> list[int]:
     ids = torch.tensor([prompt])
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, min_new_tokens=max_new, do_sample=False, eos_token_id=None, pad_token_id=0)
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=max_new,
+        min_new_tokens=max_new,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
     return out[0, len(prompt) :].tolist()
 
 
@@ -94,5 +102,7 @@ def test_bundled_model_float32_matches_transformers(bundled_engine, drafter):
         result = bundled_engine.generate(request)
         prompt_ids = bundled_engine.encode(request)
         ids = torch.tensor([prompt_ids])
-        expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40, do_sample=False)[0, len(prompt_ids) :].tolist()
+        expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40, do_sample=False)[
+            0, len(prompt_ids) :
+        ].tolist()
         assert result.token_ids == expected, f"{drafter} diverged on {text[:30]!r}"

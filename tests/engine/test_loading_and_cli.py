@@ -40,12 +40,14 @@ def test_a_file_that_is_not_gguf_is_rejected(tmp_path):
 
 
 def test_local_hf_directory_loads(tmp_path, target):
-    from transformers import PreTrainedTokenizerFast
     from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
 
     tiny_llama(seed=0).save_pretrained(tmp_path)
     vocab = {f"t{i}": i for i in range(256)}
-    PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t0"))).save_pretrained(tmp_path)
+    PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t0"))).save_pretrained(
+        tmp_path
+    )
     loaded = load_model(str(tmp_path), dtype="float32")
     assert loaded.name == tmp_path.name and loaded.dtype == torch.float32
     torch.testing.assert_close(loaded.model.lm_head.weight, target.lm_head.weight)
@@ -67,7 +69,13 @@ def test_bundled_model_comes_from_the_cache_after_the_first_load(bundled_engine)
 
 @pytest.mark.parametrize("drafter,gamma", [(None, 0), ("ngram", 8), ("early-exit:4", 3)])
 def test_accounting_invariants_on_the_bundled_model(bundled_engine, drafter, gamma):
-    request = GenerateRequest(prompt="one two three four five one two three four five one two", max_tokens=30, drafter=drafter, gamma=gamma, tags={"scenario": "test"})
+    request = GenerateRequest(
+        prompt="one two three four five one two three four five one two",
+        max_tokens=30,
+        drafter=drafter,
+        gamma=gamma,
+        tags={"scenario": "test"},
+    )
     record = bundled_engine.generate(request).record
     RequestRecord.model_validate(record.model_dump())  # round-trips through the contract's validation
     assert record.num_accepted_tokens <= record.num_draft_tokens
@@ -86,40 +94,60 @@ def test_stop_string_cuts_the_text(bundled_engine):
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "specwatch", *args], capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "specwatch", *args], capture_output=True, text=True, env=env, timeout=300
+    )
 
 
 def test_cli_generate_prints_text_and_record(bundled_engine):
-    done = run_cli("generate", "--prompt", "Repeat: red green blue red green blue", "--max-tokens", "12", "--json", "--dtype", "float32")
+    done = run_cli(
+        "generate",
+        "--prompt",
+        "Repeat: red green blue red green blue",
+        "--max-tokens",
+        "12",
+        "--json",
+        "--dtype",
+        "float32",
+    )
     assert done.returncode == 0, done.stderr
     payload = json.loads(done.stdout)
     record = RequestRecord.model_validate(payload["record"])
     assert record.output_tokens <= 12 and record.drafter == "ngram" and payload["text"]
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--drafter", "magic"], "unknown drafter"),
-    (["--drafter", "auto"], "drafter 'auto' is chosen per request by the server's policy"),
-    (["--model", "/does/not/exist"], "model not found: /does/not/exist"),
-    (["--temperature", "-2"], "temperature"),
-    (["--max-tokens", "0"], "max_tokens"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--drafter", "magic"], "unknown drafter"),
+        (["--drafter", "auto"], "drafter 'auto' is chosen per request by the server's policy"),
+        (["--model", "/does/not/exist"], "model not found: /does/not/exist"),
+        (["--temperature", "-2"], "temperature"),
+        (["--max-tokens", "0"], "max_tokens"),
+    ],
+)
 def test_cli_bad_input_exits_2_with_a_message(args, message):
     done = run_cli("generate", "--prompt", "hi", *args)
     assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
 
 
-@pytest.mark.parametrize("args,message", [
-    (["engine", "serve", "--port", "70000"], "not a TCP port"),
-    (["engine", "serve", "--slots", "0"], "slots must be >= 1"),
-    (["engine", "serve", "--load-on", "0.9", "--load-off", "0.5"], "load_on <= load_off"),
-    (["engine", "serve", "--memory-high", "0.5", "--memory-low", "0.7"], "memory guard needs 0 < low < high <= 1"),
-    (["engine", "serve", "--candidates", "none", "ngram@0"], "candidate 'ngram@0': gamma must be an integer in [1, 64]"),
-    (["engine", "serve", "--explore", "2"], "explore must be in [0, 1]"),
-    (["traffic", "--scenarios", "poetry"], "unknown scenario 'poetry'"),
-    (["traffic", "--concurrency", "0"], "--concurrency"),
-    (["traffic", "--url", "http://127.0.0.1:9"], "no engine answering at http://127.0.0.1:9"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["engine", "serve", "--port", "70000"], "not a TCP port"),
+        (["engine", "serve", "--slots", "0"], "slots must be >= 1"),
+        (["engine", "serve", "--load-on", "0.9", "--load-off", "0.5"], "load_on <= load_off"),
+        (["engine", "serve", "--memory-high", "0.5", "--memory-low", "0.7"], "memory guard needs 0 < low < high <= 1"),
+        (
+            ["engine", "serve", "--candidates", "none", "ngram@0"],
+            "candidate 'ngram@0': gamma must be an integer in [1, 64]",
+        ),
+        (["engine", "serve", "--explore", "2"], "explore must be in [0, 1]"),
+        (["traffic", "--scenarios", "poetry"], "unknown scenario 'poetry'"),
+        (["traffic", "--concurrency", "0"], "--concurrency"),
+        (["traffic", "--url", "http://127.0.0.1:9"], "no engine answering at http://127.0.0.1:9"),
+    ],
+)
 def test_serve_and_traffic_bad_input_exits_2_with_a_message(args, message):
     done = run_cli(*args)
     assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr

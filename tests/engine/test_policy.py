@@ -11,17 +11,40 @@ from engine.policy import Choice, Decision, Policy, PolicyConfig
 
 
 def record(drafter: str, drafted: int, accepted: int) -> RequestRecord:
-    return RequestRecord(request_id=f"r{time.monotonic_ns()}", instance="i", model="m", drafter=drafter, mode="speculative",
-                         started_at=time.time(), e2e_s=1.0, prompt_tokens=10, output_tokens=accepted + 1,
-                         num_drafts=1, num_draft_tokens=drafted, num_accepted_tokens=accepted,
-                         accepted_per_position=[1] * accepted + [0] * (drafted - accepted), gamma=drafted)
+    return RequestRecord(
+        request_id=f"r{time.monotonic_ns()}",
+        instance="i",
+        model="m",
+        drafter=drafter,
+        mode="speculative",
+        started_at=time.time(),
+        e2e_s=1.0,
+        prompt_tokens=10,
+        output_tokens=accepted + 1,
+        num_drafts=1,
+        num_draft_tokens=drafted,
+        num_accepted_tokens=accepted,
+        accepted_per_position=[1] * accepted + [0] * (drafted - accepted),
+        gamma=drafted,
+    )
 
 
 def timed_record(drafter: str | None, tokens: int, busy_s: float) -> RequestRecord:
     gamma = 4 if drafter else 0
-    return RequestRecord(request_id=f"g{time.monotonic_ns()}", instance="i", model="m", drafter=drafter,
-                         mode="speculative" if drafter else "autoregressive", started_at=time.time(), e2e_s=busy_s + 0.1,
-                         prompt_tokens=10, output_tokens=tokens, verify_s=busy_s, gamma=gamma, accepted_per_position=[0] * gamma)
+    return RequestRecord(
+        request_id=f"g{time.monotonic_ns()}",
+        instance="i",
+        model="m",
+        drafter=drafter,
+        mode="speculative" if drafter else "autoregressive",
+        started_at=time.time(),
+        e2e_s=busy_s + 0.1,
+        prompt_tokens=10,
+        output_tokens=tokens,
+        verify_s=busy_s,
+        gamma=gamma,
+        accepted_per_position=[0] * gamma,
+    )
 
 
 def test_load_switch_has_hysteresis_and_cooldown():
@@ -31,11 +54,11 @@ def test_load_switch_has_hysteresis_and_cooldown():
         policy.observe(timed_record(None, 41, 1.0))
     steps = [  # (t, load, expected speculate, reason)
         (0.0, 0.50, True, "default"),
-        (1.0, 0.80, False, "load"),     # above 0.75: off
-        (2.0, 0.70, False, "load"),     # between the thresholds: stays off
-        (3.0, 0.50, False, "load"),     # below 0.6 but within the 5 s cool-down
-        (7.0, 0.50, True, "default"),   # cool-down over: back on
-        (8.0, 0.70, True, "default"),   # between the thresholds: stays on
+        (1.0, 0.80, False, "load"),  # above 0.75: off
+        (2.0, 0.70, False, "load"),  # between the thresholds: stays off
+        (3.0, 0.50, False, "load"),  # below 0.6 but within the 5 s cool-down
+        (7.0, 0.50, True, "default"),  # cool-down over: back on
+        (8.0, 0.70, True, "default"),  # between the thresholds: stays on
     ]
     for t, load, speculate, reason in steps:
         assert policy.decide(100, load, "ngram", now=t) == Decision(speculate, reason), (t, load)
@@ -106,7 +129,12 @@ def test_under_load_unmeasured_speculation_continues_while_plain_probes_collect_
 
 
 def test_candidates_parse_and_bad_ones_are_rejected():
-    assert [str(Choice.parse(c)) for c in ("none", "ngram", "ngram@16", "early-exit:4@2")] == ["none", "ngram@8", "ngram@16", "early-exit:4@2"]
+    assert [str(Choice.parse(c)) for c in ("none", "ngram", "ngram@16", "early-exit:4@2")] == [
+        "none",
+        "ngram@8",
+        "ngram@16",
+        "early-exit:4@2",
+    ]
     for bad in ("ngram@0", "ngram@x", "ngram@65"):
         with pytest.raises(ValueError, match="gamma"):
             PolicyConfig(candidates=("none", bad))
@@ -114,16 +142,30 @@ def test_candidates_parse_and_bad_ones_are_rejected():
 
 def selected_record(choice: Choice, scenario: str, tokens: int, busy_s: float) -> RequestRecord:
     gamma = choice.gamma
-    return RequestRecord(request_id=f"s{time.monotonic_ns()}", instance="i", model="m", drafter=choice.drafter,
-                         mode="speculative" if choice.drafter else "autoregressive", mode_reason="selected",
-                         started_at=time.time(), e2e_s=busy_s, prompt_tokens=10, output_tokens=tokens, verify_s=busy_s,
-                         gamma=gamma, accepted_per_position=[0] * gamma, tags={"scenario": scenario})
+    return RequestRecord(
+        request_id=f"s{time.monotonic_ns()}",
+        instance="i",
+        model="m",
+        drafter=choice.drafter,
+        mode="speculative" if choice.drafter else "autoregressive",
+        mode_reason="selected",
+        started_at=time.time(),
+        e2e_s=busy_s,
+        prompt_tokens=10,
+        output_tokens=tokens,
+        verify_s=busy_s,
+        gamma=gamma,
+        accepted_per_position=[0] * gamma,
+        tags={"scenario": scenario},
+    )
 
 
 def test_selector_settles_per_scenario_on_the_best_goodput():
     """Grounded text pays for long n-gram drafts, open chat for plain decoding: the bandit learns both."""
-    goodput = {"grounded": {"none": 25, "ngram@4": 45, "ngram@8": 60, "ngram@16": 70},
-               "chat": {"none": 25, "ngram@4": 20, "ngram@8": 18, "ngram@16": 15}}
+    goodput = {
+        "grounded": {"none": 25, "ngram@4": 45, "ngram@8": 60, "ngram@16": 70},
+        "chat": {"none": 25, "ngram@4": 20, "ngram@8": 18, "ngram@16": 15},
+    }
     policy = Policy(PolicyConfig(explore=0.1), seed=3)
     picks = {scenario: [] for scenario in goodput}
     for _ in range(200):
@@ -142,4 +184,7 @@ def test_a_choice_the_policy_overruled_is_credited_to_plain_decoding():
     policy = Policy(PolicyConfig(candidates=("none", "ngram@8")))
     ran_plain = selected_record(Choice(None, 0), "chat", 11, 1.0)
     policy.observe(ran_plain, Choice("ngram", 8))  # asked for ngram@8, the load rule made it decode plainly
-    assert policy.state["selector"]["chat"] == {"none": {"requests": 1, "goodput": 10.0}, "ngram@8": {"requests": 0, "goodput": None}}
+    assert policy.state["selector"]["chat"] == {
+        "none": {"requests": 1, "goodput": 10.0},
+        "ngram@8": {"requests": 0, "goodput": None},
+    }

@@ -15,7 +15,9 @@ from engine.scheduler import SchedulerConfig
 from engine.server import BackgroundServer
 
 
-def Server(engine, slots: int = 2, max_queue: int = 8, policy: PolicyConfig = PolicyConfig(), **app_options) -> BackgroundServer:
+def Server(
+    engine, slots: int = 2, max_queue: int = 8, policy: PolicyConfig = PolicyConfig(), **app_options
+) -> BackgroundServer:
     return BackgroundServer(engine, SchedulerConfig(slots=slots, max_queue=max_queue), policy, **app_options)
 
 
@@ -28,10 +30,18 @@ def server(bundled_engine):
 def test_models_and_chat_completion_with_the_openai_client(server, bundled_engine):
     client = server.client()
     assert [m.id for m in client.models.list()] == [bundled_engine.target.name]
-    reply = client.chat.completions.create(model=bundled_engine.target.name, messages=[{"role": "user", "content": "Say hello."}],
-                                           max_tokens=8, temperature=0, extra_body={"drafter": "ngram", "tags": {"scenario": "chat"}})
+    reply = client.chat.completions.create(
+        model=bundled_engine.target.name,
+        messages=[{"role": "user", "content": "Say hello."}],
+        max_tokens=8,
+        temperature=0,
+        extra_body={"drafter": "ngram", "tags": {"scenario": "chat"}},
+    )
     assert reply.choices[0].message.content and reply.usage.completion_tokens <= 8
-    assert server.records[-1].tags == {"scenario": "chat"} and server.records[-1].output_tokens == reply.usage.completion_tokens
+    assert (
+        server.records[-1].tags == {"scenario": "chat"}
+        and server.records[-1].output_tokens == reply.usage.completion_tokens
+    )
 
 
 def test_streamed_completion_equals_the_whole_one(server):
@@ -53,7 +63,9 @@ def test_bad_requests_get_openai_errors(server):
         client.completions.create(model=None, prompt="x", max_tokens=2, extra_body={"drafter": "nope"})
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="gpt-9", prompt="x", max_tokens=2)
-    bad_json = httpx.post(f"{server.url}/v1/completions", content=b"{oops", headers={"content-type": "application/json"})
+    bad_json = httpx.post(
+        f"{server.url}/v1/completions", content=b"{oops", headers={"content-type": "application/json"}
+    )
     assert bad_json.status_code == 400 and "error" in bad_json.json()
 
 
@@ -63,8 +75,10 @@ def test_short_request_gets_its_first_token_while_a_long_one_runs(server):
     done = {}
 
     def long_request():
-        done["long"] = client.completions.create(model=None, prompt="Write a long story.", max_tokens=200, temperature=0,
-                                                 extra_body={"drafter": "none"})
+        done["long"] = client.completions.create(
+            model=None, prompt="Write a long story.", max_tokens=200, temperature=0, extra_body={"drafter": "none"}
+        )
+
     thread = threading.Thread(target=long_request)
     thread.start()
     time.sleep(1.0)
@@ -80,10 +94,12 @@ def test_short_request_gets_its_first_token_while_a_long_one_runs(server):
 
 def test_queue_overflow_is_429_with_retry_after(bundled_engine):
     with Server(bundled_engine, slots=1, max_queue=1) as small:
+
         async def flood():
             async with httpx.AsyncClient(base_url=small.url, timeout=120) as http:
                 body = {"prompt": "Count to one hundred.", "max_tokens": 100, "temperature": 0, "drafter": "none"}
                 return await asyncio.gather(*(http.post("/v1/completions", json=body) for _ in range(4)))
+
         responses = asyncio.run(flood())
     codes = sorted(r.status_code for r in responses)
     assert codes == [200, 200, 429, 429]  # one decoding, one queued, two turned away
@@ -93,7 +109,12 @@ def test_queue_overflow_is_429_with_retry_after(bundled_engine):
 
 def test_client_disconnect_cancels_the_request(bundled_engine):
     with Server(bundled_engine, slots=1) as small:
-        with httpx.stream("POST", f"{small.url}/v1/completions", json={"prompt": "Tell a long story.", "max_tokens": 400, "stream": True}, timeout=60) as response:
+        with httpx.stream(
+            "POST",
+            f"{small.url}/v1/completions",
+            json={"prompt": "Tell a long story.", "max_tokens": 400, "stream": True},
+            timeout=60,
+        ) as response:
             next(response.iter_lines())
         deadline = time.monotonic() + 30
         while not small.records and time.monotonic() < deadline:
@@ -137,8 +158,13 @@ def test_oom_during_speculation_is_retried_plain_and_recorded(bundled_engine):
             slot.drafters["ngram"] = ExplodingDrafter()
         client = small.client()
         prompt = "List five colours of the rainbow."
-        streamed = "".join(c.choices[0].text for c in client.completions.create(model=None, prompt=prompt, max_tokens=24, temperature=0, stream=True))
-        plain = client.completions.create(model=None, prompt=prompt, max_tokens=24, temperature=0, extra_body={"drafter": "none"})
+        streamed = "".join(
+            c.choices[0].text
+            for c in client.completions.create(model=None, prompt=prompt, max_tokens=24, temperature=0, stream=True)
+        )
+        plain = client.completions.create(
+            model=None, prompt=prompt, max_tokens=24, temperature=0, extra_body={"drafter": "none"}
+        )
     failed = small.records[0]
     assert (failed.status, failed.retries, failed.error, failed.mode) == ("ok", 1, "draft:oom", "autoregressive")
     assert streamed == plain.choices[0].text  # no text lost or repeated across the retry
@@ -146,7 +172,9 @@ def test_oom_during_speculation_is_retried_plain_and_recorded(bundled_engine):
 
 def test_control_api_requires_the_token_and_acts(bundled_engine):
     events = []
-    with Server(bundled_engine, slots=2, control_token="s3cret", emit=lambda kind, detail, d: events.append((kind, detail))) as guarded:
+    with Server(
+        bundled_engine, slots=2, control_token="s3cret", emit=lambda kind, detail, d: events.append((kind, detail))
+    ) as guarded:
         assert httpx.post(f"{guarded.url}/v1/control/defragment").status_code == 401
         wrong = httpx.post(f"{guarded.url}/v1/control/defragment", headers={"authorization": "Bearer nope"})
         assert wrong.status_code == 401 and wrong.json()["error"]["type"] == "authentication_error"
@@ -155,13 +183,19 @@ def test_control_api_requires_the_token_and_acts(bundled_engine):
         assert defrag["before"]["fragmentation"] >= 1.0 and defrag["after"]["fragmentation"] >= 1.0
         assert defrag["after"]["reserved"] <= defrag["before"]["reserved"]  # malloc_trim only gives memory back
 
-        guarded.client().completions.create(model=None, prompt="Hi", max_tokens=4, temperature=0, extra_body={"drafter": "early-exit:4", "gamma": 2})
+        guarded.client().completions.create(
+            model=None, prompt="Hi", max_tokens=4, temperature=0, extra_body={"drafter": "early-exit:4", "gamma": 2}
+        )
         unload = httpx.post(f"{guarded.url}/v1/control/draft", headers=auth, json={"action": "unload"}).json()
         assert unload["unloaded"] == ["early-exit:4"] and "freed_rss_bytes" in unload
-        guarded.client().completions.create(model=None, prompt="Hi", max_tokens=4, temperature=0, extra_body={"drafter": "early-exit:4", "gamma": 2})
+        guarded.client().completions.create(
+            model=None, prompt="Hi", max_tokens=4, temperature=0, extra_body={"drafter": "early-exit:4", "gamma": 2}
+        )
         assert (guarded.records[-1].mode, guarded.records[-1].mode_reason) == ("autoregressive", "memory")
         httpx.post(f"{guarded.url}/v1/control/draft", headers=auth, json={"action": "load", "drafter": "early-exit:4"})
-        guarded.client().completions.create(model=None, prompt="Hi", max_tokens=4, temperature=0, extra_body={"drafter": "early-exit:4", "gamma": 2})
+        guarded.client().completions.create(
+            model=None, prompt="Hi", max_tokens=4, temperature=0, extra_body={"drafter": "early-exit:4", "gamma": 2}
+        )
         assert guarded.records[-1].mode == "speculative"
     assert [kind for kind, _ in events] == ["defrag", "draft_unloaded", "draft_loaded"]
 
@@ -169,7 +203,9 @@ def test_control_api_requires_the_token_and_acts(bundled_engine):
 def test_traffic_generator_drives_the_server(server):
     from engine.traffic import TrafficConfig, run_traffic, summary
 
-    config = TrafficConfig(url=server.url, scenarios=("chat", "extraction"), duration_s=60, max_requests=4, concurrency=2, max_tokens=6)
+    config = TrafficConfig(
+        url=server.url, scenarios=("chat", "extraction"), duration_s=60, max_requests=4, concurrency=2, max_tokens=6
+    )
     rows = {row["scenario"]: row for row in summary(asyncio.run(run_traffic(config, progress=open("/dev/null", "w"))))}
     assert rows["all"]["requests"] == 4 and rows["all"]["errors"] == 0
     assert rows["all"]["ttft_p50_s"] <= rows["all"]["e2e_p50_s"]
@@ -185,12 +221,19 @@ def test_metrics_count_what_was_served(bundled_engine):
     with Server(bundled_engine, slots=2) as fresh:
         fresh.client().completions.create(model=None, prompt="Repeat: a b c a b c a b", max_tokens=12, temperature=0)
         exposition = httpx.get(f"{fresh.url}/metrics").text
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(exposition) for s in f.samples}
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(exposition)
+        for s in f.samples
+    }
     record = fresh.records[-1]
     assert samples[("specwatch_engine_requests_total", (("mode", record.mode), ("status", "ok")))] == 1
     assert samples[("specwatch_engine_output_tokens_total", (("mode", record.mode),))] == record.output_tokens
     if record.num_drafts:
-        assert samples[("specwatch_engine_spec_decode_num_draft_tokens_total", (("drafter", "ngram"),))] == record.num_draft_tokens
+        assert (
+            samples[("specwatch_engine_spec_decode_num_draft_tokens_total", (("drafter", "ngram"),))]
+            == record.num_draft_tokens
+        )
     if shutil.which("promtool"):
         check = subprocess.run(["promtool", "check", "metrics"], input=exposition, capture_output=True, text=True)
         assert check.returncode == 0, check.stdout + check.stderr

@@ -17,7 +17,45 @@ VOCAB = 6
 DRAWS = 10_000
 PARAMS = SamplingParams(temperature=1.0)
 # de Bruijn sequence B(6, 2): every bigram occurs, so n-gram lookup always finds a match
-DE_BRUIJN = [0, 0, 1, 0, 2, 0, 3, 0, 4, 0, 5, 1, 1, 2, 1, 3, 1, 4, 1, 5, 2, 2, 3, 2, 4, 2, 5, 3, 3, 4, 3, 5, 4, 4, 5, 5, 0]
+DE_BRUIJN = [
+    0,
+    0,
+    1,
+    0,
+    2,
+    0,
+    3,
+    0,
+    4,
+    0,
+    5,
+    1,
+    1,
+    2,
+    1,
+    3,
+    1,
+    4,
+    1,
+    5,
+    2,
+    2,
+    3,
+    2,
+    4,
+    2,
+    5,
+    3,
+    3,
+    4,
+    3,
+    5,
+    4,
+    4,
+    5,
+    5,
+    0,
+]
 
 
 @pytest.fixture(scope="module")

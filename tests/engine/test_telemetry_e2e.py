@@ -9,9 +9,9 @@ import httpx
 import torch
 
 from collector.client import TelemetryClient
-from specwatch.common import start_collector
 from engine.device import DeviceSampler, cpu_heap_memory
 from engine.server import free_port
+from specwatch.common import start_collector
 from tests.engine.test_server import Server
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,10 +26,19 @@ def test_concurrent_requests_reach_the_collector(bundled_engine, tmp_path):
             server.scheduler.on_record = client.submit_request
             sampler = DeviceSampler(server.scheduler, "test", 0.5, client.submit_sample)
             openai_client = server.client()
-            prompts = [f"Repeat: {word} {word} {word} and then {word}" for word in ("red", "green", "blue", "amber", "cyan", "plum")]
+            prompts = [
+                f"Repeat: {word} {word} {word} and then {word}"
+                for word in ("red", "green", "blue", "amber", "cyan", "plum")
+            ]
             with ThreadPoolExecutor(6) as pool:
-                replies = list(pool.map(lambda p: openai_client.completions.create(model=None, prompt=p, max_tokens=12, temperature=0,
-                                                                                    extra_body={"tags": {"scenario": "e2e"}}), prompts))
+                replies = list(
+                    pool.map(
+                        lambda p: openai_client.completions.create(
+                            model=None, prompt=p, max_tokens=12, temperature=0, extra_body={"tags": {"scenario": "e2e"}}
+                        ),
+                        prompts,
+                    )
+                )
             client.submit_sample(sampler.sample())
         assert all(r.choices[0].text for r in replies)
         client.flush(timeout=10)
@@ -40,7 +49,9 @@ def test_concurrent_requests_reach_the_collector(bundled_engine, tmp_path):
         collector.terminate()
         collector.wait(timeout=30)
     assert signals["requests"] == 6
-    assert any(d.get("instance") == "test" for d in (devices if isinstance(devices, list) else devices.get("devices", [])))
+    assert any(
+        d.get("instance") == "test" for d in (devices if isinstance(devices, list) else devices.get("devices", []))
+    )
 
 
 def test_cpu_heap_reading_is_sane():

@@ -9,19 +9,26 @@ from datetime import UTC, datetime
 
 import numpy as np
 import pytest
+from collector_payloads import sample_dict, varied_request
+from report_checks import check_html
 from sqlalchemy import func, insert, select
 
-from cost.inputs import load_prices
 from collector.models import AlertActionRow, AlertTransitionRow, Request
-from report.build import (
-    Headline, LoadBucket, build_report, last_month, load_knee, month_window, previous_month, recommend,
-)
 from collector.rollups import roll_up
 from collector.schema import IngestBatch
 from collector.store import Store
-from collector_payloads import sample_dict, varied_request
+from cost.inputs import load_prices
+from report.build import (
+    Headline,
+    LoadBucket,
+    build_report,
+    last_month,
+    load_knee,
+    month_window,
+    previous_month,
+    recommend,
+)
 from report.html import write_report
-from report_checks import check_html
 
 MAY, JUNE = datetime(2026, 5, 3, tzinfo=UTC).timestamp(), datetime(2026, 6, 2, tzinfo=UTC).timestamp()
 AFTER_JUNE = datetime(2026, 7, 1, 3, tzinfo=UTC).timestamp()
@@ -34,9 +41,16 @@ def _fill(engine, start: float, n: int, seed: int) -> None:
     records = []
     for i in range(n):
         r = varied_request(i, rng)
-        r.update(request_id=f"{seed}-{i}", started_at=start + 3600.0 * i, load_at_admission=float(rng.uniform(0, 2)),
-                 energy_j=float(rng.uniform(1, 10)), energy_source="estimate", draft_s=0.01, verify_s=0.2,
-                 tags={"scenario": "chat" if i % 3 else "grounded"})
+        r.update(
+            request_id=f"{seed}-{i}",
+            started_at=start + 3600.0 * i,
+            load_at_admission=float(rng.uniform(0, 2)),
+            energy_j=float(rng.uniform(1, 10)),
+            energy_source="estimate",
+            draft_s=0.01,
+            verify_s=0.2,
+            tags={"scenario": "chat" if i % 3 else "grounded"},
+        )
         records.append(r)
     samples = [sample_dict(i, at=start + 60 * i) for i in range(10)]
     Store(engine).insert(IngestBatch.model_validate({"requests": records, "samples": samples}))
@@ -48,28 +62,63 @@ def two_months(engine):
     _fill(engine, JUNE, 400, 2)
     roll_up(engine, AFTER_JUNE)
     with engine.begin() as conn:
-        conn.execute(insert(AlertTransitionRow), [
-            {"at": JUNE + 100, "rule": "SpecAcceptanceLow", "fingerprint": "f1", "labels": {"instance": "gpu-0"},
-             "from_state": "pending", "to_state": "firing", "value": 0.4},
-            {"at": JUNE + 900, "rule": "SpecAcceptanceLow", "fingerprint": "f1", "labels": {"instance": "gpu-0"},
-             "from_state": "firing", "to_state": "inactive", "value": 0.7}])
-        conn.execute(insert(AlertActionRow), [{"at": JUNE + 101, "rule": "SpecAcceptanceLow", "fingerprint": "f1",
-                                              "action": "fallback_autoregressive", "instance": "gpu-0", "outcome": "ok",
-                                              "detail": {}}])
+        conn.execute(
+            insert(AlertTransitionRow),
+            [
+                {
+                    "at": JUNE + 100,
+                    "rule": "SpecAcceptanceLow",
+                    "fingerprint": "f1",
+                    "labels": {"instance": "gpu-0"},
+                    "from_state": "pending",
+                    "to_state": "firing",
+                    "value": 0.4,
+                },
+                {
+                    "at": JUNE + 900,
+                    "rule": "SpecAcceptanceLow",
+                    "fingerprint": "f1",
+                    "labels": {"instance": "gpu-0"},
+                    "from_state": "firing",
+                    "to_state": "inactive",
+                    "value": 0.7,
+                },
+            ],
+        )
+        conn.execute(
+            insert(AlertActionRow),
+            [
+                {
+                    "at": JUNE + 101,
+                    "rule": "SpecAcceptanceLow",
+                    "fingerprint": "f1",
+                    "action": "fallback_autoregressive",
+                    "instance": "gpu-0",
+                    "outcome": "ok",
+                    "detail": {},
+                }
+            ],
+        )
     return engine
 
 
 def _stored(engine, start: float, end: float, *where) -> int:
     with engine.connect() as conn:
-        return conn.scalar(select(func.count()).select_from(Request).where(
-            Request.started_at >= start, Request.started_at < end, *where))
+        return conn.scalar(
+            select(func.count())
+            .select_from(Request)
+            .where(Request.started_at >= start, Request.started_at < end, *where)
+        )
 
 
 def test_report_figures_agree_with_the_store(two_months, tmp_path):
     engine = two_months
     report = build_report(engine, "2026-06", load_prices(), now=AFTER_JUNE)
     window = month_window("2026-06", AFTER_JUNE)
-    assert (window.start, window.end) == (datetime(2026, 6, 1, tzinfo=UTC).timestamp(), datetime(2026, 7, 1, tzinfo=UTC).timestamp())
+    assert (window.start, window.end) == (
+        datetime(2026, 6, 1, tzinfo=UTC).timestamp(),
+        datetime(2026, 7, 1, tzinfo=UTC).timestamp(),
+    )
     assert not report.partial
     h = report.headline
     assert h.requests == _stored(engine, window.start, window.end) == 400
@@ -78,9 +127,13 @@ def test_report_figures_agree_with_the_store(two_months, tmp_path):
     spec = _stored(engine, window.start, window.end, Request.mode == "speculative")
     assert h.speculative_share == pytest.approx(spec / 400)
     with engine.connect() as conn:
-        drafted, accepted, out = conn.execute(select(
-            func.sum(Request.num_draft_tokens), func.sum(Request.num_accepted_tokens), func.sum(Request.output_tokens)
-        ).where(Request.started_at >= window.start, Request.started_at < window.end)).one()
+        drafted, accepted, out = conn.execute(
+            select(
+                func.sum(Request.num_draft_tokens),
+                func.sum(Request.num_accepted_tokens),
+                func.sum(Request.output_tokens),
+            ).where(Request.started_at >= window.start, Request.started_at < window.end)
+        ).one()
     assert h.acceptance_rate == pytest.approx(int(accepted) / int(drafted))  # int: PostgreSQL sums to numeric
     assert h.output_tokens == out
     assert sum(d.requests for d in report.daily) == 400 and len(report.daily) == 30
@@ -153,38 +206,60 @@ def test_month_arithmetic():
         month_window("2026-08", now=AFTER_JUNE)
     assert previous_month("2026-01") == "2025-12" and previous_month("2026-10") == "2026-09"
     assert last_month(AFTER_JUNE) == "2026-06"
-    assert month_window("2026-12", now=datetime(2027, 2, 1, tzinfo=UTC).timestamp()).end == datetime(
-        2027, 1, 1, tzinfo=UTC).timestamp()
+    assert (
+        month_window("2026-12", now=datetime(2027, 2, 1, tzinfo=UTC).timestamp()).end
+        == datetime(2027, 1, 1, tzinfo=UTC).timestamp()
+    )
 
 
 def _head(**changes) -> Headline:
-    base = dict(requests=100, errors=0, ooms=0, output_tokens=1000, speculative_share=0.5, acceptance_rate=0.7,
-                mean_acceptance_length=2.5, ttft_p50_s=0.1, ttft_p99_s=0.5, e2e_p99_s=2.0, speedup=1.5,
-                speedup_p_value=0.001, net_monthly_benefit_usd=100.0, alerts_fired=0)
+    base = dict(
+        requests=100,
+        errors=0,
+        ooms=0,
+        output_tokens=1000,
+        speculative_share=0.5,
+        acceptance_rate=0.7,
+        mean_acceptance_length=2.5,
+        ttft_p50_s=0.1,
+        ttft_p99_s=0.5,
+        e2e_p99_s=2.0,
+        speedup=1.5,
+        speedup_p_value=0.001,
+        net_monthly_benefit_usd=100.0,
+        alerts_fired=0,
+    )
     return Headline(**{**base, **changes})
 
 
-@pytest.mark.parametrize("changes, action, rule", [
-    ({"speculative_share": 0.0}, "keep", "not_in_use"),
-    ({"speedup": 0.8}, "disable", "measured_slower"),
-    ({"speedup": 0.8, "net_monthly_benefit_usd": 500.0}, "disable", "measured_slower"),
-    ({"net_monthly_benefit_usd": None}, "keep", "not_priced"),
-    ({"net_monthly_benefit_usd": -1.0}, "shrink", "faster_but_net_loss"),
-    ({"net_monthly_benefit_usd": -1.0, "speedup_p_value": 0.2}, "disable", "no_gain_net_loss"),
-    ({}, "expand", "pays_quietly"),
-    ({"alerts_fired": 2}, "keep", "pays_with_alerts"),
-    ({"speedup_p_value": 0.2, "alerts_fired": 1}, "shrink", "unproven_with_alerts"),
-    ({"speedup": 1.02}, "keep", "unproven_no_harm"),
-])
+@pytest.mark.parametrize(
+    "changes, action, rule",
+    [
+        ({"speculative_share": 0.0}, "keep", "not_in_use"),
+        ({"speedup": 0.8}, "disable", "measured_slower"),
+        ({"speedup": 0.8, "net_monthly_benefit_usd": 500.0}, "disable", "measured_slower"),
+        ({"net_monthly_benefit_usd": None}, "keep", "not_priced"),
+        ({"net_monthly_benefit_usd": -1.0}, "shrink", "faster_but_net_loss"),
+        ({"net_monthly_benefit_usd": -1.0, "speedup_p_value": 0.2}, "disable", "no_gain_net_loss"),
+        ({}, "expand", "pays_quietly"),
+        ({"alerts_fired": 2}, "keep", "pays_with_alerts"),
+        ({"speedup_p_value": 0.2, "alerts_fired": 1}, "shrink", "unproven_with_alerts"),
+        ({"speedup": 1.02}, "keep", "unproven_no_harm"),
+    ],
+)
 def test_recommendation_table(changes, action, rule):
     verdict = recommend(_head(**changes))
     assert (verdict.action, verdict.rule) == (action, rule)
 
 
 def test_load_knee_and_crossover():
-    buckets = [LoadBucket("autoregressive", 0.0, 0.25, 10, 50.0, None), LoadBucket("autoregressive", 1.0, 1.5, 10, 45.0, None),
-               LoadBucket("speculative", 0.0, 0.25, 10, 90.0, None), LoadBucket("speculative", 0.5, 0.75, 10, 75.0, None),
-               LoadBucket("speculative", 1.0, 1.5, 10, 40.0, None)]
+    buckets = [
+        LoadBucket("autoregressive", 0.0, 0.25, 10, 50.0, None),
+        LoadBucket("autoregressive", 1.0, 1.5, 10, 45.0, None),
+        LoadBucket("speculative", 0.0, 0.25, 10, 90.0, None),
+        LoadBucket("speculative", 0.5, 0.75, 10, 75.0, None),
+        LoadBucket("speculative", 1.0, 1.5, 10, 40.0, None),
+    ]
     knee = load_knee(buckets)
     assert knee.knee == {"autoregressive": None, "speculative": 1.0}  # 40 < 0.8 x 90; 45 >= 0.8 x 50
     assert knee.crossover == 1.0  # 40 <= 45

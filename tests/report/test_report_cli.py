@@ -9,13 +9,13 @@ import time
 from datetime import UTC, datetime
 
 import pytest
+from collector_payloads import request_dict
 
 from collector.db import make_engine, upgrade
-from specwatch.common import SOURCE_ROOT
 from collector.schema import IngestBatch
 from collector.store import Store
-from collector_payloads import request_dict
 from specwatch.cli import main
+from specwatch.common import SOURCE_ROOT
 
 
 @pytest.fixture
@@ -25,17 +25,21 @@ def db(tmp_path) -> str:
     engine = make_engine(url)
     upgrade(engine)
     start = datetime(2026, 5, 10, tzinfo=UTC).timestamp()
-    Store(engine).insert(IngestBatch.model_validate({"requests": [
-        request_dict(i, started_at=start + 60 * i) for i in range(30)]}))
+    Store(engine).insert(
+        IngestBatch.model_validate({"requests": [request_dict(i, started_at=start + 60 * i) for i in range(30)]})
+    )
     engine.dispose()
     return url
 
 
-@pytest.mark.parametrize("month, message", [
-    ("2026-13", "month must be YYYY-MM, got '2026-13'"),
-    ("May", "month must be YYYY-MM, got 'May'"),
-    ("2999-01", "2999-01 has not begun yet"),
-])
+@pytest.mark.parametrize(
+    "month, message",
+    [
+        ("2026-13", "month must be YYYY-MM, got '2026-13'"),
+        ("May", "month must be YYYY-MM, got 'May'"),
+        ("2999-01", "2999-01 has not begun yet"),
+    ],
+)
 def test_bad_month_exits_2_with_one_line(month, message, db, tmp_path, capsys):
     assert main(["report", "--month", month, "--db", db, "--out", str(tmp_path / "out")]) == 2
     captured = capsys.readouterr()
@@ -61,7 +65,12 @@ def test_writes_and_prints_both_paths(db, tmp_path, capsys):
 def test_console_entry_point(tmp_path):
     """Through `python -m specwatch`, as a person runs it: exit code 2 and one line on stderr."""
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "specwatch", "report", "--month", "2026/05"], cwd=SOURCE_ROOT,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "specwatch", "report", "--month", "2026/05"],
+        cwd=SOURCE_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and done.stderr == "specwatch report: error: month must be YYYY-MM, got '2026/05'\n"
     assert time.monotonic() - started < 60

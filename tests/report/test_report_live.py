@@ -14,12 +14,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from report_checks import check_html
 
-from cost.inputs import load_prices
 from collector.db import make_engine
+from cost.inputs import load_prices
 from report.build import build_report, month_window
 from report.html import write_report
-from report_checks import check_html
 
 CHROMIUM = Path("/usr/bin/chromium")
 SCREENSHOTS = Path(__file__).resolve().parents[1] / "artifacts" / "screenshots"
@@ -33,7 +33,7 @@ def stored(db: Path, sql: str, *args) -> list[tuple]:
 @pytest.fixture(scope="module")
 def written(live_collector, tmp_path_factory) -> dict:
     db = live_collector["db"]
-    (first,), = stored(db, "select min(started_at) from requests")
+    ((first,),) = stored(db, "select min(started_at) from requests")
     month = datetime.fromtimestamp(first, UTC).strftime("%Y-%m")
     engine = make_engine(f"sqlite:///{db}")
     try:
@@ -48,25 +48,43 @@ def test_report_figures_match_the_stored_engine_traffic(written):
     db, report, window = written["db"], written["report"], written["report"].window
     data = json.loads(written["json"].read_text())
     where = "where started_at >= ? and started_at < ?"
-    (requests, errors, out, drafted, accepted), = stored(
-        db, f"select count(*), sum(status = 'error'), sum(output_tokens), sum(num_draft_tokens), "
-            f"sum(num_accepted_tokens) from requests {where}", window.start, window.end)
+    ((requests, errors, out, drafted, accepted),) = stored(
+        db,
+        f"select count(*), sum(status = 'error'), sum(output_tokens), sum(num_draft_tokens), "
+        f"sum(num_accepted_tokens) from requests {where}",
+        window.start,
+        window.end,
+    )
     assert requests >= 20 and data["month"] == written["month"]
     head = data["headline"]
     assert (head["requests"], head["errors"], head["output_tokens"]) == (requests, errors, out)
     assert head["acceptance_rate"] == pytest.approx(accepted / drafted)
     modes = dict(stored(db, f"select mode, count(*) from requests {where} group by mode", window.start, window.end))
     assert {s["key"]: s["requests"] for s in data["traffic"]["by_mode"]} == modes
-    drafters = dict(stored(db, f"select coalesce(drafter, 'none'), count(*) from requests {where} group by 1",
-                           window.start, window.end))
+    drafters = dict(
+        stored(
+            db, f"select coalesce(drafter, 'none'), count(*) from requests {where} group by 1", window.start, window.end
+        )
+    )
     assert {s["key"]: s["requests"] for s in data["traffic"]["by_drafter"]} == drafters
     assert sum(d["requests"] for d in data["daily"]) == requests
-    arms = {a for (a,) in stored(db, f"select distinct arm from requests {where} and arm is not null", window.start, window.end)}
+    arms = {
+        a
+        for (a,) in stored(
+            db, f"select distinct arm from requests {where} and arm is not null", window.start, window.end
+        )
+    }
     assert data["latency"]["by"] == ("arm" if arms == {"spec", "control"} else "mode")
-    (with_load,), = stored(db, f"select count(*) from requests {where} and load_at_admission is not null",
-                           window.start, window.end)
+    ((with_load,),) = stored(
+        db, f"select count(*) from requests {where} and load_at_admission is not null", window.start, window.end
+    )
     assert sum(b["requests"] for b in data["load"]["buckets"]) == with_load
-    assert data["cost"]["source"] == "measured" and data["recommendation"]["action"] in ("keep", "expand", "shrink", "disable")
+    assert data["cost"]["source"] == "measured" and data["recommendation"]["action"] in (
+        "keep",
+        "expand",
+        "shrink",
+        "disable",
+    )
     assert report.window == month_window(written["month"], report.generated_at)
 
 
@@ -77,8 +95,11 @@ def test_report_html_is_well_formed_and_self_contained(written):
     for section in ("recommendation", "changes", "traffic", "acceptance", "latency", "load", "alerts", "oom", "cost"):
         assert f'<section id="{section}">' in html
     # energy per request is metered (requests.energy_source) or modelled from the device's power (device_samples)
-    (estimated,), = stored(written["db"], "select (select count(*) from requests where energy_source = 'estimate') + "
-                                          "(select count(*) from device_samples where power_source = 'estimate')")
+    ((estimated,),) = stored(
+        written["db"],
+        "select (select count(*) from requests where energy_source = 'estimate') + "
+        "(select count(*) from device_samples where power_source = 'estimate')",
+    )
     priced = [a.energy_source or "" for a in written["report"].cost.tco.arms]
     assert any("estimate" in s for s in priced) == bool(estimated)
     assert ('class="estimate"' in html) == bool(estimated), "estimated energy must be labelled as such"

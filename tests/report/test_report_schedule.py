@@ -12,20 +12,20 @@ from pathlib import Path
 
 import httpx
 import yaml
+from collector_payloads import request_dict
 from sqlalchemy import select
 
 from alerts.notify import REPORT_RULE, SIGNATURE_HEADER, deliver_due, sign
 from alerts.rules import parse_config
-from specwatch import common
 from collector.db import make_engine, upgrade
-from specwatch.common import free_port
 from collector.models import AlertNotificationRow
-from report.build import last_month, month_window
-from report.schedule import run_once
 from collector.schema import IngestBatch
 from collector.settings import Settings
 from collector.store import Store
-from collector_payloads import request_dict
+from report.build import last_month, month_window
+from report.schedule import run_once
+from specwatch import common
+from specwatch.common import free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "alerts"))
 from webhook_receiver import Receiver  # noqa: E402
@@ -35,19 +35,34 @@ NOW = datetime(2026, 7, 1, 3, tzinfo=UTC).timestamp()  # June is last month
 
 
 def _requests(start: float, n: int = 40) -> IngestBatch:
-    plain = dict(mode="autoregressive", drafter=None, num_drafts=0, num_draft_tokens=0, num_accepted_tokens=0,
-                 accepted_per_position=[], gamma=0)
-    return IngestBatch.model_validate({"requests": [
-        request_dict(i, started_at=start + 600 * i, draft_s=0.01, verify_s=0.2, **(plain if i % 2 else {}))
-        for i in range(n)]})
+    plain = dict(
+        mode="autoregressive",
+        drafter=None,
+        num_drafts=0,
+        num_draft_tokens=0,
+        num_accepted_tokens=0,
+        accepted_per_position=[],
+        gamma=0,
+    )
+    return IngestBatch.model_validate(
+        {
+            "requests": [
+                request_dict(i, started_at=start + 600 * i, draft_s=0.01, verify_s=0.2, **(plain if i % 2 else {}))
+                for i in range(n)
+            ]
+        }
+    )
 
 
 def _config(ops_url: str, slack_url: str) -> dict:
-    return {"rules": [], "receivers": [
-        {"name": "ops", "url": ops_url, "secret": SECRET, "retry_backoff": "0.2s"},
-        {"name": "chat", "url": slack_url, "format": "slack"},
-        {"name": "pager", "url": "http://127.0.0.1:9/never", "match": {"severity": "critical"}},  # no reports
-    ]}
+    return {
+        "rules": [],
+        "receivers": [
+            {"name": "ops", "url": ops_url, "secret": SECRET, "retry_backoff": "0.2s"},
+            {"name": "chat", "url": slack_url, "format": "slack"},
+            {"name": "pager", "url": "http://127.0.0.1:9/never", "match": {"severity": "critical"}},  # no reports
+        ],
+    }
 
 
 def _outbox(engine) -> list:
@@ -57,10 +72,13 @@ def _outbox(engine) -> list:
 
 def test_written_once_and_queued_once_per_receiver(engine, tmp_path):
     Store(engine).insert(_requests(datetime(2026, 6, 3, tzinfo=UTC).timestamp()))
-    settings = Settings(data_dir=tmp_path, report_dir=tmp_path / "reports", external_url="http://specwatch.example:8000/")
+    settings = Settings(
+        data_dir=tmp_path, report_dir=tmp_path / "reports", external_url="http://specwatch.example:8000/"
+    )
     ops, chat = Receiver(free_port()), Receiver(free_port())
-    config = parse_config(_config(f"http://127.0.0.1:{ops.server.server_port}/hook",
-                                  f"http://127.0.0.1:{chat.server.server_port}/slack"))
+    config = parse_config(
+        _config(f"http://127.0.0.1:{ops.server.server_port}/hook", f"http://127.0.0.1:{chat.server.server_port}/slack")
+    )
     try:
         written = run_once(engine, settings, config, now=NOW)
         assert written == tmp_path / "reports" / "specwatch-report-2026-06.html" and written.exists()
@@ -75,18 +93,24 @@ def test_written_once_and_queued_once_per_receiver(engine, tmp_path):
 
         with httpx.Client() as http:
             assert deliver_due(engine, config, http, now=NOW + 7200) == 2
-        (headers, body), = ops.received
-        (_, slack_body), = chat.received
+        ((headers, body),) = ops.received
+        ((_, slack_body),) = chat.received
     finally:
         ops.close()
         chat.close()
     assert headers[SIGNATURE_HEADER] == sign(SECRET, body) and headers["Idempotency-Key"] == next(
-        r.key for r in _outbox(engine) if r.receiver == "ops")
+        r.key for r in _outbox(engine) if r.receiver == "ops"
+    )
     payload = json.loads(body)
-    assert payload == {"kind": "specwatch.report", "month": "2026-06",
-                       "url": "http://specwatch.example:8000/v1/reports/specwatch-report-2026-06.html",
-                       "recommendation": stored["recommendation"]["action"], "reason": stored["recommendation"]["reason"],
-                       "net_monthly_benefit_usd": stored["headline"]["net_monthly_benefit_usd"], "requests": 40}
+    assert payload == {
+        "kind": "specwatch.report",
+        "month": "2026-06",
+        "url": "http://specwatch.example:8000/v1/reports/specwatch-report-2026-06.html",
+        "recommendation": stored["recommendation"]["action"],
+        "reason": stored["recommendation"]["reason"],
+        "net_monthly_benefit_usd": stored["headline"]["net_monthly_benefit_usd"],
+        "requests": 40,
+    }
     text = json.loads(slack_body)["text"]
     assert "specwatch report 2026-06" in text and payload["url"] in text
     assert {r.status for r in _outbox(engine)} == {"delivered"}
@@ -109,19 +133,33 @@ def test_collector_process_writes_and_delivers_last_months_report(tmp_path):
     engine.dispose()
     receiver_port, port = free_port(), free_port()
     rules = tmp_path / "rules.yaml"
-    rules.write_text(yaml.safe_dump({**_config(f"http://127.0.0.1:{receiver_port}/hook", "http://127.0.0.1:9/slack"),
-                                     "evaluation": {"interval": "0.5s"}}))
+    rules.write_text(
+        yaml.safe_dump(
+            {
+                **_config(f"http://127.0.0.1:{receiver_port}/hook", "http://127.0.0.1:9/slack"),
+                "evaluation": {"interval": "0.5s"},
+            }
+        )
+    )
     receiver = Receiver(receiver_port)
     api = f"http://127.0.0.1:{port}"
-    collector = common.start_collector(port, tmp_path / "collector.log", db_url, {
-        "SPECWATCH_REPORT_DIR": str(tmp_path / "reports"), "SPECWATCH_ALERT_RULES": str(rules),
-        "SPECWATCH_EXTERNAL_URL": api, "SPECWATCH_RETENTION_DAYS": "36500"})
+    collector = common.start_collector(
+        port,
+        tmp_path / "collector.log",
+        db_url,
+        {
+            "SPECWATCH_REPORT_DIR": str(tmp_path / "reports"),
+            "SPECWATCH_ALERT_RULES": str(rules),
+            "SPECWATCH_EXTERNAL_URL": api,
+            "SPECWATCH_RETENTION_DAYS": "36500",
+        },
+    )
     try:
         deadline = time.monotonic() + 120
         while not receiver.received and time.monotonic() < deadline:
             time.sleep(0.2)
         assert receiver.received, (tmp_path / "collector.log").read_text()[-2000:]
-        (headers, body), = receiver.received
+        ((headers, body),) = receiver.received
         payload = json.loads(body)
         assert headers[SIGNATURE_HEADER] == sign(SECRET, body)
         assert (payload["kind"], payload["month"], payload["requests"]) == ("specwatch.report", month, 40)
@@ -129,7 +167,9 @@ def test_collector_process_writes_and_delivers_last_months_report(tmp_path):
         assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
         assert f"specwatch monthly report: {month}" in page.text
         assert httpx.get(f"{api}/v1/reports").json()["reports"] == [
-            f"specwatch-report-{month}.html", f"specwatch-report-{month}.json"]
+            f"specwatch-report-{month}.html",
+            f"specwatch-report-{month}.json",
+        ]
         assert httpx.get(f"{api}/v1/reports/..%2Fstore.db").status_code == 404
     finally:
         collector.terminate()

@@ -12,12 +12,12 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from service.app import create_app
-from specwatch.common import free_port
 from collector.settings import Settings
 from collector.vllm import Scraper
 from engine.workload import chat
+from service.app import create_app
 from specwatch import vllm_server
+from specwatch.common import free_port
 
 pytestmark = pytest.mark.skipif(not vllm_server.installed(), reason=vllm_server.not_installed_reason())
 SCRAPE_S = 0.5
@@ -48,14 +48,24 @@ def ask(server, kind: str, max_tokens: int = 48) -> dict:
 
 def wait_for_scrape(client: TestClient, source: str, after: float, timeout_s: float = 20.0) -> None:
     deadline = time.monotonic() + timeout_s
-    while client.get("/v1/vllm/signals", params={"start": after, "end": time.time() + 60, "source": source}).json()["intervals"] < 1:
+    while (
+        client.get("/v1/vllm/signals", params={"start": after, "end": time.time() + 60, "source": source}).json()[
+            "intervals"
+        ]
+        < 1
+    ):
         assert time.monotonic() < deadline, "no scrape stored"
         time.sleep(SCRAPE_S / 2)
 
 
 def test_acceptance_equals_the_delta_of_vllms_own_counters(server, tmp_path):
-    settings = Settings(data_dir=tmp_path, database_url=f"sqlite:///{tmp_path / 'db.sqlite'}",
-                        scrape_vllm=[server.metrics_url], scrape_interval_s=SCRAPE_S, alerts_enabled=False)
+    settings = Settings(
+        data_dir=tmp_path,
+        database_url=f"sqlite:///{tmp_path / 'db.sqlite'}",
+        scrape_vllm=[server.metrics_url],
+        scrape_interval_s=SCRAPE_S,
+        alerts_enabled=False,
+    )
     with TestClient(create_app(settings)) as client:
         wait_for_scrape(client, server.metrics_url, time.time() - 60)  # a baseline and one row: the scraper runs
         before, start = vllm_server.read_counters(server.metrics_url), time.time()
@@ -63,7 +73,9 @@ def test_acceptance_equals_the_delta_of_vllms_own_counters(server, tmp_path):
             ask(server, kind)
         after = vllm_server.read_counters(server.metrics_url)
         wait_for_scrape(client, server.metrics_url, time.time())
-        got = client.get("/v1/vllm/signals", params={"start": start, "end": time.time() + 60, "source": server.metrics_url}).json()
+        got = client.get(
+            "/v1/vllm/signals", params={"start": start, "end": time.time() + 60, "source": server.metrics_url}
+        ).json()
     drafts, drafted, accepted = (after[n] - before[n] for n in vllm_server.SPEC_COUNTERS)
     assert drafted > 0 and accepted > 0  # the grounded prompt is copied: n-gram drafts are accepted
     assert (got["drafts"], got["draft_tokens"], got["accepted_tokens"]) == (drafts, drafted, accepted)

@@ -20,7 +20,13 @@ def prepared(tmp_path_factory):
 
 def test_directory_has_what_vllm_reads(prepared):
     names = {p.name for p in prepared.iterdir()}
-    assert {"model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"} <= names
+    assert {
+        "model.safetensors",
+        "config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+    } <= names
     assert not any(name.startswith(".staging") for name in (p.name for p in prepared.parent.iterdir()))
     config = json.loads((prepared / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"] and config["vocab_size"] == 49152
@@ -40,20 +46,28 @@ def test_same_greedy_tokens_as_the_gguf_model(prepared):
     model = AutoModelForCausalLM.from_pretrained(prepared, dtype=torch.float32, local_files_only=True).eval()
     tokenizer = AutoTokenizer.from_pretrained(prepared, local_files_only=True)
     messages = [{"role": "user", "content": "Repeat exactly: the quick brown fox jumps over the lazy dog"}]
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
-    reference_ids = reference.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
-                                                            return_dict=True)["input_ids"]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)[
+        "input_ids"
+    ]
+    reference_ids = reference.tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )["input_ids"]
     assert ids.tolist() == reference_ids.tolist()
     with torch.inference_mode():
         ours = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False)
         theirs = reference.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False)
     assert ours.tolist() == theirs.tolist()
-    assert "quick brown fox" in tokenizer.decode(ours[0, ids.shape[1]:])
+    assert "quick brown fox" in tokenizer.decode(ours[0, ids.shape[1] :])
 
 
 def test_compatible_config_spells_rope_both_ways():
-    config = compatible_config({"rope_parameters": {"rope_theta": 5e5, "rope_type": "default"}, "dtype": "float32",
-                                "quantization_config": {"quant_method": "gguf"}})
+    config = compatible_config(
+        {
+            "rope_parameters": {"rope_theta": 5e5, "rope_type": "default"},
+            "dtype": "float32",
+            "quantization_config": {"quant_method": "gguf"},
+        }
+    )
     assert config["rope_theta"] == 5e5 and config["rope_scaling"] is None and config["torch_dtype"] == "float32"
     assert "quantization_config" not in config
 
