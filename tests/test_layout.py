@@ -1,0 +1,130 @@
+"""The package layout holds: imports point one way (a table of allowed edges), no module imports
+itself back through others, and the tree passes `ruff check`.
+
+Imports are read with `ast`, so a lazy import inside a function counts as much as one at the top.
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("engine", "gateway", "collector", "alerts", "cost", "report", "service", "dashboard", "specwatch")
+COMMON = "specwatch.common"
+PRODUCER_API = {"collector.schema", "collector.client", COMMON}
+# package -> what it may import of ours (a package name allows all its modules; a dotted name one module)
+ALLOWED = {
+    "collector": {COMMON},
+    "alerts": {"collector", COMMON},
+    "cost": {"collector", COMMON},
+    "report": {"cost", "alerts", "collector", COMMON},
+    "service": {"collector", "alerts", "cost", "report", COMMON},
+    "dashboard": {COMMON},
+    "engine": PRODUCER_API,
+    "gateway": PRODUCER_API,
+    "specwatch": set(PACKAGES),
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def source_modules() -> dict[str, Path]:
+    return {
+        module_name(path): path
+        for package in PACKAGES
+        if (REPO / package).is_dir()
+        for path in sorted((REPO / package).rglob("*.py"))
+    }
+
+
+def imported_modules(name: str, path: Path, known: set[str]) -> set[str]:
+    """Our modules that `path` imports: `from a import b` names `a.b` when that is a module of ours."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join([*package.split(".")[: len(package.split(".")) - node.level + 1], base]).strip(".")
+            found |= {f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names}
+    return {module for module in found if module.split(".")[0] in PACKAGES}
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = source_modules()
+    return {name: imported_modules(name, path, set(modules)) for name, path in modules.items()}
+
+
+def allowed(importer: str, imported: str) -> bool:
+    source, target = importer.split(".")[0], imported.split(".")[0]
+    if importer == COMMON:
+        return False
+    if source == target and imported != COMMON:
+        return True
+    return any(imported == rule or (imported.startswith(rule + ".") and rule in PACKAGES)
+               or (rule == target and rule in PACKAGES) for rule in ALLOWED[source])
+
+
+def test_imports_point_one_way():
+    wrong = sorted(
+        f"{importer} imports {imported}"
+        for importer, imports in import_graph().items()
+        for imported in imports
+        if not allowed(importer, imported)
+    )
+    assert not wrong, "imports against the allowed edges (tests/test_layout.py ALLOWED):\n" + "\n".join(wrong)
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle among our modules (depth-first search), or None."""
+    state: dict[str, str] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node], _ = "open", stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                return stack[stack.index(nxt) :] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        state[node], _ = "done", stack.pop()
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_no_import_cycles():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_checks_catch_what_they_guard(tmp_path):
+    """The edge table refuses an upward import and the cycle finder finds a cycle."""
+    assert not allowed("collector.queries", "alerts.rules")
+    assert not allowed("engine.server", "collector.store")
+    assert not allowed(COMMON, "collector.schema")
+    assert allowed("engine.server", "collector.schema") and allowed("report.html", "report.build")
+    assert find_cycle({"a.x": {"a.y"}, "a.y": {"a.z"}, "a.z": {"a.x"}}) == ["a.x", "a.y", "a.z", "a.x"]
+    assert find_cycle({"a.x": {"a.y"}, "a.y": set()}) is None
+
+
+def test_ruff_check_passes():
+    ruff = shutil.which("ruff") or str(Path(sys.executable).with_name("ruff"))
+    if not Path(ruff).exists():
+        pytest.skip("ruff is not installed (it is in the dev extra: pip install -e '.[dev]')")
+    result = subprocess.run([ruff, "check", "--no-cache", str(REPO)], capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
