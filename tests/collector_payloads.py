@@ -33,6 +33,22 @@ def request_dict(i: int, **overrides: Any) -> dict[str, Any]:
     return {**record, **overrides}
 
 
+PLAIN = dict(
+    mode="autoregressive",
+    drafter=None,
+    num_drafts=0,
+    num_draft_tokens=0,
+    num_accepted_tokens=0,
+    accepted_per_position=[],
+    gamma=0,
+)
+
+
+def plain_request_dict(i: int, **overrides: Any) -> dict[str, Any]:
+    """A valid payload of a request served by plain decoding (no drafts)."""
+    return request_dict(i, **{**PLAIN, **overrides})
+
+
 def sample_dict(i: int, **overrides: Any) -> dict[str, Any]:
     sample = {
         "instance": "gpu-0",

@@ -7,7 +7,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from collector_payloads import request_dict, sample_dict
+from collector_payloads import plain_request_dict, request_dict, sample_dict
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -102,15 +102,8 @@ def test_alert_counters_match_the_records():
         for i in range(30)
     ]
     rows += [
-        request_dict(
+        plain_request_dict(
             100 + i,
-            mode="autoregressive",
-            drafter=None,
-            num_drafts=0,
-            num_draft_tokens=0,
-            num_accepted_tokens=0,
-            accepted_per_position=[],
-            gamma=0,
             error="draft:oom",
         )
         for i in range(4)

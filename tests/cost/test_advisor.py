@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from collector_payloads import T0, request_dict, sample_dict
+from collector_payloads import T0, plain_request_dict, request_dict, sample_dict
 
 from collector.queries import Window
 from collector.schema import IngestBatch
@@ -95,20 +95,6 @@ def test_determinism_on_greedy_requests_is_no_reason_to_disable():
     assert "not per-seed outputs" in sampled.contradictions[0]
 
 
-def _plain(i: int, **overrides) -> dict:
-    return request_dict(
-        i,
-        mode="autoregressive",
-        drafter=None,
-        num_drafts=0,
-        num_draft_tokens=0,
-        num_accepted_tokens=0,
-        accepted_per_position=[],
-        gamma=0,
-        **overrides,
-    )
-
-
 def test_evidence_and_advice_from_a_store(engine):
     rng = np.random.default_rng(1)
     tags_chat = {"scenario": "chat", "determinism": "required", "temperature": "0"}
@@ -119,7 +105,7 @@ def test_evidence_and_advice_from_a_store(engine):
         for i in range(40)
     ]
     chat += [
-        _plain(
+        plain_request_dict(
             100 + i,
             e2e_s=float(rng.normal(1.6, 0.05)),
             prompt_tokens=200,
@@ -140,7 +126,7 @@ def test_evidence_and_advice_from_a_store(engine):
         for i in range(20)
     ]
     docs += [
-        _plain(
+        plain_request_dict(
             300 + i,
             prompt_tokens=200_000,
             output_tokens=100,

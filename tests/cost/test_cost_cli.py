@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from collector_payloads import T0, request_dict, sample_dict
+from collector_payloads import T0, plain_request_dict, request_dict, sample_dict
 from openpyxl import load_workbook
 
 from collector.db import make_engine, upgrade
@@ -35,20 +35,6 @@ def evaluate(book, sheet: str, cell: str):
     return eval(expr, {"_ref": lambda s, c: evaluate(book, s, c), "_if": lambda cond, a, b: a if cond else b})
 
 
-def _plain(i: int, **overrides) -> dict:
-    return request_dict(
-        i,
-        mode="autoregressive",
-        drafter=None,
-        num_drafts=0,
-        num_draft_tokens=0,
-        num_accepted_tokens=0,
-        accepted_per_position=[],
-        gamma=0,
-        **overrides,
-    )
-
-
 def _fill(url: str, start: float | None) -> None:
     """A migrated store; with `start`, 40 speculative and 40 plain requests from then on (plain 2x slower)."""
     engine = make_engine(url)
@@ -59,7 +45,9 @@ def _fill(url: str, start: float | None) -> None:
         request_dict(i, started_at=start + i, e2e_s=1.0, draft_s=0.01, verify_s=0.5, tags={"scenario": "grounded"})
         for i in range(40)
     ]
-    records += [_plain(100 + i, started_at=start + i, e2e_s=2.0, tags={"scenario": "grounded"}) for i in range(40)]
+    records += [
+        plain_request_dict(100 + i, started_at=start + i, e2e_s=2.0, tags={"scenario": "grounded"}) for i in range(40)
+    ]
     samples = [sample_dict(i, at=start + 5 * i, active_requests=1) for i in range(10)]
     Store(engine).insert(IngestBatch.model_validate({"requests": records, "samples": samples}))
     engine.dispose()
@@ -167,7 +155,7 @@ def test_bad_what_if_value_and_bad_option(tmp_path, capsys):
 
 def test_cost_endpoint(client):
     records = [request_dict(i, e2e_s=1.0, draft_s=0.01, verify_s=0.5, tags={"scenario": "grounded"}) for i in range(40)]
-    records += [_plain(100 + i, e2e_s=2.0, tags={"scenario": "grounded"}) for i in range(40)]
+    records += [plain_request_dict(100 + i, e2e_s=2.0, tags={"scenario": "grounded"}) for i in range(40)]
     samples = [sample_dict(i, active_requests=1, device="NVIDIA H100 80GB HBM3") for i in range(10)]
     assert client.post("/v1/ingest", json={"requests": records, "samples": samples}).status_code == 200
     window = {"start": T0 - 1, "end": T0 + 1000}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from collector_payloads import T0, request_dict, sample_dict
+from collector_payloads import T0, plain_request_dict, request_dict, sample_dict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -306,15 +306,8 @@ def test_bad_what_if_file_is_one_line(tmp_path):
 def test_measured_inputs_from_stored_records(engine):
     rng = np.random.default_rng(3)
     plain = [
-        request_dict(
+        plain_request_dict(
             i,
-            mode="autoregressive",
-            drafter=None,
-            num_drafts=0,
-            num_draft_tokens=0,
-            num_accepted_tokens=0,
-            accepted_per_position=[],
-            gamma=0,
             e2e_s=float(rng.uniform(1, 2)),
             queue_s=0.1,
             output_tokens=50,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from collector_payloads import request_dict, sample_dict
+from collector_payloads import plain_request_dict, request_dict, sample_dict
 from fake_vllm import FakeVllm
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -135,15 +135,8 @@ def collector_exposition() -> str:
     metrics = CollectorMetrics(CollectorRegistry())
     rows = [request_dict(i, arm=("spec", "control")[i % 2]) for i in range(6)]
     rows += [
-        request_dict(
+        plain_request_dict(
             10,
-            mode="autoregressive",
-            drafter=None,
-            num_drafts=0,
-            num_draft_tokens=0,
-            num_accepted_tokens=0,
-            accepted_per_position=[],
-            gamma=0,
             status="error",
             error="draft:oom",
         )

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
 import yaml
-from collector_payloads import request_dict
+from collector_payloads import PLAIN, request_dict
 from sqlalchemy import select
+from waiting import wait_for
 
 from alerts.notify import REPORT_RULE, SIGNATURE_HEADER, deliver_due, sign
 from alerts.rules import parse_config
@@ -35,19 +35,10 @@ NOW = datetime(2026, 7, 1, 3, tzinfo=UTC).timestamp()  # June is last month
 
 
 def _requests(start: float, n: int = 40) -> IngestBatch:
-    plain = dict(
-        mode="autoregressive",
-        drafter=None,
-        num_drafts=0,
-        num_draft_tokens=0,
-        num_accepted_tokens=0,
-        accepted_per_position=[],
-        gamma=0,
-    )
     return IngestBatch.model_validate(
         {
             "requests": [
-                request_dict(i, started_at=start + 600 * i, draft_s=0.01, verify_s=0.2, **(plain if i % 2 else {}))
+                request_dict(i, started_at=start + 600 * i, draft_s=0.01, verify_s=0.2, **(PLAIN if i % 2 else {}))
                 for i in range(n)
             ]
         }
@@ -155,10 +146,12 @@ def test_collector_process_writes_and_delivers_last_months_report(tmp_path):
         },
     )
     try:
-        deadline = time.monotonic() + 120
-        while not receiver.received and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert receiver.received, (tmp_path / "collector.log").read_text()[-2000:]
+        wait_for(
+            lambda: receiver.received,
+            lambda: "the report webhook; collector log:\n" + (tmp_path / "collector.log").read_text()[-2000:],
+            timeout=120,
+            interval=0.2,
+        )
         ((headers, body),) = receiver.received
         payload = json.loads(body)
         assert headers[SIGNATURE_HEADER] == sign(SECRET, body)
