@@ -12,6 +12,7 @@ import math
 import sys
 from pathlib import Path
 
+from collector.cli import add_db_option
 from cost.inputs import Overrides, apply_overrides, load_prices, what_if_inputs
 from cost.summary import MONTH_S, CostSummary, measured_summary, render_text, summarize
 from specwatch.common import UsageError
@@ -27,14 +28,23 @@ def _positive(value: str) -> float:
     return number
 
 
+def add_price_options(parser: argparse.ArgumentParser, gpu_default: str = "the sampled device's") -> None:
+    """--gpu and --prices: which accelerator of which price table (`cost` and `report` take both)."""
+    parser.add_argument(
+        "--gpu", metavar="TYPE", default=None, help=f"accelerator of the price table (default: {gpu_default})"
+    )
+    parser.add_argument(
+        "--prices",
+        metavar="FILE.toml",
+        type=Path,
+        default=None,
+        help="price table (default: the shipped cost/prices.toml)",
+    )
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     cost = subparsers.add_parser("cost", help="price speculative decoding: TCO, break-even, sensitivity, advice")
-    cost.add_argument(
-        "--db",
-        metavar="URL",
-        default=None,
-        help="SQLAlchemy URL (default: SPECWATCH_DATABASE_URL, else SQLite under SPECWATCH_DATA_DIR)",
-    )
+    add_db_option(cost)
     source = cost.add_mutually_exclusive_group()
     source.add_argument(
         "--last",
@@ -50,19 +60,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="inputs from a TOML file instead of the store (keys: cost/cost_example.toml)",
     )
-    cost.add_argument(
-        "--gpu",
-        metavar="TYPE",
-        default=None,
-        help="accelerator of the price table (default: the what-if file's, else the sampled device's)",
-    )
-    cost.add_argument(
-        "--prices",
-        metavar="FILE.toml",
-        type=Path,
-        default=None,
-        help="price table (default: the shipped cost/prices.toml)",
-    )
+    add_price_options(cost, gpu_default="the what-if file's, else the sampled device's")
     cost.add_argument(
         "--volume",
         metavar="TOKENS",

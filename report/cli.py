@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from collector.cli import add_db_option
+from cost.cli import add_price_options
 from specwatch.common import UsageError
 
 
@@ -20,22 +22,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--month", metavar="YYYY-MM", default=None, help="the month to report (default: last month, UTC)"
     )
     report.add_argument("--out", metavar="DIR", type=Path, default=Path("."), help="output directory (default: .)")
-    report.add_argument(
-        "--db",
-        metavar="URL",
-        default=None,
-        help="SQLAlchemy URL (default: SPECWATCH_DATABASE_URL, else SQLite under SPECWATCH_DATA_DIR)",
-    )
-    report.add_argument(
-        "--gpu", metavar="TYPE", default=None, help="accelerator of the price table (default: the sampled device's)"
-    )
-    report.add_argument(
-        "--prices",
-        metavar="FILE.toml",
-        type=Path,
-        default=None,
-        help="price table (default: the shipped cost/prices.toml)",
-    )
+    add_db_option(report)
+    add_price_options(report)
     report.set_defaults(handler=report_command)
 
 
