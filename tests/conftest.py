@@ -23,6 +23,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine, text
+from waiting import wait_for
 
 from collector.db import make_engine, upgrade
 from collector.settings import Settings
@@ -148,12 +149,12 @@ def live_collector(tmp_path_factory) -> dict:
 
 
 def _wait(condition, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    """wait_for, with an HTTP error (a server not up yet) counting as not yet."""
+
+    def answered():
         try:
-            if condition():
-                return
+            return condition()
         except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError(f"timed out waiting for {what}")
+            return False
+
+    wait_for(answered, what, timeout=timeout_s, interval=0.3)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import threading
-import time
 from contextlib import contextmanager
 
 import uvicorn
 from prometheus_client import CollectorRegistry
+from waiting import wait_for
 
 from collector.settings import Settings
 from service.app import create_app
@@ -20,10 +20,12 @@ def running_collector(settings: Settings, port: int, registry: CollectorRegistry
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "collector did not start"
-        time.sleep(0.02)
+
+    def started() -> bool:
+        assert thread.is_alive(), "collector did not start"
+        return server.started
+
+    wait_for(started, "the collector to start", timeout=20, interval=0.02)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:

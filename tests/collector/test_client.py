@@ -7,6 +7,7 @@ import time
 from collector_live import running_collector
 from collector_payloads import event_dict, request_dict, sample_dict
 from sqlalchemy import create_engine, text
+from waiting import wait_for
 
 from collector.client import TelemetryClient
 from collector.schema import DeviceSample, EngineEvent, RequestRecord
@@ -26,10 +27,12 @@ def stored_ids(settings) -> list[str]:
 
 
 def drain(client: TelemetryClient, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not (client.flush(5.0) and client.stats().spool_bytes == 0):
-        assert time.monotonic() < deadline, client.stats()
-        time.sleep(0.05)
+    wait_for(
+        lambda: client.flush(5.0) and client.stats().spool_bytes == 0,
+        lambda: f"the spool to drain: {client.stats()}",
+        timeout=timeout,
+        interval=0.05,
+    )
 
 
 def test_delivers_every_kind_in_batches(settings):

@@ -55,9 +55,12 @@ def test_sigkill_mid_ingest_loses_and_duplicates_nothing(db_url, tmp_path):
             if wave == RESTART_AT:
                 proc = start_collector(db_url, port, log)
             time.sleep(0.03)
-        deadline = time.monotonic() + 60
-        while not (client.flush(5.0) and client.stats().spool_bytes == 0):
-            assert time.monotonic() < deadline, client.stats()
+        wait_for(
+            lambda: client.flush(5.0) and client.stats().spool_bytes == 0,
+            lambda: f"the spool to drain: {client.stats()}",
+            timeout=60,
+            interval=0,  # flush() itself waits
+        )
         stats = client.stats()
         client.close()
     finally:

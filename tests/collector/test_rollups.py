@@ -9,6 +9,7 @@ import pytest
 from collector_payloads import T0, request_dict, varied_request
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
+from waiting import wait_for
 
 from collector.history import errors_by_hour_long, histogram_quantile, long_series
 from collector.long_signals import long_signals
@@ -112,17 +113,21 @@ def test_service_runs_maintenance_in_the_background(db_url, tmp_path):
     with TestClient(create_app(settings)) as client:
         assert client.post("/v1/ingest", json={"requests": [old]}).json()["accepted"] == 1
         engine = client.app.state.store.engine
-        deadline = time.monotonic() + 10
-        while True:  # rolled up, then deleted by the raw retention of one day
+
+        def counts() -> tuple[int, int | None]:
             with engine.connect() as conn:
-                raw, rolled = (
+                return (
                     conn.scalar(select(func.count()).select_from(Request)),
                     conn.scalar(select(func.sum(RequestRollup.requests))),
                 )
-            if raw == 0 and rolled == 1:
-                break
-            assert time.monotonic() < deadline, (raw, rolled)
-            time.sleep(0.05)
+
+        # rolled up, then deleted by the raw retention of one day
+        wait_for(
+            lambda: counts() == (0, 1),
+            lambda: f"the rollup and the raw deletion: (raw, rolled) = {counts()}",
+            timeout=10,
+            interval=0.05,
+        )
 
 
 @pytest.mark.parametrize("rolled", [False, True])

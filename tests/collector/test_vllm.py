@@ -10,6 +10,7 @@ import pytest
 from fake_vllm import TTFT_BUCKETS, FakeVllm
 from fastapi.testclient import TestClient
 from prometheus_client import start_http_server
+from waiting import wait_for
 
 from collector.history import histogram_quantile
 from collector.queries import Window
@@ -96,14 +97,13 @@ def test_collector_scrapes_a_live_vllm_endpoint(db_url, tmp_path):
     settings = Settings(data_dir=tmp_path, database_url=db_url, scrape_vllm=[url], scrape_interval_s=0.05)
     try:
         with TestClient(create_app(settings)) as client:
-            deadline = time.monotonic() + 15
-            while True:
+
+            def five_drafts() -> dict | None:
                 vllm.observe_draft(2)
                 body = client.get("/v1/vllm/signals", params={"last": 60, "source": url}).json()
-                if body["drafts"] >= 5:
-                    break
-                assert time.monotonic() < deadline, body
-                time.sleep(0.05)
+                return body if body["drafts"] >= 5 else None
+
+            body = wait_for(five_drafts, "five scraped drafts", timeout=15, interval=0.05)
             assert body["acceptance_rate"] == pytest.approx(2 / 3)
     finally:
         server.shutdown()

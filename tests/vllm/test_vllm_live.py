@@ -11,6 +11,7 @@ import time
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+from waiting import wait_for
 
 from collector.settings import Settings
 from collector.vllm import Scraper
@@ -47,15 +48,11 @@ def ask(server, kind: str, max_tokens: int = 48) -> dict:
 
 
 def wait_for_scrape(client: TestClient, source: str, after: float, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while (
-        client.get("/v1/vllm/signals", params={"start": after, "end": time.time() + 60, "source": source}).json()[
-            "intervals"
-        ]
-        < 1
-    ):
-        assert time.monotonic() < deadline, "no scrape stored"
-        time.sleep(SCRAPE_S / 2)
+    def stored() -> bool:
+        params = {"start": after, "end": time.time() + 60, "source": source}
+        return client.get("/v1/vllm/signals", params=params).json()["intervals"] >= 1
+
+    wait_for(stored, "a stored scrape", timeout=timeout_s, interval=SCRAPE_S / 2)
 
 
 def test_acceptance_equals_the_delta_of_vllms_own_counters(server, tmp_path):
