@@ -15,7 +15,7 @@ import numpy as np
 from sqlalchemy import Engine, func, select
 
 from collector.models import DeviceSampleRow, Request, VllmScrape
-from collector.queries import Filters, Percentiles, Window, percentiles
+from collector.queries import LATENCY_AND_DRAFT_COLUMNS, Filters, Percentiles, Window, percentiles
 from collector.series import DeviceSnapshot
 
 GROUP_COLUMNS = ("mode", "arm", "drafter", "instance", "model", "mode_reason")
@@ -66,15 +66,7 @@ class Comparison:
     p_value: float | None
 
 
-_COLUMNS = (
-    Request.ttft_s,
-    Request.e2e_s,
-    Request.output_tokens,
-    Request.num_drafts,
-    Request.num_draft_tokens,
-    Request.num_accepted_tokens,
-    Request.energy_j,
-)
+_COLUMNS = (*LATENCY_AND_DRAFT_COLUMNS, Request.energy_j)
 
 
 def _key_column(by: str):

@@ -104,16 +104,16 @@ class Signals:
     tpot: Percentiles
 
 
-_SIGNAL_COLUMNS = (
+# what a request's latency and acceptance figures are computed from (signals, series, breakdowns)
+LATENCY_AND_DRAFT_COLUMNS = (
     Request.ttft_s,
     Request.e2e_s,
     Request.output_tokens,
     Request.num_drafts,
     Request.num_draft_tokens,
     Request.num_accepted_tokens,
-    Request.status,
-    Request.error,
 )
+_SIGNAL_COLUMNS = (*LATENCY_AND_DRAFT_COLUMNS, Request.status, Request.error)
 
 
 def signals(engine: Engine, window: Window, filters: Filters = Filters()) -> Signals:

@@ -8,7 +8,7 @@ import numpy as np
 from sqlalchemy import Engine, and_, func, select
 
 from collector.models import DeviceSampleRow, EngineEventRow, Request
-from collector.queries import Filters, Window
+from collector.queries import LATENCY_AND_DRAFT_COLUMNS, Filters, Window
 
 
 @dataclass(frozen=True)
@@ -34,16 +34,7 @@ class SeriesPoint:
     tpot_p99: float | None = None
 
 
-_COLUMNS = (
-    Request.started_at,
-    Request.ttft_s,
-    Request.e2e_s,
-    Request.output_tokens,
-    Request.num_drafts,
-    Request.num_draft_tokens,
-    Request.num_accepted_tokens,
-    Request.status,
-)
+_COLUMNS = (Request.started_at, *LATENCY_AND_DRAFT_COLUMNS, Request.status)
 
 
 def series(engine: Engine, window: Window, filters: Filters = Filters(), step_s: float = 60.0) -> list[SeriesPoint]:
