@@ -69,18 +69,14 @@ def start_service(
     raise StartError(f"the {name} did not answer {ready_url} within {timeout_s:.0f} s; see {log}")
 
 
+def specwatch_command(*args: str) -> list[str]:
+    """`python -m specwatch ARGS...` on this interpreter, so a child runs the same code and environment."""
+    return [sys.executable, "-m", "specwatch", *args]
+
+
 def start_collector(
     port: int, log: Path, db_url: str | None = None, env: dict[str, str] | None = None, timeout_s: float = 60.0
 ) -> subprocess.Popen:
     """`specwatch collector serve` on 127.0.0.1:`port`, output appended to `log`; returns once /readyz answers 200."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "specwatch",
-        "collector",
-        "serve",
-        "--port",
-        str(port),
-        *(["--db", db_url] if db_url else []),
-    ]
+    cmd = specwatch_command("collector", "serve", "--port", str(port), *(["--db", db_url] if db_url else []))
     return start_service("collector", cmd, child_env(env), log, f"http://127.0.0.1:{port}/readyz", timeout_s)

@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import secrets
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,15 @@ from pathlib import Path
 import httpx
 import yaml
 
-from specwatch.common import StartError, UsageError, child_env, start_collector, start_service, tcp_port
+from specwatch.common import (
+    StartError,
+    UsageError,
+    child_env,
+    specwatch_command,
+    start_collector,
+    start_service,
+    tcp_port,
+)
 
 # (name, scenarios, drafter): the traffic phases `up` cycles through
 PHASES = (
@@ -145,35 +152,11 @@ def write_rules(data_dir: Path, engine_url: str, on_cpu: bool) -> Path:
 
 def start_engine(args: argparse.Namespace, stack: Stack, token: str, timeout_s: float = 600.0) -> subprocess.Popen:
     """`specwatch engine serve` with telemetry to the collector; returns once /v1/models answers."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "specwatch",
-        "engine",
-        "serve",
-        "--port",
-        str(args.engine_port),
-        "--collector",
-        stack.collector,
-        "--spool-dir",
-        str(args.data_dir / "engine-spool"),
-        "--control-token",
-        token,
-        "--sample-interval",
-        "2",
-        "--min-acceptance",
-        "0",  # the engine's own low-acceptance fallback off: in this demo the alert reacts
-        "--canary-fraction",
-        "0.8",  # 20% plain 'control' arm: the speed-up is measured A/B, not assumed
-        "--model",
-        args.model,
-        "--dtype",
-        args.dtype,
-        "--device",
-        args.device,
-        "--threads",
-        str(args.threads),
-    ]
+    cmd = specwatch_command("engine", "serve", "--port", str(args.engine_port), "--collector", stack.collector)
+    cmd += ["--spool-dir", str(args.data_dir / "engine-spool"), "--control-token", token, "--sample-interval", "2"]
+    cmd += ["--min-acceptance", "0"]  # the engine's own low-acceptance fallback off: in this demo the alert reacts
+    cmd += ["--canary-fraction", "0.8"]  # 20% plain 'control' arm: the speed-up is measured A/B, not assumed
+    cmd += ["--model", args.model, "--dtype", args.dtype, "--device", args.device, "--threads", str(args.threads)]
     print("engine     loading the model (the first run converts the bundled GGUF, ~30 s) ...", flush=True)
     return start_service(
         "engine", cmd, child_env(), args.data_dir / "engine.log", f"{stack.engine}/v1/models", timeout_s

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-import sys
 import time
 
 import httpx
@@ -28,7 +27,7 @@ from waiting import wait_for
 from collector.db import make_engine, upgrade
 from collector.settings import Settings
 from service.app import create_app
-from specwatch.common import SOURCE_ROOT, free_port, start_collector
+from specwatch.common import SOURCE_ROOT, free_port, specwatch_command, start_collector
 
 POSTGRES_URL = os.environ.get("SPECWATCH_TEST_POSTGRES_URL")
 
@@ -98,27 +97,9 @@ def live_collector(tmp_path_factory) -> dict:
     collector = start_collector(port, data / "collector.log", f"sqlite:///{data / 'specwatch.db'}")
     url, engine_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{engine_port}"
     engine = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "specwatch",
-            "engine",
-            "serve",
-            "--port",
-            str(engine_port),
-            "--collector",
-            url,
-            "--spool-dir",
-            str(data / "spool"),
-            "--canary-fraction",
-            "0.7",
-            "--sample-interval",
-            "0.5",
-            "--instance",
-            "laptop",
-            "--min-acceptance",
-            "0",
-        ],
+        specwatch_command("engine", "serve", "--port", str(engine_port), "--collector", url, "--instance", "laptop")
+        + ["--spool-dir", str(data / "spool"), "--canary-fraction", "0.7", "--sample-interval", "0.5"]
+        + ["--min-acceptance", "0"],
         env={**os.environ, "PYTHONPATH": str(SOURCE_ROOT)},
         stdout=(data / "engine.log").open("wb"),
         stderr=subprocess.STDOUT,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from specwatch.common import free_port
+from specwatch.common import free_port, specwatch_command
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -18,25 +18,8 @@ REPO = Path(__file__).resolve().parents[1]
 def test_up_once_stores_the_sample_traffic(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     ports = [str(free_port()) for _ in range(3)]
-    cmd = [
-        sys.executable,
-        "-m",
-        "specwatch",
-        "up",
-        "--once",
-        "--requests",
-        "3",
-        "--max-tokens",
-        "16",
-        "--data-dir",
-        str(tmp_path),
-        "--port",
-        ports[0],
-        "--engine-port",
-        ports[1],
-        "--dashboard-port",
-        ports[2],
-    ]
+    cmd = specwatch_command("up", "--once", "--requests", "3", "--max-tokens", "16", "--data-dir", str(tmp_path))
+    cmd += ["--port", ports[0], "--engine-port", ports[1], "--dashboard-port", ports[2]]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "collector, last 60 min: 3 requests" in done.stdout

@@ -7,7 +7,6 @@ import multiprocessing
 import os
 import signal
 import subprocess
-import sys
 
 import httpx
 import pytest
@@ -22,7 +21,7 @@ from waiting import wait_for
 from collector.models import DeviceSampleRow, Request
 from collector.settings import Settings
 from service.app import create_app
-from specwatch.common import child_env, free_port
+from specwatch.common import child_env, free_port, specwatch_command
 
 
 @pytest.fixture
@@ -97,17 +96,7 @@ def test_ctrl_c_stops_the_service_and_its_workers_cleanly(tmp_path):
     """Ctrl-C in a terminal signals the whole process group, workers included; `specwatch up`
     then terminates the service too."""
     port, log = free_port(), tmp_path / "collector.log"
-    cmd = [
-        sys.executable,
-        "-m",
-        "specwatch",
-        "collector",
-        "serve",
-        "--port",
-        str(port),
-        "--db",
-        f"sqlite:///{tmp_path}/c.db",
-    ]
+    cmd = specwatch_command("collector", "serve", "--port", str(port), "--db", f"sqlite:///{tmp_path}/c.db")
     with log.open("wb") as out:
         service = subprocess.Popen(cmd, env=child_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
