@@ -115,24 +115,11 @@ def test_evidence_and_advice_from_a_store(engine):
         )
         for i in range(40)
     ]
+    # long documents: speculative requests take 3 s, plain ones 2 s
+    long_doc = {"scenario": "long-doc"}
     docs = [
-        request_dict(
-            200 + i,
-            prompt_tokens=200_000,
-            output_tokens=100,
-            e2e_s=float(rng.normal(3.0, 0.1)),
-            tags={"scenario": "long-doc"},
-        )
-        for i in range(20)
-    ]
-    docs += [
-        plain_request_dict(
-            300 + i,
-            prompt_tokens=200_000,
-            output_tokens=100,
-            e2e_s=float(rng.normal(2.0, 0.1)),
-            tags={"scenario": "long-doc"},
-        )
+        payload(first + i, prompt_tokens=200_000, output_tokens=100, e2e_s=float(rng.normal(e2e_s, 0.1)), tags=long_doc)
+        for first, payload, e2e_s in ((200, request_dict, 3.0), (300, plain_request_dict, 2.0))
         for i in range(20)
     ]
     few = [request_dict(400 + i, tags={}) for i in range(3)]
