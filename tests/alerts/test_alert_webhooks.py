@@ -1,6 +1,8 @@
-"""End to end: a real collector process, telemetry whose acceptance drops below 0.6, and a
-real local webhook receiver that is down at first. The alert fires and resolves; once the
-receiver is up the outbox delivers both notifications, each exactly once, signed."""
+"""End to end, on a timeline: a real collector process ingests telemetry whose acceptance drops
+below 0.6; the alert runner is stepped through `cycle(now)` and `deliver(now)` at explicit times
+(no sleeps), against a real local webhook receiver that is down at first. The alert goes pending,
+fires and resolves; once the receiver is up the outbox delivers both notifications, each exactly
+once, signed."""
 
 from __future__ import annotations
 
@@ -8,60 +10,40 @@ import hashlib
 import hmac
 import json
 import time
-from pathlib import Path
 
 import httpx
-import yaml
 from collector_payloads import request_dict
-from waiting import wait_for
 from webhook_receiver import Receiver
 
 from alerts.notify import SIGNATURE_HEADER, sign
+from alerts.rules import AlertConfig, parse_config
+from alerts.runner import AlertRunner
 from collector.client import TelemetryClient
+from collector.db import make_engine
 from collector.schema import RequestRecord
 from specwatch import common
 from specwatch.common import free_port
 
 SECRET = "webhook-s3cret"
+RECEIVER_UP_AT = 1.7
+# (t, accepted tokens of 16 in 10 requests started at t - 0.1 (None: no traffic),
+#  the alert's state after cycle(t), notifications at the receiver after deliver(t))
+TIMELINE = [
+    (0.0, 14, "inactive", 0),  # acceptance 0.875
+    (0.5, 3, "pending", 0),  # with the first ten: (140 + 30) / 320 = 0.53 < 0.6
+    (1.0, None, "pending", 0),  # not yet pending for 1 s
+    (1.5, None, "firing", 0),  # the receiver is down: the first attempt fails, retried after 0.5 s
+    (1.8, None, "firing", 0),  # the receiver is up, the retry not due yet
+    (2.0, None, "firing", 1),  # the retry delivers "firing"
+    (6.0, None, "firing", 1),  # the good requests left the 6 s window, the bad ones have not: 3 / 16
+    (7.0, 15, "inactive", 2),  # only the new requests in the window: 0.94, resolved and sent
+    (7.5, None, "inactive", 2),
+    (20.0, None, "inactive", 2),  # nothing else is sent
+]
 
 
-def rules_file(tmp_path: Path, receiver_url: str) -> Path:
-    path = tmp_path / "rules.yaml"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "evaluation": {"interval": "0.3s"},
-                "rules": [
-                    {
-                        "name": "SpecAcceptanceLow",
-                        "signal": "acceptance_rate",
-                        "op": "<",
-                        "threshold": 0.6,
-                        "window": "6s",
-                        "for": "1s",
-                        "min_samples": 5,
-                        "group_by": ["instance"],
-                        "severity": "warning",
-                        "summary": "acceptance {{ $value }} on {{ $labels.instance }}",
-                    }
-                ],
-                "receivers": [
-                    {
-                        "name": "ops",
-                        "url": receiver_url,
-                        "secret_env": "SPECWATCH_TEST_WEBHOOK_SECRET",
-                        "retry_backoff": "0.5s",
-                        "max_attempts": 100,
-                    }
-                ],
-            }
-        )
-    )
-    return path
-
-
-def send(client: TelemetryClient, start: int, accepted: int, n: int = 10) -> None:
-    """n requests now, each 4 drafts of 4 tokens with `accepted` tokens accepted."""
+def send(client: TelemetryClient, start: int, accepted: int, at: float, n: int = 10) -> None:
+    """n requests started at `at`, each 4 drafts of 4 tokens with `accepted` tokens accepted."""
     per_pos = [sum(1 for d in range(4) if min(4, max(0, accepted - 4 * d)) > k) for k in range(4)]
     for i in range(start, start + n):
         client.submit_request(
@@ -69,7 +51,7 @@ def send(client: TelemetryClient, start: int, accepted: int, n: int = 10) -> Non
                 request_dict(
                     i,
                     request_id=f"e2e-{i}",
-                    started_at=time.time(),
+                    started_at=at,
                     num_drafts=4,
                     num_draft_tokens=16,
                     num_accepted_tokens=accepted,
@@ -77,53 +59,82 @@ def send(client: TelemetryClient, start: int, accepted: int, n: int = 10) -> Non
                 )
             )
         )
-    assert client.flush(10)
+    assert client.flush(10)  # acknowledged: stored
 
 
-def test_alert_fires_and_resolves_through_a_receiver_that_was_down(tmp_path):
+def alert_config(receiver_url: str) -> AlertConfig:
+    return parse_config(
+        {
+            "rules": [
+                {
+                    "name": "SpecAcceptanceLow",
+                    "signal": "acceptance_rate",
+                    "op": "<",
+                    "threshold": 0.6,
+                    "window": "6s",
+                    "for": "1s",
+                    "min_samples": 5,
+                    "group_by": ["instance"],
+                    "severity": "warning",
+                    "summary": "acceptance {{ $value }} on {{ $labels.instance }}",
+                }
+            ],
+            "receivers": [
+                {
+                    "name": "ops",
+                    "url": receiver_url,
+                    "secret_env": "SPECWATCH_TEST_WEBHOOK_SECRET",
+                    "retry_backoff": "0.5s",
+                    "max_attempts": 100,
+                }
+            ],
+        }
+    )
+
+
+def alert_state(api: str) -> str:
+    alerts = httpx.get(f"{api}/v1/alerts", params={"include_resolved": True}).json()["alerts"]
+    assert len(alerts) <= 1, alerts
+    if alerts:
+        assert alerts[0]["labels"] == {"alertname": "SpecAcceptanceLow", "severity": "warning", "instance": "gpu-0"}
+    return alerts[0]["state"] if alerts else "inactive"
+
+
+def test_alert_fires_and_resolves_through_a_receiver_that_was_down(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECWATCH_TEST_WEBHOOK_SECRET", SECRET)
     collector_port, receiver_port = free_port(), free_port()
-    receiver_url = f"http://127.0.0.1:{receiver_port}/hook"
-    env = {
-        "SPECWATCH_ALERT_RULES": str(rules_file(tmp_path, receiver_url)),
-        "SPECWATCH_TEST_WEBHOOK_SECRET": SECRET,
-        "SPECWATCH_EXTERNAL_URL": f"http://127.0.0.1:{collector_port}",
-    }
+    db_url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    # the collector ingests and serves the alert API; this test is its alert runner
     collector = common.start_collector(
-        collector_port, tmp_path / "collector.log", f"sqlite:///{tmp_path / 'db.sqlite'}", env
+        collector_port, tmp_path / "collector.log", db_url, {"SPECWATCH_ALERTS_ENABLED": "false"}
     )
     api = f"http://127.0.0.1:{collector_port}"
-    receiver = None
+    engine = make_engine(db_url)
+    runner = AlertRunner(engine, alert_config(f"http://127.0.0.1:{receiver_port}/hook"), external_url=api)
+    t0, receiver = time.time() - 60, None  # the timeline ends before the wall clock: no records from the future
     try:
-        with TelemetryClient(api, flush_interval_s=0.1) as client:
-            send(client, 0, accepted=14)  # acceptance 0.875
-            send(client, 100, accepted=3)  # together: (140 + 30) / 320 = 0.53 < 0.6
-            firing = wait_for(
-                lambda: [a for a in httpx.get(f"{api}/v1/alerts").json()["alerts"] if a["state"] == "firing"],
-                "the alert to fire",
-            )
-            assert firing[0]["labels"] == {"alertname": "SpecAcceptanceLow", "severity": "warning", "instance": "gpu-0"}
-            failed = wait_for(
-                lambda: [
-                    n
-                    for n in httpx.get(f"{api}/v1/alerts/history").json()["notifications"]
-                    if n["attempts"] >= 1 and n["status"] == "pending"
-                ],
-                "a failed delivery attempt",
-            )
-            assert "ConnectError" in failed[0]["last_error"]
-
-            receiver = Receiver(receiver_port)
-            wait_for(lambda: len(receiver.received) >= 1, "the firing notification")
-            time.sleep(6.5)  # the bad requests leave the 6 s window
-            send(client, 200, accepted=15)  # acceptance 0.94: resolves
-            wait_for(lambda: len(receiver.received) >= 2, "the resolved notification")
-        time.sleep(2.0)  # nothing else may arrive
+        with TelemetryClient(api, flush_interval_s=0.05) as client:
+            for step, (t, accepted, state, received) in enumerate(TIMELINE):
+                if receiver is None and t >= RECEIVER_UP_AT:
+                    receiver = Receiver(receiver_port)
+                if accepted is not None:
+                    send(client, 100 * step, accepted, at=t0 + t - 0.1)
+                runner.cycle(t0 + t)
+                runner.deliver(t0 + t)
+                got = (alert_state(api), len(receiver.received) if receiver else 0)
+                assert got == (state, received), f"at t={t}"
+                if t == 1.5:
+                    (failed,) = httpx.get(f"{api}/v1/alerts/history").json()["notifications"]
+                    assert failed["attempts"] == 1 and failed["status"] == "pending"
+                    assert "ConnectError" in failed["last_error"]
     finally:
+        runner.close()
+        engine.dispose()
         collector.terminate()
         collector.wait(30)
         if receiver:
             receiver.close()
-    check_deliveries(receiver.received, f"http://127.0.0.1:{collector_port}")
+    check_deliveries(receiver.received, api)
 
 
 def check_deliveries(received: list[tuple[dict, bytes]], external_url: str) -> None:
