@@ -1,13 +1,15 @@
 """Remediation: what a firing (or resolving) alert does to the engine, through its control API.
 
-| action                     | engine call                                                  |
-|----------------------------|--------------------------------------------------------------|
+| action                     | engine call                                                         |
+|----------------------------|---------------------------------------------------------------------|
 | fallback_autoregressive    | POST /v1/control/mode {"mode": "autoregressive", "reason": "alert"} |
-| restore_speculative        | POST /v1/control/mode {"mode": "auto", "reason": "alert"} (sent when an alert that fell back resolves) |
-| defragment                 | POST /v1/control/defragment                                  |
-| unload_draft               | POST /v1/control/draft {"action": "unload"}                  |
-| rebalance_streams          | POST /v1/control/streams {"target": "high", "draft": "low"} (CUDA stream priorities) |
-| recommend_draft_retraining | recorded recommendation                                      |
+| restore_speculative        | POST /v1/control/mode {"mode": "auto", "reason": "alert"}           |
+|                            | (sent when an alert that fell back resolves)                        |
+| defragment                 | POST /v1/control/defragment                                         |
+| unload_draft               | POST /v1/control/draft {"action": "unload"}                         |
+| rebalance_streams          | POST /v1/control/streams {"target": "high", "draft": "low"}         |
+|                            | (CUDA stream priorities)                                            |
+| recommend_draft_retraining | recorded recommendation                                             |
 
 The engine is found by the alert's `instance` label in the remediation config; the bearer
 token comes from its `token_env`. The same (instance, action) is not repeated within the

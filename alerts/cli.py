@@ -67,7 +67,8 @@ def run_command(args: argparse.Namespace) -> int:
             for rule, error in report.errors.items():
                 print(f"{rule}: signal failed: {error}")
             print(
-                f"{len(config.rules)} rules in {report.duration_s * 1000:.1f} ms, {report.notifications} notifications queued, "
+                f"{len(config.rules)} rules in {report.duration_s * 1000:.1f} ms, "
+                f"{report.notifications} notifications queued, "
                 f"{runner.deliver()} delivered, {len(report.actions)} actions"
             )
         else:
@@ -87,6 +88,7 @@ def export_command(args: argparse.Namespace) -> int:
     except RulesError as exc:
         raise UsageError(str(exc)) from None
     print(
-        f"wrote {rules_path} and {tests_path}\ncheck them with: promtool check rules {rules_path} && promtool test rules {tests_path}"
+        f"wrote {rules_path} and {tests_path}\n"
+        f"check them with: promtool check rules {rules_path} && promtool test rules {tests_path}"
     )
     return 0

@@ -4,7 +4,8 @@ The runner turns alerts that need sending into one notification per (receiver, r
 stores it in `alert_notifications` in the same transaction as the alert states, so a crash
 never loses one and a restart never re-creates one. `deliver_due` posts what is due: on a 2xx
 the row is delivered; otherwise it is retried with exponential backoff (the receiver's
-`retry_backoff`, default 5 s, doubling up to 10 min) and marked dead after the receiver's `max_attempts`. A receiver being down loses nothing.
+`retry_backoff`, default 5 s, doubling up to 10 min) and marked dead after the receiver's
+`max_attempts`. A receiver being down loses nothing.
 
 Payload: Alertmanager's webhook version 4 JSON, so existing consumers work unchanged, or a
 Slack-compatible `text`/`blocks` message. The monthly report's link travels the same outbox

@@ -360,7 +360,8 @@ def _side(rule: Rule, domain: tuple[float, float], fire: bool) -> float:
 
 
 def _above_min_samples(rule: Rule, fire: float) -> float:
-    """A firing value that is also its own count (oom_count): clear of min_samples, where float sums round either way."""
+    """A firing value that is also its own count (oom_count): clear of min_samples, where float sums
+    round either way."""
     m = rule.min_samples
     for value in (fire, 1.5 * m, (m + rule.threshold) / 2):
         if value > m * 1.001 and rule.holds(value):

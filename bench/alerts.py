@@ -77,9 +77,8 @@ def main() -> None:
             have, newest = conn.execute(select(func.count(), func.max(Request.started_at))).one()
         now = newest if have else time.time()
         if not have:
-            print(
-                f"loading {args.rows:,} requests over {args.days:g} days ... {load(path, args.rows, args.days, now):.1f} s"
-            )
+            seconds = load(path, args.rows, args.days, now)
+            print(f"loading {args.rows:,} requests over {args.days:g} days ... {seconds:.1f} s")
             print(f"adding {add_device_samples(engine, now - args.days * DAY, now):,} device samples")
         run(engine, now, args.repeat)
         engine.dispose()

@@ -109,7 +109,8 @@ def measure(engine: Engine, args) -> dict[str, dict[str, Runs]]:
 def report(results: dict[str, dict[str, Runs]]) -> list[dict]:
     rows = []
     print(
-        f"\n{'prompt':<10} {'configuration':<34} {'tok/s':>7} {'vs own plain':>12} {'accept':>7} {'mean len':>8} {'= plain':>9}"
+        f"\n{'prompt':<10} {'configuration':<34} {'tok/s':>7} {'vs own plain':>12} "
+        f"{'accept':>7} {'mean len':>8} {'= plain':>9}"
     )
     for kind, configs in results.items():
         base = configs["own plain"]
@@ -128,7 +129,8 @@ def report(results: dict[str, dict[str, Runs]]) -> list[dict]:
             acc = f"{row['acceptance_rate']:.2f}" if row["acceptance_rate"] is not None else "-"
             mal = f"{row['mean_acceptance_length']:.2f}" if row["mean_acceptance_length"] is not None else "-"
             print(
-                f"{kind:<10} {name:<34} {row['tokens_per_s']:7.1f} {row['speedup_vs_own_plain']:11.2f}x {acc:>7} {mal:>8} {identity(row):>9}"
+                f"{kind:<10} {name:<34} {row['tokens_per_s']:7.1f} {row['speedup_vs_own_plain']:11.2f}x "
+                f"{acc:>7} {mal:>8} {identity(row):>9}"
             )
     return rows
 

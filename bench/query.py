@@ -133,9 +133,8 @@ def main() -> None:
             newest = conn.scalar(text("SELECT max(started_at) FROM requests"))
         now = newest if have else time.time()
         if not have:
-            print(
-                f"loading {args.rows:,} requests over {args.days:g} days ... {load(path, args.rows, args.days, now):.1f} s"
-            )
+            seconds = load(path, args.rows, args.days, now)
+            print(f"loading {args.rows:,} requests over {args.days:g} days ... {seconds:.1f} s")
             have = args.rows
         t = time.perf_counter()
         folded = roll_up(engine, now=now).rows_folded

@@ -183,7 +183,8 @@ def measure(configs: dict, args) -> dict[str, dict[str, Runs]]:
 def report(results: dict[str, dict[str, Runs]]) -> list[dict]:
     rows = []
     print(
-        f"\n{'prompt':<10} {'configuration':<11} {'tok/s':>7} {'accept':>7} {'mean len':>8} {'same text as own plain':>23}"
+        f"\n{'prompt':<10} {'configuration':<11} {'tok/s':>7} {'accept':>7} {'mean len':>8} "
+        f"{'same text as own plain':>23}"
     )
     for kind, configs in results.items():
         base = configs["own plain"].text
@@ -202,7 +203,8 @@ def report(results: dict[str, dict[str, Runs]]) -> list[dict]:
                 }
             )
             print(
-                f"{kind:<10} {name:<11} {runs.tokens_per_s():7.1f} {_f(acc):>7} {_f(mal):>8} {'yes' if runs.text == base else 'no':>23}"
+                f"{kind:<10} {name:<11} {runs.tokens_per_s():7.1f} {_f(acc):>7} {_f(mal):>8} "
+                f"{'yes' if runs.text == base else 'no':>23}"
             )
     print(f"\n{'prompt':<10} {'bundled ngram / vllm ngram':>27} {'bundled plain / vllm plain':>27}")
     for kind, configs in results.items():
@@ -231,7 +233,8 @@ def profile(results: dict[str, dict[str, Runs]]) -> None:
             verify = f"{1000 * p['verify_s'] / n:7.1f}" if "verify_s" in p else f"{'-':>7}"
             per_step = decode / steps if steps else float("nan")
             print(
-                f"{kind:<10} {name:<11} {e2e:7.0f} {prefill:8.1f} {decode:8.0f} {steps:6.1f} {per_step:8.1f} {draft} {verify} "
+                f"{kind:<10} {name:<11} {e2e:7.0f} {prefill:8.1f} {decode:8.0f} {steps:6.1f} {per_step:8.1f} "
+                f"{draft} {verify} "
                 f"{sum(runs.tokens) / n / steps if steps else float('nan'):11.2f}"
             )
 

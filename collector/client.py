@@ -18,6 +18,7 @@ queue die with the producer process (call `flush`/`close` on shutdown).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -138,10 +139,8 @@ class TelemetryClient:
             return
         self.flush(timeout)
         self._closed = True
-        try:
+        with contextlib.suppress(queue.Full):
             self._queue.put(_STOP, timeout=timeout)
-        except queue.Full:
-            pass
         self._thread.join(timeout)
         self._http.close()
 

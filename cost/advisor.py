@@ -10,7 +10,8 @@ is a pure function of that evidence. Guidance first, then the measurements:
     measured          pays: speed-up >= 1.05 with p < 0.05; hurts: <= 0.95 with p < 0.05
 
     guidance \\ measured   pays                hurts               unclear / not compared
-    enable                enable              disable (contra)    enable if the point estimate is >= 1 or absent, else canary
+    enable                enable              disable (contra)    enable if the point estimate is >= 1
+                                                                  or absent, else canary
     disable               canary (contra)     disable             disable
     none                  enable              disable             canary
 
@@ -144,7 +145,10 @@ def recommend(ev: ScenarioEvidence, rules: AdvisorRules = AdvisorRules()) -> Rec
     """The decision table of the module docstring."""
     notes = _determinism_notes(ev)
     if ev.requests < rules.min_requests or not ev.speculative_requests:
-        why = f"{ev.requests} requests ({ev.speculative_requests} speculative), need >= {rules.min_requests} with speculation"
+        why = (
+            f"{ev.requests} requests ({ev.speculative_requests} speculative), "
+            f"need >= {rules.min_requests} with speculation"
+        )
         return Recommendation(ev.scenario, "canary", "insufficient_data", why, notes, ev)
     advice, rule, why = guidance(ev, rules)
     verdict, measured = measured_verdict(ev, rules), _measured_words(ev)

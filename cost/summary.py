@@ -146,7 +146,8 @@ def _benefits(t: Tco) -> list[str]:
         lines += [
             f"{b.key}{primary}: saves {_usd(b.explicit_saving_usd, 0)} USD/month explicit",
             (
-                f"  hidden USD/month: draft training {_usd(h.draft_training_usd, 0)}, monitoring {_usd(h.monitoring_usd, 0)}"
+                f"  hidden USD/month: draft training {_usd(h.draft_training_usd, 0)},"
+                f" monitoring {_usd(h.monitoring_usd, 0)}"
                 f" ({h.monitoring_source}), incidents {_usd(h.incidents_usd, 0)}, tech debt {_usd(h.tech_debt_usd, 0)}"
                 f" = {_usd(h.total_usd, 0)}"
             ),
@@ -160,7 +161,8 @@ def _break_even_lines(rows: tuple[BreakEven, ...]) -> list[str]:
     for b in rows:
         lines.append(
             f"  {b.key}: gamma {_num(b.gamma, '.2f')}, c {_num(b.draft_cost_ratio)}, acceptance rate "
-            f"{_num(b.acceptance_rate)}, alpha {_num(b.measured_alpha)}; speed-up model {_num(b.model_speedup, '.2f')}x,"
+            f"{_num(b.acceptance_rate)}, alpha {_num(b.measured_alpha)};"
+            f" speed-up model {_num(b.model_speedup, '.2f')}x,"
             f" measured {_num(b.measured_speedup, '.2f')}x; speed-up 1 at alpha {_num(b.speedup_alpha)},"
             f" net benefit 0 at alpha {_num(b.benefit_alpha)}"
         )

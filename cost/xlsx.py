@@ -49,7 +49,9 @@ ARM_FIRST_ROW = len(GLOBAL_INPUTS) + 5  # header rows, the globals, a blank row,
 # Model rows: label -> formula template. {g:name} a global input, {a:name} this arm's input,
 # {m:label} this column's model cell, {plain:label} the plain-decoding column's model cell.
 ARM_ROWS = {
-    "memory_share": "IF({a:target_memory_gb}=0,1,({a:target_memory_gb}+{a:draft_memory_gb})/({g:gpu_count}*{g:gpu_memory_gb}))",
+    "memory_share": (
+        "IF({a:target_memory_gb}=0,1,({a:target_memory_gb}+{a:draft_memory_gb})/({g:gpu_count}*{g:gpu_memory_gb}))"
+    ),
     "gpu_hours_per_mtok": "{g:gpu_count}*1000000/{a:tokens_per_s}/3600",
     "compute_usd_per_mtok": "{m:gpu_hours_per_mtok}*{g:gpu_hour_usd}*{m:memory_share}",
     "energy_kwh_per_mtok": "{a:energy_j_per_token}*1000000/3600000",
@@ -63,8 +65,12 @@ BENEFIT_ROWS = {
     "draft_training_usd_month": "{g:draft_training_usd}/{g:amortisation_months}*{a:needs_training}",
     "monitoring_usd_month": "{g:monitoring_gb_per_day}*{g:monitoring_retention_days}*{g:storage_usd_per_gb_month}",
     "incidents_usd_month": "{g:incident_days_per_week}*52/12*{g:engineer_day_usd}",
-    "tech_debt_usd_month": "{g:tech_debt_buffer}*({m:draft_training_usd_month}+{m:monitoring_usd_month}+{m:incidents_usd_month})",
-    "hidden_usd_month": "{m:draft_training_usd_month}+{m:monitoring_usd_month}+{m:incidents_usd_month}+{m:tech_debt_usd_month}",
+    "tech_debt_usd_month": (
+        "{g:tech_debt_buffer}*({m:draft_training_usd_month}+{m:monitoring_usd_month}+{m:incidents_usd_month})"
+    ),
+    "hidden_usd_month": (
+        "{m:draft_training_usd_month}+{m:monitoring_usd_month}+{m:incidents_usd_month}+{m:tech_debt_usd_month}"
+    ),
     "explicit_saving_usd_month": "{plain:monthly_usd}-{m:monthly_usd}",
     "net_benefit_usd_month": "{m:explicit_saving_usd_month}-{m:hidden_usd_month}",
     # saving net of the recurring hidden costs (with buffer) > 0: training / that saving, else "never"

@@ -213,8 +213,10 @@ def print_window(url: str, last_s: float = 3600) -> None:
         return "n/a" if value is None else f"{value * scale:.{digits}f}"
 
     print(
-        f"collector, last {last_s / 60:.0f} min: {signals['requests']} requests, acceptance rate {fmt(signals['acceptance_rate'])}, "
-        f"mean acceptance length {fmt(signals['mean_acceptance_length'])}, TTFT P99 {fmt(signals['ttft']['p99'], 1000, 0)} ms",
+        f"collector, last {last_s / 60:.0f} min: {signals['requests']} requests, "
+        f"acceptance rate {fmt(signals['acceptance_rate'])}, "
+        f"mean acceptance length {fmt(signals['mean_acceptance_length'])}, "
+        f"TTFT P99 {fmt(signals['ttft']['p99'], 1000, 0)} ms",
         flush=True,
     )
     alerts = httpx.get(f"{url}/v1/alerts", timeout=10).json()["alerts"]

@@ -54,12 +54,14 @@ def _phase(run, phase, end: float | None) -> bool:
     seen = {short: got[short] for _, short in COUNTER_FIELDS}
     equal = all(abs(seen[k] - own[k]) < 1e-6 for k in own)
     print(
-        f"\n[{phase.name}]  {phase.ended - phase.started:.0f} s of traffic, {phase.generation_tokens:.0f} output tokens "
+        f"\n[{phase.name}]  {phase.ended - phase.started:.0f} s of traffic, "
+        f"{phase.generation_tokens:.0f} output tokens "
         f"(vllm:generation_tokens_total), {phase.generation_tokens / (phase.ended - phase.started):.1f} tok/s"
     )
     print(
         f"  acceptance  specwatch (vLLM source): {_ratio(got['acceptance_rate'])}  "
-        f"= {seen['accepted_tokens']:.0f} accepted / {seen['draft_tokens']:.0f} drafted tokens, {seen['drafts']:.0f} drafts, "
+        f"= {seen['accepted_tokens']:.0f} accepted / {seen['draft_tokens']:.0f} drafted tokens, "
+        f"{seen['drafts']:.0f} drafts, "
         f"mean acceptance length {_ratio(got['mean_acceptance_length'])}"
     )
     own_rate = own["accepted_tokens"] / own["draft_tokens"] if own["draft_tokens"] else None
@@ -99,7 +101,8 @@ def _timeline(run) -> None:
     t0 = rows[0]["at"] - rows[0]["interval_s"]
     print(f"\nscrape timeline ({len(rows)} rows; t = seconds since the first scrape; quiet rows folded):")
     print(
-        f"  {'t':>6} {'interval':>8} {'reset':>5} {'drafts':>7} {'drafted':>8} {'accepted':>8} {'TTFT n':>6} {'e2e n':>6}"
+        f"  {'t':>6} {'interval':>8} {'reset':>5} {'drafts':>7} {'drafted':>8} {'accepted':>8} "
+        f"{'TTFT n':>6} {'e2e n':>6}"
     )
     quiet = 0
     for r in rows:
@@ -114,7 +117,8 @@ def _timeline(run) -> None:
         flag = "  <- gap" if gap else ""
         print(
             f"  {r['at'] - t0:6.1f} {r['interval_s']:8.1f} {'yes' if r['counter_reset'] else '':>5} {r['drafts']:7.0f} "
-            f"{r['draft_tokens']:8.0f} {r['accepted_tokens']:8.0f} {sum(r['ttft_counts']):6.0f} {sum(r['e2e_counts']):6.0f}{flag}"
+            f"{r['draft_tokens']:8.0f} {r['accepted_tokens']:8.0f} "
+            f"{sum(r['ttft_counts']):6.0f} {sum(r['e2e_counts']):6.0f}{flag}"
         )
     if quiet:
         print(f"  {'':>6} ({quiet} quiet rows)")
@@ -162,7 +166,8 @@ def _alerts(run) -> None:
     vllm_rules = [h for h in body["rules"] if h["rule"].startswith("Vllm")]
     for h in vllm_rules:
         print(
-            f"  rule {h['rule']}: evaluated, {'error ' + h['error'] if h['error'] else 'ok'} ({1000 * h['duration_s']:.0f} ms)"
+            f"  rule {h['rule']}: evaluated, {'error ' + h['error'] if h['error'] else 'ok'} "
+            f"({1000 * h['duration_s']:.0f} ms)"
         )
     transitions = [t for t in history["transitions"] if t["rule"].startswith("Vllm")]
     for t in reversed(transitions):
@@ -196,7 +201,8 @@ def _tco(run) -> None:
     summary = summarize(CostInputs(tuple(arms), load_prices(), gpu_type=GPU_TYPE), source="measured")
     print(
         f"\nTCO of the vLLM source: cost.model over the {len(arms)} phase(s) above as measured inputs "
-        f"(tokens/s = vllm:generation_tokens_total / traffic seconds; acceptance from the scrapes), priced as {GPU_TYPE}:"
+        f"(tokens/s = vllm:generation_tokens_total / traffic seconds; acceptance from the scrapes), "
+        f"priced as {GPU_TYPE}:"
     )
     text = render_text(summary).replace(
         "(what-if inputs)", f"({sum(a.window_s for a in arms):.0f} s of vLLM traffic measured)"

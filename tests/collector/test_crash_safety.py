@@ -30,6 +30,15 @@ def submit_wave(client: TelemetryClient, wave: int) -> None:
         client.submit_request(RequestRecord.model_validate(request_dict(i)))
 
 
+def kill(proc: subprocess.Popen) -> list[int]:
+    """SIGKILL the collector; its ingest worker processes leave with it (none lingers holding the database)."""
+    workers = children(proc.pid)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    wait_for(lambda: not any(map(running, workers)), "the killed collector's workers to exit", timeout=30)
+    return workers
+
+
 def test_sigkill_mid_ingest_loses_and_duplicates_nothing(db_url, tmp_path):
     port, log = free_port(), tmp_path / "collector.log"
     proc = start_collector(db_url, port, log)
@@ -45,11 +54,7 @@ def test_sigkill_mid_ingest_loses_and_duplicates_nothing(db_url, tmp_path):
                 wait_for(lambda: client.stats().delivered > 0, "a first delivery", timeout=30, interval=0.01)
                 delivered_before_kill = client.stats().delivered
                 submit_wave(client, wave)
-                workers = children(proc.pid)
-                proc.send_signal(signal.SIGKILL)
-                proc.wait()
-                # its ingest worker processes leave with it (none lingers holding the database)
-                wait_for(lambda: not any(map(running, workers)), "the killed collector's workers to exit", timeout=30)
+                workers = kill(proc)
             else:
                 submit_wave(client, wave)
             if wave == RESTART_AT:

@@ -13,6 +13,7 @@ the module is skipped without them. No browser is downloaded (`playwright instal
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 from contextlib import contextmanager
 from pathlib import Path
@@ -132,22 +133,16 @@ def test_deep_link_on_a_fresh_server(browser, live_collector, tmp_path):
 
 def settle(page) -> None:
     """Until the script run is over and the charts are drawn (or a short timeout: the checks still run)."""
-    try:
+    with contextlib.suppress(sync_api.TimeoutError):  # the websocket stays open; idle is best effort
         page.wait_for_load_state("networkidle", timeout=10_000)
-    except sync_api.TimeoutError:
-        pass  # the websocket stays open; idle is best effort
-    try:  # "Running..." in the top bar while the script runs
+    with contextlib.suppress(sync_api.TimeoutError):  # "Running..." in the top bar while the script runs
         page.locator('[data-testid="stStatusWidget"]').wait_for(state="detached", timeout=15_000)
-    except sync_api.TimeoutError:
-        pass
-    try:  # Vega charts render into a canvas or svg once their data arrived
+    with contextlib.suppress(sync_api.TimeoutError):  # Vega charts render into a canvas or svg once their data arrived
         page.wait_for_function(
             """() => [...document.querySelectorAll('[data-testid="stVegaLiteChart"]')]
                                          .every(c => c.querySelector('canvas, svg'))""",
             timeout=10_000,
         )
-    except sync_api.TimeoutError:
-        pass
     page.wait_for_timeout(750)
 
 

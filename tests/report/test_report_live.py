@@ -118,8 +118,10 @@ def test_report_renders_in_chromium_with_no_broken_image(written):
             page.on("request", lambda r: fetched.append(r.url) if not r.url.startswith(("file:", "data:")) else None)
             page.on("pageerror", lambda e: errors.append(str(e)))
             page.goto(written["html"].as_uri(), wait_until="load", timeout=30_000)
-            images = page.evaluate("""() => [...document.images].map(i => ({alt: i.alt, complete: i.complete,
-                                                                            width: i.naturalWidth, height: i.naturalHeight}))""")
+            images = page.evaluate(
+                """() => [...document.images].map(i => ({alt: i.alt, complete: i.complete,
+                                                         width: i.naturalWidth, height: i.naturalHeight}))"""
+            )
             assert images and len(images) == len(check_html(written["html"].read_text()))
             broken = [i["alt"] for i in images if not (i["complete"] and i["width"] > 0 and i["height"] > 0)]
             assert not broken, f"broken images: {broken}"
