@@ -4,9 +4,9 @@ Hour-aligned windows with whole-hour steps read the per-hour rollups, others the
 per-minute ones.
 
 Percentiles here are interpolated from the rollup histograms the way PromQL's
-`histogram_quantile` does, so they are estimates; short windows use exact raw-row
-percentiles (`collector.series.series`). Tag filters are not kept in rollups: a query
-with tags falls back to raw rows.
+`histogram_quantile` does (on the bounds every summed row has: `rollups.histogram_of`), so
+they are estimates; short windows use exact raw-row percentiles (`collector.series.series`).
+Tag filters are not kept in rollups: a query with tags falls back to raw rows.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import math
 import numpy as np
 from sqlalchemy import Engine, and_, func, select
 
-from collector.models import LATENCY_BUCKETS, Request, RequestRollup, RequestRollupHourly
+from collector.models import Request, RequestRollup, RequestRollupHourly
 from collector.queries import Filters, HourOfDay, Window, errors_by_hour
 from collector.rollups import (
     E2E_COLUMNS,
@@ -28,7 +28,10 @@ from collector.rollups import (
     TTFT_COLUMNS,
     aggregate,
     get_state,
+    histogram_of,
+    legacy_rows,
 )
+from collector.schema import LATENCY_BUCKETS
 from collector.series import SeriesPoint, rate_moments, series
 
 RAW_WINDOW_LIMIT_S = 6 * 3600.0
@@ -137,13 +140,13 @@ def errors_by_hour_long(engine: Engine, window: Window, filters: Filters = Filte
 def _rollup_points(engine: Engine, start: float, steps: int, step_s: float, filters: Filters) -> list[SeriesPoint]:
     table = RequestRollupHourly if start % 3600 == 0 and step_s % 3600 == 0 else RequestRollup
     index = func.floor((table.period_start - start) / step_s).label("step")
-    sums = [func.sum(getattr(table, c)) for c in (*_SUMS, *TTFT_COLUMNS, *E2E_COLUMNS)]
+    sums = [func.sum(getattr(table, c)) for c in (*_SUMS, *TTFT_COLUMNS, *E2E_COLUMNS)] + [legacy_rows(table)]
     stmt = (
         select(index, *sums)
         .where(and_(*rollup_conditions(table, start, start + steps * step_s, filters)))
         .group_by(index)
     )
-    totals = np.zeros((steps, len(sums)))
+    totals = np.zeros((steps, len(sums)))  # the last column: legacy rows (no raw row adds to it)
     with engine.connect() as conn:
         for step, *values in conn.execute(stmt):
             totals[int(step)] = [float(v or 0) for v in values]
@@ -171,8 +174,8 @@ def _add_unrolled(conn, totals: np.ndarray, start: float, step_s: float, filters
 def _point(t: float, row: np.ndarray) -> SeriesPoint:
     requests, errors, out, drafts, drafted, accepted = (int(v) for v in row[:6])
     mean, stddev = (float(m[0]) for m in rate_moments(*(np.array([v]) for v in row[6:9])))
-    ttft = row[len(_SUMS) : len(_SUMS) + len(TTFT_COLUMNS)]
-    e2e = row[len(_SUMS) + len(TTFT_COLUMNS) :]
+    e2e_at = len(_SUMS) + len(TTFT_COLUMNS)
+    ttft, e2e = histogram_of(row[len(_SUMS) : e2e_at], row[-1]), histogram_of(row[e2e_at:-1], row[-1])
     return SeriesPoint(
         t=t,
         requests=requests,
@@ -185,8 +188,8 @@ def _point(t: float, row: np.ndarray) -> SeriesPoint:
         acceptance_rate_mean=None if math.isnan(mean) else mean,
         acceptance_rate_stddev=None if math.isnan(stddev) else stddev,
         mean_acceptance_length=1.0 + accepted / drafts if drafts else None,
-        ttft_p50=histogram_quantile(0.5, ttft),
-        ttft_p99=histogram_quantile(0.99, ttft),
-        e2e_p50=histogram_quantile(0.5, e2e),
-        e2e_p99=histogram_quantile(0.99, e2e),
+        ttft_p50=histogram_quantile(0.5, *ttft),
+        ttft_p99=histogram_quantile(0.99, *ttft),
+        e2e_p50=histogram_quantile(0.5, *e2e),
+        e2e_p99=histogram_quantile(0.99, *e2e),
     )

@@ -1,10 +1,11 @@
 """Window signals for long windows (days, a month) from the rollups.
 
-The window is cut in three: raw rows before the first whole minute, per-minute rollups
-up to the last roll-up pass (less `history.GRACE_S`; whole hours from the hourly ones) plus the raw rows of that span not
-rolled up yet (ids above the roll-up's last id: late arrivals), raw rows after. The raw parts are
-aggregated exactly like the rollups (`rollups.aggregate`) so all three simply add up.
-Percentiles come from the summed latency histograms (PromQL's `histogram_quantile`), the
+The window is cut in three: raw rows before the first whole minute, per-minute rollups up to
+the last roll-up pass (less `history.GRACE_S`; whole hours from the hourly ones) plus the raw
+rows of that span not rolled up yet (ids above the roll-up's last id: late arrivals), raw rows
+after. The raw parts are aggregated exactly like the rollups (`rollups.aggregate`) so all three
+simply add up. Percentiles come from the summed latency histograms (PromQL's
+`histogram_quantile`, on the bounds every summed row has: `rollups.histogram_of`), the
 acceptance mean and standard deviation across requests from the sums of rates and of their
 squares. TPOT is not kept in rollups (left empty).
 """
@@ -29,9 +30,11 @@ from collector.rollups import (
     TTFT_COLUMNS,
     aggregate,
     get_state,
+    histogram_of,
+    legacy_rows,
 )
 
-_COLUMNS = (*INT_COLUMNS, *FLOAT_COLUMNS)
+_COLUMNS = (*INT_COLUMNS, *FLOAT_COLUMNS, "legacy_rows")  # the last: rollup rows older than migration 0005
 
 
 def auto_signals(engine: Engine, window: Window, filters: Filters = Filters()) -> Signals:
@@ -64,7 +67,8 @@ def _rollup_totals(conn, start: float, end: float, filters: Filters) -> np.ndarr
     totals = np.zeros(len(_COLUMNS))
     for table, lo, hi in spans:
         if hi > lo:
-            stmt = select(*(func.coalesce(func.sum(getattr(table, c)), 0) for c in _COLUMNS))
+            sums = [func.coalesce(func.sum(getattr(table, c)), 0) for c in _COLUMNS[:-1]]
+            stmt = select(*sums, legacy_rows(table))
             totals += np.array(
                 conn.execute(stmt.where(and_(*rollup_conditions(table, lo, hi, filters)))).one(), dtype=float
             )
@@ -81,7 +85,7 @@ def _raw_totals(conn, start: float, end: float, filters: Filters, after_id: floa
     if not rows:
         return np.zeros(len(_COLUMNS))
     _, ints, floats = aggregate(rows, 60)
-    return np.concatenate([ints.sum(axis=0), floats.sum(axis=0)]).astype(float)
+    return np.concatenate([ints.sum(axis=0), floats.sum(axis=0), [0]]).astype(float)
 
 
 def _signals_from(window: Window, t: dict[str, float]) -> Signals:
@@ -102,14 +106,14 @@ def _signals_from(window: Window, t: dict[str, float]) -> Signals:
         acceptance_rate_mean=mean,
         acceptance_rate_stddev=stddev,
         mean_acceptance_length=1.0 + t["accepted_tokens"] / t["drafts"] if t["drafts"] else None,
-        ttft=_percentiles(np.array([t[c] for c in TTFT_COLUMNS])),
-        e2e=_percentiles(np.array([t[c] for c in E2E_COLUMNS])),
+        ttft=_percentiles(np.array([t[c] for c in TTFT_COLUMNS]), t["legacy_rows"]),
+        e2e=_percentiles(np.array([t[c] for c in E2E_COLUMNS]), t["legacy_rows"]),
         tpot=Percentiles(),
     )
 
 
-def _percentiles(counts: np.ndarray) -> Percentiles:
+def _percentiles(counts: np.ndarray, legacy: float) -> Percentiles:
     if not counts.sum():
         return Percentiles()
-    p50, p90, p95, p99 = (histogram_quantile(q, counts) for q in (0.5, 0.9, 0.95, 0.99))
+    p50, p90, p95, p99 = (histogram_quantile(q, *histogram_of(counts, legacy)) for q in (0.5, 0.9, 0.95, 0.99))
     return Percentiles(p50, p90, p95, p99, int(counts.sum()))

@@ -28,8 +28,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
-from collector.models import LATENCY_BUCKETS
-from collector.schema import DeviceSample, RequestRecord
+from collector.schema import LATENCY_BUCKETS, DeviceSample, RequestRecord
 from collector.store import IngestCounts
 
 REQUEST_LABELS = ("instance", "model", "mode", "drafter")

@@ -13,6 +13,8 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, Double, Index, Integer, MetaData, String, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from collector.schema import LATENCY_BUCKETS
+
 # SQLite only aliases rowid for INTEGER PRIMARY KEY, so BIGINT becomes INTEGER there.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
 
@@ -118,16 +120,21 @@ class EngineEventRow(Base):
     duration_s: Mapped[float | None]
 
 
-# Latency histogram bounds (seconds) shared by /metrics and the per-minute rollups.
-LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 120.0)
+# The bounds of rollup rows written before migration 0005, a subset of LATENCY_BUCKETS. Such a
+# row holds NULL in the buckets of the bounds it lacked (ADDED_BUCKETS): their observations are
+# counted in the next bucket up, as a histogram without those bounds counts them.
+LEGACY_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 120.0)
+ADDED_BUCKETS = tuple(i for i, bound in enumerate(LATENCY_BUCKETS) if bound not in LEGACY_LATENCY_BUCKETS)
 
 
 def bucket_column_names(prefix: str) -> list[str]:
+    """One column per bucket of LATENCY_BUCKETS, the last one above the largest bound."""
     return [f"{prefix}_b{i:02d}" for i in range(len(LATENCY_BUCKETS) + 1)]
 
 
 def bucket_columns(prefix: str) -> dict[str, Any]:
-    return {name: mapped_column(BigInteger, nullable=False) for name in bucket_column_names(prefix)}
+    names = bucket_column_names(prefix)
+    return {name: mapped_column(BigInteger, nullable=i in ADDED_BUCKETS) for i, name in enumerate(names)}
 
 
 class _RollupColumns:
@@ -137,7 +144,8 @@ class _RollupColumns:
     drafter or arm so the key is a plain primary key. Every other column is additive, so raw
     rows are folded in incrementally (`collector.rollups`). Latency histograms hold
     non-cumulative counts per bucket of `LATENCY_BUCKETS` (bucket i: bounds[i-1] < v <=
-    bounds[i]; the last one: above the largest bound), one column each so SQL can SUM them.
+    bounds[i]; the last one: above the largest bound), one column each so SQL can SUM them;
+    rows from before migration 0005 have NULL in the ADDED_BUCKETS (see LEGACY_LATENCY_BUCKETS).
     """
 
     period_start: Mapped[int] = mapped_column(BigInteger, primary_key=True)  # epoch seconds

@@ -10,6 +10,10 @@ the same way.
 
 Retention deletes raw rows older than the raw retention only once they are rolled up
 (`id <= rollup_last_id`), and rollups older than their own retention.
+
+Rows written before migration 0005 lack some latency bounds (NULL in `ADDED_BUCKETS`): the
+upsert counts new observations of those buckets in the next bucket up, and readers merge every
+sum that includes such a row onto the bounds it has (`histogram_of`).
 """
 
 from __future__ import annotations
@@ -18,11 +22,12 @@ import contextlib
 from dataclasses import dataclass
 
 import numpy as np
-from sqlalchemy import Connection, Engine, Table, delete, insert, select, text
+from sqlalchemy import ColumnElement, Connection, Engine, Table, delete, func, insert, select, text
 
 from collector.db import write_transaction
 from collector.models import (
-    LATENCY_BUCKETS,
+    ADDED_BUCKETS,
+    LEGACY_LATENCY_BUCKETS,
     AlertActionRow,
     AlertNotificationRow,
     AlertTransitionRow,
@@ -35,6 +40,7 @@ from collector.models import (
     VllmScrape,
     bucket_column_names,
 )
+from collector.schema import LATENCY_BUCKETS
 
 CHUNK_ROWS = 200_000  # raw rows folded per transaction
 LAST_ID, LAST_PASS_AT = "rollup_last_id", "rollup_pass_at"
@@ -57,6 +63,10 @@ INT_COLUMNS = (
 FLOAT_COLUMNS = ("rate_sum", "rate_sumsq", "ttft_sum", "e2e_sum")
 PERIODS = ((RequestRollup.__table__, 60), (RequestRollupHourly.__table__, 3600))
 _BOUNDS = np.array(LATENCY_BUCKETS)
+# bucket i of LEGACY_LATENCY_BUCKETS spans buckets _LEGACY_STARTS[i] .. _LEGACY_STARTS[i + 1] - 1 of LATENCY_BUCKETS
+_LEGACY_STARTS = [0, *(LATENCY_BUCKETS.index(bound) + 1 for bound in LEGACY_LATENCY_BUCKETS)]
+# an added bucket -> the next bucket a legacy row has, which holds its observations there
+_MERGED_INTO = {i: min(j for j in range(i, len(LATENCY_BUCKETS) + 1) if j not in ADDED_BUCKETS) for i in ADDED_BUCKETS}
 RAW_COLUMNS = (
     Request.started_at,
     Request.instance,
@@ -115,6 +125,20 @@ def roll_up(engine: Engine, now: float, lock: contextlib.AbstractContextManager 
             return RollupReport(folded, last_id)
 
 
+def legacy_rows(table) -> ColumnElement[int]:
+    """SQL: how many of the summed rows predate migration 0005 (NULL in the added buckets)."""
+    return func.count() - func.count(getattr(table, TTFT_COLUMNS[ADDED_BUCKETS[0]]))
+
+
+def histogram_of(counts: np.ndarray, legacy: float) -> tuple[np.ndarray, tuple[float, ...]]:
+    """Summed bucket counts and their bounds. A sum with legacy rows in it has their observations
+    of an added bucket in the next one up, so it is merged onto the bounds those rows have
+    (exactly: LATENCY_BUCKETS contains them all)."""
+    if not legacy:
+        return counts, LATENCY_BUCKETS
+    return np.add.reduceat(counts, _LEGACY_STARTS), LEGACY_LATENCY_BUCKETS
+
+
 def _upsert(conn: Connection, table: Table, groups: Aggregates) -> None:
     """Add the aggregates to the stored ones (insert, or add column by column on conflict)."""
     keys, ints, floats = groups
@@ -123,7 +147,7 @@ def _upsert(conn: Connection, table: Table, groups: Aggregates) -> None:
     sql = (
         f"INSERT INTO {table.name} ({', '.join(columns)}) VALUES ({', '.join([mark] * len(columns))}) "
         f"ON CONFLICT ({', '.join(KEY_COLUMNS)}) DO UPDATE SET "
-        + ", ".join(f"{c} = {table.name}.{c} + excluded.{c}" for c in (*INT_COLUMNS, *FLOAT_COLUMNS))
+        + ", ".join(_add_to_stored(table.name, c) for c in (*INT_COLUMNS, *FLOAT_COLUMNS))
     )
     rows = [key + tuple(i) + tuple(f) for key, i, f in zip(keys, ints.tolist(), floats.tolist())]
     cursor = conn.connection.dbapi_connection.cursor()
@@ -131,6 +155,16 @@ def _upsert(conn: Connection, table: Table, groups: Aggregates) -> None:
         cursor.executemany(sql, rows)
     finally:
         cursor.close()
+
+
+def _add_to_stored(table: str, column: str) -> str:
+    """`column = stored + new`; a legacy row's added bucket stays NULL, its count going one bucket up."""
+    sql = f"{column} = {table}.{column} + excluded.{column}"
+    for names in (TTFT_COLUMNS, E2E_COLUMNS):
+        if column in names:
+            for added in (names[i] for i, into in _MERGED_INTO.items() if names[into] == column):
+                sql += f" + CASE WHEN {table}.{added} IS NULL THEN excluded.{added} ELSE 0 END"
+    return sql
 
 
 def aggregate(rows: list[tuple], period_s: int) -> Aggregates:

@@ -21,6 +21,10 @@ MIN_EPOCH_S = 946_684_800.0
 MAX_EPOCH_S = 4_102_444_800.0
 MAX_GAMMA = 64
 MAX_TAGS = 16
+# Latency histogram bounds (seconds, Prometheus `le`) of TTFT and e2e latency: the engine's and the
+# collector's /metrics and the collector's rollups all use these. 0.3 is the default TTFTP99High
+# threshold, so its PromQL histogram_quantile needs no interpolation across it.
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.25, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 25.0, 30.0, 60.0, 120.0)
 
 # No NUL characters: PostgreSQL text cannot hold them, so they would fail at insert time.
 NO_NUL = r"^[^\x00]*$"
