@@ -17,24 +17,16 @@ import math
 import numpy as np
 from sqlalchemy import Engine, and_, func, select
 
+from collector import rollups
 from collector.history import GRACE_S, RAW_WINDOW_LIMIT_S, histogram_quantile, rollup_conditions
 from collector.models import Request, RequestRollup, RequestRollupHourly
 from collector.queries import Filters, Percentiles, Signals, Window, signals
-from collector.rollups import (
-    E2E_COLUMNS,
-    FLOAT_COLUMNS,
-    INT_COLUMNS,
-    LAST_ID,
-    LAST_PASS_AT,
-    RAW_COLUMNS,
-    TTFT_COLUMNS,
-    aggregate,
-    get_state,
-    histogram_of,
-    legacy_rows,
-)
 
-_COLUMNS = (*INT_COLUMNS, *FLOAT_COLUMNS, "legacy_rows")  # the last: rollup rows older than migration 0005
+_COLUMNS = (
+    *rollups.INT_COLUMNS,
+    *rollups.FLOAT_COLUMNS,
+    "legacy_rows",
+)  # the last: rollup rows older than migration 0005
 
 
 def auto_signals(engine: Engine, window: Window, filters: Filters = Filters()) -> Signals:
@@ -47,7 +39,7 @@ def auto_signals(engine: Engine, window: Window, filters: Filters = Filters()) -
 def long_signals(engine: Engine, window: Window, filters: Filters = Filters()) -> Signals:
     first = min(window.end, math.ceil(window.start / 60) * 60)
     with engine.connect() as conn:
-        pass_at, last_id = get_state(conn, LAST_PASS_AT), get_state(conn, LAST_ID) or 0
+        pass_at, last_id = rollups.get_state(conn, rollups.LAST_PASS_AT), rollups.get_state(conn, rollups.LAST_ID) or 0
         split = first if pass_at is None else min(window.end, max(first, math.floor((pass_at - GRACE_S) / 60) * 60))
         totals = _raw_totals(conn, window.start, first, filters) + _raw_totals(conn, split, window.end, filters)
         if split > first:
@@ -68,7 +60,7 @@ def _rollup_totals(conn, start: float, end: float, filters: Filters) -> np.ndarr
     for table, lo, hi in spans:
         if hi > lo:
             sums = [func.coalesce(func.sum(getattr(table, c)), 0) for c in _COLUMNS[:-1]]
-            stmt = select(*sums, legacy_rows(table))
+            stmt = select(*sums, rollups.legacy_rows(table))
             totals += np.array(
                 conn.execute(stmt.where(and_(*rollup_conditions(table, lo, hi, filters)))).one(), dtype=float
             )
@@ -78,13 +70,13 @@ def _rollup_totals(conn, start: float, end: float, filters: Filters) -> np.ndarr
 def _raw_totals(conn, start: float, end: float, filters: Filters, after_id: float | None = None) -> np.ndarray:
     if end <= start:
         return np.zeros(len(_COLUMNS))
-    stmt = filters.apply(select(*RAW_COLUMNS), Window(start, end), time_index=after_id is None)
+    stmt = filters.apply(select(*rollups.RAW_COLUMNS), Window(start, end), time_index=after_id is None)
     if after_id is not None:  # few rows past the roll-up's last id: find them by id, not by time
         stmt = stmt.where(Request.id > after_id)
     rows = conn.execute(stmt).all()
     if not rows:
         return np.zeros(len(_COLUMNS))
-    _, ints, floats = aggregate(rows, 60)
+    _, ints, floats = rollups.aggregate(rows, 60)
     return np.concatenate([ints.sum(axis=0), floats.sum(axis=0), [0]]).astype(float)
 
 
@@ -106,8 +98,8 @@ def _signals_from(window: Window, t: dict[str, float]) -> Signals:
         acceptance_rate_mean=mean,
         acceptance_rate_stddev=stddev,
         mean_acceptance_length=1.0 + t["accepted_tokens"] / t["drafts"] if t["drafts"] else None,
-        ttft=_percentiles(np.array([t[c] for c in TTFT_COLUMNS]), t["legacy_rows"]),
-        e2e=_percentiles(np.array([t[c] for c in E2E_COLUMNS]), t["legacy_rows"]),
+        ttft=_percentiles(np.array([t[c] for c in rollups.TTFT_COLUMNS]), t["legacy_rows"]),
+        e2e=_percentiles(np.array([t[c] for c in rollups.E2E_COLUMNS]), t["legacy_rows"]),
         tpot=Percentiles(),
     )
 
@@ -115,5 +107,5 @@ def _signals_from(window: Window, t: dict[str, float]) -> Signals:
 def _percentiles(counts: np.ndarray, legacy: float) -> Percentiles:
     if not counts.sum():
         return Percentiles()
-    p50, p90, p95, p99 = (histogram_quantile(q, *histogram_of(counts, legacy)) for q in (0.5, 0.9, 0.95, 0.99))
+    p50, p90, p95, p99 = (histogram_quantile(q, *rollups.histogram_of(counts, legacy)) for q in (0.5, 0.9, 0.95, 0.99))
     return Percentiles(p50, p90, p95, p99, int(counts.sum()))
