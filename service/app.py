@@ -1,7 +1,8 @@
 """The collector service: `create_app(settings)` builds the FastAPI app.
 
-The lifespan opens the database, upgrades its schema to the newest migration and starts
-the background jobs (roll-ups and retention, vLLM scrapes, alerts, the monthly report); route modules reach those through `deps.py`.
+The lifespan loads the alert rules once, opens the database, upgrades its schema to the newest
+migration and starts the background jobs (roll-ups and retention, vLLM scrapes, alerts, the
+monthly report); route modules reach those through `deps.py`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def create_app(settings: Settings | None = None, registry: CollectorRegistry | N
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        app.state.alert_config = _alert_config(settings)
         engine = make_engine(settings.database_url_resolved)
         upgrade(engine)
         app.state.settings = settings
@@ -41,7 +43,7 @@ def create_app(settings: Settings | None = None, registry: CollectorRegistry | N
             asyncio.create_task(Scraper(url, engine, settings.scrape_interval_s).run(), name=f"scrape {url}")
             for url in settings.scrape_vllm
         ]
-        runner = _alert_runner(settings, engine)
+        runner = _alert_runner(settings, engine, app.state.alert_config)
         if runner is not None:
             tasks.append(asyncio.create_task(runner.run(), name="alerts"))
         if settings.report_dir is not None:
@@ -63,6 +65,7 @@ def create_app(settings: Settings | None = None, registry: CollectorRegistry | N
     app.include_router(routes_ingest.router)
     app.include_router(routes_query.router)
     app.include_router(routes_alerts.router)
+    app.include_router(routes_alerts.rules_router)
     app.include_router(routes_cost.router)
     app.include_router(routes_report.router)
     app.include_router(routes_report.on_demand)
@@ -75,11 +78,19 @@ def _ingest_processes(settings: Settings, engine) -> int:
     return 0 if in_memory else settings.ingest_processes
 
 
-def _alert_runner(settings: Settings, engine):
-    """The alert runner, unless disabled. Rules were validated by `launch`/the CLI before start."""
+def _alert_config(settings: Settings):
+    """The rules this process evaluates, loaded once (None: alerting is off here).
+    The runner and `GET /v1/rules` share it. Rules were validated by `launch`/the CLI before start."""
     if not settings.alerts_enabled:
         return None
     from alerts.rules import load_config
+
+    return load_config(settings.alert_rules)
+
+
+def _alert_runner(settings: Settings, engine, config):
+    if config is None:
+        return None
     from alerts.runner import AlertRunner
 
-    return AlertRunner(engine, load_config(settings.alert_rules), external_url=settings.external_url)
+    return AlertRunner(engine, config, external_url=settings.external_url)

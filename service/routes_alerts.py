@@ -1,16 +1,19 @@
-"""GET /v1/alerts (pending and firing alerts, rule health) and /v1/alerts/history."""
+"""GET /v1/alerts (pending and firing alerts, rule health), /v1/alerts/history and /v1/rules."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
 
+from alerts.rules import AlertConfig, Rule
+from alerts.signals import SIGNALS
 from alerts.store import active_alerts, history
 from service.deps import EngineDep, json_response
 from service.routes_query import WindowDep
 
 router = APIRouter(prefix="/v1/alerts")
+rules_router = APIRouter(prefix="/v1/rules")
 
 
 @router.get("")
@@ -23,3 +26,31 @@ def get_alerts(engine: EngineDep, include_resolved: bool = False) -> Response:
 def get_history(engine: EngineDep, window: WindowDep, limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> Response:
     """Alert transitions, remediation actions and webhook notifications in the window, newest first."""
     return json_response(history(engine, window, limit))
+
+
+@rules_router.get("")
+def get_rules(request: Request) -> Response:
+    """The rules this collector evaluates, as loaded at start-up (none when alerting is off here):
+    the one home of every threshold the dashboard draws."""
+    config: AlertConfig | None = request.app.state.alert_config
+    rules = [] if config is None else [_rule(rule) for rule in config.rules]
+    interval = None if config is None else config.evaluation.interval
+    return json_response({"enabled": config is not None, "evaluation_interval_s": interval, "rules": rules})
+
+
+def _rule(rule: Rule) -> dict:
+    return {
+        "name": rule.name,
+        "signal": rule.signal,
+        "unit": SIGNALS[rule.signal].unit,
+        "op": rule.op,
+        "threshold": rule.threshold,
+        "window_s": rule.window,
+        "for_s": rule.for_,
+        "keep_firing_for_s": rule.keep_firing_for,
+        "min_samples": rule.min_samples,
+        "group_by": list(rule.group_by),
+        "labels": {"severity": rule.severity},
+        "summary": rule.summary,
+        "actions": list(rule.actions),
+    }
