@@ -1,15 +1,20 @@
-"""Altair charts with units on the axes and thresholds drawn (no Streamlit here)."""
+"""Altair charts with units on the axes and the collector's alert thresholds drawn (no Streamlit here)."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import altair as alt
 import pandas as pd
 
+if TYPE_CHECKING:
+    from dashboard.formats import Threshold
+
 HEIGHT = 220
 
 
-def _threshold(value: float, label: str) -> alt.LayerChart:
-    frame = pd.DataFrame({"y": [value], "label": [label]})
+def _threshold(line: Threshold) -> alt.LayerChart:
+    frame = pd.DataFrame({"y": [line.value], "label": [line.label]})
     rule = alt.Chart(frame).mark_rule(color="#d62728", strokeDash=[6, 4]).encode(y="y:Q")
     text = alt.Chart(frame).mark_text(align="left", dx=4, dy=-6, color="#d62728").encode(y="y:Q", text="label:N")
     return rule + text
@@ -19,12 +24,11 @@ def line(
     frame: pd.DataFrame,
     y: str,
     title: str,
-    threshold: float | None = None,
-    threshold_label: str = "",
+    threshold: Threshold | None = None,
     band: tuple[str, str] | None = None,
     color: str | None = None,
 ) -> alt.Chart:
-    """A time series (x = `time`), optionally with a threshold line and a shaded band (low, high columns)."""
+    """A time series (x = `time`), optionally with a rule's threshold line and a shaded band (low, high columns)."""
     encoding = {"x": alt.X("time:T", title="time (UTC)"), "y": alt.Y(f"{y}:Q", title=title)}
     if color:
         encoding["color"] = alt.Color(f"{color}:N")
@@ -35,7 +39,7 @@ def line(
             0, alt.Chart(frame).mark_area(opacity=0.2).encode(x="time:T", y=f"{band[0]}:Q", y2=f"{band[1]}:Q")
         )
     if threshold is not None:
-        layers.append(_threshold(threshold, threshold_label))
+        layers.append(_threshold(threshold))
     return alt.layer(*layers).properties(height=HEIGHT)
 
 
@@ -45,20 +49,20 @@ def bars(
     y: str,
     x_title: str,
     y_title: str,
-    threshold: float | None = None,
-    threshold_label: str = "",
+    threshold: Threshold | None = None,
 ) -> alt.Chart:
     chart = (
         alt.Chart(frame)
         .mark_bar()
         .encode(x=alt.X(f"{x}:O", title=x_title), y=alt.Y(f"{y}:Q", title=y_title), tooltip=[f"{x}:O", f"{y}:Q"])
     )
-    layers = [chart] + ([_threshold(threshold, threshold_label)] if threshold is not None else [])
+    layers = [chart] + ([_threshold(threshold)] if threshold is not None else [])
     return alt.layer(*layers).properties(height=HEIGHT)
 
 
-def cdf(frame: pd.DataFrame, metric: str, slo_ms: float | None = None) -> alt.Chart:
-    """Quantile curves per group for one metric (x: milliseconds, y: share of requests)."""
+def cdf(frame: pd.DataFrame, metric: str, threshold: Threshold | None = None) -> alt.Chart:
+    """Quantile curves per group for one metric (x: milliseconds, y: share of requests), and a
+    seconds `threshold` as a vertical line."""
     data = frame[frame["metric"] == metric]
     chart = (
         alt.Chart(data)
@@ -70,10 +74,12 @@ def cdf(frame: pd.DataFrame, metric: str, slo_ms: float | None = None) -> alt.Ch
             tooltip=["group:N", "quantile:Q", "ms:Q"],
         )
     )
-    if slo_ms is None:
+    if threshold is None:
         return chart.properties(height=HEIGHT)
-    rule = alt.Chart(pd.DataFrame({"x": [slo_ms]})).mark_rule(color="#d62728", strokeDash=[6, 4]).encode(x="x:Q")
-    return alt.layer(chart, rule).properties(height=HEIGHT)
+    line = pd.DataFrame({"x": [threshold.value * 1000], "label": [threshold.label]})
+    rule = alt.Chart(line).mark_rule(color="#d62728", strokeDash=[6, 4]).encode(x="x:Q")
+    text = alt.Chart(line).mark_text(align="left", dx=4, y=8, color="#d62728").encode(x="x:Q", text="label:N")
+    return alt.layer(chart, rule, text).properties(height=HEIGHT)
 
 
 def scatter(frame: pd.DataFrame, x: str, y: str, x_title: str, y_title: str, color: str | None = None) -> alt.Chart:

@@ -13,10 +13,9 @@ from dataclasses import dataclass
 import httpx
 import pandas as pd
 
+from dashboard import formats
+
 DEFAULT_URL = "http://127.0.0.1:8087"
-TTFT_SLO_S = 0.3
-ACCEPTANCE_FLOOR = 0.6
-FRAGMENTATION_LIMIT = 1.2
 
 
 class CollectorUnavailable(RuntimeError):
@@ -31,7 +30,7 @@ def collector_url() -> str:
 class View:
     """What the sidebar selected: the last `seconds` and the request filters (None: all)."""
 
-    seconds: float = 3600.0
+    seconds: float = 900.0
     instance: str | None = None
     model: str | None = None
     drafter: str | None = None
@@ -154,6 +153,42 @@ def alerts() -> dict:
     return get("/v1/alerts", {"include_resolved": "true"})
 
 
+def thresholds() -> dict[str, formats.Threshold]:
+    """Per signal, the threshold of the collector's rule that fires first (`GET /v1/rules`).
+    A signal no rule watches is absent, and so is every signal when alerting is off there."""
+    found: dict[str, formats.Threshold] = {}
+    for rule in get("/v1/rules")["rules"]:
+        line = formats.Threshold(rule["name"], rule["signal"], rule["op"], rule["threshold"], rule["unit"])
+        held = found.get(line.signal)
+        if held is None or (line.value < held.value if line.op.startswith(">") else line.value > held.value):
+            found[line.signal] = line
+    return found
+
+
+def threshold_caption(thresholds: dict[str, formats.Threshold], signal: str, what: str) -> str:
+    line = thresholds.get(signal)
+    return line.caption(what) if line else f"No alert rule is set on {what} in the collector: no line drawn."
+
+
+def rules() -> pd.DataFrame:
+    """The collector's rules with their last evaluation, for the Alerts page."""
+    found, health = get("/v1/rules"), {h["rule"]: h for h in alerts()["rules"]}
+    rows = [
+        {
+            "rule": r["name"],
+            "fires when": f"{r['signal']} {r['op']} {formats.quantity(r['threshold'], r['unit'])}",
+            "for": formats.duration(r["for_s"]) if r["for_s"] else "at once",
+            "severity": r["labels"].get("severity"),
+            "last evaluated": pd.to_datetime(health[r["name"]]["evaluated_at"], unit="s", utc=True)
+            if r["name"] in health
+            else None,
+            "error": health.get(r["name"], {}).get("error"),
+        }
+        for r in found["rules"]
+    ]
+    return pd.DataFrame(rows)
+
+
 def alert_history(view: View) -> dict[str, pd.DataFrame]:
     found = get("/v1/alerts/history", view.params(with_filters=False))
     frames = {}
@@ -193,22 +228,24 @@ def _ms(seconds: float | None) -> float | None:
 
 
 def overview(view: View) -> dict:
-    """The Overview page's headline figures (vLLM's spec-decode panels plus the speed-up)."""
+    """The Overview page's headline figures (vLLM's spec-decode panels plus the speed-up).
+    Rates are per second of `active_span_s`, not of the whole window."""
     s, counts = signals(view), labels(view)
     share, comparison = counts["mode"], compare(view, counts["arm"])
     active = [a for a in alerts()["alerts"] if a["state"] in ("pending", "firing")]
-    seconds, total = view.seconds, sum(share.values())
-    output_tokens = s["output_tokens_per_s"] * seconds
+    span, total = active_span_s(view, series(view)), sum(share.values())
+    output_tokens = s["output_tokens_per_s"] * view.seconds  # the collector rates over the whole window
     return {
         "requests": s["requests"],
-        "requests_per_s": s["requests_per_s"],
-        "output_tokens_per_s": s["output_tokens_per_s"],
+        "span_s": span,
+        "requests_per_s": s["requests"] / span,
+        "output_tokens_per_s": output_tokens / span,
         "speculative_share": share.get("speculative", 0) / total if total else None,
         "acceptance_rate": s["acceptance_rate"],
         "mean_acceptance_length": s["mean_acceptance_length"],
-        "drafts_per_s": s["drafts"] / seconds,
-        "draft_tokens_per_s": s["draft_tokens"] / seconds,
-        "accepted_tokens_per_s": s["accepted_tokens"] / seconds,
+        "drafts_per_s": s["drafts"] / span,
+        "draft_tokens_per_s": s["draft_tokens"] / span,
+        "accepted_tokens_per_s": s["accepted_tokens"] / span,
         "accepted_share_of_output": s["accepted_tokens"] / output_tokens if output_tokens else None,
         "ttft_p50": s["ttft"]["p50"],
         "ttft_p99": s["ttft"]["p99"],
@@ -220,6 +257,16 @@ def overview(view: View) -> dict:
         "speedup_p_value": comparison["p_value"],
         "speedup_biased": comparison["biased"],
     }
+
+
+def active_span_s(view: View, frame: pd.DataFrame) -> float:
+    """Seconds of the window that hold requests: from the first step with any to the end of the last,
+    at least one step. A run 4 minutes old is rated over those minutes, not diluted over the hour."""
+    step = view.step_s()
+    busy = frame["t"][frame["requests"] > 0] if not frame.empty else frame
+    if busy.empty:
+        return view.seconds
+    return min(view.seconds, max(step, float(busy.max() - busy.min()) + step))
 
 
 def length_points(view: View, by: str) -> tuple[dict, pd.DataFrame, pd.DataFrame]:

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import time
 
+import pandas as pd
 import streamlit as st
 
-from dashboard import services
+from dashboard import formats, services
 from dashboard.services import CollectorUnavailable, View
 
 TTL_S = 10
+# The default is the shortest: what a fresh `specwatch up` has after a few minutes fills it.
 WINDOWS = {
     "last 15 minutes": 900,
     "last hour": 3600,
@@ -22,7 +24,10 @@ WINDOWS = {
     "last 7 days": 7 * 86400,
     "last 30 days": 30 * 86400,
 }
-EMPTY = "No telemetry in this window. Send some with `specwatch traffic --url http://127.0.0.1:8000` (or run `specwatch up`)."
+EMPTY = (
+    "No telemetry in this window. Send some with `specwatch traffic --url http://127.0.0.1:8000` "
+    "(or run `specwatch up`)."
+)
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
@@ -50,7 +55,7 @@ def empty_state(message: str = EMPTY) -> None:
 def sidebar() -> View:
     """Render the global filters and return what they select."""
     with st.sidebar:
-        label = st.selectbox("Time window", list(WINDOWS), index=1, key="window")
+        label = st.selectbox("Time window", list(WINDOWS), index=0, key="window")
         seconds = float(WINDOWS[label])
         try:
             options = _cached("filter_options", seconds)
@@ -78,8 +83,15 @@ def view() -> View:
     return st.session_state.get("view", View())
 
 
-def fmt(value: float | None, unit: str = "", scale: float = 1.0, digits: int = 2) -> str:
-    return "—" if value is None else f"{value * scale:,.{digits}f}{unit}"
+def table(frame: pd.DataFrame | list[dict]) -> None:
+    """A table whose empty cells say what is missing and whose "$" columns print as dollars."""
+    frame = pd.DataFrame(frame)
+    money = tuple(column for column in frame.columns if "$" in str(column))
+    st.dataframe(formats.styled(frame, money), hide_index=True, width="stretch")
+
+
+def fmt(value: float | None, unit: str = "", scale: float = 1.0, digits: int = 2, missing: str = "—") -> str:
+    return missing if value is None else f"{value * scale:,.{digits}f}{unit}"
 
 
 def this_month() -> str:

@@ -3,8 +3,8 @@
 import streamlit as st
 
 from dashboard import charts
-from dashboard.services import ACCEPTANCE_FLOOR
-from dashboard.state import empty_state, fetch, fmt, view
+from dashboard.services import threshold_caption
+from dashboard.state import empty_state, fetch, fmt, table, view
 
 v = view()
 st.title("Acceptance")
@@ -15,14 +15,17 @@ if over_time.empty or not over_time["draft_tokens"].sum():
         "`specwatch traffic --drafter ngram`."
     )
     st.stop()
+lines = fetch("thresholds")
+floor = lines.get("acceptance_rate")
 
 st.altair_chart(
-    charts.line(
-        over_time, "acceptance_rate", "acceptance rate", ACCEPTANCE_FLOOR, "0.6", band=("band_low", "band_high")
-    ),
+    charts.line(over_time, "acceptance_rate", "acceptance rate", floor, band=("band_low", "band_high")),
     width="stretch",
 )
-st.caption("Line: accepted / drafted tokens per step. Band: mean ± 1 stddev of per-request acceptance.")
+st.caption(
+    "Line: accepted / drafted tokens per step. Band: mean ± 1 stddev of per-request acceptance. "
+    + threshold_caption(lines, "acceptance_rate", "acceptance")
+)
 
 left, right = st.columns(2)
 with left:
@@ -41,8 +44,7 @@ with right:
             "acceptance_rate",
             "drafter",
             "acceptance rate",
-            ACCEPTANCE_FLOOR,
-            "0.6",
+            floor,
         ),
         width="stretch",
     )
@@ -65,11 +67,10 @@ for by, label in (("prompt_tokens", "prompt length"), ("output_tokens", "output 
             "acceptance_rate",
             f"{label} (tokens)",
             "acceptance rate",
-            ACCEPTANCE_FLOOR,
-            "0.6",
+            floor,
         ),
         width="stretch",
     )
 
 st.subheader("By scenario")
-st.dataframe(fetch("breakdown", v, "tag:scenario"), hide_index=True, width="stretch")
+table(fetch("breakdown", v, "tag:scenario"))

@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from dashboard.state import fetch, view
+from dashboard.state import fetch, table, view
 
 v = view()
 st.title("Alerts")
@@ -12,7 +12,7 @@ cols = st.columns(3)
 for col, state in zip(cols, ("firing", "pending", "inactive")):
     col.metric(state if state != "inactive" else "resolved (recently)", sum(a["state"] == state for a in alerts))
 if alerts:
-    st.dataframe(
+    table(
         [
             {
                 "state": a["state"],
@@ -23,9 +23,7 @@ if alerts:
                 "value": a["value"],
             }
             for a in alerts
-        ],
-        hide_index=True,
-        width="stretch",
+        ]
     )
 else:
     st.success("No alert is pending or firing.")
@@ -37,7 +35,11 @@ for name, title in (("transitions", "History"), ("actions", "Actions taken"), ("
     if frame.empty:
         st.caption(f"No {title.lower()} in this window.")
     else:
-        st.dataframe(frame, hide_index=True, width="stretch")
+        table(frame)
 
 st.subheader("Rules")
-st.dataframe(current["rules"], hide_index=True, width="stretch")
+rules = fetch("rules")
+if rules.empty:
+    st.info("The collector evaluates no alert rules (alerting is off there, or its rules file has none).")
+else:
+    table(rules)

@@ -3,7 +3,8 @@
 import streamlit as st
 
 from dashboard import charts
-from dashboard.state import empty_state, fetch, fmt, this_month, view
+from dashboard.formats import usd
+from dashboard.state import empty_state, fetch, fmt, table, this_month, view
 
 v = view()
 st.title("Cost")
@@ -50,17 +51,20 @@ per_mtok = {a["key"]: a["total_usd_per_mtok"] for a in summary["tco"]["arms"]}
 cols = st.columns(4)
 cols[0].metric(
     f"{summary['tco']['primary'] or 'speculative'} $ / 1M tokens",
-    fmt(per_mtok.get(summary["tco"]["primary"]), digits=4),
+    usd(per_mtok.get(summary["tco"]["primary"]), "no speculative requests"),
 )
-cols[1].metric("Plain $ / 1M tokens", fmt(per_mtok.get("autoregressive"), digits=4))
+cols[1].metric("Plain $ / 1M tokens", usd(per_mtok.get("autoregressive"), "no plain requests"))
 cols[2].metric(
     "Net benefit / month",
-    fmt(primary and primary["net_usd"], digits=0),
+    usd(primary and primary["net_usd"], "needs plain and speculative requests"),
     help="explicit saving minus hidden costs (draft training, monitoring, incidents, tech debt)",
 )
-cols[3].metric("Payback of draft training", fmt(primary and primary["payback_months"], " months", digits=1))
+payback = "never" if primary and primary["payback_months"] is None else "needs both modes"
+cols[3].metric(
+    "Payback of draft training", fmt(primary and primary["payback_months"], " months", digits=1, missing=payback)
+)
 st.subheader(f"Cost per 1M output tokens on {summary['tco']['gpu_type']}")
-st.dataframe(model["arms"], hide_index=True, width="stretch")
+table(model["arms"])
 for note in dict.fromkeys(summary["tco"]["notes"] + summary["notes"]):  # each note once
     st.caption(f"⚠️ {note}" if "estimate" in note else note)
 
@@ -68,7 +72,7 @@ st.subheader("Does speculation pay? (monthly, hidden costs included)")
 if model["benefits"].empty:
     st.info("Both speculative and autoregressive requests are needed to price the difference.")
 else:
-    st.dataframe(model["benefits"], hide_index=True, width="stretch")
+    table(model["benefits"])
 
 left, right = st.columns(2)
 with left:
@@ -93,11 +97,7 @@ with right:
         st.altair_chart(charts.tornado(model["tornado"]), width="stretch")
 
 st.subheader("Recommendations per scenario")
-st.dataframe(
-    model["advice"][["scenario", "action", "rule", "reason"]] if not model["advice"].empty else model["advice"],
-    hide_index=True,
-    width="stretch",
-)
+table(model["advice"][["scenario", "action", "rule", "reason"]] if not model["advice"].empty else model["advice"])
 
 st.subheader("Monthly cost-benefit report")
 month = st.text_input("Month (YYYY-MM)", value=this_month(), max_chars=7)

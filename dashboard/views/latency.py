@@ -3,8 +3,8 @@
 import streamlit as st
 
 from dashboard import charts
-from dashboard.services import TTFT_SLO_S
-from dashboard.state import empty_state, fetch, fmt, view
+from dashboard.services import threshold_caption
+from dashboard.state import empty_state, fetch, fmt, table, view
 
 v = view()
 st.title("Latency & throughput")
@@ -12,9 +12,12 @@ over_time = fetch("series", v)
 if over_time.empty or not over_time["requests"].sum():
     empty_state()
     st.stop()
+lines = fetch("thresholds")
+slo = lines.get("ttft_p99")
 
 left, middle, right = st.columns(3)
-left.altair_chart(charts.line(over_time, "ttft_p99", "TTFT P99 (s)", TTFT_SLO_S, "300 ms"), width="stretch")
+left.altair_chart(charts.line(over_time, "ttft_p99", "TTFT P99 (s)", slo), width="stretch")
+left.caption(threshold_caption(lines, "ttft_p99", "TTFT P99"))
 middle.altair_chart(charts.line(over_time, "tpot_p99", "time per output token P99 (s)"), width="stretch")
 right.altair_chart(charts.line(over_time, "e2e_p99", "end-to-end P99 (s)"), width="stretch")
 
@@ -43,7 +46,7 @@ else:
 
 cdfs = fetch("cdfs", v, "mode")
 left, right = st.columns(2)
-left.altair_chart(charts.cdf(cdfs, "TTFT", slo_ms=TTFT_SLO_S * 1000), width="stretch")
+left.altair_chart(charts.cdf(cdfs, "TTFT", slo), width="stretch")
 right.altair_chart(charts.cdf(cdfs, "latency per token"), width="stretch")
 
 st.subheader("Throughput vs load (the knee)")
@@ -57,4 +60,4 @@ else:
         ).mark_line(point=True),
         width="stretch",
     )
-    st.dataframe(by_load, hide_index=True, width="stretch")
+    table(by_load)

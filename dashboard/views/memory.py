@@ -3,8 +3,8 @@
 import streamlit as st
 
 from dashboard import charts
-from dashboard.services import FRAGMENTATION_LIMIT
-from dashboard.state import empty_state, fetch, fmt, view
+from dashboard.services import threshold_caption
+from dashboard.state import empty_state, fetch, fmt, table, view
 
 v = view()
 st.title("Memory & power")
@@ -15,13 +15,15 @@ if samples.empty:
         "(`specwatch engine serve --collector ...`)."
     )
     st.stop()
+lines = fetch("thresholds")
+limit, swing_limit = lines.get("fragmentation"), lines.get("draft_util_swing")
 
 latest = samples.iloc[-1]
 cols = st.columns(4)
 cols[0].metric(
     "Fragmentation (latest)",
     fmt(latest["fragmentation"]),
-    None if latest["fragmentation"] is None else f"{latest['fragmentation'] - FRAGMENTATION_LIMIT:+.2f} vs 1.2",
+    limit and limit.versus(latest["fragmentation"], digits=2),
     delta_color="inverse",
 )
 cols[1].metric("Memory reserved", fmt(latest["mem_reserved_bytes"], " MiB", 1 / 2**20, 0))
@@ -35,13 +37,15 @@ swing = (
     (samples["util_draft"].max() - samples["util_draft"].min()) * 100 if samples["util_draft"].notna().any() else None
 )
 cols[3].metric(
-    "Draft utilisation swing", fmt(swing, " pp", digits=0), help="max − min of the draft's busy share; alert above 30"
+    "Draft utilisation swing",
+    fmt(swing, " pp", digits=0),
+    swing_limit and swing_limit.versus(swing, digits=0),
+    delta_color="inverse",
+    help="max − min of the draft's busy share; " + threshold_caption(lines, "draft_util_swing", "the swing"),
 )
 
-st.altair_chart(
-    charts.line(samples, "fragmentation", "fragmentation", FRAGMENTATION_LIMIT, "1.2", color="instance"),
-    width="stretch",
-)
+st.altair_chart(charts.line(samples, "fragmentation", "fragmentation", limit, color="instance"), width="stretch")
+st.caption(threshold_caption(lines, "fragmentation", "fragmentation"))
 defrags = fetch("events", v, "defrag")
 if not defrags.empty:
     st.caption(
@@ -61,7 +65,7 @@ st.altair_chart(
     width="stretch",
 )
 energy = fetch("power_by_mode", v)
-st.dataframe(energy, hide_index=True, width="stretch")
+table(energy)
 if (samples["power_source"] == "estimate").any() or energy.get("energy_source", []).astype(str).str.contains(
     "estimate"
 ).any():

@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from dashboard.state import empty_state, fetch, fmt, view
+from dashboard.state import empty_state, fetch, fmt, table, view
 
 v = view()
 st.title("Sources")
@@ -13,7 +13,7 @@ if found.empty:
         "--collector http://127.0.0.1:8087`, or scrape vLLM with `specwatch collector serve --scrape-vllm URL`."
     )
     st.stop()
-st.dataframe(found, hide_index=True, width="stretch")
+table(found)
 vllm = fetch("vllm_signals", v)
 if vllm["intervals"]:
     st.subheader("vLLM (scraped /metrics)")

@@ -1,5 +1,6 @@
 """Every dashboard page under Streamlit's AppTest, against a collector holding real engine
-telemetry: no page raises, and the figures shown are the store's."""
+telemetry: no page raises, the figures shown are the store's, and the threshold lines are the
+collector's alert rules'."""
 
 from __future__ import annotations
 
@@ -23,11 +24,19 @@ PAGES = (
 
 @pytest.fixture
 def app(live_collector, monkeypatch):
-    monkeypatch.setenv("SPECWATCH_COLLECTOR_URL", live_collector["url"])
+    return dashboard_over(live_collector["url"], monkeypatch)
+
+
+def dashboard_over(url: str, monkeypatch) -> AppTest:
+    """The dashboard over the collector at `url`, showing the last hour (the session's telemetry
+    may be older than the default window by the time a test runs)."""
+    monkeypatch.setenv("SPECWATCH_COLLECTOR_URL", url)
     from dashboard.state import _cached
 
     _cached.clear()
-    return AppTest.from_file(APP, default_timeout=60)
+    app = AppTest.from_file(APP, default_timeout=60)
+    app.session_state["window"] = "last hour"
+    return app
 
 
 def open_page(app: AppTest, page: str) -> AppTest:
@@ -100,11 +109,14 @@ def test_unreachable_collector_is_a_banner_not_a_traceback(monkeypatch):
 def test_cost_page_shows_the_collectors_cost_model(app, live_collector):
     import httpx
 
+    from dashboard.formats import usd
+
     shown = metrics(open_page(app, "views/cost.py"))
     model = httpx.get(f"{live_collector['url']}/v1/cost", params={"last": 3600}, timeout=60).json()["tco"]
     per_mtok = {a["key"]: a["total_usd_per_mtok"] for a in model["arms"]}
-    assert shown[f"{model['primary']} $ / 1M tokens"] == f"{per_mtok[model['primary']]:,.4f}"
-    assert shown["Plain $ / 1M tokens"] == f"{per_mtok['autoregressive']:,.4f}"
+    assert shown[f"{model['primary']} $ / 1M tokens"] == usd(per_mtok[model["primary"]])
+    assert shown["Plain $ / 1M tokens"] == usd(per_mtok["autoregressive"])
+    assert shown["Plain $ / 1M tokens"].startswith("$")
 
 
 def test_cost_page_builds_the_monthly_report_for_download(app, live_collector):
@@ -118,3 +130,59 @@ def test_cost_page_builds_the_monthly_report_for_download(app, live_collector):
 
     html = services.report_html(time.strftime("%Y-%m", time.gmtime())).decode()
     assert html.startswith("<!DOCTYPE html>") and "speculative" in html.lower()
+
+
+@pytest.fixture(scope="module")
+def custom_rules_collector(live_collector, tmp_path_factory):
+    """A second collector over a copy of the live store whose rules file moves the TTFT line to
+    1.5 s and the acceptance line to 0.45, and drops the fragmentation rule."""
+    import yaml
+
+    from alerts.rules import DEFAULT_RULES
+    from specwatch.common import free_port, start_collector
+
+    data = tmp_path_factory.mktemp("custom-rules")
+    with sqlite3.connect(live_collector["db"]) as source, sqlite3.connect(data / "specwatch.db") as copy:
+        source.backup(copy)
+    rules = yaml.safe_load(DEFAULT_RULES.read_text())
+    rules["rules"] = [r for r in rules["rules"] if r["name"] != "MemoryFragmentationHigh"]
+    for rule in rules["rules"]:
+        rule["threshold"] = {"TTFTP99High": 1.5, "SpecAcceptanceLow": 0.45}.get(rule["name"], rule["threshold"])
+    (data / "rules.yaml").write_text(yaml.safe_dump(rules, sort_keys=False))
+    port = free_port()
+    env = {"SPECWATCH_ALERT_RULES": str(data / "rules.yaml"), "SPECWATCH_DATA_DIR": str(data)}
+    collector = start_collector(port, data / "collector.log", f"sqlite:///{data / 'specwatch.db'}", env=env)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        collector.terminate()
+        collector.wait(30)
+
+
+def deltas(app: AppTest) -> dict[str, str | None]:
+    return {m.label: m.delta for m in app.metric}
+
+
+def captions(app: AppTest) -> str:
+    return "\n".join(c.value for c in app.caption)
+
+
+def test_lines_are_the_shipped_rules_thresholds_by_default(app):
+    page = open_page(app, "views/overview.py")
+    assert deltas(page)["TTFT P99"].endswith(" ms vs 300 ms")
+    assert deltas(page)["Acceptance rate"].endswith(" vs 0.6")
+    assert "TTFTP99High fires when TTFT P99 > 300 ms" in captions(page)
+
+
+def test_a_threshold_changed_in_the_rules_file_moves_the_dashboards_line(custom_rules_collector, monkeypatch):
+    page = open_page(dashboard_over(custom_rules_collector, monkeypatch), "views/overview.py")
+    assert deltas(page)["TTFT P99"].endswith(" ms vs 1.5 s")
+    assert deltas(page)["Acceptance rate"].endswith(" vs 0.45")
+    assert "TTFTP99High fires when TTFT P99 > 1.5 s" in captions(page)
+    assert "SpecAcceptanceLow fires when acceptance < 0.45" in captions(page)
+
+    latency = open_page(dashboard_over(custom_rules_collector, monkeypatch), "views/latency.py")
+    assert "TTFTP99High fires when TTFT P99 > 1.5 s" in captions(latency)
+    memory = open_page(dashboard_over(custom_rules_collector, monkeypatch), "views/memory.py")
+    assert "No alert rule is set on fragmentation" in captions(memory)
+    assert not deltas(memory)["Fragmentation (latest)"]  # no rule, no distance to it

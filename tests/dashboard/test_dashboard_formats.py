@@ -1,0 +1,57 @@
+"""How the dashboard prints money, rule thresholds and missing values, and the lines its charts draw."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from dashboard import charts, formats
+from dashboard.formats import Threshold
+from dashboard.services import View, active_span_s
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        (64.9541, "$64.95"),
+        (0.0, "$0.00"),
+        (0.5, "$0.50"),
+        (0.004213, "$0.0042"),
+        (1234.5, "$1.2k"),
+        (-3456.0, "-$3.5k"),
+        (2_500_000.0, "$2.5M"),
+        (None, "—"),
+    ],
+)
+def test_usd(value, shown):
+    assert formats.usd(value) == shown
+
+
+def test_threshold_labels_and_distance_follow_the_rules_value():
+    slo = Threshold("TTFTP99High", "ttft_p99", ">", 1.0, "seconds")
+    assert slo.label == "1 s"
+    assert Threshold("TTFTP99High", "ttft_p99", ">", 0.3, "seconds").label == "300 ms"
+    assert slo.versus(1.25) == "+250 ms vs 1 s"
+    assert slo.versus(None) is None and slo.versus(float("nan")) is None
+    assert Threshold("SpecAcceptanceLow", "acceptance_rate", "<", 0.45, "ratio").versus(0.5) == "+0.050 vs 0.45"
+
+
+def test_a_charts_threshold_line_is_drawn_at_the_rules_value():
+    frame = pd.DataFrame({"time": pd.to_datetime([0, 60], unit="s", utc=True), "ttft_p99": [0.2, 0.4]})
+    drawn = charts.line(frame, "ttft_p99", "TTFT P99 (s)", Threshold("R", "ttft_p99", ">", 1.5, "seconds")).to_dict()
+    assert {"y": 1.5, "label": "1.5 s"} in [row for rows in drawn["datasets"].values() for row in rows]
+    assert len(charts.line(frame, "ttft_p99", "TTFT P99 (s)").to_dict()["layer"]) == 1  # no rule: no line
+
+
+def test_rates_span_the_part_of_the_window_that_holds_requests():
+    view = View(seconds=3600.0)
+    series = pd.DataFrame({"t": [i * 60.0 for i in range(60)], "requests": [0] * 56 + [5, 7, 6, 2]})
+    assert active_span_s(view, series) == 240.0  # four minutes of data, not the hour
+    assert active_span_s(view, series.assign(requests=0)) == 3600.0
+    assert active_span_s(view, series.assign(requests=[0] * 59 + [1])) == 60.0  # at least one step
+
+
+def test_empty_cells_say_what_is_missing():
+    frame = pd.DataFrame({"energy_source": [None, "nvml"], "ttft_p99_ms": [None, 12.5], "monthly $": [None, 1500.0]})
+    html = formats.styled(frame, money=("monthly $",)).to_html()
+    assert "not metered" in html and "not measured" in html and "$1.5k" in html and "None" not in html
