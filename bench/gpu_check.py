@@ -57,6 +57,7 @@ from engine.device import DeviceSampler, PowerMeter, cpu_heap_memory, nvml_handl
 from engine.engine import Engine, EngineConfig, GenerateRequest, GenerateResult  # noqa: E402
 from engine.policy import Policy, PolicyConfig  # noqa: E402
 from engine.scheduler import Scheduler, SchedulerConfig  # noqa: E402
+from engine.telemetry import TelemetrySink  # noqa: E402
 from engine.workload import chat  # noqa: E402
 
 PROMPT_KINDS = ("grounded", "code-edit", "chat")
@@ -509,7 +510,7 @@ def check_sampler(ctx: Context) -> list[dict]:
     """DeviceSample memory and power against direct torch / NVML (CPU: mallinfo2) readings."""
     engine = ctx.engine(ctx.args.burst_dtype)
     scheduler = _scheduler(engine, slots=2)
-    sampler = DeviceSampler(scheduler, "gpu-check", 1.0, lambda sample: None)
+    sampler = DeviceSampler(scheduler, TelemetrySink("gpu-check"), 1.0)
     energy = Energy(ctx.device)
     sampler.sample()  # starts the sampler's power interval
     started = energy.start()

@@ -22,11 +22,13 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))  # engine_harness
+
+from engine_harness import BackgroundServer  # noqa: E402
 
 from engine.engine import Engine, EngineConfig  # noqa: E402
 from engine.policy import Policy, PolicyConfig  # noqa: E402
 from engine.scheduler import SchedulerConfig  # noqa: E402
-from engine.server import BackgroundServer  # noqa: E402
 from engine.traffic import TrafficConfig, run_traffic, summary  # noqa: E402
 
 MODES = {

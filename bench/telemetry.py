@@ -5,10 +5,11 @@
 1. Real requests on the bundled model (grounded, code edit, chat; n-gram drafter) give
    the mean end-to-end latency and real telemetry records.
 2. Those records (fresh ids) then go through everything telemetry does per request in the
-   engine: building the RequestRecord (pydantic validation), the Prometheus metrics and
-   `TelemetryClient.submit_request`, whose background thread encodes and POSTs batches to
-   a real collector (a child process on a temporary SQLite file).
-   - on the scheduler thread: wall time of record + metrics + submit (what delays decoding);
+   engine: building the RequestRecord (pydantic validation) and handing it to the engine's
+   TelemetrySink, which updates the Prometheus metrics and calls `TelemetryClient.submit_request`,
+   whose background thread encodes and POSTs batches to a real collector (a child process on a
+   temporary SQLite file).
+   - on the scheduler thread: wall time of record + sink (metrics, submit) (what delays decoding);
    - whole process: CPU seconds of every thread (flush thread's encoding and HTTP included)
      until the collector acknowledged every record, per record.
 Goal (DESIGN.md): < 1% of e2e latency.
@@ -33,6 +34,7 @@ from engine.engine import Engine, EngineConfig, GenerateRequest  # noqa: E402
 from engine.metrics import EngineMetrics  # noqa: E402
 from engine.policy import Policy  # noqa: E402
 from engine.scheduler import Scheduler, SchedulerConfig  # noqa: E402
+from engine.telemetry import TelemetrySink  # noqa: E402
 from engine.workload import chat  # noqa: E402
 from specwatch.common import free_port, start_collector  # noqa: E402
 
@@ -55,14 +57,15 @@ def telemetry_cost(engine: Engine, records: list[RequestRecord], count: int, url
     """(scheduler-thread seconds per record, process CPU seconds per record until acknowledged)."""
     fields = [r.model_dump() for r in records]
     batch = [dict(fields[i % len(fields)], request_id=uuid.uuid4().hex) for i in range(count)]
-    metrics = EngineMetrics(Scheduler(engine, SchedulerConfig(), Policy()), CollectorRegistry())
     with TelemetryClient(url) as client:
+        telemetry = TelemetrySink("bench", client)
+        metrics = EngineMetrics(Scheduler(engine, SchedulerConfig(), Policy(), telemetry), CollectorRegistry())
+        telemetry.subscribe(RequestRecord, metrics.observe)  # as the engine's /metrics does
         cpu_started, on_thread = time.process_time(), 0.0
         for values in batch:
             started = time.perf_counter()
             record = RequestRecord(**values)  # what Run._record does
-            metrics.observe(record)
-            client.submit_request(record)
+            telemetry.record(record)  # what the scheduler does with it
             on_thread += time.perf_counter() - started
         if not client.flush(timeout=120):
             raise SystemExit("the collector did not acknowledge every record in 120 s")

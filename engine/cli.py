@@ -201,7 +201,6 @@ def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from collector.client import TelemetryClient
-    from engine import control
     from engine.device import DeviceSampler
     from engine.engine import Engine, EngineConfig
     from engine.loading import ModelLoadError
@@ -209,18 +208,17 @@ def run_serve(args: argparse.Namespace) -> int:
     from engine.policy import Policy
     from engine.scheduler import Scheduler, SchedulerConfig
     from engine.server import create_app
+    from engine.telemetry import TelemetrySink
 
     try:
-        policy = Policy(
-            PolicyConfig(
-                load_off=args.load_off,
-                load_on=args.load_on,
-                long_prompt_tokens=args.long_prompt_tokens,
-                canary_fraction=args.canary_fraction,
-                min_acceptance=args.min_acceptance,
-                candidates=tuple(args.candidates),
-                explore=args.explore,
-            )
+        policy_config = PolicyConfig(
+            load_off=args.load_off,
+            load_on=args.load_on,
+            long_prompt_tokens=args.long_prompt_tokens,
+            canary_fraction=args.canary_fraction,
+            min_acceptance=args.min_acceptance,
+            candidates=tuple(args.candidates),
+            explore=args.explore,
         )
         scheduler_config = SchedulerConfig(slots=args.slots, max_queue=args.max_queue, batch=args.batch)
         guard_config = MemoryGuardConfig(high=args.memory_high, low=args.memory_low)
@@ -236,23 +234,14 @@ def run_serve(args: argparse.Namespace) -> int:
     except (ValueError, ModelLoadError) as exc:
         raise UsageError(str(exc)) from exc
     client = TelemetryClient(args.collector, spool_dir=args.spool_dir) if args.collector else None
-    scheduler = Scheduler(engine, scheduler_config, policy, on_record=client.submit_request if client else None)
-
-    def emit(kind: str, detail: dict, duration_s: float | None) -> None:
-        if client:
-            client.submit_event(control.event(args.instance, kind, detail, duration_s))
-
-    emit(
-        "cold_start", {"model": engine.target.name, "from_cache": engine.target.from_cache}, engine.target.cold_start_s
-    )
-    emit("config", _config_detail(engine, policy, scheduler_config), None)
+    telemetry = TelemetrySink(args.instance, client)
+    policy = Policy(policy_config, telemetry=telemetry)
+    scheduler = Scheduler(engine, scheduler_config, policy, telemetry)
+    cold_start = {"model": engine.target.name, "from_cache": engine.target.from_cache}
+    telemetry.emit("cold_start", cold_start, engine.target.cold_start_s)
+    telemetry.emit("config", _config_detail(engine, policy, scheduler_config))
     if client:
-        sampler = DeviceSampler(
-            scheduler,
-            args.instance,
-            args.sample_interval,
-            lambda sample: _send_sample(client, policy, args.instance, sample),
-        )
+        sampler = DeviceSampler(scheduler, telemetry, args.sample_interval)
         sampler.start()
     print(
         f"engine: {engine.target.name} ({engine.target.dtype}) on http://{args.host}:{args.port}/v1, "
@@ -260,8 +249,8 @@ def run_serve(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    app = create_app(scheduler, engine.target.name, control_token=args.control_token, emit=emit)
-    guard = MemoryGuard(scheduler, emit, guard_config)
+    app = create_app(scheduler, engine.target.name, control_token=args.control_token)
+    guard = MemoryGuard(scheduler, guard_config)
     guard.start()
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
@@ -291,20 +280,6 @@ def _config_detail(engine, policy, scheduler_config) -> dict:
         "memory_fraction": engine.memory_fraction,
         "streams": engine.streams.describe(),
     }
-
-
-def _send_sample(client, policy, instance: str, sample) -> None:
-    from collector.schema import EngineEvent
-
-    client.submit_sample(sample)
-    while policy.switches:
-        switch = policy.switches.popleft()
-        detail = {
-            "to": "speculative" if switch.speculate else "autoregressive",
-            "reason": switch.reason,
-            "load": switch.load,
-        }
-        client.submit_event(EngineEvent(instance=instance, at=switch.at, kind="mode_switch", detail=detail))
 
 
 def run_traffic_command(args: argparse.Namespace) -> int:

@@ -1,6 +1,7 @@
 """Actions on a running engine (the control API; alerts call them): defragment memory,
-unload or load the draft models, set the CUDA stream priorities of target and draft. Each returns what it did, measured before and after,
-and emits an EngineEvent through `emit`.
+unload or load the draft models, set the CUDA stream priorities of target and draft. Each returns
+what it did, measured before and after, and emits an EngineEvent through
+`emit(kind, detail, duration_s)` (a TelemetrySink's `emit`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from dataclasses import asdict
 
 import torch
 
-from collector.schema import EngineEvent
 from engine.device import cpu_heap_memory, cuda_memory
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -111,12 +111,3 @@ def set_streams(scheduler, emit, target: str, draft: str) -> dict:
     report = {"action": "streams", **change, "duration_s": time.monotonic() - started}
     emit("streams", report, report["duration_s"])
     return report
-
-
-def event(instance: str, kind: str, detail: dict, duration_s: float | None) -> EngineEvent:
-    return EngineEvent(instance=instance, at=time.time(), kind=kind, detail=_small(detail), duration_s=duration_s)
-
-
-def _small(detail: dict) -> dict:
-    """Event details travel as JSON: keep numbers finite and the whole under the contract's 4 KiB."""
-    return {k: (v if not isinstance(v, float) or v == v else None) for k, v in detail.items()}

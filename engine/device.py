@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from collector.schema import DeviceSample
+from engine.telemetry import TelemetrySink
 
 RAPL_ENERGY = Path("/sys/class/powercap/intel-rapl:0/energy_uj")
 
@@ -177,18 +178,18 @@ class Periodic:
 
 
 class DeviceSampler(Periodic):
-    """A background thread that turns the engine's state into a DeviceSample every `interval_s`."""
+    """A background thread that hands the engine's state to `telemetry` as a DeviceSample every `interval_s`."""
 
-    def __init__(self, scheduler, instance: str, interval_s: float, send) -> None:
+    def __init__(self, scheduler, telemetry: TelemetrySink, interval_s: float) -> None:
         super().__init__(interval_s, "specwatch-device-sampler")
-        self.scheduler, self.instance, self.send = scheduler, instance, send
+        self.scheduler, self.telemetry = scheduler, telemetry
         self.device = scheduler.engine.target.device
         self.power = PowerMeter(self.device)
         self._busy = (0.0, 0.0)
         self._last = time.monotonic()
 
     def tick(self) -> None:
-        self.send(self.sample())
+        self.telemetry.sample(self.sample())
 
     def sample(self) -> DeviceSample:
         now = time.monotonic()
@@ -201,7 +202,7 @@ class DeviceSampler(Periodic):
         watts = self.power.watts()
         state = self.scheduler.policy.state
         return DeviceSample(
-            instance=self.instance,
+            instance=self.telemetry.instance,
             at=time.time(),
             device=_device_name(self.device),
             mem_allocated_bytes=memory.allocated,

@@ -3,8 +3,8 @@ load the same drafts again once it falls below `low` (the gap is the hysteresis)
 
 While the drafts are out, their requests decode plainly with `mode_reason="memory"` (the
 policy's draft-loaded flag); n-gram drafting holds no weights and keeps running. Both moves
-go through `engine.control` (so they are measured and emitted as `draft_unloaded` /
-`draft_loaded` events), with `"reason": "memory"` and the used fraction in the detail.
+go through `engine.control` (so they are measured and emitted to the scheduler's telemetry as
+`draft_unloaded` / `draft_loaded` events), with `"reason": "memory"` and the used fraction in the detail.
 The guard only reloads what it unloaded itself: a manual unload stays manual.
 """
 
@@ -54,12 +54,11 @@ class MemoryGuard(Periodic):
     def __init__(
         self,
         scheduler,
-        emit,
         config: MemoryGuardConfig = MemoryGuardConfig(),
         read: Callable[[torch.device], float | None] = used_fraction,
     ) -> None:
         super().__init__(config.interval_s, "specwatch-memory-guard")
-        self.scheduler, self.emit, self.config, self.read = scheduler, emit, config, read
+        self.scheduler, self.config, self.read = scheduler, config, read
         self.unloaded: list[str] | None = None  # what the guard took out, until it puts it back
 
     def check(self) -> str | None:
@@ -79,7 +78,8 @@ class MemoryGuard(Periodic):
         return None
 
     def _emit_with(self, extra: dict):
-        return lambda kind, detail, duration_s: self.emit(kind, {**detail, **extra}, duration_s)
+        emit = self.scheduler.telemetry.emit
+        return lambda kind, detail, duration_s: emit(kind, {**detail, **extra}, duration_s)
 
     def tick(self) -> None:
         self.check()

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from collector.schema import RequestRecord
+from engine.telemetry import TelemetrySink
 
 Override = Literal["auto", "speculative", "autoregressive"]
 
@@ -97,19 +98,14 @@ class Decision:
     arm: str | None = None
 
 
-@dataclass(frozen=True)
-class Switch:
-    """A change of the default mode, reported as a `mode_switch` engine event."""
-
-    at: float
-    speculate: bool
-    reason: str
-    load: float
-
-
 class Policy:
-    def __init__(self, config: PolicyConfig = PolicyConfig(), seed: int | None = None) -> None:
+    """`telemetry`: where a change of the default mode goes, as a `mode_switch` event, when it happens."""
+
+    def __init__(
+        self, config: PolicyConfig = PolicyConfig(), seed: int | None = None, telemetry: TelemetrySink | None = None
+    ) -> None:
         self.config = config
+        self.telemetry = telemetry or TelemetrySink()
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self._override: tuple[Override, str] = ("auto", "manual")
@@ -120,7 +116,6 @@ class Policy:
         self._fallback_count: dict[str, int] = {}
         self._goodput: dict[str, deque[float]] = {}  # drafter or 'plain' -> tokens per busy second
         self._load_probes = 0
-        self.switches: deque[Switch] = deque(maxlen=1000)
         self.selector = Selector(
             [Choice.parse(c) for c in config.candidates], config.acceptance_window, config.explore, self._rng
         )
@@ -128,7 +123,7 @@ class Policy:
     def set_override(self, mode: Override, reason: str = "manual") -> None:
         with self._lock:
             self._override = (mode, reason)
-            self.switches.append(Switch(time.time(), mode != "autoregressive", reason, -1.0))
+        self._switched(mode != "autoregressive", reason, -1.0)
 
     def set_draft_loaded(self, loaded: bool) -> None:
         """False after the draft models were unloaded (memory pressure): their requests decode plainly."""
@@ -149,19 +144,25 @@ class Policy:
     def decide(self, prompt_tokens: int, load: float, drafter: str | None, now: float | None = None) -> Decision:
         now = time.monotonic() if now is None else now
         with self._lock:
-            self._track_load(load, now)
-            mode, reason = self._override
-            if mode != "auto":
-                return Decision(mode == "speculative", reason)
-            if drafter is None:
-                return Decision(False, "default")
-            if not self._draft_loaded and drafter != "ngram":
-                return Decision(False, "memory")
-            if prompt_tokens > self.config.long_prompt_tokens:
-                return Decision(False, "long_prompt")
-            if not self._load_allows and not self._pays_under_load(drafter):
-                return Decision(False, "load")
-            return self._canary_or_acceptance(drafter)
+            switched = self._track_load(load, now)
+            decision = self._decide(prompt_tokens, drafter)
+        if switched is not None:
+            self._switched(switched, "load", load)
+        return decision
+
+    def _decide(self, prompt_tokens: int, drafter: str | None) -> Decision:
+        mode, reason = self._override
+        if mode != "auto":
+            return Decision(mode == "speculative", reason)
+        if drafter is None:
+            return Decision(False, "default")
+        if not self._draft_loaded and drafter != "ngram":
+            return Decision(False, "memory")
+        if prompt_tokens > self.config.long_prompt_tokens:
+            return Decision(False, "long_prompt")
+        if not self._load_allows and not self._pays_under_load(drafter):
+            return Decision(False, "load")
+        return self._canary_or_acceptance(drafter)
 
     def _pays_under_load(self, drafter: str) -> bool:
         spec, plain = self._goodput.get(drafter, ()), self._goodput.get("plain", ())
@@ -173,7 +174,8 @@ class Policy:
             return False  # a plain probe: measures plain decoding under this load
         return ratio > 1.0 if measured else True  # not measured yet: keep speculating while probes collect evidence
 
-    def _track_load(self, load: float, now: float) -> None:
+    def _track_load(self, load: float, now: float) -> bool | None:
+        """The new default (speculate or not) when load switches it now, else None."""
         want = self._load_allows
         if self._load_allows and load > self.config.load_off:
             want = False
@@ -181,7 +183,13 @@ class Policy:
             want = True
         if want != self._load_allows and now - self._last_switch >= self.config.cooldown_s:
             self._load_allows, self._last_switch = want, now
-            self.switches.append(Switch(time.time(), want, "load", load))
+            return want
+        return None
+
+    def _switched(self, speculate: bool, reason: str, load: float) -> None:
+        """Reported outside the lock: a consumer may read `state`."""
+        detail = {"to": "speculative" if speculate else "autoregressive", "reason": reason, "load": load}
+        self.telemetry.emit("mode_switch", detail)
 
     def _canary_or_acceptance(self, drafter: str) -> Decision:
         if self.config.canary_fraction < 1.0:

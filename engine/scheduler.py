@@ -25,6 +25,7 @@ from engine.decoder import forward_many
 from engine.engine import Engine, GenerateRequest, GenerateResult, Run, Slot
 from engine.policy import Policy
 from engine.speculative import StageError
+from engine.telemetry import TelemetrySink
 
 log = logging.getLogger("specwatch.scheduler")
 
@@ -70,10 +71,11 @@ class BusyTime:
 
 
 class Scheduler:
-    def __init__(self, engine: Engine, config: SchedulerConfig, policy: Policy, on_record=None) -> None:
+    def __init__(
+        self, engine: Engine, config: SchedulerConfig, policy: Policy, telemetry: TelemetrySink | None = None
+    ) -> None:
         self.engine, self.config, self.policy = engine, config, policy
-        self.on_record = on_record or (lambda record: None)  # the telemetry sink
-        self._listeners: list = []  # e.g. Prometheus metrics
+        self.telemetry = telemetry or TelemetrySink(engine.config.instance)  # gets every finished request's record
         self.slots = [Slot(engine) for _ in range(config.slots)]
         self.busy = BusyTime()
         self._queue: deque[Ticket] = deque()
@@ -81,16 +83,6 @@ class Scheduler:
         self._wake = threading.Condition()
         self._stopped = False
         self._thread = threading.Thread(target=self._work, name="specwatch-scheduler", daemon=True)
-
-    def add_record_listener(self, listener) -> None:
-        self._listeners.append(listener)
-
-    def _notify(self, record) -> None:
-        for listener in [self.on_record, *self._listeners]:
-            try:
-                listener(record)
-            except Exception:  # telemetry must never take a request down
-                log.exception("record listener failed")
 
     def start(self) -> None:
         self._thread.start()
@@ -260,7 +252,7 @@ class Scheduler:
         ticket, run = self._active.pop(index)
         result: GenerateResult = run.result(status, error)
         self.policy.observe(result.record, run.choice)
-        self._notify(result.record)
+        self.telemetry.record(result.record)
         ticket.send(result)
 
 

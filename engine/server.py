@@ -9,7 +9,6 @@ drafter and gamma per scenario tag) and `tags`.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -17,21 +16,19 @@ from contextlib import asynccontextmanager
 from typing import Annotated, Literal
 
 import orjson
-import uvicorn
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from collector.schema import RequestRecord
 from engine import control
 from engine.cuda import NoCudaStreams
 from engine.engine import GenerateRequest, GenerateResult
 from engine.metrics import EngineMetrics
-from engine.policy import Policy, PolicyConfig
 from engine.sampling import SamplingParams
-from engine.scheduler import Overloaded, Scheduler, SchedulerConfig, Ticket
-from specwatch.common import free_port
+from engine.scheduler import Overloaded, Scheduler, Ticket
 
 Tag = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 
@@ -106,9 +103,9 @@ def openai_error(
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-def create_app(scheduler: Scheduler, model_name: str, control_token: str | None = None, emit=None) -> FastAPI:
+def create_app(scheduler: Scheduler, model_name: str, control_token: str | None = None) -> FastAPI:
     """`control_token`: bearer token the /v1/control endpoints require (None: open).
-    `emit(kind, detail, duration_s)`: where control actions report their EngineEvents."""
+    Control actions report their EngineEvents, and /metrics its records, through `scheduler.telemetry`."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -118,10 +115,9 @@ def create_app(scheduler: Scheduler, model_name: str, control_token: str | None 
 
     app = FastAPI(title="specwatch engine", lifespan=lifespan)
     app.state.scheduler, app.state.model_name = scheduler, model_name
-    app.state.emit = emit or (lambda kind, detail, duration_s: None)
+    app.state.emit = scheduler.telemetry.emit
     registry = CollectorRegistry()
-    metrics = EngineMetrics(scheduler, registry)
-    scheduler.add_record_listener(metrics.observe)
+    scheduler.telemetry.subscribe(RequestRecord, EngineMetrics(scheduler, registry).observe)
     app.get("/metrics")(lambda: Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST))
 
     def authorized(request: Request) -> None:
@@ -313,42 +309,3 @@ class _Frame:
 
 def _finish(reason: str | None) -> str | None:
     return None if reason is None else ("stop" if reason in ("stop", "cancelled") else reason)
-
-
-class BackgroundServer:
-    """The engine API on a free loopback port in a background thread (benchmarks, tests, `up`).
-
-    `records` collects every finished request's telemetry record.
-    """
-
-    def __init__(
-        self, engine, scheduler_config: SchedulerConfig, policy: PolicyConfig | Policy = PolicyConfig(), **app_options
-    ) -> None:
-        self.records: list = []
-        policy = policy if isinstance(policy, Policy) else Policy(policy)
-        self.scheduler = Scheduler(engine, scheduler_config, policy, self.records.append)
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(
-            create_app(self.scheduler, engine.target.name, **app_options), port=self.port, log_level="warning"
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> BackgroundServer:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if not self.server.started:
-            raise RuntimeError(f"the engine server did not start on {self.url}")
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
-
-    def client(self):
-        import openai
-
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0)

@@ -9,6 +9,7 @@ import time
 
 import httpx
 import pytest
+from engine_harness import BackgroundServer
 from sqlalchemy import select
 
 from alerts.evaluator import Alert, State
@@ -20,7 +21,6 @@ from collector.schema import IngestBatch
 from collector.store import Store
 from engine.policy import PolicyConfig
 from engine.scheduler import SchedulerConfig
-from engine.server import BackgroundServer
 
 TOKEN_ENV = "SPECWATCH_TEST_CONTROL_TOKEN"
 

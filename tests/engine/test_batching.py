@@ -5,12 +5,12 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from engine_harness import BackgroundServer
 
 import engine.scheduler as scheduler_module
 from engine.engine import GenerateRequest
 from engine.policy import PolicyConfig
 from engine.scheduler import SchedulerConfig
-from engine.server import BackgroundServer
 
 ALWAYS_SPECULATE = PolicyConfig(load_off=100.0, load_on=99.0, min_acceptance=0.0)
 PROMPTS = [

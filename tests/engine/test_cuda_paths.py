@@ -14,13 +14,15 @@ from types import SimpleNamespace
 import httpx
 import pytest
 import torch
+from engine_harness import BackgroundServer
 
+from collector.schema import EngineEvent
 from engine import control
 from engine.cuda import NoCudaStreams, Streams, apply_memory_fraction, check_memory_fraction
 from engine.engine import EngineConfig
 from engine.policy import PolicyConfig
 from engine.scheduler import SchedulerConfig
-from engine.server import BackgroundServer
+from engine.telemetry import TelemetrySink
 
 HAS_CUDA = torch.cuda.is_available()
 _no_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA: torch.cuda.is_available() is False on this machine")
@@ -69,12 +71,9 @@ def test_memory_fraction_is_not_applied_on_a_cpu():
 def guarded(bundled_engine):
     events = []
     server = BackgroundServer(
-        bundled_engine,
-        SchedulerConfig(slots=2, max_queue=4),
-        PolicyConfig(),
-        control_token="s3cret",
-        emit=lambda kind, detail, duration_s: events.append((kind, detail)),
+        bundled_engine, SchedulerConfig(slots=2, max_queue=4), PolicyConfig(), control_token="s3cret"
     )
+    server.telemetry.subscribe(EngineEvent, lambda event: events.append((event.kind, event.detail)))
     with server:
         server.events = events
         yield server
@@ -108,15 +107,16 @@ def test_streams_endpoint_on_a_cpu_engine_is_409_and_changes_nothing(guarded):
 
 
 def test_streams_action_emits_an_event_where_streams_exist():
-    emitted = []
+    telemetry, events = TelemetrySink("gpu-0"), []
+    telemetry.subscribe(EngineEvent, events.append)
     engine = SimpleNamespace(
         streams=SimpleNamespace(
             configure=lambda t, d: {"before": {"target": "low"}, "after": {"target": t, "draft": d}}
         )
     )
-    report = control.set_streams(SimpleNamespace(engine=engine), lambda *event: emitted.append(event), "high", "low")
-    assert report["after"] == {"target": "high", "draft": "low"} and [e[0] for e in emitted] == ["streams"]
-    assert control.event("gpu-0", "streams", report, report["duration_s"]).kind == "streams"
+    report = control.set_streams(SimpleNamespace(engine=engine), telemetry.emit, "high", "low")
+    assert report["after"] == {"target": "high", "draft": "low"}
+    assert [(e.instance, e.kind, e.duration_s) for e in events] == [("gpu-0", "streams", report["duration_s"])]
 
 
 # --- CUDA ----------------------------------------------------------------------------------------
@@ -214,7 +214,7 @@ def test_device_sample_matches_torch_memory_stats():
     from engine.device import DeviceSampler
 
     block = torch.empty(100 * 2**20, dtype=torch.uint8, device="cuda")
-    sampler = DeviceSampler(_stub_scheduler(torch.device("cuda")), "gpu-test", 1.0, lambda sample: None)
+    sampler = DeviceSampler(_stub_scheduler(torch.device("cuda")), TelemetrySink("gpu-test"), 1.0)
     sample = sampler.sample()
     stats = torch.cuda.memory_stats()
     assert sample.mem_allocated_bytes == stats["allocated_bytes.all.current"]
@@ -252,8 +252,7 @@ def test_a_draft_oom_under_the_memory_fraction_is_retried_plain(restore_fraction
     from engine.scheduler import Scheduler
 
     engine = Engine(EngineConfig(dtype="float32", device="cuda", instance="cuda-test"))
-    records = []
-    scheduler = Scheduler(engine, SchedulerConfig(slots=2, max_queue=2), Policy(PolicyConfig()), records.append)
+    scheduler = Scheduler(engine, SchedulerConfig(slots=2, max_queue=2), Policy(PolicyConfig()))
     for slot in scheduler.slots:
         slot.drafters["ngram"] = _Greedy(engine.config.ngram)
     torch.cuda.empty_cache()
@@ -309,7 +308,7 @@ def test_device_sample_reports_whether_the_drafts_are_loaded():
 
     scheduler = _stub_scheduler(torch.device("cpu"))
     scheduler.policy.state["draft_loaded"] = False
-    sample = DeviceSampler(scheduler, "laptop", 1.0, lambda sample: None).sample()
+    sample = DeviceSampler(scheduler, TelemetrySink("laptop"), 1.0).sample()
     assert sample.draft_loaded is False and sample.power_source in (None, "rapl", "estimate")
 
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from engine_harness import BackgroundServer
 
+from collector.schema import EngineEvent
 from engine.memory_guard import MemoryGuard, MemoryGuardConfig, used_fraction
 from engine.policy import PolicyConfig
 from engine.scheduler import SchedulerConfig
-from engine.server import BackgroundServer
 
 DRAFTER = "early-exit:4"
 
@@ -26,12 +27,8 @@ def test_drafts_unload_under_pressure_and_return_after_it(bundled_engine):
     readings, events = iter([0.95, 0.97, 0.85, 0.70]), []
     policy = PolicyConfig(min_acceptance=0.0)
     with BackgroundServer(bundled_engine, SchedulerConfig(slots=1, max_queue=4), policy) as server:
-        guard = MemoryGuard(
-            server.scheduler,
-            lambda kind, detail, d: events.append((kind, detail)),
-            MemoryGuardConfig(high=0.9, low=0.8),
-            read=lambda device: next(readings),
-        )
+        server.telemetry.subscribe(EngineEvent, events.append)  # the guard's, and the policy's mode switches
+        guard = MemoryGuard(server.scheduler, MemoryGuardConfig(high=0.9, low=0.8), read=lambda device: next(readings))
         assert (complete(server).mode, complete(server).drafter) == ("speculative", DRAFTER)
         assert guard.check() == "unloaded"
         assert DRAFTER not in server.scheduler.slots[0].drafters
@@ -42,9 +39,10 @@ def test_drafts_unload_under_pressure_and_return_after_it(bundled_engine):
         assert guard.check() == "reloaded"
         assert DRAFTER in server.scheduler.slots[0].drafters
         assert complete(server).mode == "speculative"
-    assert [kind for kind, _ in events] == ["draft_unloaded", "draft_loaded"]
-    assert events[0][1]["reason"] == "memory" and events[0][1]["used_fraction"] == 0.95
-    assert events[0][1]["unloaded"] == [DRAFTER] and events[1][1]["loaded"] == DRAFTER
+    unloaded, loaded = [e for e in events if e.kind != "mode_switch"]
+    assert (unloaded.kind, loaded.kind) == ("draft_unloaded", "draft_loaded")
+    assert unloaded.detail["reason"] == "memory" and unloaded.detail["used_fraction"] == 0.95
+    assert unloaded.detail["unloaded"] == [DRAFTER] and loaded.detail["loaded"] == DRAFTER
 
 
 def test_reading_this_machine_and_bad_marks():

@@ -6,8 +6,9 @@ import time
 
 import pytest
 
-from collector.schema import RequestRecord
+from collector.schema import EngineEvent, RequestRecord
 from engine.policy import Choice, Decision, Policy, PolicyConfig
+from engine.telemetry import TelemetrySink
 
 
 def record(drafter: str, drafted: int, accepted: int) -> RequestRecord:
@@ -48,7 +49,9 @@ def timed_record(drafter: str | None, tokens: int, busy_s: float) -> RequestReco
 
 
 def test_load_switch_has_hysteresis_and_cooldown():
-    policy = Policy(PolicyConfig(load_off=0.75, load_on=0.6, cooldown_s=5.0, min_window=2))
+    telemetry, events = TelemetrySink("i"), []
+    telemetry.subscribe(EngineEvent, events.append)
+    policy = Policy(PolicyConfig(load_off=0.75, load_on=0.6, cooldown_s=5.0, min_window=2), telemetry=telemetry)
     for _ in range(2):  # measured: plain decoding beats this drafter, so high load switches it off
         policy.observe(timed_record("ngram", 11, 1.0))
         policy.observe(timed_record(None, 41, 1.0))
@@ -60,9 +63,12 @@ def test_load_switch_has_hysteresis_and_cooldown():
         (7.0, 0.50, True, "default"),  # cool-down over: back on
         (8.0, 0.70, True, "default"),  # between the thresholds: stays on
     ]
+    switched = []  # (t, mode) of each mode_switch event, as the policy emits it
     for t, load, speculate, reason in steps:
         assert policy.decide(100, load, "ngram", now=t) == Decision(speculate, reason), (t, load)
-    assert [s.speculate for s in policy.switches] == [False, True]
+        switched += [(t, e.detail["to"]) for e in events[len(switched) :]]
+    assert switched == [(1.0, "autoregressive"), (7.0, "speculative")]
+    assert {(e.kind, e.instance, e.detail["reason"]) for e in events} == {("mode_switch", "i", "load")}
 
 
 def test_long_prompts_and_plain_requests_do_not_speculate():
@@ -73,8 +79,13 @@ def test_long_prompts_and_plain_requests_do_not_speculate():
 
 
 def test_override_wins_until_released():
-    policy = Policy()
+    telemetry, events = TelemetrySink("i"), []
+    telemetry.subscribe(EngineEvent, events.append)
+    policy = Policy(telemetry=telemetry)
     policy.set_override("autoregressive", "alert")
+    assert [(e.kind, e.detail["to"], e.detail["reason"]) for e in events] == [
+        ("mode_switch", "autoregressive", "alert")
+    ]
     assert policy.decide(10, 0.0, "ngram", now=0) == Decision(False, "alert")
     policy.set_override("auto")
     assert policy.decide(10, 0.0, "ngram", now=0) == Decision(True, "default")

@@ -9,10 +9,11 @@ import time
 import httpx
 import openai
 import pytest
+from engine_harness import BackgroundServer
 
+from collector.schema import EngineEvent
 from engine.policy import PolicyConfig
 from engine.scheduler import SchedulerConfig
-from engine.server import BackgroundServer
 
 
 def Server(
@@ -172,9 +173,8 @@ def test_oom_during_speculation_is_retried_plain_and_recorded(bundled_engine):
 
 def test_control_api_requires_the_token_and_acts(bundled_engine):
     events = []
-    with Server(
-        bundled_engine, slots=2, control_token="s3cret", emit=lambda kind, detail, d: events.append((kind, detail))
-    ) as guarded:
+    with Server(bundled_engine, slots=2, control_token="s3cret") as guarded:
+        guarded.telemetry.subscribe(EngineEvent, lambda event: events.append((event.kind, event.detail)))
         assert httpx.post(f"{guarded.url}/v1/control/defragment").status_code == 401
         wrong = httpx.post(f"{guarded.url}/v1/control/defragment", headers={"authorization": "Bearer nope"})
         assert wrong.status_code == 401 and wrong.json()["error"]["type"] == "authentication_error"

@@ -10,8 +10,8 @@ import torch
 
 from collector.client import TelemetryClient
 from engine.device import DeviceSampler, cpu_heap_memory
-from engine.server import free_port
-from specwatch.common import start_collector
+from engine.telemetry import TelemetrySink
+from specwatch.common import free_port, start_collector
 from tests.engine.test_server import Server
 
 REPO = Path(__file__).resolve().parents[2]
@@ -22,9 +22,9 @@ def test_concurrent_requests_reach_the_collector(bundled_engine, tmp_path):
     collector = start_collector(port, tmp_path / "collector.log", env={"SPECWATCH_DATA_DIR": str(tmp_path)})
     client = TelemetryClient(f"http://127.0.0.1:{port}", spool_dir=tmp_path / "spool", flush_interval_s=0.2)
     try:
-        with Server(bundled_engine, slots=4) as server:
-            server.scheduler.on_record = client.submit_request
-            sampler = DeviceSampler(server.scheduler, "test", 0.5, client.submit_sample)
+        telemetry = TelemetrySink("test", client)
+        with Server(bundled_engine, slots=4, telemetry=telemetry) as server:
+            sampler = DeviceSampler(server.scheduler, telemetry, 0.5)
             openai_client = server.client()
             prompts = [
                 f"Repeat: {word} {word} {word} and then {word}"
@@ -39,7 +39,7 @@ def test_concurrent_requests_reach_the_collector(bundled_engine, tmp_path):
                         prompts,
                     )
                 )
-            client.submit_sample(sampler.sample())
+            telemetry.sample(sampler.sample())
         assert all(r.choices[0].text for r in replies)
         client.flush(timeout=10)
         signals = httpx.get(f"http://127.0.0.1:{port}/v1/signals", params={"last": 600, "tag": "scenario:e2e"}).json()

@@ -1,0 +1,68 @@
+"""The engine's one telemetry sink: the scheduler hands it request records, the device sampler
+samples, the policy and the control actions events.
+
+Each item goes to the collector's `TelemetryClient` when one is configured and to local
+consumers (the Prometheus metrics, a test's list). Consumers run on the producer's thread, so
+they must be cheap (the client only enqueues); one that fails is logged, never raised:
+telemetry must not take a request down.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from collector.client import TelemetryClient
+from collector.schema import DeviceSample, EngineEvent, RequestRecord
+
+log = logging.getLogger("specwatch.telemetry")
+
+Item = TypeVar("Item", RequestRecord, DeviceSample, EngineEvent)
+
+
+class TelemetrySink:
+    def __init__(self, instance: str | None = None, client: TelemetryClient | None = None) -> None:
+        self.instance = instance or socket.gethostname()  # the `instance` of its samples and events
+        self._consumers: dict[type, list[Callable]] = {RequestRecord: [], DeviceSample: [], EngineEvent: []}
+        if client is not None:
+            self.subscribe(RequestRecord, client.submit_request)
+            self.subscribe(DeviceSample, client.submit_sample)
+            self.subscribe(EngineEvent, client.submit_event)
+
+    def subscribe(self, kind: type[Item], consumer: Callable[[Item], None]) -> None:
+        self._consumers[kind].append(consumer)
+
+    def record(self, record: RequestRecord) -> None:
+        self._hand(record)
+
+    def sample(self, sample: DeviceSample) -> None:
+        self._hand(sample)
+
+    def event(self, event: EngineEvent) -> None:
+        self._hand(event)
+
+    def emit(self, kind: str, detail: dict, duration_s: float | None = None) -> None:
+        """An EngineEvent of this instance, now (the `emit` the control actions take)."""
+        try:
+            event = EngineEvent(
+                instance=self.instance, at=time.time(), kind=kind, detail=_finite(detail), duration_s=duration_s
+            )
+        except ValueError:  # e.g. a detail over the contract's 4 KiB
+            log.exception("dropped a %s event", kind)
+            return
+        self.event(event)
+
+    def _hand(self, item: RequestRecord | DeviceSample | EngineEvent) -> None:
+        for consumer in self._consumers[type(item)]:
+            try:
+                consumer(item)
+            except Exception:
+                log.exception("telemetry consumer failed")
+
+
+def _finite(detail: dict) -> dict:
+    """Event details travel as JSON: NaN becomes None."""
+    return {k: (v if not isinstance(v, float) or v == v else None) for k, v in detail.items()}
