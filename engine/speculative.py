@@ -63,7 +63,8 @@ class DecodeStats:
 
 
 class SpeculativeDecoder:
-    """Generates one request's tokens; call `prefill` once, then `step` until `finished`."""
+    """Generates one request's tokens: `prefill` once, then rounds until `finished`. A round is
+    `propose`, one target forward of what it returns, then `accept` of that forward's logits."""
 
     def __init__(
         self, target: Decoder, drafter: Drafter | None, device: torch.device | str = "cpu", adaptive: bool = True
@@ -107,15 +108,6 @@ class SpeculativeDecoder:
         first = self._choose(logits[-1])
         self.stats.prefill_s = time.monotonic() - start
         return self._commit([first], drafted=0, accepted=0)
-
-    def step(self) -> list[int]:
-        """One round: draft up to gamma tokens, verify them in one target forward, commit."""
-        if self.finished:
-            return []
-        fed = self.propose()
-        start = time.monotonic()
-        logits = self.target.forward(fed)
-        return self.accept(logits, time.monotonic() - start)
 
     def propose(self) -> torch.Tensor:
         """A round's first half: the tokens the target must see, [last committed, *draft].

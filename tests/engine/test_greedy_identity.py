@@ -18,8 +18,8 @@ GREEDY = SamplingParams()
 def run_loop(model, drafter, prompt: list[int], max_new: int, gamma: int, decoder=None) -> tuple[list[int], object]:
     loop = SpeculativeDecoder(decoder or make_decoder(model), drafter)
     loop.prefill(prompt, max_new, gamma, GREEDY)
-    while not loop.finished:
-        loop.step()
+    while not loop.finished:  # a round as the engine runs it: draft, one target forward, verify and commit
+        loop.accept(loop.target.forward(loop.propose()), forward_s=0.0)
     return loop.tokens[len(prompt) :], loop.stats
 
 

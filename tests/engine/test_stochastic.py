@@ -79,7 +79,7 @@ def sampled_joint(model, drafter, prompt: list[int]) -> tuple[np.ndarray, int]:
     loop = SpeculativeDecoder(make_decoder(model), drafter)
     for seed in range(DRAWS):
         loop.prefill(prompt, 3, 3, PARAMS, seed=seed)  # the round after the first token drafts 1 token
-        loop.step()
+        loop.accept(loop.target.forward(loop.propose()), forward_s=0.0)  # one round
         t1, t2 = loop.tokens[len(prompt) : len(prompt) + 2]
         counts[t1, t2] += 1
         drafted += loop.stats.num_draft_tokens
