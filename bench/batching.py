@@ -63,7 +63,8 @@ def main() -> None:
             ratio = on["output_tokens_per_s"] / max(off["output_tokens_per_s"], 1e-9)
             errors = on["errors"] + off["errors"]
             print(
-                f"{level:>5} {drafter or 'none':<7} {on['output_tokens_per_s']:>13.1f} {off['output_tokens_per_s']:>16.1f} "
+                f"{level:>5} {drafter or 'none':<7} {on['output_tokens_per_s']:>13.1f} "
+                f"{off['output_tokens_per_s']:>16.1f} "
                 f"{ratio:>5.2f}x" + (f"  ({errors} errors)" if errors else ""),
                 flush=True,
             )

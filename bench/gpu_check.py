@@ -392,7 +392,8 @@ def check_streams(ctx: Context) -> list[dict]:
         seen = _streams_during_speculation(engine)
         raise Skip(
             f"needs CUDA: streams are no-ops on a CPU (enabled: {engine.streams.describe()['enabled']}); the recording "
-            f"saw {len(seen['draft'])} draft calls, {len(seen['draft_forward'])} draft and {len(seen['target'])} target forwards"
+            f"saw {len(seen['draft'])} draft calls, {len(seen['draft_forward'])} draft "
+            f"and {len(seen['target'])} target forwards"
         )
     described = engine.streams.describe()
     seen = _streams_during_speculation(engine)
@@ -415,8 +416,10 @@ def check_streams(ctx: Context) -> list[dict]:
         "target_on_default_stream": sum(sid == default for sid, _ in seen["target"]),
     }
     measured = (
-        f"range {described['priority_range']}, target {described['target_priority']} / draft {described['draft_priority']}; "
-        f"seen in speculation: draft {draft_priorities} ({values['draft_on_default_stream']}/{len(draft_seen)} on default), "
+        f"range {described['priority_range']}, target {described['target_priority']} "
+        f"/ draft {described['draft_priority']}; "
+        f"seen in speculation: draft {draft_priorities} "
+        f"({values['draft_on_default_stream']}/{len(draft_seen)} on default), "
         f"target {target_priorities} ({values['target_on_default_stream']}/{len(seen['target'])} on default)"
     )
     rows = [_row("streams in use (early-exit drafter)", "ok" if draft_ok and target_ok else "fail", measured, values)]
@@ -548,7 +551,8 @@ def check_sampler(ctx: Context) -> list[dict]:
 
         values["nvml_power_usage_w"] = pynvml.nvmlDeviceGetPowerUsage(energy.handle) / 1000.0 if energy.handle else None
     measured = (
-        f"alloc {_mib(sample.mem_allocated_bytes)} vs {_mib(direct['allocated'])}, resv {_mib(sample.mem_reserved_bytes)} vs "
+        f"alloc {_mib(sample.mem_allocated_bytes)} vs {_mib(direct['allocated'])}, "
+        f"resv {_mib(sample.mem_reserved_bytes)} vs "
         f"{_mib(direct['reserved'])}, frag {_num(sample.fragmentation, 3)} vs {_num(direct['fragmentation'], 3)}; "
         f"power {_num(sample.power_w, 1)} W [{sample.power_source}] vs {_num(direct_watts, 1)} W [{energy.source}]; "
         f"util target {sample.util_target:.2f} draft {sample.util_draft:.2f}"
@@ -699,7 +703,8 @@ def print_table(report: dict) -> None:
         print(f"{row['check']:<{width}}  {row['status']:<6}  {row['measured']}")
     counts = {s: sum(r["status"] == s for r in report["rows"]) for s in ("ok", "fail", "error", "skip")}
     print(
-        f"\n{counts['ok']} ok, {counts['fail']} failed, {counts['error']} errors, {counts['skip']} skipped in {report['total_s']} s"
+        f"\n{counts['ok']} ok, {counts['fail']} failed, {counts['error']} errors, "
+        f"{counts['skip']} skipped in {report['total_s']} s"
     )
 
 
@@ -733,7 +738,8 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print(
-            f"gpu_check skipped: CUDA is not available to torch {torch.__version__} (CUDA build: {torch.version.cuda}). "
+            f"gpu_check skipped: CUDA is not available to torch {torch.__version__} "
+            f"(CUDA build: {torch.version.cuda}). "
             "A CPU wheel cannot see a GPU: install a CUDA build, e.g. "
             "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128 "
             "(or run `python bench/gpu_check.py --device cpu --dry-run` to exercise the script on a CPU)."

@@ -52,7 +52,8 @@ def sweep(engine: Engine, args) -> list[dict]:
             for mode in order:
                 rounds[mode].append(measure(engine, level, mode, auto_policy, args))
                 print(
-                    f"  level {level:>3} round {turn + 1} {mode:<4} {rounds[mode][-1]['output_tokens_per_s']:7.1f} tok/s",
+                    f"  level {level:>3} round {turn + 1} {mode:<4} "
+                    f"{rounds[mode][-1]['output_tokens_per_s']:7.1f} tok/s",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -103,12 +104,14 @@ def report(rows: list[dict]) -> None:
         return "-" if value is None else f"{1000 * value:.0f}"
 
     print(
-        f"\n{'level':>5} {'mode':<5} {'tok/s':>7} {'range':>11} {'TTFT p50':>9} {'TTFT p99':>9} {'e2e p50':>8} {'e2e p99':>8} {'errors':>6}  (ms)"
+        f"\n{'level':>5} {'mode':<5} {'tok/s':>7} {'range':>11} {'TTFT p50':>9} {'TTFT p99':>9} "
+        f"{'e2e p50':>8} {'e2e p99':>8} {'errors':>6}  (ms)"
     )
     for r in rows:
         spread = f"{r['tok_s_min']:.0f}-{r['tok_s_max']:.0f}"
         print(
-            f"{r['level']:>5} {r['mode']:<5} {r['output_tokens_per_s']:>7.1f} {spread:>11} {ms(r['ttft_p50_s']):>9} {ms(r['ttft_p99_s']):>9} "
+            f"{r['level']:>5} {r['mode']:<5} {r['output_tokens_per_s']:>7.1f} {spread:>11} "
+            f"{ms(r['ttft_p50_s']):>9} {ms(r['ttft_p99_s']):>9} "
             f"{ms(r['e2e_p50_s']):>8} {ms(r['e2e_p99_s']):>8} {r['errors']:>6}"
         )
     for mode in MODES:

@@ -95,10 +95,12 @@ def main() -> None:
             collector.wait(timeout=30)
     print(f"mean e2e latency of {len(records)} real requests: {e2e * 1000:.0f} ms")
     print(
-        f"scheduler thread per request (record + metrics + submit): {on_thread * 1e6:.0f} us = {100 * on_thread / e2e:.3f}% of e2e"
+        f"scheduler thread per request (record + metrics + submit): {on_thread * 1e6:.0f} us "
+        f"= {100 * on_thread / e2e:.3f}% of e2e"
     )
     print(
-        f"process CPU per request, every thread, until acknowledged: {cpu * 1e6:.0f} us = {100 * cpu / e2e:.3f}% of e2e "
+        f"process CPU per request, every thread, until acknowledged: {cpu * 1e6:.0f} us "
+        f"= {100 * cpu / e2e:.3f}% of e2e "
         f"({'within' if cpu / e2e < 0.01 else 'NOT within'} the 1% goal)"
     )
 

@@ -191,8 +191,10 @@ def summary_line(record) -> str:
     rate = f"{record.acceptance_rate:.2f}" if record.acceptance_rate is not None else "n/a"
     decode_s = max(record.e2e_s - (record.ttft_s or 0.0), 1e-9)
     return (
-        f"[{record.mode} drafter={record.drafter} gamma={record.gamma}] {record.output_tokens} tokens in {record.e2e_s:.2f}s "
-        f"({record.output_tokens / max(record.e2e_s, 1e-9):.1f} tok/s, decode {record.output_tokens / decode_s:.1f} tok/s), "
+        f"[{record.mode} drafter={record.drafter} gamma={record.gamma}] "
+        f"{record.output_tokens} tokens in {record.e2e_s:.2f}s "
+        f"({record.output_tokens / max(record.e2e_s, 1e-9):.1f} tok/s, "
+        f"decode {record.output_tokens / decode_s:.1f} tok/s), "
         f"ttft {1000 * (record.ttft_s or 0):.0f} ms, acceptance {rate}"
     )
 

@@ -1,5 +1,5 @@
 """The package layout holds: imports point one way (a table of allowed edges), no module imports
-itself back through others, and the tree passes `ruff check`.
+itself back through others, and the tree passes `ruff check` and `ruff format --check`.
 
 Imports are read with `ast`, so a lazy import inside a function counts as much as one at the top.
 """
@@ -72,8 +72,12 @@ def allowed(importer: str, imported: str) -> bool:
         return False
     if source == target and imported != COMMON:
         return True
-    return any(imported == rule or (imported.startswith(rule + ".") and rule in PACKAGES)
-               or (rule == target and rule in PACKAGES) for rule in ALLOWED[source])
+    return any(
+        imported == rule
+        or (imported.startswith(rule + ".") and rule in PACKAGES)
+        or (rule == target and rule in PACKAGES)
+        for rule in ALLOWED[source]
+    )
 
 
 def test_imports_point_one_way():
@@ -122,9 +126,10 @@ def test_the_checks_catch_what_they_guard(tmp_path):
     assert find_cycle({"a.x": {"a.y"}, "a.y": set()}) is None
 
 
-def test_ruff_check_passes():
+@pytest.mark.parametrize("command", [["check"], ["format", "--check"]], ids=["lint", "format"])
+def test_ruff_passes(command):
     ruff = shutil.which("ruff") or str(Path(sys.executable).with_name("ruff"))
     if not Path(ruff).exists():
         pytest.skip("ruff is not installed (it is in the dev extra: pip install -e '.[dev]')")
-    result = subprocess.run([ruff, "check", "--no-cache", str(REPO)], capture_output=True, text=True, cwd=REPO)
+    result = subprocess.run([ruff, *command, "--no-cache", str(REPO)], capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]

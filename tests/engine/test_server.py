@@ -10,6 +10,7 @@ import httpx
 import openai
 import pytest
 from engine_harness import BackgroundServer
+from waiting import wait_for
 
 from collector.schema import EngineEvent
 from engine.policy import PolicyConfig
@@ -117,10 +118,8 @@ def test_client_disconnect_cancels_the_request(bundled_engine):
             timeout=60,
         ) as response:
             next(response.iter_lines())
-        deadline = time.monotonic() + 30
-        while not small.records and time.monotonic() < deadline:
-            time.sleep(0.1)
-    assert small.records and small.records[0].status == "cancelled" and small.records[0].output_tokens < 400
+        wait_for(lambda: small.records, "the cancelled request's record", timeout=30)
+    assert small.records[0].status == "cancelled" and small.records[0].output_tokens < 400
 
 
 def test_control_api_overrides_the_mode(server):
@@ -206,7 +205,8 @@ def test_traffic_generator_drives_the_server(server):
     config = TrafficConfig(
         url=server.url, scenarios=("chat", "extraction"), duration_s=60, max_requests=4, concurrency=2, max_tokens=6
     )
-    rows = {row["scenario"]: row for row in summary(asyncio.run(run_traffic(config, progress=open("/dev/null", "w"))))}
+    with open("/dev/null", "w") as devnull:
+        rows = {row["scenario"]: row for row in summary(asyncio.run(run_traffic(config, progress=devnull)))}
     assert rows["all"]["requests"] == 4 and rows["all"]["errors"] == 0
     assert rows["all"]["ttft_p50_s"] <= rows["all"]["e2e_p50_s"]
     assert {r.tags["scenario"] for r in server.records[-4:]} <= {"chat", "extraction"}
