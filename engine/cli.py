@@ -14,6 +14,12 @@ from specwatch.common import UsageError, tcp_port
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    _register_generate(subparsers)
+    _register_serve(subparsers)
+    _register_traffic(subparsers)
+
+
+def _register_generate(subparsers: argparse._SubParsersAction) -> None:
     gen = subparsers.add_parser("generate", help="generate text with speculative decoding and print its telemetry")
     gen.add_argument("--prompt", required=True, help="the user message (or raw text with --raw)")
     gen.add_argument("--raw", action="store_true", help="send the prompt as plain text, without the chat template")
@@ -29,6 +35,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     gen.add_argument("--json", action="store_true", help="print one JSON object: text, finish_reason, record")
     gen.set_defaults(handler=run_generate)
 
+
+def _register_serve(subparsers: argparse._SubParsersAction) -> None:
     engine = subparsers.add_parser("engine", help="the speculative-decoding engine")
     engine_commands = engine.add_subparsers(dest="engine_command", required=True, metavar="SUBCOMMAND")
     serve = engine_commands.add_parser("serve", help="serve the OpenAI-compatible API")
@@ -54,6 +62,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--canary-fraction", type=float, default=1.0, help="share of requests that speculate (A/B arms when < 1)"
     )
     serve.add_argument("--min-acceptance", type=float, default=0.3)
+    _add_selector_and_memory_arguments(serve)
+    serve.add_argument(
+        "--control-token",
+        default=os.environ.get("SPECWATCH_CONTROL_TOKEN"),
+        help="bearer token for /v1/control (default: SPECWATCH_CONTROL_TOKEN; unset: open)",
+    )
+    serve.set_defaults(handler=run_serve)
+
+
+def _add_selector_and_memory_arguments(serve: argparse.ArgumentParser) -> None:
+    """Drafter 'auto', batching and the memory guard's thresholds."""
     serve.add_argument(
         "--candidates",
         nargs="+",
@@ -79,13 +98,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--memory-low", type=float, default=0.80, help="...and load them again below this share (default 0.80)"
     )
-    serve.add_argument(
-        "--control-token",
-        default=os.environ.get("SPECWATCH_CONTROL_TOKEN"),
-        help="bearer token for /v1/control (default: SPECWATCH_CONTROL_TOKEN; unset: open)",
-    )
-    serve.set_defaults(handler=run_serve)
 
+
+def _register_traffic(subparsers: argparse._SubParsersAction) -> None:
     traffic = subparsers.add_parser("traffic", help="send scenario traffic to an engine through its OpenAI API")
     traffic.add_argument(
         "--url", default="http://127.0.0.1:8000", help="engine base URL (default: http://127.0.0.1:8000)"
@@ -204,35 +219,17 @@ def run_serve(args: argparse.Namespace) -> int:
 
     from collector.client import TelemetryClient
     from engine.device import DeviceSampler
-    from engine.engine import Engine, EngineConfig
+    from engine.engine import Engine
     from engine.loading import ModelLoadError
-    from engine.memory_guard import MemoryGuard, MemoryGuardConfig
+    from engine.memory_guard import MemoryGuard
     from engine.policy import Policy
-    from engine.scheduler import Scheduler, SchedulerConfig
+    from engine.scheduler import Scheduler
     from engine.server import create_app
     from engine.telemetry import TelemetrySink
 
     try:
-        policy_config = PolicyConfig(
-            load_off=args.load_off,
-            load_on=args.load_on,
-            long_prompt_tokens=args.long_prompt_tokens,
-            canary_fraction=args.canary_fraction,
-            min_acceptance=args.min_acceptance,
-            candidates=tuple(args.candidates),
-            explore=args.explore,
-        )
-        scheduler_config = SchedulerConfig(slots=args.slots, max_queue=args.max_queue, batch=args.batch)
-        guard_config = MemoryGuardConfig(high=args.memory_high, low=args.memory_low)
-        config = EngineConfig(
-            model=args.model,
-            dtype=args.dtype,
-            device=args.device,
-            threads=args.threads,
-            instance=args.instance,
-            memory_fraction=args.memory_fraction,
-        )
-        engine = Engine(config)
+        policy_config, scheduler_config, guard_config, engine_config = _serve_configs(args)
+        engine = Engine(engine_config)
     except (ValueError, ModelLoadError) as exc:
         raise UsageError(str(exc)) from exc
     client = TelemetryClient(args.collector, spool_dir=args.spool_dir) if args.collector else None
@@ -262,6 +259,34 @@ def run_serve(args: argparse.Namespace) -> int:
             sampler.stop()
             client.close()
     return 0
+
+
+def _serve_configs(args: argparse.Namespace) -> tuple:
+    """Policy, scheduler, memory guard and engine configs from `engine serve`'s options (ValueError when bad)."""
+    from engine.engine import EngineConfig
+    from engine.memory_guard import MemoryGuardConfig
+    from engine.scheduler import SchedulerConfig
+
+    policy = PolicyConfig(
+        load_off=args.load_off,
+        load_on=args.load_on,
+        long_prompt_tokens=args.long_prompt_tokens,
+        canary_fraction=args.canary_fraction,
+        min_acceptance=args.min_acceptance,
+        candidates=tuple(args.candidates),
+        explore=args.explore,
+    )
+    scheduler = SchedulerConfig(slots=args.slots, max_queue=args.max_queue, batch=args.batch)
+    guard = MemoryGuardConfig(high=args.memory_high, low=args.memory_low)
+    engine = EngineConfig(
+        model=args.model,
+        dtype=args.dtype,
+        device=args.device,
+        threads=args.threads,
+        instance=args.instance,
+        memory_fraction=args.memory_fraction,
+    )
+    return policy, scheduler, guard, engine
 
 
 def _config_detail(engine, policy, scheduler_config) -> dict:
