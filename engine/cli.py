@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import socket
@@ -144,13 +145,7 @@ def engine_config(args: argparse.Namespace):
     if args.threads < 0:
         raise UsageError("--threads must be >= 0")
     try:
-        return EngineConfig(
-            model=args.model,
-            dtype=args.dtype,
-            device=args.device,
-            threads=args.threads,
-            memory_fraction=args.memory_fraction,
-        )
+        return _options_for(EngineConfig, args)
     except ValueError as exc:
         raise UsageError(f"--memory-fraction: {exc}") from None
 
@@ -263,30 +258,19 @@ def run_serve(args: argparse.Namespace) -> int:
 
 def _serve_configs(args: argparse.Namespace) -> tuple:
     """Policy, scheduler, memory guard and engine configs from `engine serve`'s options (ValueError when bad)."""
-    from engine.engine import EngineConfig
     from engine.memory_guard import MemoryGuardConfig
     from engine.scheduler import SchedulerConfig
 
-    policy = PolicyConfig(
-        load_off=args.load_off,
-        load_on=args.load_on,
-        long_prompt_tokens=args.long_prompt_tokens,
-        canary_fraction=args.canary_fraction,
-        min_acceptance=args.min_acceptance,
-        candidates=tuple(args.candidates),
-        explore=args.explore,
-    )
+    policy = _options_for(PolicyConfig, args, candidates=tuple(args.candidates))
     scheduler = SchedulerConfig(slots=args.slots, max_queue=args.max_queue, batch=args.batch)
     guard = MemoryGuardConfig(high=args.memory_high, low=args.memory_low)
-    engine = EngineConfig(
-        model=args.model,
-        dtype=args.dtype,
-        device=args.device,
-        threads=args.threads,
-        instance=args.instance,
-        memory_fraction=args.memory_fraction,
-    )
-    return policy, scheduler, guard, engine
+    return policy, scheduler, guard, engine_config(args)
+
+
+def _options_for(config_type: type, args: argparse.Namespace, **overrides):
+    """A config dataclass from the command-line options named like its fields (the rest keep their defaults)."""
+    options = {f.name: getattr(args, f.name) for f in dataclasses.fields(config_type) if hasattr(args, f.name)}
+    return config_type(**{**options, **overrides})
 
 
 def _config_detail(engine, policy, scheduler_config) -> dict:
