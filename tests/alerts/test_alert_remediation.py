@@ -10,6 +10,7 @@ import time
 import httpx
 import pytest
 from engine_harness import BackgroundServer
+from rule_dicts import acceptance_rule
 from sqlalchemy import select
 
 from alerts.evaluator import Alert, State
@@ -37,17 +38,12 @@ def config_for(engine_url: str):
     return parse_config(
         {
             "rules": [
-                {
-                    "name": "SpecAcceptanceLow",
-                    "signal": "acceptance_rate",
-                    "op": "<",
-                    "threshold": 0.6,
-                    "window": "5m",
-                    "for": "0s",
-                    "min_samples": 3,
-                    "group_by": ["instance", "drafter"],
-                    "actions": ["recommend_draft_retraining", "fallback_autoregressive"],
-                }
+                acceptance_rule(
+                    **{"for": "0s"},
+                    min_samples=3,
+                    group_by=["instance", "drafter"],
+                    actions=["recommend_draft_retraining", "fallback_autoregressive"],
+                )
             ],
             "remediation": {"cooldown": "90s", "token_env": TOKEN_ENV, "engines": {"*": engine_url}},
         }

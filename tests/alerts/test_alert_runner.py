@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from collector_payloads import T0, event_dict, request_dict, sample_dict
+from rule_dicts import acceptance_rule
 from sqlalchemy import select
 
 from alerts.rules import parse_config
@@ -93,19 +94,7 @@ def test_device_event_and_arm_signals(engine):
 
 RULES = {
     "evaluation": {"interval": "15s", "repeat_interval": "1h"},
-    "rules": [
-        {
-            "name": "SpecAcceptanceLow",
-            "signal": "acceptance_rate",
-            "op": "<",
-            "threshold": 0.6,
-            "window": "5m",
-            "for": "1m",
-            "min_samples": 5,
-            "group_by": ["instance"],
-            "summary": "acceptance {{ $value }}",
-        }
-    ],
+    "rules": [acceptance_rule(summary="acceptance {{ $value }}")],
     "receivers": [{"name": "ops", "url": "http://127.0.0.1:9/unused"}],
 }
 

@@ -13,6 +13,7 @@ import time
 
 import httpx
 from collector_payloads import request_dict
+from rule_dicts import acceptance_rule
 from webhook_receiver import Receiver
 
 from alerts.notify import SIGNATURE_HEADER, sign
@@ -66,18 +67,12 @@ def alert_config(receiver_url: str) -> AlertConfig:
     return parse_config(
         {
             "rules": [
-                {
-                    "name": "SpecAcceptanceLow",
-                    "signal": "acceptance_rate",
-                    "op": "<",
-                    "threshold": 0.6,
-                    "window": "6s",
-                    "for": "1s",
-                    "min_samples": 5,
-                    "group_by": ["instance"],
-                    "severity": "warning",
-                    "summary": "acceptance {{ $value }} on {{ $labels.instance }}",
-                }
+                acceptance_rule(
+                    window="6s",
+                    **{"for": "1s"},
+                    severity="warning",
+                    summary="acceptance {{ $value }} on {{ $labels.instance }}",
+                )
             ],
             "receivers": [
                 {
