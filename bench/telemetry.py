@@ -65,7 +65,7 @@ def telemetry_cost(engine: Engine, records: list[RequestRecord], count: int, url
         for values in batch:
             started = time.perf_counter()
             record = RequestRecord(**values)  # what Run._record does
-            telemetry.record(record)  # what the scheduler does with it
+            telemetry.put(record)  # what the scheduler does with it
             on_thread += time.perf_counter() - started
         if not client.flush(timeout=120):
             raise SystemExit("the collector did not acknowledge every record in 120 s")

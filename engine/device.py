@@ -189,7 +189,7 @@ class DeviceSampler(Periodic):
         self._last = time.monotonic()
 
     def tick(self) -> None:
-        self.telemetry.sample(self.sample())
+        self.telemetry.put(self.sample())
 
     def sample(self) -> DeviceSample:
         now = time.monotonic()

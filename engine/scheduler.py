@@ -252,7 +252,7 @@ class Scheduler:
         ticket, run = self._active.pop(index)
         result: GenerateResult = run.result(status, error)
         self.policy.observe(result.record, run.choice)
-        self.telemetry.record(result.record)
+        self.telemetry.put(result.record)
         ticket.send(result)
 
 

@@ -35,15 +35,6 @@ class TelemetrySink:
     def subscribe(self, kind: type[Item], consumer: Callable[[Item], None]) -> None:
         self._consumers[kind].append(consumer)
 
-    def record(self, record: RequestRecord) -> None:
-        self._hand(record)
-
-    def sample(self, sample: DeviceSample) -> None:
-        self._hand(sample)
-
-    def event(self, event: EngineEvent) -> None:
-        self._hand(event)
-
     def emit(self, kind: str, detail: dict, duration_s: float | None = None) -> None:
         """An EngineEvent of this instance, now (the `emit` the control actions take)."""
         try:
@@ -53,9 +44,10 @@ class TelemetrySink:
         except ValueError:  # e.g. a detail over the contract's 4 KiB
             log.exception("dropped a %s event", kind)
             return
-        self.event(event)
+        self.put(event)
 
-    def _hand(self, item: RequestRecord | DeviceSample | EngineEvent) -> None:
+    def put(self, item: RequestRecord | DeviceSample | EngineEvent) -> None:
+        """Hand `item` to every consumer of its type."""
         for consumer in self._consumers[type(item)]:
             try:
                 consumer(item)

@@ -39,7 +39,7 @@ def test_concurrent_requests_reach_the_collector(bundled_engine, tmp_path):
                         prompts,
                     )
                 )
-            telemetry.sample(sampler.sample())
+            telemetry.put(sampler.sample())
         assert all(r.choices[0].text for r in replies)
         client.flush(timeout=10)
         signals = httpx.get(f"http://127.0.0.1:{port}/v1/signals", params={"last": 600, "tag": "scenario:e2e"}).json()
