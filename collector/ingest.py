@@ -21,6 +21,7 @@ import multiprocessing.connection
 import os
 import signal
 import threading
+import zlib
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -55,14 +56,17 @@ class IngestResult:
     new_requests: RequestTotals
 
 
-def ingest_body(store: Store, body: bytes) -> IngestResult:
-    counts = store_body(store, body)
+def ingest_body(store: Store, body: bytes, tenant: str | None = None) -> IngestResult:
+    counts = store_body(store, body, tenant)
     return IngestResult(dataclasses.replace(counts, new_requests=()), RequestTotals.of(counts.new_requests))
 
 
-def store_body(store: Store, body: bytes) -> IngestCounts:
-    """Parse, validate and store one request body in one transaction."""
+def store_body(store: Store, body: bytes, tenant: str | None = None) -> IngestCounts:
+    """Parse, validate and store one request body in one transaction; `tenant` (the ingest token's)
+    replaces each request's `tenant` tag."""
     batch = parse_batch(body)
+    if tenant is not None:
+        batch = with_tenant(batch, tenant)
     try:
         return store.insert(batch)
     except DataRejected as exc:
@@ -71,6 +75,26 @@ def store_body(store: Store, body: bytes) -> IngestCounts:
         ) from None
     except StoreUnavailable as exc:  # nothing was stored; the client keeps the batch and retries
         raise BatchRejected(503, "store_unavailable", {"error": "store_unavailable", "message": str(exc)}) from None
+
+
+def gunzip(body: bytes, limit: int) -> bytes:
+    """A gzip body's content, refused with 413 past `limit` bytes: a few KB can inflate to gigabytes,
+    so it is inflated in bounded steps (`max_length`) and never held beyond the limit. zlib lets go
+    of the GIL while it inflates: callers run this in a thread. Concatenated members are allowed."""
+    out, rest = bytearray(), body
+    while rest:
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)  # gzip framing only
+        try:
+            out += inflater.decompress(rest, limit + 1 - len(out))
+        except zlib.error as exc:
+            raise BatchRejected(400, "invalid_gzip", {"error": "invalid_gzip", "message": str(exc)}) from None
+        if len(out) > limit:
+            raise BatchRejected(413, "too_large", {"error": "too_large", "limit_bytes": limit, "decompressed": True})
+        if not inflater.eof:
+            message = "the gzip stream ends early"
+            raise BatchRejected(400, "invalid_gzip", {"error": "invalid_gzip", "message": message})
+        rest = inflater.unused_data
+    return bytes(out)
 
 
 def parse_batch(body: bytes) -> IngestBatch:
@@ -85,6 +109,11 @@ def parse_batch(body: bytes) -> IngestBatch:
         raise BatchRejected(
             422, "invalid_batch", {"error": "invalid_batch", "count": exc.error_count(), "errors": errors}
         ) from None
+
+
+def with_tenant(batch: IngestBatch, tenant: str) -> IngestBatch:
+    requests = [r.model_copy(update={"tags": {**r.tags, "tenant": tenant}}) for r in batch.requests]
+    return batch.model_copy(update={"requests": requests})
 
 
 def _describe(error: dict[str, Any]) -> dict[str, Any]:
@@ -111,6 +140,7 @@ class IngestWorkers:
 
     def __init__(self, store: Store, database_url: str, processes: int, threads: int = 2) -> None:
         self._database_url, self._processes = database_url, processes
+        self._health = store.health
         self._lock = threading.Lock()
         if not processes:
             self._executor: Executor = ThreadPoolExecutor(threads, thread_name_prefix="ingest")
@@ -135,10 +165,14 @@ class IngestWorkers:
         loop = asyncio.get_running_loop()
         await asyncio.gather(*(loop.run_in_executor(self._executor, _ready) for _ in range(self._processes)))
 
-    async def ingest(self, body: bytes) -> IngestResult:
+    async def ingest(self, body: bytes, tenant: str | None = None) -> IngestResult:
         executor = self._executor
         try:
-            return await asyncio.get_running_loop().run_in_executor(executor, self._ingest_body, body)
+            result = await asyncio.get_running_loop().run_in_executor(executor, self._ingest_body, body, tenant)
+        except BatchRejected as exc:
+            if exc.reason == "store_unavailable":  # for /readyz
+                self._health.failed(exc.detail["message"])
+            raise
         except BrokenProcessPool:
             self._replace(executor)
             message = (
@@ -146,6 +180,8 @@ class IngestWorkers:
                 "retry it (records it stored are skipped as duplicates)"
             )
             raise BatchRejected(503, "store_unavailable", {"error": "store_unavailable", "message": message}) from None
+        self._health.wrote()
+        return result
 
     def _replace(self, broken: Executor) -> None:
         with self._lock:
@@ -200,5 +236,5 @@ def _ready() -> bool:
     return True
 
 
-def _ingest_in_worker(body: bytes) -> IngestResult:
-    return ingest_body(_worker_store, body)
+def _ingest_in_worker(body: bytes, tenant: str | None) -> IngestResult:
+    return ingest_body(_worker_store, body, tenant)

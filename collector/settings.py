@@ -6,11 +6,14 @@ Build it once at start-up (`Settings()`), pass it down; nothing else reads the e
 from __future__ import annotations
 
 import json
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from specwatch.common import ROLE_ENV, TokenTable
 
 
 class Settings(BaseSettings):
@@ -19,8 +22,17 @@ class Settings(BaseSettings):
     data_dir: Path = Path("data")
     # Empty means SQLite at <data_dir>/specwatch.db (see `database_url_resolved`).
     database_url: str = ""
+    # Bearer tokens per role, comma-separated (rotation: several at once), and a file of
+    # `ROLE TOKEN [tenant=NAME]` lines; none configured: every endpoint is open (the laptop default).
     ingest_token: str | None = None
-    max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
+    read_token: str | None = None
+    admin_token: str | None = None
+    tokens_file: Path | None = None
+    # /metrics without a token even when tokens are configured (a Prometheus on a trusted network).
+    metrics_public: bool = False
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0)  # also the most a gzip body may inflate to
+    # An ingest body must arrive whole within this many seconds (else 408 and the connection is closed).
+    body_timeout_s: float = Field(default=10.0, gt=0)
     # Worker processes that parse, validate and store ingest batches (0: threads of the service).
     ingest_processes: int = Field(default=2, ge=0, le=32)
     # Raw rows older than this are deleted; per-minute rollups are kept `rollup_retention_days`.
@@ -45,6 +57,12 @@ class Settings(BaseSettings):
             value = value.strip()
             return json.loads(value) if value.startswith("[") else [u.strip() for u in value.split(",") if u.strip()]
         return value
+
+    @cached_property
+    def tokens(self) -> TokenTable:
+        """The token table, built once per Settings; an unreadable or malformed file raises UsageError."""
+        env = {name: getattr(self, f"{role}_token") or "" for role, name in ROLE_ENV.items()}
+        return TokenTable.from_sources(env, self.tokens_file)
 
     @property
     def database_url_resolved(self) -> str:

@@ -20,7 +20,7 @@ from collector.metrics import CollectorMetrics
 from collector.settings import Settings
 from collector.store import Store
 from collector.vllm import Scraper
-from service import routes_alerts, routes_cost, routes_ingest, routes_query, routes_report
+from service import routes_alerts, routes_cost, routes_docs, routes_ingest, routes_query, routes_report
 
 
 def create_app(settings: Settings | None = None, registry: CollectorRegistry | None = None) -> FastAPI:
@@ -32,6 +32,7 @@ def create_app(settings: Settings | None = None, registry: CollectorRegistry | N
         engine = make_engine(settings.database_url_resolved)
         upgrade(engine)
         app.state.settings = settings
+        app.state.tokens = settings.tokens
         app.state.store = Store(engine)
         app.state.metrics = CollectorMetrics(registry or CollectorRegistry())
         app.state.ingest = IngestWorkers(
@@ -61,7 +62,8 @@ def create_app(settings: Settings | None = None, registry: CollectorRegistry | N
             app.state.ingest.close()
             engine.dispose()
 
-    app = FastAPI(title="specwatch collector", lifespan=lifespan)
+    # The documentation routes come from routes_docs, behind the read token like the API.
+    app = FastAPI(title="specwatch collector", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.include_router(routes_ingest.router)
     app.include_router(routes_query.router)
     app.include_router(routes_alerts.router)
@@ -69,6 +71,7 @@ def create_app(settings: Settings | None = None, registry: CollectorRegistry | N
     app.include_router(routes_cost.router)
     app.include_router(routes_report.router)
     app.include_router(routes_report.on_demand)
+    app.include_router(routes_docs.router)
     return app
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import signal
 import sys
 
@@ -17,6 +18,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_db_option(serve)
     serve.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=tcp_port, default=8087, help="TCP port (default 8087)")
+    serve.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow a non-loopback --host with no token configured (anyone reaching it can read and write)",
+    )
     serve.add_argument(
         "--scrape-vllm",
         metavar="URL",
@@ -42,6 +48,7 @@ def serve_command(args: argparse.Namespace) -> int:
     from service.app import create_app
 
     settings = settings_from(args)
+    check_exposure(args.host, settings.tokens.enabled, args.insecure)
     if settings.alerts_enabled:
         try:
             load_config(settings.alert_rules)
@@ -54,3 +61,20 @@ def serve_command(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     return 0
+
+
+def check_exposure(host: str, tokens_configured: bool, insecure: bool) -> None:
+    """A UsageError for a collector reachable from other machines that anyone could read and write."""
+    if tokens_configured or insecure or _loopback(host):
+        return
+    raise UsageError(
+        f"refusing to listen on {host} with no token configured: anyone who can reach it could read and write "
+        "telemetry; set SPECWATCH_INGEST_TOKEN and SPECWATCH_READ_TOKEN (or SPECWATCH_TOKENS_FILE), or pass --insecure"
+    )
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name other than localhost: may resolve to any interface
+        return False

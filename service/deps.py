@@ -1,10 +1,9 @@
-"""Typed FastAPI dependencies: what the lifespan put on `app.state`, and the ingest token check.
+"""Typed FastAPI dependencies: what the lifespan put on `app.state`, and access control (`require`).
 
 All `async`: FastAPI runs a sync dependency in its thread pool, a hop per dependency per request."""
 
 from __future__ import annotations
 
-import hmac
 from typing import Annotated
 
 import orjson
@@ -13,6 +12,7 @@ from sqlalchemy import Engine
 
 from collector.metrics import CollectorMetrics
 from collector.settings import Settings
+from specwatch.common import Grant, TokenTable
 
 
 async def get_settings(request: Request) -> Settings:
@@ -39,11 +39,46 @@ EngineDep = Annotated[Engine, Depends(get_engine)]
 MetricsDep = Annotated[CollectorMetrics, Depends(get_metrics)]
 
 
-async def require_ingest_token(request: Request, settings: SettingsDep, metrics: MetricsDep) -> None:
-    """401 unless `Authorization: Bearer <SPECWATCH_INGEST_TOKEN>` (when a token is configured)."""
-    if not settings.ingest_token:
-        return
-    scheme, _, given = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), settings.ingest_token.encode()):
-        metrics.record_rejected("unauthorized")
-        raise HTTPException(401, {"error": "unauthorized"}, headers={"WWW-Authenticate": "Bearer"})
+def require(role: str, *, tenant_scoped: bool = True):
+    """A dependency: with any token configured, the request's bearer token must hold `role` (401 for a
+    missing or unknown token, 403 for another role's). It returns the token's Grant (None: no tokens, all
+    open). `tenant_scoped=False` marks data that cannot be narrowed to one tenant: 403 for a tenant-bound token."""
+
+    async def check(request: Request) -> Grant | None:
+        tokens: TokenTable = request.app.state.tokens
+        if not tokens.enabled:
+            return None
+        grant = tokens.grant(request.headers.get("authorization"))
+        if grant is None or not grant.allows(role):
+            _refuse(request, role, grant)
+        if grant.tenant is not None and not tenant_scoped:
+            message = f"this token is bound to tenant {grant.tenant!r}; {request.url.path} cannot be scoped to a tenant"
+            raise HTTPException(403, {"error": "forbidden", "message": message})
+        return grant
+
+    return check
+
+
+def _refuse(request: Request, role: str, grant: Grant | None) -> None:
+    reason = "unauthorized" if grant is None else "forbidden"
+    if role == "ingest":
+        request.app.state.metrics.record_rejected(reason)
+    if grant is None:
+        message = f"this endpoint needs a bearer token with the {role!r} role (Authorization: Bearer <token>)"
+        raise HTTPException(401, {"error": reason, "message": message}, headers={"WWW-Authenticate": "Bearer"})
+    raise HTTPException(403, {"error": reason, "message": f"this token does not hold the {role!r} role"})
+
+
+# One instance per kind, so FastAPI runs each check once per request however many places name it.
+ingest_access = require("ingest")
+read_access = require("read")
+read_all_tenants = require("read", tenant_scoped=False)
+admin_access = require("admin", tenant_scoped=False)
+IngestGrantDep = Annotated[Grant | None, Depends(ingest_access)]
+ReadGrantDep = Annotated[Grant | None, Depends(read_access)]
+
+
+async def metrics_access(request: Request, settings: SettingsDep) -> None:
+    """/metrics needs a read token like the API, unless SPECWATCH_METRICS_PUBLIC=true."""
+    if not settings.metrics_public:
+        await read_all_tenants(request)

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 
 from alerts.rules import AlertConfig, Rule
 from alerts.signals import SIGNALS
 from alerts.store import active_alerts, history
-from service.deps import EngineDep, json_response
+from service.deps import EngineDep, json_response, read_access, read_all_tenants
 from service.routes_query import WindowDep
 
-router = APIRouter(prefix="/v1/alerts")
-rules_router = APIRouter(prefix="/v1/rules")
+# Alerts span every tenant; the rules are configuration, no tenant's data.
+router = APIRouter(prefix="/v1/alerts", dependencies=[Depends(read_all_tenants)])
+rules_router = APIRouter(prefix="/v1/rules", dependencies=[Depends(read_access)])
 
 
 @router.get("")

@@ -21,10 +21,10 @@ from collector.queries import Window
 from cost.inputs import Overrides, load_prices
 from cost.model import Prices
 from cost.summary import MONTH_S, measured_summary
-from service.deps import EngineDep, json_response
+from service.deps import EngineDep, json_response, read_all_tenants
 from service.routes_query import FiltersDep, window_param
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", dependencies=[Depends(read_all_tenants)])  # energy is per device
 NonNegative = Annotated[float | None, Query(ge=0, allow_inf_nan=False)]
 
 

@@ -2,33 +2,85 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy.exc import SQLAlchemyError
+from starlette.datastructures import Headers
+from starlette.requests import ClientDisconnect
 
 from collector.db import is_current
-from collector.ingest import BatchRejected
+from collector.ingest import BatchRejected, gunzip
+from collector.settings import Settings
 from collector.store import IngestCounts
-from service.deps import EngineDep, MetricsDep, SettingsDep, json_response, require_ingest_token
+from service.deps import EngineDep, IngestGrantDep, MetricsDep, SettingsDep, json_response, metrics_access
 
 router = APIRouter()
+log = logging.getLogger("specwatch.collector")
+_CLOSE = {"connection": "close"}  # the rest of the body never arrived: no next request on this connection
 
 
-@router.post("/v1/ingest", dependencies=[Depends(require_ingest_token)])
-async def ingest(request: Request, settings: SettingsDep, metrics: MetricsDep) -> Response:
-    """Store one batch atomically; duplicates (by idempotency key) are skipped and counted."""
+@router.post("/v1/ingest")
+async def ingest(request: Request, settings: SettingsDep, metrics: MetricsDep, grant: IngestGrantDep) -> Response:
+    """Store one batch atomically; duplicates (by idempotency key) are skipped and counted.
+    A tenant-bound token's requests are tagged with its tenant, whatever the producer wrote."""
     try:
-        body = await _read_body(request, settings.max_body_bytes)
-        result = await request.app.state.ingest.ingest(body)  # in a worker process (see collector.ingest)
+        body = await _body(request, settings)
+        tenant = grant.tenant if grant else None
+        result = await request.app.state.ingest.ingest(body, tenant)  # in a worker process (see collector.ingest)
     except BatchRejected as exc:
         metrics.record_rejected(exc.reason)
-        raise HTTPException(exc.status, exc.detail) from None
+        raise HTTPException(exc.status, exc.detail, headers=_CLOSE if exc.status == 408 else None) from None
     metrics.record_batch(result.counts, result.new_requests)
     return json_response(_summary(result.counts))
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+async def _body(request: Request, settings: Settings) -> bytes:
+    """The batch's JSON: headers checked (415), read whole within the body timeout, gzip inflated (in a thread)."""
+    gzipped = _is_gzip(request.headers)
+    body = await _read_body(request, settings)
+    return await asyncio.to_thread(gunzip, body, settings.max_body_bytes) if gzipped else body
+
+
+def _is_gzip(headers: Headers) -> bool:
+    """415 unless the body is JSON: a form or text/plain POST needs no CORS preflight, so any web page
+    an operator opens could send one. True when it is gzip-encoded (415 for other encodings)."""
+    media_type, *params = [part.strip().lower() for part in headers.get("content-type", "").split(";")]
+    charset = {key.strip(): value.strip().strip('"') for key, _, value in (p.partition("=") for p in params)}.get(
+        "charset", "utf-8"
+    )
+    if media_type != "application/json" or charset not in ("utf-8", "utf8"):
+        given = headers.get("content-type", "none")
+        raise _unsupported(f"Content-Type must be application/json (charset utf-8), not {given!r}")
+    encoding = headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("identity", "gzip"):
+        raise _unsupported(f"Content-Encoding must be gzip or absent, not {encoding!r}")
+    return encoding == "gzip"
+
+
+def _unsupported(message: str) -> BatchRejected:
+    return BatchRejected(415, "unsupported_media_type", {"error": "unsupported_media_type", "message": message})
+
+
+async def _read_body(request: Request, settings: Settings) -> bytes:
+    """408 unless the whole body arrives within `body_timeout_s` (a client stalling mid-body would
+    hold its connection open); a client that leaves mid-body is one log line."""
+    try:
+        async with asyncio.timeout(settings.body_timeout_s):
+            return await _read_capped(request, settings.max_body_bytes)
+    except TimeoutError:
+        message = f"the request body did not arrive within {settings.body_timeout_s:g} s"
+        raise BatchRejected(408, "body_timeout", {"error": "body_timeout", "message": message}) from None
+    except ClientDisconnect:
+        client = f"{request.client.host}:{request.client.port}" if request.client else "a client"
+        log.warning("ingest: %s disconnected before sending the whole body; nothing stored", client)
+        raise BatchRejected(400, "client_disconnected", {"error": "client_disconnected"}) from None
+
+
+async def _read_capped(request: Request, limit: int) -> bytes:
     too_large = BatchRejected(413, "too_large", {"error": "too_large", "limit_bytes": limit})
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
@@ -49,6 +101,7 @@ def _summary(c: IngestCounts) -> dict:
         "requests": {"accepted": c.requests, "duplicates": c.request_duplicates},
         "samples": {"accepted": c.samples, "duplicates": c.sample_duplicates},
         "events": {"accepted": c.events, "duplicates": c.event_duplicates},
+        "conflicts": {"count": c.conflicts, "request_ids": list(c.conflict_ids)},
     }
 
 
@@ -58,17 +111,21 @@ async def healthz() -> dict:
 
 
 @router.get("/readyz")
-def readyz(engine: EngineDep) -> Response:
-    """Ready when the database answers and its schema is at the newest migration."""
+def readyz(request: Request, engine: EngineDep) -> Response:
+    """Ready when the database answers, its schema is at the newest migration, and it takes writes
+    (503 once an ingest write failed and a probe write fails too; see collector.store.WriteHealth)."""
     try:
         current = is_current(engine)
     except SQLAlchemyError as exc:
         return json_response({"status": "unavailable", "reason": type(exc).__name__}, status=503)
     if not current:
         return json_response({"status": "unavailable", "reason": "schema not migrated"}, status=503)
+    problem = request.app.state.store.health.problem()
+    if problem is not None:
+        return json_response({"status": "unavailable", "reason": f"the store cannot write: {problem}"}, status=503)
     return json_response({"status": "ready"})
 
 
-@router.get("/metrics")
+@router.get("/metrics", dependencies=[Depends(metrics_access)])
 def metrics_endpoint(metrics: MetricsDep) -> Response:
     return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -3,6 +3,10 @@
 Every endpoint takes a window (`start` and `end` epoch seconds, or `last` seconds up to
 now, default 300) and filters (`instance`, `model`, `drafter` ("none" for no drafter),
 `mode`, `arm`, and repeated `tag=key:value`).
+
+With tokens configured every endpoint needs a `read` token. A tenant-bound token's filters always
+include its tenant's tag (`filters_param`); endpoints over data that carries no tenant (device
+samples, events, vLLM scrapes, sources) refuse such a token with 403.
 """
 
 from __future__ import annotations
@@ -13,9 +17,9 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Response
 
 from collector import breakdown, history, long_signals, queries, series, vllm
 from collector.queries import Filters, Window
-from service.deps import EngineDep, json_response
+from service.deps import EngineDep, ReadGrantDep, json_response, read_access, read_all_tenants
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", dependencies=[Depends(read_access)])
 MAX_WINDOW_S = 400 * 86400
 
 
@@ -34,6 +38,7 @@ def window_param(
 
 
 def filters_param(
+    grant: ReadGrantDep,
     instance: str | None = None,
     model: str | None = None,
     drafter: str | None = None,
@@ -44,7 +49,8 @@ def filters_param(
     pairs = [t.partition(":") for t in tag]
     if any(not key or not sep for key, sep, _ in pairs):
         raise HTTPException(422, {"error": "invalid_tag", "message": "tag must be key:value"})
-    return Filters(instance, model, drafter, mode, arm, tuple((k, v) for k, _, v in pairs))
+    tags = tuple((k, v) for k, _, v in pairs) + ((("tenant", grant.tenant),) if grant and grant.tenant else ())
+    return Filters(instance, model, drafter, mode, arm, tags)
 
 
 WindowDep = Annotated[Window, Depends(window_param)]
@@ -89,12 +95,12 @@ def get_series(
         raise HTTPException(422, {"error": "invalid_step", "message": str(exc)}) from None
 
 
-@router.get("/devices/latest")
+@router.get("/devices/latest", dependencies=[Depends(read_all_tenants)])
 def get_devices(engine: EngineDep, instance: str | None = None) -> Response:
     return json_response(series.latest_device_samples(engine, instance))
 
 
-@router.get("/events")
+@router.get("/events", dependencies=[Depends(read_all_tenants)])
 def get_events(
     engine: EngineDep,
     window: WindowDep,
@@ -106,7 +112,7 @@ def get_events(
     return json_response(series.engine_events(engine, window, instance, kind, limit))
 
 
-@router.get("/vllm/signals")
+@router.get("/vllm/signals", dependencies=[Depends(read_all_tenants)])
 def get_vllm_signals(
     engine: EngineDep, window: WindowDep, source: str | None = None, model: str | None = None
 ) -> Response:
@@ -141,7 +147,7 @@ def get_throughput_by_load(engine: EngineDep, window: WindowDep, filters: Filter
     return json_response(breakdown.throughput_by_load(engine, window, filters))
 
 
-@router.get("/devices/series")
+@router.get("/devices/series", dependencies=[Depends(read_all_tenants)])
 def get_device_series(
     engine: EngineDep,
     window: WindowDep,
@@ -151,7 +157,7 @@ def get_device_series(
     return json_response(breakdown.device_series(engine, window, instance, max_points))
 
 
-@router.get("/sources")
+@router.get("/sources", dependencies=[Depends(read_all_tenants)])
 def get_sources(engine: EngineDep, window: WindowDep) -> Response:
     """Engines and scraped vLLM servers: last seen, records in the window, records/s."""
     return json_response(breakdown.sources(engine, window))

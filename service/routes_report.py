@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import re
 
-from fastapi import APIRouter, HTTPException, Response
+from fastapi import APIRouter, Depends, HTTPException, Response
 from fastapi.responses import FileResponse
 
-from service.deps import EngineDep, SettingsDep, json_response
+from service.deps import EngineDep, SettingsDep, admin_access, json_response, read_all_tenants
 
-router = APIRouter(prefix="/v1/reports")
-on_demand = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1/reports", dependencies=[Depends(read_all_tenants)])
+on_demand = APIRouter(prefix="/v1", dependencies=[Depends(admin_access)])  # builds a report: costly
 _NAME = re.compile(r"specwatch-report-\d{4}-\d{2}\.(html|json)")
 
 
