@@ -52,6 +52,11 @@ def _register_serve(subparsers: argparse._SubParsersAction) -> None:
         help="collector URL for telemetry (default: SPECWATCH_COLLECTOR_URL; none: no telemetry)",
     )
     serve.add_argument(
+        "--collector-token",
+        default=_first_token(os.environ.get("SPECWATCH_INGEST_TOKEN")),
+        help="bearer token for the collector's ingest (default: SPECWATCH_INGEST_TOKEN; refused: spooled, not lost)",
+    )
+    serve.add_argument(
         "--spool-dir", type=Path, default=Path("data/engine-spool"), help="telemetry spool while the collector is down"
     )
     serve.add_argument("--instance", default=socket.gethostname())
@@ -70,6 +75,11 @@ def _register_serve(subparsers: argparse._SubParsersAction) -> None:
         help="bearer token for /v1/control (default: SPECWATCH_CONTROL_TOKEN; unset: open)",
     )
     serve.set_defaults(handler=run_serve)
+
+
+def _first_token(tokens: str | None) -> str | None:
+    """The collector takes several comma-separated tokens (rotation); a producer sends the first."""
+    return next((t.strip() for t in (tokens or "").split(",") if t.strip()), None)
 
 
 def _add_selector_and_memory_arguments(serve: argparse.ArgumentParser) -> None:
@@ -224,10 +234,10 @@ def run_serve(args: argparse.Namespace) -> int:
 
     try:
         policy_config, scheduler_config, guard_config, engine_config = _serve_configs(args)
+        client = TelemetryClient(args.collector, args.spool_dir, args.collector_token) if args.collector else None
         engine = Engine(engine_config)
     except (ValueError, ModelLoadError) as exc:
         raise UsageError(str(exc)) from exc
-    client = TelemetryClient(args.collector, spool_dir=args.spool_dir) if args.collector else None
     telemetry = TelemetrySink(args.instance, client)
     policy = Policy(policy_config, telemetry=telemetry)
     scheduler = Scheduler(engine, scheduler_config, policy, telemetry)

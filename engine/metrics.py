@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from collector.client import TelemetryClient
 from collector.schema import LATENCY_BUCKETS, RequestRecord
 
 TPOT_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
@@ -67,6 +68,8 @@ class EngineMetrics:
             "1 while load allows speculation and no override disables it.",
             registry=registry,
         ).set_function(lambda: _speculation_enabled(scheduler.policy.state))
+        if scheduler.telemetry.client is not None:
+            _telemetry_gauges(scheduler.telemetry.client, registry)
 
     def observe(self, record: RequestRecord) -> None:
         self.requests.labels(record.mode, record.status).inc()
@@ -86,6 +89,18 @@ class EngineMetrics:
         self.accepted.labels(drafter).inc(record.num_accepted_tokens)
         for position, count in enumerate(record.accepted_per_position):
             self.per_position.labels(drafter, str(position)).inc(count)
+
+
+def _telemetry_gauges(client: TelemetryClient, registry: CollectorRegistry) -> None:
+    """The telemetry client's health: a wrong or missing collector token shows here, not only in the log."""
+    Gauge(
+        "specwatch_telemetry_auth_failing",
+        "1 while the collector refuses the ingest token (401/403); telemetry waits in the spool.",
+        registry=registry,
+    ).set_function(lambda: float(client.stats().auth_failing))
+    Gauge("specwatch_telemetry_spool_bytes", "Telemetry waiting in the disk spool.", registry=registry).set_function(
+        lambda: client.stats().spool_bytes
+    )
 
 
 def _speculation_enabled(state: dict) -> float:

@@ -26,6 +26,7 @@ Item = TypeVar("Item", RequestRecord, DeviceSample, EngineEvent)
 class TelemetrySink:
     def __init__(self, instance: str | None = None, client: TelemetryClient | None = None) -> None:
         self.instance = instance or socket.gethostname()  # the `instance` of its samples and events
+        self.client = client  # for /metrics: whether its deliveries are refused, what waits in its spool
         self._consumers: dict[type, list[Callable]] = {RequestRecord: [], DeviceSample: [], EngineEvent: []}
         if client is not None:
             self.subscribe(RequestRecord, client.submit_request)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from collector_live import running_collector
 from collector_payloads import event_dict, request_dict, sample_dict
 from sqlalchemy import create_engine, text
@@ -11,6 +12,7 @@ from waiting import wait_for
 
 from collector.client import TelemetryClient
 from collector.schema import DeviceSample, EngineEvent, RequestRecord
+from collector.settings import Settings
 from specwatch.common import free_port
 
 
@@ -119,19 +121,102 @@ def test_bounded_queue_drops_instead_of_blocking(tmp_path):
     client.close(timeout=1.0)
 
 
-def test_refused_batches_are_counted_not_retried(db_url, tmp_path):
-    from collector.settings import Settings
+def token_settings(db_url: str, tmp_path, token: str) -> Settings:
+    return Settings(data_dir=tmp_path, database_url=db_url, ingest_token=token, retention_days=36500)
 
-    settings = Settings(data_dir=tmp_path, database_url=db_url, ingest_token="right", retention_days=36500)
-    with running_collector(settings, free_port()) as url:
-        client = TelemetryClient(url, tmp_path / "spool", token="wrong", flush_interval_s=0.02)
-        for record in records(0, 10):
-            client.submit_request(record)
+
+def stored_once(settings, n: int) -> None:
+    """Every one of req-0 .. req-(n-1) is in the database exactly once (0 lost, 0 duplicated)."""
+    ids = stored_ids(settings)
+    assert len(ids) == n and set(ids) == {f"req-{i}" for i in range(n)}
+
+
+def auth_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "ingest token" in r.getMessage()]
+
+
+def test_a_wrong_token_spools_everything_then_delivers_once_fixed(db_url, tmp_path, caplog):
+    settings, port = token_settings(db_url, tmp_path, "right"), free_port()
+    with running_collector(settings, port) as url:
+        client = TelemetryClient(url, tmp_path / "spool", token="wrong", batch_size=20, flush_interval_s=0.02)
+        for wave in range(5):  # several batches, each refused
+            for record in records(wave * 20, 20):
+                client.submit_request(record)
+            assert client.flush(5.0)
         client.submit_request({"not": "a record"})  # type: ignore[arg-type]
         assert client.flush(5.0)
         client.close()
     stats = client.stats()
-    assert (stats.rejected, stats.delivered, stats.spool_bytes) == (11, 0, 0)
+    assert (stats.delivered, stats.spooled, stats.dropped_spool_full, stats.rejected) == (0, 100, 0, 1)
+    assert stats.auth_failing and stats.last_status == 401 and stats.auth_failures >= 5
+    assert stored_ids(settings) == []
+    (line,) = auth_lines(caplog)  # one loud line, not one per batch
+    assert "401" in line and "wrong" in line and "--collector-token" in line and "SPECWATCH_INGEST_TOKEN" in line
+    with running_collector(settings, port) as url:  # the producer restarts with the right token
+        fixed = TelemetryClient(url, tmp_path / "spool", token="right", flush_interval_s=0.02)
+        drain(fixed)
+        fixed.close()
+    assert not fixed.stats().auth_failing and fixed.stats().delivered == 100
+    stored_once(settings, 100)
+
+
+def test_a_missing_token_spools_until_the_collector_takes_it(db_url, tmp_path, caplog):
+    port = free_port()
+    client = TelemetryClient(f"http://127.0.0.1:{port}", tmp_path / "spool", batch_size=25, flush_interval_s=0.02)
+    with running_collector(token_settings(db_url, tmp_path, "s3cret"), port):
+        for record in records(0, 100):
+            client.submit_request(record)
+        assert client.flush(5.0)
+        assert client.stats().spooled == 100 and client.stats().auth_failing
+    (line,) = auth_lines(caplog)
+    assert "missing" in line
+    with running_collector(Settings(data_dir=tmp_path, database_url=db_url, retention_days=36500), port) as url:
+        assert url == client.url.removesuffix("/v1/ingest")
+        drain(client)  # the same client, the collector restarted without a token requirement
+        client.close()
+    assert client.stats().delivered == 100 and client.stats().last_status == 200
+    stored_once(token_settings(db_url, tmp_path, "s3cret"), 100)
+
+
+def test_collector_errors_spool_and_replay(settings, tmp_path):
+    """A 503 (the database cannot take the batch) keeps the batch; it is delivered once the store is back."""
+    with running_collector(settings, free_port()) as url:
+        store = create_engine(settings.database_url_resolved)
+        client = TelemetryClient(url, tmp_path / "spool", batch_size=30, flush_interval_s=0.02, retries=1)
+        with store.begin() as conn:
+            conn.execute(text("ALTER TABLE requests RENAME TO requests_away"))
+        for record in records(0, 90):
+            client.submit_request(record)
+        assert client.flush(10.0)
+        assert (client.stats().spooled, client.stats().last_status, client.stats().delivered) == (90, 503, 0)
+        with store.begin() as conn:
+            conn.execute(text("ALTER TABLE requests_away RENAME TO requests"))
+        store.dispose()
+        drain(client)
+        client.close()
+    assert client.stats().rejected == 0
+    stored_once(settings, 90)
+
+
+def test_an_invalid_record_drops_only_itself(settings, caplog):
+    """A record the collector's validation refuses (e.g. from a newer schema) is dropped, logged; the rest stored."""
+    bad = RequestRecord.model_construct(**{**records(7, 1)[0].__dict__, "gamma": -3})
+    with running_collector(settings, free_port()) as url:
+        client = TelemetryClient(url, batch_size=50, flush_interval_s=0.02)
+        for record in records(0, 7) + [bad] + records(8, 42):
+            client.submit_request(record)
+        assert client.flush(10.0)
+        client.close()
+    stats = client.stats()
+    assert (stats.delivered, stats.rejected, stats.spooled) == (49, 1, 0)
+    assert sorted(stored_ids(settings)) == sorted(f"req-{i}" for i in range(50) if i != 7)
+    (line,) = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert "1 of 50 records (invalid_batch)" in line and "requests[7]" in line and "gamma" in line
+
+
+def test_a_token_that_cannot_be_sent_is_a_value_error():
+    with pytest.raises(ValueError, match="printable ASCII"):
+        TelemetryClient("http://127.0.0.1:9", token="caf\u00e9 au lait")
 
 
 def test_batches_over_the_body_limit_are_split(settings):
