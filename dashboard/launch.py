@@ -31,8 +31,11 @@ def command(port: int, host: str = "127.0.0.1") -> list[str]:
     ]
 
 
-def start_dashboard(port: int, collector_url: str, log: Path, timeout_s: float = 60.0) -> subprocess.Popen:
+def start_dashboard(
+    port: int, collector_url: str, log: Path, timeout_s: float = 60.0, tokens: dict[str, str] | None = None
+) -> subprocess.Popen:
     """Streamlit on 127.0.0.1:`port` reading `collector_url`; returns once its health check answers.
+    `tokens`: environment variables of the collector's tokens (SPECWATCH_READ_TOKEN, ...).
     Raises specwatch.common.StartError when it cannot start."""
-    env = child_env({"SPECWATCH_COLLECTOR_URL": collector_url})
+    env = child_env({"SPECWATCH_COLLECTOR_URL": collector_url, **(tokens or {})})
     return start_service("dashboard", command(port), env, log, f"http://127.0.0.1:{port}/_stcore/health", timeout_s)

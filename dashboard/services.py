@@ -2,7 +2,9 @@
 
 No Streamlit here (pages cache these calls in `dashboard.state`); every function takes a
 `View` (time window + filters) and returns plain data or pandas DataFrames. An unreachable
-or failing collector raises `CollectorUnavailable` with a message a banner can show.
+or failing collector raises `CollectorUnavailable` with a message a banner can show; one that
+refuses the dashboard's token raises `CollectorRefused`. Requests carry the read token of
+`SPECWATCH_READ_TOKEN` (the report download the admin token of `SPECWATCH_ADMIN_TOKEN`), never shown.
 """
 
 from __future__ import annotations
@@ -14,12 +16,41 @@ import httpx
 import pandas as pd
 
 from dashboard import formats
+from specwatch.common import ROLE_ENV
 
 DEFAULT_URL = "http://127.0.0.1:8087"
 
 
 class CollectorUnavailable(RuntimeError):
     pass
+
+
+class CollectorRefused(CollectorUnavailable):
+    """401/403: the collector wants a (different) token; a configuration problem, not an outage."""
+
+
+def auth_headers(role: str = "read") -> dict[str, str]:
+    """The Authorization header for `role`'s token (admin: else the read token), none when unset."""
+    names = [ROLE_ENV[role]] + ([ROLE_ENV["read"]] if role == "admin" else [])
+    token = next((os.environ[name].split(",")[0].strip() for name in names if os.environ.get(name)), "")
+    return {"authorization": f"Bearer {token}"} if token else {}
+
+
+def _checked(response: httpx.Response, what: str, role: str = "read") -> httpx.Response:
+    """The response if 200; else CollectorRefused (401/403, the collector's message: never the token)
+    or CollectorUnavailable."""
+    if response.status_code in (401, 403):
+        try:
+            reason = response.json()["detail"]["message"]
+        except (ValueError, KeyError, TypeError):
+            reason = response.text[:300]
+        raise CollectorRefused(
+            f"the collector answered {response.status_code} for {what}: {reason}. "
+            f"Set {ROLE_ENV[role]} to one of its {role} tokens and restart the dashboard."
+        )
+    if response.status_code != 200:
+        raise CollectorUnavailable(f"the collector answered {response.status_code} for {what}: {response.text[:300]}")
+    return response
 
 
 def collector_url() -> str:
@@ -52,12 +83,10 @@ class View:
 def get(path: str, params: dict | None = None, base_url: str | None = None) -> object:
     url = f"{base_url or collector_url()}{path}"
     try:
-        response = httpx.get(url, params=params, timeout=15.0)
+        response = httpx.get(url, params=params, headers=auth_headers(), timeout=15.0)
     except httpx.HTTPError as exc:
         raise CollectorUnavailable(f"cannot reach the collector at {base_url or collector_url()}: {exc}") from None
-    if response.status_code != 200:
-        raise CollectorUnavailable(f"the collector answered {response.status_code} for {path}: {response.text[:300]}")
-    return response.json()
+    return _checked(response, path).json()
 
 
 def signals(view: View, **extra) -> dict:
@@ -363,11 +392,7 @@ def report_html(month: str) -> bytes:
     """A month's self-contained HTML cost-benefit report, built by the collector."""
     url = f"{collector_url()}/v1/report"
     try:
-        response = httpx.get(url, params={"month": month}, timeout=120.0)
+        response = httpx.get(url, params={"month": month}, headers=auth_headers("admin"), timeout=120.0)
     except httpx.HTTPError as exc:
         raise CollectorUnavailable(f"cannot reach the collector at {collector_url()}: {exc}") from None
-    if response.status_code != 200:
-        raise CollectorUnavailable(
-            f"the collector answered {response.status_code} for the report: {response.text[:300]}"
-        )
-    return response.content
+    return _checked(response, "the report", "admin").content

@@ -12,7 +12,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import formats, services
-from dashboard.services import CollectorUnavailable, View
+from dashboard.services import CollectorRefused, CollectorUnavailable, View
 
 TTL_S = 10
 # The default is the shortest: what a fresh `specwatch up` has after a few minutes fills it.
@@ -39,6 +39,9 @@ def fetch(name: str, *args):
     """services.<name>(*args), cached; a collector problem becomes a banner and stops the page."""
     try:
         return _cached(name, *args)
+    except CollectorRefused as exc:
+        st.error(f"**The collector refused the dashboard's token.** {exc}", icon="🔒")
+        st.stop()
     except CollectorUnavailable as exc:
         st.error(
             f"**Collector unavailable.** {exc}\n\nStart it with `specwatch collector serve` "

@@ -8,7 +8,7 @@ import signal
 import sys
 
 from collector.cli import add_db_option, settings_from
-from specwatch.common import UsageError, tcp_port
+from specwatch.common import ROLES, UsageError, tcp_port
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -55,6 +55,8 @@ def serve_command(args: argparse.Namespace) -> int:
         except RulesError as exc:
             raise UsageError(str(exc)) from None
     app = create_app(settings)
+    roles = [role for role in ROLES if settings.tokens.tokens(role)]
+    print(f"access control: {'tokens for ' + ', '.join(roles) if roles else 'off, no token configured'}", flush=True)
     tune_gc_for_ingest()
     # uvicorn re-raises a SIGTERM it caught once it has shut down; leave through Python then, so
     # exit handlers run (multiprocessing unlinks the ingest workers' semaphores in one).
