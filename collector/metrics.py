@@ -217,6 +217,11 @@ class CollectorMetrics:
             ("reason",),
             registry=registry,
         )
+        self.ingest_conflicts = Counter(
+            "specwatch_ingest_conflicts",
+            "Resent requests (a request_id already stored) whose payload differs from the stored one; not stored.",
+            registry=registry,
+        )
         self.requests = RequestMetrics()
         registry.register(self.requests)
         self._device_metrics(registry)
@@ -259,6 +264,7 @@ class CollectorMetrics:
         ):
             self.ingest_records.labels(kind, "accepted").inc(new)
             self.ingest_records.labels(kind, "duplicate").inc(dup)
+        self.ingest_conflicts.inc(counts.conflicts)
         self.requests.add(RequestTotals.of(counts.new_requests) if new_requests is None else new_requests)
         self._set_device_gauges(counts.new_samples)
 

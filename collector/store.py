@@ -10,7 +10,9 @@ appears earlier in the same batch) is skipped and counted as a duplicate.
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter, itemgetter
@@ -63,6 +65,10 @@ class IngestCounts:
     event_duplicates: int = 0
     new_requests: tuple[RequestRecord, ...] = field(default=(), repr=False)
     new_samples: tuple[DeviceSample, ...] = field(default=(), repr=False)
+    # Duplicate requests whose payload differs from the stored one (a subset of `request_duplicates`),
+    # and the first `MAX_CONFLICT_IDS` of their ids.
+    conflicts: int = 0
+    conflict_ids: tuple[str, ...] = ()
 
     @property
     def accepted(self) -> int:
@@ -71,6 +77,9 @@ class IngestCounts:
     @property
     def duplicates(self) -> int:
         return self.request_duplicates + self.sample_duplicates + self.event_duplicates
+
+
+MAX_CONFLICT_IDS = 10
 
 
 class _TableSpec:
@@ -134,10 +143,33 @@ class Store:
         # other processes (the ingest workers) queue on SQLite's busy timeout instead (measured:
         # a cross-process file lock did not ingest faster).
         self._write_lock = threading.Lock() if self.is_sqlite else None
+        self.health = WriteHealth(self)  # the service's: ingest reports to it, /readyz asks it
 
     def write_lock(self) -> contextlib.AbstractContextManager:
         """Held by every writer on SQLite (ingest, roll-ups, retention); a no-op on PostgreSQL."""
         return self._write_lock if self._write_lock is not None else contextlib.nullcontext()
+
+    def probe_write(self, timeout_s: float = 1.0) -> str | None:
+        """Commit one tiny write, waiting at most ~`timeout_s` for locks: None when the database takes
+        writes, else why not. TimeoutError: this process's own writer held the lock all along (no verdict).
+        The write must reach the disk (a rolled-back or no-op change writes nothing there): SQLite bumps
+        its `user_version` header field (unused otherwise), PostgreSQL rewrites alembic_version's row."""
+        lock = self._write_lock
+        if lock is not None and not lock.acquire(timeout=timeout_s):
+            raise TimeoutError("an ingest or maintenance write holds the write lock")
+        dbapi = self.engine.dialect.dbapi
+        try:
+            raw = self.engine.raw_connection()
+            try:
+                (_probe_sqlite if self.is_sqlite else _probe_postgres)(raw, int(timeout_s * 1000))
+            finally:
+                raw.close()
+        except (dbapi.Error, DBAPIError) as exc:
+            return str(_classify(exc, dbapi))
+        finally:
+            if lock is not None:
+                lock.release()
+        return None
 
     def insert(self, batch: IngestBatch) -> IngestCounts:
         """Store a whole batch in one transaction and count what was new."""
@@ -145,24 +177,140 @@ class Store:
         dbapi = self.engine.dialect.dbapi
         try:
             if self._write_lock is None:
-                stored = self._write(parts, _postgres_copy)
+                stored, conflicts = self._write(parts, _postgres_copy)
             else:
                 with self._write_lock:
-                    stored = self._write(parts, _sqlite_executemany)
+                    stored, conflicts = self._write(parts, _sqlite_executemany)
         except (dbapi.Error, DBAPIError) as exc:
             raise _classify(exc, dbapi) from exc
         (req, n_req), (smp, n_smp), (evt, n_evt) = [(new, len(records)) for new, (_, records) in zip(stored, parts)]
         return IngestCounts(
-            len(req), n_req - len(req), len(smp), n_smp - len(smp), len(evt), n_evt - len(evt), tuple(req), tuple(smp)
+            len(req),
+            n_req - len(req),
+            len(smp),
+            n_smp - len(smp),
+            len(evt),
+            n_evt - len(evt),
+            tuple(req),
+            tuple(smp),
+            len(conflicts),
+            tuple(conflicts[:MAX_CONFLICT_IDS]),
         )
 
-    def _write(self, parts, write_table) -> list[list[Any]]:
+    def _write(self, parts, write_table) -> tuple[list[list[Any]], list[str]]:
+        """Each part's new records, and the ids of duplicate requests that differ from the stored ones."""
         with write_transaction(self.engine) as conn:
             cursor = conn.connection.dbapi_connection.cursor()
             try:
-                return [write_table(cursor, spec, records) for spec, records in parts]
+                stored = [write_table(cursor, spec, records) for spec, records in parts]
+                return stored, _conflicting_ids(cursor, parts[0][1], stored[0], self.is_sqlite)
             finally:
                 cursor.close()
+
+
+def _probe_sqlite(raw, timeout_ms: int) -> None:
+    cursor = raw.cursor()
+    (busy_ms,) = cursor.execute("PRAGMA busy_timeout").fetchone()
+    cursor.execute(f"PRAGMA busy_timeout = {timeout_ms}")
+    try:
+        cursor.execute("BEGIN IMMEDIATE")
+        (version,) = cursor.execute("PRAGMA user_version").fetchone()
+        cursor.execute(f"PRAGMA user_version = {(version + 1) % 2**31}")
+        cursor.execute("COMMIT")
+    finally:
+        if raw.dbapi_connection.in_transaction:
+            cursor.execute("ROLLBACK")
+        cursor.execute(f"PRAGMA busy_timeout = {busy_ms}")
+        cursor.close()
+
+
+def _probe_postgres(raw, timeout_ms: int) -> None:
+    try:
+        with raw.cursor() as cursor:
+            cursor.execute(f"SET LOCAL lock_timeout = {timeout_ms}")
+            cursor.execute(f"SET LOCAL statement_timeout = {timeout_ms * 5}")
+            cursor.execute("UPDATE alembic_version SET version_num = version_num")
+        raw.commit()
+    except BaseException:
+        raw.rollback()
+        raise
+
+
+class WriteHealth:
+    """Whether the store takes writes, for /readyz.
+
+    Ingest reports each batch's outcome (`wrote`, `failed`). While the last write succeeded less than
+    `fresh_s` ago that is the answer; otherwise (it failed, or nothing was written for a while) a probe
+    write decides, at most once per `probe_every_s` however often /readyz is polled.
+    """
+
+    def __init__(self, store: Store, fresh_s: float = 30.0, probe_every_s: float = 1.0) -> None:
+        self._store, self._fresh_s, self._probe_every_s = store, fresh_s, probe_every_s
+        self._lock = threading.Lock()
+        self._ok_at = self._probed_at = -math.inf
+        self._failure: str | None = None
+
+    def wrote(self) -> None:
+        with self._lock:
+            self._ok_at, self._failure = time.monotonic(), None
+
+    def failed(self, reason: str) -> None:
+        with self._lock:
+            self._failure = reason
+
+    def problem(self) -> str | None:
+        """None when the store takes writes, else the error of the last write (or probe) that failed."""
+        now = time.monotonic()
+        with self._lock:
+            if self._failure is None and now - self._ok_at < self._fresh_s:
+                return None
+            if now - self._probed_at < self._probe_every_s:
+                return self._failure
+            self._probed_at = now
+        try:
+            reason = self._store.probe_write()
+        except TimeoutError:
+            return self._failure
+        if reason is None:
+            self.wrote()
+        else:
+            self.failed(reason)
+        return reason
+
+
+def _conflicting_ids(cursor, records: Sequence[Any], new: Sequence[Any], sqlite: bool) -> list[str]:
+    """The request ids among the duplicates (`records` not in `new`) whose stored row differs.
+    Only duplicates are read back, in the batch's transaction (a batch of new records reads nothing)."""
+    if len(new) == len(records):
+        return []
+    stored_new = {id(record) for record in new}
+    duplicates = [record for record in records if id(record) not in stored_new]
+    stored = _stored_requests(cursor, [record.request_id for record in duplicates], sqlite)
+    key = REQUESTS.columns.index("request_id")
+    return [
+        values[key]
+        for values in REQUESTS.rows(duplicates, _identity)
+        if values[key] in stored and not _same_row(values, stored[values[key]])
+    ]
+
+
+def _stored_requests(cursor, request_ids: list[str], sqlite: bool, chunk: int = 500) -> dict[str, Sequence[Any]]:
+    columns, key = ", ".join(REQUESTS.columns), REQUESTS.columns.index("request_id")
+    rows = {}
+    for start in range(0, len(request_ids), chunk):
+        ids = request_ids[start : start + chunk]
+        where = f"IN ({', '.join('?' * len(ids))})" if sqlite else "= ANY(%s)"
+        cursor.execute(f"SELECT {columns} FROM requests WHERE request_id {where}", ids if sqlite else (ids,))
+        rows.update((row[key], row) for row in cursor.fetchall())
+    return rows
+
+
+def _same_row(values: Sequence[Any], row: Sequence[Any]) -> bool:
+    """Equal column by column; JSON columns compared decoded (SQLite returns their text)."""
+    for i in REQUESTS.json_positions:
+        if isinstance(row[i], (str, bytes)):
+            row = [*row[:i], orjson.loads(row[i]), *row[i + 1 :]]
+    return list(values) == list(row)
 
 
 def _sqlite_executemany(cursor, spec: _TableSpec, records: Sequence[Any]) -> list[Any]:

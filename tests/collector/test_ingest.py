@@ -107,7 +107,9 @@ def test_oversize_body_is_413(client, make_request):
     big = {"requests": [make_request(i) for i in range(1000)]}  # ~500 KB > the fixture's 256 KiB
     assert post(client, big).status_code == 413
     chunked = client.post(
-        "/v1/ingest", content=iter([orjson.dumps(big)[i : i + 65536] for i in range(0, 600_000, 65536)])
+        "/v1/ingest",
+        content=iter([orjson.dumps(big)[i : i + 65536] for i in range(0, 600_000, 65536)]),
+        headers={"content-type": "application/json"},
     )
     assert chunked.status_code == 413
     assert stored(client) == 0

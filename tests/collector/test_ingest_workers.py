@@ -53,7 +53,9 @@ def test_workers_store_count_and_refuse_like_threads(client):
         "item": "requests[1]",
         "field": "num_accepted_tokens",
     }
-    assert client.post("/v1/ingest", content=b"{broken").status_code == 400
+    assert (
+        client.post("/v1/ingest", content=b"{broken", headers={"content-type": "application/json"}).status_code == 400
+    )
     assert (stored(client), stored(client, DeviceSampleRow)) == (41, 1)
     metrics = scrape(client)  # summed in the workers, merged by the service: new records only
     assert total(metrics, "specwatch_requests_total") == 41

@@ -36,7 +36,9 @@ def ingested(client) -> list[dict]:
     samples = [sample_dict(i, power_w=10.0 + i) for i in range(3)]
     assert client.post("/v1/ingest", json={"requests": rows, "samples": samples}).status_code == 200
     assert client.post("/v1/ingest", json={"requests": rows[:10]}).status_code == 200  # resent: duplicates
-    assert client.post("/v1/ingest", content=b"{broken").status_code == 400
+    assert (
+        client.post("/v1/ingest", content=b"{broken", headers={"content-type": "application/json"}).status_code == 400
+    )
     return rows
 
 
