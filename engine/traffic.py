@@ -4,7 +4,9 @@ Scenarios are the sample prompts of `engine.workload` (chat, grounded repeat, su
 code edit, extraction from a context, long context > 512 tokens), tagged so the
 collector can split by scenario. Arrivals are either a fixed number of concurrent
 clients or a Poisson process; the run is bounded by --duration and --requests.
-Time to first token is measured client-side at the first streamed chunk.
+Time to first token is measured client-side at the first streamed chunk. A failed request
+(refused connection, 5xx, 429, ...) pauses the next one, doubling from 0.1 s to 5 s while failures
+run on; 20 consecutive failures, or 30 s of nothing but failures, end the run with one line.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ class TrafficConfig:
     drafter: str | None = "ngram"
     temperature: float = 0.0
     seed: int = 0
+    max_failures: int = 20  # consecutive failed requests that end the run
+    give_up_s: float = 30.0  # ... or this long with failures only
+    backoff_s: tuple[float, float] = (0.1, 5.0)  # pause after a failure: first, cap
 
 
 @dataclass
@@ -50,6 +55,40 @@ class Outcome:
 class Tally:
     outcomes: list[Outcome] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
+    stopped: str | None = None  # why the run gave up early, if it did
+
+
+@dataclass
+class Backoff:
+    """Consecutive failures across all clients: the pause before the next request doubles with each
+    (capped); a success resets it. A target that is down costs a few requests, not thousands."""
+
+    config: TrafficConfig
+    failures: int = 0
+    failing_since: float = 0.0
+    delay_s: float = 0.0
+    last_error: str | None = None
+
+    def record(self, outcome: Outcome) -> None:
+        if outcome.ok:
+            self.failures, self.delay_s = 0, 0.0
+            return
+        if self.failures == 0:
+            self.failing_since = time.monotonic()
+        self.failures += 1
+        self.last_error = outcome.error
+        first, cap = self.config.backoff_s
+        self.delay_s = min(cap, first * 2 ** (self.failures - 1))
+
+    def give_up(self) -> str | None:
+        """The one line that ends the run, once failures have run on too long."""
+        failing_s = time.monotonic() - self.failing_since
+        if self.failures and (self.failures >= self.config.max_failures or failing_s >= self.config.give_up_s):
+            return (
+                f"traffic: stopped after {self.failures} consecutive failures in {failing_s:.0f} s "
+                f"(last: {self.last_error}); is the engine at {self.config.url} running?"
+            )
+        return None
 
 
 async def one_request(http: httpx.AsyncClient, config: TrafficConfig, scenario: str) -> Outcome:
@@ -84,39 +123,56 @@ async def one_request(http: httpx.AsyncClient, config: TrafficConfig, scenario: 
     return Outcome(scenario, True, ttft, time.monotonic() - started, tokens)
 
 
-async def run_traffic(config: TrafficConfig, progress=sys.stderr) -> Tally:
-    rng, tally = random.Random(config.seed), Tally()
+async def run_traffic(config: TrafficConfig, progress=sys.stderr, tally: Tally | None = None) -> Tally:
+    """Run the traffic; `tally` (new if None) holds the outcomes so far even if the run is cancelled."""
+    rng, tally, backoff = random.Random(config.seed), tally or Tally(), Backoff(config)
     deadline = tally.started + config.duration_s
     issued = 0
 
     def next_scenario() -> str | None:
         nonlocal issued
-        if issued >= config.max_requests or time.monotonic() >= deadline:
+        tally.stopped = tally.stopped or backoff.give_up()
+        if issued >= config.max_requests or time.monotonic() >= deadline or tally.stopped:
             return None
         issued += 1
         return rng.choice(config.scenarios)
 
     async with httpx.AsyncClient(base_url=config.url, timeout=httpx.Timeout(600, connect=10)) as http:
         reporter = asyncio.create_task(_report_progress(tally, config, progress))
-        if config.rate:
-            await _poisson(http, config, tally, next_scenario, rng)
-        else:
-            await asyncio.gather(*(_closed_loop(http, config, tally, next_scenario) for _ in range(config.concurrency)))
-        reporter.cancel()
+        try:
+            if config.rate:
+                await _poisson(http, config, tally, backoff, next_scenario, rng)
+            else:
+                clients = (_closed_loop(http, config, tally, backoff, next_scenario) for _ in range(config.concurrency))
+                await asyncio.gather(*clients)
+        finally:
+            reporter.cancel()
+    if tally.stopped:
+        print(tally.stopped, file=progress, flush=True)
     return tally
 
 
-async def _closed_loop(http, config, tally: Tally, next_scenario) -> None:
+async def _closed_loop(http, config, tally: Tally, backoff: Backoff, next_scenario) -> None:
     while (scenario := next_scenario()) is not None:
-        tally.outcomes.append(await one_request(http, config, scenario))
+        outcome = await one_request(http, config, scenario)
+        tally.outcomes.append(outcome)
+        backoff.record(outcome)
+        if not outcome.ok and not backoff.give_up():
+            await asyncio.sleep(backoff.delay_s)
 
 
-async def _poisson(http, config, tally: Tally, next_scenario, rng: random.Random) -> None:
+async def _poisson(http, config, tally: Tally, backoff: Backoff, next_scenario, rng: random.Random) -> None:
+    def done(task: asyncio.Task) -> None:
+        if task.cancelled():
+            return
+        tally.outcomes.append(task.result())
+        backoff.record(task.result())
+
     tasks = []
     while (scenario := next_scenario()) is not None:
         tasks.append(asyncio.create_task(one_request(http, config, scenario)))
-        tasks[-1].add_done_callback(lambda task: tally.outcomes.append(task.result()))
-        await asyncio.sleep(rng.expovariate(config.rate))
+        tasks[-1].add_done_callback(done)
+        await asyncio.sleep(max(rng.expovariate(config.rate), backoff.delay_s))
     await asyncio.gather(*tasks)
 
 

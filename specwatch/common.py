@@ -4,13 +4,15 @@
 `TokenTable`, the one bearer-token scheme of every service (roles `ingest`, `read`, `admin`,
 several tokens per role, optionally bound to a tenant); `free_port`, `child_env`, `start_service`
 and `start_collector` for starting services as child processes and waiting until they are ready
-(`specwatch up`, the tests and the benchmarks)."""
+(`specwatch up`, the tests and the benchmarks), `stop_process` for stopping one."""
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import hmac
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -56,10 +58,22 @@ def start_service(
     name: str, cmd: list[str], env: dict[str, str], log: Path, ready_url: str, timeout_s: float
 ) -> subprocess.Popen:
     """Start `cmd` with output appended to `log`; return once `ready_url` answers 200.
-    Raises StartError (and kills the child) if it exits first or is not ready in time."""
+    Raises StartError (and kills the child) if it exits first or is not ready in time.
+    The child runs in its own session, so a terminal's Ctrl-C reaches only its parent, which stops
+    its children in order; and it gets SIGTERM when its parent dies (see `_exit_with_parent`)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as out:
-        process = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_exit_with_parent()
+        )
+    try:
+        return _wait_ready(name, process, log, ready_url, timeout_s)
+    except BaseException:  # not ready, or Ctrl-C while waiting: no half-started child left behind
+        stop_process(process, timeout_s=10)
+        raise
+
+
+def _wait_ready(name: str, process: subprocess.Popen, log: Path, ready_url: str, timeout_s: float) -> subprocess.Popen:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -70,8 +84,39 @@ def start_service(
         except httpx.HTTPError:
             pass
         time.sleep(0.2)
-    process.kill()
     raise StartError(f"the {name} did not answer {ready_url} within {timeout_s:.0f} s; see {log}")
+
+
+def stop_process(process: subprocess.Popen, timeout_s: float = 30.0) -> None:
+    """SIGTERM, and SIGKILL if it has not exited within `timeout_s`."""
+    if process.poll() is None:
+        process.terminate()
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _exit_with_parent():
+    """A preexec_fn asking Linux to send the child SIGTERM when its parent dies, even by SIGKILL
+    (prctl PR_SET_PDEATHSIG; strictly, when the parent's thread that started it ends: start services
+    from a thread that outlives them). None where there is no prctl: there a killed parent leaves them."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork, not in the child
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def arm() -> None:
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm
 
 
 def specwatch_command(*args: str) -> list[str]:

@@ -6,8 +6,9 @@ the collector, control API behind a generated token), and the dashboard. Then it
 the engine with background traffic in phases: grounded work that n-gram drafting suits,
 then open chat drafted by an untrained early exit (acceptance of a few percent), so
 `SpecAcceptanceLow` really fires and clears (the engine's own low-acceptance fallback is
-switched off here, so the alert path is what reacts). Ctrl-C stops everything; `--once` sends
-`--requests` requests, prints what the collector saw, and exits.
+switched off here, so the alert path is what reacts). Ctrl-C or SIGTERM stops everything in order
+(traffic, engine, dashboard, then the collector, so it stores the engine's last telemetry) and prints
+one line; `--once` sends `--requests` requests, prints what the collector saw, and exits.
 """
 
 from __future__ import annotations
@@ -15,21 +16,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import secrets
+import signal
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import yaml
 
 from specwatch.common import (
+    ROLE_ENV,
     StartError,
     UsageError,
     child_env,
     specwatch_command,
     start_collector,
     start_service,
+    stop_process,
     tcp_port,
 )
 
@@ -64,17 +68,35 @@ class Stack:
     collector: str
     engine: str
     dashboard: str | None
-    processes: list[subprocess.Popen]
+    processes: list[subprocess.Popen]  # the collector first
+    started: float = field(default_factory=time.monotonic)
+    done: int = 0  # traffic requests answered (ok or not)
+    failed: int = 0
+    tokens: dict[str, str] = field(default_factory=dict)  # SPECWATCH_<ROLE>_TOKEN: the collector's, made per run
 
-    def stop(self) -> None:
-        for process in reversed(self.processes):
-            if process.poll() is None:
-                process.terminate()
-        for process in reversed(self.processes):
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
+    @property
+    def reads(self) -> dict[str, str]:
+        """The headers of up's own reads of the collector (its summary lines): the read token."""
+        token = self.tokens.get(ROLE_ENV["read"])
+        return {"authorization": f"Bearer {token}"} if token else {}
+
+    def stop(self) -> str:
+        """Each child in start order after the collector (engine, dashboard), each waited for, then the
+        collector, last, so it stores the engine's final telemetry; returns the one-line summary."""
+        for process in self.processes[1:]:
+            stop_process(process)
+        stored = (
+            stored_requests(self.collector, self.done, time.monotonic() - self.started, self.reads)
+            if self.processes
+            else None
+        )
+        for process in self.processes[:1]:
+            stop_process(process)
+        minutes = (time.monotonic() - self.started) / 60
+        return (
+            f"specwatch up: stopped after {minutes:.1f} min; {self.done} requests done ({self.failed} failed), "
+            f"{'n/a' if stored is None else stored} stored by the collector"
+        )
 
 
 def run_up(args: argparse.Namespace) -> int:
@@ -82,19 +104,36 @@ def run_up(args: argparse.Namespace) -> int:
         raise UsageError("--requests, --concurrency, --max-tokens must be >= 1 and --phase-seconds > 0")
     args.data_dir.mkdir(parents=True, exist_ok=True)
     stack = Stack(f"http://127.0.0.1:{args.port}", f"http://127.0.0.1:{args.engine_port}", None, [])
+    previous = signal.signal(signal.SIGTERM, _sigterm_as_ctrl_c)
+    code = 0
     try:
         start_stack(args, stack)
         if args.once:
-            sent = asyncio.run(send_traffic(args, stack.engine, PHASES[0], max_requests=args.requests))
-            wait_for_requests(stack.collector, sent)
-            print_window(stack.collector)
+            asyncio.run(send_traffic(args, stack, PHASES[0], max_requests=args.requests))
+            wait_for_requests(stack.collector, stack.done, stack.reads)
+            print_window(stack.collector, headers=stack.reads)
         else:
-            run_phases(args, stack)
+            code = run_phases(args, stack)
     except KeyboardInterrupt:
-        print("\nstopping ...", flush=True)
+        print("\nstopping: traffic, engine, dashboard, then the collector ...", flush=True)
+    except httpx.HTTPError as exc:
+        print(f"specwatch up: the collector did not answer ({exc}); see {args.data_dir}/collector.log", flush=True)
+        code = 1
     finally:
-        stack.stop()
-    return 0
+        handlers = signal.signal(signal.SIGINT, signal.SIG_IGN), signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print(stack.stop(), flush=True)  # a second Ctrl-C does not cut the ordered stop short
+        signal.signal(signal.SIGINT, handlers[0])
+        signal.signal(signal.SIGTERM, previous)
+    return code
+
+
+def _sigterm_as_ctrl_c(signum, frame) -> None:
+    """SIGTERM does what Ctrl-C does: inside asyncio.run that cancels the traffic, elsewhere it raises
+    KeyboardInterrupt."""
+    on_ctrl_c = signal.getsignal(signal.SIGINT)
+    if not callable(on_ctrl_c):  # started with SIGINT ignored (in the background)
+        raise KeyboardInterrupt
+    on_ctrl_c(signal.SIGINT, frame)
 
 
 def start_stack(args: argparse.Namespace, stack: Stack) -> None:
@@ -107,7 +146,10 @@ def start_stack(args: argparse.Namespace, stack: Stack) -> None:
 
 def _start_children(args: argparse.Namespace, stack: Stack) -> None:
     token = secrets.token_urlsafe(24)
+    # The collector's tokens, new each run; tokens pass in environments, never on command lines (ps shows those).
+    stack.tokens = {ROLE_ENV[role]: secrets.token_urlsafe(24) for role in ("ingest", "read", "admin")}
     env = {
+        **stack.tokens,
         "SPECWATCH_DATA_DIR": str(args.data_dir),
         "SPECWATCH_CONTROL_TOKEN": token,
         "SPECWATCH_ALERT_RULES": str(write_rules(args.data_dir, stack.engine, args.device == "cpu")),
@@ -120,7 +162,11 @@ def _start_children(args: argparse.Namespace, stack: Stack) -> None:
     if not args.no_dashboard:
         from dashboard.launch import start_dashboard
 
-        stack.processes.append(start_dashboard(args.dashboard_port, stack.collector, args.data_dir / "dashboard.log"))
+        readers = {ROLE_ENV[role]: stack.tokens[ROLE_ENV[role]] for role in ("read", "admin")}
+        dashboard = start_dashboard(
+            args.dashboard_port, stack.collector, args.data_dir / "dashboard.log", tokens=readers
+        )
+        stack.processes.append(dashboard)
         stack.dashboard = f"http://127.0.0.1:{args.dashboard_port}"
         print(f"dashboard  {stack.dashboard}", flush=True)
 
@@ -158,19 +204,19 @@ def start_engine(args: argparse.Namespace, stack: Stack, token: str, timeout_s: 
     cmd += ["--canary-fraction", "0.8"]  # 20% plain 'control' arm: the speed-up is measured A/B, not assumed
     cmd += ["--model", args.model, "--dtype", args.dtype, "--device", args.device, "--threads", str(args.threads)]
     print("engine     loading the model (the first run converts the bundled GGUF, ~30 s) ...", flush=True)
-    return start_service(
-        "engine", cmd, child_env(), args.data_dir / "engine.log", f"{stack.engine}/v1/models", timeout_s
-    )
+    env = child_env({ROLE_ENV["ingest"]: stack.tokens.get(ROLE_ENV["ingest"], "")})  # --collector-token's default
+    return start_service("engine", cmd, env, args.data_dir / "engine.log", f"{stack.engine}/v1/models", timeout_s)
 
 
 async def send_traffic(
-    args: argparse.Namespace, engine_url: str, phase: tuple, duration_s: float = 3600.0, max_requests: int = 1_000_000
-) -> int:
-    from engine.traffic import TrafficConfig, run_traffic
+    args: argparse.Namespace, stack: Stack, phase: tuple, duration_s: float = 3600.0, max_requests: int = 1_000_000
+) -> None:
+    """One phase of traffic, counted in `stack` even if cancelled (Ctrl-C)."""
+    from engine.traffic import Tally, TrafficConfig, run_traffic
 
     name, scenarios, drafter = phase
     config = TrafficConfig(
-        url=engine_url,
+        url=stack.engine,
         scenarios=scenarios,
         duration_s=duration_s,
         max_requests=max_requests,
@@ -178,14 +224,20 @@ async def send_traffic(
         max_tokens=args.max_tokens,
         drafter=drafter,
     )
-    with (args.data_dir / "traffic.log").open("a") as log:
-        tally = await run_traffic(config, progress=log)
-    ok = sum(o.ok for o in tally.outcomes)
-    print(f"traffic    {name}: {ok} requests done, {len(tally.outcomes) - ok} failed", flush=True)
-    return len(tally.outcomes)
+    tally = Tally()
+    try:
+        with (args.data_dir / "traffic.log").open("a") as log:
+            await run_traffic(config, progress=log, tally=tally)
+    finally:
+        failed = sum(not o.ok for o in tally.outcomes)
+        stack.done, stack.failed = stack.done + len(tally.outcomes), stack.failed + failed
+    print(f"traffic    {name}: {len(tally.outcomes) - failed} requests done, {failed} failed", flush=True)
+    if tally.stopped:
+        print(f"traffic    {tally.stopped}", flush=True)
 
 
-def run_phases(args: argparse.Namespace, stack: Stack) -> None:
+def run_phases(args: argparse.Namespace, stack: Stack) -> int:
+    """Phase after phase until Ctrl-C; 1 once a child has exited on its own."""
     print(
         f"\ntraffic phases of {args.phase_seconds:.0f} s each; watch the dashboard. Ctrl-C stops everything.",
         flush=True,
@@ -193,21 +245,41 @@ def run_phases(args: argparse.Namespace, stack: Stack) -> None:
     while True:
         for phase in PHASES:
             print(f"traffic    phase: {phase[0]} ...", flush=True)
-            asyncio.run(send_traffic(args, stack.engine, phase, duration_s=args.phase_seconds))
-            print_window(stack.collector, last_s=args.phase_seconds)
+            asyncio.run(send_traffic(args, stack, phase, duration_s=args.phase_seconds))
+            if exited := next((p for p in stack.processes if p.poll() is not None), None):
+                name = ("collector", "engine", "dashboard")[stack.processes.index(exited)]
+                print(f"specwatch up: the {name} exited (code {exited.returncode}); see {args.data_dir}/{name}.log")
+                return 1
+            print_window(stack.collector, last_s=args.phase_seconds, headers=stack.reads)
 
 
-def wait_for_requests(collector: str, expected: int, timeout_s: float = 30.0) -> None:
+def wait_for_requests(collector: str, expected: int, headers: dict, timeout_s: float = 30.0) -> None:
     """The engine sends telemetry in batches: wait until the collector has stored it."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if httpx.get(f"{collector}/v1/signals", params={"last": 3600}, timeout=10).json()["requests"] >= expected:
+        found = httpx.get(f"{collector}/v1/signals", params={"last": 3600}, headers=headers, timeout=10).json()
+        if found["requests"] >= expected:
             return
         time.sleep(0.5)
 
 
-def print_window(url: str, last_s: float = 3600) -> None:
-    signals = httpx.get(f"{url}/v1/signals", params={"last": last_s}, timeout=10).json()
+def stored_requests(collector: str, expected: int, last_s: float, headers: dict, timeout_s: float = 5.0) -> int | None:
+    """Requests the collector stored in the last `last_s` seconds, waited for up to `timeout_s` to reach
+    `expected`; None if it does not answer."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            found = httpx.get(f"{collector}/v1/signals", params={"last": last_s + 60}, headers=headers, timeout=5)
+            stored = found.json()["requests"]
+        except (httpx.HTTPError, ValueError, KeyError):
+            return None
+        if stored >= expected or time.monotonic() >= deadline:
+            return stored
+        time.sleep(0.2)
+
+
+def print_window(url: str, last_s: float = 3600, headers: dict | None = None) -> None:
+    signals = httpx.get(f"{url}/v1/signals", params={"last": last_s}, headers=headers, timeout=10).json()
 
     def fmt(value, scale: float = 1.0, digits: int = 2) -> str:
         return "n/a" if value is None else f"{value * scale:.{digits}f}"
@@ -219,7 +291,7 @@ def print_window(url: str, last_s: float = 3600) -> None:
         f"TTFT P99 {fmt(signals['ttft']['p99'], 1000, 0)} ms",
         flush=True,
     )
-    alerts = httpx.get(f"{url}/v1/alerts", timeout=10).json()["alerts"]
+    alerts = httpx.get(f"{url}/v1/alerts", headers=headers, timeout=10).json()["alerts"]
     print(
         f"alerts: {len(alerts)} pending or firing"
         + "".join(f"\n  {a['state']:<8} {a['rule']}: {a['annotations'].get('summary', '')}" for a in alerts),

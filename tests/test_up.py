@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import os
+import re
+import signal
 import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
 import yaml
+from processes import children, running
+from waiting import wait_for
 
-from specwatch.common import free_port, specwatch_command
+from specwatch.common import child_env, free_port, specwatch_command
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -22,7 +26,10 @@ def test_up_once_stores_the_sample_traffic(tmp_path):
     cmd += ["--port", ports[0], "--engine-port", ports[1], "--dashboard-port", ports[2]]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "collector, last 60 min: 3 requests" in done.stdout
+    assert (
+        "collector, last 60 min: 3 requests" in done.stdout
+    )  # stored with up's ingest token, read with its read token
+    assert "access control: tokens for ingest, read, admin" in (tmp_path / "collector.log").read_text()
     assert f"dashboard  http://127.0.0.1:{ports[2]}" in done.stdout
     with sqlite3.connect(tmp_path / "specwatch.db") as db:
         rows = db.execute("select arm, drafter, json_extract(tags, '$.scenario') from requests").fetchall()
@@ -42,3 +49,71 @@ def test_up_rejects_bad_arguments():
         [sys.executable, "-m", "specwatch", "up", "--port", "0"], capture_output=True, text=True, env=env, timeout=120
     )
     assert done.returncode == 2 and "--port" in done.stderr
+
+
+def test_ctrl_c_stops_up_in_order_with_one_line_and_no_child_left(tmp_path):
+    """SIGINT to up's whole process group mid-phase, as a terminal's Ctrl-C: the children run in their own
+    sessions, so up stops traffic, engine, dashboard, then the collector; every answered request is stored."""
+    ports = [str(free_port()) for _ in range(3)]
+    cmd = specwatch_command("up", "--max-tokens", "8", "--phase-seconds", "600", "--data-dir", str(tmp_path))
+    cmd += ["--port", ports[0], "--engine-port", ports[1], "--dashboard-port", ports[2]]
+    log = tmp_path / "up.out"
+    with log.open("w") as out:
+        up = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env(), start_new_session=True)
+    try:
+        wait_for(lambda: _stored(tmp_path / "specwatch.db") >= 2, lambda: log.read_text(), timeout=300)
+        family = _descendants(up.pid)
+        os.killpg(up.pid, signal.SIGINT)
+        assert up.wait(timeout=120) == 0, log.read_text()
+    finally:
+        if up.poll() is None:
+            os.killpg(up.pid, signal.SIGKILL)
+    output = log.read_text()
+    assert "Traceback" not in output
+    summary = re.search(r"stopped after .*; (\d+) requests done \((\d+) failed\), (\d+) stored", output)
+    assert summary, output
+    done, failed, stored = map(int, summary.groups())
+    assert failed == 0  # the engine outlived the traffic
+    assert stored >= done >= 2  # the engine stopped before the collector: its last telemetry is stored
+    assert len(family) >= 3 and not [pid for pid in family if running(pid)]
+
+
+def test_sigterm_while_the_model_loads_leaves_no_child(tmp_path):
+    up, family = _up_loading_the_model(tmp_path)
+    up.terminate()
+    output = up.communicate(timeout=60)[0]
+    assert up.returncode == 0 and "Traceback" not in output
+    assert "0 requests done (0 failed)" in output
+    assert len(family) >= 2 and not [pid for pid in family if running(pid)]
+
+
+def test_children_exit_when_up_is_killed(tmp_path):
+    """up SIGKILLed cannot stop its children: they get SIGTERM from the kernel (PR_SET_PDEATHSIG)."""
+    up, family = _up_loading_the_model(tmp_path)
+    up.kill()
+    up.communicate(timeout=10)
+    wait_for(lambda: not [pid for pid in family if running(pid)], "the collector and engine to exit", timeout=60)
+
+
+def _up_loading_the_model(tmp_path: Path) -> tuple[subprocess.Popen, list[int]]:
+    """`specwatch up` once its collector runs and its engine process loads the model; its descendants."""
+    ports = [str(free_port()) for _ in range(2)]
+    cmd = specwatch_command("up", "--no-dashboard", "--data-dir", str(tmp_path), "--port", ports[0])
+    cmd += ["--engine-port", ports[1]]
+    up = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env())
+    wait_for(lambda: "loading the model" in up.stdout.readline(), "the engine to start loading", timeout=120)
+    wait_for(lambda: len(children(up.pid)) >= 2, "the engine process", timeout=30)
+    return up, _descendants(up.pid)
+
+
+def _stored(db: Path) -> int:
+    try:
+        with sqlite3.connect(db) as conn:
+            return conn.execute("select count(*) from requests").fetchone()[0]
+    except sqlite3.Error:
+        return 0
+
+
+def _descendants(pid: int) -> list[int]:
+    found = children(pid)
+    return found + [grandchild for child in found for grandchild in _descendants(child)]
