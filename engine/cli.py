@@ -47,6 +47,12 @@ def _register_serve(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--slots", type=int, default=4, help="requests decoded concurrently (default: 4)")
     serve.add_argument("--max-queue", type=int, default=64, help="waiting requests before 429 (default: 64)")
     serve.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="on SIGTERM/SIGINT, seconds in-flight requests may finish before they are cancelled (default: 30)",
+    )
+    serve.add_argument(
         "--collector",
         default=os.environ.get("SPECWATCH_COLLECTOR_URL"),
         help="collector URL for telemetry (default: SPECWATCH_COLLECTOR_URL; none: no telemetry)",
@@ -220,8 +226,6 @@ def summary_line(record) -> str:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from collector.client import TelemetryClient
     from engine.device import DeviceSampler
     from engine.engine import Engine
@@ -230,8 +234,11 @@ def run_serve(args: argparse.Namespace) -> int:
     from engine.policy import Policy
     from engine.scheduler import Scheduler
     from engine.server import create_app
+    from engine.shutdown import serve_until_signal
     from engine.telemetry import TelemetrySink
 
+    if not 0 <= args.shutdown_timeout <= 86_400:
+        raise UsageError("--shutdown-timeout must be between 0 and 86400 seconds")
     try:
         policy_config, scheduler_config, guard_config, engine_config = _serve_configs(args)
         client = TelemetryClient(args.collector, args.spool_dir, args.collector_token) if args.collector else None
@@ -257,8 +264,9 @@ def run_serve(args: argparse.Namespace) -> int:
     guard = MemoryGuard(scheduler, guard_config)
     guard.start()
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+        serve_until_signal(app, scheduler, args.host, args.port, args.shutdown_timeout)
     finally:
+        scheduler.stop()  # already stopped by the app's lifespan, unless a second Ctrl-C forced the exit
         guard.stop()
         if client:
             sampler.stop()

@@ -13,6 +13,7 @@ request at the next round. Every finished request becomes one telemetry record.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -47,6 +48,10 @@ class Overloaded(Exception):
         self.retry_after_s = retry_after_s
 
 
+class ShuttingDown(RuntimeError):
+    """Sent to a queued request that the shutdown's deadline cancelled before it started."""
+
+
 @dataclass
 class Ticket:
     """A client's handle on one request: deltas (str), then a GenerateResult, arrive on `events`."""
@@ -59,7 +64,8 @@ class Ticket:
     cancelled: threading.Event = field(default_factory=threading.Event)
 
     def send(self, item: Any) -> None:
-        self.loop.call_soon_threadsafe(self.events.put_nowait, item)
+        with contextlib.suppress(RuntimeError):  # the client's event loop is closed (shutdown): nobody waits
+            self.loop.call_soon_threadsafe(self.events.put_nowait, item)
 
 
 @dataclass
@@ -88,10 +94,14 @@ class Scheduler:
         self._thread.start()
 
     def stop(self) -> None:
+        """Cancel what is still running or queued (recorded `cancelled`) at the end of the current round.
+
+        A graceful shutdown lets the server finish in-flight requests first; this is its deadline."""
         with self._wake:
             self._stopped = True
             self._wake.notify()
-        self._thread.join(timeout=30)
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
 
     @property
     def load(self) -> float:
@@ -121,9 +131,18 @@ class Scheduler:
                 while not self._stopped and not self._queue and not self._active:
                     self._wake.wait()
                 if self._stopped:
-                    return
+                    break
             self._admit()
             self._round()
+        self._cancel_all()
+
+    def _cancel_all(self) -> None:
+        for index in list(self._active):
+            self._finish(index, "cancelled")
+        with self._wake:
+            queued, self._queue = list(self._queue), deque()
+        for ticket in queued:  # never started, so no record: the client gets an error
+            ticket.send(ShuttingDown("the engine shut down before the request started"))
 
     def _admit(self) -> None:
         free = [i for i in range(len(self.slots)) if i not in self._active]

@@ -28,7 +28,7 @@ from engine.cuda import NoCudaStreams
 from engine.engine import GenerateRequest, GenerateResult
 from engine.metrics import EngineMetrics
 from engine.sampling import SamplingParams
-from engine.scheduler import Overloaded, Scheduler, Ticket
+from engine.scheduler import Overloaded, Scheduler, ShuttingDown, Ticket
 
 Tag = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 
@@ -225,7 +225,7 @@ async def _serve(request: Request, body: _Common, content: dict, chat: bool) -> 
     frame = _Frame(request.app.state.model_name, chat, len(ticket.prompt_ids))
     if body.stream:
         return StreamingResponse(_sse(ticket, frame), media_type="text/event-stream")
-    return await _whole(ticket, frame)
+    return await _whole(ticket, frame, request)
 
 
 async def _events(ticket: Ticket) -> AsyncIterator[str | GenerateResult]:
@@ -256,14 +256,29 @@ async def _sse(ticket: Ticket, frame: _Frame) -> AsyncIterator[bytes]:
     yield b"data: [DONE]\n\n"
 
 
-async def _whole(ticket: Ticket, frame: _Frame) -> Response:
+async def _whole(ticket: Ticket, frame: _Frame, request: Request) -> Response:
+    watcher = asyncio.create_task(_cancel_on_disconnect(request, ticket))
     try:
         async for item in _events(ticket):
+            if isinstance(item, GenerateResult) and item.finish_reason == "cancelled":  # a shutdown's deadline
+                return openai_error(503, "the engine shut down before the request finished", "server_error")
             if isinstance(item, GenerateResult):
                 return JSONResponse(frame.whole(item))
+    except ShuttingDown as exc:
+        return openai_error(503, str(exc), "server_error")
     except Exception as exc:
         return openai_error(500, f"generation failed: {exc}", "server_error")
+    finally:
+        watcher.cancel()
     return openai_error(500, "generation ended without a result", "server_error")
+
+
+async def _cancel_on_disconnect(request: Request, ticket: Ticket) -> None:
+    """Cancel the request when its client leaves: the body is read, so the next ASGI message
+    is `http.disconnect` (one awaiting task, no polling; the scheduler frees the slot next round)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    ticket.cancelled.set()
 
 
 def _data(payload: dict) -> bytes:

@@ -1,0 +1,106 @@
+"""Abandoned work is cancelled: a non-streaming request whose client left frees its slot, and SIGTERM
+ends `specwatch engine serve` within its --shutdown-timeout, recording what it cut short `cancelled`
+and answering its clients 503.
+
+Generation is made long deterministically: greedy counting on the bundled model does not reach an
+end-of-sequence token for thousands of tokens (about 10 tokens/s on a small CPU), so 2000 tokens
+take minutes."""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import subprocess
+import threading
+import time
+
+import httpx
+import pytest
+from waiting import wait_for
+
+from specwatch.common import child_env, free_port, specwatch_command, start_collector
+from tests.engine.test_server import Server
+
+COUNTING = {"prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": 2000, "temperature": 0, "drafter": "none"}
+CHAT_COUNTING = {
+    "messages": [{"role": "user", "content": "Count from 1 to 5000, separated by commas, without stopping."}],
+    "max_tokens": 2000,
+    "temperature": 0,
+    "drafter": "none",
+}
+
+
+@pytest.mark.parametrize("path,body", [("completions", COUNTING), ("chat/completions", CHAT_COUNTING)])
+def test_an_abandoned_request_frees_its_slot_and_is_recorded_cancelled(bundled_engine, path, body):
+    with Server(bundled_engine, slots=1) as server:
+        with pytest.raises(httpx.TimeoutException):  # the client gives up after 1 s and closes its connection
+            httpx.post(f"{server.url}/v1/{path}", json=body, timeout=1.0)
+        wait_for(lambda: server.scheduler.active == 0, "the abandoned request's slot to be freed", timeout=2.0)
+        record = wait_for(lambda: server.records and server.records[-1], "the abandoned request's record")
+        assert record.status == "cancelled" and 0 < record.output_tokens < 2000
+        short = httpx.post(f"{server.url}/v1/completions", json={**COUNTING, "max_tokens": 4}, timeout=30)
+        assert short.status_code == 200 and server.records[-1].status == "ok"
+
+
+def test_sigterm_cancels_stuck_requests_within_the_shutdown_timeout(tmp_path):
+    port, engine_port = free_port(), free_port()
+    database = tmp_path / "specwatch.db"
+    collector = start_collector(port, tmp_path / "collector.log", f"sqlite:///{database}")
+    engine_url, log = f"http://127.0.0.1:{engine_port}", tmp_path / "engine.log"
+    engine = subprocess.Popen(
+        specwatch_command("engine", "serve", "--port", str(engine_port), "--slots", "2", "--shutdown-timeout", "3")
+        + ["--collector", f"http://127.0.0.1:{port}", "--instance", "sigterm", "--spool-dir", str(tmp_path / "spool")]
+        + ["--dtype", "float32"],
+        env=child_env(),
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        wait_for(lambda: _answers(f"{engine_url}/v1/models") or engine.poll() is not None, "the engine to start", 300)
+        assert engine.poll() is None, log.read_text()
+        answers = []
+        clients = [threading.Thread(target=_stuck_client, args=(engine_url, answers)) for _ in range(2)]
+        for client in clients:
+            client.start()
+        wait_for(lambda: _running(engine_url) == 2, "both requests to be decoding")
+        engine.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        code = engine.wait(timeout=30)
+        took = time.monotonic() - signalled
+        for client in clients:
+            client.join(timeout=10)
+        assert code == 0 and 3 <= took < 3 + 5, f"exit {code} after {took:.1f} s: {log.read_text()}"
+        assert answers == [503, 503]
+        statuses = wait_for(lambda: _statuses(database, "sigterm", 2), "both records in the collector", 30)
+        assert statuses == ["cancelled", "cancelled"] and "Traceback" not in log.read_text()
+    finally:
+        engine.kill()
+        collector.terminate()
+        collector.wait(timeout=30)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _stuck_client(engine_url: str, answers: list) -> None:
+    """A client waiting on a long request: the shutdown's deadline answers it 503."""
+    try:
+        answers.append(httpx.post(f"{engine_url}/v1/completions", json=COUNTING, timeout=120).status_code)
+    except httpx.HTTPError as exc:
+        answers.append(repr(exc))
+
+
+def _running(engine_url: str) -> float:
+    metrics = httpx.get(f"{engine_url}/metrics", timeout=5).text
+    line = next(line for line in metrics.splitlines() if line.startswith("specwatch_engine_num_requests_running "))
+    return float(line.split()[1])
+
+
+def _statuses(database, instance: str, expected: int) -> list[str] | None:
+    with sqlite3.connect(database) as db:
+        rows = db.execute("SELECT status FROM requests WHERE instance = ?", (instance,)).fetchall()
+    return sorted(row[0] for row in rows) if len(rows) >= expected else None
