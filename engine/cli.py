@@ -78,9 +78,28 @@ def _register_serve(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--control-token",
         default=os.environ.get("SPECWATCH_CONTROL_TOKEN"),
-        help="bearer token for /v1/control (default: SPECWATCH_CONTROL_TOKEN; unset: open)",
+        help="bearer token for /v1/control (default: SPECWATCH_CONTROL_TOKEN; unset: the control API is off)",
+    )
+    serve.add_argument(
+        "--drafters",
+        nargs="+",
+        default=[],
+        metavar="NAME=model:PATH",
+        help="draft models a request may name in its `drafter` (requests never pass paths); loaded at start",
+    )
+    serve.add_argument(
+        "--max-prompt-tokens",
+        type=_positive_int,
+        default=None,
+        help="refuse longer prompts with 400 context_length_exceeded (default: the model's context less max_tokens)",
     )
     serve.set_defaults(handler=run_serve)
+
+
+def _positive_int(value: str) -> int:
+    if not value.isdecimal() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a positive integer")
+    return int(value)
 
 
 def _first_token(tokens: str | None) -> str | None:
@@ -186,6 +205,7 @@ def run_generate(args: argparse.Namespace) -> int:
         )
         engine = Engine(engine_config(args))
         engine.drafter(request.drafter)  # a bad drafter spec fails here, before any output
+        engine.encode(request)  # ...and a prompt too long for the model's context
     except (ValueError, ModelLoadError) as exc:
         raise UsageError(str(exc)) from exc
     return _print_stream(engine, request, args.json)
@@ -243,6 +263,7 @@ def run_serve(args: argparse.Namespace) -> int:
         policy_config, scheduler_config, guard_config, engine_config = _serve_configs(args)
         client = TelemetryClient(args.collector, args.spool_dir, args.collector_token) if args.collector else None
         engine = Engine(engine_config)
+        drafters = register_drafters(engine, args.drafters)
     except (ValueError, ModelLoadError) as exc:
         raise UsageError(str(exc)) from exc
     telemetry = TelemetrySink(args.instance, client)
@@ -260,7 +281,7 @@ def run_serve(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    app = create_app(scheduler, engine.target.name, control_token=args.control_token)
+    app = create_app(scheduler, engine.target.name, control_token=args.control_token, drafters=drafters)
     guard = MemoryGuard(scheduler, guard_config)
     guard.start()
     try:
@@ -272,6 +293,25 @@ def run_serve(args: argparse.Namespace) -> int:
             sampler.stop()
             client.close()
     return 0
+
+
+def register_drafters(engine, items: list[str]) -> dict[str, str]:
+    """{name: spec} from `--drafters NAME=model:PATH ...`, each draft model loaded now (ValueError when bad)."""
+    import re
+
+    from engine.server import BUILTIN_DRAFTERS
+
+    drafters = {}
+    for item in items:
+        name, _, spec = item.partition("=")
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", name) or not spec.startswith("model:"):
+            raise ValueError(f"--drafters {item!r}: expected NAME=model:PATH, NAME of letters, digits, '_.-'")
+        if name in BUILTIN_DRAFTERS:
+            raise ValueError(f"--drafters {item!r}: {name!r} is a built-in drafter's name")
+        engine.check_drafter(spec)
+        engine.drafter(spec)  # load the weights now: a bad model fails here, not on a request
+        drafters[name] = spec
+    return drafters
 
 
 def _serve_configs(args: argparse.Namespace) -> tuple:
@@ -340,6 +380,7 @@ def run_traffic_command(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
         drafter=None if args.drafter == "none" else args.drafter,
     )
-    rows = summary(asyncio.run(run_traffic(config)))
+    tally = asyncio.run(run_traffic(config))
+    rows = summary(tally)
     print(json.dumps(rows, indent=2)) if args.json else print_summary(rows)
-    return 0
+    return 1 if tally.stopped else 0

@@ -36,9 +36,24 @@ class EngineConfig:
     instance: str = field(default_factory=socket.gethostname)
     ngram: NgramConfig = NgramConfig()
     memory_fraction: float = 0.8  # CUDA: cap of the caching allocator (set_per_process_memory_fraction)
+    max_prompt_tokens: int | None = None  # None: what the model's context leaves after max_tokens
 
     def __post_init__(self) -> None:
         check_memory_fraction(self.memory_fraction)
+        if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
+            raise ValueError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
+
+
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
+CHARS_PER_TOKEN = 16  # a prompt longer than this many characters per allowed token is refused untokenised
+
+
+class RequestError(ValueError):
+    """A request the engine refuses: `param` names the field (the OpenAI error's `param`), `code` the kind."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.param, self.code = param, code
 
 
 @dataclass(frozen=True)
@@ -60,9 +75,11 @@ class GenerateRequest:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of prompt or messages")
         if not 1 <= self.max_tokens <= 32_768:
-            raise ValueError(f"max_tokens must be in [1, 32768], got {self.max_tokens}")
+            raise RequestError(f"max_tokens must be in [1, 32768], got {self.max_tokens}", "max_tokens")
         if not 0 <= self.gamma <= 64:
-            raise ValueError(f"gamma must be in [0, 64], got {self.gamma}")
+            raise RequestError(f"gamma must be in [0, 64], got {self.gamma}", "gamma")
+        if self.seed is not None and not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
+            raise RequestError(f"seed must be in [-2**63, 2**64 - 1], got {self.seed}", "seed")
 
 
 @dataclass(frozen=True)
@@ -119,9 +136,9 @@ class Engine:
         kind, arg = _parse_drafter(spec)
         layers = self.target.model.config.num_hidden_layers
         if kind == "early-exit" and not 1 <= int(arg) <= layers:
-            raise ValueError(f"early exit after {arg} layers: the model has {layers}")
+            raise RequestError(f"early exit after {arg} layers: the model has {layers}", "drafter")
         if kind == "model" and not (arg in self._draft_models or arg == "bundled" or Path(arg).exists()):
-            raise ValueError(f"draft model not found: {arg}")
+            raise RequestError(f"draft model not found: {arg}", "drafter")
 
     def _build_drafter(self, spec: str) -> Drafter:
         kind, arg = _parse_drafter(spec)
@@ -136,7 +153,42 @@ class Engine:
         draft = self._draft_models[arg]
         return model_drafter(draft.model, self.target.model, draft.name)
 
+    @property
+    def context_tokens(self) -> int:
+        """The model's context length (its config's max_position_embeddings)."""
+        return int(getattr(self.target.model.config, "max_position_embeddings", None) or 2**31)
+
+    def prompt_limit(self, max_tokens: int) -> int:
+        """The most prompt tokens a request may bring: the context less max_tokens, capped by max_prompt_tokens."""
+        room = self.context_tokens - max_tokens
+        return min(room, self.config.max_prompt_tokens) if self.config.max_prompt_tokens else room
+
     def encode(self, request: GenerateRequest) -> list[int]:
+        """The prompt's token ids; RequestError (code context_length_exceeded) when it does not fit.
+
+        A prompt of more than CHARS_PER_TOKEN characters per allowed token is refused before tokenising."""
+        limit, param = self.prompt_limit(request.max_tokens), "prompt" if request.messages is None else "messages"
+        chars = len(request.prompt) if request.messages is None else sum(len(m["content"]) for m in request.messages)
+        if chars > CHARS_PER_TOKEN * max(limit, 0):
+            raise self._too_long(f"{chars} characters", limit, request.max_tokens, param)
+        ids = self._tokenize(request)
+        if len(ids) > limit:
+            raise self._too_long(f"{len(ids)} tokens", limit, request.max_tokens, param)
+        if not ids:
+            raise RequestError("the prompt is empty", param)
+        return ids
+
+    def _too_long(self, size: str, limit: int, max_tokens: int, param: str) -> RequestError:
+        cap = f", --max-prompt-tokens {self.config.max_prompt_tokens}" if self.config.max_prompt_tokens else ""
+        return RequestError(
+            f"the prompt has {size}; this server accepts at most {max(limit, 0)} prompt tokens with "
+            f"max_tokens={max_tokens} (model context {self.context_tokens} tokens{cap}): shorten the prompt "
+            "or lower max_tokens",
+            param,
+            "context_length_exceeded",
+        )
+
+    def _tokenize(self, request: GenerateRequest) -> list[int]:
         if request.messages is not None:
             with self.tokenizer_lock:
                 ids = self.tokenizer.apply_chat_template(request.messages, add_generation_prompt=True, tokenize=True)
@@ -311,9 +363,9 @@ def _stop_token_ids(target: LoadedModel) -> frozenset[int]:
 def _parse_drafter(spec: str) -> tuple[str, str]:
     """'ngram' | 'early-exit:K' | 'model:PATH' -> (kind, argument); anything else is a ValueError."""
     kind, _, arg = spec.partition(":")
-    if (kind == "ngram" and not arg) or (kind == "early-exit" and arg.isdigit()) or (kind == "model" and arg):
+    if (kind == "ngram" and not arg) or (kind == "early-exit" and arg.isdecimal()) or (kind == "model" and arg):
         return kind, arg
-    raise ValueError(f"unknown drafter {spec!r}: use none, ngram, model:PATH or early-exit:K")
+    raise RequestError(f"unknown drafter {spec!r}: use none, ngram, model:PATH or early-exit:K", "drafter")
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+GREEDY_BELOW = 1e-5  # temperatures under this sample greedily
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -25,7 +27,9 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        # below GREEDY_BELOW, logits / temperature overflows float32 (inf - inf = nan in softmax);
+        # the distribution is one-hot at the argmax by then anyway
+        return self.temperature < GREEDY_BELOW
 
 
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -2,8 +2,12 @@
 (streaming with server-sent events), /v1/models, plus the control API that alerts use.
 
 specwatch extensions travel in the request body (the OpenAI SDK's `extra_body`):
-`gamma`, `drafter` ('none' | 'ngram' | 'model:PATH' | 'early-exit:K' | 'auto': the policy picks
-drafter and gamma per scenario tag) and `tags`.
+`gamma`, `top_k`, `drafter` ('none' | 'ngram' | 'early-exit:K' | 'auto': the policy picks drafter and
+gamma per scenario tag | a name registered with `engine serve --drafters NAME=model:PATH`; a request
+never names a path) and `tags`.
+
+Every refused request is a 400 in OpenAI's error shape, its `param` naming the field; a prompt that
+does not fit the context has code `context_length_exceeded`.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Annotated, Literal
 
@@ -21,14 +25,16 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from collector.schema import RequestRecord
 from engine import control
 from engine.cuda import NoCudaStreams
-from engine.engine import GenerateRequest, GenerateResult
+from engine.engine import SEED_RANGE, GenerateRequest, GenerateResult, RequestError
 from engine.metrics import EngineMetrics
 from engine.sampling import SamplingParams
 from engine.scheduler import Overloaded, Scheduler, ShuttingDown, Ticket
+from specwatch.common import Grant, TokenTable
 
 Tag = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 
@@ -40,25 +46,26 @@ class _Common(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1, le=32_768)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=-1, le=2**31 - 1)  # 0 or -1 (vLLM's spelling): no truncation
     n: int = Field(default=1, ge=1, le=1)
     stream: bool = False
-    stop: str | list[str] | None = None
-    seed: int | None = None
+    stop: str | list[str] | None = Field(default=None, max_length=4)
+    seed: int | None = Field(default=None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     user: str | None = None
     gamma: int = Field(default=8, ge=0, le=64)
-    drafter: str | None = "ngram"
+    drafter: str | None = Field(default="ngram", max_length=256)
     tags: dict[Tag, Annotated[str, StringConstraints(max_length=128)]] = Field(default_factory=dict, max_length=16)
 
-    def generate_request(self, **content) -> GenerateRequest:
+    def generate_request(self, drafters: Mapping[str, str], **content) -> GenerateRequest:
+        """`drafters`: the server's registered drafter names and their specs."""
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
-        drafter = None if self.drafter in (None, "none") else self.drafter
         return GenerateRequest(
             **content,
             max_tokens=self.max_tokens or 16,
-            drafter=drafter,
+            drafter=request_drafter(self.drafter, drafters),
             gamma=self.gamma,
-            sampling=SamplingParams(temperature=self.temperature, top_p=self.top_p),
-            stop=stop[:4],
+            sampling=SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=max(self.top_k, 0)),
+            stop=stop,
             seed=self.seed,
             tags=self.tags,
             request_id=uuid.uuid4().hex,
@@ -96,15 +103,62 @@ class StreamsBody(BaseModel):
     draft: Literal["high", "low"] = "low"
 
 
+BUILTIN_DRAFTERS = ("none", "ngram", "early-exit:K", "auto")
+ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error"}
+
+
 def openai_error(
-    status: int, message: str, kind: str = "invalid_request_error", headers: dict | None = None
+    status: int,
+    message: str,
+    kind: str = "invalid_request_error",
+    headers: dict | None = None,
+    param: str | None = None,
+    code: str | None = None,
 ) -> JSONResponse:
-    body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-def create_app(scheduler: Scheduler, model_name: str, control_token: str | None = None) -> FastAPI:
-    """`control_token`: bearer token the /v1/control endpoints require (None: open).
+def request_drafter(name: str | None, drafters: Mapping[str, str]) -> str | None:
+    """The drafter spec for a request's `drafter`: a built-in one, or a name the server registered.
+
+    Never a path from the request (`model:PATH`): a caller could probe the host's files or load any model."""
+    if name in (None, "none"):
+        return None
+    if name in ("ngram", "auto") or (name.startswith("early-exit:") and name[len("early-exit:") :].isdecimal()):
+        return name
+    if name in drafters:
+        return drafters[name]
+    allowed = ", ".join([*BUILTIN_DRAFTERS, *drafters])
+    raise RequestError(f"unknown drafter {name[:64]!r}: use one of {allowed}", "drafter")
+
+
+def control_guard(control_token: str | None):
+    """The control API's dependency: off without a token (403 saying how to enable it), else an admin bearer token."""
+    tokens = TokenTable({control_token: Grant("admin")}) if control_token else None
+
+    def authorized(request: Request) -> None:
+        if tokens is None:
+            raise HTTPException(
+                403, "the control API is off: start the engine with --control-token (or SPECWATCH_CONTROL_TOKEN)"
+            )
+        grant = tokens.grant(request.headers.get("authorization"))
+        if grant is None or not grant.allows("admin"):
+            raise HTTPException(
+                401, "missing or wrong bearer token for the control API", headers={"WWW-Authenticate": "Bearer"}
+            )
+
+    return authorized
+
+
+def create_app(
+    scheduler: Scheduler,
+    model_name: str,
+    control_token: str | None = None,
+    drafters: Mapping[str, str] | None = None,
+) -> FastAPI:
+    """`control_token`: bearer token the /v1/control endpoints require (None: the control API is off).
+    `drafters`: names a request's `drafter` may give, and their specs (`engine serve --drafters`).
     Control actions report their EngineEvents, and /metrics its records, through `scheduler.telemetry`."""
 
     @asynccontextmanager
@@ -115,16 +169,13 @@ def create_app(scheduler: Scheduler, model_name: str, control_token: str | None 
 
     app = FastAPI(title="specwatch engine", lifespan=lifespan)
     app.state.scheduler, app.state.model_name = scheduler, model_name
+    app.state.drafters = dict(drafters or {})
     app.state.emit = scheduler.telemetry.emit
     registry = CollectorRegistry()
     scheduler.telemetry.subscribe(RequestRecord, EngineMetrics(scheduler, registry).observe)
     app.get("/metrics")(lambda: Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST))
 
-    def authorized(request: Request) -> None:
-        if control_token and request.headers.get("authorization") != f"Bearer {control_token}":
-            raise HTTPException(401, "missing or wrong bearer token for the control API")
-
-    control_routes = APIRouter(prefix="/v1/control", dependencies=[Depends(authorized)])
+    control_routes = APIRouter(prefix="/v1/control", dependencies=[Depends(control_guard(control_token))])
     control_routes.post("/mode")(_set_mode)
     control_routes.get("/state")(_state)
     control_routes.post("/defragment")(_defragment)
@@ -134,8 +185,9 @@ def create_app(scheduler: Scheduler, model_name: str, control_token: str | None 
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
-        return openai_error(400, f"{where}: {first.get('msg', 'invalid request')}" if where else "invalid JSON body")
+        loc = [str(part) for part in first.get("loc", ())][1:]  # after 'body'
+        message = f"{'.'.join(loc) or 'request body'}: {first.get('msg', 'invalid request')}"
+        return openai_error(400, message, param=loc[0] if loc else None, code=first.get("type"))
 
     app.get("/v1/models")(
         lambda: {
@@ -148,10 +200,10 @@ def create_app(scheduler: Scheduler, model_name: str, control_token: str | None 
     app.post("/v1/chat/completions")(_chat_completions)
     app.include_router(control_routes)
 
-    @app.exception_handler(HTTPException)
-    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        kind = "authentication_error" if exc.status_code == 401 else "invalid_request_error"
-        return openai_error(exc.status_code, str(exc.detail), kind)
+    @app.exception_handler(StarletteHTTPException)  # FastAPI's own (a body it cannot parse, 404, 405) too
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = ERROR_TYPES.get(exc.status_code, "invalid_request_error")
+        return openai_error(exc.status_code, str(exc.detail), kind, exc.headers)
 
     return app
 
@@ -159,7 +211,7 @@ def create_app(scheduler: Scheduler, model_name: str, control_token: str | None 
 async def _completions(body: CompletionBody, request: Request) -> Response:
     prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
     if len(prompts) != 1:
-        return openai_error(400, "prompt: exactly one prompt per request is supported")
+        return openai_error(400, "prompt: exactly one prompt per request is supported", param="prompt")
     return await _serve(request, body, {"prompt": prompts[0]}, chat=False)
 
 
@@ -183,7 +235,7 @@ def _draft(body: DraftBody, request: Request) -> dict:
     if body.action == "unload":
         return control.unload_drafts(scheduler, emit)
     try:
-        return control.load_drafts(scheduler, emit, body.drafter)
+        return control.load_drafts(scheduler, emit, request_drafter(body.drafter, request.app.state.drafters))
     except ValueError as exc:
         raise HTTPException(400, str(exc)) from None
 
@@ -215,11 +267,11 @@ async def _serve(request: Request, body: _Common, content: dict, chat: bool) -> 
             "not_found_error",
         )
     try:
-        generate = body.generate_request(**content)
+        generate = body.generate_request(request.app.state.drafters, **content)
         scheduler.engine.check_drafter(generate.drafter)
         ticket = scheduler.submit(generate, asyncio.get_running_loop())
     except ValueError as exc:
-        return openai_error(400, str(exc))
+        return openai_error(400, str(exc), param=getattr(exc, "param", None), code=getattr(exc, "code", None))
     except Overloaded as exc:
         return openai_error(429, str(exc), "rate_limit_error", {"Retry-After": str(exc.retry_after_s)})
     frame = _Frame(request.app.state.model_name, chat, len(ticket.prompt_ids))

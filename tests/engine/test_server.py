@@ -23,9 +23,12 @@ def Server(
     return BackgroundServer(engine, SchedulerConfig(slots=slots, max_queue=max_queue), policy, **app_options)
 
 
+TOKEN = {"authorization": "Bearer s3cret"}
+
+
 @pytest.fixture(scope="module")
 def server(bundled_engine):
-    with Server(bundled_engine) as running:
+    with Server(bundled_engine, control_token="s3cret") as running:
         yield running
 
 
@@ -123,12 +126,13 @@ def test_client_disconnect_cancels_the_request(bundled_engine):
 
 
 def test_control_api_overrides_the_mode(server):
-    override = httpx.post(f"{server.url}/v1/control/mode", json={"mode": "autoregressive", "reason": "alert"}).json()
+    body = {"mode": "autoregressive", "reason": "alert"}
+    override = httpx.post(f"{server.url}/v1/control/mode", json=body, headers=TOKEN).json()
     assert override["override"] == "autoregressive"
     server.client().completions.create(model=None, prompt="Hi there", max_tokens=3, temperature=0)
     assert (server.records[-1].mode, server.records[-1].mode_reason) == ("autoregressive", "alert")
-    httpx.post(f"{server.url}/v1/control/mode", json={"mode": "auto"})
-    assert httpx.post(f"{server.url}/v1/control/mode", json={"mode": "sideways"}).status_code == 400
+    httpx.post(f"{server.url}/v1/control/mode", json={"mode": "auto"}, headers=TOKEN)
+    assert httpx.post(f"{server.url}/v1/control/mode", json={"mode": "sideways"}, headers=TOKEN).status_code == 400
 
 
 class ExplodingDrafter:

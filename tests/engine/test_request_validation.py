@@ -1,0 +1,253 @@
+"""Request validation on the engine API (bundled model, real HTTP): every refusal is a 400 in OpenAI's
+error shape naming the field; prompts must fit the context; drafters come from the server's own list;
+the control API is off without a token."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+import httpx
+import pytest
+from engine_harness import BackgroundServer
+
+import engine.engine
+from engine.cli import register_drafters
+from engine.policy import PolicyConfig
+from engine.scheduler import SchedulerConfig
+from specwatch.common import SOURCE_ROOT
+from tests.engine.conftest import tiny_llama
+
+TOKEN = "s3cret"
+
+
+def Server(engine, **app_options) -> BackgroundServer:
+    return BackgroundServer(engine, SchedulerConfig(slots=2, max_queue=8), PolicyConfig(), **app_options)
+
+
+@pytest.fixture(scope="module")
+def server(bundled_engine):
+    with Server(bundled_engine, control_token=TOKEN) as running:
+        yield running
+
+
+def complete(server, **body) -> httpx.Response:
+    return httpx.post(f"{server.url}/v1/completions", json={"prompt": "Hi", "max_tokens": 2, **body}, timeout=60)
+
+
+def chat(server, **body) -> httpx.Response:
+    messages = [{"role": "user", "content": "Hi"}]
+    return httpx.post(f"{server.url}/v1/chat/completions", json={"messages": messages, "max_tokens": 2, **body})
+
+
+def refused(response: httpx.Response, param: str, code: str | None = None) -> dict:
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param and error["message"], error
+    assert code is None or error["code"] == code, error
+    return error
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("seed", 2**80),
+        ("seed", -(2**64)),
+        ("seed", 1.5),
+        ("gamma", 65),
+        ("gamma", -1),
+        ("gamma", "many"),
+        ("temperature", 2.5),
+        ("temperature", -0.1),
+        ("temperature", "hot"),
+        ("top_p", 0),
+        ("top_p", 1.5),
+        ("top_k", -2),
+        ("max_tokens", 0),
+        ("max_tokens", 10**6),
+        ("n", 2),
+        ("stop", ["a", "b", "c", "d", "e"]),
+        ("stop", 7),
+        ("prompt", 5),
+        ("prompt", [1, 2, 3]),
+        ("prompt", ["a", "b"]),
+        ("prompt", ""),
+        ("drafter", "magic"),
+        ("drafter", "model:/etc/passwd"),
+        ("drafter", "early-exit:99"),
+        ("drafter", "early-exit:0"),
+        ("drafter", "x" * 10_000),
+        ("tags", {"scenario": "x" * 1000}),
+    ],
+)
+def test_a_bad_field_is_a_400_naming_it(server, field, value):
+    refused(complete(server, **{field: value}), field)
+
+
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "user", "content": 3}]}, "messages"),
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages"),
+        ({"messages": "hi"}, "messages"),
+        ({"max_completion_tokens": 0}, "max_completion_tokens"),
+        ({"seed": 2**80}, "seed"),
+    ],
+)
+def test_a_bad_chat_field_is_a_400_naming_it(server, body, param):
+    refused(chat(server, **body), param)
+
+
+def test_the_edges_of_the_ranges_are_served(server):
+    for body in ({"seed": 2**64 - 1, "temperature": 0.7}, {"seed": -(2**63)}, {"top_k": -1}, {"temperature": 1e-300}):
+        assert complete(server, **body).status_code == 200, body
+    assert complete(server, stop=["a", "b", "c", "d"], gamma=0, top_k=5).status_code == 200
+
+
+def test_a_prompt_longer_than_the_context_is_context_length_exceeded(server, bundled_engine):
+    assert bundled_engine.context_tokens == 8192
+    refused(complete(server, prompt="x" * 100_000), "prompt", "context_length_exceeded")
+    error = refused(complete(server, prompt="x" * 10_000_000), "prompt", "context_length_exceeded")
+    assert "10000000 characters" in error["message"]  # refused before tokenising
+    long_chat = [{"role": "user", "content": "word " * 20_000}]
+    refused(chat(server, messages=long_chat), "messages", "context_length_exceeded")
+    # under the character pre-check, over the context once tokenised (two tokens per 'hello world ')
+    error = refused(complete(server, prompt="hello world " * 4200), "prompt", "context_length_exceeded")
+    assert "tokens" in error["message"] and "8192" in error["message"]
+    # the prompt must leave room for max_tokens
+    refused(complete(server, prompt="hello world " * 50, max_tokens=8100), "prompt", "context_length_exceeded")
+    refused(complete(server, max_tokens=8192), "prompt", "context_length_exceeded")
+
+
+def test_max_prompt_tokens_caps_the_prompt(server, bundled_engine, monkeypatch):
+    monkeypatch.setattr(bundled_engine, "config", dataclasses.replace(bundled_engine.config, max_prompt_tokens=20))
+    error = refused(complete(server, prompt="one two three four five six " * 5), "prompt", "context_length_exceeded")
+    assert "--max-prompt-tokens 20" in error["message"]
+    assert complete(server, prompt="one two three").status_code == 200
+
+
+@pytest.fixture
+def tripwire(tmp_path, monkeypatch):
+    """A real file that must not be looked at: every stat, open or model load of it is recorded."""
+    trap = tmp_path / "trap.gguf"
+    trap.write_bytes(b"GGUF but not really")
+    touched: list[str] = []
+    real_stat, real_load = os.stat, engine.engine.load_model
+
+    def stat(path, *args, **kwargs):
+        if str(trap) in os.fsdecode(path) if isinstance(path, (str, bytes, os.PathLike)) else False:
+            touched.append("stat")
+        return real_stat(path, *args, **kwargs)
+
+    def load_model(source, *args, **kwargs):
+        touched.append(f"load_model {source}")
+        return real_load(source, *args, **kwargs)
+
+    def audit(event: str, args: tuple) -> None:
+        if event in ("open", "os.listdir", "os.scandir") and args and str(trap) in str(args[0]):
+            touched.append(event)
+
+    monkeypatch.setattr(os, "stat", stat)
+    monkeypatch.setattr(engine.engine, "load_model", load_model)
+    _AUDITS.append(audit)
+    yield trap, touched
+    _AUDITS.remove(audit)
+
+
+_AUDITS: list = []
+sys.addaudithook(lambda event, args: [hook(event, args) for hook in list(_AUDITS)])
+
+
+def test_a_model_path_from_a_request_is_refused_without_touching_the_file(server, tripwire):
+    trap, touched = tripwire
+    os.stat(trap)  # the tripwire works
+    assert touched == ["stat"]
+    touched.clear()
+    for drafter in (f"model:{trap}", "model:/etc/passwd", "model:/etc", "model:bundled", str(trap)):
+        error = refused(complete(server, drafter=drafter, gamma=2), "drafter")
+        assert "use one of none, ngram, early-exit:K, auto" in error["message"]
+        refused(chat(server, drafter=drafter), "drafter")
+    assert touched == []
+
+
+@pytest.fixture(scope="module")
+def tiny_draft_dir(bundled_engine, tmp_path_factory):
+    """A randomly initialised 2-layer Llama sharing the bundled model's tokenizer, saved as an HF directory."""
+    path = tmp_path_factory.mktemp("tiny-draft")
+    vocab = bundled_engine.target.model.get_output_embeddings().weight.shape[0]
+    tiny_llama(seed=3, vocab=vocab, layers=2).save_pretrained(path)
+    bundled_engine.tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture
+def restore_drafters(bundled_engine):
+    """Registering a drafter loads it into the shared engine: forget it afterwards (other tests count drafters)."""
+    slot_drafters, draft_models = dict(bundled_engine.default_slot.drafters), dict(bundled_engine._draft_models)
+    yield
+    bundled_engine.default_slot.drafters = slot_drafters
+    bundled_engine._draft_models = draft_models
+
+
+def test_a_registered_drafter_is_chosen_by_name(bundled_engine, tiny_draft_dir, restore_drafters):
+    drafters = register_drafters(bundled_engine, [f"tiny=model:{tiny_draft_dir}"])
+    assert drafters == {"tiny": f"model:{tiny_draft_dir}"}
+    with Server(bundled_engine, drafters=drafters) as running:
+        answer = complete(running, prompt="Once upon a time", drafter="tiny", gamma=2, max_tokens=4)
+        assert answer.status_code == 200, answer.text
+        refused(complete(running, drafter="small"), "drafter")
+        assert "tiny" in refused(complete(running, drafter=f"model:{tiny_draft_dir}"), "drafter")["message"]
+    record = running.records[-1]
+    assert (record.drafter, record.mode) == (f"model:{tiny_draft_dir.name}", "speculative")
+    assert record.num_drafts >= 1
+
+
+@pytest.mark.parametrize(
+    "item,message",
+    [
+        ("tiny", "expected NAME=model:PATH"),
+        ("ngram=model:bundled", "built-in drafter"),
+        ("a/b=model:bundled", "expected NAME=model:PATH"),
+        ("x=model:/does/not/exist", "draft model not found"),
+    ],
+)
+def test_bad_drafter_registrations_are_refused(bundled_engine, item, message, restore_drafters):
+    with pytest.raises(ValueError, match=message):
+        register_drafters(bundled_engine, [item])
+
+
+def test_serve_refuses_bad_drafters_and_max_prompt_tokens_with_exit_2():
+    env = {**os.environ, "PYTHONPATH": str(SOURCE_ROOT)}
+    for args, message in (
+        (["--max-prompt-tokens", "0"], "not a positive integer"),
+        (["--drafters", "x=model:/does/not/exist", "--dtype", "float32"], "draft model not found"),
+    ):
+        command = [sys.executable, "-m", "specwatch", "engine", "serve", "--port", "1", *args]
+        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+        assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_the_control_api_is_off_without_a_token(bundled_engine):
+    with Server(bundled_engine) as open_engine:
+        for method, path in (("POST", "mode"), ("GET", "state"), ("POST", "defragment")):
+            answer = httpx.request(method, f"{open_engine.url}/v1/control/{path}", json={"mode": "autoregressive"})
+            assert answer.status_code == 403 and "--control-token" in answer.json()["error"]["message"]
+            assert answer.json()["error"]["type"] == "permission_error"
+        assert open_engine.scheduler.policy.state["override"] == "auto"
+
+
+@pytest.mark.parametrize("scheme", ["Bearer", "bearer", "BEARER"])
+def test_the_bearer_scheme_is_case_insensitive(server, scheme):
+    answer = httpx.get(f"{server.url}/v1/control/state", headers={"authorization": f"{scheme} {TOKEN}"})
+    assert answer.status_code == 200 and "load" in answer.json()
+
+
+@pytest.mark.parametrize("header", [None, "Bearer nope", f"Basic {TOKEN}", f"Bearer {TOKEN}x", "Bearer"])
+def test_a_missing_or_wrong_token_is_401(server, header):
+    headers = {"authorization": header} if header else {}
+    answer = httpx.post(f"{server.url}/v1/control/mode", json={"mode": "autoregressive"}, headers=headers)
+    assert answer.status_code == 401 and answer.json()["error"]["type"] == "authentication_error"
+    assert answer.headers["www-authenticate"] == "Bearer"
