@@ -199,12 +199,14 @@ def write_rules(data_dir: Path, engine_url: str, on_cpu: bool) -> Path:
 def start_engine(args: argparse.Namespace, stack: Stack, token: str, timeout_s: float = 600.0) -> subprocess.Popen:
     """`specwatch engine serve` with telemetry to the collector; returns once /v1/models answers."""
     cmd = specwatch_command("engine", "serve", "--port", str(args.engine_port), "--collector", stack.collector)
-    cmd += ["--spool-dir", str(args.data_dir / "engine-spool"), "--control-token", token, "--sample-interval", "2"]
+    cmd += ["--spool-dir", str(args.data_dir / "engine-spool"), "--sample-interval", "2"]
+    cmd += ["--shutdown-timeout", "10"]  # up stops the traffic first: little is in flight when the engine stops
     cmd += ["--min-acceptance", "0"]  # the engine's own low-acceptance fallback off: in this demo the alert reacts
     cmd += ["--canary-fraction", "0.8"]  # 20% plain 'control' arm: the speed-up is measured A/B, not assumed
     cmd += ["--model", args.model, "--dtype", args.dtype, "--device", args.device, "--threads", str(args.threads)]
     print("engine     loading the model (the first run converts the bundled GGUF, ~30 s) ...", flush=True)
-    env = child_env({ROLE_ENV["ingest"]: stack.tokens.get(ROLE_ENV["ingest"], "")})  # --collector-token's default
+    # tokens travel in the environment (the defaults of --collector-token and --control-token), not in `ps`
+    env = child_env({ROLE_ENV["ingest"]: stack.tokens.get(ROLE_ENV["ingest"], ""), "SPECWATCH_CONTROL_TOKEN": token})
     return start_service("engine", cmd, env, args.data_dir / "engine.log", f"{stack.engine}/v1/models", timeout_s)
 
 
