@@ -370,15 +370,14 @@ def run_traffic_command(args: argparse.Namespace) -> int:
         raise UsageError(
             f"no engine answering at {args.url} ({exc}); start one with `specwatch engine serve`"
         ) from None
-    config = TrafficConfig(
-        url=args.url,
+    drafter = None if args.drafter == "none" else args.drafter
+    config = _options_for(
+        TrafficConfig,
+        args,
         scenarios=tuple(args.scenarios),
         duration_s=args.duration,
         max_requests=args.requests,
-        concurrency=args.concurrency,
-        rate=args.rate,
-        max_tokens=args.max_tokens,
-        drafter=None if args.drafter == "none" else args.drafter,
+        drafter=drafter,
     )
     tally = asyncio.run(run_traffic(config))
     rows = summary(tally)
