@@ -25,6 +25,7 @@ from collector.rollups import LAST_ID, LAST_PASS_AT, roll_up
 from collector.schema import LATENCY_BUCKETS, IngestBatch, RequestRecord
 from collector.store import IngestCounts, Store
 from engine.metrics import EngineMetrics
+from engine.telemetry import TelemetrySink
 
 OLD, NEW = LEGACY_LATENCY_BUCKETS, LATENCY_BUCKETS
 HOUR0 = T0 - T0 % 3600  # the old rows' hour; the new ones come an hour later
@@ -43,7 +44,9 @@ def test_default_bounds_contain_the_old_rollup_bounds_and_the_ttft_threshold():
 def test_engine_and_collector_metrics_expose_the_same_bounds():
     record = RequestRecord.model_validate(request_dict(1, ttft_s=0.29, e2e_s=0.31))
     state = {"override": "auto", "load_allows_speculation": True}
-    scheduler = SimpleNamespace(active=0, queue_depth=0, load=0.0, policy=SimpleNamespace(state=state))
+    scheduler = SimpleNamespace(
+        active=0, queue_depth=0, load=0.0, policy=SimpleNamespace(state=state), telemetry=TelemetrySink("t")
+    )
     engine_registry = CollectorRegistry()
     EngineMetrics(scheduler, registry=engine_registry).observe(record)
     collector_metrics = CollectorMetrics(CollectorRegistry())
