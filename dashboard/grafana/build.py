@@ -4,18 +4,25 @@ specwatch.json reads the collector's /metrics (collector/metrics.py; scrape it w
 `honor_labels: true` so `instance` names the engine instance). specwatch-vllm.json shows the
 same panels over vLLM's native metrics; a panel whose metric vLLM lacks (output tokens, the
 drafter label, acceptance moments, device gauges) is left out there, and per-position
-acceptance exists only there. Panels are data: a title, a type, a unit, an optional alert
-threshold and the queries, written once against a `Source` naming each flavour's metrics.
+acceptance exists only there. Panels are data: a title, a type, a unit, the alert signal whose
+threshold they draw, and the queries, written once against a `Source` naming each flavour's metrics.
+
+Thresholds are not written here: they are the alert rules' own, read from a rules file (the shipped
+alerts/default_rules.yaml, or yours with `--rules FILE`), so the line drawn is the line the rule uses.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
+import yaml
+
 HERE = Path(__file__).resolve().parent
+SHIPPED_RULES = HERE.parents[1] / "alerts" / "default_rules.yaml"
 DS = {"type": "prometheus", "uid": "${datasource}"}
 RATE = "[$__rate_interval]"
 
@@ -40,6 +47,7 @@ SOURCES = {
         "reserved": "specwatch_device_memory_reserved_bytes",
         "power": "specwatch_device_power_watts",
         "util_draft": "specwatch_device_util_draft_ratio",
+        "signal": "{}",
     },
     "specwatch-vllm.json": {
         "uid": "specwatch-vllm",
@@ -54,6 +62,7 @@ SOURCES = {
         "per_pos": "vllm:spec_decode_num_accepted_tokens_per_pos_total",
         "ttft": "vllm:time_to_first_token_seconds",
         "e2e": "vllm:e2e_request_latency_seconds",
+        "signal": "vllm_{}",
     },
 }
 DRAFTED = 'drafter!="none"'  # autoregressive requests: no drafts, so 0 / 0
@@ -97,7 +106,7 @@ class Panel(NamedTuple):
     type: str  # timeseries | stat
     unit: str
     targets: Callable[[Source], list[tuple[str, str]]]  # -> [(expr, legend)]
-    threshold: tuple[float, str] | None = None  # (alert value, "above" | "below" is bad)
+    threshold: tuple[str, str] | None = None  # (alert signal, "above" | "below" its threshold is bad)
 
 
 ROWS: dict[str, list[Panel]] = {
@@ -107,7 +116,7 @@ ROWS: dict[str, list[Panel]] = {
             "stat",
             "percentunit",
             lambda s: [(f"{s.rate('accepted')} / {s.rate('draft_tokens')}", "acceptance")],
-            (0.6, "below"),
+            ("acceptance_rate", "below"),
         ),
         Panel(
             "Mean acceptance length",
@@ -142,14 +151,14 @@ ROWS: dict[str, list[Panel]] = {
                     legend("drafter"),
                 )
             ],
-            (0.6, "below"),
+            ("acceptance_rate", "below"),
         ),
         Panel(
             "Per-request acceptance stddev",
             "timeseries",
             "none",
             lambda s: [(s.stddev(s["drafter"], DRAFTED), legend("drafter"))],
-            (0.15, "above"),
+            ("acceptance_stddev", "above"),
         ),
         Panel(
             "Acceptance by draft position",
@@ -169,7 +178,7 @@ ROWS: dict[str, list[Panel]] = {
             "timeseries",
             "s",
             lambda s: [(s.quantile(0.5, "ttft"), "P50"), (s.quantile(0.99, "ttft"), "P99")],
-            (0.3, "above"),
+            ("ttft_p99", "above"),
         ),
         Panel("End-to-end latency P99", "timeseries", "s", lambda s: [(s.quantile(0.99, "e2e"), "P99")]),
     ],
@@ -185,7 +194,7 @@ ROWS: dict[str, list[Panel]] = {
             "timeseries",
             "none",
             lambda s: [(s.sel("fragmentation"), "{{instance}} {{device}}")],
-            (1.2, "above"),
+            ("fragmentation", "above"),
         ),
         Panel("Memory reserved", "timeseries", "bytes", lambda s: [(s.sel("reserved"), "{{instance}} {{device}}")]),
         Panel("Power", "timeseries", "watt", lambda s: [(s.sel("power"), "{{instance}} {{device}}")]),
@@ -200,26 +209,40 @@ ROWS: dict[str, list[Panel]] = {
 HEIGHT = {"stat": 5, "timeseries": 8}  # timeseries take 12 of the 24 columns; a row's stats share one line
 
 
-def thresholds(threshold: tuple[float, str] | None) -> dict:
-    if threshold is None:
+def rule_thresholds(path: Path = SHIPPED_RULES) -> dict[str, float]:
+    """Signal -> threshold of the first rule on it in an alert rules file."""
+    try:
+        rules = yaml.safe_load(path.read_text())["rules"]
+        found: dict[str, float] = {}
+        for rule in rules:
+            found.setdefault(rule["signal"], float(rule["threshold"]))
+    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError) as exc:
+        raise SystemExit(f"build.py: cannot read the alert thresholds of {path}: {exc}") from None
+    return found
+
+
+def thresholds(value: float | None, bad: str) -> dict:
+    if value is None:
         steps = [{"color": "green", "value": None}]
-    elif threshold[1] == "above":
-        steps = [{"color": "green", "value": None}, {"color": "red", "value": threshold[0]}]
+    elif bad == "above":
+        steps = [{"color": "green", "value": None}, {"color": "red", "value": value}]
     else:
-        steps = [{"color": "red", "value": None}, {"color": "green", "value": threshold[0]}]
+        steps = [{"color": "red", "value": None}, {"color": "green", "value": value}]
     return {"mode": "absolute", "steps": steps}
 
 
-def panel(p: Panel, source: Source) -> dict | None:
+def panel(p: Panel, source: Source, limits: dict[str, float]) -> dict | None:
     try:
         queries = p.targets(source)
     except KeyError:
         return None  # this flavour lacks a metric or label the panel needs
-    defaults = {"unit": p.unit, "thresholds": thresholds(p.threshold), "color": {"mode": "thresholds"}}
+    signal, bad = p.threshold or ("", "")
+    value = limits.get(source["signal"].format(signal)) if signal else None
+    defaults = {"unit": p.unit, "thresholds": thresholds(value, bad), "color": {"mode": "thresholds"}}
     options: dict = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}, "colorMode": "value"}
     if p.type == "timeseries":
         defaults["color"] = {"mode": "palette-classic"}
-        defaults["custom"] = {"thresholdsStyle": {"mode": "line" if p.threshold else "off"}}
+        defaults["custom"] = {"thresholdsStyle": {"mode": "off" if value is None else "line"}}
         options = {"legend": {"displayMode": "list", "placement": "bottom"}, "tooltip": {"mode": "multi"}}
     return {
         "type": p.type,
@@ -234,12 +257,12 @@ def panel(p: Panel, source: Source) -> dict | None:
     }
 
 
-def layout(source: Source) -> list[dict]:
+def layout(source: Source, limits: dict[str, float]) -> list[dict]:
     """Rows top to bottom, empty ones left out; each run of same-type panels fills lines left to right."""
     panels: list[dict] = []
     y = 0
     for row, defs in ROWS.items():
-        built = [b for b in (panel(p, source) for p in defs) if b]
+        built = [b for b in (panel(p, source, limits) for p in defs) if b]
         if not built:
             continue
         panels.append(
@@ -284,7 +307,8 @@ def variable(name: str, label: str, query: str) -> dict:
     }
 
 
-def dashboard(names: dict[str, str]) -> dict:
+def dashboard(names: dict[str, str], limits: dict[str, float] | None = None) -> dict:
+    """One flavour's dashboard; `limits` (signal -> threshold) default to the shipped rules'."""
     source = Source(names)
     requests, model = names["requests"], names["model"]
     return {
@@ -306,14 +330,20 @@ def dashboard(names: dict[str, str]) -> dict:
                 variable("model", "Model", f'label_values({requests}{{instance=~"$instance"}}, {model})'),
             ]
         },
-        "panels": layout(source),
+        "panels": layout(source, rule_thresholds() if limits is None else limits),
     }
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description="Write the Grafana dashboards, thresholds from an alert rules file.")
+    parser.add_argument("--rules", type=Path, default=SHIPPED_RULES, help="alert rules YAML (default: the shipped)")
+    parser.add_argument("--out", type=Path, default=HERE, help="directory to write into (default: this one)")
+    args = parser.parse_args()
+    limits = rule_thresholds(args.rules)
+    args.out.mkdir(parents=True, exist_ok=True)
     for file, names in SOURCES.items():
-        (HERE / file).write_text(json.dumps(dashboard(names), indent=2) + "\n")
-        print(f"wrote {HERE / file}")
+        (args.out / file).write_text(json.dumps(dashboard(names, limits), indent=2) + "\n")
+        print(f"wrote {args.out / file}")
 
 
 if __name__ == "__main__":

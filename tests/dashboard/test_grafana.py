@@ -8,6 +8,7 @@ import re
 import runpy
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -84,6 +85,43 @@ def test_files_are_what_build_py_writes(file):
     built = runpy.run_path(str(GRAFANA / "build.py"))
     fresh = json.loads(json.dumps(built["dashboard"](built["SOURCES"][file])))
     assert load(file) == fresh, "stale: run python dashboard/grafana/build.py"
+
+
+def test_thresholds_follow_the_rules_file(tmp_path):
+    """`build.py --rules FILE`: each panel draws its rule's threshold, and none where no rule watches the signal."""
+    rules = yaml.safe_load((GRAFANA.parents[1] / "alerts" / "default_rules.yaml").read_text())
+    changed = {"acceptance_rate": 0.45, "ttft_p99": 1.0, "vllm_ttft_p99": 2.5}
+    rules["rules"] = [
+        rule | ({"threshold": changed[rule["signal"]]} if rule["signal"] in changed else {})
+        for rule in rules["rules"]
+        if rule["signal"] != "fragmentation"
+    ]
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rules))
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, str(GRAFANA / "build.py"), "--rules", str(tmp_path / "rules.yaml"), "--out", str(out)],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+
+    def lines(file: str) -> dict[str, list]:
+        panels = json.loads((out / file).read_text())["panels"]
+        steps = {p["title"]: p["fieldConfig"]["defaults"]["thresholds"]["steps"] for p in panels if p["type"] != "row"}
+        return {title: [step["value"] for step in s] for title, s in steps.items()}
+
+    ours, vllm = lines("specwatch.json"), lines("specwatch-vllm.json")
+    assert ours["Acceptance rate"] == [None, 0.45] and ours["Time to first token P50 / P99"] == [None, 1.0]
+    assert ours["Fragmentation ratio"] == [None]  # no rule on fragmentation: no line
+    assert vllm["Time to first token P50 / P99"] == [None, 2.5] and vllm["Acceptance rate"] == [None, 0.6]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rules: [{name: X}]\n")
+    refused = subprocess.run(
+        [sys.executable, str(GRAFANA / "build.py"), "--rules", str(bad), "--out", str(out)],
+        capture_output=True,
+        text=True,
+    )
+    assert refused.returncode != 0 and "cannot read the alert thresholds" in refused.stderr
 
 
 @pytest.mark.parametrize("file", FILES)
