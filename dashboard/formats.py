@@ -30,7 +30,7 @@ NOT_MEASURED = "not measured"
 
 def usd(value: float | None, missing: str = "—") -> str:
     """$64.95; $1.2k and $3.4M for large sums; two significant digits under a dollar ($0.0042)."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    if _missing(value):
         return missing
     sign, size = "-" if value < 0 else "", abs(value)
     if size >= 1e6:

@@ -80,18 +80,20 @@ class Stack:
         token = self.tokens.get(ROLE_ENV["read"])
         return {"authorization": f"Bearer {token}"} if token else {}
 
+    def stored(self, timeout_s: float) -> int | None:
+        """Requests the collector stored since `up` started, waited for (the engine sends telemetry in
+        batches) up to `timeout_s` to reach those the traffic sent; None if it does not answer."""
+        return stored_requests(self.collector, self.done, time.monotonic() - self.started, self.reads, timeout_s)
+
     def stop(self) -> str:
         """Each child in start order after the collector (engine, dashboard), each waited for, then the
         collector, last, so it stores the engine's final telemetry; returns the one-line summary."""
-        for process in self.processes[1:]:
-            stop_process(process)
-        stored = (
-            stored_requests(self.collector, self.done, time.monotonic() - self.started, self.reads)
-            if self.processes
-            else None
-        )
-        for process in self.processes[:1]:
-            stop_process(process)
+        stored = None
+        if self.processes:
+            for process in self.processes[1:]:
+                stop_process(process)
+            stored = self.stored(timeout_s=5.0)
+            stop_process(self.processes[0])
         minutes = (time.monotonic() - self.started) / 60
         return (
             f"specwatch up: stopped after {minutes:.1f} min; {self.done} requests done ({self.failed} failed), "
@@ -110,7 +112,7 @@ def run_up(args: argparse.Namespace) -> int:
         start_stack(args, stack)
         if args.once:
             asyncio.run(send_traffic(args, stack, PHASES[0], max_requests=args.requests))
-            wait_for_requests(stack.collector, stack.done, stack.reads)
+            stack.stored(timeout_s=30.0)
             print_window(stack.collector, headers=stack.reads)
         else:
             code = run_phases(args, stack)
@@ -253,16 +255,6 @@ def run_phases(args: argparse.Namespace, stack: Stack) -> int:
                 print(f"specwatch up: the {name} exited (code {exited.returncode}); see {args.data_dir}/{name}.log")
                 return 1
             print_window(stack.collector, last_s=args.phase_seconds, headers=stack.reads)
-
-
-def wait_for_requests(collector: str, expected: int, headers: dict, timeout_s: float = 30.0) -> None:
-    """The engine sends telemetry in batches: wait until the collector has stored it."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = httpx.get(f"{collector}/v1/signals", params={"last": 3600}, headers=headers, timeout=10).json()
-        if found["requests"] >= expected:
-            return
-        time.sleep(0.5)
 
 
 def stored_requests(collector: str, expected: int, last_s: float, headers: dict, timeout_s: float = 5.0) -> int | None:
