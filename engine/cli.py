@@ -332,8 +332,6 @@ def _options_for(config_type: type, args: argparse.Namespace, **overrides):
 
 
 def _config_detail(engine, policy, scheduler_config) -> dict:
-    import dataclasses
-
     import torch
     import transformers
 

@@ -61,9 +61,8 @@ class GenerateRequest:
     prompt: str | None = None
     messages: list[dict[str, str]] | None = None  # chat: rendered with the tokenizer's template
     max_tokens: int = 128
-    drafter: str | None = (
-        "ngram"  # 'ngram' | 'model:PATH' | 'early-exit:K' | 'auto' (scheduler: the policy picks) | None (plain)
-    )
+    # 'ngram' | 'model:PATH' | 'early-exit:K' | 'auto' (scheduler: the policy picks) | None (plain)
+    drafter: str | None = "ngram"
     gamma: int = 8
     sampling: SamplingParams = SamplingParams()
     stop: tuple[str, ...] = ()

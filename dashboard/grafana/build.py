@@ -210,12 +210,15 @@ HEIGHT = {"stat": 5, "timeseries": 8}  # timeseries take 12 of the 24 columns; a
 
 
 def rule_thresholds(path: Path = SHIPPED_RULES) -> dict[str, float]:
-    """Signal -> threshold of the first rule on it in an alert rules file."""
+    """Signal -> threshold of the rule on it that fires first (the lowest `>` or the highest `<` threshold),
+    as the Streamlit dashboard picks it, from an alert rules file."""
     try:
         rules = yaml.safe_load(path.read_text())["rules"]
         found: dict[str, float] = {}
         for rule in rules:
-            found.setdefault(rule["signal"], float(rule["threshold"]))
+            signal, value = rule["signal"], float(rule["threshold"])
+            earlier = min if rule.get("op", ">").startswith(">") else max
+            found[signal] = earlier(found.get(signal, value), value)
     except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError) as exc:
         raise SystemExit(f"build.py: cannot read the alert thresholds of {path}: {exc}") from None
     return found
