@@ -132,9 +132,18 @@ class Scheduler:
                     self._wake.wait()
                 if self._stopped:
                     break
-            self._admit()
-            self._round()
+            try:
+                self._admit()
+                self._round()
+            except Exception as exc:  # a bug must not stop the engine (every later request would hang)
+                log.exception("scheduler round failed; its requests fail")
+                self._fail_active(exc)
         self._cancel_all()
+
+    def _fail_active(self, exc: Exception) -> None:
+        for index in list(self._active):
+            ticket, _ = self._active.pop(index)
+            ticket.send(exc)
 
     def _cancel_all(self) -> None:
         for index in list(self._active):
@@ -269,7 +278,12 @@ class Scheduler:
 
     def _finish(self, index: int, status: str, error: str | None = None) -> None:
         ticket, run = self._active.pop(index)
-        result: GenerateResult = run.result(status, error)
+        try:
+            result: GenerateResult = run.result(status, error)
+        except Exception as exc:  # a record the telemetry contract refuses: the client still gets an answer
+            log.exception("request %s: no telemetry record", run.request.request_id)
+            ticket.send(exc)
+            return
         self.policy.observe(result.record, run.choice)
         self.telemetry.put(result.record)
         ticket.send(result)

@@ -17,17 +17,17 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import Annotated, Literal
+from typing import Literal
 
 import orjson
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from collector.schema import RequestRecord
+from collector.schema import MAX_TAGS, RequestRecord, TagKey, TagValue
 from engine import control
 from engine.cuda import NoCudaStreams
 from engine.engine import SEED_RANGE, GenerateRequest, GenerateResult, RequestError
@@ -35,8 +35,6 @@ from engine.metrics import EngineMetrics
 from engine.sampling import SamplingParams
 from engine.scheduler import Overloaded, Scheduler, ShuttingDown, Ticket
 from specwatch.common import Grant, TokenTable
-
-Tag = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 
 
 class _Common(BaseModel):
@@ -54,7 +52,8 @@ class _Common(BaseModel):
     user: str | None = None
     gamma: int = Field(default=8, ge=0, le=64)
     drafter: str | None = Field(default="ngram", max_length=256)
-    tags: dict[Tag, Annotated[str, StringConstraints(max_length=128)]] = Field(default_factory=dict, max_length=16)
+    # the telemetry contract's own tag types: a tag its RequestRecord would refuse is refused here, up front
+    tags: dict[TagKey, TagValue] = Field(default_factory=dict, max_length=MAX_TAGS)
 
     def generate_request(self, drafters: Mapping[str, str], **content) -> GenerateRequest:
         """`drafters`: the server's registered drafter names and their specs."""

@@ -80,6 +80,8 @@ def refused(response: httpx.Response, param: str, code: str | None = None) -> di
         ("drafter", "early-exit:0"),
         ("drafter", "x" * 10_000),
         ("tags", {"scenario": "x" * 1000}),
+        ("tags", {"scenario": "nul\x00"}),  # the telemetry contract refuses NUL (PostgreSQL text cannot hold it)
+        ("tags", {"": "empty key"}),
     ],
 )
 def test_a_bad_field_is_a_400_naming_it(server, field, value):

@@ -241,3 +241,20 @@ def test_metrics_count_what_was_served(bundled_engine):
     if shutil.which("promtool"):
         check = subprocess.run(["promtool", "check", "metrics"], input=exposition, capture_output=True, text=True)
         assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_a_request_whose_record_fails_does_not_stop_the_scheduler(server):
+    """A request the server did not validate (here: a tag the telemetry contract refuses, submitted to the
+    scheduler directly) gets its error, and the engine goes on serving: its scheduler thread survives."""
+    from engine.engine import GenerateRequest
+
+    async def submit() -> object:
+        request = GenerateRequest(prompt="Hi", max_tokens=2, drafter=None, tags={"bad\x00": "x"})
+        ticket = server.scheduler.submit(request, asyncio.get_running_loop())
+        while not isinstance(item := await ticket.events.get(), Exception) and not hasattr(item, "record"):
+            pass
+        return item
+
+    assert isinstance(asyncio.run(asyncio.wait_for(submit(), 60)), Exception)  # no answer: the thread died
+    after = httpx.post(f"{server.url}/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=60)
+    assert after.status_code == 200, after.text
