@@ -105,6 +105,9 @@ class VllmServer:
     dtype: str = "bfloat16"
     served_name: str = "SmolLM2-135M-Instruct"
     max_model_len: int = 2048
+    max_num_seqs: int = 8
+    # per-request timing metrics in each response's `metrics`, and (with speculation) its acceptance summary
+    per_request_metrics: bool = False
     process: subprocess.Popen | None = field(default=None, repr=False)
 
     @property
@@ -134,11 +137,15 @@ class VllmServer:
             "--max-model-len",
             str(self.max_model_len),
             "--max-num-seqs",
-            "8",
+            str(self.max_num_seqs),
             "--disable-uvicorn-access-log",
         ]
         if self.speculative:
             cmd += ["--speculative-config", json.dumps(self.speculative)]
+        if self.per_request_metrics:
+            cmd.append("--enable-per-request-metrics")
+            if self.speculative:  # vLLM refuses to start with spec-decode metrics but no speculation
+                cmd += ["--per-request-spec-decode-metrics", "summary"]
         return cmd
 
     def env(self) -> dict[str, str]:
