@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Double, Index, Integer, MetaData, String, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Boolean, Double, Index, Integer, MetaData, String, UniqueConstraint, true
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from collector.schema import LATENCY_BUCKETS
@@ -74,6 +74,7 @@ class Request(Base):
     energy_source: Mapped[str | None] = mapped_column(String(16))
     load_at_admission: Mapped[float | None]
     tags: Mapped[dict[str, str]]
+    draft_counts_known: Mapped[bool] = mapped_column(Boolean, server_default=true())
 
 
 class DeviceSampleRow(Base):

@@ -40,13 +40,15 @@ NonNegative = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
 
 Mode = Literal["speculative", "autoregressive"]
 ModeReason = Literal[
-    "default", "canary", "load", "long_prompt", "low_acceptance", "alert", "memory", "manual", "selected"
+    "default", "canary", "load", "long_prompt", "low_acceptance", "alert", "memory", "manual", "selected", "failover"
 ]
 Arm = Literal["spec", "control"]
 Status = Literal["ok", "error", "cancelled"]
 EnergySource = Literal["nvml", "rapl", "estimate"]
 EventKind = Literal["cold_start", "mode_switch", "defrag", "draft_unloaded", "draft_loaded", "oom", "config", "streams"]
-DRAFTER_PATTERN = r"^(ngram|model:[^\s\x00]{1,200}|early-exit:[0-9]{1,4})$"
+# Ours (ngram, suffix, model:NAME, early-exit:K) and vLLM's speculative methods, as a gateway labels its upstreams.
+VLLM_METHODS = ("ngram", "suffix", "eagle", "eagle3", "mtp", "medusa")
+DRAFTER_PATTERN = r"^(" + "|".join(VLLM_METHODS) + r"|(?:model|draft_model):[^\s\x00]{1,200}|early-exit:[0-9]{1,4})$"
 
 
 class FieldError(ValueError):
@@ -91,6 +93,9 @@ class RequestRecord(_Strict):
     energy_source: EnergySource | None = None
     load_at_admission: Annotated[float, Field(ge=0.0, le=1000.0, allow_inf_nan=False)] | None = None
     tags: dict[TagKey, TagValue] = Field(default_factory=dict, max_length=MAX_TAGS)
+    # False: the producer could not see this request's draft counts (a vLLM response without per-request
+    # metrics); its counts are 0 and acceptance queries skip it, its timings and tokens still count.
+    draft_counts_known: bool = True
 
     # One after-validator for all cross-field checks (one Python call per record keeps the
     # ingest hot path fast); FieldError tells the ingest service which field to name.
@@ -113,6 +118,8 @@ class RequestRecord(_Strict):
             or not all(map(ge, per_position, per_position[1:]))
         ):
             _explain_per_position(per_position, drafts, accepted)
+        if not self.draft_counts_known and (drafted or drafts or per_position):
+            raise FieldError("draft_counts_known", "draft counts must be 0 when draft_counts_known is false")
         if (self.energy_j is None) != (self.energy_source is None):
             raise FieldError("energy_source", "energy_j and energy_source must be given together")
         return self
