@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from engine.policy import PolicyConfig
-from specwatch.common import UsageError, tcp_port
+from specwatch.common import UsageError, first_token, tcp_port
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -59,7 +59,7 @@ def _register_serve(subparsers: argparse._SubParsersAction) -> None:
     )
     serve.add_argument(
         "--collector-token",
-        default=_first_token(os.environ.get("SPECWATCH_INGEST_TOKEN")),
+        default=first_token(os.environ.get("SPECWATCH_INGEST_TOKEN")),
         help="bearer token for the collector's ingest (default: SPECWATCH_INGEST_TOKEN; refused: spooled, not lost)",
     )
     serve.add_argument(
@@ -100,11 +100,6 @@ def _positive_int(value: str) -> int:
     if not value.isdecimal() or int(value) < 1:
         raise argparse.ArgumentTypeError(f"{value!r} is not a positive integer")
     return int(value)
-
-
-def _first_token(tokens: str | None) -> str | None:
-    """The collector takes several comma-separated tokens (rotation); a producer sends the first."""
-    return next((t.strip() for t in (tokens or "").split(",") if t.strip()), None)
 
 
 def _add_selector_and_memory_arguments(serve: argparse.ArgumentParser) -> None:

@@ -16,6 +16,7 @@ from specwatch.common import UsageError
 COMMANDS = {
     "generate": "engine.cli",
     "engine": "engine.cli",
+    "gateway": "gateway.cli",
     "traffic": "engine.cli",
     "collector": "service.cli",
     "db": "collector.cli",

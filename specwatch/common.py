@@ -37,6 +37,11 @@ def tcp_port(value: str) -> int:
     return int(value)
 
 
+def first_token(tokens: str | None) -> str | None:
+    """The collector takes several comma-separated tokens (rotation); a producer sends the first."""
+    return next((t.strip() for t in (tokens or "").split(",") if t.strip()), None)
+
+
 def free_port() -> int:
     """A TCP port free on the loopback interface right now."""
     with socket.socket() as sock:

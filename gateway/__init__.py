@@ -1,0 +1,10 @@
+"""The gateway: an OpenAI-compatible reverse proxy in front of a team's own engines (vLLM servers,
+or our bundled engine), so every specwatch feature works on engines we do not run.
+
+It routes each request to a `spec` (speculative) or a `plain` pool of upstreams (canary split,
+load / long-prompt / low-acceptance fallback, failover, control-API override) and sends one
+`RequestRecord` per proxied request to the collector: timings measured here, draft counts from
+the upstream's per-request metrics (vLLM's `metrics.speculative_decoding`).
+
+Imports: `collector.schema`, `collector.client` and `specwatch.common` only.
+"""

@@ -1,0 +1,217 @@
+"""One RequestRecord per proxied request, from the gateway's own timings and the upstream's response.
+
+The upstream's response says (vLLM 0.32 with `--enable-per-request-metrics` and
+`--per-request-spec-decode-metrics summary`; our engine always):
+
+    usage    = {prompt_tokens, completion_tokens, ...}
+    metrics  = {time_to_first_token_ms, queue_time_ms, generation_time_ms, ...,
+                speculative_decoding: {acceptance_histogram, num_spec_steps, num_draft_tokens,
+                                       num_accepted_draft_tokens, num_spec_tokens, ...} | null}
+
+`acceptance_histogram[j]` counts the verify steps that accepted exactly j draft tokens, so
+position i (0-based) was accepted in every step with more than i accepted:
+`accepted_per_position[i] = sum(histogram[i + 1:])` - the list vLLM's
+`vllm:spec_decode_num_accepted_tokens_per_pos` counter adds up over all requests.
+A speculative upstream's response without `speculative_decoding` is recorded with
+`draft_counts_known = False` (timings and tokens only), so acceptance queries skip it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from pydantic import ValidationError
+
+from collector.schema import MAX_GAMMA, RequestRecord
+
+log = logging.getLogger("specwatch.gateway")
+
+
+@dataclass(frozen=True)
+class DraftCounts:
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: tuple[int, ...] = ()
+
+    @property
+    def gamma(self) -> int:
+        return len(self.accepted_per_position)
+
+
+def draft_counts(spec: Any) -> DraftCounts | None:
+    """The record's draft counts from vLLM's `metrics.speculative_decoding`; None when absent or unreadable."""
+    if not isinstance(spec, dict):
+        return None
+    histogram = spec.get("acceptance_histogram")
+    drafted = spec.get("num_draft_tokens")
+    if (
+        not isinstance(histogram, list)
+        or not 1 <= len(histogram) <= MAX_GAMMA + 1
+        or not all(type(n) is int and n >= 0 for n in histogram)
+        or type(drafted) is not int
+    ):
+        return None
+    per_position, tail = [], 0
+    for count in reversed(histogram[1:]):
+        tail += count
+        per_position.append(tail)
+    per_position.reverse()
+    return DraftCounts(sum(histogram), drafted, sum(per_position), tuple(per_position))
+
+
+@dataclass
+class Outcome:
+    """What the proxy saw of one request; `record()` turns it into the telemetry record."""
+
+    request_id: str
+    started_at: float  # epoch s, request arrival
+    model: str
+    prompt_tokens_estimate: int
+    tags: dict[str, str]
+    mode_reason: str
+    arm: str | None
+    load_at_admission: float | None
+    retries: int = 0
+    instance: str = ""
+    drafter: str | None = None
+    ttft_s: float | None = None
+    e2e_s: float = 0.0
+    status: str = "ok"
+    error: str | None = None
+    usage: dict | None = None
+    metrics: dict | None = None
+    extra: dict = field(default_factory=dict)
+
+    def record(self) -> RequestRecord:
+        metrics = self.metrics if isinstance(self.metrics, dict) else {}
+        counts = draft_counts(metrics.get("speculative_decoding")) if self.drafter else DraftCounts()
+        fields = {
+            "request_id": self.request_id,
+            "instance": self.instance,
+            "model": self.model,
+            "drafter": self.drafter,
+            "mode": "speculative" if self.drafter else "autoregressive",
+            "mode_reason": self.mode_reason,
+            "arm": self.arm,
+            "started_at": self.started_at,
+            "queue_s": _seconds(metrics.get("queue_time_ms")) or 0.0,
+            "ttft_s": self.ttft_s if self.ttft_s is not None else self._upstream_ttft(metrics),
+            "e2e_s": self.e2e_s,
+            **self._tokens(),
+            **_counts_fields(counts),
+            "retries": self.retries,
+            "status": self.status,
+            "error": self.error,
+            "load_at_admission": None if self.load_at_admission is None else min(self.load_at_admission, 1000.0),
+            "tags": self.tags,
+        }
+        try:
+            return RequestRecord.model_validate(fields)
+        except ValidationError as exc:  # an upstream's counts that break the contract: keep timings and tokens
+            log.warning("request %s: upstream %s sent inconsistent metrics (%s)", self.request_id, self.instance, exc)
+            return RequestRecord.model_validate({**fields, **_counts_fields(None)})
+
+    def _tokens(self) -> dict:
+        usage = self.usage if isinstance(self.usage, dict) else {}
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        return {
+            "prompt_tokens": prompt if type(prompt) is int and prompt >= 0 else self.prompt_tokens_estimate,
+            "output_tokens": completion if type(completion) is int and completion >= 0 else 0,
+        }
+
+    @staticmethod
+    def _upstream_ttft(metrics: dict) -> float | None:
+        """A non-streamed response has no first chunk here: the upstream's queue + TTFT (no network)."""
+        ttft = _seconds(metrics.get("time_to_first_token_ms"))
+        return None if ttft is None else ttft + (_seconds(metrics.get("queue_time_ms")) or 0.0)
+
+
+def _counts_fields(counts: DraftCounts | None) -> dict:
+    if counts is None:
+        return {"draft_counts_known": False, **_counts_fields(DraftCounts())}
+    return {
+        "num_drafts": counts.num_drafts,
+        "num_draft_tokens": counts.num_draft_tokens,
+        "num_accepted_tokens": counts.num_accepted_tokens,
+        "accepted_per_position": list(counts.accepted_per_position),
+        "gamma": counts.gamma,
+    }
+
+
+def _seconds(ms: Any) -> float | None:
+    if type(ms) not in (int, float) or not 0 <= ms <= 86_400_000:
+        return None
+    return ms / 1000.0
+
+
+class SseReader:
+    """Splits an upstream's SSE bytes into events as they arrive and notes what the record needs:
+    the first content chunk, the final usage and metrics, an in-band error. Events are passed on
+    whole and unchanged, except the usage-only chunk the gateway asked for on the client's behalf."""
+
+    def __init__(self, drop_usage_chunk: bool) -> None:
+        self.drop_usage_chunk = drop_usage_chunk
+        self.buffer = b""
+        self.saw_content = False
+        self.usage: dict | None = None
+        self.metrics: dict | None = None
+        self.error: str | None = None
+        self.malformed = 0
+        self.done = False
+
+    def feed(self, data: bytes) -> bytes:
+        """The complete events in `data` (and before it) to pass on; a partial event waits for the rest."""
+        self.buffer += data
+        if b"\n\n" not in self.buffer and b"\r\n\r\n" not in self.buffer:
+            return b""
+        self.buffer = self.buffer.replace(b"\r\n", b"\n")
+        *events, self.buffer = self.buffer.split(b"\n\n")
+        return b"".join(out for event in events if (out := self._event(event)))
+
+    def rest(self) -> bytes:
+        """Whatever the upstream sent after its last complete event."""
+        rest, self.buffer = self.buffer, b""
+        return rest
+
+    def _event(self, event: bytes) -> bytes:
+        payload = event[6:] if event.startswith(b"data: ") else (event[5:] if event.startswith(b"data:") else None)
+        if payload is None or payload == b"[DONE]":
+            self.done = self.done or payload == b"[DONE]"
+            return event + b"\n\n"
+        try:
+            chunk = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            self.malformed += 1
+            return event + b"\n\n"
+        if not isinstance(chunk, dict):
+            self.malformed += 1
+            return event + b"\n\n"
+        return event + b"\n\n" if self._note(chunk) else b""
+
+    def _note(self, chunk: dict) -> bool:
+        """Notes the chunk; False when it is the usage chunk to drop."""
+        if "error" in chunk:
+            error = chunk["error"]
+            self.error = str(error.get("message") if isinstance(error, dict) else error)[:200]
+        choices = chunk.get("choices") or []
+        if not self.saw_content and any(_has_content(choice) for choice in choices):
+            self.saw_content = True
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = chunk["usage"]
+            if isinstance(chunk.get("metrics"), dict):
+                self.metrics = chunk["metrics"]
+            return not (self.drop_usage_chunk and not choices)
+        if isinstance(chunk.get("metrics"), dict):
+            self.metrics = chunk["metrics"]
+        return True
+
+
+def _has_content(choice: Any) -> bool:
+    if not isinstance(choice, dict):
+        return False
+    delta = choice.get("delta")
+    return bool(choice.get("text") or (isinstance(delta, dict) and (delta.get("content") or delta.get("tool_calls"))))

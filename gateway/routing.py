@@ -1,0 +1,146 @@
+"""Which pool serves a request, and why (the record's `mode_reason` and `arm`).
+
+In order of precedence, as the engine's own policy (engine/policy.py) decides for one engine:
+
+1. a manual or alert override from the control API          -> 'manual' / 'alert'
+2. prompts longer than `long_prompt_tokens`                  -> 'long_prompt'
+3. no healthy upstream in the spec pool                      -> 'failover'
+4. the spec pool's load above `load_off`, back below `load_on`
+   (hysteresis, at most one switch per cool-down)            -> 'load'
+5. a canary split: `canary` of requests go to the spec pool (arm 'spec'), the rest to the
+   plain pool (arm 'control'); sticky per session key (a hash of the request's `user` or
+   its `x-specwatch-session` header), random without one  -> 'canary'
+6. the spec pool's recent acceptance below `min_acceptance` (every `probe_every`-th
+   request still goes there to re-measure)                   -> 'low_acceptance'
+7. otherwise the spec pool                                   -> 'default'
+
+A request routed to the plain pool while no plain upstream is healthy goes to the spec pool
+('failover'), and the reverse; with no upstream at all, the gateway answers 503.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Literal
+
+from collector.schema import RequestRecord
+
+Override = Literal["auto", "speculative", "autoregressive"]
+
+
+@dataclass(frozen=True)
+class RoutingConfig:
+    canary: float | None = None  # share of traffic for the spec pool under an A/B split; None: no split
+    load_off: float = 0.75
+    load_on: float = 0.60
+    long_prompt_tokens: int = 2048
+    min_acceptance: float = 0.3
+    acceptance_window: int = 32  # recent speculative requests with draft counts
+    min_window: int = 4
+    probe_every: int = 8
+    cooldown_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.canary is not None and not 0.0 <= self.canary <= 1.0:
+            raise ValueError("canary must be in [0, 1]")
+        if not 0 < self.load_on <= self.load_off:
+            raise ValueError("need 0 < load_on <= load_off")
+        if min(self.long_prompt_tokens, self.acceptance_window, self.min_window, self.probe_every) < 1:
+            raise ValueError("long_prompt_tokens, acceptance_window, min_window and probe_every must be >= 1")
+        if not 0.0 <= self.min_acceptance <= 1.0:
+            raise ValueError("min_acceptance must be in [0, 1]")
+
+
+@dataclass(frozen=True)
+class Route:
+    pool: str  # 'spec' | 'plain'
+    reason: str  # the record's mode_reason
+    arm: str | None = None
+
+
+def session_share(key: str) -> float:
+    """A stable point in [0, 1) for a session key: the same user always lands in the same arm."""
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big") / 2.0**64
+
+
+class Router:
+    def __init__(self, config: RoutingConfig, seed: int | None = None) -> None:
+        self.config = config
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self._override: tuple[Override, str] = ("auto", "manual")
+        self._load_allows = True
+        self._last_switch = float("-inf")
+        self._acceptance: deque[tuple[int, int]] = deque(maxlen=config.acceptance_window)
+        self._low_count = 0
+
+    def set_override(self, mode: Override, reason: str = "manual") -> None:
+        with self._lock:
+            self._override = (mode, reason)
+
+    def decide(
+        self, prompt_tokens: int, session: str | None, spec_up: bool, spec_load: float, now: float | None = None
+    ) -> Route:
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            self._track_load(spec_load, now)
+            mode, reason = self._override
+            if mode != "auto":
+                return Route("spec" if mode == "speculative" else "plain", reason)
+            if prompt_tokens > self.config.long_prompt_tokens:
+                return Route("plain", "long_prompt")
+            if not spec_up:
+                return Route("plain", "failover")
+            if not self._load_allows:
+                return Route("plain", "load")
+            if self.config.canary is not None:
+                share = session_share(session) if session else self._rng.random()
+                return (
+                    Route("spec", "canary", "spec")
+                    if share < self.config.canary
+                    else Route("plain", "canary", "control")
+                )
+            if self._acceptance_low():
+                self._low_count += 1
+                if self._low_count % self.config.probe_every:
+                    return Route("plain", "low_acceptance")
+            return Route("spec", "default")
+
+    def _track_load(self, load: float, now: float) -> None:
+        want = self._load_allows
+        if self._load_allows and load > self.config.load_off:
+            want = False
+        elif not self._load_allows and load < self.config.load_on:
+            want = True
+        if want != self._load_allows and now - self._last_switch >= self.config.cooldown_s:
+            self._load_allows, self._last_switch = want, now
+
+    def _acceptance_low(self) -> bool:
+        if len(self._acceptance) < self.config.min_window:
+            return False
+        drafted = sum(d for d, _ in self._acceptance)
+        return drafted > 0 and sum(a for _, a in self._acceptance) / drafted < self.config.min_acceptance
+
+    def observe(self, record: RequestRecord) -> None:
+        """Feed back a finished request: speculative ones with draft counts update the acceptance window."""
+        if record.mode == "speculative" and record.status == "ok" and record.num_draft_tokens:
+            with self._lock:
+                self._acceptance.append((record.num_draft_tokens, record.num_accepted_tokens))
+
+    @property
+    def state(self) -> dict:
+        with self._lock:
+            drafted = sum(d for d, _ in self._acceptance)
+            return {
+                "override": self._override[0],
+                "override_reason": self._override[1],
+                "load_allows_speculation": self._load_allows,
+                "recent_acceptance": sum(a for _, a in self._acceptance) / drafted if drafted else None,
+                "recent_speculative_requests": len(self._acceptance),
+                "config": {k: getattr(self.config, k) for k in self.config.__dataclass_fields__},
+            }
