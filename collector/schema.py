@@ -45,7 +45,9 @@ ModeReason = Literal[
 Arm = Literal["spec", "control"]
 Status = Literal["ok", "error", "cancelled"]
 EnergySource = Literal["nvml", "rapl", "estimate"]
-EventKind = Literal["cold_start", "mode_switch", "defrag", "draft_unloaded", "draft_loaded", "oom", "config", "streams"]
+EventKind = Literal[
+    "cold_start", "mode_switch", "defrag", "draft_unloaded", "draft_loaded", "oom", "config", "streams", "upstream"
+]
 # Ours (ngram, suffix, model:NAME, early-exit:K) and vLLM's speculative methods, as a gateway labels its upstreams.
 VLLM_METHODS = ("ngram", "suffix", "eagle", "eagle3", "mtp", "medusa")
 DRAFTER_PATTERN = r"^(" + "|".join(VLLM_METHODS) + r"|(?:model|draft_model):[^\s\x00]{1,200}|early-exit:[0-9]{1,4})$"

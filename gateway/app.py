@@ -28,7 +28,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from collector.client import TelemetryClient
-from collector.schema import MAX_TAGS, RequestRecord, TagKey, TagValue
+from collector.schema import MAX_TAGS, EngineEvent, RequestRecord, TagKey, TagValue
 from gateway.metrics import GatewayMetrics
 from gateway.records import Outcome, SseReader
 from gateway.routing import Router
@@ -38,6 +38,7 @@ from specwatch.common import Grant, TokenTable
 FORWARDED_HEADERS = ("authorization", "traceparent", "tracestate", "content-type", "accept")
 TAGS = TypeAdapter(dict[TagKey, TagValue])
 MODES = ("auto", "speculative", "autoregressive")
+MAX_REPORTED_UPSTREAMS = 16  # an event's detail holds at most 4 KiB
 
 
 @dataclass(frozen=True)
@@ -96,8 +97,36 @@ class Gateway:
 
     async def watch_health(self) -> None:
         while True:
-            await asyncio.gather(*(self.check(state) for state in self.states.values()))
             await asyncio.sleep(self.settings.health_interval_s)
+            await self.check_all()
+
+    async def check_all(self) -> None:
+        """Health-check and scrape every upstream; an 'upstream' event when any health changed."""
+        before = [s.healthy for s in self.states.values()]
+        await asyncio.gather(*(self.check(state) for state in self.states.values()))
+        if before != [s.healthy for s in self.states.values()]:
+            self.emit_upstreams()
+
+    def emit(self, kind: str, detail: dict) -> None:
+        if self.telemetry is not None:
+            self.telemetry.submit_event(
+                EngineEvent(instance=self.settings.name, at=time.time(), kind=kind, detail=detail)
+            )
+
+    def emit_upstreams(self) -> None:
+        """The health of every upstream, one snapshot per event (the dashboard's Sources page reads the last)."""
+        upstreams = [
+            {
+                "name": s.upstream.name,
+                "url": s.upstream.url[:120],
+                "pool": s.upstream.pool,
+                "drafter": s.upstream.drafter,
+                "healthy": s.healthy,
+                "reason": None if s.healthy else (s.last_error or "down")[:80],
+            }
+            for s in list(self.states.values())[:MAX_REPORTED_UPSTREAMS]
+        ]
+        self.emit("upstream", {"role": "gateway", "upstreams": upstreams})
 
     async def check(self, state: UpstreamState) -> None:
         timeout = max(0.5, min(2.0, self.settings.health_interval_s * 2))
@@ -136,7 +165,9 @@ def create_app(gateway: Gateway) -> Starlette:
         timeout = httpx.Timeout(gateway.settings.upstream_timeout_s, connect=gateway.settings.connect_timeout_s)
         async with httpx.AsyncClient(limits=limits, timeout=timeout) as http:
             gateway.http = http
+            gateway.emit("config", {"role": "gateway", "routing": gateway.router.state["config"]})
             await asyncio.gather(*(gateway.check(state) for state in gateway.states.values()))
+            gateway.emit_upstreams()
             watcher = asyncio.create_task(gateway.watch_health())
             try:
                 yield
