@@ -6,6 +6,12 @@ specwatch extensions travel in the request body (the OpenAI SDK's `extra_body`):
 gamma per scenario tag | a name registered with `engine serve --drafters NAME=model:PATH`; a request
 never names a path) and `tags`.
 
+Each response carries vLLM 0.32's per-request `metrics` object (as with `--enable-per-request-metrics
+--per-request-spec-decode-metrics summary`; see engine/openai_metrics.py): time_to_first_token_ms,
+generation_time_ms, queue_time_ms, mean_itl_ms, tokens_per_second and `speculative_decoding` (acceptance
+histogram and counts; null for a request that did not run speculatively). A whole response has it at the
+top level; a stream on its final chunk, the one with `usage`. /health (vLLM's spelling) and /healthz answer alike.
+
 Every refused request is a 400 in OpenAI's error shape, its `param` naming the field; a prompt that
 does not fit the context has code `context_length_exceeded`.
 """
@@ -32,6 +38,7 @@ from engine import control
 from engine.cuda import NoCudaStreams
 from engine.engine import SEED_RANGE, GenerateRequest, GenerateResult, RequestError
 from engine.metrics import EngineMetrics
+from engine.openai_metrics import vllm_metrics
 from engine.sampling import SamplingParams
 from engine.scheduler import Overloaded, Scheduler, ShuttingDown, Ticket
 from specwatch.common import Grant, TokenTable
@@ -194,6 +201,7 @@ def create_app(
         }
     )
     app.get("/healthz")(lambda: {"status": "ok"})
+    app.get("/health")(lambda: {"status": "ok"})  # vLLM's spelling, for a gateway that probes both alike
     app.post("/v1/completions")(_completions)
     app.post("/v1/chat/completions")(_chat_completions)
     app.include_router(control_routes)
@@ -356,20 +364,27 @@ class _Frame:
             payload = {**self._envelope("text_completion"), "choices": [choice]}
         self.first = False
         if result is not None:
-            payload["usage"] = self._usage(result)
+            payload.update(self._final(result))
         return payload
 
     def whole(self, result: GenerateResult) -> dict:
+        finish = _finish(result.finish_reason)
         if self.chat:
             message = {"role": "assistant", "content": result.text}
-            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": _finish(result.finish_reason)}
-            return {**self._envelope("chat.completion"), "choices": [choice], "usage": self._usage(result)}
-        choice = {"index": 0, "text": result.text, "logprobs": None, "finish_reason": _finish(result.finish_reason)}
-        return {**self._envelope("text_completion"), "choices": [choice], "usage": self._usage(result)}
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+            return {**self._envelope("chat.completion"), "choices": [choice], **self._final(result)}
+        choice = {"index": 0, "text": result.text, "logprobs": None, "finish_reason": finish}
+        return {**self._envelope("text_completion"), "choices": [choice], **self._final(result)}
 
-    def _usage(self, result: GenerateResult) -> dict:
+    def _final(self, result: GenerateResult) -> dict:
+        """What a whole response, or a stream's final chunk, ends with: usage and vLLM's per-request metrics."""
         out = result.record.output_tokens
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": out, "total_tokens": self.prompt_tokens + out}
+        usage = {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": out,
+            "total_tokens": self.prompt_tokens + out,
+        }
+        return {"usage": usage, "metrics": vllm_metrics(result.record)}
 
 
 def _finish(reason: str | None) -> str | None:
