@@ -88,6 +88,12 @@ def _register_serve(subparsers: argparse._SubParsersAction) -> None:
         help="draft models a request may name in its `drafter` (requests never pass paths); loaded at start",
     )
     serve.add_argument(
+        "--default-drafter",
+        default="ngram",
+        help="drafter of requests that name none: none | ngram | early-exit:K | auto | a --drafters NAME "
+        "(default: ngram; none: a plain upstream behind `specwatch gateway`)",
+    )
+    serve.add_argument(
         "--max-prompt-tokens",
         type=_positive_int,
         default=None,
@@ -276,7 +282,12 @@ def run_serve(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    app = create_app(scheduler, engine.target.name, control_token=args.control_token, drafters=drafters)
+    try:
+        app = create_app(
+            scheduler, engine.target.name, args.control_token, drafters=drafters, default_drafter=args.default_drafter
+        )
+    except ValueError as exc:
+        raise UsageError(f"--default-drafter: {exc}") from None
     guard = MemoryGuard(scheduler, guard_config)
     guard.start()
     try:

@@ -161,9 +161,11 @@ def create_app(
     model_name: str,
     control_token: str | None = None,
     drafters: Mapping[str, str] | None = None,
+    default_drafter: str = "ngram",
 ) -> FastAPI:
     """`control_token`: bearer token the /v1/control endpoints require (None: the control API is off).
     `drafters`: names a request's `drafter` may give, and their specs (`engine serve --drafters`).
+    `default_drafter`: what a request that names none gets (`engine serve --default-drafter`).
     Control actions report their EngineEvents, and /metrics its records, through `scheduler.telemetry`."""
 
     @asynccontextmanager
@@ -175,6 +177,8 @@ def create_app(
     app = FastAPI(title="specwatch engine", lifespan=lifespan)
     app.state.scheduler, app.state.model_name = scheduler, model_name
     app.state.drafters = dict(drafters or {})
+    request_drafter(default_drafter, app.state.drafters)  # a bad default fails at start, not per request
+    app.state.default_drafter = default_drafter
     app.state.emit = scheduler.telemetry.emit
     registry = CollectorRegistry()
     scheduler.telemetry.subscribe(RequestRecord, EngineMetrics(scheduler, registry).observe)
@@ -272,6 +276,8 @@ async def _serve(request: Request, body: _Common, content: dict, chat: bool) -> 
             f"model {body.model!r} does not exist; this server serves {request.app.state.model_name!r}",
             "not_found_error",
         )
+    if "drafter" not in body.model_fields_set:  # the server's default: 'none' makes a plain upstream for a gateway
+        body.drafter = request.app.state.default_drafter
     try:
         generate = body.generate_request(request.app.state.drafters, **content)
         scheduler.engine.check_drafter(generate.drafter)

@@ -77,6 +77,7 @@ class Gateway:
         self.registry = CollectorRegistry()
         self.metrics = GatewayMetrics(self.states, self.registry)
         self.http: httpx.AsyncClient | None = None
+        self.listeners: list[Callable[[RequestRecord], None]] = []  # called with every finished request's record
 
     # -- upstream selection --------------------------------------------------------------------
 
@@ -155,6 +156,8 @@ class Gateway:
         self.metrics.observe(record, outcome.e2e_s)
         if self.telemetry is not None:
             self.telemetry.submit_request(record)
+        for listener in self.listeners:
+            listener(record)
         return record
 
 

@@ -1,0 +1,122 @@
+"""A gateway on a free loopback port in a background thread, for tests and benchmarks; and a
+misbehaving OpenAI upstream (real HTTP, real sockets) for the fault tests."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from collector.schema import RequestRecord
+from gateway.app import Gateway, GatewaySettings, create_app
+from gateway.routing import Router, RoutingConfig
+from gateway.upstreams import parse_upstream
+from specwatch.common import free_port
+
+
+class ThreadServer:
+    """Any ASGI app under uvicorn in a daemon thread."""
+
+    def __init__(self, app) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, port=self.port, log_level="warning", lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if not self.server.started:
+            raise RuntimeError(f"server did not start on {self.url}")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+class GatewayServer(ThreadServer):
+    """`records`: every finished request's RequestRecord, in finishing order."""
+
+    def __init__(
+        self,
+        upstreams: list[str],
+        routing: RoutingConfig = RoutingConfig(),
+        telemetry=None,
+        seed: int | None = 0,
+        **settings,
+    ) -> None:
+        settings = {"health_interval_s": 0.2, **settings}
+        self.gateway = Gateway(
+            [parse_upstream(u) for u in upstreams], Router(routing, seed), GatewaySettings(**settings), telemetry
+        )
+        self.records: list[RequestRecord] = []
+        self.gateway.listeners.append(self.records.append)
+        super().__init__(create_app(self.gateway))
+
+    def wait_records(self, n: int, timeout_s: float = 30.0) -> list[RequestRecord]:
+        deadline = time.monotonic() + timeout_s
+        while len(self.records) < n and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(self.records) >= n, f"{len(self.records)} records, expected {n}"
+        return self.records
+
+
+CHUNK = b'data: {"id":"x","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+
+
+def faulty_upstream() -> Starlette:
+    """An OpenAI-shaped upstream whose answer the request's `prompt` chooses: 'fail500', 'malformed',
+    'break' (a stream cut off mid-way: the connection drops), 'slow' (a stream of 200 chunks, 20 ms
+    apart; `app.state.slow_sent` gets how many it sent once it ended), else a normal small reply."""
+
+    async def complete(request: Request) -> Response:
+        body = await request.json()
+        kind = body.get("prompt")
+        request.app.state.seen.append({"headers": dict(request.headers), "body": body})
+        if kind == "fail500":
+            return JSONResponse({"error": {"message": "upstream exploded", "type": "server_error"}}, status_code=500)
+        if kind == "malformed":
+            return Response(b"<html>proxy error</html>", media_type="application/json")
+        if kind == "break":
+            return StreamingResponse(_broken_stream(), media_type="text/event-stream")
+        if kind == "slow":
+            return StreamingResponse(_slow_stream(request.app.state), media_type="text/event-stream")
+        usage = {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
+        return JSONResponse({"object": "text_completion", "choices": [{"index": 0, "text": "ok"}], "usage": usage})
+
+    app = Starlette(
+        routes=[
+            Route("/v1/completions", complete, methods=["POST"]),
+            Route("/health", lambda request: Response(b""), methods=["GET"]),
+            Route("/metrics", lambda request: Response(b"vllm:num_requests_running 0\n"), methods=["GET"]),
+        ]
+    )
+    app.state.seen, app.state.slow_sent = [], []
+    return app
+
+
+async def _broken_stream():
+    yield CHUNK
+    await asyncio.sleep(0.05)
+    raise RuntimeError("the upstream process died")  # uvicorn drops the connection mid-body
+
+
+async def _slow_stream(state):
+    sent = 0
+    try:
+        while sent < 200:
+            yield CHUNK
+            sent += 1
+            await asyncio.sleep(0.02)
+        yield b"data: [DONE]\n\n"
+    finally:
+        state.slow_sent.append(sent)

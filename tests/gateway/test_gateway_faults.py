@@ -1,0 +1,150 @@
+"""The gateway against upstreams that fail: errors passed through, malformed bodies, streams cut
+off, dead upstreams (failover), clients that leave, oversized and malformed requests. The upstreams
+are real HTTP servers on loopback (a misbehaving OpenAI server, a port nobody listens on)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from gateway_harness import GatewayServer, ThreadServer, faulty_upstream
+from waiting import wait_for
+
+from gateway.routing import RoutingConfig
+from specwatch.common import free_port
+
+
+@pytest.fixture(scope="module")
+def upstream():
+    with ThreadServer(faulty_upstream()) as server:
+        yield server
+
+
+def post(url: str, body: dict, **kwargs) -> httpx.Response:
+    return httpx.post(f"{url}/v1/completions", json=body, timeout=30, **kwargs)
+
+
+def test_upstream_errors_pass_through_unchanged_and_are_recorded(upstream):
+    with GatewayServer([f"p={upstream.url}"]) as gw:
+        direct = post(upstream.url, {"prompt": "fail500"})
+        through = post(gw.url, {"prompt": "fail500"})
+        assert (through.status_code, through.content) == (500, direct.content)
+        record = gw.wait_records(1)[0]
+        assert (record.status, record.error, record.instance) == ("error", "upstream:500", "p")
+
+
+def test_a_malformed_upstream_body_is_a_502_naming_the_upstream(upstream):
+    with GatewayServer([f"odd-one={upstream.url}"]) as gw:
+        response = post(gw.url, {"prompt": "malformed"})
+        assert response.status_code == 502
+        assert "upstream odd-one returned a malformed body" in response.json()["error"]["message"]
+        assert gw.wait_records(1)[0].error == "upstream:malformed"
+
+
+def test_a_stream_cut_off_mid_way_ends_with_an_in_band_error(upstream):
+    with GatewayServer([f"p={upstream.url}"]) as gw:
+        with httpx.stream("POST", f"{gw.url}/v1/completions", json={"prompt": "break", "stream": True}) as response:
+            text = b"".join(response.iter_raw()).decode()
+        assert response.status_code == 200
+        assert '"content":"hi"' in text and "broke off the stream" in text and text.endswith("data: [DONE]\n\n")
+        record = gw.wait_records(1)[0]
+        assert (record.status, record.error) == ("error", "upstream:disconnected")
+
+
+def test_a_dead_upstream_fails_over_within_the_pool_and_then_across_pools(upstream):
+    dead = f"http://127.0.0.1:{free_port()}"
+    upstreams = [f"dead=http://127.0.0.1:{free_port()},drafter=ngram", f"p1={dead}", f"p2={upstream.url}"]
+    with GatewayServer(upstreams, RoutingConfig()) as gw:
+        # the first health check found the spec pool dead: requests go to the plain pool, 'failover'
+        response = post(gw.url, {"prompt": "hello"})
+        assert response.status_code == 200 and response.headers["x-specwatch-upstream"] == "p2"
+        record = gw.wait_records(1)[0]
+        assert (record.instance, record.mode_reason, record.status) == ("p2", "failover", "ok")
+        states = gw.gateway.states
+        assert not states["dead"].healthy and not states["p1"].healthy and states["p2"].healthy
+        assert "ConnectError" in states["p1"].last_error
+
+
+def test_an_upstream_dying_between_health_checks_costs_a_retry_not_an_error(upstream):
+    with ThreadServer(faulty_upstream()) as doomed:
+        gw = GatewayServer([f"a={doomed.url}", f"b={upstream.url}"], health_interval_s=60.0)
+        with gw:
+            gw.gateway.states["b"].in_flight = 5  # so 'a' is the least loaded: the one picked first
+            doomed.server.should_exit = True
+            doomed.thread.join(10)
+            response = post(gw.url, {"prompt": "hello"})
+            gw.gateway.states["b"].in_flight -= 5
+            assert response.status_code == 200 and response.headers["x-specwatch-upstream"] == "b"
+            record = gw.wait_records(1)[0]
+            assert (record.instance, record.retries, record.status) == ("b", 1, "ok")
+            assert not gw.gateway.states["a"].healthy
+
+
+def test_no_upstream_left_is_a_503_saying_why():
+    with GatewayServer([f"only=http://127.0.0.1:{free_port()}"], name="edge-1") as gw:
+        response = post(gw.url, {"prompt": "hello"})
+        assert response.status_code == 503
+        assert "no upstream can take the request" in response.json()["error"]["message"]
+        record = gw.wait_records(1)[0]
+        assert (record.instance, record.status, record.error) == ("edge-1", "error", "gateway:no_upstream")
+        assert httpx.get(f"{gw.url}/health").status_code == 503
+
+
+def test_a_client_leaving_mid_stream_closes_the_upstream_request(upstream):
+    with GatewayServer([f"p={upstream.url}"]) as gw:
+        before = len(upstream.server.config.app.state.slow_sent)
+        with httpx.stream("POST", f"{gw.url}/v1/completions", json={"prompt": "slow", "stream": True}) as response:
+            for n, _ in enumerate(response.iter_raw(), 1):
+                if n == 3:
+                    break
+        sent = upstream.server.config.app.state.slow_sent
+        wait_for(lambda: len(sent) > before, "the upstream stream to end", timeout=10)
+        assert sent[-1] < 100  # stopped long before its 200 chunks
+        record = gw.wait_records(1)[0]
+        assert (record.status, record.error) == ("cancelled", "client:disconnected")
+        assert gw.gateway.states["p"].in_flight == 0
+
+
+def test_bad_requests_are_4xx_with_a_message_and_never_reach_an_upstream(upstream):
+    seen = upstream.server.config.app.state.seen
+    with GatewayServer([f"p={upstream.url}"], max_body_bytes=2048) as gw:
+        before = len(seen)
+        cases = [
+            (b"x" * 4096, 413, "over the gateway's limit of 2048 bytes"),
+            (b"{not json", 400, "not valid JSON"),
+            (b"[1, 2]", 400, "must be a JSON object"),
+            (b'{"prompt": "a", "stream": "yes"}', 400, "stream: must be true or false"),
+            (b'{"prompt": "a", "tags": {"": "x"}}', 400, "tags"),
+            (b'{"prompt": "a", "tags": {"k": "\\u0000"}}', 400, "tags.k"),
+            (b'{"prompt": "a", "tags": ["x"]}', 400, "tags: must be an object"),
+        ]
+        for body, status, message in cases:
+            response = httpx.post(f"{gw.url}/v1/completions", content=body, timeout=10)
+            assert response.status_code == status, body
+            assert message in response.json()["error"]["message"], body
+        bad_header = httpx.post(
+            f"{gw.url}/v1/completions", json={"prompt": "a"}, headers={"x-specwatch-tags": "novalue"}, timeout=10
+        )
+        assert bad_header.status_code == 400
+        assert len(seen) == before and gw.records == []
+
+
+def test_headers_and_tags_travel(upstream):
+    seen = upstream.server.config.app.state.seen
+    headers = {
+        "authorization": "Bearer client-key",
+        "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        "x-specwatch-tags": "scenario=chat,tenant=acme",
+        "x-specwatch-session": "user-7",
+    }
+    with GatewayServer([f"p={upstream.url}"]) as gw:
+        response = post(
+            gw.url, {"prompt": "hello", "tags": {"scenario": "grounded", "team": "search"}}, headers=headers
+        )
+        assert response.status_code == 200
+        forwarded = seen[-1]["headers"]
+        assert forwarded["authorization"] == "Bearer client-key"
+        assert forwarded["traceparent"] == headers["traceparent"]
+        assert forwarded["x-request-id"] == response.headers["x-specwatch-request-id"]
+        record = gw.wait_records(1)[0]
+        assert record.tags == {"scenario": "chat", "team": "search", "tenant": "acme"}  # the header wins
+        assert record.request_id == response.headers["x-specwatch-request-id"]
