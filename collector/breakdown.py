@@ -12,9 +12,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, and_, func, select
 
-from collector.models import DeviceSampleRow, Request, VllmScrape
+from collector.models import DeviceSampleRow, EngineEventRow, Request, VllmScrape
 from collector.queries import LATENCY_AND_DRAFT_COLUMNS, Filters, Percentiles, Window, percentiles
 from collector.series import DeviceSnapshot
 
@@ -214,15 +214,30 @@ def device_series(
 
 @dataclass(frozen=True)
 class Source:
-    kind: str  # engine | vllm
+    """One telemetry source: kind engine | vllm | gateway | upstream.
+
+    The fields after `per_s` describe gateways and their upstreams (None for engines and vLLM
+    servers): an upstream's `gateway`, `url`, `pool` and `drafter`, and its health (`healthy`,
+    `reason` when down) in its gateway's latest snapshot, taken at `reported_at`."""
+
+    kind: str
     name: str
     last_seen_at: float | None
     records_in_window: int
     per_s: float
+    gateway: str | None = None
+    url: str | None = None
+    pool: str | None = None
+    drafter: str | None = None
+    healthy: bool | None = None
+    reason: str | None = None
+    reported_at: float | None = None
 
 
 def sources(engine: Engine, window: Window) -> list[Source]:
-    """Engines (instances that sent requests or samples) and scraped vLLM servers, with their activity."""
+    """Engines (instances that sent requests or samples), gateways with their upstreams, and scraped
+    vLLM servers, with their activity. An instance that is a gateway or one of its upstreams is listed
+    as such, not as an engine."""
     requests = (
         select(Request.instance, func.max(Request.started_at), func.count())
         .where(Request.started_at >= window.start, Request.started_at < window.end)
@@ -238,17 +253,93 @@ def sources(engine: Engine, window: Window) -> list[Source]:
         by_instance = {name: (last, n) for name, last, n in conn.execute(requests)}
         last_sample = dict(conn.execute(samples).all())
         vllm = conn.execute(scrapes).all()
-    found = [
-        Source(
-            "engine",
-            name,
-            max(filter(None, (by_instance.get(name, (None, 0))[0], last_sample.get(name)))),
-            by_instance.get(name, (None, 0))[1],
-            by_instance.get(name, (None, 0))[1] / window.seconds,
-        )
-        for name in sorted(by_instance.keys() | last_sample.keys())
+        snapshots = conn.execute(_latest_upstream_snapshots(window.end)).all()
+    activity = _Activity(by_instance, last_sample, window.seconds)
+    gateways = [row for snapshot in snapshots for row in _gateway_sources(*snapshot, activity)]
+    behind = {row.name for row in gateways}
+    engines = [
+        Source("engine", name, activity.last_seen(name), activity.count(name), activity.count(name) / window.seconds)
+        for name in sorted((by_instance.keys() | last_sample.keys()) - behind)
     ]
-    return found + [Source("vllm", url, last, n, n / window.seconds) for url, last, n in vllm]
+    return engines + gateways + [Source("vllm", url, last, n, n / window.seconds) for url, last, n in vllm]
+
+
+@dataclass(frozen=True)
+class _Activity:
+    """Per instance: (latest request, requests) in the window, and its latest device sample ever."""
+
+    requests: dict[str, tuple[float, int]]
+    last_sample: dict[str, float]
+    seconds: float
+
+    def count(self, name: str) -> int:
+        return self.requests.get(name, (None, 0))[1]
+
+    def last_seen(self, name: str, *also: float | None) -> float | None:
+        seen = [t for t in (self.requests.get(name, (None, 0))[0], self.last_sample.get(name), *also) if t is not None]
+        return max(seen, default=None)
+
+
+def _latest_upstream_snapshots(before: float):
+    """(gateway, at, detail) of each gateway's latest 'upstream' event before `before`, however old:
+    health is state, so an upstream down since before the window is still down."""
+    latest = (
+        select(EngineEventRow.instance, func.max(EngineEventRow.at).label("at"))
+        .where(EngineEventRow.kind == "upstream", EngineEventRow.at < before)
+        .group_by(EngineEventRow.instance)
+        .subquery()
+    )
+    return (
+        select(EngineEventRow.instance, EngineEventRow.at, EngineEventRow.detail)
+        .join(latest, and_(EngineEventRow.instance == latest.c.instance, EngineEventRow.at == latest.c.at))
+        .where(EngineEventRow.kind == "upstream")
+        .order_by(EngineEventRow.instance)
+    )
+
+
+def _gateway_sources(gateway: str, at: float, detail: dict, activity: _Activity) -> list[Source]:
+    """The gateway's row, then one per upstream of its snapshot (entries without a name are skipped).
+
+    An upstream's requests are the records whose instance is its name; the gateway's are those of
+    its own name (requests no upstream took) plus its upstreams'. Two gateways naming the same
+    upstream both count its records: a record does not say which gateway sent it."""
+    upstreams = [_upstream_source(gateway, at, entry, activity) for entry in _named_entries(detail)]
+    total = activity.count(gateway) + sum(u.records_in_window for u in upstreams if u.name != gateway)
+    row = Source("gateway", gateway, activity.last_seen(gateway, at), total, total / activity.seconds, reported_at=at)
+    return [row, *upstreams]
+
+
+def _named_entries(detail: object) -> list[dict]:
+    """The snapshot's upstream entries that have a name, the last one of each name (a producer's
+    event is validated only as a small dict: anything else in it is ignored, not an error)."""
+    entries = detail.get("upstreams") if isinstance(detail, dict) else None
+    if not isinstance(entries, list):
+        return []
+    named = [e for e in entries if isinstance(e, dict) and isinstance(e.get("name"), str) and e["name"]]
+    return list({e["name"]: e for e in named}.values())
+
+
+def _upstream_source(gateway: str, at: float, entry: dict, activity: _Activity) -> Source:
+    name = entry["name"]
+    healthy = entry.get("healthy")
+    return Source(
+        "upstream",
+        name,
+        activity.last_seen(name),
+        activity.count(name),
+        activity.count(name) / activity.seconds,
+        gateway=gateway,
+        url=_text(entry.get("url")),
+        pool=_text(entry.get("pool")),
+        drafter=_text(entry.get("drafter")),
+        healthy=healthy if isinstance(healthy, bool) else None,
+        reason=_text(entry.get("reason")),
+        reported_at=at,
+    )
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def label_values(

@@ -231,9 +231,13 @@ def alert_history(view: View) -> dict[str, pd.DataFrame]:
 
 
 def sources(view: View) -> pd.DataFrame:
+    """One row per source (kind engine, vllm, gateway or upstream); `last_seen` and, for gateways and
+    upstreams, `reported` (their latest health snapshot) as UTC times."""
     frame = pd.DataFrame(get("/v1/sources", view.params(with_filters=False)))
     if not frame.empty:
         frame["last_seen"] = pd.to_datetime(frame["last_seen_at"], unit="s", utc=True)
+        if "reported_at" in frame:  # a collector from before gateways sends no such column
+            frame["reported"] = pd.to_datetime(frame["reported_at"], unit="s", utc=True)
     return frame
 
 

@@ -1,0 +1,149 @@
+"""Sources with gateways: the upstream events a real `gateway.app.Gateway` emits and request records,
+stored through `collector.store.Store` (SQLite and PostgreSQL), read back by `breakdown.sources` and
+GET /v1/sources."""
+
+from __future__ import annotations
+
+import pytest
+from collector_payloads import T0, request_dict, sample_dict
+
+from collector.breakdown import Source, sources
+from collector.queries import Window
+from collector.schema import EngineEvent, IngestBatch
+from collector.store import Store
+from gateway.app import Gateway, GatewaySettings
+from gateway.routing import Router, RoutingConfig
+from gateway.upstreams import Upstream
+
+WINDOW = Window(T0 + 100, T0 + 1100)  # 1000 s; the gateway's snapshots are older than its start
+
+
+class EventSink:
+    """Where the gateway's telemetry client would queue its events: kept to store them ourselves."""
+
+    def __init__(self) -> None:
+        self.events: list[EngineEvent] = []
+
+    def submit_event(self, event: EngineEvent) -> None:
+        self.events.append(event)
+
+
+def snapshots() -> list[EngineEvent]:
+    """Gateway "edge"'s snapshots at T0 + 1 (both upstreams up) and T0 + 5 (vllm-b down), and one
+    after the window's end (vllm-b up again), from the gateway's own `emit_upstreams`."""
+    sink = EventSink()
+    upstreams = [
+        Upstream("vllm-a", "http://10.0.0.1:8000", drafter="ngram", gamma=4, pool="spec"),
+        Upstream("vllm-b", "http://10.0.0.2:8000", pool="plain"),
+    ]
+    gateway = Gateway(upstreams, Router(RoutingConfig()), GatewaySettings(name="edge"), sink)
+    gateway.emit_upstreams()
+    gateway.states["vllm-b"].mark_down("connect: connection refused")
+    gateway.emit_upstreams()
+    gateway.states["vllm-b"].mark_up()
+    gateway.emit_upstreams()
+    return [e.model_copy(update={"at": at}) for e, at in zip(sink.events, (T0 + 1, T0 + 5, T0 + 2000), strict=True)]
+
+
+def store(engine, requests=(), samples=(), events=()) -> None:
+    batch = {"requests": list(requests), "samples": list(samples), "events": [e.model_dump() for e in events]}
+    Store(engine).insert(IngestBatch.model_validate(batch))
+
+
+def requests(instance: str, n: int, first: int, at: float = T0 + 200) -> list[dict]:
+    return [request_dict(first + i, instance=instance, started_at=at + i) for i in range(n)]
+
+
+@pytest.fixture
+def stored(engine):
+    """6 requests through vllm-a (and one before the window), 3 through vllm-b, 2 that no upstream
+    took (instance "edge"), 4 from engine gpu-0 with device samples."""
+    store(engine, events=snapshots()[:1])  # the first snapshot, stored before the others arrive
+    store(
+        engine,
+        requests=requests("vllm-a", 6, 0) + requests("vllm-a", 1, 10, at=T0) + requests("vllm-b", 3, 20),
+        events=snapshots()[1:],
+    )
+    store(engine, requests=requests("edge", 2, 30) + requests("gpu-0", 4, 40), samples=[sample_dict(50)])
+    return engine
+
+
+def by_name(found: list[Source]) -> dict[str, Source]:
+    names = [s.name for s in found]
+    assert len(names) == len(set(names)), names
+    return {s.name: s for s in found}
+
+
+def test_the_latest_snapshot_before_the_window_end_gives_each_upstreams_health(stored):
+    found = by_name(sources(stored, WINDOW))
+    a, b = found["vllm-a"], found["vllm-b"]
+    assert (a.kind, a.gateway, a.pool, a.drafter, a.healthy, a.reason) == (
+        "upstream",
+        "edge",
+        "spec",
+        "ngram",
+        True,
+        None,
+    )
+    assert (b.kind, b.gateway, b.pool, b.drafter, b.healthy) == ("upstream", "edge", "plain", None, False)
+    assert b.reason == "connect: connection refused"  # T0 + 5 wins over T0 + 1; T0 + 2000 is after the window
+    assert a.url == "http://10.0.0.1:8000" and a.reported_at == b.reported_at == T0 + 5
+    later = by_name(sources(stored, Window(T0 + 100, T0 + 2100)))
+    assert later["vllm-b"].healthy is True and later["vllm-b"].reported_at == T0 + 2000
+
+
+def test_upstream_requests_are_counted_once_and_not_as_engines(stored):
+    found = sources(stored, WINDOW)
+    assert [(s.kind, s.name) for s in found] == [
+        ("engine", "gpu-0"),
+        ("gateway", "edge"),
+        ("upstream", "vllm-a"),
+        ("upstream", "vllm-b"),
+    ]
+    rows = by_name(found)
+    assert (rows["vllm-a"].records_in_window, rows["vllm-b"].records_in_window) == (6, 3)
+    assert rows["vllm-a"].per_s == pytest.approx(6 / 1000) and rows["vllm-a"].last_seen_at == T0 + 205
+    gateway = rows["edge"]
+    assert (gateway.records_in_window, gateway.reported_at, gateway.last_seen_at) == (11, T0 + 5, T0 + 201)
+    assert gateway.healthy is None and gateway.gateway is None  # health is its upstreams'
+
+
+def test_an_instance_without_upstream_events_stays_an_engine(stored):
+    (engine,) = [s for s in sources(stored, WINDOW) if s.kind == "engine"]
+    assert engine == Source("engine", "gpu-0", T0 + 5 * 50, 4, 4 / 1000)  # its sample is its latest sign of life
+
+
+def test_a_gateway_without_traffic_in_the_window_still_shows_its_upstreams(engine):
+    store(engine, requests=requests("vllm-a", 2, 0, at=T0 + 10), events=snapshots()[:2])
+    found = by_name(sources(engine, WINDOW))
+    assert set(found) == {"edge", "vllm-a", "vllm-b"}
+    assert found["vllm-a"].records_in_window == 0 and found["vllm-b"].healthy is False
+
+
+def test_malformed_upstream_entries_are_skipped(engine):
+    detail = {"upstreams": [{"name": "ok", "healthy": "yes", "pool": 3}, {"healthy": False}, "x", {"name": ""}]}
+    events = [
+        EngineEvent(instance="odd", at=T0 + 1, kind="upstream", detail=detail),
+        EngineEvent(instance="bare", at=T0 + 1, kind="upstream", detail={"upstreams": "none"}),
+    ]
+    store(engine, events=events)
+    found = by_name(sources(engine, WINDOW))
+    assert [(s.kind, s.name) for s in found.values()] == [("gateway", "bare"), ("gateway", "odd"), ("upstream", "ok")]
+    assert (found["ok"].healthy, found["ok"].pool, found["ok"].gateway) == (None, None, "odd")
+
+
+def test_api_keeps_the_old_keys_and_adds_the_gateway_fields(client, engine):
+    store(engine, requests=requests("vllm-a", 3, 0) + requests("gpu-0", 2, 10), events=snapshots()[:2])
+    got = client.get("/v1/sources", params={"start": WINDOW.start, "end": WINDOW.end})
+    assert got.status_code == 200
+    rows = {row["name"]: row for row in got.json()}
+    assert rows["gpu-0"] == {
+        "kind": "engine",
+        "name": "gpu-0",
+        "last_seen_at": T0 + 201,
+        "records_in_window": 2,
+        "per_s": pytest.approx(2 / 1000),
+        **dict.fromkeys(("gateway", "url", "pool", "drafter", "healthy", "reason", "reported_at")),
+    }
+    assert (rows["vllm-b"]["healthy"], rows["vllm-b"]["reason"]) == (False, "connect: connection refused")
+    assert (rows["vllm-a"]["kind"], rows["vllm-a"]["records_in_window"]) == ("upstream", 3)

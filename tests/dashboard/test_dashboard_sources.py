@@ -1,0 +1,84 @@
+"""The Sources page under Streamlit's AppTest, against a collector holding a real gateway's upstream
+snapshots (from `gateway.app.Gateway.emit_upstreams`) and request records: each gateway's upstreams
+with their health, and what the page says when no gateway has reported."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+from collector_payloads import request_dict
+from test_dashboard_pages import dashboard_over, open_page
+
+from collector.schema import EngineEvent
+from gateway.app import Gateway, GatewaySettings
+from gateway.routing import Router, RoutingConfig
+from gateway.upstreams import Upstream
+from specwatch.common import free_port, start_collector
+
+
+class EventSink:
+    """Where the gateway's telemetry client would queue its events: kept to send them ourselves."""
+
+    def __init__(self) -> None:
+        self.events: list[EngineEvent] = []
+
+    def submit_event(self, event: EngineEvent) -> None:
+        self.events.append(event)
+
+
+def gateway_snapshots(now: float) -> list[dict]:
+    """Gateway "edge": both upstreams up two hours ago, vllm-b down since 90 minutes ago (both
+    snapshots older than the page's last-hour window: health is state)."""
+    sink = EventSink()
+    upstreams = [
+        Upstream("vllm-a", "http://10.0.0.1:8000", drafter="ngram", gamma=4, pool="spec"),
+        Upstream("vllm-b", "http://10.0.0.2:8000", pool="plain"),
+    ]
+    gateway = Gateway(upstreams, Router(RoutingConfig()), GatewaySettings(name="edge"), sink)
+    gateway.emit_upstreams()
+    gateway.states["vllm-b"].mark_down("connect: connection refused")
+    gateway.emit_upstreams()
+    return [e.model_copy(update={"at": at}).model_dump() for e, at in zip(sink.events, (now - 7200, now - 5400))]
+
+
+@pytest.fixture
+def collector(tmp_path):
+    port = free_port()
+    process = start_collector(port, tmp_path / "collector.log", f"sqlite:///{tmp_path / 'specwatch.db'}")
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+def tables(page) -> list:
+    return [df.value for df in page.dataframe]
+
+
+def test_sources_page_shows_a_gateways_upstream_down_with_its_reason(collector, monkeypatch):
+    now = time.time()
+    records = [request_dict(i, instance="vllm-a", started_at=now - 60 + i) for i in range(3)]
+    sent = httpx.post(
+        f"{collector}/v1/ingest", json={"requests": records, "events": gateway_snapshots(now)}, timeout=30
+    )
+    assert sent.status_code == 200, sent.text
+    page = open_page(dashboard_over(collector, monkeypatch), "views/sources.py")
+    (upstreams,) = [frame for frame in tables(page) if "upstream" in frame]
+    shown = {row["upstream"]: row for row in upstreams.to_dict("records")}
+    assert shown["vllm-b"]["health"] == "down: connect: connection refused"
+    assert (shown["vllm-a"]["health"], shown["vllm-a"]["requests"], shown["vllm-a"]["pool"]) == ("up", 3, "spec")
+    assert (shown["vllm-b"]["requests"], shown["vllm-b"]["drafter"]) == (0, "none")
+    assert "**edge**: 2 upstreams, 1 down" in [m.value for m in page.markdown]
+    assert any("No engine or vLLM server has reported" in info.value for info in page.info)
+    assert not any("vllm-a" in set(frame.get("name", [])) for frame in tables(page))  # not listed as an engine
+
+
+def test_sources_page_says_no_gateway_has_reported(collector, monkeypatch):
+    records = [request_dict(i, instance="laptop", started_at=time.time() - 60 + i) for i in range(2)]
+    assert httpx.post(f"{collector}/v1/ingest", json={"requests": records}, timeout=30).status_code == 200
+    page = open_page(dashboard_over(collector, monkeypatch), "views/sources.py")
+    assert "laptop" in set(tables(page)[0]["name"])
+    assert any("No gateway has reported; start one with `specwatch gateway serve" in i.value for i in page.info)
