@@ -1,0 +1,182 @@
+"""The gateway in front of the bundled engine (two real upstreams: one speculating with n-gram
+drafts, one decoding plainly): records match the engine's own, responses are unchanged, the
+canary split, the control API, and the alert remediation driving the gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+
+import httpx
+import orjson
+import pytest
+from engine_harness import BackgroundServer
+from gateway_harness import GatewayServer
+from sqlalchemy import select
+
+from alerts.rules import parse_config
+from alerts.runner import AlertRunner
+from collector.db import make_engine, upgrade
+from collector.models import AlertActionRow
+from collector.schema import IngestBatch
+from collector.store import Store
+from engine.policy import PolicyConfig
+from engine.scheduler import SchedulerConfig
+from gateway.routing import RoutingConfig
+
+REPEAT = "Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox jumps over the lazy dog."
+TOKEN = {"authorization": "Bearer gw-token"}
+
+
+@pytest.fixture(scope="module")
+def upstreams(bundled_engine):
+    """(spec engine, plain engine) over the one bundled model."""
+    spec = BackgroundServer(bundled_engine, SchedulerConfig(slots=4, max_queue=64), PolicyConfig(min_acceptance=0.0))
+    plain = BackgroundServer(bundled_engine, SchedulerConfig(slots=4, max_queue=64), default_drafter="none")
+    with spec, plain:
+        yield spec, plain
+
+
+def pools(upstreams) -> list[str]:
+    spec, plain = upstreams
+    return [f"spec1={spec.url},drafter=ngram,gamma=8", f"plain1={plain.url}"]
+
+
+def chat(url: str, stream: bool = False, **extra) -> httpx.Response:
+    body = {"messages": [{"role": "user", "content": REPEAT}], "max_tokens": 24, "temperature": 0, **extra}
+    return httpx.post(f"{url}/v1/chat/completions", json={**body, "stream": stream}, timeout=120)
+
+
+def test_records_match_the_engines_own_and_responses_are_unchanged(upstreams):
+    spec, _ = upstreams
+    with GatewayServer(pools(upstreams)) as gw:
+        for n, stream in enumerate([False, True, True]):
+            extra = {"stream_options": {"include_usage": True}} if n == 2 else {}
+            direct, through = chat(spec.url, stream, **extra), chat(gw.url, stream, **extra)
+            assert through.status_code == 200 and through.headers["x-specwatch-upstream"] == "spec1"
+            assert _text(through, stream) == _text(direct, stream)  # greedy: the same reply, relayed unchanged
+            engine_record, record = spec.records[-1], gw.wait_records(n + 1)[-1]
+            assert record.mode == "speculative" and record.drafter == "ngram" and record.draft_counts_known
+            for field in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_position", "gamma"):
+                assert getattr(record, field) == getattr(engine_record, field), field
+            assert record.num_accepted_tokens > 0
+            assert (record.prompt_tokens, record.output_tokens) == (
+                engine_record.prompt_tokens,
+                engine_record.output_tokens,
+            )
+            assert record.e2e_s >= engine_record.e2e_s - engine_record.queue_s
+            assert record.ttft_s is not None and record.ttft_s <= record.e2e_s
+            assert record.queue_s == pytest.approx(engine_record.queue_s, abs=1e-6)
+
+
+def _text(response: httpx.Response, stream: bool) -> str:
+    if not stream:
+        return response.json()["choices"][0]["message"]["content"]
+    events = [line[6:] for line in response.text.split("\n\n") if line.startswith("data: {")]
+    chunks = [orjson.loads(e) for e in events]
+    return "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c.get("choices"))
+
+
+def test_the_plain_pool_records_autoregressive(upstreams):
+    _, plain = upstreams
+    with GatewayServer(pools(upstreams), RoutingConfig(long_prompt_tokens=10)) as gw:
+        response = chat(gw.url)  # the prompt is over 10 tokens: the plain pool
+        assert response.headers["x-specwatch-upstream"] == "plain1"
+        record, engine_record = gw.wait_records(1)[0], plain.records[-1]
+        assert (record.mode, record.mode_reason, record.drafter) == ("autoregressive", "long_prompt", None)
+        assert engine_record.mode == "autoregressive" and record.num_drafts == 0 and record.draft_counts_known
+
+
+def test_canary_split_over_400_requests_is_within_binomial_bounds_and_sticky(upstreams):
+    async def send(client: httpx.AsyncClient, url: str, user: str) -> str:
+        body = {"prompt": "Hi", "max_tokens": 1, "temperature": 0, "user": user}
+        response = await client.post(f"{url}/v1/completions", json=body)
+        assert response.status_code == 200
+        return response.headers["x-specwatch-upstream"]
+
+    async def run(url: str, users: list[str]) -> list[str]:
+        limit = asyncio.Semaphore(8)
+        async with httpx.AsyncClient(timeout=120) as client:
+
+            async def one(user: str) -> str:
+                async with limit:
+                    return await send(client, url, user)
+
+            return await asyncio.gather(*(one(u) for u in users))
+
+    with GatewayServer(pools(upstreams), RoutingConfig(canary=0.3, load_off=1000, load_on=999)) as gw:
+        users = [f"user-{i}" for i in range(400)]
+        served = asyncio.run(run(gw.url, users))
+        share = served.count("spec1") / len(served)
+        bound = 3.29 * math.sqrt(0.3 * 0.7 / 400)  # 99.9%
+        assert abs(share - 0.3) < bound, share
+        records = gw.wait_records(400)
+        assert {(r.arm, r.instance) for r in records} == {("spec", "spec1"), ("control", "plain1")}
+        assert all(r.mode_reason == "canary" for r in records)
+        again = asyncio.run(run(gw.url, users[:50]))
+        assert again == served[:50]  # the same user lands in the same arm
+
+
+def test_control_api_switches_the_gateway_and_refuses_without_the_token(upstreams):
+    with GatewayServer(pools(upstreams), control_token="gw-token") as gw:
+        url = f"{gw.url}/v1/control/mode"
+        assert httpx.post(url, json={"mode": "autoregressive"}).status_code == 401
+        assert httpx.post(url, json={"mode": "sideways"}, headers=TOKEN).status_code == 400
+        state = httpx.post(url, json={"mode": "autoregressive"}, headers=TOKEN).json()
+        assert (state["override"], state["override_reason"]) == ("autoregressive", "manual")
+        assert {u["name"] for u in state["upstreams"]} == {"spec1", "plain1"}
+        assert chat(gw.url).headers["x-specwatch-upstream"] == "plain1"
+        assert gw.wait_records(1)[0].mode_reason == "manual"
+        httpx.post(url, json={"mode": "auto"}, headers=TOKEN)
+        assert chat(gw.url).headers["x-specwatch-upstream"] == "spec1"
+        defrag = httpx.post(f"{gw.url}/v1/control/defragment", headers=TOKEN)
+        assert defrag.status_code == 409 and "not applicable to a gateway" in defrag.json()["error"]["message"]
+    with GatewayServer(pools(upstreams)) as gw:  # no token configured: the control API is off
+        assert httpx.post(f"{gw.url}/v1/control/mode", json={"mode": "auto"}, headers=TOKEN).status_code == 403
+
+
+def test_an_alert_on_gateway_records_falls_back_through_the_gateway_and_restores(upstreams, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECWATCH_TEST_GW_TOKEN", "gw-token")
+    db = make_engine(f"sqlite:///{tmp_path / 'alerts.db'}")
+    upgrade(db)
+    # min_acceptance 0: the gateway's own low-acceptance fallback stays out of this test's way
+    with GatewayServer(pools(upstreams), RoutingConfig(min_acceptance=0.0), control_token="gw-token") as gw:
+        rule = {
+            **{"name": "SpecAcceptanceLow", "signal": "acceptance_rate", "op": "<", "threshold": 0.99},
+            **{"window": "5m", "for": "0s", "min_samples": 3, "group_by": ["instance"]},
+            "actions": ["fallback_autoregressive"],
+        }
+        remediation = {"cooldown": "90s", "token_env": "SPECWATCH_TEST_GW_TOKEN", "engines": {"spec1": gw.url}}
+        config = parse_config({"rules": [rule], "remediation": remediation})
+        for n in range(4):  # open-ended prompts: n-gram drafts are mostly rejected
+            body = {"prompt": f"Write a sentence about the number {n}.", "max_tokens": 16, "temperature": 0}
+            assert httpx.post(f"{gw.url}/v1/completions", json=body, timeout=120).status_code == 200
+        Store(db).insert(IngestBatch(requests=gw.wait_records(4)))
+        assert sum(r.num_accepted_tokens for r in gw.records) < 0.99 * sum(r.num_draft_tokens for r in gw.records)
+        runner = AlertRunner(db, config)
+        now = time.time() + 1
+        report = runner.cycle(now)
+        assert [(a.action, a.outcome) for a in report.actions] == [("fallback_autoregressive", "ok")]
+        assert chat(gw.url).headers["x-specwatch-upstream"] == "plain1"
+        assert gw.wait_records(5)[-1].mode_reason == "alert"
+        report = runner.cycle(now + 400)  # the requests left the window: resolved, restored
+        assert [(a.action, a.outcome) for a in report.actions] == [("restore_speculative", "ok")]
+        assert chat(gw.url).headers["x-specwatch-upstream"] == "spec1"
+        runner.close()
+    with db.connect() as conn:
+        actions = conn.execute(select(AlertActionRow.action, AlertActionRow.instance, AlertActionRow.outcome)).all()
+    assert [tuple(a) for a in actions] == [
+        ("fallback_autoregressive", "spec1", "ok"),
+        ("restore_speculative", "spec1", "ok"),
+    ]
+
+
+def test_load_on_the_spec_pool_sends_requests_to_the_plain_pool(upstreams):
+    with GatewayServer(pools(upstreams), RoutingConfig(cooldown_s=0.0)) as gw:
+        gw.gateway.states["spec1"].in_flight = 7  # 7 of its 8 seats taken by other requests: load 0.875
+        response = chat(gw.url, max_tokens=4)
+        gw.gateway.states["spec1"].in_flight -= 7
+        assert response.headers["x-specwatch-upstream"] == "plain1"
+        record = gw.wait_records(1)[0]
+        assert (record.mode_reason, record.instance) == ("load", "plain1")
