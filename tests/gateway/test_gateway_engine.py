@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from pathlib import Path
 
 import httpx
 import orjson
@@ -14,16 +15,19 @@ import pytest
 from engine_harness import BackgroundServer
 from gateway_harness import GatewayServer
 from sqlalchemy import select
+from waiting import wait_for
 
 from alerts.rules import parse_config
 from alerts.runner import AlertRunner
+from collector.client import TelemetryClient
 from collector.db import make_engine, upgrade
-from collector.models import AlertActionRow
+from collector.models import AlertActionRow, Request
 from collector.schema import IngestBatch
 from collector.store import Store
 from engine.policy import PolicyConfig
 from engine.scheduler import SchedulerConfig
 from gateway.routing import RoutingConfig
+from specwatch.common import free_port, start_collector, stop_process
 
 REPEAT = "Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox jumps over the lazy dog."
 TOKEN = {"authorization": "Bearer gw-token"}
@@ -180,3 +184,42 @@ def test_load_on_the_spec_pool_sends_requests_to_the_plain_pool(upstreams):
         assert response.headers["x-specwatch-upstream"] == "plain1"
         record = gw.wait_records(1)[0]
         assert (record.mode_reason, record.instance) == ("load", "plain1")
+
+
+def test_records_reach_a_collector_that_starts_late_spooled_not_lost(upstreams, tmp_path):
+    port = free_port()
+    collector_url = f"http://127.0.0.1:{port}"
+    client = TelemetryClient(collector_url, tmp_path / "spool", flush_interval_s=0.2, retries=1)
+    try:
+        with GatewayServer(pools(upstreams), RoutingConfig(canary=0.5), telemetry=client, name="edge") as gw:
+            for n in range(6):
+                body = {"prompt": REPEAT, "max_tokens": 6, "temperature": 0, "user": f"u{n}"}
+                assert httpx.post(f"{gw.url}/v1/completions", json=body, timeout=120).status_code == 200
+            sent = {r.request_id: r for r in gw.wait_records(6)}
+            wait_for(lambda: client.stats().spooled >= 1, "the records to be spooled while the collector is down")
+            collector = start_collector(port, tmp_path / "collector.log", f"sqlite:///{tmp_path / 'sw.db'}")
+            try:
+                stored = wait_for(lambda: _stored(tmp_path / "sw.db", 6), "the spooled records to be delivered")
+                events = httpx.get(f"{collector_url}/v1/events", params={"last": 3600}).json()
+            finally:
+                stop_process(collector)
+    finally:
+        client.close()
+    assert {r["request_id"]: (r["instance"], r["arm"]) for r in stored} == {
+        i: (r.instance, r.arm) for i, r in sent.items()
+    }
+    assert {e["kind"] for e in events if e["instance"] == "edge"} >= {"config", "upstream"}
+
+
+def _stored(db: Path, n: int) -> list[dict] | None:
+    if not db.exists():
+        return None
+    engine = make_engine(f"sqlite:///{db}")
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(select(Request.request_id, Request.instance, Request.arm)).mappings().all()
+    except Exception:  # not migrated yet
+        return None
+    finally:
+        engine.dispose()
+    return [dict(r) for r in rows] if len(rows) >= n else None
