@@ -23,6 +23,7 @@ import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import TypeAdapter, ValidationError
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -189,13 +190,22 @@ def create_app(gateway: Gateway) -> Starlette:
         Route("/v1/control/state", _state, methods=["GET"]),
         Route("/v1/control/{action:path}", _not_applicable, methods=["POST"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HttpError: _http_error})
+    handlers = {HttpError: _http_error, StarletteHTTPException: _starlette_error}
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
     app.state.gateway = gateway
     return app
 
 
 async def _http_error(request: Request, exc: HttpError) -> JSONResponse:
     return error_response(exc.status, str(exc), exc.kind)
+
+
+async def _starlette_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """Unknown routes (404) and wrong methods (405) in OpenAI's error shape too."""
+    message = f"{request.method} {request.url.path}: {exc.detail}"
+    return error_response(
+        exc.status_code, message, "not_found_error" if exc.status_code == 404 else "invalid_request_error", exc.headers
+    )
 
 
 # -- the proxied routes -----------------------------------------------------------------------------

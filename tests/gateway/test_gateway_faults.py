@@ -148,3 +148,11 @@ def test_headers_and_tags_travel(upstream):
         record = gw.wait_records(1)[0]
         assert record.tags == {"scenario": "chat", "team": "search", "tenant": "acme"}  # the header wins
         assert record.request_id == response.headers["x-specwatch-request-id"]
+
+
+def test_unknown_routes_and_methods_are_json_errors(upstream):
+    with GatewayServer([f"p={upstream.url}"]) as gw:
+        missing = httpx.post(f"{gw.url}/v1/embeddings", json={})
+        assert missing.status_code == 404 and "/v1/embeddings" in missing.json()["error"]["message"]
+        wrong = httpx.get(f"{gw.url}/v1/completions")
+        assert wrong.status_code == 405 and wrong.json()["error"]["type"] == "invalid_request_error"
