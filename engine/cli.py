@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from engine.policy import PolicyConfig
-from specwatch.common import UsageError, first_token, tcp_port
+from specwatch.common import UsageError, add_telemetry_arguments, tcp_port
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -52,19 +52,7 @@ def _register_serve(subparsers: argparse._SubParsersAction) -> None:
         default=30.0,
         help="on SIGTERM/SIGINT, seconds in-flight requests may finish before they are cancelled (default: 30)",
     )
-    serve.add_argument(
-        "--collector",
-        default=os.environ.get("SPECWATCH_COLLECTOR_URL"),
-        help="collector URL for telemetry (default: SPECWATCH_COLLECTOR_URL; none: no telemetry)",
-    )
-    serve.add_argument(
-        "--collector-token",
-        default=first_token(os.environ.get("SPECWATCH_INGEST_TOKEN")),
-        help="bearer token for the collector's ingest (default: SPECWATCH_INGEST_TOKEN; refused: spooled, not lost)",
-    )
-    serve.add_argument(
-        "--spool-dir", type=Path, default=Path("data/engine-spool"), help="telemetry spool while the collector is down"
-    )
+    add_telemetry_arguments(serve, Path("data/engine-spool"))
     serve.add_argument("--instance", default=socket.gethostname())
     serve.add_argument("--sample-interval", type=float, default=5.0, help="seconds between device samples")
     serve.add_argument("--load-off", type=float, default=0.75, help="speculation off above this load (default: 0.75)")

@@ -37,6 +37,7 @@ from typing import Literal
 
 from collector.schema import RequestRecord
 from engine.telemetry import TelemetrySink
+from specwatch.common import LoadSwitch
 
 Override = Literal["auto", "speculative", "autoregressive"]
 
@@ -110,8 +111,7 @@ class Policy:
         self._lock = threading.Lock()
         self._override: tuple[Override, str] = ("auto", "manual")
         self._draft_loaded = True
-        self._load_allows = True
-        self._last_switch = float("-inf")
+        self._load = LoadSwitch(config.load_off, config.load_on, config.cooldown_s)
         self._acceptance: dict[str, deque[tuple[int, int]]] = {}
         self._fallback_count: dict[str, int] = {}
         self._goodput: dict[str, deque[float]] = {}  # drafter or 'plain' -> tokens per busy second
@@ -136,7 +136,7 @@ class Policy:
             return {
                 "override": self._override[0],
                 "override_reason": self._override[1],
-                "load_allows_speculation": self._load_allows,
+                "load_allows_speculation": self._load.allows,
                 "draft_loaded": self._draft_loaded,
                 "selector": self.selector.summary(),
             }
@@ -144,7 +144,7 @@ class Policy:
     def decide(self, prompt_tokens: int, load: float, drafter: str | None, now: float | None = None) -> Decision:
         now = time.monotonic() if now is None else now
         with self._lock:
-            switched = self._track_load(load, now)
+            switched = self._load.update(load, now)
             decision = self._decide(prompt_tokens, drafter)
         if switched is not None:
             self._switched(switched, "load", load)
@@ -160,7 +160,7 @@ class Policy:
             return Decision(False, "memory")
         if prompt_tokens > self.config.long_prompt_tokens:
             return Decision(False, "long_prompt")
-        if not self._load_allows and not self._pays_under_load(drafter):
+        if not self._load.allows and not self._pays_under_load(drafter):
             return Decision(False, "load")
         return self._canary_or_acceptance(drafter)
 
@@ -173,18 +173,6 @@ class Policy:
         if self._load_probes % (self.config.probe_every * (4 if conclusive else 1)) == 0:
             return False  # a plain probe: measures plain decoding under this load
         return ratio > 1.0 if measured else True  # not measured yet: keep speculating while probes collect evidence
-
-    def _track_load(self, load: float, now: float) -> bool | None:
-        """The new default (speculate or not) when load switches it now, else None."""
-        want = self._load_allows
-        if self._load_allows and load > self.config.load_off:
-            want = False
-        elif not self._load_allows and load < self.config.load_on:
-            want = True
-        if want != self._load_allows and now - self._last_switch >= self.config.cooldown_s:
-            self._load_allows, self._last_switch = want, now
-            return want
-        return None
 
     def _switched(self, speculate: bool, reason: str, load: float) -> None:
         """Reported outside the lock: a consumer may read `state`."""

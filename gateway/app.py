@@ -167,7 +167,8 @@ def create_app(gateway: Gateway) -> Starlette:
     async def lifespan(app: Starlette):
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=1024)
         timeout = httpx.Timeout(gateway.settings.upstream_timeout_s, connect=gateway.settings.connect_timeout_s)
-        async with httpx.AsyncClient(limits=limits, timeout=timeout) as http:
+        # trust_env off: upstreams are addressed directly, never through an HTTP(S)_PROXY meant for the outside
+        async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as http:
             gateway.http = http
             gateway.emit("config", {"role": "gateway", "routing": gateway.router.state["config"]})
             await asyncio.gather(*(gateway.check(state) for state in gateway.states.values()))
@@ -270,7 +271,7 @@ async def _send(gateway: Gateway, request: Request, raw: bytes, pool: str, outco
             "POST", state.upstream.url + request.url.path, content=raw, headers=headers
         )
         try:
-            return await gateway.http.send(upstream_request, stream=True), state
+            return await _send_once(gateway, upstream_request, outcome), state
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing reached it: try the next one
             state.in_flight -= 1
             state.mark_down(f"connect: {type(exc).__name__}: {exc}"[:200])
@@ -282,6 +283,16 @@ async def _send(gateway: Gateway, request: Request, raw: bytes, pool: str, outco
             gateway.finish(outcome, t0, state)
             message = f"upstream {state.upstream.name} failed before answering: {type(exc).__name__}"
             return error_response(504 if timed_out else 502, message, "server_error")
+
+
+async def _send_once(gateway: Gateway, upstream_request: httpx.Request, outcome: Outcome) -> httpx.Response:
+    """A kept-alive connection that the upstream closed while idle fails before any answer:
+    one more try, on a fresh connection, before the upstream is taken for broken."""
+    try:
+        return await gateway.http.send(upstream_request, stream=True)
+    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
+        outcome.retries += 1
+        return await gateway.http.send(upstream_request, stream=True)
 
 
 def _no_upstream(gateway: Gateway, outcome: Outcome, tried: set[str], t0: float) -> Response:

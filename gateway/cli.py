@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from specwatch.common import UsageError, first_token, tcp_port
+from specwatch.common import UsageError, add_telemetry_arguments, tcp_port
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -27,17 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=tcp_port, default=8100)
     serve.add_argument("--name", default="gateway", help="instance label of requests no upstream took")
-    serve.add_argument(
-        "--collector",
-        default=os.environ.get("SPECWATCH_COLLECTOR_URL"),
-        help="collector URL for telemetry (default: SPECWATCH_COLLECTOR_URL; none: no telemetry)",
-    )
-    serve.add_argument(
-        "--collector-token",
-        default=first_token(os.environ.get("SPECWATCH_INGEST_TOKEN")),
-        help="bearer token for the collector's ingest (default: SPECWATCH_INGEST_TOKEN)",
-    )
-    serve.add_argument("--spool-dir", type=Path, default=Path("data/gateway-spool"), help="telemetry spool")
+    add_telemetry_arguments(serve, Path("data/gateway-spool"))
     serve.add_argument(
         "--canary", type=float, default=None, help="share of traffic for the spec pool, the rest to plain (A/B arms)"
     )

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from collector.schema import RequestRecord
+from specwatch.common import LoadSwitch
 
 Override = Literal["auto", "speculative", "autoregressive"]
 
@@ -74,8 +75,7 @@ class Router:
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self._override: tuple[Override, str] = ("auto", "manual")
-        self._load_allows = True
-        self._last_switch = float("-inf")
+        self._load = LoadSwitch(config.load_off, config.load_on, config.cooldown_s)
         self._acceptance: deque[tuple[int, int]] = deque(maxlen=config.acceptance_window)
         self._low_count = 0
 
@@ -88,7 +88,7 @@ class Router:
     ) -> Route:
         now = time.monotonic() if now is None else now
         with self._lock:
-            self._track_load(spec_load, now)
+            self._load.update(spec_load, now)
             mode, reason = self._override
             if mode != "auto":
                 return Route("spec" if mode == "speculative" else "plain", reason)
@@ -96,7 +96,7 @@ class Router:
                 return Route("plain", "long_prompt")
             if not spec_up:
                 return Route("plain", "failover")
-            if not self._load_allows:
+            if not self._load.allows:
                 return Route("plain", "load")
             if self.config.canary is not None:
                 share = session_share(session) if session else self._rng.random()
@@ -110,15 +110,6 @@ class Router:
                 if self._low_count % self.config.probe_every:
                     return Route("plain", "low_acceptance")
             return Route("spec", "default")
-
-    def _track_load(self, load: float, now: float) -> None:
-        want = self._load_allows
-        if self._load_allows and load > self.config.load_off:
-            want = False
-        elif not self._load_allows and load < self.config.load_on:
-            want = True
-        if want != self._load_allows and now - self._last_switch >= self.config.cooldown_s:
-            self._load_allows, self._last_switch = want, now
 
     def _acceptance_low(self) -> bool:
         if len(self._acceptance) < self.config.min_window:
@@ -139,7 +130,7 @@ class Router:
             return {
                 "override": self._override[0],
                 "override_reason": self._override[1],
-                "load_allows_speculation": self._load_allows,
+                "load_allows_speculation": self._load.allows,
                 "recent_acceptance": sum(a for _, a in self._acceptance) / drafted if drafted else None,
                 "recent_speculative_requests": len(self._acceptance),
                 "config": {k: getattr(self.config, k) for k in self.config.__dataclass_fields__},

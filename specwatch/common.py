@@ -42,6 +42,46 @@ def first_token(tokens: str | None) -> str | None:
     return next((t.strip() for t in (tokens or "").split(",") if t.strip()), None)
 
 
+class LoadSwitch:
+    """Speculation on or off by load, with hysteresis: off above `load_off`, back on below `load_on`,
+    at most one switch per `cooldown_s` (the engine's policy and the gateway's router share it;
+    the caller holds its own lock)."""
+
+    def __init__(self, load_off: float, load_on: float, cooldown_s: float) -> None:
+        self.load_off, self.load_on, self.cooldown_s = load_off, load_on, cooldown_s
+        self.allows = True
+        self._last_switch = float("-inf")
+
+    def update(self, load: float, now: float) -> bool | None:
+        """The new state when `load` switches it now, else None."""
+        want = self.allows
+        if self.allows and load > self.load_off:
+            want = False
+        elif not self.allows and load < self.load_on:
+            want = True
+        if want != self.allows and now - self._last_switch >= self.cooldown_s:
+            self.allows, self._last_switch = want, now
+            return want
+        return None
+
+
+def add_telemetry_arguments(parser: argparse.ArgumentParser, spool_dir: Path) -> None:
+    """--collector, --collector-token and --spool-dir of a producer (the engine, the gateway)."""
+    parser.add_argument(
+        "--collector",
+        default=os.environ.get("SPECWATCH_COLLECTOR_URL"),
+        help="collector URL for telemetry (default: SPECWATCH_COLLECTOR_URL; none: no telemetry)",
+    )
+    parser.add_argument(
+        "--collector-token",
+        default=first_token(os.environ.get("SPECWATCH_INGEST_TOKEN")),
+        help="bearer token for the collector's ingest (default: SPECWATCH_INGEST_TOKEN; refused: spooled, not lost)",
+    )
+    parser.add_argument(
+        "--spool-dir", type=Path, default=spool_dir, help=f"telemetry spool while the collector is down ({spool_dir})"
+    )
+
+
 def free_port() -> int:
     """A TCP port free on the loopback interface right now."""
     with socket.socket() as sock:

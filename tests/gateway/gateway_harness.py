@@ -4,6 +4,7 @@ misbehaving OpenAI upstream (real HTTP, real sockets) for the fault tests."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
 
@@ -120,3 +121,61 @@ async def _slow_stream(state):
         yield b"data: [DONE]\n\n"
     finally:
         state.slow_sent.append(sent)
+
+
+class DroppingUpstream:
+    """A raw HTTP/1.1 server that drops the first POST's connection without answering (what a
+    kept-alive connection the server closed while idle looks like to the client), then answers."""
+
+    REPLY = (
+        b'{"object":"text_completion","choices":[{"index":0,"text":"ok"}],'
+        b'"usage":{"prompt_tokens":1,"completion_tokens":1}}'
+    )
+
+    def __init__(self) -> None:
+        self.socket = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.socket.getsockname()[1]}"
+        self.posts = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.socket.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._connection, args=(conn,), daemon=True).start()
+
+    def _connection(self, conn: socket.socket) -> None:
+        with conn:
+            buffer = b""
+            while True:
+                while b"\r\n\r\n" not in buffer:
+                    data = conn.recv(65536)
+                    if not data:
+                        return
+                    buffer += data
+                head, _, buffer = buffer.partition(b"\r\n\r\n")
+                length = next(
+                    (
+                        int(line.split(b":")[1])
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length:")
+                    ),
+                    0,
+                )
+                while len(buffer) < length:
+                    buffer += conn.recv(65536)
+                buffer = buffer[length:]
+                if head.startswith(b"POST"):
+                    self.posts += 1
+                    if self.posts == 1:
+                        return  # closed without a word
+                body = self.REPLY if head.startswith(b"POST") else b""
+                conn.sendall(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                    % (len(body), body)
+                )
+
+    def close(self) -> None:
+        self.socket.close()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from gateway_harness import GatewayServer, ThreadServer, faulty_upstream
+from gateway_harness import DroppingUpstream, GatewayServer, ThreadServer, faulty_upstream
 from waiting import wait_for
 
 from gateway.routing import RoutingConfig
@@ -156,3 +156,16 @@ def test_unknown_routes_and_methods_are_json_errors(upstream):
         assert missing.status_code == 404 and "/v1/embeddings" in missing.json()["error"]["message"]
         wrong = httpx.get(f"{gw.url}/v1/completions")
         assert wrong.status_code == 405 and wrong.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_connection_dropped_before_any_answer_is_retried_once_not_taken_for_a_dead_upstream():
+    upstream = DroppingUpstream()
+    try:
+        with GatewayServer([f"p={upstream.url}"]) as gw:
+            response = post(gw.url, {"prompt": "hello"})
+            assert response.status_code == 200 and upstream.posts == 2
+            record = gw.wait_records(1)[0]
+            assert (record.status, record.retries) == ("ok", 1)
+            assert gw.gateway.states["p"].healthy
+    finally:
+        upstream.close()
