@@ -36,8 +36,8 @@ J_PER_KWH = 3.6e6
 MTOK = 1e6
 GB = 1e9
 MODES = ("speculative", "autoregressive")
-# Drafters without trained weights: prompt lookup needs no training run.
-UNTRAINED_DRAFTERS = ("ngram",)
+# Drafters without trained weights: prompt lookup and suffix decoding need no training run.
+UNTRAINED_DRAFTERS = ("ngram", "suffix")
 
 
 @dataclass(frozen=True)
