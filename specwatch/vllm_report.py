@@ -1,5 +1,11 @@
 """What `specwatch vllm check` prints at the end: everything read back from the collector
-(and, to check it, from vLLM's own /metrics), per traffic phase.
+(and, to check it, from vLLM's own /metrics).
+
+The A/B check (`print_ab_report`): per arm the requests, acceptance and latency; the speed-up per
+scenario with its p-value; the spec arm's acceptance by draft position from the records, checked
+against the delta of the speculating vLLM's own counters; the cost per arm.
+
+The single-server check (`print_report`), per traffic phase:
 
 - acceptance the collector reports for the vLLM source vs the delta of vLLM's counters,
 - TTFT / e2e percentiles (vLLM's histograms, as scraped) next to the client-side ones,
@@ -216,3 +222,149 @@ def _ratio(value: float | None) -> str:
 
 def _ms(value: float | None) -> str:
     return "n/a" if value is None else f"{1000 * value:.0f} ms"
+
+
+# -- the A/B check (specwatch.vllm_ab) -----------------------------------------------------------------
+
+PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
+
+
+def per_position_totals(metrics_text: str) -> dict[int, float]:
+    """vLLM's accepted tokens per draft position (0-based; `position` label), summed over engines."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals: dict[int, float] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name == PER_POSITION:
+            for sample in family.samples:
+                if sample.name == PER_POSITION + "_total":
+                    position = int(sample.labels["position"])
+                    totals[position] = totals.get(position, 0.0) + sample.value
+    return totals
+
+
+def spec_counters(metrics_url: str) -> dict:
+    """vLLM's spec-decode counter totals, and `per_position`: {position: accepted tokens}."""
+    from specwatch.vllm_server import SPEC_COUNTERS, counter_totals
+
+    text = httpx.get(metrics_url, timeout=10).text
+    return {**counter_totals(text, SPEC_COUNTERS), "per_position": per_position_totals(text)}
+
+
+def print_ab_report(run) -> bool:
+    """The A/B summary from the collector's query API; True when the records match vLLM's counters
+    and no request failed."""
+    print("\n" + "=" * 100 + "\nvllm check (A/B through the gateway): summary\n" + "=" * 100, flush=True)
+    window = {"start": run.started - 1, "end": run.ended + 60}
+    arms = _get(run, "/v1/breakdown", {**window, "by": "arm"})["groups"]
+    print(
+        f"{run.ended - run.started:.0f} s of `specwatch traffic` through the gateway (canary {run.args.canary:g}): "
+        f"{run.requests} requests; arm spec = vLLM with n-gram speculation, arm control = plain vLLM"
+    )
+    _arms(arms)
+    _speedups(run, window)
+    matches = _acceptance(run, window)
+    _cost(run, window)
+    errors = sum(g["errors"] for g in arms)
+    ok = matches and errors == 0 and {g["key"] for g in arms} == {"spec", "control"}
+    verdict = "PASS" if ok else "FAIL"
+    print(
+        f"\nvllm check: {verdict}: both arms served, {errors} errors; the records' draft counts "
+        f"{'equal' if matches else 'differ from'} the speculating vLLM's own counters",
+        flush=True,
+    )
+    return ok
+
+
+def _get(run, path: str, params: dict) -> dict:
+    response = httpx.get(run.collector_url + path, params=params, timeout=30)
+    response.raise_for_status()
+    return response.json()
+
+
+def _arms(groups: list[dict]) -> None:
+    print("\narms (GET /v1/breakdown?by=arm):")
+    print(
+        f"  {'arm':<8} {'requests':>8} {'errors':>6} {'tokens':>7} {'acceptance':>10} {'accept len':>10} "
+        f"{'ms/token':>9} {'TTFT P50':>9} {'TTFT P99':>9}"
+    )
+    for g in groups:
+        print(
+            f"  {g['key']:<8} {g['requests']:>8} {g['errors']:>6} {g['output_tokens']:>7} "
+            f"{_ratio(g['acceptance_rate']):>10} {_ratio(g['mean_acceptance_length']):>10} "
+            f"{_ms_value(g['s_per_token_mean']):>9} {_ms(g['ttft']['p50']):>9} {_ms(g['ttft']['p99']):>9}"
+        )
+
+
+def _speedups(run, window: dict) -> None:
+    print(
+        "\nspeed-up per scenario (GET /v1/compare?by=arm&tag=scenario:S): control mean s/token over spec "
+        "mean s/token (> 1: speculation pays), two-sided Mann-Whitney U p-value on the per-request s/token"
+    )
+    print(
+        f"  {'scenario':<10} {'spec n':>6} {'control n':>9} {'spec ms/tok':>11} {'ctrl ms/tok':>11} {'speed-up':>8}  p"
+    )
+    for scenario in (*run.scenarios, None):
+        tags = {"tag": f"scenario:{scenario}"} if scenario else {}
+        got = _get(run, "/v1/compare", {**window, "by": "arm", **tags})
+        spec, plain = got["speculative"] or {}, got["plain"] or {}
+        speedup = "n/a" if got["speedup"] is None else f"{got['speedup']:.2f}x"
+        p_value = "n/a" if got["p_value"] is None else f"{got['p_value']:.3g}"
+        print(
+            f"  {scenario or 'all':<10} {spec.get('requests', 0):>6} {plain.get('requests', 0):>9} "
+            f"{_ms_value(spec.get('s_per_token_mean')):>11} {_ms_value(plain.get('s_per_token_mean')):>11} "
+            f"{speedup:>8}  {p_value}"
+        )
+
+
+def _acceptance(run, window: dict) -> bool:
+    """Acceptance of the spec arm from the records, and whether it equals vLLM's own counter deltas."""
+    signals = _get(run, "/v1/signals", {**window, "arm": "spec"})
+    positions = _get(run, "/v1/acceptance/positions", {**window, "arm": "spec"})
+    before, after = run.counters_before, run.counters_after
+    own = [after[name] - before[name] for name, _ in COUNTER_FIELDS]
+    seen = [signals[short] for _, short in COUNTER_FIELDS]
+    by_records = [round(rate * positions["drafts"]) for rate in positions["rates"]]
+    width = max(len(by_records), len(after["per_position"]))
+    by_counters = [round(after["per_position"].get(i, 0) - before["per_position"].get(i, 0)) for i in range(width)]
+    by_records += [0] * (width - len(by_records))
+    equal = seen == own and by_records == by_counters
+    print(
+        f"\nacceptance of the spec arm (the records: GET /v1/signals?arm=spec): {_ratio(signals['acceptance_rate'])} "
+        f"= {seen[2]} accepted / {seen[1]} drafted tokens in {seen[0]} drafts, "
+        f"mean acceptance length {_ratio(signals['mean_acceptance_length'])}"
+    )
+    print(
+        "  by draft position (GET /v1/acceptance/positions: share of drafts with tokens 0..i all accepted): "
+        + " ".join(f"{rate:.2f}" for rate in positions["rates"])
+    )
+    print(
+        f"  the speculating vLLM's own counters, delta over the traffic: {own[2]:.0f} accepted / {own[1]:.0f} "
+        f"drafted, {own[0]:.0f} drafts; per position {by_counters} vs the records' {by_records} -> "
+        f"{'EQUAL' if equal else 'DIFFERENT'}"
+    )
+    return equal
+
+
+def _cost(run, window: dict) -> None:
+    got = _get(run, "/v1/cost", {**window, "gpu_type": GPU_TYPE})
+    tco = got["tco"]
+    print(
+        f"\ncost per arm (GET /v1/cost over the window, priced as {GPU_TYPE} at ${tco['gpu_hour_usd']:g}/h, "
+        f"{tco['monthly_output_tokens'] / 1e6:.1f}M output tokens/month {tco['volume_source']}):"
+    )
+    print(f"  {'arm':<24} {'USD / 1M tokens':>15} {'device-h / 1M':>13} {'USD / month':>11}")
+    for arm in tco["arms"]:
+        print(
+            f"  {arm['key']:<24} {arm['total_usd_per_mtok']:>15.4f} {arm['gpu_hours_per_mtok']:>13.3f} "
+            f"{arm['monthly_usd']:>11.2f}"
+        )
+    for benefit in tco["benefits"]:
+        print(
+            f"  speculation ({benefit['key']}): saves ${benefit['explicit_saving_usd']:.2f}/month explicitly, "
+            f"net ${benefit['net_usd']:.2f}/month after hidden costs"
+        )
+
+
+def _ms_value(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{1000 * seconds:.1f}"
