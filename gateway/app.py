@@ -39,7 +39,10 @@ from specwatch.common import Grant, TokenTable
 FORWARDED_HEADERS = ("authorization", "traceparent", "tracestate", "content-type", "accept")
 TAGS = TypeAdapter(dict[TagKey, TagValue])
 MODES = ("auto", "speculative", "autoregressive")
-MAX_REPORTED_UPSTREAMS = 16  # an event's detail holds at most 4 KiB
+MAX_REPORTED_UPSTREAMS = 16
+SLOW_CHECKS_DOWN = (
+    3  # health checks timing out in a row before an upstream counts as down  # an event's detail holds at most 4 KiB
+)
 
 
 @dataclass(frozen=True)
@@ -131,7 +134,7 @@ class Gateway:
         self.emit("upstream", {"role": "gateway", "upstreams": upstreams})
 
     async def check(self, state: UpstreamState) -> None:
-        timeout = max(0.5, min(2.0, self.settings.health_interval_s * 2))
+        timeout = max(1.0, min(2.0, self.settings.health_interval_s * 2))
         try:
             health = await self.http.get(f"{state.upstream.url}/health", timeout=timeout)
             if health.status_code != 200:
@@ -141,6 +144,11 @@ class Gateway:
                 if metrics.status_code == 200:
                     state.read_metrics(metrics.text)
                 state.mark_up()
+            state.slow_checks = 0
+        except httpx.TimeoutException as exc:  # alive but slow (a starved CPU server): down after a few in a row
+            state.slow_checks += 1
+            if state.slow_checks >= SLOW_CHECKS_DOWN:
+                state.mark_down(f"health check: {state.slow_checks} timeouts in a row ({type(exc).__name__})")
         except httpx.HTTPError as exc:
             state.mark_down(f"health check: {type(exc).__name__}: {exc}"[:200])
         state.checked_at = time.time()

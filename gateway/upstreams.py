@@ -107,6 +107,7 @@ class UpstreamState:
     checked_at: float | None = None
     last_error: str | None = None
     down_since: float | None = None
+    slow_checks: int = 0  # health checks timed out in a row
     served: dict[str, int] = field(default_factory=dict)  # status -> requests
 
     @property

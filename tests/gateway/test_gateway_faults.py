@@ -169,3 +169,16 @@ def test_a_connection_dropped_before_any_answer_is_retried_once_not_taken_for_a_
             assert gw.gateway.states["p"].healthy
     finally:
         upstream.close()
+
+
+def test_an_upstream_slow_to_answer_health_checks_is_down_only_after_three_in_a_row():
+    app = faulty_upstream()
+    with ThreadServer(app) as slow, GatewayServer([f"p={slow.url}"], health_interval_s=0.1) as gw:
+        state = gw.gateway.states["p"]
+        app.state.health_delay_s = 1.5  # over the 1 s check timeout
+        wait_for(lambda: state.slow_checks >= 1, "a health check to time out", timeout=10)
+        assert state.healthy  # one slow answer is not a dead upstream
+        wait_for(lambda: not state.healthy, "three timeouts in a row", timeout=20)
+        assert "3 timeouts in a row" in state.last_error
+        app.state.health_delay_s = 0.0
+        wait_for(lambda: state.healthy, "the upstream to be healthy again", timeout=20)

@@ -70,7 +70,9 @@ def stack(tmp_path_factory):
     spec = vllm_server.VllmServer(
         model, free_port(), tmp / "spec.log", vllm_server.ngram_config(), threads=1, per_request_metrics=True
     )
-    plain = vllm_server.VllmServer(model, free_port(), tmp / "plain.log", threads=1, per_request_metrics=True)
+    plain = vllm_server.VllmServer(  # on the second core: the spec server binds to the first
+        model, free_port(), tmp / "plain.log", threads=1, per_request_metrics=True, first_cpu=min(1, os.cpu_count() - 1)
+    )
     processes = []
     try:
         with ThreadPoolExecutor(2) as pool:  # ~40 s each, started side by side
