@@ -148,6 +148,9 @@ def _seconds(ms: Any) -> float | None:
     return ms / 1000.0
 
 
+NOTED_KEYS = (b'"usage"', b'"metrics"', b'"error"')
+
+
 class SseReader:
     """Splits an upstream's SSE bytes into events as they arrive and notes what the record needs:
     the first content chunk, the final usage and metrics, an in-band error. Events are passed on
@@ -166,9 +169,10 @@ class SseReader:
     def feed(self, data: bytes) -> bytes:
         """The complete events in `data` (and before it) to pass on; a partial event waits for the rest."""
         self.buffer += data
-        if b"\n\n" not in self.buffer and b"\r\n\r\n" not in self.buffer:
+        if b"\r" in self.buffer:
+            self.buffer = self.buffer.replace(b"\r\n", b"\n")
+        if b"\n\n" not in self.buffer:
             return b""
-        self.buffer = self.buffer.replace(b"\r\n", b"\n")
         *events, self.buffer = self.buffer.split(b"\n\n")
         return b"".join(out for event in events if (out := self._event(event)))
 
@@ -181,6 +185,12 @@ class SseReader:
         payload = event[6:] if event.startswith(b"data: ") else (event[5:] if event.startswith(b"data:") else None)
         if payload is None or payload == b"[DONE]":
             self.done = self.done or payload == b"[DONE]"
+            return event + b"\n\n"
+        if self.saw_content and not any(key in payload for key in NOTED_KEYS):
+            # a content chunk after the first: nothing to note; parsing every token's chunk costs CPU the
+            # upstream may share, so only its outline is checked
+            if not (payload.startswith(b"{") and payload.rstrip().endswith(b"}")):
+                self.malformed += 1
             return event + b"\n\n"
         try:
             chunk = orjson.loads(payload)
