@@ -6,43 +6,20 @@ from __future__ import annotations
 
 import pytest
 from collector_payloads import T0, request_dict, sample_dict
+from gateway_events import upstream_snapshots
 
 from collector.breakdown import Source, sources
 from collector.queries import Window
 from collector.schema import EngineEvent, IngestBatch
 from collector.store import Store
-from gateway.app import Gateway, GatewaySettings
-from gateway.routing import Router, RoutingConfig
-from gateway.upstreams import Upstream
 
 WINDOW = Window(T0 + 100, T0 + 1100)  # 1000 s; the gateway's snapshots are older than its start
 
 
-class EventSink:
-    """Where the gateway's telemetry client would queue its events: kept to store them ourselves."""
-
-    def __init__(self) -> None:
-        self.events: list[EngineEvent] = []
-
-    def submit_event(self, event: EngineEvent) -> None:
-        self.events.append(event)
-
-
 def snapshots() -> list[EngineEvent]:
     """Gateway "edge"'s snapshots at T0 + 1 (both upstreams up) and T0 + 5 (vllm-b down), and one
-    after the window's end (vllm-b up again), from the gateway's own `emit_upstreams`."""
-    sink = EventSink()
-    upstreams = [
-        Upstream("vllm-a", "http://10.0.0.1:8000", drafter="ngram", gamma=4, pool="spec"),
-        Upstream("vllm-b", "http://10.0.0.2:8000", pool="plain"),
-    ]
-    gateway = Gateway(upstreams, Router(RoutingConfig()), GatewaySettings(name="edge"), sink)
-    gateway.emit_upstreams()
-    gateway.states["vllm-b"].mark_down("connect: connection refused")
-    gateway.emit_upstreams()
-    gateway.states["vllm-b"].mark_up()
-    gateway.emit_upstreams()
-    return [e.model_copy(update={"at": at}) for e, at in zip(sink.events, (T0 + 1, T0 + 5, T0 + 2000), strict=True)]
+    after the window's end (vllm-b up again)."""
+    return upstream_snapshots([T0 + 1, T0 + 5, T0 + 2000])
 
 
 def store(engine, requests=(), samples=(), events=()) -> None:

@@ -9,38 +9,16 @@ import time
 import httpx
 import pytest
 from collector_payloads import request_dict
+from gateway_events import upstream_snapshots
 from test_dashboard_pages import dashboard_over, open_page
 
-from collector.schema import EngineEvent
-from gateway.app import Gateway, GatewaySettings
-from gateway.routing import Router, RoutingConfig
-from gateway.upstreams import Upstream
 from specwatch.common import free_port, start_collector
-
-
-class EventSink:
-    """Where the gateway's telemetry client would queue its events: kept to send them ourselves."""
-
-    def __init__(self) -> None:
-        self.events: list[EngineEvent] = []
-
-    def submit_event(self, event: EngineEvent) -> None:
-        self.events.append(event)
 
 
 def gateway_snapshots(now: float) -> list[dict]:
     """Gateway "edge": both upstreams up two hours ago, vllm-b down since 90 minutes ago (both
     snapshots older than the page's last-hour window: health is state)."""
-    sink = EventSink()
-    upstreams = [
-        Upstream("vllm-a", "http://10.0.0.1:8000", drafter="ngram", gamma=4, pool="spec"),
-        Upstream("vllm-b", "http://10.0.0.2:8000", pool="plain"),
-    ]
-    gateway = Gateway(upstreams, Router(RoutingConfig()), GatewaySettings(name="edge"), sink)
-    gateway.emit_upstreams()
-    gateway.states["vllm-b"].mark_down("connect: connection refused")
-    gateway.emit_upstreams()
-    return [e.model_copy(update={"at": at}).model_dump() for e, at in zip(sink.events, (now - 7200, now - 5400))]
+    return [e.model_dump() for e in upstream_snapshots([now - 7200, now - 5400])]
 
 
 @pytest.fixture
