@@ -5,13 +5,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import socket
 import sys
 from pathlib import Path
 
 from engine.policy import PolicyConfig
-from specwatch.common import UsageError, add_telemetry_arguments, tcp_port
+from specwatch.common import UsageError, add_producer_arguments, tcp_port
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -52,7 +51,7 @@ def _register_serve(subparsers: argparse._SubParsersAction) -> None:
         default=30.0,
         help="on SIGTERM/SIGINT, seconds in-flight requests may finish before they are cancelled (default: 30)",
     )
-    add_telemetry_arguments(serve, Path("data/engine-spool"))
+    add_producer_arguments(serve, Path("data/engine-spool"))
     serve.add_argument("--instance", default=socket.gethostname())
     serve.add_argument("--sample-interval", type=float, default=5.0, help="seconds between device samples")
     serve.add_argument("--load-off", type=float, default=0.75, help="speculation off above this load (default: 0.75)")
@@ -63,11 +62,6 @@ def _register_serve(subparsers: argparse._SubParsersAction) -> None:
     )
     serve.add_argument("--min-acceptance", type=float, default=0.3)
     _add_selector_and_memory_arguments(serve)
-    serve.add_argument(
-        "--control-token",
-        default=os.environ.get("SPECWATCH_CONTROL_TOKEN"),
-        help="bearer token for /v1/control (default: SPECWATCH_CONTROL_TOKEN; unset: the control API is off)",
-    )
     serve.add_argument(
         "--drafters",
         nargs="+",

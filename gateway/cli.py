@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
-from specwatch.common import UsageError, add_telemetry_arguments, tcp_port
+from specwatch.common import UsageError, add_producer_arguments, tcp_port
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -27,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=tcp_port, default=8100)
     serve.add_argument("--name", default="gateway", help="instance label of requests no upstream took")
-    add_telemetry_arguments(serve, Path("data/gateway-spool"))
+    add_producer_arguments(serve, Path("data/gateway-spool"))
     serve.add_argument(
         "--canary", type=float, default=None, help="share of traffic for the spec pool, the rest to plain (A/B arms)"
     )
@@ -41,11 +40,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024, help="larger bodies get 413")
     serve.add_argument("--upstream-timeout", type=float, default=600.0, help="longest wait for an upstream's bytes")
     serve.add_argument("--health-interval", type=float, default=1.0, help="seconds between health checks and scrapes")
-    serve.add_argument(
-        "--control-token",
-        default=os.environ.get("SPECWATCH_CONTROL_TOKEN"),
-        help="bearer token for /v1/control (default: SPECWATCH_CONTROL_TOKEN; unset: the control API is off)",
-    )
     serve.set_defaults(handler=run_serve)
 
 

@@ -65,8 +65,9 @@ class LoadSwitch:
         return None
 
 
-def add_telemetry_arguments(parser: argparse.ArgumentParser, spool_dir: Path) -> None:
-    """--collector, --collector-token and --spool-dir of a producer (the engine, the gateway)."""
+def add_producer_arguments(parser: argparse.ArgumentParser, spool_dir: Path) -> None:
+    """--collector, --collector-token, --spool-dir and --control-token of a server that produces
+    telemetry and takes remediation (the engine, the gateway)."""
     parser.add_argument(
         "--collector",
         default=os.environ.get("SPECWATCH_COLLECTOR_URL"),
@@ -79,6 +80,11 @@ def add_telemetry_arguments(parser: argparse.ArgumentParser, spool_dir: Path) ->
     )
     parser.add_argument(
         "--spool-dir", type=Path, default=spool_dir, help=f"telemetry spool while the collector is down ({spool_dir})"
+    )
+    parser.add_argument(
+        "--control-token",
+        default=os.environ.get("SPECWATCH_CONTROL_TOKEN"),
+        help="bearer token for /v1/control (default: SPECWATCH_CONTROL_TOKEN; unset: the control API is off)",
     )
 
 
