@@ -289,13 +289,15 @@ def test_failover_when_an_upstream_is_killed(stack):
     failed = [s for s in sent if not s.ok]
     in_flight = [s for s in sent if s.started < kill_done and s.ended > kill_started]
     later = [s for s in sent if s.started >= kill_done]
+    assert any(s.upstream == "a" for s in sent if s.ended < kill_started)  # 'a' served before it died
     assert all(s in in_flight for s in failed), [s for s in failed if s not in in_flight]
-    assert 1 <= len(failed) <= 2, failed  # the one (or two) on 'a' at that moment
+    # at most the one (or two) streaming from 'a' at that moment; one that had no answer yet is retried on 'b'
+    assert len(failed) <= 2, failed
     assert len(later) >= 3 and all(s.ok and s.upstream == "b" for s in later), later
     # every request has a record, also a 502 before any header (no request id reaches the client then)
     records = stored_where(stack, Request.instance.in_(["a", "b"]), len(sent))
     assert len(records) == len(sent)
     errors = [r for r in records if r["status"] == "error"]
-    assert {r["instance"] for r in errors} == {"a"} and len(errors) == len(failed), errors
+    assert all(r["instance"] == "a" for r in errors) and len(errors) == len(failed), errors
     # killed mid-stream, or before its first byte (vLLM sends the headers with the first chunk): a 502 then
     assert all(r["error"] in ("upstream:disconnected", "upstream:no_response") for r in errors), errors
