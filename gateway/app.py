@@ -49,6 +49,8 @@ SLOW_CHECKS_DOWN = (
 class GatewaySettings:
     name: str = "gateway"  # the instance of records for requests no upstream took
     max_body_bytes: int = 4 * 1024 * 1024
+    body_timeout_s: float = 30.0  # the whole request body must arrive within this
+    max_response_bytes: int = 64 * 1024 * 1024  # a whole (non-streamed) upstream answer, held to be read
     upstream_timeout_s: float = 600.0  # longest wait for an upstream's next bytes
     connect_timeout_s: float = 2.0
     health_interval_s: float = 1.0
@@ -223,7 +225,7 @@ async def _starlette_error(request: Request, exc: StarletteHTTPException) -> JSO
 async def _proxy(request: Request) -> Response:
     gateway: Gateway = request.app.state.gateway
     t0, started_at = time.monotonic(), time.time()
-    raw = await _read_body(request, gateway.settings.max_body_bytes)
+    raw = await _read_body(request, gateway.settings.max_body_bytes, gateway.settings.body_timeout_s)
     body = _json_object(raw)
     stream = _stream_flag(body)
     drop_usage = stream and not _client_wants_usage(body)
@@ -313,7 +315,12 @@ def _no_upstream(gateway: Gateway, outcome: Outcome, tried: set[str], t0: float)
 
 async def _whole(gateway: Gateway, response: httpx.Response, state: UpstreamState, outcome: Outcome, t0: float):
     try:
-        content = await response.aread()
+        content = await _read_capped(response, gateway.settings.max_response_bytes)
+    except ResponseTooLarge:
+        outcome.status, outcome.error = "error", "upstream:too_large"
+        gateway.finish(outcome, t0, state)
+        limit = gateway.settings.max_response_bytes
+        return error_response(502, f"upstream {state.upstream.name} sent a body over {limit} bytes", "server_error")
     except httpx.HTTPError as exc:
         state.mark_down(f"read: {type(exc).__name__}")
         outcome.status, outcome.error = "error", "upstream:disconnected"
@@ -339,12 +346,26 @@ async def _whole(gateway: Gateway, response: httpx.Response, state: UpstreamStat
     return Response(content, response.status_code, headers=_response_headers(response, state, outcome))
 
 
+class ResponseTooLarge(Exception):
+    pass
+
+
+async def _read_capped(response: httpx.Response, limit: int) -> bytes:
+    chunks, size = [], 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > limit:
+            raise ResponseTooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 async def _relay(
     gateway: Gateway, response: httpx.Response, state: UpstreamState, outcome: Outcome, reader: SseReader, t0: float
 ) -> AsyncIterator[bytes]:
     finished = False
     try:
-        async for data in response.aiter_raw():
+        async for data in response.aiter_bytes():  # decoded: the client gets no content-encoding header
             out = reader.feed(data)
             if outcome.ttft_s is None and reader.saw_content:
                 outcome.ttft_s = time.monotonic() - t0
@@ -375,19 +396,24 @@ async def _relay(
 # -- request parsing ----------------------------------------------------------------------------------
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+async def _read_body(request: Request, limit: int, timeout_s: float = 30.0) -> bytes:
+    """The whole body, at most `limit` bytes (413), within `timeout_s` (408: a client trickling its
+    body would hold a connection forever)."""
     declared = request.headers.get("content-length")
     if declared and declared.isdecimal() and int(declared) > limit:
         raise HttpError(413, f"request body of {declared} bytes is over the gateway's limit of {limit} bytes")
     chunks, size = [], 0
     try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise HttpError(413, f"request body is over the gateway's limit of {limit} bytes")
-            chunks.append(chunk)
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise HttpError(413, f"request body is over the gateway's limit of {limit} bytes")
+                chunks.append(chunk)
     except ClientDisconnect:
         raise HttpError(400, "the client went away before sending the whole body") from None
+    except TimeoutError:
+        raise HttpError(408, f"the request body did not arrive within {timeout_s:g} s") from None
     return b"".join(chunks)
 
 

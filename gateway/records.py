@@ -149,6 +149,7 @@ def _seconds(ms: Any) -> float | None:
 
 
 NOTED_KEYS = (b'"usage"', b'"metrics"', b'"error"')
+MAX_EVENT_BYTES = 1024 * 1024
 
 
 class SseReader:
@@ -172,6 +173,9 @@ class SseReader:
         if b"\r" in self.buffer:
             self.buffer = self.buffer.replace(b"\r\n", b"\n")
         if b"\n\n" not in self.buffer:
+            if len(self.buffer) > MAX_EVENT_BYTES:  # no event framing: pass it on rather than hold it all
+                self.malformed += 1
+                return self.rest()
             return b""
         *events, self.buffer = self.buffer.split(b"\n\n")
         return b"".join(out for event in events if (out := self._event(event)))

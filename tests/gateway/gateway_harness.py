@@ -76,8 +76,9 @@ CHUNK = b'data: {"id":"x","object":"chat.completion.chunk","choices":[{"index":0
 
 def faulty_upstream() -> Starlette:
     """An OpenAI-shaped upstream whose answer the request's `prompt` chooses: 'fail500', 'malformed',
-    'break' (a stream cut off mid-way: the connection drops), 'slow' (a stream of 200 chunks, 20 ms
-    apart; `app.state.slow_sent` gets how many it sent once it ended), else a normal small reply.
+    'huge' (a 3 MB body), 'break' (a stream cut off mid-way: the connection drops), 'slow' (a stream of
+    200 chunks, 20 ms apart; `app.state.slow_sent` gets how many it sent once it ended), else a normal
+    small reply.
     `/health` answers after `app.state.health_delay_s`."""
 
     async def complete(request: Request) -> Response:
@@ -86,6 +87,8 @@ def faulty_upstream() -> Starlette:
         request.app.state.seen.append({"headers": dict(request.headers), "body": body})
         if kind == "fail500":
             return JSONResponse({"error": {"message": "upstream exploded", "type": "server_error"}}, status_code=500)
+        if kind == "huge":
+            return JSONResponse({"choices": [{"index": 0, "text": "x" * 3_000_000}]})
         if kind == "malformed":
             return Response(b"<html>proxy error</html>", media_type="application/json")
         if kind == "break":

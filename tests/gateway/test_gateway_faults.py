@@ -4,6 +4,8 @@ are real HTTP servers on loopback (a misbehaving OpenAI server, a port nobody li
 
 from __future__ import annotations
 
+import socket
+
 import httpx
 import pytest
 from gateway_harness import DroppingUpstream, GatewayServer, ThreadServer, faulty_upstream
@@ -182,3 +184,23 @@ def test_an_upstream_slow_to_answer_health_checks_is_down_only_after_three_in_a_
         assert "3 timeouts in a row" in state.last_error
         app.state.health_delay_s = 0.0
         wait_for(lambda: state.healthy, "the upstream to be healthy again", timeout=20)
+
+
+def test_a_body_that_trickles_in_is_a_408_and_a_huge_answer_a_502(upstream):
+    with GatewayServer([f"p={upstream.url}"], body_timeout_s=0.5, max_response_bytes=1024 * 1024) as gw:
+        with socket.create_connection(("127.0.0.1", gw.port), timeout=10) as conn:
+            conn.sendall(b'POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{"prompt"')
+            reply = conn.recv(65536)
+        assert reply.startswith(b"HTTP/1.1 408") and b"did not arrive within 0.5 s" in reply
+        huge = post(gw.url, {"prompt": "huge"})
+        assert huge.status_code == 502 and "sent a body over 1048576 bytes" in huge.json()["error"]["message"]
+        assert gw.wait_records(1)[0].error == "upstream:too_large"
+
+
+def test_an_upstream_stream_without_event_framing_is_passed_on_not_hoarded():
+    from gateway.records import MAX_EVENT_BYTES, SseReader
+
+    reader = SseReader(drop_usage_chunk=False)
+    blob = b"x" * (MAX_EVENT_BYTES // 4)
+    out = b"".join(reader.feed(blob) for _ in range(5))
+    assert len(out) >= MAX_EVENT_BYTES and reader.malformed and len(reader.buffer) < MAX_EVENT_BYTES
