@@ -2,6 +2,7 @@
 in one run, at concurrency 1 and 8, whole responses and SSE streams.
 
     .venv/bin/python bench/gateway.py [--upstream {engine,instant,URL} ...] [--rounds R] [--requests N]
+                                      [--gateway-cpu N]
 
 Goals (the gateway issue): overhead p50 <= 2 ms per request, throughput >= 0.95x direct.
 
@@ -146,13 +147,17 @@ class Services:
     """The children this run started, stopped in reverse order by `stop_all` (also on Ctrl-C)."""
 
     workdir: Path
+    gateway_cpu: int | None = None  # pin the gateways to this core (everything else runs on the others)
     processes: list = field(default_factory=list)
 
     def start(self, name: str, cmd: list[str], ready_path: str, port: int, timeout_s: float = 60.0) -> str:
         env = {k: v for k, v in common.child_env().items() if k not in ISOLATED_ENV}
         url = f"http://127.0.0.1:{port}"
         log = self.workdir / f"{name}.log"
-        self.processes.append((name, common.start_service(name, cmd, env, log, url + ready_path, timeout_s)))
+        process = common.start_service(name, cmd, env, log, url + ready_path, timeout_s)
+        if self.gateway_cpu is not None and name.startswith("gateway"):
+            os.sched_setaffinity(process.pid, {self.gateway_cpu})
+        self.processes.append((name, process))
         return url
 
     def stop(self, name: str) -> None:
@@ -447,7 +452,7 @@ def report(rows: list[dict], rounds: dict, telemetry: dict, load: dict, path: Pa
         "sent through the telemetry gateway"
     )
     print(
-        f"machine: {os.cpu_count()} CPUs shared by client, gateways and upstream (and anything else running); "
+        f"machine: {os.cpu_count()} CPUs, {load['placement']}; "
         f"1-min load average {load['start']:.1f} at start, {load['end']:.1f} at end"
     )
     verdict = print_verdict(rows)
@@ -479,8 +484,18 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=16, help="max_tokens of each request (default: 16)")
     parser.add_argument("--chunks", type=int, default=16, help="content chunks of the instant upstream's streams")
     parser.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "gateway.json")
+    parser.add_argument(
+        "--gateway-cpu",
+        type=int,
+        default=None,
+        help="pin the gateways to this core and the client, upstream and collector to the others, as a gateway "
+        "on its own host would run (default: all share every core)",
+    )
     parser.add_argument("--serve-instant", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    cores = os.sched_getaffinity(0)
+    if args.gateway_cpu is not None and (args.gateway_cpu not in cores or len(cores) < 2):
+        parser.error(f"--gateway-cpu: needs one of the cores {sorted(cores)} and at least one other left")
     for kind in args.upstream or []:
         if kind not in ("engine", "instant") and not kind.startswith(("http://", "https://")):
             parser.error(f"--upstream: {kind!r} is not engine, instant or an http(s):// URL")
@@ -504,9 +519,17 @@ def main() -> int:
     sys.stdout.reconfigure(line_buffering=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the children on SIGTERM too, not only Ctrl-C
     kinds = args.upstream or ["instant", "engine"]
-    rows, rounds, sent, load = [], {}, 0, {"start": os.getloadavg()[0]}
+    placement = "all shared by client, gateways and upstream (and anything else running)"
+    if args.gateway_cpu is not None:
+        placement = f"gateways pinned to core {args.gateway_cpu}, client, upstream and collector to the others"
+    rows, rounds, sent, load = [], {}, 0, {"start": os.getloadavg()[0], "placement": placement}
+    if args.gateway_cpu is not None:  # this process (the client) and every child but the gateways
+        os.sched_setaffinity(0, os.sched_getaffinity(0) - {args.gateway_cpu})
+        print(
+            f"gateways on core {args.gateway_cpu}; client, upstream and collector on {sorted(os.sched_getaffinity(0))}"
+        )
     with tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp:
-        services = Services(Path(tmp))
+        services = Services(Path(tmp), args.gateway_cpu)
         try:
             db = Path(tmp) / "collector.db"
             port = common.free_port()
