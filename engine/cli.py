@@ -23,7 +23,9 @@ def _register_generate(subparsers: argparse._SubParsersAction) -> None:
     gen = subparsers.add_parser("generate", help="generate text with speculative decoding and print its telemetry")
     gen.add_argument("--prompt", required=True, help="the user message (or raw text with --raw)")
     gen.add_argument("--raw", action="store_true", help="send the prompt as plain text, without the chat template")
-    gen.add_argument("--drafter", default="ngram", help="none | ngram | model:PATH | early-exit:K (default: ngram)")
+    gen.add_argument(
+        "--drafter", default="ngram", help="none | ngram | suffix | model:PATH | early-exit:K (default: ngram)"
+    )
     gen.add_argument("--gamma", type=int, default=8, help="tokens drafted per round (default: 8)")
     gen.add_argument("--max-tokens", type=int, default=128)
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -72,7 +74,7 @@ def _register_serve(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--default-drafter",
         default="ngram",
-        help="drafter of requests that name none: none | ngram | early-exit:K | auto | a --drafters NAME "
+        help="drafter of requests that name none: none | ngram | suffix | early-exit:K | auto | a --drafters NAME "
         "(default: ngram; none: a plain upstream behind `specwatch gateway`)",
     )
     serve.add_argument(
@@ -155,6 +157,12 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.8,
         help="CUDA: cap this process at this share of device memory (default 0.8; ignored on a CPU)",
     )
+    parser.add_argument(
+        "--suffix-requests",
+        type=int,
+        default=64,
+        help="the suffix drafter remembers the outputs of this many finished requests (default: 64)",
+    )
 
 
 def engine_config(args: argparse.Namespace):
@@ -162,8 +170,14 @@ def engine_config(args: argparse.Namespace):
 
     if args.threads < 0:
         raise UsageError("--threads must be >= 0")
+    from engine.suffix import SuffixConfig
+
     try:
-        return _options_for(EngineConfig, args)
+        suffix = SuffixConfig(max_requests=getattr(args, "suffix_requests", 64))
+    except ValueError as exc:
+        raise UsageError(f"--suffix-requests: {exc}") from None
+    try:
+        return _options_for(EngineConfig, args, suffix=suffix)
     except ValueError as exc:
         raise UsageError(f"--memory-fraction: {exc}") from None
 

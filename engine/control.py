@@ -16,6 +16,7 @@ from dataclasses import asdict
 import torch
 
 from engine.device import cpu_heap_memory, cuda_memory
+from engine.suffix import MODEL_FREE
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -64,11 +65,12 @@ def unload_drafts(scheduler, emit) -> dict:
     engine = scheduler.engine
     started, before = time.monotonic(), _memory(engine.target.device)
     unloaded = sorted(
-        {spec for slot in scheduler.slots for spec in slot.drafters if spec != "ngram"} | set(engine._draft_models)
+        {spec for slot in scheduler.slots for spec in slot.drafters if spec not in MODEL_FREE}
+        | set(engine._draft_models)
     )
     scheduler.policy.set_draft_loaded(False)
     for slot in scheduler.slots:
-        for spec in [s for s in slot.drafters if s != "ngram"]:
+        for spec in [s for s in slot.drafters if s not in MODEL_FREE]:
             del slot.drafters[spec]
     engine._draft_models.clear()
     gc.collect()

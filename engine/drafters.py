@@ -1,8 +1,10 @@
 """Drafters propose the next few tokens cheaply; the target model then verifies them.
 
-One small interface, three kinds (names as they appear in telemetry):
+One small interface, four kinds (names as they appear in telemetry):
 - `ngram`: prompt lookup — copy what followed the latest earlier occurrence of the
   last n tokens (n = 3 falling back to 2). Free to run; wins on input-grounded text.
+- `suffix`: suffix decoding (engine/suffix.py) — the most frequent continuation of the context's longest
+  suffix seen earlier in this request or in recent requests' outputs. Free to run; learns across requests.
 - `model:<name>`: a small causal LM sharing the target's tokenizer, with its own KV cache.
 - `early-exit:<k>`: the target's first k layers + final norm + head, sharing its weights.
 """

@@ -24,6 +24,7 @@ from engine.drafters import Drafter, NgramConfig, NgramDrafter, early_exit_draft
 from engine.loading import BUNDLED, LoadedModel, load_model, resolve_device
 from engine.sampling import SamplingParams
 from engine.speculative import DecodeStats, SpeculativeDecoder
+from engine.suffix import MODEL_FREE, SuffixCache, SuffixConfig, SuffixDrafter
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class EngineConfig:
     cache_dir: Path | None = None
     instance: str = field(default_factory=socket.gethostname)
     ngram: NgramConfig = NgramConfig()
+    suffix: SuffixConfig = SuffixConfig()  # the `suffix` drafter; max_requests: finished outputs it remembers
     memory_fraction: float = 0.8  # CUDA: cap of the caching allocator (set_per_process_memory_fraction)
     max_prompt_tokens: int | None = None  # None: what the model's context leaves after max_tokens
 
@@ -61,7 +63,7 @@ class GenerateRequest:
     prompt: str | None = None
     messages: list[dict[str, str]] | None = None  # chat: rendered with the tokenizer's template
     max_tokens: int = 128
-    # 'ngram' | 'model:PATH' | 'early-exit:K' | 'auto' (scheduler: the policy picks) | None (plain)
+    # 'ngram' | 'suffix' | 'model:PATH' | 'early-exit:K' | 'auto' (scheduler: the policy picks) | None (plain)
     drafter: str | None = "ngram"
     gamma: int = 8
     sampling: SamplingParams = SamplingParams()
@@ -112,6 +114,9 @@ class Engine:
         self._draft_models: dict[str, LoadedModel] = {}
         self.streams = Streams(self.target.device)  # target high, draft low priority (CUDA; CPU: no-ops)
         self.default_slot = Slot(self)
+        # the `suffix` drafter's memory of finished outputs, shared by every slot; fed once one is built
+        self.suffix_cache = SuffixCache(config.suffix)
+        self._suffix_learns = False
 
     def drafter(self, spec: str | None, slot: Slot | None = None) -> Drafter | None:
         """The drafter named by `spec` for `slot`, built once per slot (draft weights are loaded once)."""
@@ -143,6 +148,9 @@ class Engine:
         kind, arg = _parse_drafter(spec)
         if kind == "ngram":
             return NgramDrafter(self.config.ngram)
+        if kind == "suffix":
+            self._suffix_learns = True
+            return SuffixDrafter(self.suffix_cache)
         if kind == "early-exit":
             return early_exit_drafter(self.target.model, int(arg))
         if arg not in self._draft_models:
@@ -151,6 +159,11 @@ class Engine:
             )
         draft = self._draft_models[arg]
         return model_drafter(draft.model, self.target.model, draft.name)
+
+    def learn(self, prompt: list[int], output: list[int]) -> None:
+        """A request finished: the `suffix` drafter's shared trie learns its output (once that drafter is in use)."""
+        if self._suffix_learns:
+            self.suffix_cache.learn(prompt, output)
 
     @property
     def context_tokens(self) -> int:
@@ -289,6 +302,7 @@ class Run:
             finish = status
         else:
             finish = "stop" if self.text.stopped or (generated and generated[-1] in self.engine.stop_ids) else "length"
+            self.engine.learn(self.prompt_ids, generated)
         return GenerateResult(self.text.text, generated, finish, self._record(status, error))
 
     def _record(self, status: str, error: str | None) -> RequestRecord:
@@ -314,6 +328,7 @@ class Run:
             gamma=stats.gamma,
             draft_s=stats.draft_s,
             verify_s=stats.verify_s,
+            mean_lookahead=stats.mean_lookahead,
             retries=self.retries,
             status=status,
             error=error,
@@ -360,11 +375,11 @@ def _stop_token_ids(target: LoadedModel) -> frozenset[int]:
 
 
 def _parse_drafter(spec: str) -> tuple[str, str]:
-    """'ngram' | 'early-exit:K' | 'model:PATH' -> (kind, argument); anything else is a ValueError."""
+    """'ngram' | 'suffix' | 'early-exit:K' | 'model:PATH' -> (kind, argument); anything else is a ValueError."""
     kind, _, arg = spec.partition(":")
-    if (kind == "ngram" and not arg) or (kind == "early-exit" and arg.isdecimal()) or (kind == "model" and arg):
+    if (kind in MODEL_FREE and not arg) or (kind == "early-exit" and arg.isdecimal()) or (kind == "model" and arg):
         return kind, arg
-    raise RequestError(f"unknown drafter {spec!r}: use none, ngram, model:PATH or early-exit:K", "drafter")
+    raise RequestError(f"unknown drafter {spec!r}: use none, ngram, suffix, model:PATH or early-exit:K", "drafter")
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

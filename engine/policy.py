@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from collector.schema import RequestRecord
+from engine.suffix import MODEL_FREE
 from engine.telemetry import TelemetrySink
 from specwatch.common import LoadSwitch
 
@@ -156,7 +157,7 @@ class Policy:
             return Decision(mode == "speculative", reason)
         if drafter is None:
             return Decision(False, "default")
-        if not self._draft_loaded and drafter != "ngram":
+        if not self._draft_loaded and drafter not in MODEL_FREE:
             return Decision(False, "memory")
         if prompt_tokens > self.config.long_prompt_tokens:
             return Decision(False, "long_prompt")

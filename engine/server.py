@@ -2,7 +2,7 @@
 (streaming with server-sent events), /v1/models, plus the control API that alerts use.
 
 specwatch extensions travel in the request body (the OpenAI SDK's `extra_body`):
-`gamma`, `top_k`, `drafter` ('none' | 'ngram' | 'early-exit:K' | 'auto': the policy picks drafter and
+`gamma`, `top_k`, `drafter` ('none' | 'ngram' | 'suffix' | 'early-exit:K' | 'auto': the policy picks drafter and
 gamma per scenario tag | a name registered with `engine serve --drafters NAME=model:PATH`; a request
 never names a path) and `tags`.
 
@@ -109,7 +109,7 @@ class StreamsBody(BaseModel):
     draft: Literal["high", "low"] = "low"
 
 
-BUILTIN_DRAFTERS = ("none", "ngram", "early-exit:K", "auto")
+BUILTIN_DRAFTERS = ("none", "ngram", "suffix", "early-exit:K", "auto")
 ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error"}
 
 
@@ -131,7 +131,9 @@ def request_drafter(name: str | None, drafters: Mapping[str, str]) -> str | None
     Never a path from the request (`model:PATH`): a caller could probe the host's files or load any model."""
     if name in (None, "none"):
         return None
-    if name in ("ngram", "auto") or (name.startswith("early-exit:") and name[len("early-exit:") :].isdecimal()):
+    if name in ("ngram", "suffix", "auto") or (
+        name.startswith("early-exit:") and name[len("early-exit:") :].isdecimal()
+    ):
         return name
     if name in drafters:
         return drafters[name]

@@ -10,6 +10,7 @@ from engine.drafters import NgramDrafter, early_exit_drafter, model_drafter, tru
 from engine.engine import GenerateRequest
 from engine.sampling import SamplingParams
 from engine.speculative import SpeculativeDecoder
+from engine.suffix import SuffixDrafter
 from tests.engine.conftest import tiny_gpt2
 
 GREEDY = SamplingParams()
@@ -44,11 +45,12 @@ def prompts(vocab: int) -> list[list[int]]:
     return [random_prompt, repetitive, [3]]
 
 
-@pytest.mark.parametrize("kind", ["plain", "ngram", "model", "early-exit"])
+@pytest.mark.parametrize("kind", ["plain", "ngram", "suffix", "model", "early-exit"])
 def test_tiny_llama_greedy_matches_plain_and_transformers(target, draft, kind):
     drafter = {
         "plain": None,
         "ngram": NgramDrafter(),
+        "suffix": SuffixDrafter(),
         "model": model_drafter(draft, target, "tiny-draft"),
         "early-exit": early_exit_drafter(target, 2),
     }[kind]
@@ -75,7 +77,7 @@ def test_generic_transformers_path_matches(target):
     assert isinstance(make_decoder(gpt2), HFDecoder)
     for prompt in prompts(gpt2.config.vocab_size):
         expected = hf_greedy(gpt2, prompt, 32)
-        for drafter in (None, NgramDrafter(), model_drafter(gpt2_draft, gpt2, "gpt2-draft")):
+        for drafter in (None, NgramDrafter(), SuffixDrafter(), model_drafter(gpt2_draft, gpt2, "gpt2-draft")):
             assert run_loop(gpt2, drafter, prompt, 32, 4)[0] == expected
 
 
@@ -92,7 +94,7 @@ BUNDLED_PROMPTS = [
 ]
 
 
-@pytest.mark.parametrize("drafter", [None, "ngram", "early-exit:6", "model:first-8-layers"])
+@pytest.mark.parametrize("drafter", [None, "ngram", "suffix", "early-exit:6", "model:first-8-layers"])
 def test_bundled_model_float32_matches_transformers(bundled_engine, drafter):
     model = bundled_engine.target.model
     if drafter == "model:first-8-layers":

@@ -143,6 +143,10 @@ def test_cli_bad_input_exits_2_with_a_message(args, message):
             "candidate 'ngram@0': gamma must be an integer in [1, 64]",
         ),
         (["engine", "serve", "--explore", "2"], "explore must be in [0, 1]"),
+        (
+            ["engine", "serve", "--suffix-requests", "-1"],
+            "--suffix-requests: suffix max_requests must be in [0, 100000]",
+        ),
         (["engine", "serve", "--shutdown-timeout", "-1"], "--shutdown-timeout must be between 0 and 86400 seconds"),
         (["traffic", "--scenarios", "poetry"], "unknown scenario 'poetry'"),
         (["traffic", "--concurrency", "0"], "--concurrency"),

@@ -11,6 +11,7 @@ from engine.decoder import make_decoder
 from engine.drafters import NgramDrafter, model_drafter
 from engine.sampling import SamplingParams, probabilities, verify_stochastic
 from engine.speculative import SpeculativeDecoder
+from engine.suffix import SuffixDrafter
 from tests.engine.conftest import tiny_llama
 
 VOCAB = 6
@@ -98,10 +99,15 @@ def assert_same_distribution(counts: np.ndarray, expected_probs: np.ndarray) -> 
     assert result.pvalue > 0.01, f"chi-square p = {result.pvalue:.4g}"
 
 
-@pytest.mark.parametrize("kind", ["model", "ngram"])
+@pytest.mark.parametrize("kind", ["model", "ngram", "suffix"])
 def test_speculative_sampling_keeps_target_distribution(peaky_target, kind):
     draft = tiny_llama(seed=12, vocab=VOCAB, layers=1, hidden=32, init=0.5)
-    drafter = model_drafter(draft, peaky_target, "draft") if kind == "model" else NgramDrafter()
+    drafter = {
+        "model": lambda: model_drafter(draft, peaky_target, "draft"),
+        "ngram": NgramDrafter,
+        "suffix": SuffixDrafter,
+    }
+    drafter = drafter[kind]()
     prompt = DE_BRUIJN
     counts, drafted = sampled_joint(peaky_target, drafter, prompt)
     assert drafted >= DRAWS  # every second token came out of a verified draft
