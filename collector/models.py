@@ -75,6 +75,7 @@ class Request(Base):
     load_at_admission: Mapped[float | None]
     tags: Mapped[dict[str, str]]
     draft_counts_known: Mapped[bool] = mapped_column(Boolean, server_default=true())
+    mean_lookahead: Mapped[float | None]
 
 
 class DeviceSampleRow(Base):

@@ -98,6 +98,9 @@ class RequestRecord(_Strict):
     # False: the producer could not see this request's draft counts (a vLLM response without per-request
     # metrics); its counts are 0 and acceptance queries skip it, its timings and tokens still count.
     draft_counts_known: bool = True
+    # The mean lookahead the engine asked of its drafter per round (its cost-aware choice, at most gamma);
+    # None: not chosen per round (plain decoding, or a producer that does not report it).
+    mean_lookahead: Annotated[float, Field(ge=0.0, le=MAX_GAMMA, allow_inf_nan=False)] | None = None
 
     # One after-validator for all cross-field checks (one Python call per record keeps the
     # ingest hot path fast); FieldError tells the ingest service which field to name.

@@ -196,8 +196,10 @@ class Scheduler:
     def _round(self) -> None:
         """Every active request drafts, then one target forward verifies all the proposals."""
         proposals = []
+        together = len(self._active) if self.config.batch else 1  # requests sharing the verify forward
         for index in list(self._active):
             ticket, run = self._active[index]
+            run.loop.batch = together  # the lookahead's cost curve is per batch size
             if ticket.cancelled.is_set():
                 self._finish(index, "cancelled")
             elif (fed := self._guarded(index, "draft", run.propose)) is not None:

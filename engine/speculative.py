@@ -13,12 +13,14 @@ round together with the draft:
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import torch
 
 from engine.decoder import Decoder
 from engine.drafters import Drafter
+from engine.lookahead import CostCurve, LookaheadModel
 from engine.sampling import SamplingParams, probabilities, sample, verify_greedy, verify_stochastic
 
 
@@ -48,6 +50,12 @@ class DecodeStats:
     draft_s: float = 0.0
     verify_s: float = 0.0
     prefill_s: float = 0.0
+    lookahead_sum: int = 0  # the lookahead asked of the drafter, summed over rounds that could draft
+    lookahead_rounds: int = 0
+
+    @property
+    def mean_lookahead(self) -> float | None:
+        return self.lookahead_sum / self.lookahead_rounds if self.lookahead_rounds else None
 
     def __post_init__(self) -> None:
         self.accepted_per_position = [0] * self.gamma
@@ -62,15 +70,42 @@ class DecodeStats:
                 self.accepted_per_position[position] += 1
 
 
+LOOKAHEAD_MODES = ("cost", "heuristic", "fixed")
+DEFAULT_LOOKAHEAD = "heuristic"  # "cost" once a quiet-machine benchmark shows it is not slower (issue 19)
+
+# One verify cost curve per target decoder (a slot's): it outlives the requests that measure it.
+_COST_CURVES: weakref.WeakKeyDictionary[object, CostCurve] = weakref.WeakKeyDictionary()
+
+
+def cost_curve(target: Decoder) -> CostCurve:
+    """The verify cost curve measured on `target`'s forwards so far (shared by its requests)."""
+    curve = _COST_CURVES.get(target)
+    if curve is None:
+        curve = _COST_CURVES[target] = CostCurve()
+    return curve
+
+
 class SpeculativeDecoder:
     """Generates one request's tokens: `prefill` once, then rounds until `finished`. A round is
-    `propose`, one target forward of what it returns, then `accept` of that forward's logits."""
+    `propose`, one target forward of what it returns, then `accept` of that forward's logits.
+
+    `adaptive` sets the lookahead per round, at most gamma: 'cost' maximises expected tokens per
+    second from the measured verify cost curve and recent acceptance (engine/lookahead.py),
+    'heuristic' drafts 2 longer after a fully accepted draft and 1 shorter after a rejection,
+    'fixed' always drafts gamma. `batch` is how many requests share the verify forward (the scheduler sets it)."""
 
     def __init__(
-        self, target: Decoder, drafter: Drafter | None, device: torch.device | str = "cpu", adaptive: bool = True
+        self,
+        target: Decoder,
+        drafter: Drafter | None,
+        device: torch.device | str = "cpu",
+        adaptive: str = DEFAULT_LOOKAHEAD,
     ) -> None:
+        if adaptive not in LOOKAHEAD_MODES:
+            raise ValueError(f"adaptive must be one of {', '.join(LOOKAHEAD_MODES)}, got {adaptive!r}")
         self.target = target
         self.adaptive = adaptive
+        self.batch = 1
         self.drafter = drafter
         self.device = torch.device(device)
         self.stats = DecodeStats(gamma=0)
@@ -93,6 +128,7 @@ class SpeculativeDecoder:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         self.gamma = gamma if self.drafter is not None else 0
         self.lookahead = self.gamma  # adapted per round, at most gamma (see _adapt_lookahead)
+        self.model = LookaheadModel(self.gamma, costs=cost_curve(self.target))
         self.params, self.stop_ids, self.max_new = params, stop_ids, max_new_tokens
         self.generator = torch.Generator(device="cpu").manual_seed(seed) if seed is not None else None
         self.stats = DecodeStats(gamma=self.gamma)
@@ -112,7 +148,7 @@ class SpeculativeDecoder:
     def propose(self) -> torch.Tensor:
         """A round's first half: the tokens the target must see, [last committed, *draft].
         The scheduler feeds several requests' proposals to one batched target forward."""
-        self._draft_tokens, self._draft_probs = self._draft(min(self.lookahead, self.max_new - self.generated - 1))
+        self._draft_tokens, self._draft_probs = self._draft(self._next_lookahead())
         return torch.tensor([self.tokens[-1], *self._draft_tokens], device=self.device)
 
     def accept(self, logits: torch.Tensor, forward_s: float) -> list[int]:
@@ -125,12 +161,23 @@ class SpeculativeDecoder:
         if self.drafter is not None:
             self.drafter.rollback(len(self.tokens) + accepted)
             self._adapt_lookahead(len(draft), accepted)
+        self.model.observe_round(len(draft), accepted, self.batch, forward_s, self._round_draft_s)
         return self._commit([*draft[:accepted], next_token], drafted=len(draft), accepted=accepted)
+
+    def _next_lookahead(self) -> int:
+        """Tokens to ask the drafter for this round (0: a plain step); recorded in the stats."""
+        cap = min(self.gamma, self.max_new - self.generated - 1)
+        if self.drafter is None or cap <= 0:
+            return 0
+        k = self.model.choose(cap, self.batch) if self.adaptive == "cost" else min(self.lookahead, cap)
+        self.stats.lookahead_sum += k
+        self.stats.lookahead_rounds += 1
+        return k
 
     def _adapt_lookahead(self, drafted: int, accepted: int) -> None:
         # A rejected draft token still costs a verify slot: draft longer after a fully
         # accepted draft, shorter after a rejection (transformers' "heuristic" schedule).
-        if not self.adaptive or not drafted:
+        if self.adaptive != "heuristic" or not drafted:
             return
         if accepted == drafted:
             self.lookahead = min(self.gamma, self.lookahead + 2)
@@ -138,6 +185,7 @@ class SpeculativeDecoder:
             self.lookahead = max(1, self.lookahead - 1)
 
     def _draft(self, k: int) -> tuple[list[int], torch.Tensor | None]:
+        self._round_draft_s = 0.0
         if k <= 0 or self.drafter is None:
             return [], None
         start = time.monotonic()
@@ -145,7 +193,8 @@ class SpeculativeDecoder:
             draft, draft_probs = self.drafter.propose(self.tokens, k, self.params, self.generator)
         except Exception as exc:
             raise StageError("draft", exc) from exc
-        self.stats.draft_s += time.monotonic() - start
+        self._round_draft_s = time.monotonic() - start
+        self.stats.draft_s += self._round_draft_s
         return draft, draft_probs
 
     def _verify(self, logits: torch.Tensor, draft: list[int], draft_probs) -> tuple[int, int]:

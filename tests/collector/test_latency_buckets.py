@@ -149,7 +149,10 @@ def _write_as_before_0005(engine: Engine, records: list[dict], pass_at: float) -
     """Raw requests, and the rollups revision 0004's code wrote for them (old buckets, one key)."""
     with engine.begin() as conn:
         # the columns revision 0004 had: later columns (server defaults) are left out of the insert
-        known = [RequestRecord.model_validate(r).model_dump(exclude={"draft_counts_known"}) for r in records]
+        known = [
+            RequestRecord.model_validate(r).model_dump(exclude={"draft_counts_known", "mean_lookahead"})
+            for r in records
+        ]
         conn.execute(insert(Request.__table__), known)
         for name, period_s in (("request_rollups", 60), ("request_rollups_hourly", 3600)):
             for start in sorted({int(r["started_at"] // period_s) * period_s for r in records}):

@@ -1,0 +1,193 @@
+"""Cost-aware lookahead: how many tokens to draft this round.
+
+A round that drafts k tokens feeds k + 1 tokens to one target forward and commits
+E[accepted | k] + 1 tokens, where E[accepted | k] = sum_{i<k} prod_{j<=i} p_j and p_j is
+the probability that draft position j is accepted given every earlier one was. The
+round's cost is the verify forward of k + 1 tokens (measured: it grows with k, ~1.3-1.6x
+a plain step at k = 8 on a CPU) plus k tokens of drafting (free for n-gram lookup, a
+forward each for a draft model). `LookaheadModel.choose` picks the k in 0..gamma with the
+most expected tokens per second; k = 0 is a plain step (yield 1). Where drafting does not
+pay (open chat: low acceptance) it stops drafting, and re-probes every `probe_every`
+rounds so the acceptance estimate stays fresh.
+
+Pure bookkeeping: no torch, no clocks; the decoder feeds it measured seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+PRIOR_SLOPE = 0.05  # relative verify cost per extra token before two lengths are measured (CPU: ~0.04-0.07)
+
+
+def batch_bucket(batch: int) -> int:
+    """Batch sizes 1, 2, 3-4, 5-8, ... share a cost curve: the bucket's upper power of two."""
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
+    return 1 << (batch - 1).bit_length()
+
+
+@dataclass
+class CostCurve:
+    """Seconds per verify forward by (batch bucket, tokens verified per request), exponentially weighted."""
+
+    alpha: float = 0.2  # weight of a new measurement
+    seconds: dict[int, dict[int, float]] = field(default_factory=dict)  # bucket -> tokens -> seconds
+
+    def observe(self, batch: int, tokens: int, seconds: float) -> None:
+        if tokens < 1 or seconds < 0:
+            raise ValueError(f"need tokens >= 1 and seconds >= 0, got {tokens}, {seconds}")
+        curve = self.seconds.setdefault(batch_bucket(batch), {})
+        old = curve.get(tokens)
+        curve[tokens] = seconds if old is None else old + self.alpha * (seconds - old)
+
+    def slope(self) -> float:
+        """Relative cost per extra token (cost(n) / cost(1) = 1 + slope * (n - 1)), from the measured curves."""
+        for bucket in sorted(self.seconds):
+            fit = _fit(self.seconds[bucket])
+            if fit is not None and fit[0] > 0:
+                intercept, slope = fit
+                return max(slope, 0.0) / max(intercept + slope, 1e-12)
+        return PRIOR_SLOPE
+
+    def cost(self, batch: int, tokens: int) -> float:
+        """Seconds for a forward of `tokens` per request; relative units (1 at one token) before any measurement.
+
+        Linear interpolation between measured lengths, least-squares extrapolation beyond them; a bucket
+        with one measured length scales the prior slope; an unmeasured bucket borrows the nearest one."""
+        curve = self._nearest(batch_bucket(batch))
+        if not curve:
+            return 1.0 + PRIOR_SLOPE * (tokens - 1)
+        if tokens in curve:
+            return curve[tokens]
+        lengths = sorted(curve)
+        if len(lengths) == 1:
+            n0, c = lengths[0], self.slope()
+            return curve[n0] * (1 + c * (tokens - 1)) / (1 + c * (n0 - 1))
+        if lengths[0] < tokens < lengths[-1]:
+            hi = next(n for n in lengths if n > tokens)
+            lo = max(n for n in lengths if n < tokens)
+            return curve[lo] + (curve[hi] - curve[lo]) * (tokens - lo) / (hi - lo)
+        intercept, slope = _fit(curve)
+        edge = lengths[0] if tokens < lengths[0] else lengths[-1]
+        return max(curve[edge] + max(slope, 0.0) * (tokens - edge), 1e-12)
+
+    def _nearest(self, bucket: int) -> dict[int, float]:
+        if bucket in self.seconds or not self.seconds:
+            return self.seconds.get(bucket, {})
+        return self.seconds[min(self.seconds, key=lambda b: abs(b.bit_length() - bucket.bit_length()))]
+
+
+def _fit(curve: dict[int, float]) -> tuple[float, float] | None:
+    """Least-squares line seconds = intercept + slope * tokens; None below two lengths."""
+    if len(curve) < 2:
+        return None
+    xs, ys = list(curve), list(curve.values())
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return my - slope * mx, slope
+
+
+@dataclass
+class Acceptance:
+    """Per-position conditional acceptance p_i from recent rounds, with exponential decay.
+
+    A round that drafted d and accepted a is a success at positions < a, a failure at position a
+    (when a < d), and says nothing about later positions. Each estimate is shrunk towards the
+    position before it (the first towards `prior`) with weight `prior_weight`."""
+
+    gamma: int
+    decay: float = 0.85  # per observed round
+    prior: float = 0.6
+    prior_weight: float = 1.0
+    trials: list[float] = field(init=False)
+    successes: list[float] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.trials, self.successes = [0.0] * self.gamma, [0.0] * self.gamma
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        if not 0 <= accepted <= drafted <= self.gamma:
+            raise ValueError(f"need 0 <= accepted <= drafted <= {self.gamma}, got {accepted}/{drafted}")
+        if not drafted:
+            return
+        self.trials = [t * self.decay for t in self.trials]
+        self.successes = [s * self.decay for s in self.successes]
+        for i in range(min(accepted + 1, drafted)):
+            self.trials[i] += 1
+            self.successes[i] += i < accepted
+
+    def probabilities(self) -> list[float]:
+        out, before = [], self.prior
+        for trials, successes in zip(self.trials, self.successes):
+            before = (successes + self.prior_weight * before) / (trials + self.prior_weight)
+            out.append(before)
+        return out
+
+
+def expected_accepted(p: list[float], k: int) -> float:
+    """E[accepted | k drafted] = sum_{i<k} prod_{j<=i} p_j."""
+    total, run = 0.0, 1.0
+    for pi in p[:k]:
+        run *= pi
+        total += run
+    return total
+
+
+@dataclass
+class LookaheadModel:
+    """Verify cost curve (may be shared by the requests of one target) + this request's acceptance."""
+
+    gamma: int
+    costs: CostCurve = field(default_factory=CostCurve)
+    probe_every: int = 8  # after this many rounds of k = 0 in a row, draft `probe` tokens once
+    probe: int = 2
+    draft_alpha: float = 0.2
+    acceptance: Acceptance = field(init=False)
+    draft_s_per_token: float = 0.0  # exponentially weighted drafting seconds per drafted token
+    idle_rounds: int = 0
+    chosen: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.gamma < 0:
+            raise ValueError(f"gamma must be >= 0, got {self.gamma}")
+        self.acceptance = Acceptance(self.gamma)
+
+    def observe_round(self, drafted: int, accepted: int, batch: int, forward_s: float, draft_s: float) -> None:
+        """One verified round: `drafted` tokens proposed (the forward saw drafted + 1), `accepted` of them kept."""
+        if forward_s > 0:  # 0: a caller that does not time its forwards (the curve keeps its prior)
+            self.costs.observe(batch, drafted + 1, forward_s)
+        self.acceptance.observe(drafted, accepted)
+        if drafted:
+            per_token = draft_s / drafted
+            old = self.draft_s_per_token
+            self.draft_s_per_token = per_token if old == 0.0 else old + self.draft_alpha * (per_token - old)
+
+    def rate(self, k: int, batch: int, p: list[float] | None = None) -> float:
+        """Expected committed tokens per second when drafting k (relative units before measurements)."""
+        p = self.acceptance.probabilities() if p is None else p
+        seconds = self.costs.cost(batch, k + 1)
+        if self.costs.seconds:  # drafting time is in seconds: comparable once the curve is too
+            seconds += k * self.draft_s_per_token
+        return (expected_accepted(p, k) + 1) / max(seconds, 1e-12)
+
+    def best(self, gamma: int, batch: int) -> int:
+        """argmax over k in 0..gamma of rate(k); ties go to the shorter draft."""
+        p = self.acceptance.probabilities()
+        return max(range(min(gamma, self.gamma) + 1), key=lambda k: (self.rate(k, batch, p), -k))
+
+    def choose(self, gamma: int, batch: int = 1) -> int:
+        """This round's lookahead (at most `gamma`), re-probing after `probe_every` idle rounds; recorded."""
+        k = self.best(gamma, batch)
+        if k == 0 and gamma > 0:
+            self.idle_rounds += 1
+            if self.idle_rounds >= self.probe_every:
+                self.idle_rounds, k = 0, min(self.probe, gamma)
+        else:
+            self.idle_rounds = 0
+        self.chosen.append(k)
+        return k
+
+    @property
+    def mean_chosen(self) -> float | None:
+        return sum(self.chosen) / len(self.chosen) if self.chosen else None

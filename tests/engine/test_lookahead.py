@@ -1,0 +1,140 @@
+"""Cost-aware lookahead: the pure model on hand-computed curves, then the engine on the bundled model."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.engine import GenerateRequest, Run
+from engine.lookahead import Acceptance, CostCurve, LookaheadModel, batch_bucket, expected_accepted
+from engine.speculative import SpeculativeDecoder
+
+
+def model_with(p: float, seconds: dict[int, float], gamma: int = 8, positions: int = 200) -> LookaheadModel:
+    """A model whose acceptance has settled at p per position and whose batch-1 curve is `seconds`."""
+    model = LookaheadModel(gamma)
+    model.costs.seconds[1] = dict(seconds)
+    model.acceptance.trials = [float(positions)] * gamma
+    model.acceptance.successes = [p * positions] * gamma
+    return model
+
+
+def linear(base: float, per_token: float, gamma: int = 8) -> dict[int, float]:
+    return {n: base + per_token * (n - 1) for n in range(1, gamma + 2)}
+
+
+def test_expected_accepted_is_the_sum_of_prefix_products():
+    assert expected_accepted([0.5, 0.5, 0.5], 3) == pytest.approx(0.5 + 0.25 + 0.125)
+    assert expected_accepted([0.9, 0.0, 1.0], 3) == pytest.approx(0.9)
+    assert expected_accepted([0.9], 0) == 0.0
+
+
+def test_high_acceptance_and_flat_cost_drafts_gamma():
+    model = model_with(0.95, linear(0.010, 0.0))
+    assert model.best(8, 1) == 8
+    assert model.best(5, 1) == 5  # gamma stays the cap
+
+
+def test_low_acceptance_stops_drafting():
+    # p = 0.1 at 5% per token: k=1 gives 1.1 / 1.05 = 1.048 > 1, but the draft cost of a model drafter
+    # (2 ms per token on a 10 ms step) makes k=0 the best
+    assert model_with(0.1, linear(0.010, 0.0005)).best(8, 1) == 1
+    model = model_with(0.1, linear(0.010, 0.0005))
+    model.draft_s_per_token = 0.002
+    assert model.best(8, 1) == 0
+    # and with a steep verify cost, n-gram drafting (free) also stops
+    assert model_with(0.1, linear(0.010, 0.002)).best(8, 1) == 0
+
+
+def test_steep_cost_drafts_short():
+    # p = 0.8, +50% per token: rate(k) = (1 + sum 0.8^i) / (1 + 0.5k) / 10 ms: k=1 -> 120, k=2 -> 122, k=3 -> 118
+    model = model_with(0.8, linear(0.010, 0.005))
+    assert model.best(8, 1) == 2
+    rates = [model.rate(k, 1) for k in range(4)]
+    assert rates[2] == pytest.approx((1 + 0.8 + 0.64) / 0.020, rel=0.02)
+    assert model_with(0.8, linear(0.010, 0.003)).best(8, 1) == 3  # +30%: one more
+
+
+def test_repeated_zero_rounds_reprobe():
+    model = model_with(0.02, linear(0.010, 0.002))
+    chosen = [model.choose(8, 1) for _ in range(24)]
+    assert chosen == ([0] * 7 + [2]) * 3
+    assert model.mean_chosen == pytest.approx(6 / 24)
+
+
+def test_acceptance_counts_positions_up_to_the_first_rejection():
+    acc = Acceptance(4, decay=1.0, prior_weight=1e-9)
+    acc.observe(4, 2)  # positions 0, 1 accepted, 2 rejected, 3 unseen
+    acc.observe(4, 4)
+    p = acc.probabilities()
+    assert p[:3] == pytest.approx([1.0, 1.0, 0.5])
+    assert p[3] == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        acc.observe(2, 3)
+
+
+def test_acceptance_forgets_old_rounds():
+    acc = Acceptance(2, decay=0.5)
+    for _ in range(20):
+        acc.observe(2, 2)
+    assert acc.probabilities()[0] > 0.85
+    for _ in range(10):
+        acc.observe(2, 0)
+    assert acc.probabilities()[0] < 0.25
+
+
+def test_cost_curve_interpolates_extrapolates_and_scales_the_prior():
+    curve = CostCurve()
+    assert curve.cost(1, 5) == pytest.approx(1 + 0.05 * 4)  # relative prior before measurements
+    curve.observe(1, 1, 0.010)
+    assert curve.cost(1, 3) == pytest.approx(0.010 * (1 + 0.05 * 2))  # one length: the prior slope, scaled
+    curve.observe(1, 5, 0.014)
+    assert curve.cost(1, 3) == pytest.approx(0.012)  # between measured lengths: linear
+    assert curve.cost(1, 9) == pytest.approx(0.018)  # beyond: the fitted slope
+    assert curve.slope() == pytest.approx(0.001 / 0.010)
+    curve.observe(1, 1, 0.020)  # exponentially weighted
+    assert curve.seconds[1][1] == pytest.approx(0.010 + 0.2 * 0.010)
+    assert curve.cost(3, 1) == curve.cost(1, 1)  # an unmeasured batch bucket borrows the nearest
+    assert [batch_bucket(b) for b in (1, 2, 3, 4, 5, 9)] == [1, 2, 4, 4, 8, 16]
+    with pytest.raises(ValueError):
+        curve.observe(1, 0, 0.01)
+
+
+def test_bad_mode_is_refused(target):
+    from engine.decoder import make_decoder
+
+    with pytest.raises(ValueError, match="adaptive must be one of"):
+        SpeculativeDecoder(make_decoder(target), None, adaptive="sometimes")
+
+
+def _run(engine, messages, adaptive: str, drafter: str | None, max_tokens: int):
+    request = GenerateRequest(messages=messages, max_tokens=max_tokens, drafter=drafter, gamma=8)
+    run = Run(engine, request, engine.default_slot)
+    run.loop.adaptive = adaptive
+    run.prefill()
+    while not run.finished:
+        run.advance()
+    return run
+
+
+def test_open_chat_stops_drafting_and_stays_exact(bundled_engine):
+    """Open chat: drafts that are rarely accepted are not worth their verify slots, so the lookahead falls
+    to 0 (plain steps, a short re-probe every 8th round); greedy output stays exactly plain decoding's."""
+    chat = [{"role": "user", "content": "What are three good habits for staying healthy? Answer in a short paragraph."}]
+    plain = _run(bundled_engine, chat, "cost", None, 48)
+    assert plain.result().record.mean_lookahead is None
+    for drafter in ("ngram", "early-exit:4"):  # n-gram finds no match here: it stays a plain step anyway
+        run = _run(bundled_engine, chat, "cost", drafter, 48)
+        assert run.generated == plain.generated, drafter
+    chosen = run.loop.model.chosen  # early exit after 4 of 30 layers: its drafts are wrong on open chat
+    late = chosen[len(chosen) // 2 :]
+    assert sum(k == 0 for k in late) >= 0.75 * len(late), chosen
+    record = run.result().record
+    assert record.mean_lookahead == pytest.approx(sum(chosen) / len(chosen)) and record.mean_lookahead < 1.5
+
+
+def test_repetitive_prompt_keeps_drafting_long(bundled_engine):
+    text = "alpha beta gamma delta epsilon zeta eta theta iota kappa " * 6
+    repeat = [{"role": "user", "content": f"Repeat the following text exactly, then stop.\n\n{text}"}]
+    run = _run(bundled_engine, repeat, "cost", "ngram", 64)
+    assert run.loop.stats.num_accepted_tokens / max(run.loop.stats.num_draft_tokens, 1) > 0.6
+    assert run.loop.stats.mean_lookahead >= 4, (run.loop.model.chosen, run.loop.model.costs.seconds)
