@@ -170,7 +170,7 @@ def test_a_model_path_from_a_request_is_refused_without_touching_the_file(server
     touched.clear()
     for drafter in (f"model:{trap}", "model:/etc/passwd", "model:/etc", "model:bundled", str(trap)):
         error = refused(complete(server, drafter=drafter, gamma=2), "drafter")
-        assert "use one of none, ngram, early-exit:K, auto" in error["message"]
+        assert "use one of none, ngram, suffix, early-exit:K, auto" in error["message"]
         refused(chat(server, drafter=drafter), "drafter")
     assert touched == []
 
