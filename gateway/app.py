@@ -34,7 +34,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.records import Outcome, SseReader
 from gateway.routing import Router
 from gateway.upstreams import Upstream, UpstreamState
-from specwatch.common import Grant, TokenTable
+from specwatch.common import Grant, TokenTable, TooLarge, read_capped
 
 FORWARDED_HEADERS = ("authorization", "traceparent", "tracestate", "content-type", "accept")
 TAGS = TypeAdapter(dict[TagKey, TagValue])
@@ -315,8 +315,8 @@ def _no_upstream(gateway: Gateway, outcome: Outcome, tried: set[str], t0: float)
 
 async def _whole(gateway: Gateway, response: httpx.Response, state: UpstreamState, outcome: Outcome, t0: float):
     try:
-        content = await _read_capped(response, gateway.settings.max_response_bytes)
-    except ResponseTooLarge:
+        content = await read_capped(response.aiter_bytes(), gateway.settings.max_response_bytes)
+    except TooLarge:
         outcome.status, outcome.error = "error", "upstream:too_large"
         gateway.finish(outcome, t0, state)
         limit = gateway.settings.max_response_bytes
@@ -344,20 +344,6 @@ async def _whole(gateway: Gateway, response: httpx.Response, state: UpstreamStat
         outcome.usage, outcome.metrics = body.get("usage"), body.get("metrics")
     gateway.finish(outcome, t0, state)
     return Response(content, response.status_code, headers=_response_headers(response, state, outcome))
-
-
-class ResponseTooLarge(Exception):
-    pass
-
-
-async def _read_capped(response: httpx.Response, limit: int) -> bytes:
-    chunks, size = [], 0
-    async for chunk in response.aiter_bytes():
-        size += len(chunk)
-        if size > limit:
-            raise ResponseTooLarge
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 async def _relay(
@@ -402,19 +388,15 @@ async def _read_body(request: Request, limit: int, timeout_s: float = 30.0) -> b
     declared = request.headers.get("content-length")
     if declared and declared.isdecimal() and int(declared) > limit:
         raise HttpError(413, f"request body of {declared} bytes is over the gateway's limit of {limit} bytes")
-    chunks, size = [], 0
     try:
         async with asyncio.timeout(timeout_s):
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise HttpError(413, f"request body is over the gateway's limit of {limit} bytes")
-                chunks.append(chunk)
+            return await read_capped(request.stream(), limit)
+    except TooLarge:
+        raise HttpError(413, f"request body is over the gateway's limit of {limit} bytes") from None
     except ClientDisconnect:
         raise HttpError(400, "the client went away before sending the whole body") from None
     except TimeoutError:
         raise HttpError(408, f"the request body did not arrive within {timeout_s:g} s") from None
-    return b"".join(chunks)
 
 
 def _json_object(raw: bytes) -> dict:

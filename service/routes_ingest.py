@@ -17,6 +17,7 @@ from collector.ingest import BatchRejected, gunzip
 from collector.settings import Settings
 from collector.store import IngestCounts
 from service.deps import EngineDep, IngestGrantDep, MetricsDep, SettingsDep, json_response, metrics_access
+from specwatch.common import TooLarge, read_capped
 
 router = APIRouter()
 log = logging.getLogger("specwatch.collector")
@@ -85,13 +86,10 @@ async def _read_capped(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise too_large
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-        chunks.append(chunk)
-    return b"".join(chunks)
+    try:
+        return await read_capped(request.stream(), limit)
+    except TooLarge:
+        raise too_large from None
 
 
 def _summary(c: IngestCounts) -> dict:

@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,6 +86,21 @@ def add_producer_arguments(parser: argparse.ArgumentParser, spool_dir: Path) -> 
         default=os.environ.get("SPECWATCH_CONTROL_TOKEN"),
         help="bearer token for /v1/control (default: SPECWATCH_CONTROL_TOKEN; unset: the control API is off)",
     )
+
+
+class TooLarge(Exception):
+    """A body past its byte limit (reading stopped there)."""
+
+
+async def read_capped(chunks: AsyncIterable[bytes], limit: int) -> bytes:
+    """The chunks joined; TooLarge as soon as they pass `limit` bytes (a request or response body)."""
+    parts, size = [], 0
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > limit:
+            raise TooLarge
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 def free_port() -> int:
