@@ -233,8 +233,8 @@ async def _proxy(request: Request) -> Response:
         body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
         raw = orjson.dumps(body)
     prompt_tokens = _prompt_tokens(body, gateway.settings.count_tokens)
-    spec_up = any(s.healthy for s in gateway.pool("spec"))
-    route = gateway.router.decide(prompt_tokens, _session(request, body), spec_up, gateway.pool_load("spec"))
+    spec_load = gateway.pool_load("spec")  # inf when no spec upstream is healthy
+    route = gateway.router.decide(prompt_tokens, _session(request, body), spec_load != float("inf"), spec_load)
     outcome = Outcome(
         request_id=uuid.uuid4().hex,
         started_at=started_at,

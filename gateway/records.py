@@ -19,7 +19,7 @@ A speculative upstream's response without `speculative_decoding` is recorded wit
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -84,7 +84,6 @@ class Outcome:
     error: str | None = None
     usage: dict | None = None
     metrics: dict | None = None
-    extra: dict = field(default_factory=dict)
 
     def record(self) -> RequestRecord:
         metrics = self.metrics if isinstance(self.metrics, dict) else {}

@@ -150,6 +150,7 @@ class UpstreamState:
             "waiting": self.waiting,
             "load": round(self.load, 4),
             "checked_at": self.checked_at,
+            "scraped_at": self.scraped_at,
             "served": dict(self.served),
         }
 
