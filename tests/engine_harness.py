@@ -3,20 +3,16 @@
 
 from __future__ import annotations
 
-import threading
-import time
-
-import uvicorn
+from thread_server import ThreadServer
 
 from collector.schema import RequestRecord
 from engine.policy import Policy, PolicyConfig
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.server import create_app
 from engine.telemetry import TelemetrySink
-from specwatch.common import free_port
 
 
-class BackgroundServer:
+class BackgroundServer(ThreadServer):
     """`records` collects every finished request's telemetry record; `telemetry` is the engine's sink
     (a fresh one unless given), which a PolicyConfig's policy shares; a given Policy keeps its own."""
 
@@ -33,26 +29,7 @@ class BackgroundServer:
         self.telemetry.subscribe(RequestRecord, self.records.append)
         policy = policy if isinstance(policy, Policy) else Policy(policy, telemetry=self.telemetry)
         self.scheduler = Scheduler(engine, scheduler_config, policy, self.telemetry)
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(
-            create_app(self.scheduler, engine.target.name, **app_options), port=self.port, log_level="warning"
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> BackgroundServer:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if not self.server.started:
-            raise RuntimeError(f"the engine server did not start on {self.url}")
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
+        super().__init__(create_app(self.scheduler, engine.target.name, **app_options))
 
     def client(self):
         import openai

@@ -8,40 +8,16 @@ import socket
 import threading
 import time
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from thread_server import ThreadServer
 
 from collector.schema import RequestRecord
 from gateway.app import Gateway, GatewaySettings, create_app
 from gateway.routing import Router, RoutingConfig
 from gateway.upstreams import parse_upstream
-from specwatch.common import free_port
-
-
-class ThreadServer:
-    """Any ASGI app under uvicorn in a daemon thread."""
-
-    def __init__(self, app) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, port=self.port, log_level="warning", lifespan="on"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started and time.monotonic() < deadline:
-            time.sleep(0.02)
-        if not self.server.started:
-            raise RuntimeError(f"server did not start on {self.url}")
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
 
 
 class GatewayServer(ThreadServer):
