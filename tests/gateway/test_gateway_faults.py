@@ -5,6 +5,7 @@ are real HTTP servers on loopback (a misbehaving OpenAI server, a port nobody li
 from __future__ import annotations
 
 import socket
+import subprocess
 
 import httpx
 import pytest
@@ -12,7 +13,7 @@ from gateway_harness import DroppingUpstream, GatewayServer, ThreadServer, fault
 from waiting import wait_for
 
 from gateway.routing import RoutingConfig
-from specwatch.common import free_port
+from specwatch.common import free_port, specwatch_command
 
 
 @pytest.fixture(scope="module")
@@ -204,3 +205,18 @@ def test_an_upstream_stream_without_event_framing_is_passed_on_not_hoarded():
     blob = b"x" * (MAX_EVENT_BYTES // 4)
     out = b"".join(reader.feed(blob) for _ in range(5))
     assert len(out) >= MAX_EVENT_BYTES and reader.malformed and len(reader.buffer) < MAX_EVENT_BYTES
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--upstream", "bad"], "expected NAME=URL"),
+        (["--upstream", "a=http://x", "--upstream", "a=http://y"], "names must be unique"),
+        (["--upstream", "a=http://x", "--canary", "1.5"], "canary must be in [0, 1]"),
+        (["--upstream", "a=http://x", "--max-body-bytes", "10"], "--max-body-bytes must be at least 1024"),
+        (["--upstream", "a=http://x", "--tokenizer", "/nonexistent/tok.json"], "cannot load a tokenizer"),
+    ],
+)
+def test_gateway_serve_refuses_bad_options_with_exit_2(args, message):
+    done = subprocess.run(specwatch_command("gateway", "serve", *args), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
