@@ -1,16 +1,21 @@
-"""Engine benchmark: own plain vs own speculative (every drafter) vs transformers generate(),
-on the bundled SmolLM2-135M-Instruct, greedy, side by side in one run.
+"""Engine benchmark: own plain vs own speculative (every drafter, both lookahead rules) vs
+transformers generate(), on the bundled SmolLM2-135M-Instruct, greedy, side by side in one run.
 
-    python bench/engine.py [--dtype auto] [--max-tokens 128] [--repeats 3] [--json out.json]
+    python bench/engine.py [--dtype auto] [--max-tokens 128] [--repeats 3] [--configs SUBSTR ...]
+                           [--repeated 20] [--json out.json]
 
 Configurations are interleaved within each repeat, so machine noise hits them alike;
 the median per configuration is reported. Speed-ups are against own plain decoding
-on the same prompt, measured in the same run.
+on the same prompt, measured in the same run. The `suffix` drafter starts every
+single-prompt run with an empty cross-request memory (it would otherwise have seen
+the same prompt's answer in the previous repeat); `--repeated N` then sends N
+templated requests twice, where the second pass may gain from that memory.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -24,7 +29,8 @@ import torch  # noqa: E402
 
 from engine.drafters import model_drafter, truncated_copy  # noqa: E402
 from engine.engine import Engine, EngineConfig, GenerateRequest  # noqa: E402
-from engine.workload import PROMPTS, chat  # noqa: E402
+from engine.suffix import SuffixCache  # noqa: E402
+from engine.workload import PROMPTS, chat, templated_requests  # noqa: E402
 
 
 @dataclass
@@ -40,8 +46,23 @@ class Runs:
         return statistics.median(t / s for t, s in zip(self.tokens, self.seconds))
 
 
-def own(engine: Engine, prompt_ids, drafter: str | None, gamma: int, max_tokens: int, runs: Runs, messages) -> None:
+def own(
+    engine: Engine,
+    prompt_ids,
+    drafter: str | None,
+    gamma: int,
+    max_tokens: int,
+    runs: Runs,
+    messages,
+    lookahead: str = "heuristic",
+    memory: SuffixCache | None = None,
+) -> None:
+    """One request through our engine, with this lookahead rule and (suffix) this cross-request memory:
+    a fresh one unless given, so that no run learns from another configuration's output."""
     request = GenerateRequest(messages=messages, max_tokens=max_tokens, drafter=drafter, gamma=gamma)
+    engine.config = dataclasses.replace(engine.config, lookahead=lookahead)
+    engine.suffix_cache = memory if memory is not None else SuffixCache(engine.config.suffix)
+    engine.drafter("suffix").cache = engine.suffix_cache  # the slot's drafter reads what the engine learns into
     result = engine.generate(request)
     record = result.record
     runs.seconds.append(record.e2e_s)
@@ -75,11 +96,21 @@ def configurations(engine: Engine, args) -> dict:
         "model:first-layers", model_drafter(draft_model, engine.target.model, f"first-{args.exit_layer}-layers")
     )
     g, k = args.gamma, args.exit_gamma
-    return {
+    configs = {
         "own plain": lambda ids, m, r: own(engine, ids, None, 0, args.max_tokens, r, m),
         f"own ngram g={g}": lambda ids, m, r: own(engine, ids, "ngram", g, args.max_tokens, r, m),
+        f"own ngram g={g} cost-lookahead": lambda ids, m, r: own(
+            engine, ids, "ngram", g, args.max_tokens, r, m, "cost"
+        ),
+        f"own suffix g={g}": lambda ids, m, r: own(engine, ids, "suffix", g, args.max_tokens, r, m),
+        f"own suffix g={g} cost-lookahead": lambda ids, m, r: own(
+            engine, ids, "suffix", g, args.max_tokens, r, m, "cost"
+        ),
         f"own early-exit:{args.exit_layer} g={k}": lambda ids, m, r: own(
             engine, ids, f"early-exit:{args.exit_layer}", k, args.max_tokens, r, m
+        ),
+        f"own early-exit:{args.exit_layer} g={k} cost-lookahead": lambda ids, m, r: own(
+            engine, ids, f"early-exit:{args.exit_layer}", k, args.max_tokens, r, m, "cost"
         ),
         f"own model(first {args.exit_layer} layers) g={k}": lambda ids, m, r: own(
             engine, ids, "model:first-layers", k, args.max_tokens, r, m
@@ -90,6 +121,12 @@ def configurations(engine: Engine, args) -> dict:
             engine, ids, args.max_tokens, r, assistant_model=draft_model
         ),
     }
+    chosen = {name: run for name, run in configs.items() if name == "own plain" or _wanted(name, args.configs)}
+    return chosen
+
+
+def _wanted(name: str, patterns: list[str] | None) -> bool:
+    return patterns is None or any(pattern in name for pattern in patterns)
 
 
 def measure(engine: Engine, args) -> dict[str, dict[str, Runs]]:
@@ -104,6 +141,47 @@ def measure(engine: Engine, args) -> dict[str, dict[str, Runs]]:
                 run(prompt_ids, messages, runs)
         print(f"  repeat {repeat}/{args.repeats} done", file=sys.stderr, flush=True)
     return results
+
+
+def repeated_workload(engine: Engine, args) -> list[dict]:
+    """The same `args.repeated` templated requests sent twice, plain vs ngram vs suffix (each with its own
+    cross-request memory, kept across both passes), request by request interleaved; tokens/s per pass."""
+    requests = templated_requests(args.repeated)
+    g, lookahead = args.gamma, args.repeated_lookahead
+    memory = SuffixCache(engine.config.suffix)
+    configs = {
+        "own plain": lambda m, r: own(engine, None, None, 0, args.max_tokens, r, m),
+        f"own ngram g={g}": lambda m, r: own(engine, None, "ngram", g, args.max_tokens, r, m, lookahead),
+        f"own suffix g={g}": lambda m, r: own(engine, None, "suffix", g, args.max_tokens, r, m, lookahead, memory),
+    }
+    own(engine, None, None, 0, 8, Runs(), requests[0])  # warm-up, not counted
+    rows = []
+    print(f"\nrepeated workload: {len(requests)} templated requests sent twice ({lookahead} lookahead)")
+    print(f"{'pass':<5} {'configuration':<34} {'tok/s':>7} {'vs own plain':>12} {'accept':>7} {'= plain':>8}")
+    for n in (1, 2):
+        runs = {name: Runs() for name in configs}
+        outputs = {name: [] for name in configs}
+        for messages in requests:
+            for name, run in configs.items():
+                run(messages, runs[name])
+                outputs[name].append(runs[name].output)
+        for name, r in runs.items():
+            rate = sum(r.tokens) / sum(r.seconds)  # the pass's throughput: total tokens / total seconds
+            base = sum(runs["own plain"].tokens) / sum(runs["own plain"].seconds)
+            row = {
+                "pass": n,
+                "config": name,
+                "tokens_per_s": rate,
+                "speedup_vs_own_plain": rate / base,
+                "acceptance_rate": r.accepted / r.drafted if r.drafted else None,
+                "identical_to_own_plain": outputs[name] == outputs["own plain"],
+            }
+            rows.append(row)
+            acc = f"{row['acceptance_rate']:.2f}" if row["acceptance_rate"] is not None else "-"
+            same = "yes" if row["identical_to_own_plain"] else "no"
+            print(f"{n:<5} {name:<34} {rate:7.1f} {row['speedup_vs_own_plain']:11.2f}x {acc:>7} {same:>8}")
+        print(f"  pass {n}/2 done", file=sys.stderr, flush=True)
+    return rows
 
 
 def report(results: dict[str, dict[str, Runs]]) -> list[dict]:
@@ -181,8 +259,19 @@ def main() -> None:
     parser.add_argument("--exit-layer", type=int, default=12, help="layers kept by the early-exit / truncated draft")
     parser.add_argument("--exit-gamma", type=int, default=3)
     parser.add_argument(
-        "--prompts", nargs="+", default=["grounded", "summary", "code-edit", "chat"], choices=list(PROMPTS)
+        "--prompts",
+        nargs="*",
+        default=["grounded", "code-edit", "summary", "extraction", "chat"],
+        choices=list(PROMPTS),
+        help="single prompts, each run by every configuration (none: skip this part)",
     )
+    parser.add_argument(
+        "--configs", nargs="+", help="only configurations whose name contains one of these (own plain always runs)"
+    )
+    parser.add_argument(
+        "--repeated", type=int, default=20, help="templated requests sent twice after the single prompts (0: skip)"
+    )
+    parser.add_argument("--repeated-lookahead", choices=("cost", "heuristic", "fixed"), default="cost")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
     args = parser.parse_args()
     engine = Engine(EngineConfig(dtype=args.dtype, threads=args.threads, instance="bench"))
@@ -191,11 +280,15 @@ def main() -> None:
         f"cold start {engine.target.cold_start_s:.2f}s (cached copy: {engine.target.from_cache})",
         file=sys.stderr,
     )
-    results = measure(engine, args)
-    rows = report(results)
-    bound = bandwidth_bound(engine, results)
+    out = {}
+    if args.prompts:
+        results = measure(engine, args)
+        out["rows"] = report(results)
+        out["bandwidth_bound"] = bandwidth_bound(engine, results)
+    if args.repeated:
+        out["repeated"] = repeated_workload(engine, args)
     if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "bandwidth_bound": bound}, indent=2))
+        args.json.write_text(json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":

@@ -163,6 +163,13 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         default=64,
         help="the suffix drafter remembers the outputs of this many finished requests (default: 64)",
     )
+    parser.add_argument(
+        "--lookahead",
+        choices=("cost", "heuristic", "fixed"),
+        default=None,
+        help="draft length per round: cost (maximise expected tokens/s from the measured verify cost and "
+        "acceptance; the default), heuristic (+2 after a full accept, -1 after a rejection) or fixed (always --gamma)",
+    )
 
 
 def engine_config(args: argparse.Namespace):
@@ -177,7 +184,8 @@ def engine_config(args: argparse.Namespace):
     except ValueError as exc:
         raise UsageError(f"--suffix-requests: {exc}") from None
     try:
-        return _options_for(EngineConfig, args, suffix=suffix)
+        lookahead = getattr(args, "lookahead", None) or EngineConfig.lookahead
+        return _options_for(EngineConfig, args, suffix=suffix, lookahead=lookahead)
     except ValueError as exc:
         raise UsageError(f"--memory-fraction: {exc}") from None
 

@@ -23,7 +23,7 @@ from engine.decoder import make_decoder
 from engine.drafters import Drafter, NgramConfig, NgramDrafter, early_exit_drafter, model_drafter
 from engine.loading import BUNDLED, LoadedModel, load_model, resolve_device
 from engine.sampling import SamplingParams
-from engine.speculative import DecodeStats, SpeculativeDecoder
+from engine.speculative import DEFAULT_LOOKAHEAD, LOOKAHEAD_MODES, DecodeStats, SpeculativeDecoder
 from engine.suffix import MODEL_FREE, SuffixCache, SuffixConfig, SuffixDrafter
 
 
@@ -39,9 +39,12 @@ class EngineConfig:
     suffix: SuffixConfig = SuffixConfig()  # the `suffix` drafter; max_requests: finished outputs it remembers
     memory_fraction: float = 0.8  # CUDA: cap of the caching allocator (set_per_process_memory_fraction)
     max_prompt_tokens: int | None = None  # None: what the model's context leaves after max_tokens
+    lookahead: str = DEFAULT_LOOKAHEAD  # how each round's draft length is chosen (engine/speculative.py)
 
     def __post_init__(self) -> None:
         check_memory_fraction(self.memory_fraction)
+        if self.lookahead not in LOOKAHEAD_MODES:
+            raise ValueError(f"lookahead must be one of {', '.join(LOOKAHEAD_MODES)}, got {self.lookahead!r}")
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
             raise ValueError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
 
@@ -248,7 +251,7 @@ class Run:
         self.prompt_ids = prompt_ids if prompt_ids is not None else engine.encode(request)
         use_draft = speculate and request.gamma > 0
         self.drafter = engine.drafter(request.drafter, slot) if use_draft else None
-        self.loop = SpeculativeDecoder(slot.decoder, self.drafter, engine.target.device)
+        self.loop = SpeculativeDecoder(slot.decoder, self.drafter, engine.target.device, engine.config.lookahead)
         self.text = _TextStream(engine.tokenizer, request.stop, engine.tokenizer_lock)
         self.ttft: float | None = None
         self.retries, self.error = 0, None

@@ -7,8 +7,12 @@ round's cost is the verify forward of k + 1 tokens (measured: it grows with k, ~
 a plain step at k = 8 on a CPU) plus k tokens of drafting (free for n-gram lookup, a
 forward each for a draft model). `LookaheadModel.choose` picks the k in 0..gamma with the
 most expected tokens per second; k = 0 is a plain step (yield 1). Where drafting does not
-pay (open chat: low acceptance) it stops drafting, and re-probes every `probe_every`
-rounds so the acceptance estimate stays fresh.
+pay (open chat: low acceptance) it stops drafting, and re-probes after `probe_every` idle
+rounds so the acceptance estimate stays fresh; a probe that is rejected outright doubles that
+wait (up to `max_probe_every`), one that is accepted resets it. A request starts from the
+drafter's recent acceptance (a `shared` estimate over the rounds of every request that used
+it), not from a fixed prior, so a drafter that keeps failing is not re-tried at length by
+every new request.
 
 Pure bookkeeping: no torch, no clocks; the decoder feeds it measured seconds.
 """
@@ -117,10 +121,13 @@ class Acceptance:
             self.trials[i] += 1
             self.successes[i] += i < accepted
 
-    def probabilities(self) -> list[float]:
+    def probabilities(self, prior: list[float] | None = None) -> list[float]:
+        """Per-position estimates; each shrunk towards `prior[i]` when given (the drafter's shared
+        estimate), else towards the position before it (the first towards `self.prior`)."""
         out, before = [], self.prior
-        for trials, successes in zip(self.trials, self.successes):
-            before = (successes + self.prior_weight * before) / (trials + self.prior_weight)
+        for i, (trials, successes) in enumerate(zip(self.trials, self.successes)):
+            toward = prior[i] if prior is not None and i < len(prior) else before
+            before = (successes + self.prior_weight * toward) / (trials + self.prior_weight)
             out.append(before)
         return out
 
@@ -140,24 +147,33 @@ class LookaheadModel:
 
     gamma: int
     costs: CostCurve = field(default_factory=CostCurve)
+    shared: Acceptance | None = None  # the drafter's acceptance over every request's rounds (a prior)
     probe_every: int = 8  # after this many rounds of k = 0 in a row, draft `probe` tokens once
+    max_probe_every: int = 64  # a rejected probe doubles the wait up to this
     probe: int = 2
     draft_alpha: float = 0.2
     acceptance: Acceptance = field(init=False)
     draft_s_per_token: float = 0.0  # exponentially weighted drafting seconds per drafted token
     idle_rounds: int = 0
+    probing: bool = False  # this round is a probe
     chosen: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.gamma < 0:
             raise ValueError(f"gamma must be >= 0, got {self.gamma}")
         self.acceptance = Acceptance(self.gamma)
+        self.wait = self.probe_every
 
     def observe_round(self, drafted: int, accepted: int, batch: int, forward_s: float, draft_s: float) -> None:
         """One verified round: `drafted` tokens proposed (the forward saw drafted + 1), `accepted` of them kept."""
         if forward_s > 0:  # 0: a caller that does not time its forwards (the curve keeps its prior)
             self.costs.observe(batch, drafted + 1, forward_s)
         self.acceptance.observe(drafted, accepted)
+        if self.shared is not None and drafted <= self.shared.gamma:
+            self.shared.observe(drafted, accepted)
+        if self.probing:
+            self.probing = False
+            self.wait = min(2 * self.wait, self.max_probe_every) if accepted == 0 else self.probe_every
         if drafted:
             per_token = draft_s / drafted
             old = self.draft_s_per_token
@@ -165,7 +181,7 @@ class LookaheadModel:
 
     def rate(self, k: int, batch: int, p: list[float] | None = None) -> float:
         """Expected committed tokens per second when drafting k (relative units before measurements)."""
-        p = self.acceptance.probabilities() if p is None else p
+        p = self.probabilities() if p is None else p
         seconds = self.costs.cost(batch, k + 1)
         if self.costs.seconds:  # drafting time is in seconds: comparable once the curve is too
             seconds += k * self.draft_s_per_token
@@ -173,16 +189,20 @@ class LookaheadModel:
 
     def best(self, gamma: int, batch: int) -> int:
         """argmax over k in 0..gamma of rate(k); ties go to the shorter draft."""
-        p = self.acceptance.probabilities()
+        p = self.probabilities()
         return max(range(min(gamma, self.gamma) + 1), key=lambda k: (self.rate(k, batch, p), -k))
 
+    def probabilities(self) -> list[float]:
+        """This request's per-position acceptance, shrunk towards the drafter's shared estimate."""
+        return self.acceptance.probabilities(self.shared.probabilities() if self.shared is not None else None)
+
     def choose(self, gamma: int, batch: int = 1) -> int:
-        """This round's lookahead (at most `gamma`), re-probing after `probe_every` idle rounds; recorded."""
+        """This round's lookahead (at most `gamma`), re-probing after `wait` idle rounds; recorded."""
         k = self.best(gamma, batch)
         if k == 0 and gamma > 0:
             self.idle_rounds += 1
-            if self.idle_rounds >= self.probe_every:
-                self.idle_rounds, k = 0, min(self.probe, gamma)
+            if self.idle_rounds >= self.wait:
+                self.idle_rounds, k, self.probing = 0, min(self.probe, gamma), True
         else:
             self.idle_rounds = 0
         self.chosen.append(k)

@@ -20,7 +20,7 @@ import torch
 
 from engine.decoder import Decoder
 from engine.drafters import Drafter
-from engine.lookahead import CostCurve, LookaheadModel
+from engine.lookahead import Acceptance, CostCurve, LookaheadModel
 from engine.sampling import SamplingParams, probabilities, sample, verify_greedy, verify_stochastic
 
 
@@ -71,10 +71,27 @@ class DecodeStats:
 
 
 LOOKAHEAD_MODES = ("cost", "heuristic", "fixed")
-DEFAULT_LOOKAHEAD = "heuristic"  # "cost" once a quiet-machine benchmark shows it is not slower (issue 19)
+# bench/engine.py, same run: "cost" matches the heuristic within noise where drafts are accepted (n-gram,
+# suffix) and keeps a losing drafter near plain speed (untrained early exit: 0.95-0.98x vs 0.86-0.89x)
+DEFAULT_LOOKAHEAD = "cost"
 
 # One verify cost curve per target decoder (a slot's): it outlives the requests that measure it.
 _COST_CURVES: weakref.WeakKeyDictionary[object, CostCurve] = weakref.WeakKeyDictionary()
+
+
+# One acceptance estimate per drafter (a slot's): the prior of each new request's lookahead.
+_ACCEPTANCE: weakref.WeakKeyDictionary[object, Acceptance] = weakref.WeakKeyDictionary()
+
+
+def drafter_acceptance(drafter: Drafter, gamma: int) -> Acceptance:
+    """The recent per-position acceptance of `drafter` over every request that used it (at least `gamma` long)."""
+    found = _ACCEPTANCE.get(drafter)
+    if found is None or found.gamma < gamma:
+        found = _ACCEPTANCE[drafter] = Acceptance(max(gamma, MAX_SHARED_GAMMA), decay=0.98)
+    return found
+
+
+MAX_SHARED_GAMMA = 16
 
 
 def cost_curve(target: Decoder) -> CostCurve:
@@ -128,7 +145,8 @@ class SpeculativeDecoder:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         self.gamma = gamma if self.drafter is not None else 0
         self.lookahead = self.gamma  # adapted per round, at most gamma (see _adapt_lookahead)
-        self.model = LookaheadModel(self.gamma, costs=cost_curve(self.target))
+        shared = drafter_acceptance(self.drafter, self.gamma) if self.drafter is not None else None
+        self.model = LookaheadModel(self.gamma, costs=cost_curve(self.target), shared=shared)
         self.params, self.stop_ids, self.max_new = params, stop_ids, max_new_tokens
         self.generator = torch.Generator(device="cpu").manual_seed(seed) if seed is not None else None
         self.stats = DecodeStats(gamma=self.gamma)

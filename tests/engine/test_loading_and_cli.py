@@ -148,6 +148,7 @@ def test_cli_bad_input_exits_2_with_a_message(args, message):
             "--suffix-requests: suffix max_requests must be in [0, 100000]",
         ),
         (["engine", "serve", "--shutdown-timeout", "-1"], "--shutdown-timeout must be between 0 and 86400 seconds"),
+        (["engine", "serve", "--lookahead", "greedy"], "argument --lookahead: invalid choice: 'greedy'"),
         (["traffic", "--scenarios", "poetry"], "unknown scenario 'poetry'"),
         (["traffic", "--concurrency", "0"], "--concurrency"),
         (["traffic", "--url", "http://127.0.0.1:9"], "no engine answering at http://127.0.0.1:9"),
@@ -156,3 +157,12 @@ def test_cli_bad_input_exits_2_with_a_message(args, message):
 def test_serve_and_traffic_bad_input_exits_2_with_a_message(args, message):
     done = run_cli(*args)
     assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_cli_lookahead_rule_reaches_the_decoder(bundled_engine):
+    """--lookahead fixed asks the drafter for --gamma tokens every round (but the last ones, capped by max tokens)."""
+    args = ("generate", "--prompt", "Repeat: red green blue red green blue", "--max-tokens", "24", "--json")
+    done = run_cli(*args, "--dtype", "float32", "--gamma", "3", "--lookahead", "fixed")
+    assert done.returncode == 0, done.stderr
+    record = RequestRecord.model_validate(json.loads(done.stdout)["record"])
+    assert record.mean_lookahead is not None and 2.5 <= record.mean_lookahead <= 3.0

@@ -61,6 +61,35 @@ def test_repeated_zero_rounds_reprobe():
     assert model.mean_chosen == pytest.approx(6 / 24)
 
 
+def test_a_rejected_probe_doubles_the_wait_and_an_accepted_one_resets_it():
+    model = model_with(0.02, linear(0.010, 0.002))
+
+    def idle_then_probe(accepted: int) -> int:
+        """Rounds until the next probe; the probe is then verified with `accepted` tokens kept."""
+        rounds = 1
+        while (k := model.choose(8, 1)) == 0:
+            model.observe_round(0, 0, 1, 0.010, 0.0)
+            rounds += 1
+        model.observe_round(k, accepted, 1, 0.012, 0.0)
+        return rounds
+
+    assert [idle_then_probe(0) for _ in range(5)] == [8, 16, 32, 64, 64]
+    model.acceptance.trials = [200.0] * 8  # the accepted probe must not move the estimate enough to draft on
+    model.acceptance.successes = [4.0] * 8
+    assert idle_then_probe(1) == 64 and model.wait == model.probe_every
+
+
+def test_a_new_request_starts_from_the_drafters_shared_acceptance():
+    shared = Acceptance(8, decay=1.0)
+    for _ in range(200):
+        shared.observe(2, 0)  # the drafter's first token was rejected 200 times in a row
+    model = LookaheadModel(8, shared=shared)
+    model.costs.seconds[1] = linear(0.010, 0.002)
+    assert model.probabilities()[0] < 0.05
+    assert model.choose(8, 1) == 0  # no fresh prior of 0.6 to draft on
+    assert LookaheadModel(8).probabilities()[0] == pytest.approx(0.6)
+
+
 def test_acceptance_counts_positions_up_to_the_first_rejection():
     acc = Acceptance(4, decay=1.0, prior_weight=1e-9)
     acc.observe(4, 2)  # positions 0, 1 accepted, 2 rejected, 3 unseen
