@@ -49,6 +49,8 @@ class Settings(BaseSettings):
     external_url: str = ""
     # Set: last month's report is written here once a month and its link sent to the webhooks.
     report_dir: Path | None = None
+    # Hidden-cost overrides for that report (TOML, the keys of [hidden] in cost/cost_example.toml).
+    report_hidden_costs: Path | None = None
 
     @field_validator("scrape_vllm", mode="before")
     @classmethod

@@ -1,11 +1,14 @@
 """The monthly cost-benefit report: `build_report(engine, "YYYY-MM", prices)` -> `Report`.
 
-Every figure is read from the store for the month's UTC window (the current month: up to
-now). Counts, acceptance and latency percentiles come from the rollups plus raw rows not
-rolled up yet (`auto_signals`, `auto_series`), so they cover the whole month; the sections
-that need single requests (acceptance vs prompt length, the speculative-vs-plain test, the
-load knee, the TCO) read the raw rows still held, and say how many that is when retention
-has already dropped some.
+Measured figures are read from the store for the month's UTC window (the current month: up
+to now); the cost model's other inputs (prices, the seed's hidden-cost defaults, values given in a
+`--hidden-costs` file) are listed with their sources in `cost.tco.assumptions`, and a net benefit
+that rests on estimates or seed defaults carries them in `net_benefit_estimated_from` (shown as
+"~"). Counts, acceptance and latency percentiles come from the rollups plus raw rows not rolled
+up yet (`auto_signals`, `auto_series`), so they cover the whole month; the sections that need
+single requests (acceptance vs prompt length, the speculative-vs-plain test, the load knee, the
+TCO and its cost against concurrency) read the raw rows still held, and say how many that is
+when retention has already dropped some.
 
 The recommendation is a pure function of the month's headline (`recommend`), thresholds
 from `cost.advisor.AdvisorRules`:
@@ -42,7 +45,8 @@ from collector.long_signals import auto_signals
 from collector.models import Request, RequestRollupHourly
 from collector.queries import Filters, HourOfDay, LengthCorrelation, Signals, Window, acceptance_vs_length
 from cost.advisor import AdvisorRules
-from cost.model import Prices
+from cost.inputs import Overrides
+from cost.model import HiddenCosts, Prices
 from cost.summary import CostSummary, measured_summary
 
 _MONTH = re.compile(r"(\d{4})-(0[1-9]|1[0-2])")
@@ -144,6 +148,7 @@ class Headline:
     speedup_p_value: float | None
     net_monthly_benefit_usd: float | None
     alerts_fired: int
+    net_benefit_estimated_from: tuple[str, ...] = ()  # estimates and seed defaults behind the net benefit
 
 
 @dataclass(frozen=True)
@@ -193,18 +198,20 @@ def build_report(
     gpu_type: str | None = None,
     previous: bool = True,
     now: float | None = None,
+    hidden: HiddenCosts | None = None,
 ) -> Report:
-    """The month's report from the store. ValueError on a bad month or an unknown GPU type."""
+    """The month's report from the store; `hidden`: hidden-cost overrides (`cost.inputs.load_hidden_costs`),
+    applied to this month and the previous one. ValueError on a bad month or an unknown GPU type."""
     now = time.time() if now is None else now
     window = month_window(month, now)
     sig = auto_signals(engine, window)
     traffic = _traffic(engine, window, sig)
     latency = _comparison(engine, window)
-    cost = measured_summary(engine, window, prices, gpu_type=gpu_type)
+    cost = measured_summary(engine, window, prices, gpu_type=gpu_type, overrides=hidden_overrides(hidden))
     alerts = alert_summary(engine, window)
     head = _headline(sig, traffic.by_mode, latency, cost, alerts)
     prior_month = previous_month(month)
-    prior = month_headline(engine, month_window(prior_month, now), prices, gpu_type) if previous else None
+    prior = month_headline(engine, month_window(prior_month, now), prices, gpu_type, hidden) if previous else None
     prior = prior if prior is not None and prior.requests else None
     return Report(
         month,
@@ -228,10 +235,12 @@ def build_report(
     )
 
 
-def month_headline(engine: Engine, window: Window, prices: Prices, gpu_type: str | None = None) -> Headline:
+def month_headline(
+    engine: Engine, window: Window, prices: Prices, gpu_type: str | None = None, hidden: HiddenCosts | None = None
+) -> Headline:
     """The headline figures of any window, computed as `build_report` does."""
     sig = auto_signals(engine, window)
-    cost = measured_summary(engine, window, prices, gpu_type=gpu_type)
+    cost = measured_summary(engine, window, prices, gpu_type=gpu_type, overrides=hidden_overrides(hidden))
     return _headline(
         sig,
         _shares(engine, window, "mode", sig.requests),
@@ -246,7 +255,7 @@ def _headline(
 ) -> Headline:
     spec = next((s.share for s in by_mode if s.key == "speculative"), 0.0) if sig.requests else None
     t = cost.tco
-    net = next((b.net_usd for b in t.benefits if b.key == t.primary), None)
+    primary = next((b for b in t.benefits if b.key == t.primary), None)
     return Headline(
         sig.requests,
         sig.errors,
@@ -260,9 +269,26 @@ def _headline(
         sig.e2e.p99,
         latency.speedup,
         latency.p_value,
-        net,
+        None if primary is None else primary.net_usd,
         sum(alerts.fired.values()),
+        () if primary is None else primary.estimated_from,
     )
+
+
+# Hidden costs a file may set that `Overrides` carries (the rest are measured from the store in a report).
+_OVERRIDABLE = set(Overrides.__dataclass_fields__)
+
+
+def hidden_overrides(hidden: HiddenCosts | None) -> Overrides:
+    """The fields a hidden-costs file set (source "given") as `Overrides` for `measured_summary`.
+    ValueError for a field the report cannot override (monitoring_gb_per_day: measured from the store)."""
+    if hidden is None:
+        return Overrides()
+    given = {name: getattr(hidden, name) for name, source in hidden.sources.items() if source == "given"}
+    refused = sorted(set(given) - _OVERRIDABLE)
+    if refused:
+        raise ValueError(f"{', '.join(refused)}: not an override the report takes (measured from the store)")
+    return Overrides(**given)
 
 
 def _traffic(engine: Engine, window: Window, sig: Signals) -> Traffic:
@@ -359,10 +385,11 @@ def recommend(h: Headline, rules: AdvisorRules = AdvisorRules()) -> Verdict:
     pays = significant and h.speedup >= rules.pays_speedup
     hurts = significant and h.speedup <= rules.hurts_speedup
     speed = "not compared" if h.speedup is None else f"measured speed-up {h.speedup:.2f}x (p={_p(h.speedup_p_value)})"
+    mark = "~" if h.net_benefit_estimated_from else ""
     net = (
         "not computable"
         if h.net_monthly_benefit_usd is None
-        else f"net benefit {h.net_monthly_benefit_usd:,.0f} USD/month"
+        else f"net benefit {mark}{h.net_monthly_benefit_usd:,.0f} USD/month"
     )
     alerts = f"{h.alerts_fired} alert(s) fired"
     if not h.speculative_share:

@@ -3,7 +3,9 @@
 Plain functions that return HTML fragments, escaped with `html.escape`, filled into
 `report/template.html` (string.Template: `$title`, `$body`). Plots are SVG data URIs
 (`report.plots`); nothing is fetched when the page opens. Figures whose energy was
-not metered (`energy_source` estimate) are marked as estimates.
+not metered (`energy_source` estimate) are marked as estimates; the cost model's inputs are
+listed with their sources (seed defaults and estimates marked), and a net benefit that rests on
+any of them carries "~" and a footnote naming them.
 """
 
 from __future__ import annotations
@@ -16,12 +18,18 @@ from pathlib import Path
 from string import Template
 
 from collector.breakdown import Group
+from cost.concurrency import ConcurrencyCosts
+from cost.model import SEED, Assumption, Benefit, Tco
 from cost.summary import CostSummary
 from report import plots
 from report.build import Headline, Report, report_names, to_json
 
 TEMPLATE = Path(__file__).with_name("template.html")
-ESTIMATE = '<span class="estimate" title="not metered: modelled from device power or TDP">estimate</span>'
+ESTIMATE = (
+    '<span class="estimate" title="not metered: modelled (CPU-seconds x watts per busy core, or TDP)">estimate</span>'
+)
+SEED_MARK = '<span class="assumed" title="the seed\'s figure: never measured nor given">default (seed)</span>'
+IN_PRICE = '<span class="in-price" title="the GPU-hour price already pays for power: not added">in the price</span>'
 
 
 def render_html(report: Report) -> str:
@@ -74,7 +82,7 @@ def _when(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
-_NUMBER = re.compile(r"[-+]?\$?[\d,.]+( ms| months|%|x)?|n/a|-|[-+]?\$[\d,.]+ <span.*")
+_NUMBER = re.compile(r"~?[-+]?\$?[\d,.]+( ms| months|%|x)?|n/a|-|[-+]?\$[\d,.]+ <span.*")
 
 
 def _td(text: str) -> str:
@@ -105,8 +113,10 @@ def _title(r: Report) -> str:
     span = f"{_when(r.window.start)} to {_when(r.window.end)}" + (" (month in progress)" if r.partial else "")
     return (
         f"<h1>specwatch monthly report: {escape(r.month)}</h1>"
-        f'<p class="sub">{escape(span)}; generated {escape(_when(r.generated_at))}. Every figure is read from '
-        "the specwatch store.</p>"
+        f'<p class="sub">{escape(span)}; generated {escape(_when(r.generated_at))}. Measured figures are read '
+        "from the specwatch store; the cost model's other inputs (prices, seed defaults, given values) are "
+        'listed with their sources in the <a href="#assumptions">assumptions table</a>, and "~" marks a figure '
+        "that rests on estimates or seed defaults.</p>"
     )
 
 
@@ -148,25 +158,56 @@ def _signed(name: str, delta: float | None) -> str:
     return text if text == fmt(0.0) else ("+" if delta > 0 else "-") + text
 
 
+NET = "net_monthly_benefit_usd"
+
+
+def _headline_cell(name: str, head: Headline) -> str:
+    """A headline figure; the net benefit marked "~" when it rests on estimates or seed defaults."""
+    text = _LABELS[name][1](getattr(head, name))
+    return _mark(text, name == NET and bool(head.net_benefit_estimated_from))
+
+
+def _mark(text: str, estimated: bool) -> str:
+    return "~" + text if estimated and text != "n/a" else text
+
+
 def _changes(r: Report) -> str:
-    fmt = {name: f for name, (_, f) in _LABELS.items()}
     if r.previous is None:
-        rows = [(_LABELS[n][0], fmt[n](getattr(r.headline, n))) for n in Headline.__dataclass_fields__]
+        rows = [(_LABELS[n][0], _headline_cell(n, r.headline)) for n in Headline.__dataclass_fields__ if n in _LABELS]
         return _section(
             "changes",
             "Headline figures",
             _table(("figure", r.month), rows),
+            _estimate_footnote("The net benefit", r.headline.net_benefit_estimated_from),
             f"<p>What changed since the previous month: no previous month ({escape(r.previous_month)} "
             "holds no traffic in the store).</p>",
         )
+    either = bool(r.headline.net_benefit_estimated_from or r.previous.net_benefit_estimated_from)
     rows = [
-        (_LABELS[c.name][0], fmt[c.name](c.current), fmt[c.name](c.previous), _signed(c.name, c.delta))
+        (
+            _LABELS[c.name][0],
+            _headline_cell(c.name, r.headline),
+            _headline_cell(c.name, r.previous),
+            _mark(_signed(c.name, c.delta), c.name == NET and either),
+        )
         for c in r.changes
     ]
     return _section(
         "changes",
         f"Headline figures and what changed since {r.previous_month}",
         _table(("figure", r.month, r.previous_month, "change"), rows),
+        _estimate_footnote(f"The net benefit of {r.month}", r.headline.net_benefit_estimated_from),
+    )
+
+
+def _estimate_footnote(what: str, estimated_from: Sequence[str]) -> str:
+    """'~' explained: the estimates and seed defaults a figure rests on (empty when none)."""
+    if not estimated_from:
+        return ""
+    return (
+        f'<p class="note footnote">~ {escape(what)} is an estimate: it rests on inputs that are estimates or '
+        f"seed defaults, not measured or given: {escape(', '.join(estimated_from))}. Their values and sources "
+        'are in the <a href="#assumptions">assumptions table</a>.</p>'
     )
 
 
@@ -348,70 +389,114 @@ def _hours(r: Report) -> str:
     )
 
 
-def _energy_cell(source: str | None, value: float) -> str:
-    if source is None:
-        return "not measured ($0)"
-    if "estimate" in source:
-        return escape(_usd(value, 4)) + " " + ESTIMATE
-    return escape(f"{_usd(value, 4)} ({source})")
+def _energy_cell(a) -> str:
+    """An arm's energy per 1M tokens: its source, "estimate" marked, "in the price" when not added."""
+    if a.energy_source is None:
+        return "not measured ($0)" if a.energy_added else "not measured"
+    if "estimate" in a.energy_source:
+        text = escape(_usd(a.energy_usd_per_mtok, 4)) + " " + ESTIMATE
+    else:
+        text = escape(f"{_usd(a.energy_usd_per_mtok, 4)} ({a.energy_source})")
+    return text if a.energy_added else f"{text} {IN_PRICE}"
 
 
 def _cost(s: CostSummary) -> str:
     t = s.tco
+    title = "Cost (TCO), break-even and sensitivity"
     if not t.arms:
-        return _section("cost", "Cost (TCO)", "<p>No request held as a raw row to price this month.</p>")
-    head = (
+        return _section(
+            "cost", title, "<p>No request held as a raw row to price this month.</p>", _pricing(t), _assumptions(t)
+        )
+    parts = [_pricing(t), _arm_table(t), _idle(t)]
+    if any(a.energy_source and "estimate" in a.energy_source for a in t.arms):
+        parts.append(
+            f"<p>{ESTIMATE} Energy marked estimate was not metered (no NVML or RAPL reading): it is "
+            "modelled, and so are the totals that include it.</p>"
+        )
+    parts += [_benefits(s), _assumptions(t), _concurrency(s.concurrency), *_break_even(s), _tornado(s), _advice(s)]
+    return _section("cost", title, *parts)
+
+
+def _pricing(t: Tco) -> str:
+    power = (
+        "on-prem: the GPU-hour is depreciation, so energy (measured or estimated) is added"
+        if t.pricing == "on-prem"
+        else f"{t.pricing}: the GPU-hour price includes power, so energy is shown for information, not added"
+    )
+    return (
+        f"<p>{escape(t.gpu_type)} at ${t.gpu_hour_usd:.2f}/GPU-hour, {escape(t.pricing)} pricing (prices as of "
+        f"{escape(t.prices_as_of or 'n/a')}; {escape(power)}); {t.monthly_output_tokens:,.0f} output tokens/month "
+        f"({escape(t.volume_source)}). GPU-hours are the device time attributed to each arm's requests (their "
+        "share of each batched forward), so an instance serving several requests at once is priced by what it "
+        "serves.</p>"
+    )
+
+
+def _arm_table(t: Tco) -> str:
+    spread = t.idle is not None and t.idle.allocation == "by_share"
+    head = [
         "USD per 1M output tokens",
         "memory share",
-        "GPU-hours",
+        "GPU-hours (device time)",
+        "device time from",
         "compute",
         "energy",
         "retries",
+        *(["idle (spread by share)"] if spread else []),
         "total",
         "monthly USD at the volume",
-    )
+    ]
     rows = [
         (
             escape(a.key),
             _f(a.memory_share),
             _f(a.gpu_hours_per_mtok, ".4g"),
+            escape(a.device_s_source),
             escape(_usd(a.compute_usd_per_mtok, 4)),
-            _energy_cell(a.energy_source, a.energy_usd_per_mtok),
+            _energy_cell(a),
             escape(_usd(a.retries_usd_per_mtok, 4)),
+            *([escape(_usd(a.idle_usd_per_mtok, 4))] if spread else []),
             escape(_usd(a.total_usd_per_mtok, 4)),
             escape(_usd(a.monthly_usd)),
         )
         for a in t.arms
     ]
-    estimated = any(a.energy_source and "estimate" in a.energy_source for a in t.arms)
-    parts = [
-        f"<p>{escape(t.gpu_type)} at ${t.gpu_hour_usd:.2f}/GPU-hour (prices as of {escape(t.prices_as_of)}); "
-        f"{t.monthly_output_tokens:,.0f} output tokens/month ({escape(t.volume_source)}).</p>",
-        _table(head, rows, raw=True),
-    ]
-    if estimated:
-        parts.append(
-            f"<p>{ESTIMATE} Energy marked estimate was not metered (no NVML or RAPL reading): it is "
-            "modelled, and so are the totals that include it.</p>"
+    return _table(head, rows, raw=True)
+
+
+def _idle(t: Tco) -> str:
+    i = t.idle
+    if i is None:
+        return (
+            '<p class="idle">Idle device time: not measured (no device samples in the month): only the device '
+            "time requests used is priced.</p>"
         )
-    parts += [_benefits(s), *_break_even(s), _tornado(s), _advice(s)]
-    return _section("cost", "Cost (TCO), break-even and sensitivity", *parts)
+    where = (
+        "spread over the arms by their device time (the idle column above)"
+        if i.allocation == "by_share"
+        else "its own line, not in the arms above"
+    )
+    return (
+        f'<p class="idle">Idle device time: {_pct(i.idle_fraction)} of the {i.up_s:,.0f} s the instances were up '
+        f"(sampled) served no request; {escape(_usd(i.monthly_usd))}/month at this rate, {escape(where)}.</p>"
+    )
 
 
 def _benefits(s: CostSummary) -> str:
+    benefits = s.tco.benefits
+    if not benefits:
+        return "<p>No plain-decoding requests to compare against: no benefit computed.</p>"
     rows = [
         (
             b.key + (" (primary)" if b.key == s.tco.primary else ""),
             _usd(b.explicit_saving_usd),
             _usd(b.hidden.total_usd),
-            _usd(b.net_usd),
+            _mark(_usd(b.net_usd), bool(b.estimated_from)),
             "never" if b.payback_months is None else f"{b.payback_months:.1f} months",
         )
-        for b in s.tco.benefits
+        for b in benefits
     ]
-    if not rows:
-        return "<p>No plain-decoding requests to compare against: no benefit computed.</p>"
-    return _table(
+    table = _table(
         (
             "speculative arm",
             "explicit saving /month",
@@ -421,6 +506,103 @@ def _benefits(s: CostSummary) -> str:
         ),
         rows,
     )
+    notes = [_estimate_footnote(f"The net benefit of {b.key}", b.estimated_from) for b in benefits]
+    return "<h3>Benefit against plain decoding</h3>" + table + _hidden_table(benefits) + "".join(notes)
+
+
+def _hidden_table(benefits: Sequence[Benefit]) -> str:
+    """The hidden monthly costs behind each net benefit, with where incident time came from."""
+    rows = [
+        (
+            b.key,
+            _usd(b.hidden.draft_training_usd),
+            f"{_usd(b.hidden.monitoring_usd)} ({b.hidden.monitoring_source})",
+            f"{_usd(b.hidden.incidents_usd)} ({b.hidden.incidents_source})",
+            _usd(b.hidden.opportunity_usd),
+            _usd(b.hidden.tech_debt_usd),
+            _usd(b.hidden.total_usd),
+        )
+        for b in benefits
+    ]
+    head = (
+        "hidden costs /month",
+        "draft training",
+        "monitoring storage",
+        "incidents",
+        "opportunity",
+        "tech-debt reserve",
+        "total",
+    )
+    return _table(head, rows)
+
+
+def _source_cell(source: str) -> str:
+    """An input's source; seed defaults and estimates marked."""
+    if source == SEED:
+        return SEED_MARK
+    return ESTIMATE.replace(">estimate<", f">{escape(source)}<") if "estimate" in source else escape(source)
+
+
+def _value(a: Assumption) -> str:
+    return f"{a.value:,.6g}" if isinstance(a.value, (int, float)) else str(a.value)
+
+
+def _assumptions(t: Tco) -> str:
+    if not t.assumptions:
+        return ""
+    rows = [(escape(a.name), escape(_value(a)), escape(a.unit), _source_cell(a.source)) for a in t.assumptions]
+    return (
+        '<div id="assumptions"><h3>Assumptions: every input of the cost model</h3>'
+        "<p>Sources: <em>measured</em> (the store, this month), <em>price table</em> (with its date), "
+        "<em>config</em>, <em>given</em> (a <code>--hidden-costs</code> file or an override), <em>observed</em> "
+        f"(the month's volume), {SEED_MARK} (the seed's figures, neither measured nor given) and {ESTIMATE} "
+        "(derived, not metered).</p>" + _table(("input", "value", "unit", "source"), rows, raw=True) + "</div>"
+    )
+
+
+def _concurrency(costs: ConcurrencyCosts | None) -> str:
+    head = '<div id="concurrency"><h3>Cost against concurrency</h3>'
+    if costs is None or not costs.rows:
+        return (
+            head + '<p class="empty">No concurrency data: no finished request with device time and output tokens '
+            "is held as a raw row this month, so there is no cost per concurrency level to draw.</p></div>"
+        )
+    rows = [
+        (
+            r.level,
+            r.mode,
+            f"{r.requests:,}",
+            f"{r.output_tokens:,}",
+            _f(r.device_s, ",.1f"),
+            _f(r.gpu_hours_per_mtok, ".4g"),
+            _usd(r.usd_per_mtok, 4),
+            _f(r.acceptance_rate),
+        )
+        for r in costs.rows
+    ]
+    return (
+        head + f"<p>USD per 1M output tokens at each concurrency level (the power of two nearest the mean number of "
+        f"requests in flight during a request's life): device time x ${costs.gpu_hour_usd:.2f}/GPU-hour / output "
+        f"tokens, compute only (memory share, energy and retries are in the arm table). "
+        f"{escape(_crossover_text(costs))}</p>"
+        + _img(plots.concurrency_plot(costs), "USD per 1M output tokens against concurrency, speculative and plain")
+        + _table(
+            ("level", "mode", "requests", "output tokens", "device s", "GPU-hours /1M", "USD /1M", "acceptance"),
+            rows,
+        )
+        + "</div>"
+    )
+
+
+def _crossover_text(costs: ConcurrencyCosts) -> str:
+    both = {r.level for r in costs.rows if r.mode == "speculative"} & {
+        r.level for r in costs.rows if r.mode == "autoregressive"
+    }
+    if costs.crossover is not None:
+        return f"Crossover: speculation costs more than plain decoding from concurrency level {costs.crossover}."
+    if not both:
+        return "No crossover can be found: no level has both speculative and plain requests."
+    return "No crossover: speculation costs no more than plain decoding at the levels measured with both modes."
 
 
 def _break_even(s: CostSummary) -> list[str]:
@@ -430,10 +612,22 @@ def _break_even(s: CostSummary) -> list[str]:
             f"<p>{escape(b.key)}: lookahead gamma {_f(b.gamma, '.2f')}, draft cost ratio c {_f(b.draft_cost_ratio)}, "
             f"measured alpha {_f(b.measured_alpha)} (acceptance rate {_f(b.acceptance_rate)}); model speed-up "
             f"{_f(b.model_speedup, '.2f')}x, measured {_f(b.measured_speedup, '.2f')}x. Speed-up 1 at alpha "
-            f"{_f(b.speedup_alpha)}; net benefit 0 at alpha {_f(b.benefit_alpha)}.</p>"
+            f"{_f(b.speedup_alpha)}; net benefit 0 at alpha {_f(b.benefit_alpha)}. {escape(_verify_text(b))}</p>"
         )
         parts.append(_img(plots.breakeven_plot(b), f"break-even curves of {b.key}"))
     return parts
+
+
+def _verify_text(b) -> str:
+    if b.verify_cost_ratio is None:
+        return (
+            "Verify cost not measured (no plain arm with timed steps): the model curve takes a verify forward "
+            "to cost one plain step (v = 1, the paper's idealisation)."
+        )
+    return (
+        f"Verify cost ratio v = {b.verify_cost_ratio:.2f}x a plain step, measured (seconds per speculative verify "
+        "forward / seconds per plain step, this month); the model curve and the break-even alphas use it."
+    )
 
 
 def _tornado(s: CostSummary) -> str:

@@ -20,6 +20,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from collector.breakdown import Comparison, LoadBucket  # noqa: E402
 from collector.queries import HourOfDay, LengthBucket  # noqa: E402
 from cost.breakeven import BreakEven, TornadoRow  # noqa: E402
+from cost.concurrency import ConcurrencyCosts  # noqa: E402
 
 SPEC, PLAIN, ACCENT, GREY = "#1f77b4", "#ff7f0e", "#d62728", "#7f7f7f"
 _STYLE = {
@@ -181,4 +182,28 @@ def tornado_plot(rows: Sequence[TornadoRow], base: float | None, top: int = 10) 
         ax.set_yticks(y, [r.name for r in rows])
         ax.set_xlabel("net benefit (USD/month)")
         ax.legend(frameon=False, fontsize=7)
+    return to_data_uri(fig)
+
+
+def concurrency_plot(costs: ConcurrencyCosts | None) -> str | None:
+    """USD per 1M output tokens against the concurrency level, one line per mode (log2 x axis);
+    the crossover (from where speculation costs more) marked."""
+    if costs is None or not costs.rows:
+        return None
+    levels = sorted({row.level for row in costs.rows})
+    with plt.rc_context(_STYLE):
+        fig, ax = _figure()
+        for mode, color in (("speculative", SPEC), ("autoregressive", PLAIN)):
+            rows = sorted((r for r in costs.rows if r.mode == mode), key=lambda r: r.level)
+            if rows:
+                ax.plot([r.level for r in rows], [r.usd_per_mtok for r in rows], "o-", color=color, label=mode)
+        if costs.crossover is not None:
+            ax.axvline(costs.crossover, color=ACCENT, linestyle="--", label=f"crossover: level {costs.crossover}")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(levels, [str(level) for level in levels])
+        ax.minorticks_off()
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("concurrency level (requests in flight)")
+        ax.set_ylabel("USD per 1M output tokens")
+        ax.legend(frameon=False)
     return to_data_uri(fig)

@@ -6,7 +6,9 @@ alerts outbox, one notification per receiver of the rules file (`alerts.notify.e
 which the alert runner's delivery loop posts with retries and HMAC like any alert. The outbox
 key is derived from (receiver, month), so a restart, a rewritten file or an hourly check never
 sends a month twice. The link points at this collector (`GET /v1/reports/<file>`, under
-`SPECWATCH_EXTERNAL_URL`), or at the file when no external URL is set.
+`SPECWATCH_EXTERNAL_URL`), or at the file when no external URL is set. With
+`SPECWATCH_REPORT_HIDDEN_COSTS=FILE.toml` the report's hidden costs are taken from that file (as
+`specwatch report --hidden-costs`); `specwatch collector serve` refuses to start when it is bad.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from sqlalchemy import Engine
 
 from collector.db import write_transaction
 from collector.settings import Settings
-from report.build import Report, build_report, last_month, report_names
+from cost.model import HiddenCosts
+from report.build import Report, build_report, hidden_overrides, last_month, report_names
 from report.html import write_report
 
 log = logging.getLogger("specwatch.collector")
@@ -38,6 +41,7 @@ def summary(report: Report) -> dict:
         "recommendation": report.recommendation.action,
         "reason": report.recommendation.reason,
         "net_monthly_benefit_usd": report.headline.net_monthly_benefit_usd,
+        "net_benefit_estimated_from": list(report.headline.net_benefit_estimated_from),
         "requests": report.headline.requests,
     }
 
@@ -53,7 +57,7 @@ def run_once(engine: Engine, settings: Settings, config=None, now: float | None 
     month, report_dir = last_month(now), Path(settings.report_dir)
     html_path, written, report = report_dir / report_names(month)[0], None, None
     if not html_path.exists():
-        report = build_report(engine, month, load_prices(), now=now)
+        report = build_report(engine, month, load_prices(), now=now, hidden=hidden_costs(settings))
         written, _ = write_report(report, report_dir)
         log.info("wrote the %s report: %s", month, written)
     if config is not None and config.receivers:
@@ -63,6 +67,18 @@ def run_once(engine: Engine, settings: Settings, config=None, now: float | None 
             if sent := enqueue_report(conn, config, month, report_url(settings, html_path), notes, now):
                 log.info("queued the %s report link for %d receiver(s)", month, sent)
     return written
+
+
+def hidden_costs(settings: Settings) -> HiddenCosts | None:
+    """The hidden-cost overrides of `SPECWATCH_REPORT_HIDDEN_COSTS` (None: not set); ValueError, one line,
+    for a bad file or a field the report cannot take."""
+    from cost.inputs import load_hidden_costs
+
+    if settings.report_hidden_costs is None:
+        return None
+    hidden = load_hidden_costs(settings.report_hidden_costs)
+    hidden_overrides(hidden)
+    return hidden
 
 
 def _stored_summary(html_path: Path) -> dict:
@@ -75,6 +91,7 @@ def _stored_summary(html_path: Path) -> dict:
             "recommendation": data["recommendation"]["action"],
             "reason": data["recommendation"]["reason"],
             "net_monthly_benefit_usd": data["headline"]["net_monthly_benefit_usd"],
+            "net_benefit_estimated_from": data["headline"].get("net_benefit_estimated_from", []),
             "requests": data["headline"]["requests"],
         }
     except (OSError, ValueError, KeyError, TypeError):

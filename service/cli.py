@@ -54,6 +54,7 @@ def serve_command(args: argparse.Namespace) -> int:
             load_config(settings.alert_rules)
         except RulesError as exc:
             raise UsageError(str(exc)) from None
+    check_report_settings(settings)
     app = create_app(settings)
     roles = [role for role in ROLES if settings.tokens.tokens(role)]
     print(f"access control: {'tokens for ' + ', '.join(roles) if roles else 'off, no token configured'}", flush=True)
@@ -63,6 +64,18 @@ def serve_command(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     return 0
+
+
+def check_report_settings(settings) -> None:
+    """A UsageError, one line, for a bad SPECWATCH_REPORT_HIDDEN_COSTS file (the scheduled report reads it)."""
+    if settings.report_hidden_costs is None:
+        return
+    from report.schedule import hidden_costs
+
+    try:
+        hidden_costs(settings)
+    except ValueError as exc:
+        raise UsageError(f"SPECWATCH_REPORT_HIDDEN_COSTS: {exc}") from None
 
 
 def check_exposure(host: str, tokens_configured: bool, insecure: bool) -> None:

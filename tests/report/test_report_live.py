@@ -1,7 +1,8 @@
 """The monthly report from a collector filled by the real engine (`live_collector`: the bundled
 model served with A/B arms, n-gram and early-exit drafts): its figures match the stored rows,
 the HTML is well formed with every image embedded, and headless Chromium renders it with no
-broken image (screenshot: tests/artifacts/screenshots/report.png, ignored by git).
+broken image, the assumptions table and the cost-vs-concurrency plot shown on screen (screenshots:
+tests/artifacts/screenshots/report*.png, ignored by git).
 
 Chromium at /usr/bin/chromium and the `playwright` package are needed for the browser test
 (`.ci/run` installs both); no browser is downloaded."""
@@ -94,6 +95,10 @@ def test_report_html_is_well_formed_and_self_contained(written):
     assert len(images) >= 5, "daily trend, acceptance vs length, latency, load, break-even at least"
     for section in ("recommendation", "changes", "traffic", "acceptance", "latency", "load", "alerts", "oom", "cost"):
         assert f'<section id="{section}">' in html
+    costs = written["report"].cost
+    assert '<div id="assumptions">' in html and all(f"<td>{a.name}</td>" in html for a in costs.tco.assumptions)
+    assert costs.concurrency.rows, "the engine's requests carry device time: cost per concurrency level"
+    assert 'alt="USD per 1M output tokens against concurrency' in html
     # energy per request is metered (requests.energy_source) or modelled from the device's power (device_samples)
     ((estimated,),) = stored(
         written["db"],
@@ -129,6 +134,28 @@ def test_report_renders_in_chromium_with_no_broken_image(written):
             assert page.locator(".verdict .action").inner_text().lower().endswith("speculation")
             assert not fetched and not errors, (fetched, errors)
             page.screenshot(path=str(SCREENSHOTS / "report.png"), full_page=True)
+            for selector, name in (("#assumptions", "assumptions"), ("#concurrency img", "concurrency")):
+                shown_on_screen(page, selector, SCREENSHOTS / f"report-{name}.png")
         finally:
             browser.close()
     assert (SCREENSHOTS / "report.png").stat().st_size > 10_000
+
+
+def shown_on_screen(page, selector: str, path: Path) -> None:
+    """Scroll `selector` into view and assert a person sees it: its box starts inside the viewport and
+    is not empty, and a screenshot of it (saved to `path`, with one of the viewport beside it) is not
+    blank: over 2% of its pixels are darker than the white page."""
+    from PIL import Image
+
+    element = page.locator(selector)
+    element.evaluate("e => e.scrollIntoView({block: 'start'})")  # its top at the top of the window
+    box, view = element.bounding_box(), page.viewport_size
+    assert box and box["width"] > 200 and box["height"] > 100, (selector, box)
+    assert box["x"] >= 0 and box["x"] + box["width"] <= view["width"], (selector, box)
+    assert 0 <= box["y"] < view["height"], (selector, box)
+    page.screenshot(path=str(path.with_name(path.stem + "-viewport.png")))
+    element.screenshot(path=str(path))
+    with Image.open(path) as image:
+        grey = image.convert("L")
+        dark = sum(grey.histogram()[:200])
+    assert dark > 0.02 * grey.width * grey.height, f"{selector}: the screenshot is blank"

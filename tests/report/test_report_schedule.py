@@ -100,6 +100,7 @@ def test_written_once_and_queued_once_per_receiver(engine, tmp_path):
         "recommendation": stored["recommendation"]["action"],
         "reason": stored["recommendation"]["reason"],
         "net_monthly_benefit_usd": stored["headline"]["net_monthly_benefit_usd"],
+        "net_benefit_estimated_from": stored["headline"]["net_benefit_estimated_from"],
         "requests": 40,
     }
     text = json.loads(slack_body)["text"]
