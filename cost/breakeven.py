@@ -1,17 +1,20 @@
 """When does speculation stop paying? Expected speed-up, break-even acceptance and a tornado.
 
 Leviathan et al. (2023), with alpha the probability that the target accepts a drafted token,
-gamma the lookahead (tokens drafted per round) and c the cost of one draft forward relative
-to one target forward:
+gamma the lookahead (tokens drafted per round), c the cost of one drafted token relative to
+one plain target step, and v the cost of one verify forward (gamma + 1 tokens) relative to one
+plain step — 1 in the paper's idealisation, measured here from telemetry (~1.0-1.1 in bf16 and
+~1.3-1.7 in fp32 on a CPU, and it grows with the batch: verify rows take the batch's room):
 
     E[tokens per round] = (1 - alpha^(gamma+1)) / (1 - alpha)        (-> gamma+1 as alpha -> 1)
-    expected speed-up   = (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1))
+    expected speed-up   = E[tokens per round] / (gamma c + v)
 
 E[tokens per round] is the measured mean acceptance length 1 + accepted / drafts, which
-gives alpha; c comes from the measured draft_s and verify_s. For the net benefit at another
-acceptance, the speculative arm is re-scaled along the formula from where it was measured
-(`at_acceptance`): its throughput by S(alpha) / S(alpha measured), its energy per token by
-the inverse, everything else held.
+gives alpha; c comes from the measured draft_s and verify_s; v = (speculative verify_s per
+target forward) / (plain verify_s per target forward), both arms measured in the same window.
+For the net benefit at another acceptance, the speculative arm is re-scaled along the formula
+from where it was measured (`at_acceptance`): its throughput by S(alpha) / S(alpha measured),
+its energy per token by the inverse, everything else held.
 """
 
 from __future__ import annotations
@@ -39,11 +42,11 @@ def tokens_per_round(alpha: float, gamma: float) -> float:
     return -math.expm1((gamma + 1) * math.log(alpha)) / (1.0 - alpha)
 
 
-def expected_speedup(alpha: float, gamma: float, c: float) -> float:
-    """(1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)); (gamma+1)/(gamma c+1) at alpha = 1."""
-    if c < 0:
-        raise ValueError("the draft cost ratio c must be >= 0")
-    return tokens_per_round(alpha, gamma) / (gamma * c + 1.0)
+def expected_speedup(alpha: float, gamma: float, c: float, v: float = 1.0) -> float:
+    """E[tokens per round] / (gamma c + v); (gamma+1)/(gamma c+v) at alpha = 1."""
+    if c < 0 or v <= 0:
+        raise ValueError("the draft cost ratio c must be >= 0 and the verify cost ratio v > 0")
+    return tokens_per_round(alpha, gamma) / (gamma * c + v)
 
 
 def alpha_from_mean_acceptance_length(length: float, gamma: float) -> float:
@@ -66,14 +69,24 @@ def draft_cost_ratio(draft_s: float, verify_s: float, drafts: int, draft_tokens:
     return (draft_s / draft_tokens) / (verify_s / drafts)
 
 
-def break_even_alpha(gamma: float, c: float) -> float | None:
-    """The alpha where the expected speed-up is 1 (brentq). 0 when drafting is free (c = 0);
-    None when even alpha = 1 does not pay (c >= 1: (gamma+1)/(gamma c+1) <= 1)."""
-    if c <= 0:
+def break_even_alpha(gamma: float, c: float, v: float = 1.0) -> float | None:
+    """The alpha where the expected speed-up is 1 (brentq). 0 when a round pays even with nothing
+    accepted (gamma c + v <= 1); None when even alpha = 1 does not pay ((gamma+1) <= gamma c + v)."""
+    cost = gamma * c + v
+    if cost <= 1.0:
         return 0.0
-    if c >= 1:
+    if gamma + 1.0 <= cost:
         return None
-    return float(brentq(lambda a: expected_speedup(a, gamma, c) - 1.0, 0.0, 1.0, xtol=1e-12))
+    return float(brentq(lambda a: expected_speedup(a, gamma, c, v) - 1.0, 0.0, 1.0, xtol=1e-12))
+
+
+def verify_cost_ratio(spec: ModeMeasure, plain: ModeMeasure | None) -> float | None:
+    """v = seconds per verify forward of the speculative arm / seconds per plain step (module docstring);
+    None without both arms' forwards timed."""
+    if plain is None or not spec.target_forwards or not plain.target_forwards or plain.verify_s <= 0:
+        return None
+    spec_forward, plain_step = spec.verify_s / spec.target_forwards, plain.verify_s / plain.target_forwards
+    return spec_forward / plain_step if spec_forward > 0 else None
 
 
 def measured_alpha(arm: ModeMeasure) -> float | None:
@@ -99,10 +112,11 @@ def _with_arm(inputs: CostInputs, key: str, **changes) -> CostInputs:
 def at_acceptance(inputs: CostInputs, alpha: float, key: str) -> CostInputs:
     """The inputs as if arm `key` had acceptance `alpha` (see the module docstring)."""
     arm = _arm(inputs, key)
-    alpha0, c = measured_alpha(arm), arm_ratio(arm)
+    alpha0, c, v = measured_alpha(arm), arm_ratio(arm), verify_cost_ratio(arm, inputs.baseline) or 1.0
     if alpha0 is None or c is None:
         raise ValueError(f"{key}: acceptance or draft cost not measured")
-    scale = expected_speedup(alpha, arm.mean_draft_length, c) / expected_speedup(alpha0, arm.mean_draft_length, c)
+    gamma = arm.mean_draft_length
+    scale = expected_speedup(alpha, gamma, c, v) / expected_speedup(alpha0, gamma, c, v)
     energy = None if arm.energy_j_per_token is None else arm.energy_j_per_token / scale
     return _with_arm(inputs, key, tokens_per_s=arm.tokens_per_s * scale, energy_j_per_token=energy)
 
@@ -138,6 +152,7 @@ class BreakEven:
     key: str
     gamma: float | None
     draft_cost_ratio: float | None
+    verify_cost_ratio: float | None  # measured (None: not measured, the formula then takes 1)
     acceptance_rate: float | None
     measured_alpha: float | None
     model_speedup: float | None  # the formula at the measured alpha
@@ -153,12 +168,14 @@ def break_even(inputs: CostInputs) -> tuple[BreakEven, ...]:
 
 def _break_even(inputs: CostInputs, arm: ModeMeasure) -> BreakEven:
     gamma, c, alpha = arm.mean_draft_length, arm_ratio(arm), measured_alpha(arm)
-    modelled = gamma is not None and c is not None
     plain = inputs.baseline
+    measured_v = verify_cost_ratio(arm, plain)
+    v = measured_v or 1.0
+    modelled = gamma is not None and c is not None
     curve = tuple(
         (
             float(a),
-            expected_speedup(a, gamma, c) if modelled else None,
+            expected_speedup(a, gamma, c, v) if modelled else None,
             _net_at(inputs, a, arm.key) if modelled and alpha is not None else None,
         )
         for a in np.linspace(0.0, 1.0, 21)
@@ -167,11 +184,12 @@ def _break_even(inputs: CostInputs, arm: ModeMeasure) -> BreakEven:
         arm.key,
         gamma,
         c,
+        measured_v,
         arm.accepted_tokens / arm.draft_tokens if arm.draft_tokens else None,
         alpha,
-        expected_speedup(alpha, gamma, c) if modelled and alpha is not None else None,
+        expected_speedup(alpha, gamma, c, v) if modelled and alpha is not None else None,
         arm.tokens_per_s / plain.tokens_per_s if plain else None,
-        break_even_alpha(gamma, c) if modelled else None,
+        break_even_alpha(gamma, c, v) if modelled else None,
         benefit_break_even_alpha(inputs, arm.key),
         curve,
     )
@@ -197,7 +215,7 @@ _HIDDEN_FIELDS = (
     "monitoring_gb_per_day",
     "incident_days_per_week",
     "tech_debt_buffer",
-)
+)  # the tornado's hidden inputs (with HiddenCosts.with_values, each a "given" what-if)
 _BOUNDS = {
     "pue": (1.0, math.inf),
     "tech_debt_buffer": (0.0, 10.0),
@@ -214,7 +232,10 @@ def _knobs(inputs: CostInputs, key: str) -> dict[str, tuple[float, Callable[[flo
         "monthly_output_tokens": (monthly_volume(inputs)[0], lambda v: replace(inputs, monthly_output_tokens=v)),
     }
     knobs |= {n: (getattr(p, n), lambda v, n=n: replace(inputs, prices=replace(p, **{n: v}))) for n in _PRICE_FIELDS}
-    knobs |= {n: (getattr(h, n), lambda v, n=n: replace(inputs, hidden=replace(h, **{n: v}))) for n in _HIDDEN_FIELDS}
+    knobs |= {
+        n: (getattr(h, n), lambda v, n=n: replace(inputs, hidden=h.with_values(h.source(n), **{n: v})))
+        for n in _HIDDEN_FIELDS
+    }
     for arm in (_arm(inputs, key), inputs.baseline):
         knobs[f"{arm.key} tokens_per_s"] = (arm.tokens_per_s, lambda v, k=arm.key: _with_arm(inputs, k, tokens_per_s=v))
         if arm.energy_j_per_token is not None:

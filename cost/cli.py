@@ -2,18 +2,22 @@
 
 specwatch cost [--db URL] [--last SECONDS]           measured (default: the last 30 days)
 specwatch cost --what-if FILE.toml                   inputs from TOML (cost/cost_example.toml)
-    [--gpu TYPE] [--prices FILE] [--volume TOKENS] [--json] [--xlsx FILE]
+    [--gpu TYPE] [--prices FILE] [--pricing on-demand|spot|reserved|on-prem] [--volume TOKENS]
+    [--hidden-costs FILE.toml] [--incidents seed|alerts] [--idle-allocation separate|by_share]
+    [--json] [--xlsx FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 from pathlib import Path
 
 from collector.cli import add_db_option
-from cost.inputs import Overrides, apply_overrides, load_prices, what_if_inputs
+from cost.inputs import Overrides, apply_overrides, load_hidden_costs, load_prices, what_if_inputs
+from cost.model import PRICINGS, HiddenCosts
 from cost.summary import MONTH_S, CostSummary, measured_summary, render_text, summarize
 from specwatch.common import UsageError
 
@@ -42,6 +46,36 @@ def add_price_options(parser: argparse.ArgumentParser, gpu_default: str = "the s
     )
 
 
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    """How to price: pricing, hidden-cost overrides, incident source, idle allocation (`cost` and `report`)."""
+    parser.add_argument("--pricing", choices=PRICINGS, default=None, help="price of a GPU-hour (default: on-demand)")
+    parser.add_argument(
+        "--hidden-costs",
+        metavar="FILE.toml",
+        type=Path,
+        default=None,
+        help="hidden-cost overrides (keys of [hidden] in cost/cost_example.toml); shown with source 'given'",
+    )
+    parser.add_argument(
+        "--incidents",
+        choices=("seed", "alerts"),
+        default="seed",
+        help="incident time: the seed's 2 person-days/week, or derived from the alert history (default: seed)",
+    )
+    parser.add_argument(
+        "--idle-allocation",
+        choices=("separate", "by_share"),
+        default=None,
+        help="idle device time as its own line (default) or spread over the arms by their device time",
+    )
+
+
+def model_overrides(args: argparse.Namespace, **more) -> tuple[Overrides, HiddenCosts]:
+    """The pricing options as Overrides, and the hidden costs a --hidden-costs file gives (ValueError: bad file)."""
+    hidden = load_hidden_costs(args.hidden_costs) if args.hidden_costs else HiddenCosts()
+    return Overrides(pricing=args.pricing, idle_allocation=args.idle_allocation, **more), hidden
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     cost = subparsers.add_parser("cost", help="price speculative decoding: TCO, break-even, sensitivity, advice")
     add_db_option(cost)
@@ -68,6 +102,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="output tokens per month to price (default: the observed volume)",
     )
+    add_model_options(cost)
     cost.add_argument("--json", action="store_true", help="print the whole model as JSON")
     cost.add_argument(
         "--xlsx",
@@ -99,13 +134,16 @@ def cost_command(args: argparse.Namespace) -> int:
 
 def _summary(args: argparse.Namespace) -> CostSummary:
     prices = load_prices(args.prices)
-    overrides = Overrides(monthly_output_tokens=args.volume)
+    overrides, hidden = model_overrides(args, monthly_output_tokens=args.volume)
     if args.what_if is not None:
-        return summarize(apply_overrides(what_if_inputs(args.what_if, prices, args.gpu), overrides), source="what-if")
-    return _measured(args, prices, overrides)
+        inputs = what_if_inputs(args.what_if, prices, args.gpu)
+        if args.hidden_costs:
+            inputs = dataclasses.replace(inputs, hidden=load_hidden_costs(args.hidden_costs, inputs.hidden))
+        return summarize(apply_overrides(inputs, overrides), source="what-if")
+    return _measured(args, prices, overrides, hidden)
 
 
-def _measured(args: argparse.Namespace, prices, overrides: Overrides) -> CostSummary:
+def _measured(args: argparse.Namespace, prices, overrides: Overrides, hidden: HiddenCosts) -> CostSummary:
     from sqlalchemy.exc import OperationalError
 
     from collector.cli import settings_from
@@ -117,7 +155,13 @@ def _measured(args: argparse.Namespace, prices, overrides: Overrides) -> CostSum
         if not is_current(engine):
             raise UsageError("the database schema is not current: run `specwatch db upgrade` first")
         return measured_summary(
-            engine, Window.last(args.last or MONTH_S), prices, gpu_type=args.gpu, overrides=overrides
+            engine,
+            Window.last(args.last or MONTH_S),
+            prices,
+            gpu_type=args.gpu,
+            overrides=overrides,
+            hidden=hidden,
+            incidents_from_alerts=args.incidents == "alerts",
         )
     except OperationalError as exc:
         raise UsageError(f"cannot read the database: {str(exc.orig).splitlines()[0]}") from None

@@ -6,15 +6,20 @@
     apply_overrides(inputs, Overrides(...))         edit prices, volume and hidden costs
 
 Measured, per arm (mode, drafter; plain decoding is one arm whatever its drafter field):
-    tokens_per_s        = sum of ok requests' output tokens / sum of their (e2e_s - queue_s)
-    energy_j_per_token  = sum energy_j / output tokens of the requests that carry energy
-                          (their energy_source); without any, mean power_w of device samples
-                          taken while serving / tokens_per_s, labelled "estimate"
+    tokens_per_s        = ok requests' output tokens / their device_s (cost.attribution: the
+                          record's own, else processor sharing derived from request times)
+    failed_device_s     = device_s of the requests that did not finish ok (the retries line)
+    energy_j_per_token  = sum energy_j / ok tokens when every request carries energy; else the
+                          instance's energy (device samples' power x interval) attributed to each
+                          request by its device time over its life / ok tokens ("attributed", from
+                          the samples' power source: metered or estimate)
     memory              = median mem_reserved_bytes of device samples in the window; the draft's
                           share from samples with draft_loaded false or `draft_unloaded` events,
                           else not separated (the plain arm holds no draft: the counterfactual)
+    idle                = instances' sampled up-time - Σ device_s of their requests
     window_s            = from the first request in the window to its end
     monitoring storage  = store bytes per stored record x records per day in the window
+    incident time       = (optional) firing hours of alerts + 0.5 h per remediation, in person-days/week
 """
 
 from __future__ import annotations
@@ -28,11 +33,12 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-from sqlalchemy import Engine, case, func, select, text
+from sqlalchemy import Engine, func, select, text
 
-from collector.models import DeviceSampleRow, EngineEventRow, Request
+from collector.models import AlertActionRow, AlertTransitionRow, DeviceSampleRow, EngineEventRow, Request
 from collector.queries import Filters, Window
-from cost.model import GB, Accelerator, CostInputs, HiddenCosts, ModeMeasure, Prices
+from cost.attribution import Attributed, Instance, PowerSample, Span, attribute
+from cost.model import GB, Accelerator, CostInputs, HiddenCosts, IdleTime, ModeMeasure, Prices
 
 PRICES_PATH = Path(__file__).with_name("prices.toml")
 
@@ -45,6 +51,9 @@ class _AcceleratorToml(_Model):
     usd_per_hour: float = Field(ge=0)
     memory_gb: float = Field(gt=0)
     source: str = ""
+    spot_usd_per_hour: float | None = Field(default=None, ge=0)
+    reserved_usd_per_hour: float | None = Field(default=None, ge=0)
+    onprem_usd_per_hour: float | None = Field(default=None, ge=0)
 
 
 class _PricesToml(_Model):
@@ -80,7 +89,7 @@ def load_prices(path: Path | None = None) -> Prices:
         table = _PricesToml.model_validate(_read_toml(path))
     except ValidationError as exc:
         raise ValueError(one_line(exc, str(path))) from None
-    gpus = {name: Accelerator(name, g.usd_per_hour, g.memory_gb, g.source) for name, g in table.accelerators.items()}
+    gpus = {name: Accelerator(name, **g.model_dump()) for name, g in table.accelerators.items()}
     return Prices(
         gpus,
         table.electricity.get("usd_per_kwh", 0.12),
@@ -100,27 +109,43 @@ class Overrides:
     pue: float | None = None
     monthly_output_tokens: float | None = None
     draft_training_usd: float | None = None
+    training_data_fraction: float | None = None
     amortisation_months: float | None = None
+    monitoring_retention_days: float | None = None
     incident_days_per_week: float | None = None
+    opportunity_days_per_month: float | None = None
     tech_debt_buffer: float | None = None
+    pricing: str | None = None  # on-demand | spot | reserved | on-prem
+    idle_allocation: str | None = None  # separate | by_share
 
 
 _PRICE_OVERRIDES = ("electricity_usd_per_kwh", "pue")
-_HIDDEN_OVERRIDES = ("draft_training_usd", "amortisation_months", "incident_days_per_week", "tech_debt_buffer")
+_HIDDEN_OVERRIDES = (
+    "draft_training_usd",
+    "training_data_fraction",
+    "amortisation_months",
+    "monitoring_retention_days",
+    "incident_days_per_week",
+    "opportunity_days_per_month",
+    "tech_debt_buffer",
+)
 
 
 def apply_overrides(inputs: CostInputs, overrides: Overrides) -> CostInputs:
     """The inputs with every given override applied (ValueError when one is out of range)."""
     given = {k: v for k, v in overrides.__dict__.items() if v is not None}
     prices = replace(inputs.prices, **{k: given[k] for k in _PRICE_OVERRIDES if k in given})
+    pricing = given.get("pricing", inputs.pricing)
     if "gpu_hour_usd" in given:
-        prices = prices.with_gpu_hour(inputs.gpu_type, given["gpu_hour_usd"])
-    hidden = replace(inputs.hidden, **{k: given[k] for k in _HIDDEN_OVERRIDES if k in given})
+        prices = prices.with_gpu_hour(inputs.gpu_type, given["gpu_hour_usd"], pricing)
+    hidden = inputs.hidden.with_values("given", **{k: given[k] for k in _HIDDEN_OVERRIDES if k in given})
     return replace(
         inputs,
         prices=prices,
         hidden=hidden,
         monthly_output_tokens=given.get("monthly_output_tokens", inputs.monthly_output_tokens),
+        pricing=pricing,
+        idle_allocation=given.get("idle_allocation", inputs.idle_allocation),
     )
 
 
@@ -138,91 +163,228 @@ def measured_inputs(
     hidden: HiddenCosts = HiddenCosts(),
     filters: Filters = Filters(),
     measure_storage: bool = True,
+    pricing: str = "on-demand",
+    idle_allocation: str = "separate",
+    incidents_from_alerts: bool = False,
 ) -> CostInputs:
-    """CostInputs from the requests, device samples and events stored in `window` (module docstring).
-    Monitoring storage is measured from the store when `measure_storage` and it holds records."""
-    totals, first_at = _arm_totals(engine, window, filters)
+    """CostInputs from the requests, device samples, events and alert history stored in `window`
+    (module docstring). Monitoring storage is measured from the store when `measure_storage` and it
+    holds records; incident time is derived from the alert history when `incidents_from_alerts`."""
+    requests = request_rows(engine, window, filters)
+    samples = power_samples(engine, window, filters)
+    attributed, instances = attribute([r.span for r in requests], samples)
+    power_source = ",".join(sorted({s.source for s in samples if s.source and s.power_w is not None})) or None
+    first_at = min((r.started_at for r in requests), default=None)
     window_s = window.end - max(window.start, first_at if first_at is not None else window.start)
     target, draft, memory_source = _memory(engine, window, filters)
-    power_w = _serving_power(engine, window, filters)
     arms = tuple(
-        _measure(key, t, max(window_s, 1e-9), target, draft, memory_source, power_w)
-        for key, t in sorted(totals.items(), key=lambda kv: (kv[0][0] != "autoregressive", kv[0][1] or ""))
-        if t["busy_s"] > 0 and t["ok_tokens"] > 0
+        _measure(key, rows, max(window_s, 1e-9), target, draft, memory_source, power_source)
+        for key, rows in sorted(_by_arm(requests, attributed).items(), key=_arm_order)
+        if sum(a.device_s for r, a in rows if r.ok) > 0 and sum(r.output_tokens for r, _ in rows if r.ok) > 0
     )
-    growth = storage_gb_per_day(engine, window) if measure_storage else None
+    hidden = _measured_hidden(engine, window, hidden, measure_storage, incidents_from_alerts)
+    return CostInputs(
+        arms,
+        prices,
+        gpu_type,
+        gpu_count,
+        gpu_memory_bytes,
+        None,
+        hidden,
+        pricing,
+        _idle_time(instances),
+        idle_allocation,
+    )
+
+
+def _measured_hidden(engine: Engine, window: Window, hidden: HiddenCosts, storage: bool, incidents: bool):
+    growth = storage_gb_per_day(engine, window) if storage else None
     if growth is not None:
-        hidden = replace(hidden, monitoring_gb_per_day=growth, monitoring_source="measured")
-    return CostInputs(arms, prices, gpu_type, gpu_count, gpu_memory_bytes, None, hidden)
+        hidden = hidden.with_values("measured", monitoring_gb_per_day=growth)
+    if incidents:
+        hidden = hidden.with_values("measured (alert history)", incident_days_per_week=incident_days(engine, window))
+    return hidden
 
 
-_SUMMED = {
-    "requests": func.count(),
-    "output_tokens": func.sum(Request.output_tokens),
-    "ok_tokens": func.sum(case((Request.status == "ok", Request.output_tokens), else_=0)),
-    "busy_s": func.sum(case((Request.status == "ok", Request.e2e_s - Request.queue_s), else_=0.0)),
-    "retries": func.sum(Request.retries),
-    "energy_j": func.sum(func.coalesce(Request.energy_j, 0.0)),
-    "metered_tokens": func.sum(case((Request.energy_j.is_not(None), Request.output_tokens), else_=0)),
-    "drafts": func.sum(Request.num_drafts),
-    "draft_tokens": func.sum(Request.num_draft_tokens),
-    "accepted_tokens": func.sum(Request.num_accepted_tokens),
-    "draft_s": func.sum(Request.draft_s),
-    "verify_s": func.sum(Request.verify_s),
-}
+@dataclass(frozen=True)
+class RequestRow:
+    """The columns of one stored request the cost model reads."""
+
+    instance: str
+    mode: str
+    drafter: str | None
+    started_at: float
+    queue_s: float
+    e2e_s: float
+    status: str
+    output_tokens: int
+    retries: int
+    device_s: float | None
+    device_s_source: str | None
+    energy_j: float | None
+    energy_source: str | None
+    drafts: int
+    draft_tokens: int
+    accepted_tokens: int
+    draft_s: float
+    verify_s: float
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def arm(self) -> tuple[str, str | None]:
+        return self.mode, self.drafter if self.mode == "speculative" else None
+
+    @property
+    def span(self) -> Span:
+        start = self.started_at + self.queue_s
+        return Span(self.instance, start, max(self.started_at + self.e2e_s, start), self.device_s)
 
 
-def _arm_totals(engine: Engine, window: Window, filters: Filters) -> tuple[dict, float | None]:
-    """(mode, drafter) -> summed columns (+ the set of energy sources); and the first request time."""
-    stmt = filters.apply(
-        select(Request.mode, Request.drafter, Request.energy_source, func.min(Request.started_at), *_SUMMED.values()),
-        window,
-    ).group_by(Request.mode, Request.drafter, Request.energy_source)
-    totals: dict = defaultdict(lambda: {**dict.fromkeys(_SUMMED, 0.0), "sources": set()})
-    first_at = None
+_REQUEST_COLUMNS = (
+    Request.instance,
+    Request.mode,
+    Request.drafter,
+    Request.started_at,
+    Request.queue_s,
+    Request.e2e_s,
+    Request.status,
+    Request.output_tokens,
+    Request.retries,
+    Request.device_s,
+    Request.device_s_source,
+    Request.energy_j,
+    Request.energy_source,
+    Request.num_drafts,
+    Request.num_draft_tokens,
+    Request.num_accepted_tokens,
+    Request.draft_s,
+    Request.verify_s,
+)
+
+
+def request_rows(engine: Engine, window: Window, filters: Filters) -> list[RequestRow]:
+    """Every request in the window (all statuses: failed work costs device time too)."""
+    stmt = filters.apply(select(*_REQUEST_COLUMNS), window)
     with engine.connect() as conn:
-        for mode, drafter, source, started, *sums in conn.execute(stmt):
-            arm = totals[(mode, drafter if mode == "speculative" else None)]
-            for name, value in zip(_SUMMED, sums):
-                arm[name] += float(value or 0)
-            arm["sources"] |= {source} if source else set()
-            first_at = started if first_at is None else min(first_at, started)
-    return totals, first_at
+        return [RequestRow(*row) for row in conn.execute(stmt)]
 
 
-def _measure(key, t: dict, window_s: float, target, draft, memory_source, power_w) -> ModeMeasure:
+def power_samples(engine: Engine, window: Window, filters: Filters) -> list[PowerSample]:
+    stmt = select(
+        DeviceSampleRow.instance, DeviceSampleRow.at, DeviceSampleRow.power_w, DeviceSampleRow.power_source
+    ).where(DeviceSampleRow.at >= window.start, DeviceSampleRow.at < window.end)
+    if filters.instance is not None:
+        stmt = stmt.where(DeviceSampleRow.instance == filters.instance)
+    with engine.connect() as conn:
+        return [PowerSample(*row) for row in conn.execute(stmt)]
+
+
+def _by_arm(requests: list[RequestRow], attributed: list[Attributed]) -> dict:
+    arms: dict = defaultdict(list)
+    for request, share in zip(requests, attributed):
+        arms[request.arm].append((request, share))
+    return arms
+
+
+def _arm_order(item) -> tuple:
+    (mode, drafter), _ = item
+    return mode != "autoregressive", drafter or ""
+
+
+def _measure(key, rows: list, window_s: float, target, draft, memory_source, power_source) -> ModeMeasure:
     mode, drafter = key
-    tokens_per_s = t["ok_tokens"] / t["busy_s"]
-    energy, source = _energy(t, tokens_per_s, power_w)
+    ok = [(r, a) for r, a in rows if r.ok]
+    ok_tokens = sum(r.output_tokens for r, _ in ok)
+    device_s = sum(a.device_s for _, a in ok)
+    energy, source = _energy(rows, ok_tokens, power_source)
     draft_bytes, arm_memory_source = _draft_memory(drafter, draft, memory_source)
     return ModeMeasure(
         mode,
         drafter,
-        int(t["requests"]),
-        int(t["output_tokens"]),
+        len(ok),
+        ok_tokens,
         window_s,
-        tokens_per_s,
+        ok_tokens / device_s,
         energy,
         source,
-        int(t["retries"]),
+        sum(r.retries for r, _ in rows),
         target,
         draft_bytes,
         arm_memory_source,
-        int(t["drafts"]),
-        int(t["draft_tokens"]),
-        int(t["accepted_tokens"]),
-        t["draft_s"],
-        t["verify_s"],
+        sum(r.drafts for r, _ in ok),
+        sum(r.draft_tokens for r, _ in ok),
+        sum(r.accepted_tokens for r, _ in ok),
+        sum(r.draft_s for r, _ in ok),
+        sum(r.verify_s for r, _ in ok),
+        device_s,
+        sum(a.device_s for r, a in rows if not r.ok),
+        _device_source(rows),
     )
 
 
-def _energy(t: dict, tokens_per_s: float, power_w: float | None) -> tuple[float | None, str | None]:
-    """Metered energy per token when requests carry it, else serving power / throughput (an estimate)."""
-    if t["metered_tokens"] > 0:
-        return t["energy_j"] / t["metered_tokens"], ",".join(sorted(t["sources"])) or None
-    if power_w is not None:
-        return power_w / tokens_per_s, "estimate"
-    return None, None
+def _device_source(rows: list) -> str:
+    """engine | processor_sharing | derived (none recorded: processor sharing here) | a mix, joined."""
+    found = {"derived" if a.derived else (r.device_s_source or "derived") for r, a in rows}
+    return ",".join(sorted(found))
+
+
+def _energy(rows: list, ok_tokens: int, power_source: str | None) -> tuple[float | None, str | None]:
+    """J per ok token: metered per-request energy when every request carries it, else the instance's
+    energy attributed by device time over the sample intervals (its power source: measured or estimate)."""
+    if ok_tokens <= 0:
+        return None, None
+    if all(r.energy_j is not None for r, _ in rows):
+        sources = ",".join(sorted({r.energy_source for r, _ in rows if r.energy_source}))
+        return sum(r.energy_j for r, _ in rows) / ok_tokens, sources or None
+    attributed = [a.energy_j for _, a in rows]
+    if any(j is None for j in attributed):
+        return None, None
+    return sum(attributed) / ok_tokens, power_source
+
+
+def _idle_time(instances: list[Instance]) -> IdleTime | None:
+    sampled = [i for i in instances if i.up_s is not None]
+    if not sampled:
+        return None
+    idle_energy = [i.idle_energy_j for i in sampled]
+    energy = None if any(j is None for j in idle_energy) else sum(idle_energy)
+    return IdleTime(sum(i.up_s for i in sampled), sum(i.busy_s for i in sampled), energy)
+
+
+def incident_days(engine: Engine, window: Window) -> float:
+    """Person-days per week spent on incidents, from the alert history: one engineer per firing alert
+    for as long as it fired, plus INCIDENT_ACTION_HOURS per remediation, at 8 hours a day."""
+    with engine.connect() as conn:
+        transitions = conn.execute(
+            select(AlertTransitionRow.fingerprint, AlertTransitionRow.at, AlertTransitionRow.to_state)
+            .where(AlertTransitionRow.at < window.end)
+            .order_by(AlertTransitionRow.at)
+        ).all()
+        actions = conn.execute(
+            select(func.count()).where(AlertActionRow.at >= window.start, AlertActionRow.at < window.end)
+        ).scalar()
+    hours = _firing_seconds(transitions, window) / 3600 + INCIDENT_ACTION_HOURS * (actions or 0)
+    weeks = max(window.seconds, 3600.0) / (7 * 86400)
+    return hours / 8 / weeks
+
+
+INCIDENT_ACTION_HOURS = 0.5
+
+
+def _firing_seconds(transitions, window: Window) -> float:
+    """Σ over alerts of the time they were firing inside the window."""
+    since: dict[str, float] = {}
+    total = 0.0
+    for fingerprint, at, state in transitions:
+        if state == "firing":
+            since.setdefault(fingerprint, at)
+        elif fingerprint in since:
+            start = since.pop(fingerprint)
+            total += max(0.0, min(at, window.end) - max(start, window.start))
+    return total + sum(max(0.0, window.end - max(start, window.start)) for start in since.values())
 
 
 def _draft_memory(drafter: str | None, draft: float | None, memory_source: str) -> tuple[float, str]:
@@ -276,21 +438,6 @@ def _freed(detail: dict) -> float | None:
         return float(before["reserved"] - after["reserved"])
     freed = detail.get("freed_rss_bytes")
     return float(freed) if isinstance(freed, (int, float)) else None
-
-
-def _serving_power(engine: Engine, window: Window, filters: Filters) -> float | None:
-    """Mean power_w of device samples taken while requests were active (None without power readings)."""
-    stmt = select(func.avg(DeviceSampleRow.power_w)).where(
-        DeviceSampleRow.at >= window.start,
-        DeviceSampleRow.at < window.end,
-        DeviceSampleRow.active_requests > 0,
-        DeviceSampleRow.power_w.is_not(None),
-    )
-    if filters.instance is not None:
-        stmt = stmt.where(DeviceSampleRow.instance == filters.instance)
-    with engine.connect() as conn:
-        mean = conn.execute(stmt).scalar()
-    return None if mean is None else float(mean)
 
 
 def storage_gb_per_day(engine: Engine, window: Window) -> float | None:
@@ -393,12 +540,29 @@ class _PriceOverridesToml(_Model):
 
 
 class _HiddenToml(_Model):
-    draft_training_usd: float = Field(default=15_000.0, ge=0)
-    amortisation_months: float = Field(default=12.0, gt=0)
-    monitoring_gb_per_day: float = Field(default=15.0, ge=0)
-    monitoring_retention_days: float = Field(default=30.0, ge=0)
-    incident_days_per_week: float = Field(default=2.0, ge=0)
-    tech_debt_buffer: float = Field(default=0.2, ge=0, le=10)
+    """Hidden costs as a file gives them: only what it names is set (source "given")."""
+
+    draft_training_usd: float | None = Field(default=None, ge=0)
+    training_data_fraction: float | None = Field(default=None, gt=0, le=10)
+    amortisation_months: float | None = Field(default=None, gt=0)
+    monitoring_gb_per_day: float | None = Field(default=None, ge=0)
+    monitoring_retention_days: float | None = Field(default=None, ge=0)
+    incident_days_per_week: float | None = Field(default=None, ge=0)
+    opportunity_days_per_month: float | None = Field(default=None, ge=0)
+    tech_debt_buffer: float | None = Field(default=None, ge=0, le=10)
+
+    def apply(self, hidden: HiddenCosts) -> HiddenCosts:
+        return hidden.with_values("given", **self.model_dump(exclude_none=True))
+
+
+def load_hidden_costs(path: Path, hidden: HiddenCosts = HiddenCosts()) -> HiddenCosts:
+    """Hidden-cost overrides from a TOML file (the keys of [hidden] in cost/cost_example.toml, at the top
+    level or under [hidden]); ValueError, one line, when bad."""
+    table = _read_toml(path)
+    try:
+        return _HiddenToml.model_validate(table.get("hidden", table)).apply(hidden)
+    except ValidationError as exc:
+        raise ValueError(one_line(exc, str(path))) from None
 
 
 class _WhatIfToml(_Model):
@@ -406,6 +570,7 @@ class _WhatIfToml(_Model):
     gpu_count: int = Field(default=1, ge=1)
     gpu_memory_gb: float | None = Field(default=None, gt=0)
     monthly_output_tokens: float | None = Field(default=None, ge=0)
+    pricing: Literal["on-demand", "spot", "reserved", "on-prem"] = "on-demand"
     prices: _PriceOverridesToml = _PriceOverridesToml()
     hidden: _HiddenToml = _HiddenToml()
     arms: list[_ArmToml] = Field(min_length=1)
@@ -428,8 +593,8 @@ def _what_if(spec: _WhatIfToml, prices: Prices, gpu: str) -> CostInputs:
     gpu_hour = price_edits.pop("gpu_hour_usd", None)
     prices = replace(prices, **price_edits)
     if gpu_hour is not None:
-        prices = prices.with_gpu_hour(gpu, gpu_hour)
-    hidden = HiddenCosts(**spec.hidden.model_dump(), monitoring_source="given")
+        prices = prices.with_gpu_hour(gpu, gpu_hour, spec.pricing)
+    hidden = spec.hidden.apply(HiddenCosts())
     memory = None if spec.gpu_memory_gb is None else spec.gpu_memory_gb * GB
     return CostInputs(
         tuple(arm.measure() for arm in spec.arms),
@@ -439,4 +604,5 @@ def _what_if(spec: _WhatIfToml, prices: Prices, gpu: str) -> CostInputs:
         memory,
         spec.monthly_output_tokens,
         hidden,
+        spec.pricing,
     )

@@ -17,8 +17,9 @@ from sqlalchemy import Engine
 from collector.queries import Filters, Window
 from cost.advisor import Recommendation, advise
 from cost.breakeven import BreakEven, TornadoRow, break_even, sensitivity
+from cost.concurrency import ConcurrencyCosts, concurrency_costs
 from cost.inputs import Overrides, apply_overrides, infer_gpu_type, measured_inputs
-from cost.model import CostInputs, Prices, Tco, tco
+from cost.model import CostInputs, HiddenCosts, Prices, Tco, tco
 
 DEFAULT_GPU = "H100-SXM"
 MONTH_S = 30 * 86400
@@ -34,6 +35,7 @@ class CostSummary:
     sensitivity: tuple[TornadoRow, ...]  # widest swing first
     advice: tuple[Recommendation, ...]
     notes: tuple[str, ...]  # the TCO's notes and how the inputs were chosen
+    concurrency: ConcurrencyCosts | None = None  # measured windows: cost per 1M tokens by concurrency level
 
 
 def summarize(
@@ -44,6 +46,7 @@ def summarize(
     advice: tuple[Recommendation, ...] = (),
     notes: tuple[str, ...] = (),
     spread: float = 0.2,
+    concurrency: ConcurrencyCosts | None = None,
 ) -> CostSummary:
     costs = tco(inputs)
     return CostSummary(
@@ -55,6 +58,7 @@ def summarize(
         tuple(sensitivity(inputs, spread)),
         tuple(advice),
         tuple(notes) + costs.notes,
+        concurrency,
     )
 
 
@@ -66,6 +70,8 @@ def measured_summary(
     gpu_type: str | None = None,
     overrides: Overrides = Overrides(),
     filters: Filters = Filters(),
+    hidden: HiddenCosts = HiddenCosts(),
+    incidents_from_alerts: bool = False,
 ) -> CostSummary:
     """Measure the window, price it on `gpu_type` (default: the sampled device, else H100-SXM),
     apply the overrides and advise per scenario. ValueError on an unknown GPU or a bad override."""
@@ -74,9 +80,23 @@ def measured_summary(
     if gpu is None:
         gpu = DEFAULT_GPU
         notes.append(f"gpu_type {gpu} assumed: no device sample in the window names a GPU of the price table")
-    inputs = apply_overrides(measured_inputs(engine, window, prices, gpu_type=gpu, filters=filters), overrides)
+    measured = measured_inputs(
+        engine,
+        window,
+        prices,
+        gpu_type=gpu,
+        filters=filters,
+        hidden=hidden,
+        incidents_from_alerts=incidents_from_alerts,
+    )
+    inputs = apply_overrides(measured, overrides)
     advice = advise(engine, window, inputs.device_memory_bytes, inputs.gpu_count, filters=filters)
-    return summarize(inputs, source="measured", window=window, advice=tuple(advice), notes=tuple(notes))
+    by_level = concurrency_costs(
+        engine, window, inputs.prices, gpu_type=gpu, gpu_count=inputs.gpu_count, pricing=inputs.pricing, filters=filters
+    )
+    return summarize(
+        inputs, source="measured", window=window, advice=tuple(advice), notes=tuple(notes), concurrency=by_level
+    )
 
 
 # --- text -----------------------------------------------------------------------------------
@@ -99,9 +119,11 @@ def render_text(summary: CostSummary) -> str:
             *_arm_table(summary.tco),
             "",
             *_benefits(summary.tco),
+            *_concurrency_lines(summary.concurrency),
             *_break_even_lines(summary.break_even),
             *_tornado_lines(summary.sensitivity),
             *_advice_lines(summary.advice),
+            *_assumption_lines(summary.tco),
             *notes,
         ]
     )
@@ -112,8 +134,8 @@ def _header(summary: CostSummary) -> list[str]:
     where = "what-if inputs" if summary.window is None else f"last {_span(summary.window.seconds)} measured"
     return [
         (
-            f"Cost of speculative decoding ({where}); {t.gpu_type} at ${t.gpu_hour_usd:.2f}/GPU-hour, "
-            f"prices as of {t.prices_as_of}"
+            f"Cost of speculative decoding ({where}); {t.gpu_type} at ${t.gpu_hour_usd:.2f}/GPU-hour "
+            f"({t.pricing}), prices as of {t.prices_as_of}"
         ),
         f"Volume priced: {t.monthly_output_tokens:,.0f} output tokens/month ({t.volume_source})",
     ]
@@ -125,16 +147,32 @@ def _arm_table(t: Tco) -> list[str]:
     rows = [
         ("USD per 1M output tokens", [a.key for a in t.arms]),
         ("memory share", [_num(a.memory_share) for a in t.arms]),
-        ("GPU-hours", [_num(a.gpu_hours_per_mtok, ".4g") for a in t.arms]),
+        ("GPU-hours (device time)", [_num(a.gpu_hours_per_mtok, ".4g") for a in t.arms]),
+        ("  device time from", [a.device_s_source for a in t.arms]),
         ("compute", [_usd(a.compute_usd_per_mtok, 4) for a in t.arms]),
-        ("energy", [_usd(a.energy_usd_per_mtok, 4) for a in t.arms]),
+        (
+            "energy" if t.pricing == "on-prem" else "energy (in the price)",
+            [_usd(a.energy_usd_per_mtok, 4) for a in t.arms],
+        ),
         ("  energy source", [a.energy_source or "not measured" for a in t.arms]),
-        ("retries", [_usd(a.retries_usd_per_mtok, 4) for a in t.arms]),
+        ("retries (failed work)", [_usd(a.retries_usd_per_mtok, 4) for a in t.arms]),
+        ("idle (spread by share)", [_usd(a.idle_usd_per_mtok, 4) for a in t.arms]),
         ("total", [_usd(a.total_usd_per_mtok, 4) for a in t.arms]),
         ("monthly USD at the volume", [_usd(a.monthly_usd, 0) for a in t.arms]),
     ]
     widths = [max(len(r[1][i]) for r in rows) + 2 for i in range(len(t.arms))]
-    return [f"{label:<28}" + "".join(f"{cell:>{w}}" for cell, w in zip(cells, widths)) for label, cells in rows]
+    table = [f"{label:<28}" + "".join(f"{cell:>{w}}" for cell, w in zip(cells, widths)) for label, cells in rows]
+    return table + _idle_lines(t)
+
+
+def _idle_lines(t: Tco) -> list[str]:
+    if t.idle is None:
+        return ["idle device time: not measured (no device samples)"]
+    i = t.idle
+    how = "spread over the arms above" if i.allocation == "by_share" else "its own line, not in the arms above"
+    return [
+        f"idle device time: {i.idle_fraction:.0%} of {i.up_s:,.0f} s up; {_usd(i.monthly_usd, 0)} USD/month ({how})"
+    ]
 
 
 def _benefits(t: Tco) -> list[str]:
@@ -148,19 +186,50 @@ def _benefits(t: Tco) -> list[str]:
             (
                 f"  hidden USD/month: draft training {_usd(h.draft_training_usd, 0)},"
                 f" monitoring {_usd(h.monitoring_usd, 0)}"
-                f" ({h.monitoring_source}), incidents {_usd(h.incidents_usd, 0)}, tech debt {_usd(h.tech_debt_usd, 0)}"
+                f" ({h.monitoring_source}), incidents {_usd(h.incidents_usd, 0)} ({h.incidents_source}),"
+                f" opportunity {_usd(h.opportunity_usd, 0)}, tech-debt reserve {_usd(h.tech_debt_usd, 0)}"
                 f" = {_usd(h.total_usd, 0)}"
             ),
-            f"  net benefit {_usd(b.net_usd, 0)} USD/month; draft training pays back: {payback}",
+            f"  net benefit {estimate_mark(b)}{_usd(b.net_usd, 0)} USD/month; draft training pays back: {payback}",
         ]
+        if b.estimated_from:
+            lines.append(f"  ~ estimated from: {', '.join(b.estimated_from)}")
     return lines or ["No plain-decoding arm to compare against: no benefit computed."]
+
+
+def estimate_mark(benefit) -> str:
+    """ "~" before a figure that rests on estimates or seed defaults (see Benefit.estimated_from)."""
+    return "~" if benefit.estimated_from else ""
+
+
+def _concurrency_lines(by_level: ConcurrencyCosts | None) -> list[str]:
+    if by_level is None or not by_level.rows:
+        return []
+    lines = ["", "USD per 1M output tokens by concurrency (device time, compute only):"]
+    for row in by_level.rows:
+        lines.append(
+            f"  level {row.level:>3} {row.mode:<15} {row.requests:>6} requests {row.output_tokens:>9} tokens"
+            f"  {row.gpu_hours_per_mtok:>9.4g} GPU-h  {_usd(row.usd_per_mtok, 4):>10} USD"
+        )
+    crossing = "none within the levels measured" if by_level.crossover is None else f"level {by_level.crossover}"
+    lines.append(f"  speculation costs more from: {crossing}")
+    return lines
+
+
+def _assumption_lines(t: Tco) -> list[str]:
+    lines = ["", "Assumptions (input, value, source):"] if t.assumptions else []
+    for a in t.assumptions:
+        value = f"{a.value:,.6g}" if isinstance(a.value, (int, float)) else a.value
+        lines.append(f"  {a.name:<44} {value:>14} {a.unit:<32} {a.source}")
+    return lines
 
 
 def _break_even_lines(rows: tuple[BreakEven, ...]) -> list[str]:
     lines = ["", "Break-even (acceptance alpha per drafted token):"] if rows else []
     for b in rows:
         lines.append(
-            f"  {b.key}: gamma {_num(b.gamma, '.2f')}, c {_num(b.draft_cost_ratio)}, acceptance rate "
+            f"  {b.key}: gamma {_num(b.gamma, '.2f')}, c {_num(b.draft_cost_ratio)},"
+            f" verify cost {_num(b.verify_cost_ratio, '.2f')}x a plain step, acceptance rate "
             f"{_num(b.acceptance_rate)}, alpha {_num(b.measured_alpha)};"
             f" speed-up model {_num(b.model_speedup, '.2f')}x,"
             f" measured {_num(b.measured_speedup, '.2f')}x; speed-up 1 at alpha {_num(b.speedup_alpha)},"

@@ -17,8 +17,8 @@ from collector.schema import IngestBatch
 from collector.store import Store
 from cost.breakeven import break_even_alpha
 from cost.inputs import load_prices, what_if_inputs
-from cost.model import tco
-from cost.xlsx import ARM_ROWS, BENEFIT_ROWS, MODEL_ROW
+from cost.model import IdleTime, tco
+from cost.xlsx import ARM_ROWS, BENEFIT_ROWS, IDLE_ROW, MODEL_ROW, write_workbook
 from specwatch.cli import main
 
 EXAMPLE = Path(__file__).parents[2] / "cost" / "cost_example.toml"
@@ -46,7 +46,9 @@ def _fill(url: str, start: float | None) -> None:
         for i in range(40)
     ]
     records += [
-        plain_request_dict(100 + i, started_at=start + i, e2e_s=2.0, tags={"scenario": "grounded"}) for i in range(40)
+        # 3 s apart: one plain request at a time, so each is charged its whole life
+        plain_request_dict(100 + i, started_at=start + 100 + 3 * i, e2e_s=2.0, tags={"scenario": "grounded"})
+        for i in range(40)
     ]
     samples = [sample_dict(i, at=start + 5 * i, active_requests=1) for i in range(10)]
     Store(engine).insert(IngestBatch.model_validate({"requests": records, "samples": samples}))
@@ -56,11 +58,23 @@ def _fill(url: str, start: float | None) -> None:
 def test_what_if_text_and_json(capsys):
     assert main(["cost", "--what-if", str(EXAMPLE)]) == 0
     out = capsys.readouterr().out
-    assert "H100-SXM at $4.50/GPU-hour, prices as of 2026-11" in out and "speculative:model:llama-68m" in out
+    assert (
+        "H100-SXM at $4.50/GPU-hour (on-demand), prices as of 2026-11" in out and "speculative:model:llama-68m" in out
+    )
     assert "draft training 1,250" in out and "energy is an estimate" in out
     assert main(["cost", "--what-if", str(EXAMPLE), "--json", "--gpu", "H200", "--volume", "1e9"]) == 0
     got = json.loads(capsys.readouterr().out)
-    assert set(got) == {"source", "window", "inputs", "tco", "break_even", "sensitivity", "advice", "notes"}
+    assert set(got) == {
+        "source",
+        "window",
+        "inputs",
+        "tco",
+        "break_even",
+        "sensitivity",
+        "advice",
+        "notes",
+        "concurrency",
+    }
     assert (
         got["source"] == "what-if" and got["tco"]["gpu_type"] == "H200" and got["tco"]["monthly_output_tokens"] == 1e9
     )
@@ -77,7 +91,7 @@ def test_xlsx_formulas_recompute_the_model(tmp_path, capsys):
     assert main(["cost", "--what-if", str(EXAMPLE), "--xlsx", str(path)]) == 0
     assert f"wrote {path}" in capsys.readouterr().out
     book = load_workbook(path)
-    assert book.sheetnames == ["Inputs", "Model"]
+    assert book.sheetnames == ["Inputs", "Model", "Assumptions"]
     model = book["Model"]
     formulas = [c.value for row in model.iter_rows(min_row=2, min_col=2) for c in row if c.value is not None]
     assert formulas and all(f.startswith("=") for f in formulas)
@@ -85,7 +99,7 @@ def test_xlsx_formulas_recompute_the_model(tmp_path, capsys):
         "Inputs!" in f
         for f in (model[f"B{MODEL_ROW[label]}"].value for label in ("gpu_hours_per_mtok", "memory_share"))
     )
-    assert model[f"B{MODEL_ROW['gpu_hours_per_mtok']}"].value == "=Inputs!$B$4*1000000/Inputs!B19/3600"
+    assert model[f"B{MODEL_ROW['gpu_hours_per_mtok']}"].value == "=Inputs!$B$4*1000000/Inputs!B25/3600"
     # by hand: 1 GPU x 1e6 tokens / 40 tok/s / 3600 s/h
     assert evaluate(book, "Model", f"B{MODEL_ROW['gpu_hours_per_mtok']}") == pytest.approx(1e6 / 40 / 3600)
     expected = tco(what_if_inputs(EXAMPLE, load_prices()))
@@ -98,8 +112,9 @@ def test_xlsx_formulas_recompute_the_model(tmp_path, capsys):
     spec = {label: evaluate(book, "Model", f"C{MODEL_ROW[label]}") for label in BENEFIT_ROWS}
     assert spec["net_benefit_usd_month"] == pytest.approx(benefit.net_usd)
     assert spec["hidden_usd_month"] == pytest.approx(benefit.hidden.total_usd)
-    assert spec["payback_months"] == pytest.approx(benefit.payback_months)
+    assert spec["payback_months"] == (benefit.payback_months or "never")
     assert model[f"B{MODEL_ROW['net_benefit_usd_month']}"].value is None  # no benefit row for plain decoding
+    assert book["Assumptions"]["A1"].value == "input" and book["Assumptions"].max_row == len(expected.assumptions) + 1
     # finance edits a price: the formulas follow
     book["Inputs"]["B3"] = 9.0
     assert evaluate(book, "Model", f"B{MODEL_ROW['compute_usd_per_mtok']}") == pytest.approx(
@@ -120,7 +135,7 @@ def test_measured_window(tmp_path, capsys):
     assert main(["cost", "--db", url, "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got["source"] == "measured" and got["tco"]["gpu_type"] == "cpu-laptop"  # the sampled device is "cpu"
-    assert got["inputs"]["hidden"]["monitoring_source"] == "measured"
+    assert got["inputs"]["hidden"]["sources"]["monitoring_gb_per_day"] == "measured"
     assert got["advice"][0]["evidence"]["speedup"] == pytest.approx(2.0)
 
 
@@ -155,7 +170,10 @@ def test_bad_what_if_value_and_bad_option(tmp_path, capsys):
 
 def test_cost_endpoint(client):
     records = [request_dict(i, e2e_s=1.0, draft_s=0.01, verify_s=0.5, tags={"scenario": "grounded"}) for i in range(40)]
-    records += [plain_request_dict(100 + i, e2e_s=2.0, tags={"scenario": "grounded"}) for i in range(40)]
+    records += [  # one at a time: each plain request is charged its whole life
+        plain_request_dict(100 + i, started_at=T0 + 100 + 3 * i, e2e_s=2.0, tags={"scenario": "grounded"})
+        for i in range(40)
+    ]
     samples = [sample_dict(i, active_requests=1, device="NVIDIA H100 80GB HBM3") for i in range(10)]
     assert client.post("/v1/ingest", json={"requests": records, "samples": samples}).status_code == 200
     window = {"start": T0 - 1, "end": T0 + 1000}
@@ -192,3 +210,74 @@ def test_cost_endpoint(client):
     ):
         bad = client.get("/v1/cost", params={**window, **params})
         assert bad.status_code == 422 and message in bad.text, params
+
+
+XLSX_CASES = {
+    "on-demand, memory measured": {},
+    "on-prem: energy added": {"pricing": "on-prem"},
+    "0 bytes measured": {"zero_memory": True},
+    "memory not measured": {"no_memory": True},
+    "idle spread by share": {"idle": IdleTime(86_400.0, 20_000.0, 3.6e6), "idle_allocation": "by_share"},
+    "idle its own line, on-prem": {"idle": IdleTime(86_400.0, 20_000.0, 3.6e6), "pricing": "on-prem"},
+    "untrained drafter, seed hidden costs": {"drafter": "suffix"},
+    "failed work": {"failed": True},
+}
+
+
+@pytest.mark.parametrize("case", list(XLSX_CASES))
+def test_xlsx_matches_python_on_every_case(case, tmp_path):
+    """The workbook's formulas give the model's figures, cell for cell, on each case of the table."""
+    options = dict(XLSX_CASES[case])
+    inputs = what_if_inputs(EXAMPLE, load_prices())
+    arms = list(inputs.arms)
+    if options.pop("zero_memory", False):
+        arms = [replace(a, target_memory_bytes=0.0, draft_memory_bytes=0.0) for a in arms]
+    if options.pop("no_memory", False):
+        arms = [replace(a, target_memory_bytes=None, memory_source="unmeasured") for a in arms]
+    if drafter := options.pop("drafter", None):
+        arms = [replace(a, drafter=drafter) if a.mode == "speculative" else a for a in arms]
+    if options.pop("failed", False):
+        arms = [replace(a, device_s=1000.0, failed_device_s=50.0 * (i + 1)) for i, a in enumerate(arms)]
+    inputs = replace(inputs, arms=tuple(arms), **options)
+    path = tmp_path / "case.xlsx"
+    write_workbook(inputs, path)
+    book = load_workbook(path)
+    expected = tco(inputs)
+    for column, arm in zip("BC", expected.arms):
+        for label in ARM_ROWS:
+            got = evaluate(book, "Model", f"{column}{MODEL_ROW[label]}")
+            assert got == pytest.approx(getattr(arm, label) or 0.0), (case, arm.key, label)
+    spec = {label: evaluate(book, "Model", f"C{MODEL_ROW[label]}") for label in BENEFIT_ROWS}
+    (benefit,) = expected.benefits
+    assert spec["net_benefit_usd_month"] == pytest.approx(benefit.net_usd), case
+    assert spec["hidden_usd_month"] == pytest.approx(benefit.hidden.total_usd), case
+    payback = spec["payback_months"]
+    assert (payback == "never") if benefit.payback_months is None else payback == pytest.approx(benefit.payback_months)
+    idle = evaluate(book, "Model", f"B{MODEL_ROW[IDLE_ROW]}")
+    assert idle == pytest.approx(expected.idle.monthly_usd if expected.idle else 0.0), case
+
+
+def test_pricing_hidden_costs_file_and_incidents_from_alerts(tmp_path, capsys):
+    hidden = tmp_path / "hidden.toml"
+    hidden.write_text("[hidden]\nincident_days_per_week = 0.5\nopportunity_days_per_month = 2\n")
+    assert main(["cost", "--what-if", str(EXAMPLE), "--pricing", "spot", "--hidden-costs", str(hidden), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["tco"]["pricing"] == "spot" and got["tco"]["gpu_hour_usd"] == 2.5
+    table = {row["name"]: row for row in got["tco"]["assumptions"]}
+    assert table["incident_days_per_week"]["value"] == 0.5 and table["incident_days_per_week"]["source"] == "given"
+    assert table["training_data_fraction"]["source"] == "default (seed)"  # not in the what-if file
+    assert got["tco"]["benefits"][0]["hidden"]["opportunity_usd"] == 1600.0
+    assert main(["cost", "--what-if", str(EXAMPLE), "--hidden-costs", str(hidden)]) == 0
+    out = capsys.readouterr().out
+    assert "Assumptions (input, value, source):" in out and "net benefit ~" in out  # seed defaults remain
+    hidden.write_text("[hidden]\ntech_debt_buffer = -1\n")
+    assert main(["cost", "--what-if", str(EXAMPLE), "--hidden-costs", str(hidden)]) == 2
+    err = capsys.readouterr().err
+    assert "tech_debt_buffer: Input should be greater than or equal to 0" in err and err.count("\n") == 1
+    url = f"sqlite:///{tmp_path / 'cost.db'}"
+    _fill(url, time.time() - 3600)
+    assert main(["cost", "--db", url, "--incidents", "alerts", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["inputs"]["hidden"]["incident_days_per_week"] == 0.0  # no alert fired in the window
+    assert got["inputs"]["hidden"]["sources"]["incident_days_per_week"] == "measured (alert history)"
+    assert got["concurrency"]["rows"] and got["concurrency"]["crossover"] is None

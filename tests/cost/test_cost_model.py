@@ -33,6 +33,7 @@ from cost.model import (
     Accelerator,
     CostInputs,
     HiddenCosts,
+    IdleTime,
     ModeMeasure,
     Prices,
     arm_cost,
@@ -42,7 +43,7 @@ from cost.model import (
 )
 
 PRICES = Prices(
-    {"X": Accelerator("X", 4.0, 80.0)},
+    {"X": Accelerator("X", 4.0, 80.0, spot_usd_per_hour=1.5, onprem_usd_per_hour=4.0)},
     electricity_usd_per_kwh=0.2,
     pue=1.5,
     storage_usd_per_gb_month=0.08,
@@ -81,7 +82,8 @@ SPEC = replace(
 
 
 def inputs(**changes) -> CostInputs:
-    return replace(CostInputs((PLAIN, SPEC), PRICES, "X", monthly_output_tokens=1e9), **changes)
+    """On-prem (energy paid on top of the GPU-hour) unless changed."""
+    return replace(CostInputs((PLAIN, SPEC), PRICES, "X", monthly_output_tokens=1e9, pricing="on-prem"), **changes)
 
 
 # --- hand-computed cases ---------------------------------------------------------------------
@@ -101,31 +103,80 @@ def test_plain_arm_cost_by_hand():
     assert cost.energy_source == "nvml"
 
 
+def test_cloud_prices_show_energy_without_adding_it():
+    cost = arm_cost(PLAIN, inputs(pricing="on-demand"), volume=1e9)
+    assert cost.energy_usd_per_mtok == pytest.approx(0.30) and not cost.energy_added  # shown...
+    assert cost.total_usd_per_mtok == pytest.approx(5.5556 * 1.1, abs=1e-4)  # ...not added: compute + retries
+    spot = arm_cost(PLAIN, inputs(pricing="spot"), volume=1e9)
+    assert spot.compute_usd_per_mtok == pytest.approx(10_000 / 3600 * 1.5 * 0.5)
+    with pytest.raises(ValueError, match="no reserved price for X"):
+        inputs(pricing="reserved")
+
+
 def test_seed_hidden_costs_by_hand():
-    hidden = hidden_monthly(HiddenCosts(), PRICES, "model:draft")
+    hidden = hidden_monthly(HiddenCosts(), PRICES, "model:draft", spec_monthly_usd=1000.0)
     assert hidden.draft_training_usd == 15_000 / 12 == 1250.0
-    assert hidden.monitoring_usd == pytest.approx(15 * 30 * 0.08)  # 15 GB/day kept 30 days: $36/month
+    assert hidden.monitoring_usd == pytest.approx(15 * 14 * 0.08)  # 15 GB/day kept 14 days (raw retention)
     assert hidden.incidents_usd == pytest.approx(2 * 52 / 12 * 800)  # $6,933.33/month
-    assert hidden.tech_debt_usd == pytest.approx(0.2 * (1250 + 36 + 6933.3333))
-    assert hidden.total_usd == pytest.approx(1.2 * (1250 + 36 + 6933.3333))  # $9,863.20
-    assert hidden.monitoring_source == "default"
-    assert hidden_monthly(HiddenCosts(), PRICES, "ngram").draft_training_usd == 0.0  # prompt lookup trains nothing
+    assert hidden.opportunity_usd == 0.0
+    others = 1250 + 16.8 + 6933.3333
+    assert hidden.tech_debt_usd == pytest.approx(0.2 * (1000 + others))  # reserve on the deployment's costs
+    assert hidden.total_usd == pytest.approx(others + 0.2 * (1000 + others))
+    assert hidden.monitoring_source == "default (seed)"
+    for untrained in ("ngram", "suffix", "early-exit:12", "mtp"):
+        assert hidden_monthly(HiddenCosts(), PRICES, untrained, 0.0).draft_training_usd == 0.0, untrained
+    for trained in ("eagle3", "draft_model:llama-68m", "model:draft"):
+        assert hidden_monthly(HiddenCosts(), PRICES, trained, 0.0).draft_training_usd == 1250.0, trained
+    double_data = HiddenCosts().with_values("given", training_data_fraction=0.2, opportunity_days_per_month=1.5)
+    doubled = hidden_monthly(double_data, PRICES, "model:draft", 0.0)
+    assert doubled.draft_training_usd == 2500.0 and doubled.opportunity_usd == 1200.0
+    assert double_data.source("training_data_fraction") == "given" and double_data.source("pue") == "default (seed)"
 
 
 def test_benefit_and_payback_by_hand():
     costs = tco(inputs())
     spec = next(a for a in costs.arms if a.key == "speculative:model:draft")
     # 1e6 / 200 = 5000 s = 1.3889 h x $4 x (48/80); 0.5 kWh x 1.5 x 0.2; no retries
-    assert spec.total_usd_per_mtok == pytest.approx(5000 / 3600 * 4 * 0.6 + 0.15)
+    spec_mtok = 5000 / 3600 * 4 * 0.6 + 0.15
+    assert spec.total_usd_per_mtok == pytest.approx(spec_mtok)
     (benefit,) = costs.benefits
-    saving = (6.441111 - (5000 / 3600 * 4 * 0.6 + 0.15)) * 1000
+    saving = (6.441111 - spec_mtok) * 1000
+    others = 1250 + 16.8 + 6933.3333
+    hidden = others + 0.2 * (spec_mtok * 1000 + others)
     assert benefit.explicit_saving_usd == pytest.approx(saving, rel=1e-5)
-    assert benefit.net_usd == pytest.approx(saving - 9863.2, rel=1e-4)
-    recurring = (36 + 6933.3333) * 1.2
+    assert benefit.net_usd == pytest.approx(saving - hidden, rel=1e-4)
+    recurring = hidden - 1250 * 1.2
     assert saving < recurring and benefit.payback_months is None  # at 1e9 tokens/month the training never pays back
     big = tco(inputs(monthly_output_tokens=1e10)).benefits[0]
-    assert big.payback_months == pytest.approx(15_000 / (saving * 10 - recurring), rel=1e-4)
+    big_recurring = (16.8 + 6933.3333) * 1.2 + 0.2 * spec_mtok * 10_000
+    assert big.payback_months == pytest.approx(15_000 / (saving * 10 - big_recurring), rel=1e-4)
     assert costs.primary == "speculative:model:draft" and net_benefit(inputs()) == benefit.net_usd
+    assert "speculative:model:draft energy (estimate)" in benefit.estimated_from  # on-prem: energy is charged
+    assert "incident_days_per_week (seed default)" in benefit.estimated_from
+
+
+def test_idle_time_is_its_own_line_or_spread_by_share():
+    idle = IdleTime(up_s=86_400.0, busy_s=21_600.0)  # a quarter of the day busy
+    separate = tco(inputs(idle=idle))
+    assert separate.idle.idle_fraction == pytest.approx(0.75)
+    assert separate.idle.monthly_usd == pytest.approx(64_800 / 3600 * 4.0 * 730 * 3600 / 86_400)
+    assert all(a.idle_usd_per_mtok == 0 for a in separate.arms)
+    spread = tco(inputs(idle=idle, idle_allocation="by_share"))
+    plain = spread.arms[0]
+    assert plain.idle_usd_per_mtok == pytest.approx(plain.compute_usd_per_mtok * 3.0)  # 3 idle s per busy s
+    assert tco(inputs()).idle is None and any("idle time not measured" in n for n in tco(inputs()).notes)
+
+
+def test_assumptions_name_every_input_and_its_source():
+    table = {row.name: row for row in tco(inputs(idle=IdleTime(100.0, 50.0))).assumptions}
+    assert table["X on-prem price"].value == 4.0 and table["X on-prem price"].source == "price table test"
+    assert table["incident_days_per_week"].source == "default (seed)"
+    assert table["speculative:model:draft energy"].source == "estimate"
+    assert table["autoregressive energy"].source == "measured (nvml)"
+    assert table["idle device time"].value == 50.0
+    assert table["monthly output tokens"].source == "given"
+    given = tco(inputs(hidden=HiddenCosts().with_values("config", tech_debt_buffer=0.1))).assumptions
+    assert next(r for r in given if r.name == "tech_debt_buffer").source == "config"
 
 
 def test_observed_volume_unmeasured_energy_and_labels():
@@ -302,7 +353,7 @@ def test_bad_what_if_file_is_one_line(tmp_path):
 
 def test_measured_inputs_from_stored_records(engine):
     rng = np.random.default_rng(3)
-    plain = [
+    plain = [  # the engine recorded each one's device time: half a second
         plain_request_dict(
             i,
             e2e_s=float(rng.uniform(1, 2)),
@@ -311,10 +362,12 @@ def test_measured_inputs_from_stored_records(engine):
             retries=i % 3,
             energy_j=100.0,
             energy_source="rapl",
+            device_s=0.5,
+            device_s_source="engine",
         )
         for i in range(20)
     ]
-    spec = [
+    spec = [  # no device time recorded, one at a time (a second apart, each shorter): all of its life
         request_dict(
             100 + i,
             e2e_s=float(rng.uniform(0.5, 1)),
@@ -327,26 +380,38 @@ def test_measured_inputs_from_stored_records(engine):
         for i in range(30)
     ]
     samples = [
-        sample_dict(i, mem_reserved_bytes=4 * GB + i, draft_loaded=i % 2 == 0, active_requests=1, power_w=50.0)
-        for i in range(10)
+        sample_dict(
+            i,
+            mem_reserved_bytes=4 * GB + i,
+            draft_loaded=i % 2 == 0,
+            active_requests=1,
+            power_w=50.0,
+            power_source="estimate",
+        )
+        for i in range(30)
     ]
     Store(engine).insert(IngestBatch.model_validate({"requests": plain + spec, "samples": samples}))
     window = Window(T0 - 100, T0 + 1000)
     got = measured_inputs(engine, window, load_prices(), gpu_type="cpu-laptop")
     ar, ng = got.arms
     assert (ar.key, ng.key) == ("autoregressive", "speculative:ngram")
-    assert ar.tokens_per_s == pytest.approx(50 * 20 / sum(r["e2e_s"] - 0.1 for r in plain))
+    assert ar.tokens_per_s == pytest.approx(50 * 20 / (0.5 * 20)) and ar.device_s_source == "engine"
     ok = spec[1:]
-    assert ng.tokens_per_s == pytest.approx(64 * 29 / sum(r["e2e_s"] for r in ok)) and ng.output_tokens == 64 * 30
+    assert ng.tokens_per_s == pytest.approx(64 * 29 / sum(r["e2e_s"] for r in ok)) and ng.output_tokens == 64 * 29
+    assert ng.device_s_source == "derived" and ng.failed_device_s == pytest.approx(spec[0]["e2e_s"])
+    assert ng.retry_factor == pytest.approx(spec[0]["e2e_s"] / sum(r["e2e_s"] for r in ok))
     assert ar.retries == sum(i % 3 for i in range(20)) and ar.energy_j_per_token == pytest.approx(2.0)
     assert ar.energy_source == "rapl"
-    # no metered energy on the speculative requests: serving power / throughput, labelled an estimate
-    assert ng.energy_source == "estimate" and ng.energy_j_per_token == pytest.approx(50.0 / ng.tokens_per_s)
+    # no metered energy on the speculative requests: the samples' (estimated) power over their device time
+    all_spec_s = sum(r["e2e_s"] for r in spec)
+    assert ng.energy_source == "estimate" and ng.energy_j_per_token == pytest.approx(50.0 * all_spec_s / (64 * 29))
     # samples with the draft unloaded give the target's memory; n-gram lookup holds none
-    assert ar.target_memory_bytes == pytest.approx(np.median([4 * GB + i for i in range(1, 10, 2)]))
+    assert ar.target_memory_bytes == pytest.approx(np.median([4 * GB + i for i in range(1, 30, 2)]))
     assert ng.draft_memory_bytes == 0.0 and ar.memory_source == "measured"
-    assert (ng.drafts, ng.draft_tokens, ng.accepted_tokens) == (120, 480, sum(9 + i % 2 for i in range(100, 130)))
-    assert ng.verify_s == pytest.approx(0.4 * 30) and ar.window_s == pytest.approx(T0 + 1000 - T0)
+    assert (ng.drafts, ng.draft_tokens, ng.accepted_tokens) == (116, 464, sum(9 + i % 2 for i in range(101, 130)))
+    assert ng.verify_s == pytest.approx(0.4 * 29) and ar.window_s == pytest.approx(T0 + 1000 - T0)
+    # up from 5 s before the first sample to the last: 150 s, of which the requests used 10 s + the spec lives
+    assert got.idle.up_s == pytest.approx(150.0) and got.idle.busy_s == pytest.approx(10.0 + all_spec_s)
     assert got.hidden.monitoring_source == "measured" and got.hidden.monitoring_gb_per_day > 0
     assert got.hidden.monitoring_gb_per_day == pytest.approx(storage_gb_per_day(engine, window))
     assert tco(got).benefits[0].hidden.draft_training_usd == 0.0  # n-gram: nothing to train

@@ -1,0 +1,71 @@
+"""Every input the cost model read, with its value and where it came from: the assumptions table.
+
+Sources: "measured" (the store), "price table <date>", "given" (a file or an override),
+"config", "observed" (volume over the window), "default (seed)" (the issue's seed figures,
+never measured), "estimate" (derived, not metered: e.g. CPU power from CPU-seconds).
+"""
+
+from __future__ import annotations
+
+from cost.terms import GB, HIDDEN_FIELDS, HIDDEN_UNITS, Assumption, CostInputs, monthly_volume
+
+
+def assumptions(inputs: CostInputs) -> tuple[Assumption, ...]:
+    return (*_prices(inputs), *_volume(inputs), *_arms(inputs), *_idle(inputs), *_hidden(inputs))
+
+
+def _prices(inputs: CostInputs) -> list[Assumption]:
+    gpu = inputs.prices.accelerator(inputs.gpu_type)
+    table = f"price table {inputs.prices.as_of}" if inputs.prices.as_of else "price table"
+    price_source = "given" if gpu.source == "given" else table
+    return [
+        Assumption("pricing", inputs.pricing, "on-demand | spot | reserved | on-prem", "config"),
+        Assumption(f"{inputs.gpu_type} {inputs.pricing} price", inputs.gpu_hour_usd, "USD / GPU-hour", price_source),
+        Assumption("GPUs per instance", inputs.gpu_count, "GPUs", "config"),
+        Assumption(
+            "device memory", inputs.device_memory_bytes / GB, "GB", "given" if inputs.gpu_memory_bytes else table
+        ),
+        Assumption("electricity", inputs.prices.electricity_usd_per_kwh, "USD / kWh", table),
+        Assumption("PUE", inputs.prices.pue, "facility / IT energy", table),
+        Assumption("energy in the price", "no" if inputs.energy_added else "yes", "", "config (pricing)"),
+        Assumption("storage", inputs.prices.storage_usd_per_gb_month, "USD / GB-month", table),
+        Assumption("engineer day", inputs.prices.engineer_day_usd, "USD / person-day", table),
+    ]
+
+
+def _volume(inputs: CostInputs) -> list[Assumption]:
+    volume, source = monthly_volume(inputs)
+    return [Assumption("monthly output tokens", volume, "tokens / month", source)]
+
+
+def _arms(inputs: CostInputs) -> list[Assumption]:
+    rows = []
+    for arm in inputs.arms:
+        device = "given" if arm.device_s_source == "given" else f"measured ({arm.device_s_source})"
+        rows.append(Assumption(f"{arm.key} tokens per device-second", arm.tokens_per_s, "tokens / s", device))
+        if arm.energy_j_per_token is not None:
+            energy = "estimate" if "estimate" in (arm.energy_source or "") else f"measured ({arm.energy_source})"
+            rows.append(Assumption(f"{arm.key} energy", arm.energy_j_per_token, "J / token", energy))
+        else:
+            rows.append(Assumption(f"{arm.key} energy", "not measured", "J / token", "unmeasured"))
+        memory = (arm.target_memory_bytes or 0.0) + arm.draft_memory_bytes
+        if arm.target_memory_bytes is None:
+            rows.append(Assumption(f"{arm.key} memory", "whole device", "GB", arm.memory_source))
+        else:
+            rows.append(Assumption(f"{arm.key} memory", memory / GB, "GB", arm.memory_source))
+    return rows
+
+
+def _idle(inputs: CostInputs) -> list[Assumption]:
+    if inputs.idle is None:
+        return [Assumption("idle device time", "not measured", "s", "unmeasured (no device samples)")]
+    return [
+        Assumption("instance up-time", inputs.idle.up_s, "s", "measured (device samples)"),
+        Assumption("idle device time", inputs.idle.idle_s, "s", "measured (up-time - Σ device_s)"),
+        Assumption("idle allocation", inputs.idle_allocation, "separate | by_share", "config"),
+    ]
+
+
+def _hidden(inputs: CostInputs) -> list[Assumption]:
+    hidden = inputs.hidden
+    return [Assumption(name, getattr(hidden, name), HIDDEN_UNITS[name], hidden.source(name)) for name in HIDDEN_FIELDS]
