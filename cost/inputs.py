@@ -198,7 +198,8 @@ def measured_inputs(
 
 
 def _measured_hidden(engine: Engine, window: Window, hidden: HiddenCosts, storage: bool, incidents: bool):
-    growth = storage_gb_per_day(engine, window) if storage else None
+    given = hidden.source("monitoring_gb_per_day") == "given"  # a value the user gave wins over the store's
+    growth = storage_gb_per_day(engine, window) if storage and not given else None
     if growth is not None:
         hidden = hidden.with_values("measured", monitoring_gb_per_day=growth)
     if incidents:

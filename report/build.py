@@ -45,7 +45,6 @@ from collector.long_signals import auto_signals
 from collector.models import Request, RequestRollupHourly
 from collector.queries import Filters, HourOfDay, LengthCorrelation, Signals, Window, acceptance_vs_length
 from cost.advisor import AdvisorRules
-from cost.inputs import Overrides
 from cost.model import HiddenCosts, Prices
 from cost.summary import CostSummary, measured_summary
 
@@ -207,7 +206,7 @@ def build_report(
     sig = auto_signals(engine, window)
     traffic = _traffic(engine, window, sig)
     latency = _comparison(engine, window)
-    cost = measured_summary(engine, window, prices, gpu_type=gpu_type, overrides=hidden_overrides(hidden))
+    cost = measured_summary(engine, window, prices, gpu_type=gpu_type, hidden=hidden or HiddenCosts())
     alerts = alert_summary(engine, window)
     head = _headline(sig, traffic.by_mode, latency, cost, alerts)
     prior_month = previous_month(month)
@@ -240,7 +239,7 @@ def month_headline(
 ) -> Headline:
     """The headline figures of any window, computed as `build_report` does."""
     sig = auto_signals(engine, window)
-    cost = measured_summary(engine, window, prices, gpu_type=gpu_type, overrides=hidden_overrides(hidden))
+    cost = measured_summary(engine, window, prices, gpu_type=gpu_type, hidden=hidden or HiddenCosts())
     return _headline(
         sig,
         _shares(engine, window, "mode", sig.requests),
@@ -273,22 +272,6 @@ def _headline(
         sum(alerts.fired.values()),
         () if primary is None else primary.estimated_from,
     )
-
-
-# Hidden costs a file may set that `Overrides` carries (the rest are measured from the store in a report).
-_OVERRIDABLE = set(Overrides.__dataclass_fields__)
-
-
-def hidden_overrides(hidden: HiddenCosts | None) -> Overrides:
-    """The fields a hidden-costs file set (source "given") as `Overrides` for `measured_summary`.
-    ValueError for a field the report cannot override (monitoring_gb_per_day: measured from the store)."""
-    if hidden is None:
-        return Overrides()
-    given = {name: getattr(hidden, name) for name, source in hidden.sources.items() if source == "given"}
-    refused = sorted(set(given) - _OVERRIDABLE)
-    if refused:
-        raise ValueError(f"{', '.join(refused)}: not an override the report takes (measured from the store)")
-    return Overrides(**given)
 
 
 def _traffic(engine: Engine, window: Window, sig: Signals) -> Traffic:

@@ -57,13 +57,12 @@ def _write(args: argparse.Namespace, month: str) -> tuple[Path, Path]:
     from collector.cli import settings_from
     from collector.db import is_current, make_engine
     from cost.inputs import load_hidden_costs, load_prices
-    from report.build import build_report, hidden_overrides
+    from report.build import build_report
     from report.html import write_report
 
     try:
         prices = load_prices(args.prices)
-        hidden = load_hidden_costs(args.hidden_costs) if args.hidden_costs else None
-        hidden_overrides(hidden)  # a field the report cannot take fails here, before the store is read
+        hidden = load_hidden_costs(args.hidden_costs) if args.hidden_costs else None  # fails before the store is read
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     engine = make_engine(settings_from(args).database_url_resolved)

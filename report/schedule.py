@@ -23,7 +23,7 @@ from sqlalchemy import Engine
 from collector.db import write_transaction
 from collector.settings import Settings
 from cost.model import HiddenCosts
-from report.build import Report, build_report, hidden_overrides, last_month, report_names
+from report.build import Report, build_report, last_month, report_names
 from report.html import write_report
 
 log = logging.getLogger("specwatch.collector")
@@ -71,14 +71,12 @@ def run_once(engine: Engine, settings: Settings, config=None, now: float | None 
 
 def hidden_costs(settings: Settings) -> HiddenCosts | None:
     """The hidden-cost overrides of `SPECWATCH_REPORT_HIDDEN_COSTS` (None: not set); ValueError, one line,
-    for a bad file or a field the report cannot take."""
+    for a bad file."""
     from cost.inputs import load_hidden_costs
 
     if settings.report_hidden_costs is None:
         return None
-    hidden = load_hidden_costs(settings.report_hidden_costs)
-    hidden_overrides(hidden)
-    return hidden
+    return load_hidden_costs(settings.report_hidden_costs)
 
 
 def _stored_summary(html_path: Path) -> dict:

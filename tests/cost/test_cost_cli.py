@@ -281,3 +281,7 @@ def test_pricing_hidden_costs_file_and_incidents_from_alerts(tmp_path, capsys):
     assert got["inputs"]["hidden"]["incident_days_per_week"] == 0.0  # no alert fired in the window
     assert got["inputs"]["hidden"]["sources"]["incident_days_per_week"] == "measured (alert history)"
     assert got["concurrency"]["rows"] and got["concurrency"]["crossover"] is None
+    hidden.write_text("monitoring_gb_per_day = 3\n")  # a value the user gives wins over the store's growth
+    assert main(["cost", "--db", url, "--hidden-costs", str(hidden), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)["inputs"]["hidden"]
+    assert got["monitoring_gb_per_day"] == 3 and got["sources"]["monitoring_gb_per_day"] == "given"

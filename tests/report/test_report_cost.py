@@ -192,7 +192,7 @@ def test_hidden_costs_file_changes_the_report(db_file, tmp_path, capsys):
         ),
         ("[hidden]\nincidents = 1\n", "hidden.toml: incidents: Extra inputs are not permitted"),
         ("[hidden\n", "hidden.toml: not valid TOML"),
-        ("monitoring_gb_per_day = 3\n", "monitoring_gb_per_day: not an override the report takes"),
+        ("training_data_fraction = 0\n", "training_data_fraction: Input should be greater than 0"),
         (None, "cannot read"),
     ],
 )
