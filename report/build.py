@@ -45,6 +45,7 @@ from collector.long_signals import auto_signals
 from collector.models import Request, RequestRollupHourly
 from collector.queries import Filters, HourOfDay, LengthCorrelation, Signals, Window, acceptance_vs_length
 from cost.advisor import AdvisorRules
+from cost.inputs import Overrides
 from cost.model import HiddenCosts, Prices
 from cost.summary import CostSummary, measured_summary
 
@@ -198,19 +199,23 @@ def build_report(
     previous: bool = True,
     now: float | None = None,
     hidden: HiddenCosts | None = None,
+    overrides: Overrides = Overrides(),
+    incidents_from_alerts: bool = False,
 ) -> Report:
     """The month's report from the store; `hidden`: hidden-cost overrides (`cost.inputs.load_hidden_costs`),
+    `overrides` (pricing, idle allocation, ...) and `incidents_from_alerts` as in `cost.summary.measured_summary`,
     applied to this month and the previous one. ValueError on a bad month or an unknown GPU type."""
+    pricing = PricingChoice(hidden or HiddenCosts(), overrides, incidents_from_alerts)
     now = time.time() if now is None else now
     window = month_window(month, now)
     sig = auto_signals(engine, window)
     traffic = _traffic(engine, window, sig)
     latency = _comparison(engine, window)
-    cost = measured_summary(engine, window, prices, gpu_type=gpu_type, hidden=hidden or HiddenCosts())
+    cost = pricing.summary(engine, window, prices, gpu_type)
     alerts = alert_summary(engine, window)
     head = _headline(sig, traffic.by_mode, latency, cost, alerts)
     prior_month = previous_month(month)
-    prior = month_headline(engine, month_window(prior_month, now), prices, gpu_type, hidden) if previous else None
+    prior = month_headline(engine, month_window(prior_month, now), prices, gpu_type, pricing) if previous else None
     prior = prior if prior is not None and prior.requests else None
     return Report(
         month,
@@ -235,11 +240,11 @@ def build_report(
 
 
 def month_headline(
-    engine: Engine, window: Window, prices: Prices, gpu_type: str | None = None, hidden: HiddenCosts | None = None
+    engine: Engine, window: Window, prices: Prices, gpu_type: str | None = None, pricing: PricingChoice | None = None
 ) -> Headline:
     """The headline figures of any window, computed as `build_report` does."""
     sig = auto_signals(engine, window)
-    cost = measured_summary(engine, window, prices, gpu_type=gpu_type, hidden=hidden or HiddenCosts())
+    cost = (pricing or PricingChoice()).summary(engine, window, prices, gpu_type)
     return _headline(
         sig,
         _shares(engine, window, "mode", sig.requests),
@@ -272,6 +277,26 @@ def _headline(
         sum(alerts.fired.values()),
         () if primary is None else primary.estimated_from,
     )
+
+
+@dataclass(frozen=True)
+class PricingChoice:
+    """How a report prices its months (the same for the month and the one before it)."""
+
+    hidden: HiddenCosts = HiddenCosts()
+    overrides: Overrides = Overrides()
+    incidents_from_alerts: bool = False
+
+    def summary(self, engine: Engine, window: Window, prices: Prices, gpu_type: str | None) -> CostSummary:
+        return measured_summary(
+            engine,
+            window,
+            prices,
+            gpu_type=gpu_type,
+            overrides=self.overrides,
+            hidden=self.hidden,
+            incidents_from_alerts=self.incidents_from_alerts,
+        )
 
 
 def _traffic(engine: Engine, window: Window, sig: Signals) -> Traffic:

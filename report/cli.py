@@ -1,7 +1,7 @@
 """`specwatch report`: the monthly cost-benefit report as a self-contained HTML file and JSON.
 
     specwatch report [--month YYYY-MM] [--out DIR] [--db URL] [--gpu TYPE] [--prices FILE]
-                     [--hidden-costs FILE.toml]
+                     [--pricing P] [--hidden-costs FILE.toml] [--incidents seed|alerts] [--idle-allocation A]
 
 --month defaults to last month (UTC); the files are `specwatch-report-YYYY-MM.html` and `.json`
 in DIR (default: the current directory). Prints both paths. --hidden-costs: overrides of the
@@ -15,7 +15,7 @@ import argparse
 from pathlib import Path
 
 from collector.cli import add_db_option
-from cost.cli import add_price_options
+from cost.cli import add_model_options, add_price_options
 from specwatch.common import UsageError
 
 
@@ -27,13 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     report.add_argument("--out", metavar="DIR", type=Path, default=Path("."), help="output directory (default: .)")
     add_db_option(report)
     add_price_options(report)
-    report.add_argument(
-        "--hidden-costs",
-        metavar="FILE.toml",
-        type=Path,
-        default=None,
-        help="hidden-cost overrides (keys of [hidden] in cost/cost_example.toml); shown with source 'given'",
-    )
+    add_model_options(report)
     report.set_defaults(handler=report_command)
 
 
@@ -56,20 +50,29 @@ def _write(args: argparse.Namespace, month: str) -> tuple[Path, Path]:
 
     from collector.cli import settings_from
     from collector.db import is_current, make_engine
-    from cost.inputs import load_hidden_costs, load_prices
+    from cost.cli import model_overrides
+    from cost.inputs import load_prices
     from report.build import build_report
     from report.html import write_report
 
     try:
         prices = load_prices(args.prices)
-        hidden = load_hidden_costs(args.hidden_costs) if args.hidden_costs else None  # fails before the store is read
+        overrides, hidden = model_overrides(args)  # a bad hidden-costs file fails here, before the store is read
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     engine = make_engine(settings_from(args).database_url_resolved)
     try:
         if not is_current(engine):
             raise UsageError("the database schema is not current: run `specwatch db upgrade` first")
-        report = build_report(engine, month, prices, gpu_type=args.gpu, hidden=hidden)
+        report = build_report(
+            engine,
+            month,
+            prices,
+            gpu_type=args.gpu,
+            hidden=hidden,
+            overrides=overrides,
+            incidents_from_alerts=args.incidents == "alerts",
+        )
         return write_report(report, args.out)
     except ValueError as exc:
         raise UsageError(str(exc)) from None

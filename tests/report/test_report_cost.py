@@ -181,6 +181,11 @@ def test_hidden_costs_file_changes_the_report(db_file, tmp_path, capsys):
     assert "incident_days_per_week (seed default)" not in given["headline"]["net_benefit_estimated_from"]
     table = _div((tmp_path / "given" / "specwatch-report-2026-06.html").read_text(), "assumptions")
     assert ("incident_days_per_week", "0.5", "person-days / week", "given") in _cells(table)
+    spot = ["--out", str(tmp_path / "spot"), "--pricing", "spot", "--idle-allocation", "by_share"]
+    assert main([*base, *spot]) == 0
+    capsys.readouterr()
+    tco = json.loads((tmp_path / "spot" / "specwatch-report-2026-06.json").read_text())["cost"]["tco"]
+    assert tco["pricing"] == "spot" and tco["idle"]["allocation"] == "by_share"
 
 
 @pytest.mark.parametrize(
