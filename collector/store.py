@@ -23,6 +23,7 @@ from sqlalchemy import Engine, Table
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.types import JSON, BigInteger, Boolean, Double, Integer, String
 
+from collector import aggregates
 from collector.db import write_transaction
 from collector.models import DeviceSampleRow, EngineEventRow, Request
 from collector.schema import DeviceSample, IngestBatch, RequestRecord
@@ -203,6 +204,7 @@ class Store:
             cursor = conn.connection.dbapi_connection.cursor()
             try:
                 stored = [write_table(cursor, spec, records) for spec, records in parts]
+                aggregates.write_for_records(cursor, stored[0], self.is_sqlite)  # only the new requests
                 return stored, _conflicting_ids(cursor, parts[0][1], stored[0], self.is_sqlite)
             finally:
                 cursor.close()
