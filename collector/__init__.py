@@ -13,8 +13,9 @@ The HTTP service on top of it is `service.app.create_app(Settings())`, run by
 
 Reading (functions take an Engine, a `queries.Window` and `queries.Filters`, and return
 frozen dataclasses; ORM rows never leave the package):
-  queries.signals                exact window signals from raw rows (alerts: 5-minute windows)
-  long_signals.auto_signals      the same, from rollups beyond 6 hours
+  queries.signals                exact window signals from raw rows
+  window_signals.signals         the same from per-second aggregates written at ingest (sketch percentiles)
+  long_signals.auto_signals      aggregates up to 6 hours (raw rows with tag filters), rollups beyond
   queries.per_position_acceptance, queries.acceptance_vs_length, queries.errors_by_hour
   history.errors_by_hour_long    errors by hour of day, from hourly rollups for long windows
   series.series / history.auto_series   per-step series (raw rows / rollups beyond 6 hours)

@@ -17,7 +17,7 @@ import math
 import numpy as np
 from sqlalchemy import Engine, and_, func, select
 
-from collector import rollups
+from collector import rollups, window_signals
 from collector.history import GRACE_S, RAW_WINDOW_LIMIT_S, histogram_quantile, rollup_conditions
 from collector.models import Request, RequestRollup, RequestRollupHourly
 from collector.queries import Filters, Percentiles, Signals, Window, signals
@@ -30,9 +30,12 @@ _COLUMNS = (
 
 
 def auto_signals(engine: Engine, window: Window, filters: Filters = Filters()) -> Signals:
-    """Exact raw-row signals up to RAW_WINDOW_LIMIT_S (and with tag filters), rollups beyond."""
-    if window.seconds <= RAW_WINDOW_LIMIT_S or filters.tags:
+    """Raw rows for tag filters (the aggregates carry no tags); else up to RAW_WINDOW_LIMIT_S the
+    per-second window aggregates (`collector.window_signals`), rollups beyond."""
+    if filters.tags:
         return signals(engine, window, filters)
+    if window.seconds <= RAW_WINDOW_LIMIT_S:
+        return window_signals.signals(engine, window, filters)
     return long_signals(engine, window, filters)
 
 

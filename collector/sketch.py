@@ -7,9 +7,10 @@ counted apart; latencies are never negative (the telemetry contract). Counts are
 merging sketches (adding their bins) is exact: the merge of per-second sketches equals the
 sketch of all their values.
 
-Quantiles follow DDSketch's `get_quantile_value`: the value of the bin holding rank
-q * (count - 1), lower rank. The exact signals interpolate (numpy's default); on a window of
-thousands of values the two ranks' values differ by far less than the 1% bound.
+Quantiles are read like numpy's default (linear interpolation between the values at the two
+ranks either side of q * (count - 1)), each rank's value as DDSketch's `get_quantile_value`
+gives it: so a sketch quantile is within 1% of the exact one the raw-row path computes, even on
+a handful of values where the two ranks lie far apart.
 
 Why an own encoding rather than the package's protobuf: a window merges thousands of stored
 sketches, and the protobuf form (a map of bin -> float count) decodes in Python one entry at a
@@ -21,6 +22,7 @@ the largest count, and the version byte lets the format change later.
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -84,16 +86,28 @@ def merge(sketches: Iterable[Bins]) -> Bins:
     return Bins(zeros, low, counts)
 
 
-def quantile(sketch: Bins, q: float) -> float | None:
-    """DDSketch's quantile: the value of the bin holding rank q * (count - 1); None when empty."""
-    total = sketch.count
-    if not total:
-        return None
-    rank = q * (total - 1)
+def value_at_rank(sketch: Bins, rank: int) -> float:
+    """The representative value of the bin holding the value of 0-based `rank` in sorted order
+    (DDSketch's `get_quantile_value` at an integer rank)."""
     if rank < sketch.zeros:
         return 0.0
     index = int(np.searchsorted(np.cumsum(sketch.counts), rank - sketch.zeros, side="right"))
     return float(MAPPING.value(sketch.min_key + min(index, sketch.counts.size - 1)))
+
+
+def quantile(sketch: Bins, q: float) -> float | None:
+    """The q-quantile with numpy's default (linear) interpolation between the values at the ranks
+    either side of q * (count - 1); None when empty. Each is within 1% of the exact value at its
+    rank, so their weighted mean is within 1% of numpy's exact quantile."""
+    total = sketch.count
+    if not total:
+        return None
+    position = q * (total - 1)
+    below = math.floor(position)
+    low = value_at_rank(sketch, below)
+    if position == below:
+        return low
+    return low + (position - below) * (value_at_rank(sketch, below + 1) - low)
 
 
 def encode(sketch: Bins) -> bytes | None:

@@ -59,8 +59,8 @@ FiltersDep = Annotated[Filters, Depends(filters_param)]
 
 @router.get("/signals")
 def get_signals(engine: EngineDep, window: WindowDep, filters: FiltersDep) -> Response:
-    """Counts, throughput, acceptance and TTFT/e2e/TPOT percentiles of the window
-    (exact from raw rows up to 6 h, from rollup histograms beyond)."""
+    """Counts, throughput, acceptance and TTFT/e2e/TPOT percentiles of the window (up to 6 h from
+    the per-second aggregates, percentiles from DDSketches within 1%; rollup histograms beyond)."""
     return json_response(long_signals.auto_signals(engine, window, filters))
 
 
