@@ -22,10 +22,13 @@ install: $(STAMP)
 up: install
 	$(PY) -m specwatch up
 
+# scripts/test-deps: as root on Debian/Ubuntu, apt-get installs PostgreSQL, promtool and Chromium when missing
 test: install
+	./scripts/test-deps
 	$(PY) -m pytest -q
 
 test-slow: install
+	./scripts/test-deps
 	$(PY) -m pytest -q -m slow
 
 bench: install

@@ -1,7 +1,11 @@
 """Fixtures shared by all tests: a migrated database per test, SQLite and PostgreSQL.
 
-PostgreSQL runs when SPECWATCH_TEST_POSTGRES_URL points at a server (.ci/run starts one);
-otherwise its parametrisations are skipped with that reason.
+PostgreSQL: unless SPECWATCH_TEST_POSTGRES_URL names a server, the session starts its own before
+collection, sets that variable to it, and removes it at the end (tests/postgres_server.py). Tests take
+the URL from the `postgres_url` fixture (or the variable); without server binaries they skip, saying
+what to install.
+
+The run ends with its skips counted by reason (`pytest_terminal_summary`), so what did not run shows.
 
 `live_collector` (session): a collector filled with real engine telemetry, shared by the
 dashboard and report tests. The bundled model is served by `specwatch engine serve` (a child
@@ -13,13 +17,16 @@ untrained early exit (low acceptance), so every page and report section has some
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
 import subprocess
 import time
+from collections import Counter
 
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+from postgres_server import ENV, MISSING, EphemeralPostgres, PostgresError, find_bin_dir
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine, text
 from waiting import wait_for
@@ -29,7 +36,44 @@ from collector.settings import Settings
 from service.app import create_app
 from specwatch.common import SOURCE_ROOT, free_port, specwatch_command, start_collector
 
-POSTGRES_URL = os.environ.get("SPECWATCH_TEST_POSTGRES_URL")
+_postgres: EphemeralPostgres | None = None  # the server this session started
+_postgres_failed = ""  # why it did not start, where binaries were found
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session):
+    """Start PostgreSQL before collection, unless SPECWATCH_TEST_POSTGRES_URL names one: every test,
+    module-level reads and child processes included, then finds the variable set (0.5 s here).
+    An xdist worker uses the controller's (it inherits the variable)."""
+    global _postgres, _postgres_failed
+    if os.environ.get(ENV) or hasattr(session.config, "workerinput") or (bin_dir := find_bin_dir()) is None:
+        return
+    server = EphemeralPostgres(bin_dir)
+    atexit.register(server.stop)  # in case the session ends without pytest_sessionfinish
+    try:
+        os.environ[ENV] = server.start()
+        _postgres = server
+    except PostgresError as exc:
+        server.stop()
+        _postgres_failed = f"{exc} (or set {ENV} to a server of your own)"
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session):
+    """After the session's fixtures are torn down (Ctrl-C included): stop and remove the server."""
+    if _postgres is not None:
+        os.environ.pop(ENV, None)
+        _postgres.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> str:
+    """SPECWATCH_TEST_POSTGRES_URL: a server of one's own, or the one this session started."""
+    if url := os.environ.get(ENV):
+        return url
+    if _postgres_failed:
+        pytest.fail(_postgres_failed, pytrace=False)
+    pytest.skip(MISSING)
 
 
 def _reset_postgres(url: str) -> None:
@@ -44,10 +88,9 @@ def _reset_postgres(url: str) -> None:
 def db_url(request: pytest.FixtureRequest, tmp_path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'specwatch.db'}"
-    if not POSTGRES_URL:
-        pytest.skip("SPECWATCH_TEST_POSTGRES_URL is not set (.ci/run starts a PostgreSQL and sets it)")
-    _reset_postgres(POSTGRES_URL)
-    return POSTGRES_URL
+    url = request.getfixturevalue("postgres_url")
+    _reset_postgres(url)
+    return url
 
 
 @pytest.fixture
@@ -140,3 +183,23 @@ def _wait(condition, timeout_s: float, what: str) -> None:
             return False
 
     wait_for(answered, what, timeout=timeout_s, interval=0.3)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_terminal_summary(terminalreporter):
+    """After pytest's own summary: the skips counted by reason (each names what is missing and what
+    provides it), and the PostgreSQL this session started, if any."""
+    result = yield
+    reasons = Counter(_skip_reason(report) for report in terminalreporter.stats.get("skipped", []))
+    if reasons:
+        terminalreporter.write_sep("-", f"skipped: {sum(reasons.values())}, by reason")
+        for reason, count in reasons.most_common():
+            terminalreporter.write_line(f"{count:5d}  {reason}")
+    if _postgres is not None:
+        terminalreporter.write_line(_postgres.describe())
+    return result
+
+
+def _skip_reason(report) -> str:
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    return reason.removeprefix("Skipped: ").splitlines()[0]

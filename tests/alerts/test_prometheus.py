@@ -89,9 +89,7 @@ USER_RULES = {
     ],
 }
 CONFIGS = {"default": lambda: load_config(DEFAULT_RULES), "user": lambda: parse_config(USER_RULES, "user")}
-promtool = pytest.mark.skipif(
-    shutil.which("promtool") is None, reason="promtool not installed (Debian package `prometheus`; .ci/run installs it)"
-)
+promtool = pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not found: apt-get install prometheus")
 
 
 def exported(config) -> list[dict]:

@@ -63,7 +63,7 @@ def test_device_gauges_keep_the_newest_reading(client, ingested):
     assert total(m, "specwatch_device_power_watts", instance="gpu-0", device="cpu") == 12.0
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (Debian package `prometheus`)")
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not found: apt-get install prometheus")
 def test_exposition_passes_promtool(client, ingested):
     text = client.get("/metrics").text
     result = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)

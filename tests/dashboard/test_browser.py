@@ -7,7 +7,7 @@ Screenshots go to tests/artifacts/screenshots/ (ignored by git): `<page>.png` is
 The server is first opened at `/`, as a person would: see `test_deep_link_on_a_fresh_server`
 for what a deep link does before that.
 
-Needs Chromium at /usr/bin/chromium and the `playwright` package (`.ci/run` installs both);
+Needs Chromium at /usr/bin/chromium (`make test` installs it as root) and the `playwright` package;
 the module is skipped without them. No browser is downloaded (`playwright install` is not used).
 """
 
@@ -22,9 +22,9 @@ import pytest
 
 CHROMIUM = Path("/usr/bin/chromium")
 if not CHROMIUM.exists():
-    pytest.skip(f"Chromium not installed at {CHROMIUM} (apt-get install chromium)", allow_module_level=True)
+    pytest.skip(f"Chromium not found at {CHROMIUM}: apt-get install chromium", allow_module_level=True)
 sync_api = pytest.importorskip(
-    "playwright.sync_api", reason="the playwright package is not installed (pip install playwright)"
+    "playwright.sync_api", reason="the playwright package is not installed: pip install -e '.[dev]'"
 )
 
 from dashboard.launch import start_dashboard  # noqa: E402

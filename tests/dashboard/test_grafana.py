@@ -221,7 +221,7 @@ def concrete(expr: str) -> str:
     return expr
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (Debian package `prometheus`)")
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not found: apt-get install prometheus")
 @pytest.mark.parametrize("file", FILES)
 def test_promql_parses_with_promtool(file, tmp_path):
     exprs = queries(load(file), variables=False)

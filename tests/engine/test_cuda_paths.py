@@ -25,7 +25,9 @@ from engine.scheduler import SchedulerConfig
 from engine.telemetry import TelemetrySink
 
 HAS_CUDA = torch.cuda.is_available()
-_no_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA: torch.cuda.is_available() is False on this machine")
+_no_cuda = pytest.mark.skipif(
+    not HAS_CUDA, reason="no CUDA device (torch.cuda.is_available() is False): run on a machine with an NVIDIA GPU"
+)
 
 
 def needs_cuda(test):
@@ -33,7 +35,7 @@ def needs_cuda(test):
 
 
 needs_nvml = pytest.mark.skipif(
-    importlib.util.find_spec("pynvml") is None, reason="needs nvidia-ml-py (pip install '.[gpu]')"
+    importlib.util.find_spec("pynvml") is None, reason="nvidia-ml-py not installed: pip install -e '.[gpu]'"
 )
 AUTH = {"authorization": "Bearer s3cret"}
 

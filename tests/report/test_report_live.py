@@ -5,7 +5,7 @@ broken image, the assumptions table and the cost-vs-concurrency plot shown on sc
 tests/artifacts/screenshots/report*.png, ignored by git).
 
 Chromium at /usr/bin/chromium and the `playwright` package are needed for the browser test
-(`.ci/run` installs both); no browser is downloaded."""
+(`make test` installs Chromium as root; playwright is in the dev extra); no browser is downloaded."""
 
 from __future__ import annotations
 
@@ -112,8 +112,10 @@ def test_report_html_is_well_formed_and_self_contained(written):
 
 def test_report_renders_in_chromium_with_no_broken_image(written):
     if not CHROMIUM.exists():
-        pytest.skip(f"Chromium not installed at {CHROMIUM} (apt-get install chromium)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+        pytest.skip(f"Chromium not found at {CHROMIUM}: apt-get install chromium")
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="the playwright package is not installed: pip install -e '.[dev]'"
+    )
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
