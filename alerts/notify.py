@@ -186,32 +186,54 @@ def backoff_s(first_s: float, attempts: int) -> float:
 def deliver_due(
     engine: Engine, config: AlertConfig, http: httpx.Client, now: float | None = None, limit: int = 100
 ) -> int:
-    """POST every notification that is due; returns how many were delivered."""
+    """POST every notification that is due (at most `limit`); returns how many were delivered.
+
+    On PostgreSQL each row is claimed with `FOR UPDATE SKIP LOCKED` in its own transaction, held
+    while it is posted and until its outcome is written: two deliverers (two replicas, for a
+    moment both leading) never post the same row, and one dying mid-post leaves it pending for a
+    retry (same Idempotency-Key). SQLite has one process and one deliverer: its rows are read
+    first and posted outside any transaction, so a slow receiver never holds the write lock."""
     now = time.time() if now is None else now
     receivers = {r.name: r for r in config.receivers}
+    if engine.dialect.name == "postgresql":
+        return _deliver_claimed(engine, receivers, http, now, limit)
     with engine.connect() as conn:
-        due = (
-            conn.execute(
-                select(*AlertNotificationRow.__table__.columns)
-                .where(
-                    AlertNotificationRow.status == "pending",
-                    AlertNotificationRow.next_attempt_at <= now,
-                )
-                .order_by(AlertNotificationRow.id)
-                .limit(limit)
-            )
-            .mappings()
-            .all()
-        )
+        due = conn.execute(_due(now).limit(limit)).mappings().all()
     delivered = 0
     for row in due:
-        receiver = receivers.get(row["receiver"])
-        error = (
-            "receiver no longer configured" if receiver is None else _post(http, receiver, row["key"], row["payload"])
-        )
-        _record(engine, row, error, receiver, now)
+        error = _attempt(http, receivers.get(row["receiver"]), row)
+        with write_transaction(engine) as conn:
+            _record(conn, row, error, receivers.get(row["receiver"]), now)
         delivered += error is None
     return delivered
+
+
+def _deliver_claimed(engine: Engine, receivers: dict[str, Receiver], http: httpx.Client, now: float, limit: int) -> int:
+    delivered = 0
+    for _ in range(limit):
+        with write_transaction(engine) as conn:
+            row = conn.execute(_due(now).limit(1).with_for_update(skip_locked=True)).mappings().first()
+            if row is None:
+                break
+            error = _attempt(http, receivers.get(row["receiver"]), row)
+            _record(conn, row, error, receivers.get(row["receiver"]), now)
+        delivered += error is None
+    return delivered
+
+
+def _due(now: float):
+    columns = AlertNotificationRow.__table__.columns
+    return (
+        select(*columns)
+        .where(AlertNotificationRow.status == "pending", AlertNotificationRow.next_attempt_at <= now)
+        .order_by(AlertNotificationRow.id)
+    )
+
+
+def _attempt(http: httpx.Client, receiver: Receiver | None, row) -> str | None:
+    if receiver is None:
+        return "receiver no longer configured"
+    return _post(http, receiver, row["key"], row["payload"])
 
 
 def _post(http: httpx.Client, receiver: Receiver, key: str, payload: dict) -> str | None:
@@ -227,7 +249,7 @@ def _post(http: httpx.Client, receiver: Receiver, key: str, payload: dict) -> st
     return None if response.is_success else f"HTTP {response.status_code}: {response.text[:200]}"
 
 
-def _record(engine: Engine, row, error: str | None, receiver: Receiver | None, now: float) -> None:
+def _record(conn: Connection, row, error: str | None, receiver: Receiver | None, now: float) -> None:
     attempts = row["attempts"] + 1
     if error is None:
         changes = {"status": "delivered", "delivered_at": now, "last_error": None}
@@ -239,9 +261,6 @@ def _record(engine: Engine, row, error: str | None, receiver: Receiver | None, n
     else:
         changes = {"next_attempt_at": now + backoff_s(receiver.retry_backoff, attempts), "last_error": error}
         log.warning("notification %s to %s failed (attempt %d): %s", row["key"], row["receiver"], attempts, error)
-    with write_transaction(engine) as conn:
-        conn.execute(
-            update(AlertNotificationRow)
-            .where(AlertNotificationRow.id == row["id"])
-            .values(attempts=attempts, **changes)
-        )
+    conn.execute(
+        update(AlertNotificationRow).where(AlertNotificationRow.id == row["id"]).values(attempts=attempts, **changes)
+    )

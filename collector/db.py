@@ -14,10 +14,12 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+# pg_advisory_xact_lock key of schema migrations (any fixed bigint; "specwatch migrations" in ASCII, truncated)
+MIGRATION_LOCK_KEY = 0x7370_6563_6D69_6772
 
 
 def make_engine(url: str) -> Engine:
@@ -65,9 +67,16 @@ def alembic_config(url: str | None = None) -> Config:
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
-    """Bring the schema to `revision` (the service calls this on start)."""
+    """Bring the schema to `revision` (the service calls this on start).
+
+    On PostgreSQL the transaction first takes an advisory lock, so replicas starting together
+    against one database migrate one after the other: the first runs the migrations, the others
+    then find the schema at head and do nothing (without it, all run CREATE TABLE at once and
+    all but one fail). SQLite needs none: its writers are serialised by the database lock."""
     config = alembic_config()
     with engine.begin() as connection:
+        if connection.dialect.name == "postgresql":
+            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
         config.attributes["connection"] = connection
         command.upgrade(config, revision)
 

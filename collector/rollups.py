@@ -3,8 +3,9 @@
 Roll-ups are incremental and exact: every pass folds the raw rows inserted since the
 last one (ids above `rollup_last_id`) into `request_rollups` (per minute) and
 `request_rollups_hourly` with additive upserts, so a late record (a replayed spool, a
-long request) lands in its period like any other. On PostgreSQL the pass first takes a
-SHARE lock on `requests`, which waits for in-flight ingest transactions, so no lower id
+long request) lands in its period like any other. On PostgreSQL the pass first locks the
+watermark row (`claim_watermark`: concurrent passes run one after the other, so no interval is
+counted twice), then takes a SHARE lock on `requests`, which waits for in-flight ingest transactions, so no lower id
 can commit after the pass has read past it; on SQLite the store's write lock serialises
 the same way.
 
@@ -22,7 +23,9 @@ import contextlib
 from dataclasses import dataclass
 
 import numpy as np
-from sqlalchemy import ColumnElement, Connection, Engine, Table, delete, func, insert, select, text
+from sqlalchemy import ColumnElement, Connection, Engine, Table, delete, func, select, text
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from collector.db import write_transaction
 from collector.models import (
@@ -98,8 +101,26 @@ def get_state(conn: Connection, key: str) -> float | None:
 
 
 def set_state(conn: Connection, key: str, value: float) -> None:
-    conn.execute(delete(MaintenanceState).where(MaintenanceState.key == key))
-    conn.execute(insert(MaintenanceState).values(key=key, value=value))
+    """Upsert (an UPDATE of an existing row: a transaction waiting on its row lock then reads the new value)."""
+    upsert = sqlite_insert if conn.dialect.name == "sqlite" else postgresql_insert
+    statement = upsert(MaintenanceState).values(key=key, value=value)
+    conn.execute(statement.on_conflict_do_update(index_elements=["key"], set_={"value": statement.excluded.value}))
+
+
+def claim_watermark(conn: Connection) -> int:
+    """The last rolled-up request id, its row locked until the transaction ends (PostgreSQL).
+
+    Two passes at once (two replicas both believing they lead, for a moment) would otherwise both
+    read the same watermark and fold the same rows twice; the second now waits for the first to
+    commit and then reads the watermark it left. Taken before the table lock, so a waiting pass
+    does not hold up ingest."""
+    if conn.dialect.name != "postgresql":
+        return int(get_state(conn, LAST_ID) or 0)  # the store's write lock serialises passes
+    conn.execute(
+        postgresql_insert(MaintenanceState).values(key=LAST_ID, value=0).on_conflict_do_nothing(index_elements=["key"])
+    )
+    locked = select(MaintenanceState.value).where(MaintenanceState.key == LAST_ID).with_for_update()
+    return int(conn.scalar(locked))
 
 
 def roll_up(engine: Engine, now: float, lock: contextlib.AbstractContextManager | None = None) -> RollupReport:
@@ -107,9 +128,9 @@ def roll_up(engine: Engine, now: float, lock: contextlib.AbstractContextManager 
     folded, last_id = 0, 0
     while True:
         with lock or contextlib.nullcontext(), write_transaction(engine) as conn:
+            last_id = claim_watermark(conn)
             if conn.dialect.name == "postgresql":
                 conn.execute(text("LOCK TABLE requests IN SHARE MODE"))
-            last_id = int(get_state(conn, LAST_ID) or 0)
             rows = conn.execute(
                 select(Request.id, *RAW_COLUMNS).where(Request.id > last_id).order_by(Request.id).limit(CHUNK_ROWS)
             ).all()

@@ -39,6 +39,10 @@ class Settings(BaseSettings):
     retention_days: float = Field(default=14.0, gt=0)
     rollup_retention_days: float = Field(default=400.0, gt=0)
     maintenance_interval_s: float = Field(default=60.0, gt=0)
+    # Replicas on one PostgreSQL: this one's name in /readyz and logs (empty: host:pid), and how often a
+    # follower tries to become the leader / the leader checks its lock (see collector.leader).
+    replica_id: str = ""
+    leader_retry_s: float = Field(default=5.0, gt=0)
     # SPECWATCH_SCRAPE_VLLM: a JSON list or comma-separated URLs of vLLM /metrics endpoints
     scrape_vllm: Annotated[list[str], NoDecode] = Field(default_factory=list)
     scrape_interval_s: float = Field(default=15.0, gt=0)
@@ -65,6 +69,12 @@ class Settings(BaseSettings):
         """The token table, built once per Settings; an unreadable or malformed file raises UsageError."""
         env = {name: getattr(self, f"{role}_token") or "" for role, name in ROLE_ENV.items()}
         return TokenTable.from_sources(env, self.tokens_file)
+
+    @cached_property
+    def replica_name(self) -> str:
+        from collector.leader import default_replica_id
+
+        return self.replica_id or default_replica_id()
 
     @property
     def database_url_resolved(self) -> str:

@@ -1,20 +1,23 @@
 """The collector service: `create_app(settings)` builds the FastAPI app.
 
 The lifespan loads the alert rules once, opens the database, upgrades its schema to the newest
-migration and starts the background jobs (roll-ups and retention, vLLM scrapes, alerts, the
-monthly report); route modules reach those through `deps.py`.
+migration and runs the background jobs (roll-ups and retention, vLLM scrapes, alerts, the
+monthly report) while this process is the leader (`collector.leader`: always on SQLite; one of
+the replicas on PostgreSQL); route modules reach those through `deps.py`.
 """
 
 from __future__ import annotations
 
 import asyncio
 from contextlib import asynccontextmanager
+from functools import partial
 
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
 from collector.db import make_engine, upgrade
 from collector.ingest import IngestWorkers
+from collector.leader import LeaderMetrics, Leadership
 from collector.maintenance import maintenance_loop
 from collector.metrics import CollectorMetrics
 from collector.settings import Settings
@@ -35,30 +38,20 @@ def create_app(settings: Settings | None = None, registry: CollectorRegistry | N
         app.state.tokens = settings.tokens
         app.state.store = Store(engine)
         app.state.metrics = CollectorMetrics(registry or CollectorRegistry())
+        app.state.leadership = Leadership(engine, settings.replica_name, settings.leader_retry_s)
+        leader_only = CollectorRegistry()  # store-derived gauges: the same on every replica
+        LeaderMetrics(app.state.leadership, app.state.metrics.registry, leader_only)
         app.state.ingest = IngestWorkers(
             app.state.store, settings.database_url_resolved, _ingest_processes(settings, engine)
         )
         await app.state.ingest.start()
-        tasks = [asyncio.create_task(maintenance_loop(app.state.store, settings), name="maintenance")]
-        tasks += [
-            asyncio.create_task(Scraper(url, engine, settings.scrape_interval_s).run(), name=f"scrape {url}")
-            for url in settings.scrape_vllm
-        ]
-        runner = _alert_runner(settings, engine, app.state.alert_config)
-        if runner is not None:
-            tasks.append(asyncio.create_task(runner.run(), name="alerts"))
-        if settings.report_dir is not None:
-            from report.schedule import report_loop
-
-            tasks.append(asyncio.create_task(report_loop(engine, settings), name="monthly report"))
+        work = partial(_background_work, app.state.store, settings, app.state.alert_config)
+        leading = asyncio.create_task(app.state.leadership.lead(work), name="leadership")
         try:
             yield
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            if runner is not None:
-                runner.close()
+            leading.cancel()
+            await asyncio.gather(leading, return_exceptions=True)
             app.state.ingest.close()
             engine.dispose()
 
@@ -73,6 +66,31 @@ def create_app(settings: Settings | None = None, registry: CollectorRegistry | N
     app.include_router(routes_report.on_demand)
     app.include_router(routes_docs.router)
     return app
+
+
+async def _background_work(store: Store, settings: Settings, alert_config) -> None:
+    """The leader's jobs (roll-ups and retention, vLLM scrapes, alerts, the monthly report), until cancelled."""
+    engine = store.engine
+    tasks = [asyncio.create_task(maintenance_loop(store, settings), name="maintenance")]
+    tasks += [
+        asyncio.create_task(Scraper(url, engine, settings.scrape_interval_s).run(), name=f"scrape {url}")
+        for url in settings.scrape_vllm
+    ]
+    runner = _alert_runner(settings, engine, alert_config)
+    if runner is not None:
+        tasks.append(asyncio.create_task(runner.run(), name="alerts"))
+    if settings.report_dir is not None:
+        from report.schedule import report_loop
+
+        tasks.append(asyncio.create_task(report_loop(engine, settings), name="monthly report"))
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if runner is not None:
+            runner.close()
 
 
 def _ingest_processes(settings: Settings, engine) -> int:

@@ -111,7 +111,8 @@ async def healthz() -> dict:
 @router.get("/readyz")
 def readyz(request: Request, engine: EngineDep) -> Response:
     """Ready when the database answers, its schema is at the newest migration, and it takes writes
-    (503 once an ingest write failed and a probe write fails too; see collector.store.WriteHealth)."""
+    (503 once an ingest write failed and a probe write fails too; see collector.store.WriteHealth).
+    Also says whether this replica is the leader (runs the background work; see collector.leader)."""
     try:
         current = is_current(engine)
     except SQLAlchemyError as exc:
@@ -121,7 +122,8 @@ def readyz(request: Request, engine: EngineDep) -> Response:
     problem = request.app.state.store.health.problem()
     if problem is not None:
         return json_response({"status": "unavailable", "reason": f"the store cannot write: {problem}"}, status=503)
-    return json_response({"status": "ready"})
+    leadership = request.app.state.leadership
+    return json_response({"status": "ready", "leader": leadership.is_leader, "replica": leadership.replica_id})
 
 
 @router.get("/metrics", dependencies=[Depends(metrics_access)])

@@ -129,7 +129,8 @@ def test_bearer_token_is_required_when_configured(db_url, tmp_path, make_request
 
 def test_health_and_readiness(client):
     assert client.get("/healthz").json() == {"status": "ok"}
-    assert client.get("/readyz").json() == {"status": "ready"}
+    readiness = client.get("/readyz").json()
+    assert readiness["status"] == "ready" and readiness["replica"]  # leadership: tests/collector/test_leader.py
 
 
 @pytest.mark.parametrize("where", ["request_id", "tags", "error"])

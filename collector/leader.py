@@ -1,0 +1,173 @@
+"""Leadership among collector replicas: exactly one runs the background work.
+
+Several `specwatch collector serve` processes may share one PostgreSQL database. Each of them
+ingests and answers queries; the background work (roll-ups and retention, vLLM scrapes, the alert
+runner and its webhook delivery, the monthly report) runs on one of them, the leader.
+
+The leader is the replica holding a session-level `pg_try_advisory_lock(LEADER_LOCK_KEY)` on a
+connection of its own. An advisory lock rather than a lease row because PostgreSQL itself ends
+the term: when the leader dies (SIGKILL, a crashed host whose TCP connection times out) its
+session ends and the lock is released at once, with no clock, no renewal writes and no expiry to
+tune; a lease row would need both and would hand over only after its expiry. The price: the lock
+connection must reach the server directly (not through a transaction-pooling PgBouncer, which
+would move the session), and a replica cut off from the database keeps believing it leads until
+it next checks. So every `leader_retry_s` a follower tries the lock and the leader checks its
+lock connection; a check that fails (or hangs past `CHECK_TIMEOUT_S`) stops its background work,
+and the next replica to try takes over. TCP keepalives on the lock connection make the server
+notice a vanished leader within about `KEEPALIVE_S`.
+
+On SQLite the database belongs to one process, which is always the leader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import Awaitable, Callable, Iterator
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily, Metric
+from sqlalchemy import Connection, Engine, create_engine, text
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.pool import NullPool
+
+log = logging.getLogger("specwatch.collector")
+# pg_advisory_lock key of the leader ("specwatch leader" in ASCII, truncated to fit a bigint)
+LEADER_LOCK_KEY = 0x7370_6563_6C65_6164
+CHECK_TIMEOUT_S = 10.0
+KEEPALIVE_S = 10
+# libpq: probe an idle connection after 5 s, every 2 s, give up after 3 misses; unacknowledged data
+# fails the connection after KEEPALIVE_S (so a check cannot hang on a dead network)
+_LIBPQ_KEEPALIVES = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "tcp_user_timeout": KEEPALIVE_S * 1000,
+}
+_HOLDS_LOCK = text(
+    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted "
+    "AND classid = :high AND objid = :low AND objsubid = 1"
+)
+
+
+def default_replica_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class Leadership:
+    """Whether this replica leads, and the loop that starts and stops the background work with it."""
+
+    def __init__(self, engine: Engine, replica_id: str, retry_s: float = 5.0) -> None:
+        self.replica_id, self.retry_s = replica_id, retry_s
+        self.single_process = engine.dialect.name != "postgresql"
+        self.is_leader = self.single_process
+        self._lock_engine = None if self.single_process else _lock_engine(engine)
+        self._conn: Connection | None = None
+
+    async def lead(self, work: Callable[[], Awaitable[None]]) -> None:
+        """Run `work()` while this replica leads; runs until cancelled (then releases the lock).
+        `work` runs until cancelled too; if it ends by itself it is started again next cycle."""
+        if self.single_process:
+            await work()
+            return
+        task: asyncio.Task | None = None
+        try:
+            while True:
+                self.is_leader = await self._hold_or_try()
+                if self.is_leader and (task is None or task.done()):
+                    log.info("replica %s is the leader: starting the background work", self.replica_id)
+                    task = asyncio.create_task(work(), name="leader work")
+                elif not self.is_leader and task is not None:
+                    log.warning("replica %s lost the leadership: stopping the background work", self.replica_id)
+                    await _stop(task)
+                    task = None
+                await asyncio.sleep(self.retry_s)
+        finally:
+            self.is_leader = False
+            if task is not None:
+                await _stop(task)
+            await asyncio.to_thread(self.release)
+
+    async def _hold_or_try(self) -> bool:
+        """The leader checks its lock; a follower tries to take it. False when the check fails or hangs."""
+        step = self._still_held if self.is_leader else self._try_acquire
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(step), CHECK_TIMEOUT_S)
+        except TimeoutError:
+            log.warning(
+                "replica %s: the leader lock connection did not answer in %g s", self.replica_id, CHECK_TIMEOUT_S
+            )
+            self._conn = None  # stuck in its thread; never used again (the server ends it)
+            return False
+
+    def _try_acquire(self) -> bool:
+        try:
+            if self._conn is None:
+                self._conn = self._lock_engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+            return bool(self._conn.scalar(text("SELECT pg_try_advisory_lock(:key)"), {"key": LEADER_LOCK_KEY}))
+        except SQLAlchemyError as exc:
+            log.warning("replica %s could not try the leader lock: %s", self.replica_id, exc)
+            self._discard()
+            return False
+
+    def _still_held(self) -> bool:
+        """The lock is the session's: held while the connection lives, so a query on it checks both."""
+        high, low = divmod(LEADER_LOCK_KEY, 1 << 32)
+        try:
+            return self._conn is not None and self._conn.scalar(_HOLDS_LOCK, {"high": high, "low": low}) == 1
+        except SQLAlchemyError as exc:
+            log.warning("replica %s: the leader lock connection failed: %s", self.replica_id, exc)
+            self._discard()
+            return False
+
+    def _discard(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(SQLAlchemyError):
+                self._conn.invalidate()
+        self._conn = None
+
+    def release(self) -> None:
+        """Close the lock connection (its session's locks go with it)."""
+        if self._conn is not None:
+            with contextlib.suppress(SQLAlchemyError):
+                self._conn.close()
+            self._conn = None
+        if self._lock_engine is not None:
+            self._lock_engine.dispose()
+
+
+def _lock_engine(engine: Engine) -> Engine:
+    """A pool-less engine for the one long-lived lock connection (not taken from the service's pool)."""
+    connect_args = _LIBPQ_KEEPALIVES if engine.dialect.driver in ("psycopg", "psycopg2") else {}
+    return create_engine(engine.url, poolclass=NullPool, connect_args=connect_args)
+
+
+async def _stop(task: asyncio.Task) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+class LeaderMetrics:
+    """`specwatch_collector_leader` (1 on the leader, else 0), and the store-derived gauges of
+    `leader_only`, exported by the leader alone: every replica reads the same store, so a Prometheus
+    `sum` over replicas would count them once per replica."""
+
+    def __init__(self, leadership: Leadership, registry: CollectorRegistry, leader_only: CollectorRegistry) -> None:
+        self._leadership, self._leader_only = leadership, leader_only
+        registry.register(self)
+
+    def describe(self) -> Iterator[Metric]:
+        yield self._gauge()
+
+    def collect(self) -> Iterator[Metric]:
+        yield self._gauge()
+        if self._leadership.is_leader:
+            yield from self._leader_only.collect()
+
+    def _gauge(self) -> GaugeMetricFamily:
+        doc = "1 on the replica that runs the background work (alerts, roll-ups, scrapes, reports), else 0."
+        return GaugeMetricFamily("specwatch_collector_leader", doc, value=float(self._leadership.is_leader))
