@@ -13,6 +13,14 @@ one transaction per batch):
 With --postgres (or SPECWATCH_TEST_POSTGRES_URL) the same for PostgreSQL, against raw
 psycopg `executemany`. The collector runs as a subprocess on this machine, with its default
 ingest worker processes (SPECWATCH_INGEST_PROCESSES, 2), so clients and server share its cores.
+
+    .venv/bin/python bench/ingest.py --postgres URL --replicas 1,2 [--clients 4]
+
+measures only replicas (docs/scaling.md): records/s through 1, 2, ... collector processes on one
+PostgreSQL, the same `--clients` producer processes spread round-robin over them, alternating
+the replica counts round by round; with the CPU seconds per 1,000 records spent by the
+collectors, PostgreSQL and the producers (from /proc), how busy the machine was, and the bytes
+per stored request (pg_total_relation_size of `requests` / its rows, indexes and TOAST included).
 """
 
 from __future__ import annotations
@@ -132,14 +140,16 @@ def reset_postgres(url: str) -> None:
     engine.dispose()
 
 
-def http_rate(url: str, bodies: list[bytes], per_body: int, clients: int) -> float:
+def http_rate(url: str | list[str], bodies: list[bytes], per_body: int, clients: int) -> float:
     """Records/s with `clients` client processes (producers are separate processes, e.g. one
     engine each), each posting its share of the bodies back to back; the clock runs from
-    when all are connected and released together until the last one is done."""
+    when all are connected and released together until the last one is done. Several URLs
+    (replicas): client i posts to URL i mod their number."""
+    urls = [url] if isinstance(url, str) else url
     context = multiprocessing.get_context("fork")  # the bodies are inherited, not copied through a pipe
     ready, errors = context.Barrier(clients + 1), context.Queue()
     processes = [
-        context.Process(target=_post_all, args=(url, bodies[i::clients], per_body, ready, errors))
+        context.Process(target=_post_all, args=(urls[i % len(urls)], bodies[i::clients], per_body, ready, errors))
         for i in range(clients)
     ]
     for process in processes:
@@ -243,6 +253,126 @@ def running_collector(db_url: str, port: int, log: Path):
         proc.wait(10)
 
 
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_stat(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return []
+
+
+def _cpu_s(pids) -> float:
+    """User + system CPU seconds of these processes so far (Linux /proc; a gone process counts 0)."""
+    return sum((int(f[11]) + int(f[12])) / CLOCK_TICKS for f in map(_proc_stat, pids) if f)
+
+
+def _pids(where) -> list[int]:
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and where(int(p.name))]
+
+
+def _postgres_pids() -> list[int]:
+    def is_postgres(pid: int) -> bool:
+        try:
+            return Path(f"/proc/{pid}/comm").read_text().strip() == "postgres"
+        except OSError:
+            return False
+
+    return _pids(is_postgres)
+
+
+def _with_children(pids: list[int]) -> list[int]:
+    return pids + _pids(lambda pid: (f := _proc_stat(pid)) != [] and int(f[1]) in pids)
+
+
+def _machine_busy_s() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far, all cores (/proc/stat)."""
+    fields = [int(v) / CLOCK_TICKS for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+@contextlib.contextmanager
+def running_replicas(db_url: str, n: int, first_port: int, workdir: Path):
+    """n collectors on one database, started one after the other (each migrates or finds the schema
+    current); yields (their URLs, their pids)."""
+    procs = []
+    try:
+        for i in range(n):
+            log = workdir / f"replica-{i}.log"
+            env = {"SPECWATCH_REPLICA_ID": f"bench-{i}"}
+            cmd = common.specwatch_command("collector", "serve", "--port", str(first_port + i), "--db", db_url)
+            ready = f"http://127.0.0.1:{first_port + i}/readyz"
+            procs.append(common.start_service("collector", cmd, common.child_env(env), log, ready, 60))
+        yield [f"http://127.0.0.1:{first_port + i}" for i in range(n)], [p.pid for p in procs]
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(10)
+
+
+def measure_replicas(url: str, counts: list[int], args, workdir: Path) -> None:
+    """Records/s through each replica count, `--rounds` rounds alternating the counts (medians
+    reported), with where the CPU went; then the bytes per stored request."""
+    rates: dict[int, list[float]] = {n: [] for n in counts}
+    cpu: dict[int, list[dict[str, float]]] = {n: [] for n in counts}
+    for round_no in range(args.rounds):
+        for n in counts if round_no % 2 == 0 else counts[::-1]:
+            reset_postgres(url)
+            bodies = bodies_for(args.rows, args.batch, f"replicas-r{round_no}-n{n}")
+            with running_replicas(url, n, args.port, workdir) as (urls, pids):
+                rate, spent = _timed_run(urls, pids, bodies, args)
+            rates[n].append(rate)
+            cpu[n].append(spent)
+            print(f"  round {round_no + 1}, {n} replica(s): {rate:,.0f} records/s", flush=True)
+    print(f"replicas: {args.rows} request records per run, batches of {args.batch}, {args.clients} client processes")
+    print("CPU seconds per 1,000 records in the collectors (with their ingest workers), PostgreSQL, the clients")
+    print(f"{'replicas':>8} {'records/s':>10} {'collectors':>10} {'postgres':>9} {'clients':>8}  machine busy")
+    for n in counts:
+        share = {k: median(s[k] for s in cpu[n]) for k in cpu[n][0]}
+        per_k = {k: share[k] / args.rows * 1000 for k in ("collectors", "postgres", "clients")}
+        print(
+            f"{n:>8} {median(rates[n]):>10,.0f} {per_k['collectors']:>10.3f} {per_k['postgres']:>9.3f} "
+            f"{per_k['clients']:>8.3f}  {share['busy']:.0%} of {os.cpu_count()} cores"
+        )
+    _print_bytes_per_record(url)
+
+
+def _timed_run(urls: list[str], pids: list[int], bodies: list[bytes], args) -> tuple[float, dict[str, float]]:
+    collectors, postgres = _with_children(pids), _postgres_pids()
+    before = (_cpu_s(collectors), _cpu_s(postgres), os.times(), _machine_busy_s())
+    started = time.perf_counter()
+    rate = http_rate(urls, bodies, args.batch, args.clients)
+    wall = time.perf_counter() - started
+    postgres_now = _postgres_pids()  # backends started during the run count from 0
+    after = (_cpu_s(collectors), _cpu_s(postgres_now), os.times(), _machine_busy_s())
+    clients = (after[2].children_user + after[2].children_system) - (
+        before[2].children_user + before[2].children_system
+    )
+    busy, total = after[3][0] - before[3][0], after[3][1] - before[3][1]
+    spent = {"collectors": after[0] - before[0], "postgres": after[1] - before[1], "clients": clients}
+    return rate, {**spent, "busy": busy / total if total else 0.0, "wall": wall}
+
+
+def _print_bytes_per_record(url: str) -> None:
+    from sqlalchemy import text
+
+    engine = make_engine(url)
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text("VACUUM ANALYZE requests"))
+        rows = conn.scalar(text("SELECT count(*) FROM requests"))
+        total, table = conn.execute(
+            text("SELECT pg_total_relation_size('requests'), pg_relation_size('requests')")
+        ).one()
+    engine.dispose()
+    print(
+        f"bytes per stored request (last run, {rows:,} rows): {total / rows:,.0f} with indexes and TOAST "
+        f"({table / rows:,.0f} heap only)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=20_000)
@@ -254,7 +384,17 @@ def main() -> None:
         default=os.environ.get("SPECWATCH_TEST_POSTGRES_URL"),
         help="PostgreSQL URL (its public schema is dropped and recreated!)",
     )
+    parser.add_argument(
+        "--replicas", help="comma-separated replica counts, e.g. 1,2: measure only those (needs --postgres)"
+    )
+    parser.add_argument("--clients", type=int, default=4, help="client processes for --replicas (default 4)")
     args = parser.parse_args()
+    if args.replicas:
+        if not args.postgres:
+            parser.error("--replicas needs --postgres (or SPECWATCH_TEST_POSTGRES_URL)")
+        with tempfile.TemporaryDirectory(prefix="specwatch-bench-") as tmp:
+            measure_replicas(args.postgres, [int(n) for n in args.replicas.split(",")], args, Path(tmp))
+        return
     results = []
     with tempfile.TemporaryDirectory(prefix="specwatch-bench-") as tmp:
         workdir = Path(tmp)
