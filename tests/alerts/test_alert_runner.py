@@ -59,7 +59,8 @@ def test_request_signals_match_numpy_over_the_window(engine):
         acc = np.array([r["num_accepted_tokens"] for r in records[k::2]], dtype=float)
         assert got[key].count == 30 and got[key].value == pytest.approx(acc.sum() / (16 * 30))
         assert stddev[key].value == pytest.approx(np.std(acc / 16))
-        assert p99[key].value == pytest.approx(np.quantile(ttft[k::2], 0.99))
+        # from merged DDSketches: within their 1% relative accuracy of the exact quantile
+        assert p99[key].value == pytest.approx(np.quantile(ttft[k::2], 0.99), rel=0.01)
 
 
 def test_device_event_and_arm_signals(engine):

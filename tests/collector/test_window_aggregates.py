@@ -1,0 +1,194 @@
+"""Window aggregates: DDSketch accuracy and merging, idempotent ingest, and signals from
+aggregates equal to signals from raw rows (SQLite and PostgreSQL), coverage fallback included."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from collector_payloads import T0, request_dict
+from ddsketch import DDSketch
+from sqlalchemy import func, insert, select
+
+from alerts.signals import StoreSignals
+from collector import aggregates, sketch, window_signals
+from collector.aggregates import WindowAggregate
+from collector.db import make_engine, upgrade
+from collector.models import Request
+from collector.queries import Filters, Window, signals
+from collector.schema import IngestBatch, RequestRecord
+from collector.store import REQUESTS, Store
+
+QUANTILES = (0.5, 0.9, 0.95, 0.99)
+
+
+def distributions(n: int = 20_000) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(3)
+    return {
+        "lognormal": rng.lognormal(mean=-2.0, sigma=0.8, size=n),
+        # a fast path and a slow one (cache hit vs cold prefill)
+        "bimodal": np.concatenate([rng.normal(0.05, 0.01, n // 2).clip(1e-4), rng.normal(0.8, 0.1, n // 2)]),
+        "pareto": (rng.pareto(1.5, size=n) + 1) * 0.02,  # heavy tail
+    }
+
+
+@pytest.mark.parametrize("name", ["lognormal", "bimodal", "pareto"])
+def test_sketch_quantiles_are_within_one_percent_of_exact(name):
+    values = distributions()[name]
+    bins = sketch.decode(sketch.encode(sketch.from_values(values)))
+    for q in QUANTILES:
+        assert sketch.quantile(bins, q) == pytest.approx(np.quantile(values, q), rel=sketch.RELATIVE_ACCURACY)
+
+
+def test_rank_values_and_keys_are_the_ddsketch_package_s():
+    values = distributions()["lognormal"][:5000]
+    reference = DDSketch(sketch.RELATIVE_ACCURACY)
+    for v in values:
+        reference.add(float(v))
+    bins = sketch.from_values(values)
+    assert sketch.keys(values).tolist() == [sketch.MAPPING.key(float(v)) for v in values]
+    for q in QUANTILES:
+        rank = int(q * (len(values) - 1))
+        assert sketch.value_at_rank(bins, rank) == reference.get_quantile_value(rank / (len(values) - 1))
+
+
+def test_merged_sketches_equal_the_sketch_of_the_union():
+    values = np.concatenate([*distributions(4000).values(), np.zeros(7)])
+    rng = np.random.default_rng(1)
+    pieces = np.array_split(rng.permutation(values), 60)  # e.g. 60 seconds x label sets
+    merged = sketch.merge(sketch.decode(sketch.encode(sketch.from_values(p))) for p in pieces)
+    whole = sketch.from_values(values)
+    assert (merged.zeros, merged.min_key, merged.counts.tolist()) == (whole.zeros, whole.min_key, whole.counts.tolist())
+
+
+def test_encoding_widens_with_the_largest_count():
+    many = sketch.from_values(np.full(70_000, 0.1))
+    assert len(sketch.encode(many)) == 18 + 4 and sketch.decode(sketch.encode(many)).count == 70_000
+    assert sketch.encode(sketch.EMPTY) is None and sketch.decode(None).count == 0
+
+
+def workload(n: int = 3000, start: float = T0, span_s: float = 200.0, seed: int = 5, first_id: int = 0) -> list[dict]:
+    """Requests over several label sets: spec and plain, A/B arms, errors and OOMs, missing TTFT."""
+    rng = np.random.default_rng(seed)
+    records = []
+    for i in range(n):
+        spec = rng.random() < 0.7
+        drafts = int(rng.integers(1, 12)) if spec else 0
+        accepted = int(rng.binomial(4 * drafts, rng.beta(5, 3))) if spec else 0
+        per_pos = [sum(1 for d in range(drafts) if min(4, max(0, accepted - 4 * d)) > k) for k in range(4)]
+        error = rng.random() < 0.03
+        overrides = dict(
+            instance=f"gpu-{i % 3}",
+            arm=["spec", "control"][(i // 5) % 2] if i % 5 == 0 else None,
+            started_at=start + float(rng.uniform(0, span_s)),
+            ttft_s=None if rng.random() < 0.02 else float(rng.lognormal(-2.5, 0.6)),
+            e2e_s=float(rng.lognormal(0.0, 0.5)),
+            output_tokens=int(rng.integers(1, 300)),
+            status="error" if error else "ok",
+            error=("target:oom" if rng.random() < 0.5 else "timeout") if error else None,
+            device_s=float(rng.uniform(0.1, 1.0)) if rng.random() < 0.8 else None,
+        )
+        overrides["device_s_source"] = None if overrides["device_s"] is None else "engine"
+        if spec:
+            overrides |= dict(num_drafts=drafts, num_draft_tokens=4 * drafts, num_accepted_tokens=accepted)
+            overrides |= dict(accepted_per_position=per_pos)
+        else:
+            overrides |= dict(mode="autoregressive", drafter=None, num_drafts=0, num_draft_tokens=0)
+            overrides |= dict(num_accepted_tokens=0, accepted_per_position=[], gamma=0)
+        records.append(request_dict(first_id + i, **overrides))
+    return records
+
+
+def store_in_batches(engine, records: list[dict], batches: int = 5) -> Store:
+    store = Store(engine)
+    for chunk in np.array_split(np.arange(len(records)), batches):
+        store.insert(IngestBatch.model_validate({"requests": [records[i] for i in chunk]}))
+    return store
+
+
+def aggregate_sums(engine) -> tuple:
+    columns = ("requests", "draft_tokens", "accepted_tokens", "rate_n", "rate_sum")
+    with engine.connect() as conn:
+        return tuple(conn.execute(select(*(func.sum(getattr(WindowAggregate, c)) for c in columns))).one())
+
+
+def test_a_resent_batch_is_not_aggregated_twice(engine):
+    records = workload(400)
+    store = store_in_batches(engine, records, batches=2)
+    once = aggregate_sums(engine)
+    store.insert(IngestBatch.model_validate({"requests": records[:300]}))  # a duplicate batch
+    store.insert(IngestBatch.model_validate({"requests": records[350:]}))
+    assert aggregate_sums(engine) == once and once[0] == 400
+    fresh = [request_dict(10_000 + i, started_at=T0 + 50 + i) for i in range(5)]
+    store.insert(IngestBatch.model_validate({"requests": records[:50] + fresh}))  # partly new
+    assert aggregate_sums(engine)[0] == 405
+
+
+def assert_same_signals(engine, window: Window, filters: Filters = Filters()) -> None:
+    raw, agg = signals(engine, window, filters), window_signals.signals(engine, window, filters)
+    exact = ("requests", "errors", "ooms", "drafts", "draft_tokens", "accepted_tokens", "acceptance_rate")
+    assert [getattr(agg, f) for f in exact] == [getattr(raw, f) for f in exact]
+    assert agg.requests > 0
+    assert agg.output_tokens_per_s == pytest.approx(raw.output_tokens_per_s, rel=1e-12)
+    assert agg.acceptance_rate_mean == pytest.approx(raw.acceptance_rate_mean, abs=1e-9)
+    assert agg.acceptance_rate_stddev == pytest.approx(raw.acceptance_rate_stddev, abs=1e-9)
+    for kind in ("ttft", "e2e", "tpot"):
+        got, want = getattr(agg, kind), getattr(raw, kind)
+        assert got.count == want.count
+        for q in ("p50", "p90", "p95", "p99"):
+            assert getattr(got, q) == pytest.approx(getattr(want, q), rel=sketch.RELATIVE_ACCURACY)
+
+
+def assert_same_alert_signals(engine, now: float, window_s: float) -> None:
+    aggregated, raw = StoreSignals(engine), StoreSignals(engine, raw=True)
+    for name, group_by in [
+        ("acceptance_rate", ["instance", "mode"]),
+        ("acceptance_stddev", ["instance"]),
+        ("ttft_p99", ["instance", "arm"]),
+        ("spec_cost_excess", ["instance"]),
+        ("oom_count", ["instance"]),
+        ("spec_latency_regression", ["instance"]),
+    ]:
+        got = {s.labels: s for s in aggregated.query(name, window_s, group_by, now)}
+        want = {s.labels: s for s in raw.query(name, window_s, group_by, now)}
+        assert got.keys() == want.keys() and want, name
+        for key, sample in want.items():
+            assert got[key].count == sample.count, (name, key)
+            tolerance = dict(rel=0.01) if name == "ttft_p99" else dict(abs=1e-9)
+            assert got[key].value == pytest.approx(sample.value, **tolerance), (name, key)
+
+
+def test_signals_from_aggregates_equal_signals_from_raw_rows(engine):
+    store_in_batches(engine, workload())
+    for window in (Window(T0 + 10.37, T0 + 170.81), Window(T0 - 5, T0 + 300), Window(T0 + 20, T0 + 80)):
+        assert_same_signals(engine, window)
+    assert_same_signals(engine, Window(T0 + 0.5, T0 + 199.5), Filters(instance="gpu-1", drafter="none"))
+    assert_same_signals(engine, Window(T0, T0 + 200), Filters(mode="speculative", arm="spec"))
+    assert_same_alert_signals(engine, T0 + 180.25, 150)
+
+
+def test_parts_of_a_window_not_aggregated_come_from_raw_rows(engine):
+    """Aggregates gone before T0 + 100 (as before the migration, or after retention): the window's
+    part before that is read from raw rows, and the totals stay those of the raw rows."""
+    store_in_batches(engine, workload())
+    with engine.begin() as conn:
+        assert aggregates.apply_retention(conn, T0 + 100.4) > 0
+        assert aggregates.covered_from(conn) == T0 + 100
+    assert_same_signals(engine, Window(T0 + 3.3, T0 + 190.2))
+    assert_same_alert_signals(engine, T0 + 190.2, 186.9)
+
+
+def test_migration_covers_from_after_the_newest_stored_request(tmp_path):
+    engine = make_engine(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    upgrade(engine, "0008")
+    older = workload(500, span_s=100)
+    rows = [{c: RequestRecord.model_validate(r).__dict__[c] for c in REQUESTS.columns} for r in older]
+    with engine.begin() as conn:
+        conn.execute(insert(Request.__table__), rows)
+    upgrade(engine)
+    newest = max(r["started_at"] for r in older)
+    with engine.connect() as conn:
+        assert aggregates.covered_from(conn) == np.floor(newest) + 1
+    store_in_batches(engine, workload(1500, start=T0 + 60, span_s=140, seed=6, first_id=500))  # overlaps the older rows
+    assert_same_signals(engine, Window(T0 + 10.5, T0 + 199.9))
+    assert aggregate_sums(engine)[0] == 1500
+    engine.dispose()
