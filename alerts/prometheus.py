@@ -8,7 +8,8 @@ instance, which Prometheus would otherwise rename `exported_instance` under the 
 Each signal (alerts/signals.py) becomes a value expression plus a count expression, the
 observations behind the value, so `min_samples` reads `... and on (labels) count >= n`.
 Where PromQL differs from the store signal, the rule says so: spec_latency_regression has
-no Mann-Whitney test, and gauge counts (fragmentation, draft_util_swing) count scrapes.
+no Mann-Whitney test, spec_cost_excess reads the device-time counters (the same requests:
+ok, with output, carrying device_s), and gauge counts (fragmentation, draft_util_swing) count scrapes.
 
 `unit_tests` builds, for every exported rule, input series that make it fire and series
 that keep it quiet; the counters grow linearly from zero, so rate() ratios and increase()
@@ -120,6 +121,24 @@ def _fewest_arm(by: str, w: str) -> str:
     return f"min by ({by}) ({per_arm})"
 
 
+def _device_s_per_token(mode: str, by: str, w: str) -> str:
+    seconds, tokens = (
+        f'{m}{{mode="{mode}"}}'
+        for m in ("specwatch_device_seconds_total", "specwatch_device_timed_output_tokens_total")
+    )
+    return f"({_sum(seconds, by, w)}\n  / {_sum(tokens, by, w)})"
+
+
+def _cost_excess(by: str, w: str) -> str:
+    return f"{_device_s_per_token('speculative', by, w)}\n/ {_device_s_per_token('autoregressive', by, w)} - 1"
+
+
+def _fewest_mode(by: str, w: str) -> str:
+    requests = 'specwatch_device_timed_requests_total{mode=~"speculative|autoregressive"}'
+    per_mode = _sum(requests, f"{by}, mode" if by else "mode", w, "increase")
+    return f"min by ({by}) ({per_mode})"
+
+
 def _swing(by: str, w: str) -> str:
     u = "specwatch_device_util_draft_ratio"
     return f"(max by ({by}) (max_over_time({u}[{w}])) - min by ({by}) (min_over_time({u}[{w}]))) * 100"
@@ -156,6 +175,23 @@ def _arms(s: _Series) -> list[dict]:
         for series in (
             s.counter("specwatch_arm_requests_total", s.per_window, arm=arm),
             s.counter("specwatch_arm_e2e_seconds_per_token_total", s.per_window * per_token, arm=arm),
+        )
+    ]
+
+
+def _modes(s: _Series) -> list[dict]:
+    """Plain requests at 0.01 device-s per token, speculative ones at (1 + value) times that."""
+    plain_s, tokens = 0.01, 100 * s.per_window
+    return [
+        series
+        for mode, drafter, per_token in (
+            ("speculative", "ngram", plain_s * (1 + s.value)),
+            ("autoregressive", "none", plain_s),
+        )
+        for series in (
+            s.counter("specwatch_device_timed_requests_total", s.per_window, mode=mode, drafter=drafter),
+            s.counter("specwatch_device_timed_output_tokens_total", tokens, mode=mode, drafter=drafter),
+            s.counter("specwatch_device_seconds_total", tokens * per_token, mode=mode, drafter=drafter),
         )
     ]
 
@@ -201,6 +237,14 @@ QUERIES: dict[str, _Query] = {
         _regression,
         _fewest_arm,
         _arms,
+        (-1.0, math.inf),
+    ),
+    "spec_cost_excess": _Query(
+        {"instance": "instance", "model": "model"},
+        {"instance": "gpu-0", "model": "smollm2-135m"},
+        _cost_excess,
+        _fewest_mode,
+        _modes,
         (-1.0, math.inf),
     ),
     "oom_count": _Query(

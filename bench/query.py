@@ -48,12 +48,14 @@ def generate(n: int, start: float, end: float, seed: int = 1) -> list[tuple]:
     prompt, output = rng.integers(16, 4000, n), rng.integers(8, 512, n)
     status = np.where(rng.random(n) < 0.01, "error", "ok")
     tags = ['{"tenant":"acme"}', '{"tenant":"globex"}', '{"tenant":"initech"}']
+    device_s = e2e * np.where(spec, 0.45, 0.35)  # attributed device time: a share of the request's span
     rows = []
     for i in range(n):
         s = bool(spec[i])
         pp = per_pos[i].tolist() if s else []
+        later = {"draft_counts_known": True, "device_s": float(device_s[i]), "device_s_source": "engine"}
         rows.append(
-            (
+            _in_table_order(
                 f"req-{i:09d}",
                 f"gpu-{i % 4}",
                 "smollm2-135m",
@@ -81,9 +83,20 @@ def generate(n: int, start: float, end: float, seed: int = 1) -> list[tuple]:
                 None,
                 None,
                 tags[i % 3],
+                later,
             )
         )
     return rows
+
+
+_FIRST_COLUMNS = REQUESTS.columns[: REQUESTS.columns.index("tags") + 1]
+
+
+def _in_table_order(*values) -> tuple:
+    """The columns up to `tags` in order, then the later ones (added by migrations) by name."""
+    *first, later = values
+    named = dict(zip(_FIRST_COLUMNS, first)) | later
+    return tuple(named.get(column) for column in REQUESTS.columns)
 
 
 def load(path: Path, rows: int, days: float, now: float) -> float:

@@ -7,6 +7,12 @@ never per request. Ratios are left to PromQL, e.g. the acceptance rate over 5 mi
     sum by (instance) (rate(specwatch_accepted_tokens_total[5m]))
       / sum by (instance) (rate(specwatch_draft_tokens_total[5m]))
 
+Device seconds per output token of one mode (the `spec_cost_excess` alert divides speculative by
+autoregressive):
+
+    sum by (instance) (rate(specwatch_device_seconds_total{mode="speculative"}[1h]))
+      / sum by (instance) (rate(specwatch_device_timed_output_tokens_total{mode="speculative"}[1h]))
+
 The spread of per-request acceptance (the `acceptance_stddev` alert) from its moments:
 
     sqrt(rate(specwatch_acceptance_rate_squares_total[5m]) / rate(specwatch_acceptance_rate_requests_total[5m])
@@ -45,13 +51,17 @@ _SUM_DOCS = {
     "acceptance_rate_squares": "Sum over requests that drafted of each one's (accepted / draft tokens) squared.",
     # Only requests: IngestCounts carries no new EngineEvents, so `oom` events are not counted here.
     "oom_errors": "Requests whose error names an out-of-memory failure (e.g. draft:oom).",
+    # The spec_cost_excess alert: device seconds per output token of ok requests that carry device_s.
+    "device_timed_requests": "Ok requests with output that report device_s (attributed device time).",
+    "device_seconds": "Sum of device_s (attributed device busy seconds) over those requests.",
+    "device_timed_output_tokens": "Output tokens of those requests; device_seconds / this = device-s per token.",
 }
 _ARM_DOCS = {
     "arm_requests": "Ok requests with output under a canary / A-B arm.",
     "arm_e2e_seconds_per_token": "Sum over those requests of e2e latency / output tokens; / arm_requests = the mean.",
 }
 # What the request metrics read from a record: the four labels first, then the summed fields.
-_ROW_FIELDS = ("instance", "model", "mode", "drafter", "status", "arm", "error", "e2e_s", "ttft_s", *_SUM_FIELDS)
+_ROW_FIELDS = (*REQUEST_LABELS, "status", "arm", "error", "e2e_s", "ttft_s", "device_s", *_SUM_FIELDS)
 _read_row = itemgetter(*_ROW_FIELDS)  # from a record's __dict__: much faster than attribute access
 _HISTOGRAMS = {
     "ttft": ("specwatch_time_to_first_token_seconds", "Time to first token."),
@@ -137,12 +147,22 @@ class RequestTotals:
         stats.sums["acceptance_rate_sum"] += float(rates.sum())
         stats.sums["acceptance_rate_squares"] += float(np.square(rates).sum())
         stats.sums["oom_errors"] += sum(1 for error in columns["error"] if error and "oom" in error)
+        RequestTotals._add_device_time(stats, columns)
         ttft = [v for v in columns["ttft_s"] if v is not None]
         for name, values in (("e2e", columns["e2e_s"]), ("ttft", ttft)):
             array = np.array(values, dtype=float)
             # bucket i holds bounds[i-1] < v <= bounds[i]; the last one is +Inf
             stats.buckets[name] += np.bincount(np.searchsorted(_BOUNDS, array, side="left"), minlength=len(_BOUNDS) + 1)
             stats.value_sums[name] += float(array.sum())
+
+    @staticmethod
+    def _add_device_time(stats: _LabelStats, columns: dict[str, tuple]) -> None:
+        """The requests `spec_cost_excess` reads: ok, with output, carrying device_s."""
+        for status, device_s, output_tokens in zip(columns["status"], columns["device_s"], columns["output_tokens"]):
+            if status == "ok" and output_tokens > 0 and device_s is not None:
+                stats.sums["device_timed_requests"] += 1
+                stats.sums["device_seconds"] += device_s
+                stats.sums["device_timed_output_tokens"] += output_tokens
 
 
 class RequestMetrics:

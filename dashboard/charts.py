@@ -82,6 +82,21 @@ def cdf(frame: pd.DataFrame, metric: str, threshold: Threshold | None = None) ->
     return alt.layer(chart, rule, text).properties(height=HEIGHT)
 
 
+def daily_cost(frame: pd.DataFrame) -> alt.Chart:
+    """$ per 1M output tokens per UTC day, one line per arm; the tooltip says whether it is an estimate."""
+    return (
+        alt.Chart(frame)
+        .mark_line(point=True)
+        .encode(
+            x=alt.X("time:T", title="day (UTC)"),
+            y=alt.Y("usd_per_mtok:Q", title="$ / 1M output tokens"),
+            color=alt.Color("arm:N"),
+            tooltip=["day:N", "arm:N", "usd_per_mtok:Q", "gpu_hours_per_mtok:Q", "requests:Q", "estimated:N"],
+        )
+        .properties(height=HEIGHT)
+    )
+
+
 def scatter(frame: pd.DataFrame, x: str, y: str, x_title: str, y_title: str, color: str | None = None) -> alt.Chart:
     encoding = {"x": alt.X(f"{x}:Q", title=x_title), "y": alt.Y(f"{y}:Q", title=y_title)}
     if color:

@@ -392,6 +392,21 @@ def cost(view: View, gpu_type: str | None = None, overrides: tuple[tuple[str, fl
     }
 
 
+def cost_daily(days: int) -> dict:
+    """$ per 1M output tokens per UTC day and arm over the last `days` (`GET /v1/cost/daily`):
+    the rows as a frame (a `time` column for charts), the GPU priced, and one note per arm whose
+    figures are estimates, saying what was estimated and on how many days."""
+    found = get("/v1/cost/daily", {"days": days})
+    frame = pd.DataFrame(found["rows"])
+    notes = []
+    if not frame.empty:
+        frame["time"] = pd.to_datetime(frame["start"], unit="s", utc=True)
+        frame["estimated"] = frame["estimated"].map(", ".join)
+        for (arm, what), group in frame[frame["estimate"]].groupby(["arm", "estimated"]):
+            notes.append(f"{arm}: {what} on {len(group)} of {int((frame['arm'] == arm).sum())} days")
+    return {"gpu_type": found["gpu_type"], "gpu_type_source": found["gpu_type_source"], "rows": frame, "notes": notes}
+
+
 def report_html(month: str) -> bytes:
     """A month's self-contained HTML cost-benefit report, built by the collector."""
     url = f"{collector_url()}/v1/report"

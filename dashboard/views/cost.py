@@ -68,6 +68,17 @@ table(model["arms"])
 for note in dict.fromkeys(summary["tco"]["notes"] + summary["notes"]):  # each note once
     st.caption(f"⚠️ {note}" if "estimate" in note else note)
 
+st.subheader("Cost per 1M output tokens, day by day")
+days = st.selectbox("Days", (7, 30, 90), index=1, key="cost_days")
+daily = fetch("cost_daily", days)
+if daily["rows"].empty:
+    st.info(f"No arm served requests in the last {days} days.")
+else:
+    st.altair_chart(charts.daily_cost(daily["rows"]), width="stretch")
+    st.caption(f"All instances, priced on {daily['gpu_type']} ({daily['gpu_type_source']}); each UTC day on its own.")
+    for note in daily["notes"]:
+        st.caption(f"⚠️ estimate: {note}")
+
 st.subheader("Does speculation pay? (monthly, hidden costs included)")
 if model["benefits"].empty:
     st.info("Both speculative and autoregressive requests are needed to price the difference.")

@@ -23,6 +23,7 @@ def test_shipped_defaults_hold_the_production_thresholds():
         "DraftUtilizationSwing": ("draft_util_swing", ">", 30, 300),
         "LatencyRegressionUnderSpeculation": ("spec_latency_regression", ">", 0.1, 900),
         "OOMBurst": ("oom_count", ">=", 3, 600),
+        "SpeculationCostsMore": ("spec_cost_excess", ">", 0.05, 3600),
     }
     for name, (signal, op, threshold, window) in expected.items():
         assert (rules[name].signal, rules[name].op, rules[name].threshold, rules[name].window) == (
@@ -113,7 +114,7 @@ def test_cli_check_and_bad_file_exit_code(tmp_path, capsys):
 
 def test_cli_run_once_over_an_empty_store(tmp_path, capsys):
     assert main(["alerts", "run", "--once", "--db", f"sqlite:///{tmp_path / 'db.sqlite'}"]) == 0
-    assert "9 rules in" in capsys.readouterr().out
+    assert "10 rules in" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

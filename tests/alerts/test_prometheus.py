@@ -65,6 +65,17 @@ USER_RULES = {
             "min_samples": 3,
             "group_by": ["model"],
         },
+        {
+            "name": "SpecCostlierAnywhere",
+            "signal": "spec_cost_excess",
+            "op": ">=",
+            "threshold": 0.2,
+            "window": "2h",
+            "for": "10m",
+            "min_samples": 10,
+            "group_by": [],
+            "summary": "{{ $value }} dearer on {{ $labels.model }}",
+        },
         {"name": "AnyOOM", "signal": "oom_count", "op": ">", "threshold": 0, "window": "1h", "min_samples": 1},
         {
             "name": "FragmentedFleet",
@@ -133,6 +144,17 @@ def test_vllm_group_has_equivalents_but_no_duplicates():
 def test_regression_rule_says_it_has_no_significance_test():
     rule = next(r for r in exported(load_config(DEFAULT_RULES)) if r["alert"] == "LatencyRegressionUnderSpeculation")
     assert "Mann-Whitney" in rule["annotations"]["note"]
+
+
+def test_cost_rule_compares_device_seconds_per_token_of_the_two_modes():
+    rule = next(r for r in exported(load_config(DEFAULT_RULES)) if r["alert"] == "SpeculationCostsMore")
+    assert metric_names(rule["expr"]) == {
+        "specwatch_device_seconds_total",
+        "specwatch_device_timed_output_tokens_total",
+        "specwatch_device_timed_requests_total",
+    }
+    assert rule["expr"].count('mode="speculative"') == 2 and rule["expr"].count('mode="autoregressive"') == 2
+    assert "[1h]" in rule["expr"] and rule["expr"].endswith(">= 50") and "> 0.05" in rule["expr"]
 
 
 def collector_exposition() -> dict[str, set[str]]:

@@ -125,3 +125,24 @@ def test_alert_counters_match_the_records():
         assert total(m, "specwatch_arm_e2e_seconds_per_token_total", arm=arm) == pytest.approx(
             sum(r["e2e_s"] / r["output_tokens"] for r in counted)
         )
+
+
+def test_device_time_counters_count_ok_requests_with_output_and_device_s():
+    """What the exported SpeculationCostsMore rule reads: only ok requests with output that carry device_s."""
+    timed = {"device_s_source": "engine"}
+    rows = [request_dict(i, device_s=0.5 + i / 10, output_tokens=40 + i, **timed) for i in range(6)]
+    rows += [plain_request_dict(10 + i, device_s=0.4, output_tokens=50, **timed) for i in range(3)]
+    rows += [
+        request_dict(20, device_s=9.0, status="error", error="timeout", **timed),  # failed
+        request_dict(21, device_s=9.0, output_tokens=0, **timed),  # no output
+        request_dict(22),  # no device_s
+    ]
+    m = observed(rows, [])
+    spec = dict(mode="speculative", drafter="ngram")
+    assert total(m, "specwatch_device_timed_requests_total", **spec) == 6
+    assert total(m, "specwatch_device_seconds_total", **spec) == pytest.approx(sum(0.5 + i / 10 for i in range(6)))
+    assert total(m, "specwatch_device_timed_output_tokens_total", **spec) == sum(40 + i for i in range(6))
+    plain = dict(mode="autoregressive", drafter="none")
+    assert total(m, "specwatch_device_timed_requests_total", **plain) == 3
+    assert total(m, "specwatch_device_seconds_total", **plain) == pytest.approx(1.2)
+    assert total(m, "specwatch_device_timed_output_tokens_total", **plain) == 150
