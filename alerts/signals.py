@@ -120,6 +120,48 @@ def spec_latency_regression(engine: Engine, window: Window, group_by: Sequence[s
     return samples
 
 
+def spec_cost_excess(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+    """Relative extra compute cost of speculative decoding: the speculative mode's device seconds
+    per output token over plain (autoregressive) decoding's, minus 1 (0.1 = 10% dearer).
+
+    Both modes run on the same instance at the same $ per device-second, so the ratio of device
+    seconds per token is the ratio of compute cost per token. The draft's memory share and energy
+    are left out here; the cost report (cost/) prices them. Only ok requests with output that
+    carry `device_s` count (producers that cannot attribute device time send none); the count is
+    the smaller mode's request count, so `min_samples` asks for enough requests in both.
+    """
+    stmt = (
+        select(
+            *(getattr(Request, g) for g in group_by),
+            Request.mode,
+            func.sum(Request.device_s),
+            func.sum(Request.output_tokens),
+            func.count(),
+        )
+        .where(
+            Request.started_at >= window.start,
+            Request.started_at < window.end,
+            Request.status == "ok",
+            Request.output_tokens > 0,
+            Request.device_s.is_not(None),
+        )
+        .group_by(*(getattr(Request, g) for g in group_by), Request.mode)
+    )
+    with engine.connect() as conn:
+        rows = conn.execute(stmt).all()
+    k = len(group_by)
+    modes: dict[tuple, dict[str, tuple[float, int]]] = defaultdict(dict)
+    for row in rows:
+        device_s, tokens, requests = row[k + 1 :]
+        modes[tuple(row[:k])][row[k]] = (float(device_s) / float(tokens), int(requests))
+    samples = []
+    for key, per_mode in modes.items():
+        spec, plain = per_mode.get("speculative"), per_mode.get("autoregressive")
+        if spec and plain and plain[0] > 0:
+            samples.append(Sample(_labels(group_by, key), spec[0] / plain[0] - 1.0, min(spec[1], plain[1])))
+    return samples
+
+
 def oom_count(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
     """Out-of-memory failures: requests that failed with an OOM or `oom` engine events, whichever
     count is larger (the engine may report one OOM both ways)."""
@@ -196,6 +238,9 @@ SIGNALS: dict[str, Signal] = {
     "ttft_p99": Signal(REQUEST_LABELS, "seconds", "P99 time to first token", ttft_p99),
     "spec_latency_regression": Signal(
         ("instance", "model"), "ratio", "spec arm vs control arm latency per token - 1", spec_latency_regression
+    ),
+    "spec_cost_excess": Signal(
+        ("instance", "model"), "ratio", "speculative vs plain device seconds per output token - 1", spec_cost_excess
     ),
     "oom_count": Signal(("instance",), "count", "out-of-memory failures", oom_count),
     "fragmentation": Signal(DEVICE_LABELS, "ratio", "reserved / allocated memory", fragmentation),

@@ -8,6 +8,11 @@ Editable inputs (each optional; out-of-range values are a 422 with a message): `
 
 The body is `cost.summary.CostSummary` as JSON: source, window, inputs, tco
 (arms, benefits, primary, notes), break_even, sensitivity, advice, notes.
+
+GET /v1/cost/daily?days=N (1 to 90, default 30; anything else is a 400 with a message): the last
+N UTC days, each priced on its own, as `service.cost_signals.DailyCost`: days, gpu_type,
+gpu_type_source, rows (day, start, arm, mode, drafter, usd_per_mtok, gpu_hours_per_mtok,
+output_tokens, requests, estimate, estimated).
 """
 
 from __future__ import annotations
@@ -21,11 +26,13 @@ from collector.queries import Window
 from cost.inputs import Overrides, load_prices
 from cost.model import Prices
 from cost.summary import MONTH_S, measured_summary
+from service.cost_signals import daily_costs
 from service.deps import EngineDep, json_response, read_all_tenants
 from service.routes_query import FiltersDep, window_param
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(read_all_tenants)])  # energy is per device
 NonNegative = Annotated[float | None, Query(ge=0, allow_inf_nan=False)]
+MAX_DAYS = 90
 
 
 @lru_cache(maxsize=1)
@@ -85,3 +92,18 @@ def get_cost(
     except ValueError as exc:
         raise HTTPException(422, {"error": "invalid_parameter", "message": str(exc)}) from None
     return json_response(summary)
+
+
+def days_param(days: str = "30") -> int:
+    """A whole number of days in [1, MAX_DAYS]; anything else is a 400 that says so."""
+    if not days.strip().isdigit() or not 1 <= int(days) <= MAX_DAYS:
+        message = f"days must be a whole number from 1 to {MAX_DAYS}, got {days!r}"
+        raise HTTPException(400, {"error": "invalid_parameter", "message": message})
+    return int(days)
+
+
+@router.get("/cost/daily")
+def get_cost_daily(engine: EngineDep, days: Annotated[int, Depends(days_param)]) -> Response:
+    """$ and GPU-hours per 1M output tokens per UTC day and arm, with output tokens, requests and
+    whether the figure is an estimate."""
+    return json_response(daily_costs(engine, days, shipped_prices()))
