@@ -24,7 +24,7 @@ from collector.settings import Settings
 from collector.store import Store
 from collector.vllm import Scraper
 from service import routes_alerts, routes_cost, routes_docs, routes_ingest, routes_query, routes_report
-from service.cost_signals import CostGauge
+from service.cost_signals import CostGauge, DailyCosts
 
 
 def create_app(settings: Settings | None = None, registry: CollectorRegistry | None = None) -> FastAPI:
@@ -42,6 +42,7 @@ def create_app(settings: Settings | None = None, registry: CollectorRegistry | N
         app.state.leadership = Leadership(engine, settings.replica_name, settings.leader_retry_s)
         leader_only = CollectorRegistry()  # store-derived gauges: the same on every replica
         CostGauge(engine, routes_cost.shipped_prices(), registry=leader_only)
+        app.state.daily_costs = DailyCosts(engine, routes_cost.shipped_prices())
         LeaderMetrics(app.state.leadership, app.state.metrics.registry, leader_only)
         app.state.ingest = IngestWorkers(
             app.state.store, settings.database_url_resolved, _ingest_processes(settings, engine)

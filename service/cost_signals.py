@@ -5,7 +5,7 @@ Both price what the store holds with the cost model (`cost.inputs.measured_input
 (`infer_gpu_type`), else `cost.summary.DEFAULT_GPU`, one GPU per instance.
 
     CostGauge(engine, prices, registry=...)   specwatch_cost_usd_per_mtok{arm} over the last hour
-    daily_costs(engine, days, prices)         per UTC day and arm: $ and GPU-hours per 1M tokens
+    DailyCosts(engine, prices).series(days)   per UTC day and arm: $ and GPU-hours per 1M tokens
 
 An arm's figure is an estimate when the cost model had to assume part of it: energy added to
 the price but not metered (estimated, or not measured at all), memory not measured (or the
@@ -33,6 +33,8 @@ from cost.summary import DEFAULT_GPU
 
 log = logging.getLogger(__name__)
 DAY_S = 86400
+MAX_DAYS = 90  # the longest daily series
+FINAL_AFTER_S = 3600.0  # a day's figures are final this long after it ended (late telemetry is in)
 GAUGE = "specwatch_cost_usd_per_mtok"
 GAUGE_DOC = "Total USD per 1M output tokens of each arm (mode:drafter) over the last hour, from the cost model."
 
@@ -87,19 +89,49 @@ def arm_costs(engine: Engine, window: Window, prices: Prices, gpu_type: str) -> 
     return [(arm, *served[arm.key]) for arm in tco(inputs).arms]
 
 
-def daily_costs(engine: Engine, days: int, prices: Prices, now: float | None = None) -> DailyCost:
-    """The last `days` UTC days up to `now` (today so far included), each priced on its own."""
-    end = time.time() if now is None else now
-    today = math.floor(end / DAY_S) * DAY_S
-    starts = [today - DAY_S * k for k in range(days - 1, -1, -1)]
-    gpu_type, source = _gpu_type(engine, Window(starts[0], max(end, starts[0] + 1)), prices)
-    rows = []
-    for start in starts:
-        if (day_end := min(start + DAY_S, end)) > start:
-            day = time.strftime("%Y-%m-%d", time.gmtime(start))
-            for arm, tokens, requests in arm_costs(engine, Window(start, day_end), prices, gpu_type):
-                rows.append(_daily_row(day, start, arm, tokens, requests))
-    return DailyCost(days, gpu_type, source, tuple(rows))
+def price_day(engine: Engine, start: float, end: float, prices: Prices, gpu_type: str) -> tuple[DailyArmCost, ...]:
+    """Each arm's figures for the UTC day that begins at `start`, from its requests up to `end`."""
+    day = time.strftime("%Y-%m-%d", time.gmtime(start))
+    return tuple(
+        _daily_row(day, start, arm, tokens, requests)
+        for arm, tokens, requests in arm_costs(engine, Window(start, end), prices, gpu_type)
+    )
+
+
+class DailyCosts:
+    """The daily cost series, each day's figures kept once priced.
+
+    The cost model reads every request of a day, so pricing a day costs about as much as its
+    traffic (measured: ~26 us per request on SQLite). A day is priced again only while it can still
+    change (today, or ended less than FINAL_AFTER_S ago: late telemetry) and its figures are older
+    than `ttl_s`; days further back than MAX_DAYS are forgotten.
+    """
+
+    def __init__(
+        self, engine: Engine, prices: Prices, *, ttl_s: float = 300.0, clock: Callable[[], float] = time.time
+    ) -> None:
+        self._engine, self._prices, self._ttl_s, self._clock = engine, prices, ttl_s, clock
+        self._kept: dict[tuple[float, str], tuple[float, tuple[DailyArmCost, ...]]] = {}
+        self._lock = threading.Lock()
+
+    def series(self, days: int) -> DailyCost:
+        """The last `days` UTC days up to now (today so far included), each priced on its own."""
+        with self._lock:
+            now = self._clock()
+            today = math.floor(now / DAY_S) * DAY_S
+            starts = [today - DAY_S * k for k in range(days - 1, -1, -1)]
+            gpu_type, source = _gpu_type(self._engine, Window(starts[0], max(now, starts[0] + 1)), self._prices)
+            self._kept = {key: kept for key, kept in self._kept.items() if key[0] > today - MAX_DAYS * DAY_S}
+            rows = [row for start in starts if now > start for row in self._day(start, now, gpu_type)]
+            return DailyCost(days, gpu_type, source, tuple(rows))
+
+    def _day(self, start: float, now: float, gpu_type: str) -> tuple[DailyArmCost, ...]:
+        kept = self._kept.get((start, gpu_type))
+        if kept is not None and (kept[0] >= start + DAY_S + FINAL_AFTER_S or now - kept[0] < self._ttl_s):
+            return kept[1]
+        rows = price_day(self._engine, start, min(start + DAY_S, now), self._prices, gpu_type)
+        self._kept[(start, gpu_type)] = (now, rows)
+        return rows
 
 
 def _daily_row(day: str, start: float, arm: ArmCost, tokens: int, requests: int) -> DailyArmCost:

@@ -20,19 +20,18 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Response
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 
 from collector.queries import Window
 from cost.inputs import Overrides, load_prices
 from cost.model import Prices
 from cost.summary import MONTH_S, measured_summary
-from service.cost_signals import daily_costs
+from service.cost_signals import MAX_DAYS, DailyCosts
 from service.deps import EngineDep, json_response, read_all_tenants
 from service.routes_query import FiltersDep, window_param
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(read_all_tenants)])  # energy is per device
 NonNegative = Annotated[float | None, Query(ge=0, allow_inf_nan=False)]
-MAX_DAYS = 90
 
 
 @lru_cache(maxsize=1)
@@ -102,8 +101,14 @@ def days_param(days: str = "30") -> int:
     return int(days)
 
 
+async def get_daily_costs(request: Request) -> DailyCosts:
+    return request.app.state.daily_costs
+
+
 @router.get("/cost/daily")
-def get_cost_daily(engine: EngineDep, days: Annotated[int, Depends(days_param)]) -> Response:
+def get_cost_daily(
+    daily: Annotated[DailyCosts, Depends(get_daily_costs)], days: Annotated[int, Depends(days_param)]
+) -> Response:
     """$ and GPU-hours per 1M output tokens per UTC day and arm, with output tokens, requests and
-    whether the figure is an estimate."""
-    return json_response(daily_costs(engine, days, shipped_prices()))
+    whether the figure is an estimate (past days' figures are kept: see DailyCosts)."""
+    return json_response(daily.series(days))

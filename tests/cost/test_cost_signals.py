@@ -15,7 +15,7 @@ from collector.queries import Window
 from collector.schema import IngestBatch
 from collector.store import Store
 from cost.inputs import load_prices
-from service.cost_signals import DAY_S, GAUGE, CostGauge, arm_costs
+from service.cost_signals import DAY_S, GAUGE, CostGauge, DailyCosts, arm_costs
 
 TIMED = {"device_s_source": "engine", "output_tokens": 64, "queue_s": 0.0}
 
@@ -94,6 +94,25 @@ def test_daily_series_prices_each_utc_day_like_the_cost_endpoint(client):
         (arm,) = [a for a in model["arms"] if a["key"] == row["arm"]]
         assert row["usd_per_mtok"] == pytest.approx(arm["total_usd_per_mtok"], rel=1e-6)
         assert row["gpu_hours_per_mtok"] == pytest.approx(arm["gpu_hours_per_mtok"], rel=1e-6)
+
+
+def test_daily_costs_keep_a_finished_day_and_reprice_today_after_the_ttl(engine):
+    """T0 is 20:26 UTC: yesterday ended 20 h before, so its figures are final; today's last 300 s."""
+    clock = [T0]
+    today = math.floor(T0 / DAY_S) * DAY_S
+    store = Store(engine)
+    store.insert(
+        IngestBatch.model_validate({"requests": served(today - DAY_S + 3600) + served(today + 60, first=1000)})
+    )
+    daily = DailyCosts(engine, load_prices(), ttl_s=300, clock=lambda: clock[0])
+    requests = lambda: [row.requests for row in daily.series(2).rows]  # noqa: E731
+    assert requests() == [20, 20, 20, 20]  # (yesterday, today) x (autoregressive, speculative:ngram)
+    late = served(today - DAY_S + 7200, first=2000, n=5) + served(today + 600, first=3000, n=5)
+    store.insert(IngestBatch.model_validate({"requests": late}))
+    clock[0] += 299
+    assert requests() == [20, 20, 20, 20]  # both kept: today's for its TTL
+    clock[0] += 1
+    assert requests() == [20, 20, 25, 25]  # today priced again; yesterday's figures are final
 
 
 @pytest.mark.parametrize("days", ["0", "91", "-3", "two", "1.5", ""])
