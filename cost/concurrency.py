@@ -15,11 +15,12 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+import numpy as np
 from sqlalchemy import Engine
 
 from collector.queries import Filters, Window
-from cost.attribution import attribute, level
-from cost.inputs import power_samples, request_rows
+from cost.attribution import attribute, levels
+from cost.inputs import power_samples, request_columns
 from cost.model import MTOK, Prices
 
 
@@ -60,29 +61,36 @@ def concurrency_costs(
 ) -> ConcurrencyCosts:
     """Rows per (level, mode) over the requests stored in `window` (module docstring)."""
     gpu_hour = prices.accelerator(gpu_type).price(pricing)
-    requests = request_rows(engine, window, filters)
-    attributed, _ = attribute([r.span for r in requests], power_samples(engine, window, filters))
-    sums: dict[tuple[int, str], list[float]] = defaultdict(lambda: [0, 0, 0.0, 0, 0])
-    for request, share in zip(requests, attributed):
-        if request.ok:
-            acc = sums[(level(share.concurrency), request.mode)]
-            acc[0] += 1
-            acc[1] += request.output_tokens
-            acc[2] += share.device_s
-            acc[3] += request.draft_tokens
-            acc[4] += request.accepted_tokens
-    rows = tuple(
-        _row(at, mode, *acc, gpu_hour=gpu_hour, gpu_count=gpu_count)
-        for (at, mode), acc in sorted(sums.items())
-        if acc[1] > 0 and acc[2] > 0
-    )
+    requests = request_columns(engine, window, filters)
+    shares = attribute(requests.spans, power_samples(engine, window, filters))
+    ok = np.flatnonzero(requests.ok)
+    at_level = levels(shares.concurrency[ok])
+    rows = []
+    for at in np.unique(at_level).tolist():
+        for mode in ("autoregressive", "speculative"):
+            picked = ok[(at_level == at) & (requests.mode[ok] == mode)]
+            tokens, device_s = requests.output_tokens[picked].sum(), shares.device_s[picked].sum()
+            if tokens > 0 and device_s > 0:
+                sums = (len(picked), tokens, device_s, requests.draft_tokens[picked].sum())
+                accepted = requests.accepted_tokens[picked].sum()
+                rows.append(_row(at, mode, *sums, accepted, gpu_hour=gpu_hour, gpu_count=gpu_count))
+    rows = tuple(sorted(rows, key=lambda row: (row.level, row.mode)))
     return ConcurrencyCosts(rows, crossover(rows), gpu_hour)
 
 
 def _row(at, mode, requests, tokens, device_s, drafted, accepted, *, gpu_hour, gpu_count) -> ConcurrencyRow:
     gpu_hours = gpu_count * device_s / 3600 * MTOK / tokens
     acceptance = accepted / drafted if drafted else None
-    return ConcurrencyRow(at, mode, int(requests), int(tokens), device_s, gpu_hours, gpu_hours * gpu_hour, acceptance)
+    return ConcurrencyRow(
+        int(at),
+        mode,
+        int(requests),
+        int(tokens),
+        float(device_s),
+        float(gpu_hours),
+        float(gpu_hours * gpu_hour),
+        None if acceptance is None else float(acceptance),
+    )
 
 
 def crossover(rows: tuple[ConcurrencyRow, ...]) -> int | None:

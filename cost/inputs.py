@@ -32,12 +32,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from sqlalchemy import Engine, func, select, text
 
 from collector.models import AlertActionRow, AlertTransitionRow, DeviceSampleRow, EngineEventRow, Request
 from collector.queries import Filters, Window
-from cost.attribution import Attributed, Instance, PowerSample, Span, attribute
+from cost.attribution import Attribution, Instance, PowerSample, Spans, attribute
 from cost.model import GB, Accelerator, CostInputs, HiddenCosts, IdleTime, ModeMeasure, Prices
 
 PRICES_PATH = Path(__file__).with_name("prices.toml")
@@ -170,17 +171,17 @@ def measured_inputs(
     """CostInputs from the requests, device samples, events and alert history stored in `window`
     (module docstring). Monitoring storage is measured from the store when `measure_storage` and it
     holds records; incident time is derived from the alert history when `incidents_from_alerts`."""
-    requests = request_rows(engine, window, filters)
+    requests = request_columns(engine, window, filters)
     samples = power_samples(engine, window, filters)
-    attributed, instances = attribute([r.span for r in requests], samples)
+    shares = attribute(requests.spans, samples)
     power_source = ",".join(sorted({s.source for s in samples if s.source and s.power_w is not None})) or None
-    first_at = min((r.started_at for r in requests), default=None)
+    first_at = float(requests.started_at.min()) if len(requests) else None
     window_s = window.end - max(window.start, first_at if first_at is not None else window.start)
     target, draft, memory_source = _memory(engine, window, filters)
     arms = tuple(
-        _measure(key, rows, max(window_s, 1e-9), target, draft, memory_source, power_source)
-        for key, rows in sorted(_by_arm(requests, attributed).items(), key=_arm_order)
-        if sum(a.device_s for r, a in rows if r.ok) > 0 and sum(r.output_tokens for r, _ in rows if r.ok) > 0
+        _measure(key, rows, requests, shares, max(window_s, 1e-9), target, draft, memory_source, power_source)
+        for key, rows in sorted(requests.by_arm().items(), key=_arm_order)
+        if _serves(rows, requests, shares)
     )
     hidden = _measured_hidden(engine, window, hidden, measure_storage, incidents_from_alerts)
     return CostInputs(
@@ -192,7 +193,7 @@ def measured_inputs(
         None,
         hidden,
         pricing,
-        _idle_time(instances),
+        _idle_time(shares.instances),
         idle_allocation,
     )
 
@@ -207,70 +208,67 @@ def _measured_hidden(engine: Engine, window: Window, hidden: HiddenCosts, storag
     return hidden
 
 
-@dataclass(frozen=True)
-class RequestRow:
-    """The columns of one stored request the cost model reads."""
+_REQUEST_COLUMNS = {
+    "instance": Request.instance,
+    "mode": Request.mode,
+    "drafter": Request.drafter,
+    "started_at": Request.started_at,
+    "queue_s": Request.queue_s,
+    "e2e_s": Request.e2e_s,
+    "status": Request.status,
+    "output_tokens": Request.output_tokens,
+    "retries": Request.retries,
+    "device_s": Request.device_s,
+    "device_s_source": Request.device_s_source,
+    "energy_j": Request.energy_j,
+    "energy_source": Request.energy_source,
+    "drafts": Request.num_drafts,
+    "draft_tokens": Request.num_draft_tokens,
+    "accepted_tokens": Request.num_accepted_tokens,
+    "draft_s": Request.draft_s,
+    "verify_s": Request.verify_s,
+}
+_TEXT = ("instance", "mode", "drafter", "status", "device_s_source", "energy_source")
+_NULLABLE = ("device_s", "energy_j")  # NULL -> NaN
 
-    instance: str
-    mode: str
-    drafter: str | None
-    started_at: float
-    queue_s: float
-    e2e_s: float
-    status: str
-    output_tokens: int
-    retries: int
-    device_s: float | None
-    device_s_source: str | None
-    energy_j: float | None
-    energy_source: str | None
-    drafts: int
-    draft_tokens: int
-    accepted_tokens: int
-    draft_s: float
-    verify_s: float
+
+class RequestColumns:
+    """The stored requests of a window the cost model reads, one numpy array per column
+    (all statuses: failed work costs device time too)."""
+
+    def __init__(self, rows: list[tuple]) -> None:
+        columns = list(zip(*rows)) if rows else [()] * len(_REQUEST_COLUMNS)
+        for name, values in zip(_REQUEST_COLUMNS, columns):
+            if name in _TEXT:
+                array = np.asarray(values, dtype=object)
+            elif name in _NULLABLE:
+                array = np.array([np.nan if v is None else v for v in values], dtype=float)
+            else:
+                array = np.asarray(values, dtype=float)
+            setattr(self, name, array)
+        self.ok = self.status == "ok"
+
+    def __len__(self) -> int:
+        return len(self.started_at)
 
     @property
-    def ok(self) -> bool:
-        return self.status == "ok"
-
-    @property
-    def arm(self) -> tuple[str, str | None]:
-        return self.mode, self.drafter if self.mode == "speculative" else None
-
-    @property
-    def span(self) -> Span:
+    def spans(self) -> Spans:
         start = self.started_at + self.queue_s
-        return Span(self.instance, start, max(self.started_at + self.e2e_s, start), self.device_s)
+        return Spans(self.instance, start, np.maximum(self.started_at + self.e2e_s, start), self.device_s)
+
+    def by_arm(self) -> dict[tuple[str, str | None], np.ndarray]:
+        """(mode, drafter; None for plain decoding) -> the indices of its requests."""
+        keys = [(m, d if m == "speculative" else None) for m, d in zip(self.mode.tolist(), self.drafter.tolist())]
+        arms: dict = defaultdict(list)
+        for index, key in enumerate(keys):
+            arms[key].append(index)
+        return {key: np.asarray(indices) for key, indices in arms.items()}
 
 
-_REQUEST_COLUMNS = (
-    Request.instance,
-    Request.mode,
-    Request.drafter,
-    Request.started_at,
-    Request.queue_s,
-    Request.e2e_s,
-    Request.status,
-    Request.output_tokens,
-    Request.retries,
-    Request.device_s,
-    Request.device_s_source,
-    Request.energy_j,
-    Request.energy_source,
-    Request.num_drafts,
-    Request.num_draft_tokens,
-    Request.num_accepted_tokens,
-    Request.draft_s,
-    Request.verify_s,
-)
-
-
-def request_rows(engine: Engine, window: Window, filters: Filters) -> list[RequestRow]:
-    """Every request in the window (all statuses: failed work costs device time too)."""
-    stmt = filters.apply(select(*_REQUEST_COLUMNS), window)
+def request_columns(engine: Engine, window: Window, filters: Filters) -> RequestColumns:
+    stmt = filters.apply(select(*_REQUEST_COLUMNS.values()), window)
     with engine.connect() as conn:
-        return [RequestRow(*row) for row in conn.execute(stmt)]
+        return RequestColumns(conn.execute(stmt).all())
 
 
 def power_samples(engine: Engine, window: Window, filters: Filters) -> list[PowerSample]:
@@ -283,24 +281,22 @@ def power_samples(engine: Engine, window: Window, filters: Filters) -> list[Powe
         return [PowerSample(*row) for row in conn.execute(stmt)]
 
 
-def _by_arm(requests: list[RequestRow], attributed: list[Attributed]) -> dict:
-    arms: dict = defaultdict(list)
-    for request, share in zip(requests, attributed):
-        arms[request.arm].append((request, share))
-    return arms
-
-
 def _arm_order(item) -> tuple:
     (mode, drafter), _ = item
     return mode != "autoregressive", drafter or ""
 
 
-def _measure(key, rows: list, window_s: float, target, draft, memory_source, power_source) -> ModeMeasure:
+def _serves(rows: np.ndarray, r: RequestColumns, shares: Attribution) -> bool:
+    ok = rows[r.ok[rows]]
+    return shares.device_s[ok].sum() > 0 and r.output_tokens[ok].sum() > 0
+
+
+def _measure(key, rows, r: RequestColumns, shares: Attribution, window_s, target, draft, memory_source, power_source):
     mode, drafter = key
-    ok = [(r, a) for r, a in rows if r.ok]
-    ok_tokens = sum(r.output_tokens for r, _ in ok)
-    device_s = sum(a.device_s for _, a in ok)
-    energy, source = _energy(rows, ok_tokens, power_source)
+    ok = rows[r.ok[rows]]
+    ok_tokens = int(r.output_tokens[ok].sum())
+    device_s = float(shares.device_s[ok].sum())
+    energy, source = _energy(rows, r, shares, ok_tokens, power_source)
     draft_bytes, arm_memory_source = _draft_memory(drafter, draft, memory_source)
     return ModeMeasure(
         mode,
@@ -311,39 +307,40 @@ def _measure(key, rows: list, window_s: float, target, draft, memory_source, pow
         ok_tokens / device_s,
         energy,
         source,
-        sum(r.retries for r, _ in rows),
+        int(r.retries[rows].sum()),
         target,
         draft_bytes,
         arm_memory_source,
-        sum(r.drafts for r, _ in ok),
-        sum(r.draft_tokens for r, _ in ok),
-        sum(r.accepted_tokens for r, _ in ok),
-        sum(r.draft_s for r, _ in ok),
-        sum(r.verify_s for r, _ in ok),
+        int(r.drafts[ok].sum()),
+        int(r.draft_tokens[ok].sum()),
+        int(r.accepted_tokens[ok].sum()),
+        float(r.draft_s[ok].sum()),
+        float(r.verify_s[ok].sum()),
         device_s,
-        sum(a.device_s for r, a in rows if not r.ok),
-        _device_source(rows),
+        float(shares.device_s[rows[~r.ok[rows]]].sum()),
+        _device_source(rows, r, shares),
     )
 
 
-def _device_source(rows: list) -> str:
+def _device_source(rows: np.ndarray, r: RequestColumns, shares: Attribution) -> str:
     """engine | processor_sharing | derived (none recorded: processor sharing here) | a mix, joined."""
-    found = {"derived" if a.derived else (r.device_s_source or "derived") for r, a in rows}
-    return ",".join(sorted(found))
+    recorded = {source or "derived" for source in r.device_s_source[rows[~shares.derived[rows]]].tolist()}
+    return ",".join(sorted(recorded | ({"derived"} if shares.derived[rows].any() else set())))
 
 
-def _energy(rows: list, ok_tokens: int, power_source: str | None) -> tuple[float | None, str | None]:
+def _energy(rows, r: RequestColumns, shares: Attribution, ok_tokens: int, power_source: str | None):
     """J per ok token: metered per-request energy when every request carries it, else the instance's
     energy attributed by device time over the sample intervals (its power source: measured or estimate)."""
     if ok_tokens <= 0:
         return None, None
-    if all(r.energy_j is not None for r, _ in rows):
-        sources = ",".join(sorted({r.energy_source for r, _ in rows if r.energy_source}))
-        return sum(r.energy_j for r, _ in rows) / ok_tokens, sources or None
-    attributed = [a.energy_j for _, a in rows]
-    if any(j is None for j in attributed):
+    metered = r.energy_j[rows]
+    if not np.isnan(metered).any():
+        sources = ",".join(sorted({s for s in r.energy_source[rows].tolist() if s}))
+        return float(metered.sum()) / ok_tokens, sources or None
+    attributed = shares.energy_j[rows]
+    if np.isnan(attributed).any():
         return None, None
-    return sum(attributed) / ok_tokens, power_source
+    return float(attributed.sum()) / ok_tokens, power_source
 
 
 def _idle_time(instances: list[Instance]) -> IdleTime | None:
