@@ -1,9 +1,11 @@
 """What alert rules measure: named signals over a time window, one `Sample` per label set.
 
 `StoreSignals` reads the collector's store (per-request telemetry, device samples, engine
-events and scraped vLLM metrics) through SQLAlchemy; the evaluator only sees the samples,
-so tests can feed it any values. Every sample carries `count`, the number of observations
-behind the value, which a rule's `min_samples` checks (no alert from 3 requests).
+events and scraped vLLM metrics) through SQLAlchemy; request signals merge the per-second
+aggregates written at ingest (`collector.window_signals`: exact counts and acceptance, TTFT P99
+from a DDSketch within 1%), and `StoreSignals(engine, raw=True)` reads raw rows instead.
+The evaluator only sees the samples, so tests can feed it any values. Every sample carries
+`count`, the number of observations behind the value, which a rule's `min_samples` checks (no alert from 3 requests).
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ from dataclasses import dataclass
 import numpy as np
 from sqlalchemy import Engine, func, select
 
+from collector import sketch
 from collector.models import DeviceSampleRow, EngineEventRow, Request, VllmScrape
 from collector.queries import Window
 from collector.vllm import vllm_signals
+from collector.window_signals import window_totals
 
 Labels = tuple[tuple[str, str], ...]  # sorted (name, value) pairs
 
@@ -94,6 +98,36 @@ def ttft_p99(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sa
     return samples
 
 
+def _from_aggregates(group_by: Sequence[str], totals: dict, value, count) -> list[Sample]:
+    """`value(totals)` per label set where `count(totals)` > 0."""
+    return [Sample(_labels(group_by, key), float(value(t)), int(count(t))) for key, t in totals.items() if count(t) > 0]
+
+
+def acceptance_rate_aggregated(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+    """`acceptance_rate` from the aggregates (requests that did not draft add 0 to both sums)."""
+    totals = window_totals(engine, window, group_by, with_sketches=())
+    return _from_aggregates(
+        group_by, totals, lambda t: t.sums["accepted_tokens"] / t.sums["draft_tokens"], lambda t: t.sums["rate_n"]
+    )
+
+
+def acceptance_stddev_aggregated(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+    """`acceptance_stddev` from the aggregates' merged (n, sum, M2) of per-request acceptance."""
+    totals = window_totals(engine, window, group_by, with_sketches=())
+    return _from_aggregates(group_by, totals, lambda t: t.acceptance_stddev(), lambda t: t.sums["rate_n"])
+
+
+def ttft_p99_aggregated(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+    """P99 TTFT from the merged DDSketches: within 1% of the value at that rank."""
+    totals = window_totals(engine, window, group_by, with_sketches=("ttft",))
+    ttft = {key: t.sketches["ttft"] for key, t in totals.items()}
+    return [
+        Sample(_labels(group_by, key), sketch.quantile(bins, 0.99), bins.count)
+        for key, bins in ttft.items()
+        if bins.count
+    ]
+
+
 def spec_latency_regression(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
     """Relative excess of the spec arm's mean e2e latency per output token over the control
     arm's (0.1 = 10% slower), significant when a one-sided Mann-Whitney U gives p < 0.05."""
@@ -118,6 +152,15 @@ def spec_latency_regression(engine: Engine, window: Window, group_by: Sequence[s
             excess = float(spec.mean() / control.mean() - 1.0)
             samples.append(Sample(_labels(group_by, key), excess, min(len(spec), len(control)), bool(p < 0.05)))
     return samples
+
+
+def spec_latency_regression_aggregated(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+    """`spec_latency_regression`, reading raw rows only when the aggregates show A/B arm traffic in the
+    window (the rank test needs every value; without arms it has nothing to compare)."""
+    arms = window_totals(engine, window, ("arm",), with_sketches=())
+    if all(arm is None for (arm,) in arms):
+        return []
+    return spec_latency_regression(engine, window, group_by)
 
 
 def spec_cost_excess(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
@@ -154,6 +197,22 @@ def spec_cost_excess(engine: Engine, window: Window, group_by: Sequence[str]) ->
     for row in rows:
         device_s, tokens, requests = row[k + 1 :]
         modes[tuple(row[:k])][row[k]] = (float(device_s) / float(tokens), int(requests))
+    return _cost_samples(group_by, modes)
+
+
+def spec_cost_excess_aggregated(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+    """`spec_cost_excess` from the aggregates' per-mode sums over ok requests with output and device_s."""
+    totals = window_totals(engine, window, (*group_by, "mode"), with_sketches=())
+    modes: dict[tuple, dict[str, tuple[float, int]]] = defaultdict(dict)
+    for (*key, mode), t in totals.items():
+        if t.sums["cost_requests"]:
+            per_token = t.sums["cost_device_s"] / t.sums["cost_output_tokens"]
+            modes[tuple(key)][mode] = (per_token, int(t.sums["cost_requests"]))
+    return _cost_samples(group_by, modes)
+
+
+def _cost_samples(group_by: Sequence[str], modes: dict[tuple, dict[str, tuple[float, int]]]) -> list[Sample]:
+    """(device seconds per output token, requests) per mode -> speculative / plain - 1 per label set."""
     samples = []
     for key, per_mode in modes.items():
         spec, plain = per_mode.get("speculative"), per_mode.get("autoregressive")
@@ -185,6 +244,24 @@ def oom_count(engine: Engine, window: Window, group_by: Sequence[str]) -> list[S
     )
     with engine.connect() as conn:
         from_requests, from_events = dict(conn.execute(requests).all()), dict(conn.execute(events).all())
+    return _oom_samples(group_by, from_requests, from_events)
+
+
+def oom_count_aggregated(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+    """`oom_count` with the requests' OOM counts from the aggregates (engine events stay raw: few)."""
+    totals = window_totals(engine, window, ("instance",), with_sketches=())
+    from_requests = {key[0]: int(t.sums["ooms"]) for key, t in totals.items() if t.sums["ooms"]}
+    events = (
+        select(EngineEventRow.instance, func.count())
+        .where(EngineEventRow.at >= window.start, EngineEventRow.at < window.end, EngineEventRow.kind == "oom")
+        .group_by(EngineEventRow.instance)
+    )
+    with engine.connect() as conn:
+        from_events = dict(conn.execute(events).all())
+    return _oom_samples(group_by, from_requests, from_events)
+
+
+def _oom_samples(group_by: Sequence[str], from_requests: dict, from_events: dict) -> list[Sample]:
     counts: dict[tuple, int] = defaultdict(int)
     for instance in from_requests.keys() | from_events.keys():
         key = (instance,) if group_by else ()
@@ -233,16 +310,24 @@ def _vllm(pick: Callable) -> Callable[[Engine, Window, Sequence[str]], list[Samp
 
 
 SIGNALS: dict[str, Signal] = {
-    "acceptance_rate": Signal(REQUEST_LABELS, "ratio", "accepted / drafted tokens", acceptance_rate),
-    "acceptance_stddev": Signal(REQUEST_LABELS, "ratio", "stddev of per-request acceptance", acceptance_stddev),
-    "ttft_p99": Signal(REQUEST_LABELS, "seconds", "P99 time to first token", ttft_p99),
+    "acceptance_rate": Signal(REQUEST_LABELS, "ratio", "accepted / drafted tokens", acceptance_rate_aggregated),
+    "acceptance_stddev": Signal(
+        REQUEST_LABELS, "ratio", "stddev of per-request acceptance", acceptance_stddev_aggregated
+    ),
+    "ttft_p99": Signal(REQUEST_LABELS, "seconds", "P99 time to first token", ttft_p99_aggregated),
     "spec_latency_regression": Signal(
-        ("instance", "model"), "ratio", "spec arm vs control arm latency per token - 1", spec_latency_regression
+        ("instance", "model"),
+        "ratio",
+        "spec arm vs control arm latency per token - 1",
+        spec_latency_regression_aggregated,
     ),
     "spec_cost_excess": Signal(
-        ("instance", "model"), "ratio", "speculative vs plain device seconds per output token - 1", spec_cost_excess
+        ("instance", "model"),
+        "ratio",
+        "speculative vs plain device seconds per output token - 1",
+        spec_cost_excess_aggregated,
     ),
-    "oom_count": Signal(("instance",), "count", "out-of-memory failures", oom_count),
+    "oom_count": Signal(("instance",), "count", "out-of-memory failures", oom_count_aggregated),
     "fragmentation": Signal(DEVICE_LABELS, "ratio", "reserved / allocated memory", fragmentation),
     "draft_util_swing": Signal(DEVICE_LABELS, "percentage points", "max - min draft utilisation", draft_util_swing),
     "vllm_acceptance_rate": Signal(
@@ -252,11 +337,25 @@ SIGNALS: dict[str, Signal] = {
 }
 
 
-class StoreSignals:
-    """The signal source over the collector's database."""
+# the raw-row computations of the signals SIGNALS reads from aggregates (StoreSignals(raw=True))
+RAW_COMPUTE: dict[str, Callable[[Engine, Window, Sequence[str]], list[Sample]]] = {
+    "acceptance_rate": acceptance_rate,
+    "acceptance_stddev": acceptance_stddev,
+    "ttft_p99": ttft_p99,
+    "spec_latency_regression": spec_latency_regression,
+    "spec_cost_excess": spec_cost_excess,
+    "oom_count": oom_count,
+}
 
-    def __init__(self, engine: Engine) -> None:
+
+class StoreSignals:
+    """The signal source over the collector's database; `raw=True` reads request signals from raw
+    rows instead of the window aggregates (for comparison: bench/alerts.py)."""
+
+    def __init__(self, engine: Engine, raw: bool = False) -> None:
         self.engine = engine
+        self.raw = raw
 
     def query(self, signal: str, window_s: float, group_by: Sequence[str], now: float) -> list[Sample]:
-        return SIGNALS[signal].compute(self.engine, Window(now - window_s, now), group_by)
+        compute = RAW_COMPUTE.get(signal) if self.raw else None
+        return (compute or SIGNALS[signal].compute)(self.engine, Window(now - window_s, now), group_by)

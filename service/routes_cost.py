@@ -4,7 +4,10 @@ Window: `start` and `end`, or `last` seconds (default 30 days); the usual reques
 Editable inputs (each optional; out-of-range values are a 422 with a message): `gpu_type`
 (or `gpu`; default: the sampled device's price table row, else H100-SXM), `gpu_hour_usd`,
 `electricity_usd_per_kwh`, `pue`, `monthly_output_tokens`, `draft_training_usd`,
-`amortisation_months`, `incident_days_per_week`, `tech_debt_buffer`.
+`training_data_fraction`, `amortisation_months`, `monitoring_retention_days`,
+`incident_days_per_week` (or `incidents=alerts`: derived from the alert history),
+`opportunity_days_per_month`, `tech_debt_buffer`, `pricing` (on-demand | spot | reserved |
+on-prem), `idle_allocation` (separate | by_share).
 
 The body is `cost.summary.CostSummary` as JSON: source, window, inputs, tco
 (arms, benefits, primary, notes), break_even, sensitivity, advice, notes.
@@ -18,7 +21,7 @@ output_tokens, requests, estimate, estimated).
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 
@@ -53,20 +56,16 @@ def overrides_param(
     pue: Annotated[float | None, Query(ge=1, allow_inf_nan=False)] = None,
     monthly_output_tokens: NonNegative = None,
     draft_training_usd: NonNegative = None,
+    training_data_fraction: Annotated[float | None, Query(gt=0, le=10, allow_inf_nan=False)] = None,
     amortisation_months: Annotated[float | None, Query(gt=0, allow_inf_nan=False)] = None,
+    monitoring_retention_days: NonNegative = None,
     incident_days_per_week: NonNegative = None,
+    opportunity_days_per_month: NonNegative = None,
     tech_debt_buffer: Annotated[float | None, Query(ge=0, le=10, allow_inf_nan=False)] = None,
+    pricing: Literal["on-demand", "spot", "reserved", "on-prem"] | None = None,
+    idle_allocation: Literal["separate", "by_share"] | None = None,
 ) -> Overrides:
-    return Overrides(
-        gpu_hour_usd,
-        electricity_usd_per_kwh,
-        pue,
-        monthly_output_tokens,
-        draft_training_usd,
-        amortisation_months,
-        incident_days_per_week,
-        tech_debt_buffer,
-    )
+    return Overrides(**{k: v for k, v in locals().items()})
 
 
 def gpu_param(gpu: str | None = None, gpu_type: str | None = None) -> str | None:
@@ -82,11 +81,18 @@ def get_cost(
     window: Annotated[Window, Depends(cost_window)],
     overrides: Annotated[Overrides, Depends(overrides_param)],
     gpu_type: Annotated[str | None, Depends(gpu_param)],
+    incidents: Literal["seed", "alerts"] = "seed",
 ) -> Response:
     """TCO per arm, benefit of speculation, break-even acceptance, sensitivity and per-scenario advice."""
     try:
         summary = measured_summary(
-            engine, window, shipped_prices(), gpu_type=gpu_type, overrides=overrides, filters=filters
+            engine,
+            window,
+            shipped_prices(),
+            gpu_type=gpu_type,
+            overrides=overrides,
+            filters=filters,
+            incidents_from_alerts=incidents == "alerts",
         )
     except ValueError as exc:
         raise HTTPException(422, {"error": "invalid_parameter", "message": str(exc)}) from None

@@ -200,7 +200,11 @@ def test_cost_endpoint(client):
     assert edited["tco"]["monthly_output_tokens"] == 1e9 and edited["inputs"]["prices"]["pue"] == 1.1
     hidden = edited["tco"]["benefits"][0]["hidden"]
     assert hidden["incidents_usd"] == pytest.approx(0.5 * 52 / 12 * 800)
+    spot = client.get("/v1/cost", params={**window, "pricing": "spot", "amortisation_months": 3}).json()
+    assert spot["tco"]["pricing"] == "spot" and spot["inputs"]["hidden"]["amortisation_months"] == 3
+    assert spot["inputs"]["hidden"]["sources"]["amortisation_months"] == "given"
     for params, message in (
+        ({"pricing": "free"}, "Input should be 'on-demand', 'spot', 'reserved' or 'on-prem'"),
         ({"pue": 0.5}, "greater than or equal to 1"),
         ({"tech_debt_buffer": -1}, "greater than"),
         ({"gpu_type": "B200"}, "unknown GPU type"),
