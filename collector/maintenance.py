@@ -1,4 +1,5 @@
-"""The collector's background jobs: roll-ups and retention, every `maintenance_interval_s`."""
+"""The collector's background jobs, every `maintenance_interval_s`: on PostgreSQL the raw tables' day
+partitions ahead (`collector.partitions`), roll-ups, retention."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import asyncio
 import logging
 import time
 
+from collector import partitions
+from collector.db import write_transaction
 from collector.rollups import apply_retention, roll_up
 from collector.settings import Settings
 from collector.store import Store
@@ -17,6 +20,10 @@ DAY_S = 86400.0
 def run_once(store: Store, settings: Settings, now: float | None = None) -> None:
     now = time.time() if now is None else now
     raw_s, rollup_s = settings.retention_days * DAY_S, settings.rollup_retention_days * DAY_S
+    if store.engine.dialect.name == "postgresql":
+        with write_transaction(store.engine) as conn:
+            if created := partitions.ensure_ahead(conn, now):
+                log.info("created partitions %s", ", ".join(created))
     report = roll_up(store.engine, now, lock=store.write_lock())
     deleted_raw, deleted_rollups = apply_retention(store.engine, now, raw_s, rollup_s, lock=store.write_lock())
     if report.rows_folded or deleted_raw or deleted_rollups:

@@ -10,7 +10,10 @@ can commit after the pass has read past it; on SQLite the store's write lock ser
 the same way.
 
 Retention deletes raw rows older than the raw retention only once they are rolled up
-(`id <= rollup_last_id`), and rollups older than their own retention.
+(`id <= rollup_last_id`), and rollups older than their own retention. On PostgreSQL the raw tables
+are partitioned by day (`collector.partitions`): whole days past the retention are dropped first
+(a day of requests once all its rows are rolled up), and DELETE then only reaches the boundary day
+and the default partition. The window aggregates expire with the raw rows.
 
 Rows written before migration 0005 lack some latency bounds (NULL in `ADDED_BUCKETS`): the
 upsert counts new observations of those buckets in the next bucket up, and readers merge every
@@ -27,6 +30,7 @@ from sqlalchemy import ColumnElement, Connection, Engine, Table, delete, func, s
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
+from collector import aggregates, partitions
 from collector.db import write_transaction
 from collector.models import (
     ADDED_BUCKETS,
@@ -242,24 +246,40 @@ def apply_retention(
     rollup_retention_s: float,
     lock: contextlib.AbstractContextManager | None = None,
 ) -> tuple[int, int]:
-    """Delete rolled-up raw requests older than raw_retention_s, old samples/events, and old rollups."""
+    """Remove rolled-up raw requests older than raw_retention_s, old samples/events, and old rollups;
+    the raw requests and the rollup rows removed."""
+    cutoff, rollup_cutoff = now - raw_retention_s, now - rollup_retention_s
+    dropped = 0
+    if engine.dialect.name == "postgresql":
+        dropped = _drop_partitions(engine, cutoff, rollup_cutoff)
     with lock or contextlib.nullcontext(), write_transaction(engine) as conn:
         last_id = int(get_state(conn, LAST_ID) or 0)
-        cutoff = now - raw_retention_s
         raw = conn.execute(delete(Request).where(Request.started_at < cutoff, Request.id <= last_id)).rowcount
         conn.execute(delete(DeviceSampleRow).where(DeviceSampleRow.at < cutoff))
         conn.execute(delete(EngineEventRow).where(EngineEventRow.at < cutoff))
+        aggregates.apply_retention(conn, cutoff)
         rolled = sum(
-            conn.execute(delete(t).where(t.period_start < now - rollup_retention_s)).rowcount
+            conn.execute(delete(t).where(t.period_start < rollup_cutoff)).rowcount
             for t in (RequestRollup, RequestRollupHourly)
         )
-        conn.execute(delete(VllmScrape).where(VllmScrape.at < now - rollup_retention_s))  # already compact deltas
+        conn.execute(delete(VllmScrape).where(VllmScrape.at < rollup_cutoff))  # already compact deltas
         # alert history is small and is what post-mortems read: kept as long as the rollups
-        conn.execute(delete(AlertTransitionRow).where(AlertTransitionRow.at < now - rollup_retention_s))
-        conn.execute(delete(AlertActionRow).where(AlertActionRow.at < now - rollup_retention_s))
+        conn.execute(delete(AlertTransitionRow).where(AlertTransitionRow.at < rollup_cutoff))
+        conn.execute(delete(AlertActionRow).where(AlertActionRow.at < rollup_cutoff))
         conn.execute(
             delete(AlertNotificationRow).where(
-                AlertNotificationRow.created_at < now - rollup_retention_s, AlertNotificationRow.status != "pending"
+                AlertNotificationRow.created_at < rollup_cutoff, AlertNotificationRow.status != "pending"
             )
         )
-    return raw, rolled
+    return dropped + raw, rolled
+
+
+def _drop_partitions(engine: Engine, cutoff: float, rollup_cutoff: float) -> int:
+    """PostgreSQL: DETACH + DROP the day partitions wholly past their retention; the requests they held."""
+    with write_transaction(engine) as conn:
+        last_id = int(get_state(conn, LAST_ID) or 0)
+        dropped = partitions.drop_before(conn, "requests", cutoff, max_id=last_id)
+        for table in ("device_samples", "engine_events"):
+            partitions.drop_before(conn, table, cutoff)
+        partitions.drop_before(conn, "vllm_scrapes", rollup_cutoff)
+    return dropped

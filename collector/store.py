@@ -93,7 +93,7 @@ class _TableSpec:
     def __init__(self, table: Table, conflict: Sequence[str]) -> None:
         self.table = table
         self.columns = [c.name for c in table.columns if c.name != "id"]
-        self.conflict = tuple(conflict)
+        self.conflict = tuple(conflict)  # the unique key ON CONFLICT names
         self.json_positions = [i for i, c in enumerate(self.columns) if isinstance(table.columns[c].type, JSON)]
         self._get_values = itemgetter(*self.columns)
         self._get_key = attrgetter(*self.conflict)
@@ -122,6 +122,9 @@ def _pg_type(sql_type: Any) -> str:
 
 
 REQUESTS = _TableSpec(Request.__table__, ["request_id"])
+# On PostgreSQL `requests` is partitioned by day and its unique key includes the partition key
+# (`collector.partitions` says why a resend still has the same key).
+PG_REQUESTS = _TableSpec(Request.__table__, ["request_id", "started_at"])
 SAMPLES = _TableSpec(DeviceSampleRow.__table__, ["instance", "device", "at"])
 EVENTS = _TableSpec(EngineEventRow.__table__, ["instance", "kind", "at"])
 
@@ -174,7 +177,8 @@ class Store:
 
     def insert(self, batch: IngestBatch) -> IngestCounts:
         """Store a whole batch in one transaction and count what was new."""
-        parts = ((REQUESTS, batch.requests), (SAMPLES, batch.samples), (EVENTS, batch.events))
+        requests = REQUESTS if self.is_sqlite else PG_REQUESTS
+        parts = ((requests, batch.requests), (SAMPLES, batch.samples), (EVENTS, batch.events))
         dbapi = self.engine.dialect.dbapi
         try:
             if self._write_lock is None:
@@ -282,28 +286,37 @@ class WriteHealth:
 
 def _conflicting_ids(cursor, records: Sequence[Any], new: Sequence[Any], sqlite: bool) -> list[str]:
     """The request ids among the duplicates (`records` not in `new`) whose stored row differs.
-    Only duplicates are read back, in the batch's transaction (a batch of new records reads nothing)."""
+    Only duplicates are read back, in the batch's transaction (a batch of new records reads nothing).
+    A duplicate is compared with the row of its own key (on PostgreSQL request_id and started_at)."""
     if len(new) == len(records):
         return []
     stored_new = {id(record) for record in new}
     duplicates = [record for record in records if id(record) not in stored_new]
-    stored = _stored_requests(cursor, [record.request_id for record in duplicates], sqlite)
-    key = REQUESTS.columns.index("request_id")
-    return [
-        values[key]
-        for values in REQUESTS.rows(duplicates, _identity)
-        if values[key] in stored and not _same_row(values, stored[values[key]])
-    ]
+    stored = _stored_requests(cursor, duplicates, sqlite)
+    key, positions = REQUESTS.columns.index("request_id"), _key_positions(sqlite)
+    conflicting = []
+    for values in REQUESTS.rows(duplicates, _identity):
+        row = stored.get(tuple(values[i] for i in positions))
+        if row is not None and not _same_row(values, row):
+            conflicting.append(values[key])
+    return conflicting
 
 
-def _stored_requests(cursor, request_ids: list[str], sqlite: bool, chunk: int = 500) -> dict[str, Sequence[Any]]:
-    columns, key = ", ".join(REQUESTS.columns), REQUESTS.columns.index("request_id")
+def _key_positions(sqlite: bool) -> list[int]:
+    """Where the requests' unique key columns sit in a row of REQUESTS.columns."""
+    return [REQUESTS.columns.index(name) for name in (REQUESTS if sqlite else PG_REQUESTS).conflict]
+
+
+def _stored_requests(cursor, records: Sequence[Any], sqlite: bool, chunk: int = 500) -> dict[tuple, Sequence[Any]]:
+    """The stored rows of these records' request ids, by unique key."""
+    columns, positions = ", ".join(REQUESTS.columns), _key_positions(sqlite)
+    request_ids = [record.request_id for record in records]
     rows = {}
     for start in range(0, len(request_ids), chunk):
         ids = request_ids[start : start + chunk]
         where = f"IN ({', '.join('?' * len(ids))})" if sqlite else "= ANY(%s)"
         cursor.execute(f"SELECT {columns} FROM requests WHERE request_id {where}", ids if sqlite else (ids,))
-        rows.update((row[key], row) for row in cursor.fetchall())
+        rows.update((tuple(row[i] for i in positions), row) for row in cursor.fetchall())
     return rows
 
 

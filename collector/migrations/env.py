@@ -6,13 +6,16 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine
 
+from collector import partitions
 from collector.models import Base
 
 config = context.config
 
 
 def run_migrations(connection) -> None:
-    context.configure(connection=connection, target_metadata=Base.metadata, render_as_batch=True)
+    # on PostgreSQL autogenerate must not propose dropping the day partitions (not ORM tables)
+    options = partitions.autogenerate_options(connection.dialect.name)
+    context.configure(connection=connection, target_metadata=Base.metadata, render_as_batch=True, **options)
     with context.begin_transaction():
         context.run_migrations()
 
