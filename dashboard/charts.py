@@ -97,6 +97,24 @@ def daily_cost(frame: pd.DataFrame) -> alt.Chart:
     )
 
 
+def cost_by_concurrency(frame: pd.DataFrame, crossover: int | None) -> alt.LayerChart:
+    """$ per 1M output tokens against concurrency level, one line per mode, the crossover as a rule."""
+    lines = (
+        alt.Chart(frame)
+        .mark_line(point=True)
+        .encode(
+            x=alt.X("level:Q", title="concurrency (requests in flight)", scale=alt.Scale(type="log", base=2)),
+            y=alt.Y("usd_per_mtok:Q", title="$ / 1M output tokens"),
+            color=alt.Color("mode:N"),
+            tooltip=["level:Q", "mode:N", "usd_per_mtok:Q", "gpu_hours_per_mtok:Q", "requests:Q"],
+        )
+    )
+    if crossover is None:
+        return alt.layer(lines).properties(height=HEIGHT)
+    rule = alt.Chart(pd.DataFrame({"level": [crossover]})).mark_rule(strokeDash=[4, 4]).encode(x="level:Q")
+    return alt.layer(lines, rule).properties(height=HEIGHT)
+
+
 def scatter(frame: pd.DataFrame, x: str, y: str, x_title: str, y_title: str, color: str | None = None) -> alt.Chart:
     encoding = {"x": alt.X(f"{x}:Q", title=x_title), "y": alt.Y(f"{y}:Q", title=y_title)}
     if color:

@@ -335,7 +335,10 @@ COST_INPUTS = (
     "draft_training_usd",
     "amortisation_months",
     "incident_days_per_week",
+    "opportunity_days_per_month",
     "tech_debt_buffer",
+    "pricing",
+    "idle_allocation",
 )
 
 
@@ -352,8 +355,11 @@ def cost(view: View, gpu_type: str | None = None, overrides: tuple[tuple[str, fl
                 "compute $": a["compute_usd_per_mtok"],
                 "energy $": a["energy_usd_per_mtok"],
                 "energy source": a["energy_source"],
+                "energy added": a["energy_added"],
                 "retries $": a["retries_usd_per_mtok"],
+                "idle $ (by share)": a["idle_usd_per_mtok"],
                 "GPU-hours / 1M tokens": a["gpu_hours_per_mtok"],
+                "device time from": a["device_s_source"],
                 "memory share": a["memory_share"],
                 "monthly $": a["monthly_usd"],
             }
@@ -368,13 +374,22 @@ def cost(view: View, gpu_type: str | None = None, overrides: tuple[tuple[str, fl
                 "draft training $/month": b["hidden"]["draft_training_usd"],
                 "monitoring $/month": b["hidden"]["monitoring_usd"],
                 "incidents $/month": b["hidden"]["incidents_usd"],
-                "tech debt $/month": b["hidden"]["tech_debt_usd"],
+                "opportunity $/month": b["hidden"]["opportunity_usd"],
+                "tech-debt reserve $/month": b["hidden"]["tech_debt_usd"],
                 "net $/month": b["net_usd"],
+                "estimated from": ", ".join(b["estimated_from"]),
                 "payback (months)": b["payback_months"],
             }
             for b in tco["benefits"]
         ]
     )
+    assumptions = pd.DataFrame(
+        [
+            {"input": a["name"], "value": a["value"], "unit": a["unit"], "source": a["source"]}
+            for a in tco["assumptions"]
+        ]
+    ).astype({"value": str}, errors="ignore")
+    concurrency = found.get("concurrency") or {"rows": [], "crossover": None}
     curves = pd.DataFrame(
         [
             {"arm": b["key"], "acceptance": alpha, "speed-up": speedup, "net $/month": net}
@@ -389,6 +404,9 @@ def cost(view: View, gpu_type: str | None = None, overrides: tuple[tuple[str, fl
         "curves": curves,
         "tornado": pd.DataFrame(found["sensitivity"]),
         "advice": pd.DataFrame(found["advice"]),
+        "assumptions": assumptions,
+        "concurrency": pd.DataFrame(concurrency["rows"]),
+        "crossover": concurrency["crossover"],
     }
 
 

@@ -36,8 +36,13 @@ with st.expander("Prices and volumes (what-if)", expanded=False):
             "Incident person-days / week", 0.0, value=float(hidden["incident_days_per_week"])
         ),
         "tech_debt_buffer": cols[3].number_input(
-            "Tech-debt buffer", 0.0, 10.0, value=float(hidden["tech_debt_buffer"])
+            "Tech-debt reserve", 0.0, 10.0, value=float(hidden["tech_debt_buffer"])
         ),
+        "opportunity_days_per_month": cols[0].number_input(
+            "Opportunity engineer-days / month", 0.0, value=float(hidden["opportunity_days_per_month"])
+        ),
+        "pricing": cols[1].selectbox("Pricing", ("on-demand", "spot", "reserved", "on-prem")),
+        "idle_allocation": cols[2].selectbox("Idle time", ("separate", "by_share"), help="its own line or by share"),
     }
     st.caption(f"Price table as of {prices['as_of']} (cost/prices.toml); edit it for your contract prices.")
 model = fetch("cost", v, gpu, tuple(sorted(edits.items())))
@@ -54,19 +59,42 @@ cols[0].metric(
     usd(per_mtok.get(summary["tco"]["primary"]), "no speculative requests"),
 )
 cols[1].metric("Plain $ / 1M tokens", usd(per_mtok.get("autoregressive"), "no plain requests"))
+estimated = bool(primary and primary["estimated_from"])
 cols[2].metric(
-    "Net benefit / month",
-    usd(primary and primary["net_usd"], "needs plain and speculative requests"),
-    help="explicit saving minus hidden costs (draft training, monitoring, incidents, tech debt)",
+    "Net benefit / month" + (" (estimate)" if estimated else ""),
+    ("~" if estimated else "") + usd(primary and primary["net_usd"], "needs plain and speculative requests"),
+    help="explicit saving minus hidden costs (draft training, monitoring, incidents, opportunity, tech-debt "
+    "reserve)" + (f"; estimated from: {', '.join(primary['estimated_from'])}" if estimated else ""),
 )
 payback = "never" if primary and primary["payback_months"] is None else "needs both modes"
 cols[3].metric(
     "Payback of draft training", fmt(primary and primary["payback_months"], " months", digits=1, missing=payback)
 )
-st.subheader(f"Cost per 1M output tokens on {summary['tco']['gpu_type']}")
+st.subheader(f"Cost per 1M output tokens on {summary['tco']['gpu_type']} ({summary['tco']['pricing']})")
 table(model["arms"])
+idle = summary["tco"]["idle"]
+if idle is None:
+    st.caption("Idle device time: not measured (no device samples in the window).")
+else:
+    how = "spread over the arms by device time" if idle["allocation"] == "by_share" else "its own line"
+    st.caption(
+        f"Idle device time: {idle['idle_fraction']:.0%} of {idle['up_s']:,.0f} s up, "
+        f"{usd(idle['monthly_usd'])} / month ({how})."
+    )
 for note in dict.fromkeys(summary["tco"]["notes"] + summary["notes"]):  # each note once
     st.caption(f"⚠️ {note}" if "estimate" in note else note)
+
+st.subheader("Cost per 1M output tokens against concurrency")
+if model["concurrency"].empty:
+    st.info("No requests with both modes to place by concurrency in this window.")
+else:
+    st.altair_chart(charts.cost_by_concurrency(model["concurrency"], model["crossover"]), width="stretch")
+    crossing = model["crossover"]
+    st.caption(
+        "Speculation costs more from concurrency "
+        + (f"{crossing} (dashed line) on." if crossing else "— never, within the levels measured.")
+        + " Each request is placed at the mean number of requests in flight during its life (nearest power of two)."
+    )
 
 st.subheader("Cost per 1M output tokens, day by day")
 days = st.selectbox("Days", (7, 30, 90), index=1, key="cost_days")
@@ -106,6 +134,12 @@ with right:
         st.info("No net benefit to vary.")
     else:
         st.altair_chart(charts.tornado(model["tornado"]), width="stretch")
+
+st.subheader("Assumptions")
+st.caption(
+    "Every input of the model, its value and where it came from; 'default (seed)' and 'estimate' are not measured."
+)
+table(model["assumptions"])
 
 st.subheader("Recommendations per scenario")
 table(model["advice"][["scenario", "action", "rule", "reason"]] if not model["advice"].empty else model["advice"])

@@ -111,10 +111,19 @@ def test_cost_page_shows_the_collectors_cost_model(app, live_collector):
 
     from dashboard.formats import usd
 
-    shown = metrics(open_page(app, "views/cost.py"))
+    page = open_page(app, "views/cost.py")
+    shown = metrics(page)
     model = httpx.get(f"{live_collector['url']}/v1/cost", params={"last": 3600}, timeout=60).json()["tco"]
     per_mtok = {a["key"]: a["total_usd_per_mtok"] for a in model["arms"]}
     assert shown[f"{model['primary']} $ / 1M tokens"] == usd(per_mtok[model["primary"]])
+    headers = [h.value for h in page.subheader]
+    assert "Assumptions" in headers and "Cost per 1M output tokens against concurrency" in headers
+    assumptions = page.dataframe[
+        [d.value.columns.tolist() for d in page.dataframe].index(["input", "value", "unit", "source"])
+    ].value
+    assert set(assumptions["input"]) >= {"pricing", "incident_days_per_week", "tech_debt_buffer"}
+    assert "default (seed)" in set(assumptions["source"])
+    assert any(label.startswith("Net benefit / month") for label in shown)
     assert shown["Plain $ / 1M tokens"] == usd(per_mtok["autoregressive"])
     assert shown["Plain $ / 1M tokens"].startswith("$")
 
