@@ -71,6 +71,6 @@ if (samples["power_source"] == "estimate").any() or energy.get("energy_source", 
 ).any():
     st.warning(
         "Some power and energy figures are **estimates** (no NVML or RAPL reading on this machine): "
-        "a TDP-based model, not a measurement.",
+        "this process's CPU-seconds x 12 W per busy core, a model, not a measurement.",
         icon="⚠️",
     )
