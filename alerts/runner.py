@@ -2,7 +2,8 @@
 
 Per rule, in one transaction: the rule's new alert states, its transitions, its health (time
 taken, error) and the outbox rows of what needs sending. A rule whose signal fails records
-its error and the others keep going. Remediation runs after the commit, for alerts that
+its error and the others keep going; the rules of one cycle share the store reads they have
+in common (`StoreSignals.cycle`). Remediation runs after the commit, for alerts that
 started firing; an alert that fell back to plain decoding restores speculation when it
 resolves, unless another firing alert still wants that instance on plain decoding.
 Notifications are posted by a separate, faster loop (`deliver`), so a slow receiver never
@@ -57,19 +58,20 @@ class AlertRunner:
         now = time.time() if now is None else now
         report, started = CycleReport(now), time.perf_counter()
         stored = load_alerts(self.engine)
+        source = self.source.cycle(now) if isinstance(self.source, StoreSignals) else self.source
         current: dict[str, dict[str, Alert]] = {}
         for rule in self.config.rules:
-            current[rule.name] = self._evaluate_rule(rule, stored.get(rule.name, {}), now, report)
+            current[rule.name] = self._evaluate_rule(source, rule, stored.get(rule.name, {}), now, report)
         self._remediate(report, current, now)
         report.duration_s = time.perf_counter() - started
         return report
 
     def _evaluate_rule(
-        self, rule: Rule, previous: dict[str, Alert], now: float, report: CycleReport
+        self, source, rule: Rule, previous: dict[str, Alert], now: float, report: CycleReport
     ) -> dict[str, Alert]:
         started = time.perf_counter()
         try:
-            samples = self.source.query(rule.signal, rule.window, rule.group_by, now)
+            samples = source.query(rule.signal, rule.window, rule.group_by, now)
         except Exception as exc:  # noqa: BLE001 - one broken signal must not stop the other rules
             log.warning("alert rule %s: signal %s failed: %s", rule.name, rule.signal, exc)
             samples = exc

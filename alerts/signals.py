@@ -21,7 +21,7 @@ from collector import sketch
 from collector.models import DeviceSampleRow, EngineEventRow, Request, VllmScrape
 from collector.queries import Window
 from collector.vllm import vllm_signals
-from collector.window_signals import window_totals
+from collector.window_signals import WindowReader
 
 Labels = tuple[tuple[str, str], ...]  # sorted (name, value) pairs
 
@@ -39,7 +39,9 @@ class Signal:
     labels: tuple[str, ...]  # what a rule may group by
     unit: str
     doc: str
-    compute: Callable[[Engine, Window, Sequence[str]], list[Sample]]
+    compute: Callable[[Engine, Window, Sequence[str]], list[Sample]]  # from raw rows
+    # from the window aggregates, through a reader of windows ending at the window's end
+    aggregated: Callable[[WindowReader, Window, Sequence[str]], list[Sample]] | None = None
 
 
 REQUEST_LABELS = ("instance", "model", "drafter", "mode", "arm")
@@ -103,23 +105,23 @@ def _from_aggregates(group_by: Sequence[str], totals: dict, value, count) -> lis
     return [Sample(_labels(group_by, key), float(value(t)), int(count(t))) for key, t in totals.items() if count(t) > 0]
 
 
-def acceptance_rate_aggregated(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+def acceptance_rate_aggregated(reader: WindowReader, window: Window, group_by: Sequence[str]) -> list[Sample]:
     """`acceptance_rate` from the aggregates (requests that did not draft add 0 to both sums)."""
-    totals = window_totals(engine, window, group_by, with_sketches=())
+    totals = reader.totals(window.start, group_by, with_sketches=())
     return _from_aggregates(
         group_by, totals, lambda t: t.sums["accepted_tokens"] / t.sums["draft_tokens"], lambda t: t.sums["rate_n"]
     )
 
 
-def acceptance_stddev_aggregated(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+def acceptance_stddev_aggregated(reader: WindowReader, window: Window, group_by: Sequence[str]) -> list[Sample]:
     """`acceptance_stddev` from the aggregates' merged (n, sum, M2) of per-request acceptance."""
-    totals = window_totals(engine, window, group_by, with_sketches=())
+    totals = reader.totals(window.start, group_by, with_sketches=())
     return _from_aggregates(group_by, totals, lambda t: t.acceptance_stddev(), lambda t: t.sums["rate_n"])
 
 
-def ttft_p99_aggregated(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+def ttft_p99_aggregated(reader: WindowReader, window: Window, group_by: Sequence[str]) -> list[Sample]:
     """P99 TTFT from the merged DDSketches: within 1% of the value at that rank."""
-    totals = window_totals(engine, window, group_by, with_sketches=("ttft",))
+    totals = reader.totals(window.start, group_by, with_sketches=("ttft",))
     ttft = {key: t.sketches["ttft"] for key, t in totals.items()}
     return [
         Sample(_labels(group_by, key), sketch.quantile(bins, 0.99), bins.count)
@@ -154,13 +156,13 @@ def spec_latency_regression(engine: Engine, window: Window, group_by: Sequence[s
     return samples
 
 
-def spec_latency_regression_aggregated(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+def spec_latency_regression_aggregated(reader: WindowReader, window: Window, group_by: Sequence[str]) -> list[Sample]:
     """`spec_latency_regression`, reading raw rows only when the aggregates show A/B arm traffic in the
     window (the rank test needs every value; without arms it has nothing to compare)."""
-    arms = window_totals(engine, window, ("arm",), with_sketches=())
+    arms = reader.totals(window.start, ("arm",), with_sketches=())
     if all(arm is None for (arm,) in arms):
         return []
-    return spec_latency_regression(engine, window, group_by)
+    return spec_latency_regression(reader.engine, window, group_by)
 
 
 def spec_cost_excess(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
@@ -200,9 +202,9 @@ def spec_cost_excess(engine: Engine, window: Window, group_by: Sequence[str]) ->
     return _cost_samples(group_by, modes)
 
 
-def spec_cost_excess_aggregated(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+def spec_cost_excess_aggregated(reader: WindowReader, window: Window, group_by: Sequence[str]) -> list[Sample]:
     """`spec_cost_excess` from the aggregates' per-mode sums over ok requests with output and device_s."""
-    totals = window_totals(engine, window, (*group_by, "mode"), with_sketches=())
+    totals = reader.totals(window.start, (*group_by, "mode"), with_sketches=())
     modes: dict[tuple, dict[str, tuple[float, int]]] = defaultdict(dict)
     for (*key, mode), t in totals.items():
         if t.sums["cost_requests"]:
@@ -247,16 +249,16 @@ def oom_count(engine: Engine, window: Window, group_by: Sequence[str]) -> list[S
     return _oom_samples(group_by, from_requests, from_events)
 
 
-def oom_count_aggregated(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+def oom_count_aggregated(reader: WindowReader, window: Window, group_by: Sequence[str]) -> list[Sample]:
     """`oom_count` with the requests' OOM counts from the aggregates (engine events stay raw: few)."""
-    totals = window_totals(engine, window, ("instance",), with_sketches=())
+    totals = reader.totals(window.start, ("instance",), with_sketches=())
     from_requests = {key[0]: int(t.sums["ooms"]) for key, t in totals.items() if t.sums["ooms"]}
     events = (
         select(EngineEventRow.instance, func.count())
         .where(EngineEventRow.at >= window.start, EngineEventRow.at < window.end, EngineEventRow.kind == "oom")
         .group_by(EngineEventRow.instance)
     )
-    with engine.connect() as conn:
+    with reader.engine.connect() as conn:
         from_events = dict(conn.execute(events).all())
     return _oom_samples(group_by, from_requests, from_events)
 
@@ -310,24 +312,32 @@ def _vllm(pick: Callable) -> Callable[[Engine, Window, Sequence[str]], list[Samp
 
 
 SIGNALS: dict[str, Signal] = {
-    "acceptance_rate": Signal(REQUEST_LABELS, "ratio", "accepted / drafted tokens", acceptance_rate_aggregated),
-    "acceptance_stddev": Signal(
-        REQUEST_LABELS, "ratio", "stddev of per-request acceptance", acceptance_stddev_aggregated
+    "acceptance_rate": Signal(
+        REQUEST_LABELS, "ratio", "accepted / drafted tokens", acceptance_rate, acceptance_rate_aggregated
     ),
-    "ttft_p99": Signal(REQUEST_LABELS, "seconds", "P99 time to first token", ttft_p99_aggregated),
+    "acceptance_stddev": Signal(
+        REQUEST_LABELS,
+        "ratio",
+        "stddev of per-request acceptance",
+        acceptance_stddev,
+        acceptance_stddev_aggregated,
+    ),
+    "ttft_p99": Signal(REQUEST_LABELS, "seconds", "P99 time to first token", ttft_p99, ttft_p99_aggregated),
     "spec_latency_regression": Signal(
         ("instance", "model"),
         "ratio",
         "spec arm vs control arm latency per token - 1",
+        spec_latency_regression,
         spec_latency_regression_aggregated,
     ),
     "spec_cost_excess": Signal(
         ("instance", "model"),
         "ratio",
         "speculative vs plain device seconds per output token - 1",
+        spec_cost_excess,
         spec_cost_excess_aggregated,
     ),
-    "oom_count": Signal(("instance",), "count", "out-of-memory failures", oom_count_aggregated),
+    "oom_count": Signal(("instance",), "count", "out-of-memory failures", oom_count, oom_count_aggregated),
     "fragmentation": Signal(DEVICE_LABELS, "ratio", "reserved / allocated memory", fragmentation),
     "draft_util_swing": Signal(DEVICE_LABELS, "percentage points", "max - min draft utilisation", draft_util_swing),
     "vllm_acceptance_rate": Signal(
@@ -337,25 +347,27 @@ SIGNALS: dict[str, Signal] = {
 }
 
 
-# the raw-row computations of the signals SIGNALS reads from aggregates (StoreSignals(raw=True))
-RAW_COMPUTE: dict[str, Callable[[Engine, Window, Sequence[str]], list[Sample]]] = {
-    "acceptance_rate": acceptance_rate,
-    "acceptance_stddev": acceptance_stddev,
-    "ttft_p99": ttft_p99,
-    "spec_latency_regression": spec_latency_regression,
-    "spec_cost_excess": spec_cost_excess,
-    "oom_count": oom_count,
-}
-
-
 class StoreSignals:
-    """The signal source over the collector's database; `raw=True` reads request signals from raw
-    rows instead of the window aggregates (for comparison: bench/alerts.py)."""
+    """The signal source over the collector's database. Request signals read the window aggregates
+    (`Signal.aggregated`); `raw=True` reads raw rows instead (for comparison: bench/alerts.py).
 
-    def __init__(self, engine: Engine, raw: bool = False) -> None:
+    Each query reads the store afresh. `cycle(now)` gives a source for one alert cycle: its queries
+    at `now` share one `WindowReader`, so the aggregate rows and raw partial seconds that several
+    signals, windows and group-bys need are read once per cycle (what a cycle sees is the store
+    as of those first reads).
+    """
+
+    def __init__(self, engine: Engine, raw: bool = False, reader: WindowReader | None = None) -> None:
         self.engine = engine
         self.raw = raw
+        self.reader = reader
+
+    def cycle(self, now: float) -> StoreSignals:
+        return StoreSignals(self.engine, self.raw, WindowReader(self.engine, now))
 
     def query(self, signal: str, window_s: float, group_by: Sequence[str], now: float) -> list[Sample]:
-        compute = RAW_COMPUTE.get(signal) if self.raw else None
-        return (compute or SIGNALS[signal].compute)(self.engine, Window(now - window_s, now), group_by)
+        spec, window = SIGNALS[signal], Window(now - window_s, now)
+        if self.raw or spec.aggregated is None:
+            return spec.compute(self.engine, window, group_by)
+        shared = self.reader is not None and self.reader.end == now
+        return spec.aggregated(self.reader if shared else WindowReader(self.engine, now), window, group_by)

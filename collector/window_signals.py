@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from sqlalchemy import Connection, Engine, and_, select
+from sqlalchemy import Connection, Engine, and_, case, func, select
 
 from collector import aggregates, sketch
 from collector.aggregates import COUNTS, SUMS, WindowAggregate
@@ -63,18 +63,81 @@ def window_totals(
     with_sketches: Sequence[str] = ALL_SKETCHES,
 ) -> dict[tuple, Totals]:
     """Aggregates per label set (values of `group_by`, a subset of `aggregates.LABELS`)."""
-    if filters.tags:
-        raise ValueError("aggregates carry no tags: read raw rows for tag filters")
-    with engine.connect() as conn:
-        first = max(math.ceil(window.start), aggregates.covered_from(conn))
-        last = math.floor(window.end)
-        spans = [(window.start, window.end)]
+    return WindowReader(engine, window.end, filters).totals(window.start, group_by, with_sketches)
+
+
+class WindowReader:
+    """Totals of windows that all end at `end`, each piece of the store read once however many
+    windows and groupings ask for it (an alert cycle: several signals, windows and group-bys at
+    one instant).
+
+    Pieces are kept per full label set (`aggregates.LABELS`) and merged to any group-by at the
+    end: per segment of whole seconds, the stored aggregates' counts and sums (summed per label
+    set by the database, M2 merged there with Chan's formula) and, only when a signal asks for
+    them, sketch columns (blobs merged with numpy). Segments are cut at the windows' first whole
+    seconds, so a wider window reads only the seconds before those already read. Per span: the
+    raw rows of a partial second or of a part before the coverage start; the right end's partial
+    second is one span for every window. A piece is what the store held when it was first read:
+    use a new reader to see later writes.
+    """
+
+    def __init__(self, engine: Engine, end: float, filters: Filters = Filters()) -> None:
+        if filters.tags:
+            raise ValueError("aggregates carry no tags: read raw rows for tag filters")
+        self.engine, self.end, self.filters = engine, end, filters
+        self._covered_from: float | None = None
+        self._sums: dict[int, _Part] = {}  # by segment start (a window's first whole second)
+        self._segment_end: dict[int, int] = {}  # by segment start
+        self._sketches: dict[tuple[int, str], dict[tuple, sketch.Bins]] = {}  # by (segment start, name)
+        self._raw: dict[tuple[float, float], _Part] = {}  # by span
+
+    def totals(
+        self, start: float, group_by: Sequence[str], with_sketches: Sequence[str] = ALL_SKETCHES
+    ) -> dict[tuple, Totals]:
+        """Aggregates of [start, end) per label set of `group_by`."""
+        with self.engine.connect() as conn:
+            if self._covered_from is None:
+                self._covered_from = aggregates.covered_from(conn)
+            first, last = max(math.ceil(start), self._covered_from), math.floor(self.end)
+            spans = [(start, self.end)]
+            parts = []
+            if last > first:
+                parts.extend(self._stored(conn, first, last, with_sketches))
+                spans = [(start, first), (last, self.end)]
+            parts.extend(self._raw_part(conn, lo, hi) for lo, hi in spans if hi > lo)
+        return _combine([_projected(part, group_by) for part in parts], with_sketches)
+
+    def _stored(self, conn: Connection, first: int, last: int, with_sketches: Sequence[str]) -> list[_Part]:
+        """The stored aggregates of [first, last) as the parts of consecutive segments."""
         parts = []
-        if last > first:
-            parts.append(_stored(conn, first, last, group_by, filters, with_sketches))
-            spans = [(window.start, first), (last, window.end)]
-        parts.extend(_raw(conn, Window(lo, hi), group_by, filters, with_sketches) for lo, hi in spans if hi > lo)
-    return _combine(parts, with_sketches)
+        for segment in self._segments(conn, first, last):
+            sums = self._sums[segment]
+            missing = [name for name in with_sketches if (segment, name) not in self._sketches]
+            if missing:
+                read = _stored_sketches(conn, segment, self._segment_end[segment], self.filters, missing)
+                self._sketches.update({(segment, name): merged for name, merged in read.items()})
+            sketches = {
+                name: [self._sketches[segment, name].get(k, sketch.EMPTY) for k in sums.keys] for name in with_sketches
+            }
+            parts.append(_Part(sums.keys, sums.columns, sketches))
+        return parts
+
+    def _segments(self, conn: Connection, first: int, last: int) -> list[int]:
+        """Starts of the segments that tile [first, last): those read before, and new ones read up to
+        the next known start (a wider window reads only the seconds before the narrower ones)."""
+        starts, cursor = [], first
+        while cursor < last:
+            if cursor not in self._sums:
+                end = min((s for s in self._sums if s > cursor), default=last)
+                self._sums[cursor], self._segment_end[cursor] = _stored_sums(conn, cursor, end, self.filters), end
+            starts.append(cursor)
+            cursor = self._segment_end[cursor]
+        return starts
+
+    def _raw_part(self, conn: Connection, lo: float, hi: float) -> _Part:
+        if (lo, hi) not in self._raw:
+            self._raw[lo, hi] = _raw(conn, Window(lo, hi), self.filters)
+        return self._raw[lo, hi]
 
 
 def _label_conditions(filters: Filters) -> list:
@@ -89,29 +152,65 @@ def _label_conditions(filters: Filters) -> list:
     return cond
 
 
-def _stored(conn: Connection, first: int, last: int, group_by, filters: Filters, with_sketches) -> _Part:
-    numeric = (*COUNTS, *SUMS, "rate_m2")
-    blobs = tuple(f"{name}_sketch" for name in with_sketches)
-    stmt = select(*(getattr(WindowAggregate, c) for c in (*group_by, *numeric, *blobs))).where(
-        and_(WindowAggregate.period_start >= first, WindowAggregate.period_start < last, *_label_conditions(filters))
-    )
+def _stored_where(first: int, last: int, filters: Filters):
+    period = WindowAggregate.period_start
+    return and_(period >= first, period < last, *_label_conditions(filters))
+
+
+def _stored_sums(conn: Connection, first: int, last: int, filters: Filters) -> _Part:
+    """COUNTS, SUMS and the merged rate_m2 of the stored rows of [first, last), one row per label set,
+    summed by the database: M2 = the rows' M2 + rate_n (row mean - label set's mean)^2 (Chan et al.)."""
+    agg, where = WindowAggregate, _stored_where(first, last, filters)
+    labels = [getattr(agg, c) for c in aggregates.LABELS]
+    set_mean = func.sum(agg.rate_sum) / func.nullif(func.sum(agg.rate_n), 0)
+    means = select(*labels, set_mean.label("set_mean")).where(where).group_by(*labels).subquery()
+    same_set = and_(*(getattr(agg, c).is_not_distinct_from(means.c[c]) for c in aggregates.LABELS))
+    deviation = agg.rate_sum / agg.rate_n - means.c.set_mean
+    spread = case((agg.rate_n > 0, agg.rate_n * deviation * deviation), else_=0.0)
+    totals = [func.sum(getattr(agg, c)) for c in (*COUNTS, *SUMS)] + [func.sum(agg.rate_m2 + spread)]
+    stmt = select(*labels, *totals).select_from(agg).join(means, same_set).where(where).group_by(*labels)
     rows = conn.execute(stmt).all()
-    k = len(group_by)
-    columns = list(zip(*rows)) if rows else [()] * (k + len(numeric) + len(blobs))
-    values = {name: np.array(columns[k + i], dtype=float) for i, name in enumerate(numeric)}
-    sketches = {name: [sketch.decode(b) for b in columns[k + len(numeric) + i]] for i, name in enumerate(with_sketches)}
-    return _Part([tuple(row[:k]) for row in rows], values, sketches)
+    k = len(labels)
+    values = list(zip(*rows)) if rows else [()] * (k + len(totals))
+    numeric = (*COUNTS, *SUMS, "rate_m2")
+    return _Part(
+        [tuple(row[:k]) for row in rows],
+        {name: np.array(values[k + i], dtype=float) for i, name in enumerate(numeric)},
+        {},
+    )
 
 
-def _raw(conn: Connection, window: Window, group_by, filters: Filters, with_sketches) -> _Part:
+def _stored_sketches(
+    conn: Connection, first: int, last: int, filters: Filters, names: Sequence[str]
+) -> dict[str, dict[tuple, sketch.Bins]]:
+    """The merged sketches `names` of the stored rows of [first, last), per name and label set."""
+    labels = [getattr(WindowAggregate, c) for c in aggregates.LABELS]
+    blobs = [getattr(WindowAggregate, f"{name}_sketch") for name in names]
+    rows = conn.execute(select(*labels, *blobs).where(_stored_where(first, last, filters))).all()
+    k = len(labels)
+    keys, group = aggregates.group_index([tuple(row[:k]) for row in rows])
+    return {
+        name: dict(zip(keys, sketch.merge_encoded([row[k + i] for row in rows], group, len(keys))))
+        for i, name in enumerate(names)
+    }
+
+
+def _raw(conn: Connection, window: Window, filters: Filters) -> _Part:
+    """Raw rows of `window` aggregated per full label set, with every sketch."""
     rows = conn.execute(filters.apply(select(*RAW_COLUMNS), window)).all()
     if not rows:
         return _Part([], {}, {})
     keys, totals = aggregates.aggregate(
-        aggregates.columns_of_rows(rows, aggregates.SOURCE_FIELDS), group_by, per_second=False
+        aggregates.columns_of_rows(rows, aggregates.SOURCE_FIELDS), aggregates.LABELS, per_second=False
     )
     columns = {name: np.asarray(totals[name], dtype=float) for name in (*COUNTS, *SUMS, "rate_m2")}
-    return _Part(keys, columns, {name: totals[f"{name}_sketch"] for name in with_sketches})
+    return _Part(keys, columns, {name: totals[f"{name}_sketch"] for name in ALL_SKETCHES})
+
+
+def _projected(part: _Part, group_by: Sequence[str]) -> _Part:
+    """A part keyed by the full label set, keyed by `group_by` instead (pieces not yet merged)."""
+    positions = [aggregates.LABELS.index(name) for name in group_by]
+    return _Part([tuple(key[i] for i in positions) for key in part.keys], part.columns, part.sketches)
 
 
 def _combine(parts: list[_Part], with_sketches) -> dict[tuple, Totals]:

@@ -3,13 +3,17 @@ aggregates equal to signals from raw rows (SQLite and PostgreSQL), coverage fall
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from collector_payloads import T0, request_dict
 from ddsketch import DDSketch
-from sqlalchemy import func, insert, select
+from sqlalchemy import event, func, insert, select
 
-from alerts.signals import StoreSignals
+from alerts.rules import load_config
+from alerts.runner import AlertRunner
+from alerts.signals import SIGNALS, StoreSignals
 from collector import aggregates, sketch, window_signals
 from collector.aggregates import WindowAggregate
 from collector.db import make_engine, upgrade
@@ -19,6 +23,7 @@ from collector.schema import IngestBatch, RequestRecord
 from collector.store import REQUESTS, Store
 
 QUANTILES = (0.5, 0.9, 0.95, 0.99)
+REQUEST_SIGNALS = {name for name, signal in SIGNALS.items() if signal.aggregated is not None}
 
 
 def distributions(n: int = 20_000) -> dict[str, np.ndarray]:
@@ -64,6 +69,21 @@ def test_encoding_widens_with_the_largest_count():
     many = sketch.from_values(np.full(70_000, 0.1))
     assert len(sketch.encode(many)) == 18 + 4 and sketch.decode(sketch.encode(many)).count == 70_000
     assert sketch.encode(sketch.EMPTY) is None and sketch.decode(None).count == 0
+
+
+def test_merging_stored_sketches_by_group_equals_merging_each_group_s_decoded_pieces():
+    rng = np.random.default_rng(2)
+    values = [rng.lognormal(-2.0, 1.0, int(rng.integers(1, 400))) for _ in range(200)]
+    values += [np.full(70_000, 0.1), np.zeros(5), np.concatenate([np.zeros(3), [0.2, 4.0]])]  # 4-byte counts, zeros
+    blobs = [sketch.encode(sketch.from_values(v)) for v in values] + [None]
+    group = rng.integers(0, 6, len(blobs))  # group 6 of 7 gets nothing
+    merged = sketch.merge_encoded(blobs, group, 7)
+    for g, got in enumerate(merged):
+        want = sketch.merge(sketch.decode(b) for b, in_group in zip(blobs, group) if in_group == g)
+        assert (got.zeros, got.min_key, got.counts.tolist()) == (want.zeros, want.min_key, want.counts.tolist())
+    assert merged[6] == sketch.EMPTY and sketch.merge_encoded([None], np.array([0]), 1) == [sketch.EMPTY]
+    (zeros_only,) = sketch.merge_encoded([sketch.encode(sketch.from_values(np.zeros(4)))] * 2, np.array([0, 0]), 1)
+    assert (zeros_only.zeros, zeros_only.counts.size) == (8, 0)
 
 
 def workload(n: int = 3000, start: float = T0, span_s: float = 200.0, seed: int = 5, first_id: int = 0) -> list[dict]:
@@ -192,3 +212,90 @@ def test_migration_covers_from_after_the_newest_stored_request(tmp_path):
     assert_same_signals(engine, Window(T0 + 10.5, T0 + 199.9))
     assert aggregate_sums(engine)[0] == 1500
     engine.dispose()
+
+
+class StatementLog:
+    """The SQL statements an engine runs while it is listened to."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.statements, self.parameters = engine, [], []
+        event.listen(engine, "before_cursor_execute", self.record)
+
+    def record(self, conn, cursor, statement, parameters, context, executemany) -> None:
+        self.statements.append(statement)
+        self.parameters.append(list(parameters.values() if isinstance(parameters, dict) else parameters))
+
+    def reading(self, table: str) -> int:
+        return sum(f"FROM {table}" in s for s in self.statements)
+
+    def close(self) -> None:
+        event.remove(self.engine, "before_cursor_execute", self.record)
+
+
+def test_one_cycle_s_queries_share_their_reads_and_equal_fresh_queries(engine):
+    store = store_in_batches(engine, workload())
+    now, source = T0 + 180.25, StoreSignals(engine)
+    cycle, log = source.cycle(now), StatementLog(engine)
+    acceptance = cycle.query("acceptance_rate", 150, ["instance", "mode"], now)
+    assert log.reading("request_window_aggregates") == 1 and log.reading("requests") == 2  # partial seconds
+    log.statements.clear()
+    stddev = cycle.query("acceptance_stddev", 150, ["instance"], now)
+    assert log.statements == []  # the same window: nothing read again, only grouped differently
+    ttft = cycle.query("ttft_p99", 150, ["instance", "arm"], now)
+    assert log.reading("request_window_aggregates") == 1 and log.reading("requests") == 0  # the TTFT sketches
+    log.statements.clear()
+    cycle.query("oom_count", 170, ["instance"], now)
+    assert log.reading("request_window_aggregates") == 1 and log.reading("requests") == 1  # the left end only
+    log.close()
+    for name, samples, group_by in [
+        ("acceptance_rate", acceptance, ["instance", "mode"]),
+        ("acceptance_stddev", stddev, ["instance"]),
+        ("ttft_p99", ttft, ["instance", "arm"]),
+    ]:
+        assert samples == source.query(name, 150, group_by, now), name
+    later = [request_dict(10_000 + i, started_at=T0 + 100 + i) for i in range(30)]
+    store.insert(IngestBatch.model_validate({"requests": later}))
+    assert cycle.query("acceptance_rate", 150, ["instance", "mode"], now) == acceptance  # as first read
+    fresh = source.query("acceptance_rate", 150, ["instance", "mode"], now)
+    assert sum(s.count for s in fresh) > sum(s.count for s in acceptance)
+
+
+def test_an_alert_cycle_reads_the_aggregates_once_per_window(engine):
+    """The shipped rules ask for 5 min (three request signals, one with TTFT sketches), 15 min,
+    1 h and 10 min: five reads of the aggregates in all, however many signals share a window."""
+    store_in_batches(engine, workload())
+    runner = AlertRunner(engine, load_config(), source=StoreSignals(engine))
+    windows = {rule.window for rule in runner.config.rules if rule.signal in REQUEST_SIGNALS}
+    assert len(windows) == 4
+    log = StatementLog(engine)
+    report = runner.cycle(T0 + 180.25)
+    log.close()
+    runner.close()
+    assert report.errors == {} and log.reading("request_window_aggregates") == len(windows) + 1
+
+
+def test_a_reader_s_windows_read_in_any_order_equal_fresh_reads(engine):
+    """Windows ending together, asked in an order that cuts segments inside segments already read."""
+    store_in_batches(engine, workload(), batches=9)
+    now = T0 + 180.25
+    reader, log = window_signals.WindowReader(engine, now), StatementLog(engine)
+    for seconds in (150, 170.5, 160, 100, 200, 170.5):
+        log.statements.clear()
+        log.parameters.clear()
+        got = reader.totals(now - seconds, ("instance", "mode"), with_sketches=("ttft",))
+        if seconds == 200:  # only the seconds before the 170.5 s window's are new: their sums and sketches
+            assert log.reading("request_window_aggregates") == 2
+            bounds = [v for q, v in zip(log.statements, log.parameters) if "FROM request_window_aggregates" in q]
+            assert all(math.ceil(now - 170.5) in values for values in bounds)
+        want = window_signals.window_totals(engine, Window(now - seconds, now), ("instance", "mode"))
+        assert got.keys() == want.keys() and want
+        for key, totals in want.items():
+            assert got[key].sums == pytest.approx(totals.sums, rel=1e-12), (seconds, key)
+            assert got[key].rate_m2 == pytest.approx(totals.rate_m2, rel=1e-9), (seconds, key)
+            merged, whole = got[key].sketches["ttft"], totals.sketches["ttft"]
+            assert (merged.zeros, merged.min_key, merged.counts.tolist()) == (
+                whole.zeros,
+                whole.min_key,
+                whole.counts.tolist(),
+            )
+    log.close()
