@@ -95,8 +95,9 @@ class Leadership:
     async def _hold_or_try(self) -> bool:
         """The leader checks its lock; a follower tries to take it. False when the check fails or hangs."""
         step = self._still_held if self.is_leader else self._try_acquire
-        try:
-            return await asyncio.wait_for(asyncio.to_thread(step), CHECK_TIMEOUT_S)
+        try:  # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancel that races the result
+            async with asyncio.timeout(CHECK_TIMEOUT_S):
+                return await asyncio.to_thread(step)
         except TimeoutError:
             log.warning(
                 "replica %s: the leader lock connection did not answer in %g s", self.replica_id, CHECK_TIMEOUT_S
