@@ -25,9 +25,7 @@ from report import plots
 from report.build import Headline, Report, report_names, to_json
 
 TEMPLATE = Path(__file__).with_name("template.html")
-ESTIMATE = (
-    '<span class="estimate" title="not metered: CPU-seconds x watts per busy core">estimate</span>'
-)
+ESTIMATE = '<span class="estimate" title="not metered: CPU-seconds x watts per busy core">estimate</span>'
 SEED_MARK = '<span class="assumed" title="the seed\'s figure: never measured nor given">default (seed)</span>'
 IN_PRICE = '<span class="in-price" title="the GPU-hour price already pays for power: not added">in the price</span>'
 
