@@ -17,10 +17,10 @@ import httpx
 import pytest
 from collector_payloads import request_dict
 from fastapi.testclient import TestClient
-from hook_receiver import HookReceiver
 from prometheus_client import CollectorRegistry, Gauge
 from sqlalchemy import func, select, text
 from waiting import wait_for
+from webhook_receiver import Receiver
 
 from alerts.evaluator import Alert, State
 from alerts.notify import deliver_due, enqueue
@@ -111,7 +111,7 @@ def test_two_deliverers_post_each_notification_once(empty_postgres):
     upgrade(engine)
     with engine.begin() as conn:
         assert enqueue(conn, config, "Test", [_firing(0)], time.time() - 1, "") == 8
-    receiver = HookReceiver(port, delay_s=0.05)
+    receiver = Receiver(port, delay_s=0.05)
     engines = [make_engine(empty_postgres) for _ in range(2)]
     try:
         with httpx.Client() as http:

@@ -26,9 +26,9 @@ from pathlib import Path
 import httpx
 import pytest
 from collector_payloads import request_dict
-from hook_receiver import HookReceiver
 from sqlalchemy import text
 from waiting import wait_for
+from webhook_receiver import Receiver
 
 from collector.db import make_engine
 from specwatch.common import child_env, free_port, specwatch_command
@@ -168,14 +168,14 @@ def leaders(replicas: list[Replica]) -> list[str]:
     return [r.name for r in replicas if r.alive() and (r.readiness() or {}).get("leader")]
 
 
-def deliveries(receiver: HookReceiver) -> list[tuple[str, str]]:
+def deliveries(receiver: Receiver) -> list[tuple[str, str]]:
     """(fingerprint, status) of every alert in every POST the receiver got."""
-    return [(alert["fingerprint"], alert["status"]) for _, body in receiver.received for alert in body["alerts"]]
+    return [(alert["fingerprint"], alert["status"]) for body in receiver.bodies() for alert in body["alerts"]]
 
 
 def test_replicas_survive_the_leader_being_killed(empty_postgres, tmp_path):
     hook_port = free_port()
-    receiver = HookReceiver(hook_port)
+    receiver = Receiver(hook_port)
     rules = tmp_path / "rules.yaml"
     rules.write_text(RULES.format(port=hook_port))
     replicas = [Replica(i, tmp_path, rules) for i in range(REPLICAS)]  # all at once, on an empty database

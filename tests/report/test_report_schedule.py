@@ -5,15 +5,14 @@ queued once per receiver in the alerts outbox and posted to real local webhook r
 from __future__ import annotations
 
 import json
-import sys
 from datetime import UTC, datetime
-from pathlib import Path
 
 import httpx
 import yaml
 from collector_payloads import PLAIN, request_dict
 from sqlalchemy import select
 from waiting import wait_for
+from webhook_receiver import Receiver  # noqa: E402
 
 from alerts.notify import REPORT_RULE, SIGNATURE_HEADER, deliver_due, sign
 from alerts.rules import parse_config
@@ -26,9 +25,6 @@ from report.build import last_month, month_window
 from report.schedule import run_once
 from specwatch import common
 from specwatch.common import free_port
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "alerts"))
-from webhook_receiver import Receiver  # noqa: E402
 
 SECRET = "report-s3cret"
 NOW = datetime(2026, 7, 1, 3, tzinfo=UTC).timestamp()  # June is last month
