@@ -76,6 +76,8 @@ class Request(Base):
     tags: Mapped[dict[str, str]]
     draft_counts_known: Mapped[bool] = mapped_column(Boolean, server_default=true())
     mean_lookahead: Mapped[float | None]
+    device_s: Mapped[float | None]
+    device_s_source: Mapped[str | None] = mapped_column(String(24))
 
 
 class DeviceSampleRow(Base):

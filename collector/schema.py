@@ -45,6 +45,9 @@ ModeReason = Literal[
 Arm = Literal["spec", "control"]
 Status = Literal["ok", "error", "cancelled"]
 EnergySource = Literal["nvml", "rapl", "estimate"]
+# engine: the scheduler's measured forward and draft time, each batched forward split by token rows;
+# processor_sharing: a gateway's estimate, each request in flight at an upstream getting 1/n of the time.
+DeviceSource = Literal["engine", "processor_sharing"]
 EventKind = Literal[
     "cold_start", "mode_switch", "defrag", "draft_unloaded", "draft_loaded", "oom", "config", "streams", "upstream"
 ]
@@ -101,6 +104,10 @@ class RequestRecord(_Strict):
     # The mean lookahead the engine asked of its drafter per round (its cost-aware choice, at most gamma);
     # None: not chosen per round (plain decoding, or a producer that does not report it).
     mean_lookahead: Annotated[float, Field(ge=0.0, le=MAX_GAMMA, allow_inf_nan=False)] | None = None
+    # The device seconds this request used (its share of the forwards it was in, and its draft steps), so
+    # that the device-s of all requests add up to the device's busy time; None: the producer cannot tell.
+    device_s: Seconds | None = None
+    device_s_source: DeviceSource | None = None
 
     # One after-validator for all cross-field checks (one Python call per record keeps the
     # ingest hot path fast); FieldError tells the ingest service which field to name.
@@ -127,6 +134,9 @@ class RequestRecord(_Strict):
             raise FieldError("draft_counts_known", "draft counts must be 0 when draft_counts_known is false")
         if (self.energy_j is None) != (self.energy_source is None):
             raise FieldError("energy_source", "energy_j and energy_source must be given together")
+        if (self.device_s is None) != (self.device_s_source is None):
+            missing = "device_s" if self.device_s is None else "device_s_source"
+            raise FieldError(missing, "device_s and device_s_source must be given together")
         return self
 
     @property

@@ -218,10 +218,10 @@ class Engine:
     def stream(self, request: GenerateRequest) -> Iterator[str | GenerateResult]:
         """Yield text deltas as tokens are committed, then the GenerateResult."""
         run = Run(self, request, self.default_slot)
-        if delta := run.prefill():
+        if delta := run.timed(run.prefill):
             yield delta
         while not run.finished:
-            if delta := run.advance():
+            if delta := run.timed(run.advance):
                 yield delta
         yield run.result()
 
@@ -256,6 +256,9 @@ class Run:
         self.ttft: float | None = None
         self.retries, self.error = 0, None
         self.choice = None  # the policy selector's pick, for a request that asked for drafter 'auto'
+        # device seconds charged to this request: by the scheduler (its share of each batched forward, its
+        # own steps whole), or by `timed` when it runs alone (Engine.stream)
+        self.device_s = 0.0
 
     @property
     def finished(self) -> bool:
@@ -293,6 +296,14 @@ class Run:
         with self.engine.streams.target():
             logits = self.slot.decoder.forward(fed)
         return self.accept(logits, time.monotonic() - started)
+
+    def timed(self, step) -> str:
+        """Run one step of this request alone on the device, charging its wall time to `device_s`."""
+        started = time.monotonic()
+        try:
+            return step()
+        finally:
+            self.device_s += time.monotonic() - started
 
     def _delta(self) -> str:
         delta = self.text.update(self.generated)
@@ -332,6 +343,9 @@ class Run:
             draft_s=stats.draft_s,
             verify_s=stats.verify_s,
             mean_lookahead=stats.mean_lookahead,
+            # 0: driven by hand, nobody timed its steps (every charged request has a timed prefill)
+            device_s=self.device_s or None,
+            device_s_source="engine" if self.device_s else None,
             retries=self.retries,
             status=status,
             error=error,

@@ -19,6 +19,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,7 +71,9 @@ class Ticket:
 
 @dataclass
 class BusyTime:
-    """Seconds the model spent on target forwards and on drafting (for utilisation samples)."""
+    """Seconds the model spent on target forwards and on drafting (for utilisation samples).
+
+    The same seconds are charged to the requests (`Run.device_s`), so their sum is target_s + draft_s."""
 
     target_s: float = 0.0
     draft_s: float = 0.0
@@ -219,6 +222,9 @@ class Scheduler:
             return False
         forward_s = time.monotonic() - started
         self.busy.target_s += forward_s
+        shares = split_by_rows(forward_s, [len(fed) for _, _, fed in proposals])
+        for (_, run, _), share in zip(proposals, shares):  # before any accept can finish its request
+            run.device_s += share
         for (index, run, _), rows in zip(proposals, logits):
             self._step(index, run.accept, rows, forward_s)
         return True
@@ -242,18 +248,20 @@ class Scheduler:
         try:
             result = step(*args)
         except Exception as exc:  # a failed request must not take the engine down
-            self._charge(busy, started)
+            self._charge(run, busy, started)
             log.warning("request %s failed: %s", run.request.request_id, exc)
             if run.drafter is not None and run.retries == 0:
                 self._retry_plain(index, _error_kind(exc))
             else:
                 self._finish(index, "error", _error_kind(exc))
             return None
-        self._charge(busy, started)
+        self._charge(run, busy, started)
         return result
 
-    def _charge(self, busy: str, started: float) -> None:
+    def _charge(self, run: Run, busy: str, started: float) -> None:
+        """A step of one request alone: its time is busy time, and all of it is that request's."""
         elapsed = time.monotonic() - started
+        run.device_s += elapsed
         if busy == "draft":
             self.busy.draft_s += elapsed
         else:
@@ -274,6 +282,7 @@ class Scheduler:
             prompt_ids=ticket.prompt_ids,
         )
         run.started, run.started_at, run.retries, run.error = failed.started, failed.started_at, 1, error
+        run.device_s = failed.device_s  # the failed attempt's device time was spent on this request too
         run.text.sent = failed.text.sent
         self._active[index] = (ticket, run)
         self._step(index, run.prefill)
@@ -289,6 +298,15 @@ class Scheduler:
         self.policy.observe(result.record, run.choice)
         self.telemetry.put(result.record)
         ticket.send(result)
+
+
+def split_by_rows(seconds: float, rows: Sequence[int]) -> list[float]:
+    """Each request's share of one batched forward that took `seconds`, in proportion to the token
+    rows it fed: the shares add up to `seconds`, so the requests' device time adds up to busy time."""
+    total = sum(rows)
+    if total <= 0 or min(rows) < 0:
+        raise ValueError(f"a forward's token rows must be >= 0 and not all 0, got {list(rows)}")
+    return [seconds * n / total for n in rows]
 
 
 def _error_kind(exc: Exception) -> str:

@@ -161,6 +161,7 @@ class Gateway:
         outcome.e2e_s = time.monotonic() - t0
         if state is not None:
             state.in_flight -= 1
+            outcome.device_s = state.sharing.leave(outcome.shared_from)
             state.served[outcome.status] = state.served.get(outcome.status, 0) + 1
         record = outcome.record()
         self.router.observe(record)
@@ -277,6 +278,7 @@ async def _send(gateway: Gateway, request: Request, raw: bytes, pool: str, outco
         outcome.instance, outcome.drafter = state.upstream.name, state.upstream.drafter
         outcome.load_at_admission = state.load
         state.in_flight += 1
+        outcome.shared_from = state.sharing.enter()
         upstream_request = gateway.http.build_request(
             "POST", state.upstream.url + request.url.path, content=raw, headers=headers
         )
@@ -284,6 +286,8 @@ async def _send(gateway: Gateway, request: Request, raw: bytes, pool: str, outco
             return await _send_once(gateway, upstream_request, outcome), state
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing reached it: try the next one
             state.in_flight -= 1
+            state.sharing.leave(outcome.shared_from)  # nothing reached it: no share of its time
+            outcome.shared_from = None
             state.mark_down(f"connect: {type(exc).__name__}: {exc}"[:200])
             outcome.retries += 1
         except httpx.HTTPError as exc:  # it took the request and failed before answering

@@ -84,6 +84,8 @@ class Outcome:
     error: str | None = None
     usage: dict | None = None
     metrics: dict | None = None
+    shared_from: float | None = None  # its upstream's ProcessorSharing mark while it is in flight there
+    device_s: float | None = None  # its processor-sharing share of the upstream's time; None: never sent
 
     def record(self) -> RequestRecord:
         metrics = self.metrics if isinstance(self.metrics, dict) else {}
@@ -107,12 +109,18 @@ class Outcome:
             "error": self.error,
             "load_at_admission": None if self.load_at_admission is None else min(self.load_at_admission, 1000.0),
             "tags": self.tags,
+            **self._device_fields(),
         }
         try:
             return RequestRecord.model_validate(fields)
         except ValidationError as exc:  # an upstream's counts that break the contract: keep timings and tokens
             log.warning("request %s: upstream %s sent inconsistent metrics (%s)", self.request_id, self.instance, exc)
             return RequestRecord.model_validate({**fields, **_counts_fields(None)})
+
+    def _device_fields(self) -> dict:
+        if self.device_s is None:
+            return {}
+        return {"device_s": min(self.device_s, 86_400.0), "device_s_source": "processor_sharing"}
 
     def _tokens(self) -> dict:
         usage = self.usage if isinstance(self.usage, dict) else {}

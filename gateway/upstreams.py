@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -94,6 +95,43 @@ def check_upstreams(upstreams: list[Upstream]) -> None:
         )
 
 
+class ProcessorSharing:
+    """Each request in flight at one upstream gets 1/n of every interval during which n are in flight.
+
+    The gateway cannot see an upstream's device, only its own requests there; this splits the
+    upstream's time among them as a processor-sharing server would. A running integral
+    V(t) = ∫ dt / n(t) (over the time n > 0) makes each start and end O(1): a request's share is
+    V(end) - V(start). A request that waits in the upstream's queue is counted as served: an estimate.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.in_flight = 0
+        self._virtual = 0.0  # V at `_at`
+        self._at = clock()
+
+    def _advance(self) -> float:
+        now = self.clock()
+        if self.in_flight:
+            self._virtual += (now - self._at) / self.in_flight
+        self._at = now
+        return self._virtual
+
+    def enter(self) -> float:
+        """A request goes upstream; keep the returned mark for `leave`."""
+        mark = self._advance()
+        self.in_flight += 1
+        return mark
+
+    def leave(self, mark: float) -> float:
+        """The request's last byte arrived (or it failed): its share of the upstream's time since `enter`."""
+        if self.in_flight < 1:
+            raise RuntimeError("leave() without a matching enter()")
+        share = self._advance() - mark
+        self.in_flight -= 1
+        return share
+
+
 @dataclass
 class UpstreamState:
     """What the gateway knows about one upstream now; mutated only on the event loop."""
@@ -109,6 +147,7 @@ class UpstreamState:
     down_since: float | None = None
     slow_checks: int = 0  # health checks timed out in a row
     served: dict[str, int] = field(default_factory=dict)  # status -> requests
+    sharing: ProcessorSharing = field(default_factory=ProcessorSharing)  # each record's device_s
 
     @property
     def load(self) -> float:

@@ -32,6 +32,16 @@ def test_valid_batch_is_stored_and_counted(client, make_request, make_sample, ma
     assert (stored(client), stored(client, DeviceSampleRow), stored(client, EngineEventRow)) == (10, 1, 1)
 
 
+def test_device_time_is_stored_as_sent_and_left_null_when_not_sent(client, make_request):
+    payload = {"requests": [make_request(1, device_s=0.625, device_s_source="processor_sharing"), make_request(2)]}
+    assert post(client, payload).status_code == 200
+    with client.app.state.store.engine.connect() as conn:
+        rows = conn.execute(
+            select(Request.request_id, Request.device_s, Request.device_s_source).order_by(Request.request_id)
+        ).all()
+    assert [tuple(row) for row in rows] == [("req-1", 0.625, "processor_sharing"), ("req-2", None, None)]
+
+
 def test_duplicates_are_counted_and_skipped(client, make_request):
     assert post(client, {"requests": [make_request(1), make_request(2)]}).json()["accepted"] == 2
     body = post(client, {"requests": [make_request(2), make_request(3), make_request(3)]}).json()
@@ -56,6 +66,10 @@ def test_duplicates_are_counted_and_skipped(client, make_request):
         ({"accepted_per_position": [4, 3, 2, 2]}, "accepted_per_position"),  # sum != num_accepted_tokens
         ({"gamma": 3}, "gamma"),  # len(accepted_per_position) != gamma
         ({"energy_j": 3.0}, "energy_source"),
+        ({"device_s": 0.5}, "device_s_source"),  # device time without its source
+        ({"device_s_source": "engine"}, "device_s"),
+        ({"device_s": -0.5, "device_s_source": "engine"}, "device_s"),
+        ({"device_s": 0.5, "device_s_source": "guessed"}, "device_s_source"),
         ({"unexpected": 1}, "unexpected"),
         ({"tags": {"k" * 65: "v"}}, "tags.k" + "k" * 64 + ".[key]"),
     ],

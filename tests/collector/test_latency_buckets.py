@@ -150,7 +150,9 @@ def _write_as_before_0005(engine: Engine, records: list[dict], pass_at: float) -
     with engine.begin() as conn:
         # the columns revision 0004 had: later columns (server defaults) are left out of the insert
         known = [
-            RequestRecord.model_validate(r).model_dump(exclude={"draft_counts_known", "mean_lookahead"})
+            RequestRecord.model_validate(r).model_dump(
+                exclude={"draft_counts_known", "mean_lookahead", "device_s", "device_s_source"}
+            )
             for r in records
         ]
         conn.execute(insert(Request.__table__), known)

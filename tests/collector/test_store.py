@@ -36,6 +36,7 @@ def test_migrations_create_exactly_the_orm_tables(engine):
 
 def test_insert_stores_every_column_round_trip(engine, make_request, make_sample, make_event):
     record = make_request(1, energy_j=12.5, energy_source="nvml", arm="spec", error=None, tags={"tenant": "x"})
+    record |= {"mean_lookahead": 2.5, "device_s": 0.375, "device_s_source": "engine"}
     counts = Store(engine).insert(batch([record], [make_sample(1)], [make_event(1, detail={"k": [1, 2.5]})]))
     assert (counts.requests, counts.samples, counts.events, counts.duplicates) == (1, 1, 1, 0)
     with Session(engine) as session:
