@@ -84,6 +84,13 @@ def _reset_postgres(url: str) -> None:
     engine.dispose()
 
 
+@pytest.fixture
+def empty_postgres(postgres_url: str) -> str:
+    """The test PostgreSQL with an empty public schema (no migrations run)."""
+    _reset_postgres(postgres_url)
+    return postgres_url
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def db_url(request: pytest.FixtureRequest, tmp_path) -> str:
     if request.param == "sqlite":

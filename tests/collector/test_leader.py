@@ -37,19 +37,9 @@ from specwatch.common import free_port
 
 POSTGRES_URL = os.environ.get("SPECWATCH_TEST_POSTGRES_URL")
 needs_postgres = pytest.mark.skipif(
-    not POSTGRES_URL, reason="SPECWATCH_TEST_POSTGRES_URL is not set (.ci/run starts a PostgreSQL and sets it)"
+    not POSTGRES_URL,
+    reason="PostgreSQL server binaries not found: apt-get install postgresql (or set SPECWATCH_TEST_POSTGRES_URL)",
 )
-
-
-@pytest.fixture
-def empty_postgres() -> str:
-    """The test PostgreSQL with an empty public schema (no migrations run)."""
-    engine = make_engine(POSTGRES_URL)
-    with engine.begin() as conn:
-        conn.execute(text("DROP SCHEMA public CASCADE"))
-        conn.execute(text("CREATE SCHEMA public"))
-    engine.dispose()
-    return POSTGRES_URL
 
 
 def all_at_once(n: int, work) -> list:

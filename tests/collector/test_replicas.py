@@ -35,7 +35,8 @@ from specwatch.common import child_env, free_port, specwatch_command
 
 POSTGRES_URL = os.environ.get("SPECWATCH_TEST_POSTGRES_URL")
 pytestmark = pytest.mark.skipif(
-    not POSTGRES_URL, reason="SPECWATCH_TEST_POSTGRES_URL is not set (.ci/run starts a PostgreSQL and sets it)"
+    not POSTGRES_URL,
+    reason="PostgreSQL server binaries not found: apt-get install postgresql (or set SPECWATCH_TEST_POSTGRES_URL)",
 )
 REPLICAS = 3
 ALERT_INTERVAL_S = 2.0
@@ -152,16 +153,6 @@ class Producers:
         self.stop.set()
         for thread in self.threads:
             thread.join(30)
-
-
-@pytest.fixture
-def empty_postgres() -> str:
-    engine = make_engine(POSTGRES_URL)
-    with engine.begin() as conn:
-        conn.execute(text("DROP SCHEMA public CASCADE"))
-        conn.execute(text("CREATE SCHEMA public"))
-    engine.dispose()
-    return POSTGRES_URL
 
 
 def leaders(replicas: list[Replica]) -> list[str]:

@@ -14,21 +14,8 @@ from collector_payloads import plain_request_dict, request_dict
 from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
 from test_dashboard_pages import dashboard_over, open_page
 
-from specwatch.common import free_port, start_collector
-
 DAY_S = 86400
 TIMED = {"device_s_source": "engine", "output_tokens": 64, "queue_s": 0.0}
-
-
-@pytest.fixture
-def collector(tmp_path):
-    port = free_port()
-    process = start_collector(port, tmp_path / "collector.log", f"sqlite:///{tmp_path / 'specwatch.db'}")
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        process.wait(30)
 
 
 def served(start: float, first: int, spec_device_s: float) -> list[dict]:

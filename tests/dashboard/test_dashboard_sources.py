@@ -7,29 +7,15 @@ from __future__ import annotations
 import time
 
 import httpx
-import pytest
 from collector_payloads import request_dict
 from gateway_events import upstream_snapshots
 from test_dashboard_pages import dashboard_over, open_page
-
-from specwatch.common import free_port, start_collector
 
 
 def gateway_snapshots(now: float) -> list[dict]:
     """Gateway "edge": both upstreams up two hours ago, vllm-b down since 90 minutes ago (both
     snapshots older than the page's last-hour window: health is state)."""
     return [e.model_dump() for e in upstream_snapshots([now - 7200, now - 5400])]
-
-
-@pytest.fixture
-def collector(tmp_path):
-    port = free_port()
-    process = start_collector(port, tmp_path / "collector.log", f"sqlite:///{tmp_path / 'specwatch.db'}")
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        process.wait(30)
 
 
 def tables(page) -> list:

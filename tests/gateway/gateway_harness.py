@@ -16,6 +16,7 @@ from thread_server import ThreadServer
 
 from collector.schema import RequestRecord
 from gateway.app import Gateway, GatewaySettings, create_app
+from gateway.records import Outcome
 from gateway.routing import Router, RoutingConfig
 from gateway.upstreams import parse_upstream
 
@@ -164,3 +165,20 @@ class DroppingUpstream:
 
     def close(self) -> None:
         self.socket.close()
+
+
+def outcome(**fields) -> Outcome:
+    """A proxied request's outcome with plausible defaults (spec upstream, n-gram), `fields` changed."""
+    base = dict(
+        request_id="r1",
+        started_at=1.8e9,
+        model="m",
+        prompt_tokens_estimate=7,
+        tags={},
+        mode_reason="default",
+        arm=None,
+        load_at_admission=0.25,
+        instance="spec1",
+        drafter="ngram",
+    )
+    return Outcome(**{**base, **fields})

@@ -9,14 +9,13 @@ import time
 
 import httpx
 import pytest
-from gateway_harness import GatewayServer
+from gateway_harness import GatewayServer, outcome
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from thread_server import ThreadServer
 
-from gateway.records import Outcome
 from gateway.upstreams import ProcessorSharing
 
 
@@ -54,21 +53,9 @@ def test_idle_time_is_nobodys_and_three_at_once_get_a_third_each():
 
 
 def test_the_record_carries_the_share_labelled_processor_sharing():
-    base = dict(
-        request_id="r1",
-        started_at=1.8e9,
-        model="m",
-        prompt_tokens_estimate=7,
-        tags={},
-        mode_reason="default",
-        arm=None,
-        load_at_admission=0.25,
-        instance="p",
-        e2e_s=2.0,
-    )
-    record = Outcome(**base, device_s=1.25).record()
+    record = outcome(instance="p", drafter=None, e2e_s=2.0, device_s=1.25).record()
     assert (record.device_s, record.device_s_source) == (1.25, "processor_sharing")
-    never_sent = Outcome(**base).record()
+    never_sent = outcome(instance="p", drafter=None, e2e_s=2.0).record()
     assert (never_sent.device_s, never_sent.device_s_source) == (None, None)
 
 

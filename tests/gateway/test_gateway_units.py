@@ -9,8 +9,9 @@ from pathlib import Path
 
 import orjson
 import pytest
+from gateway_harness import outcome
 
-from gateway.records import Outcome, SseReader, draft_counts
+from gateway.records import SseReader, draft_counts
 from gateway.routing import Router, RoutingConfig, session_share
 from gateway.upstreams import Upstream, UpstreamState, parse_upstream
 from specwatch.common import UsageError
@@ -20,22 +21,6 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 def fixture_json(name: str) -> dict:
     return orjson.loads((FIXTURES / name).read_bytes())
-
-
-def outcome(**fields) -> Outcome:
-    base = dict(
-        request_id="r1",
-        started_at=1.8e9,
-        model="m",
-        prompt_tokens_estimate=7,
-        tags={},
-        mode_reason="default",
-        arm=None,
-        load_at_admission=0.25,
-        instance="spec1",
-        drafter="ngram",
-    )
-    return Outcome(**{**base, **fields})
 
 
 # -- draft counts ------------------------------------------------------------------------------------
