@@ -77,7 +77,9 @@ def exact_joint(model, prompt: list[int]) -> np.ndarray:
 
 def sampled_joint(model, drafter, prompt: list[int]) -> tuple[np.ndarray, int]:
     counts, drafted = np.zeros((VOCAB, VOCAB)), 0
-    loop = SpeculativeDecoder(make_decoder(model), drafter)
+    # "fixed": every round drafts, so every draw tests the verification rule (the cost-aware default
+    # stops drafting for a drafter this random model rejects)
+    loop = SpeculativeDecoder(make_decoder(model), drafter, adaptive="fixed")
     for seed in range(DRAWS):
         loop.prefill(prompt, 3, 3, PARAMS, seed=seed)  # the round after the first token drafts 1 token
         loop.accept(loop.target.forward(loop.propose()), forward_s=0.0)  # one round
