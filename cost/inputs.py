@@ -330,7 +330,8 @@ def _device_source(rows: np.ndarray, r: RequestColumns, shares: Attribution) -> 
 
 def _energy(rows, r: RequestColumns, shares: Attribution, ok_tokens: int, power_source: str | None):
     """J per ok token: metered per-request energy when every request carries it, else the instance's
-    energy attributed by device time over the sample intervals (its power source: measured or estimate)."""
+    energy attributed by device time over the sample intervals (its power source: measured or estimate),
+    over the requests some power reading covers."""
     if ok_tokens <= 0:
         return None, None
     metered = r.energy_j[rows]
@@ -338,9 +339,11 @@ def _energy(rows, r: RequestColumns, shares: Attribution, ok_tokens: int, power_
         sources = ",".join(sorted({s for s in r.energy_source[rows].tolist() if s}))
         return float(metered.sum()) / ok_tokens, sources or None
     attributed = shares.energy_j[rows]
-    if np.isnan(attributed).any():
+    covered = ~np.isnan(attributed)  # requests a power reading covers (not those before the first sample)
+    covered_tokens = r.output_tokens[rows[covered & r.ok[rows]]].sum()
+    if covered_tokens <= 0:
         return None, None
-    return float(attributed.sum()) / ok_tokens, power_source
+    return float(attributed[covered].sum()) / float(covered_tokens), power_source
 
 
 def _idle_time(instances: list[Instance]) -> IdleTime | None:

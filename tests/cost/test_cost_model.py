@@ -429,3 +429,15 @@ def test_draft_memory_from_unload_events(engine):
     Store(engine).insert(IngestBatch.model_validate({"requests": records, "samples": samples, "events": [event]}))
     (arm,) = measured_inputs(engine, Window(T0 - 1, T0 + 100), load_prices(), gpu_type="L4", measure_storage=False).arms
     assert arm.target_memory_bytes == 7 * GB and arm.draft_memory_bytes == 3 * GB
+
+
+def test_energy_per_token_from_the_requests_power_readings_cover(engine):
+    """A request before the first device sample has no power reading: the arm's J/token comes from the others."""
+    records = [
+        plain_request_dict(i, started_at=T0 + 10 * i, e2e_s=1.0, queue_s=0.0, output_tokens=10) for i in range(5)
+    ]
+    samples = [sample_dict(i, at=T0 + 15 + 5 * i, power_w=20.0, power_source="estimate") for i in range(10)]
+    Store(engine).insert(IngestBatch.model_validate({"requests": records, "samples": samples}))
+    (arm,) = measured_inputs(engine, Window(T0 - 1, T0 + 100), load_prices(), gpu_type="L4", measure_storage=False).arms
+    # samples cover T0+10 .. T0+60: requests 1-4 (one second each at 20 W), not request 0 at T0
+    assert arm.energy_source == "estimate" and arm.energy_j_per_token == pytest.approx(20.0 * 4 / 40)
