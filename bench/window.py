@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import statistics
 import sys
 import tempfile
 import time
@@ -28,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
-from query import generate  # noqa: E402
+from query import generate, timed  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
 from alerts.rules import load_config  # noqa: E402
@@ -86,16 +85,6 @@ def _copy_postgres(cursor, data: list[tuple]) -> None:
     with cursor.copy(f"COPY requests ({', '.join(REQUESTS.columns)}) FROM STDIN") as copy:
         for row in data:
             copy.write_row(row)
-
-
-def timed(fn, repeat: int) -> tuple[float, object]:
-    result = fn()  # warm-up: imports, page cache
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times), result
 
 
 def cycle_time(engine, now: float, raw: bool, repeat: int) -> float:
