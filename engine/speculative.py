@@ -80,6 +80,7 @@ _COST_CURVES: weakref.WeakKeyDictionary[object, CostCurve] = weakref.WeakKeyDict
 
 
 # One acceptance estimate per drafter (a slot's): the prior of each new request's lookahead.
+MAX_SHARED_GAMMA = 16  # positions it tracks at least (a request with a longer gamma gets a longer one)
 _ACCEPTANCE: weakref.WeakKeyDictionary[object, Acceptance] = weakref.WeakKeyDictionary()
 
 
@@ -89,9 +90,6 @@ def drafter_acceptance(drafter: Drafter, gamma: int) -> Acceptance:
     if found is None or found.gamma < gamma:
         found = _ACCEPTANCE[drafter] = Acceptance(max(gamma, MAX_SHARED_GAMMA), decay=0.98)
     return found
-
-
-MAX_SHARED_GAMMA = 16
 
 
 def cost_curve(target: Decoder) -> CostCurve:
