@@ -7,7 +7,7 @@ import asyncio
 from pathlib import Path
 
 from alerts.rules import AlertConfig, RulesError, format_duration, load_config
-from specwatch.common import UsageError
+from common.errors import UsageError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -25,7 +25,7 @@ from engine_harness import BackgroundServer  # noqa: E402
 from engine.engine import Engine, EngineConfig  # noqa: E402
 from engine.policy import PolicyConfig  # noqa: E402
 from engine.scheduler import SchedulerConfig  # noqa: E402
-from engine.traffic import TrafficConfig, run_traffic, summary  # noqa: E402
+from specwatch.traffic import TrafficConfig, run_traffic, summary  # noqa: E402
 
 ALWAYS = PolicyConfig(load_off=1e9, load_on=1e9 - 1, min_acceptance=0.0, long_prompt_tokens=10**6)
 SCENARIOS = ("grounded", "code-edit", "chat")

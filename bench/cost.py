@@ -38,13 +38,13 @@ from load import MODES, SCENARIOS  # noqa: E402
 
 from collector.db import make_engine, upgrade  # noqa: E402
 from collector.queries import Filters, Window  # noqa: E402
-from collector.schema import IngestBatch  # noqa: E402
 from collector.store import Store  # noqa: E402
 from cost.concurrency import ConcurrencyCosts, concurrency_costs  # noqa: E402
 from cost.inputs import load_prices  # noqa: E402
 from engine.engine import Engine, EngineConfig  # noqa: E402
 from engine.scheduler import SchedulerConfig  # noqa: E402
-from engine.traffic import Tally, TrafficConfig, run_traffic  # noqa: E402
+from specwatch.traffic import Tally, TrafficConfig, run_traffic  # noqa: E402
+from telemetry.schema import IngestBatch  # noqa: E402
 
 INSTANCE = "bench-cost"
 ARMS = {"speculative": "on", "autoregressive": "off"}  # record mode -> bench/load.py's mode

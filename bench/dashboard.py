@@ -28,7 +28,7 @@ from sqlalchemy import func, select, update  # noqa: E402
 from collector.db import make_engine, upgrade  # noqa: E402
 from collector.models import Request  # noqa: E402
 from collector.rollups import roll_up  # noqa: E402
-from specwatch.common import free_port, start_collector  # noqa: E402
+from common.procs import free_port, start_collector  # noqa: E402
 
 GOAL_S = 3.0
 OVERVIEW_CALLS = [

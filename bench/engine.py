@@ -30,7 +30,7 @@ import torch  # noqa: E402
 from engine.drafters import model_drafter, truncated_copy  # noqa: E402
 from engine.engine import Engine, EngineConfig, GenerateRequest  # noqa: E402
 from engine.suffix import SuffixCache  # noqa: E402
-from engine.workload import PROMPTS, chat, templated_requests  # noqa: E402
+from specwatch.workload import PROMPTS, chat, templated_requests  # noqa: E402
 
 
 @dataclass

@@ -52,7 +52,7 @@ sys.path.insert(0, str(REPO))
 import httpx  # noqa: E402
 import orjson  # noqa: E402
 
-from specwatch import common  # noqa: E402
+from common import procs  # noqa: E402
 
 GOAL_OVERHEAD_MS = 2.0
 GOAL_THROUGHPUT = 0.95
@@ -151,10 +151,10 @@ class Services:
     processes: list = field(default_factory=list)
 
     def start(self, name: str, cmd: list[str], ready_path: str, port: int, timeout_s: float = 60.0) -> str:
-        env = {k: v for k, v in common.child_env().items() if k not in ISOLATED_ENV}
+        env = {k: v for k, v in procs.child_env().items() if k not in ISOLATED_ENV}
         url = f"http://127.0.0.1:{port}"
         log = self.workdir / f"{name}.log"
-        process = common.start_service(name, cmd, env, log, url + ready_path, timeout_s)
+        process = procs.start_service(name, cmd, env, log, url + ready_path, timeout_s)
         if self.gateway_cpu is not None and name.startswith("gateway"):
             os.sched_setaffinity(process.pid, {self.gateway_cpu})
         self.processes.append((name, process))
@@ -162,18 +162,18 @@ class Services:
 
     def stop(self, name: str) -> None:
         for entry in [e for e in self.processes if e[0] == name]:
-            common.stop_process(entry[1], timeout_s=15)
+            procs.stop_process(entry[1], timeout_s=15)
             self.processes.remove(entry)
 
     def stop_all(self) -> None:
         while self.processes:
             name, process = self.processes.pop()
-            common.stop_process(process, timeout_s=15)
+            procs.stop_process(process, timeout_s=15)
 
 
 def start_upstream(services: Services, kind: str, args) -> str:
     if kind == "instant":
-        port = common.free_port()
+        port = procs.free_port()
         cmd = [
             sys.executable,
             str(Path(__file__).resolve()),
@@ -184,8 +184,8 @@ def start_upstream(services: Services, kind: str, args) -> str:
         ]
         return services.start("instant", cmd, "/health", port)
     if kind == "engine":
-        port = common.free_port()
-        cmd = common.specwatch_command(
+        port = procs.free_port()
+        cmd = procs.specwatch_command(
             "engine", "serve", "--port", str(port), "--instance", "bench-engine", "--spool-dir", str(services.workdir)
         )
         return services.start("engine", cmd, "/health", port, timeout_s=180)
@@ -197,9 +197,9 @@ def start_gateways(services: Services, kind: str, upstream_url: str, collector_u
     spec = ",drafter=ngram,gamma=4" if kind == "instant" else ""  # instant's metrics carry an n-gram histogram
     urls = {"direct": upstream_url}
     for target, telemetry in (("gateway", []), ("gateway+telemetry", ["--collector", collector_url])):
-        port = common.free_port()
+        port = procs.free_port()
         name = f"gateway-{kind_label(kind)}" + ("-telemetry" if telemetry else "")
-        cmd = common.specwatch_command(
+        cmd = procs.specwatch_command(
             "gateway", "serve", "--upstream", f"up={upstream_url}{spec}", "--port", str(port), *telemetry,
             "--spool-dir", str(services.workdir / f"{name}-spool"),
         )  # fmt: skip
@@ -532,10 +532,10 @@ def main() -> int:
         services = Services(Path(tmp), args.gateway_cpu)
         try:
             db = Path(tmp) / "collector.db"
-            port = common.free_port()
+            port = procs.free_port()
             collector = services.start(
                 "collector",
-                common.specwatch_command("collector", "serve", "--port", str(port), "--db", f"sqlite:///{db}"),
+                procs.specwatch_command("collector", "serve", "--port", str(port), "--db", f"sqlite:///{db}"),
                 "/readyz",
                 port,
             )

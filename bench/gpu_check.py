@@ -21,7 +21,7 @@ script's own logic is exercised on a CPU; CUDA-only checks are then reported as 
 Checks, each in its own try/except (one failure is a row in the table, the rest still run):
 - environment: device, driver, CUDA and torch versions, NVML, stream priority range
 - throughput <dtype>: plain vs n-gram speculative tokens/s on the grounded / code-edit / chat
-  prompts (bench/engine.py's, from engine.workload), energy per token per mode (NVML energy
+  prompts (bench/engine.py's, from specwatch.workload), energy per token per mode (NVML energy
   counter deltas, source `nvml`), and greedy identity (speculative output == plain output)
 - greedy identity fp32: every fp32 row (and an early-exit model drafter) token-identical
 - memory burst: torch.cuda.memory_stats before / after a burst of varied-length requests
@@ -57,8 +57,8 @@ from engine.device import DeviceSampler, PowerMeter, cpu_heap_memory, nvml_handl
 from engine.engine import Engine, EngineConfig, GenerateRequest, GenerateResult  # noqa: E402
 from engine.policy import Policy, PolicyConfig  # noqa: E402
 from engine.scheduler import Scheduler, SchedulerConfig  # noqa: E402
-from engine.telemetry import TelemetrySink  # noqa: E402
-from engine.workload import chat  # noqa: E402
+from specwatch.workload import chat  # noqa: E402
+from telemetry.sink import TelemetrySink  # noqa: E402
 
 PROMPT_KINDS = ("grounded", "code-edit", "chat")
 MiB = 2**20

@@ -43,9 +43,9 @@ import httpx  # noqa: E402
 import orjson  # noqa: E402
 
 from collector.db import make_engine, upgrade  # noqa: E402
-from collector.schema import RequestRecord  # noqa: E402
 from collector.store import REQUESTS  # noqa: E402
-from specwatch import common  # noqa: E402
+from common import procs as children  # noqa: E402
+from telemetry.schema import RequestRecord  # noqa: E402
 
 T0 = time.time() - 3600.0  # recent, so the collector's retention keeps it
 
@@ -180,7 +180,7 @@ def _post_all(url: str, share: list[bytes], per_body: int, ready, errors) -> Non
 
 def producer_cost_us(port: int, n: int = 20_000) -> float:
     """What a producer (the engine) pays per submitted record while the client ships them."""
-    from collector.client import TelemetryClient
+    from telemetry.client import TelemetryClient
 
     records = [RequestRecord.model_validate(r) for r in payloads(n, "producer")]
     client = TelemetryClient(f"http://127.0.0.1:{port}", batch_size=1000, flush_interval_s=0.05)
@@ -243,8 +243,8 @@ def clients_label(n: int) -> str:
 @contextlib.contextmanager
 def running_collector(db_url: str, port: int, log: Path):
     try:
-        proc = common.start_collector(port, log, db_url=db_url)
-    except common.StartError as exc:
+        proc = children.start_collector(port, log, db_url=db_url)
+    except children.StartError as exc:
         raise SystemExit(str(exc)) from None
     try:
         yield f"http://127.0.0.1:{port}"
@@ -302,9 +302,9 @@ def running_replicas(db_url: str, n: int, first_port: int, workdir: Path):
         for i in range(n):
             log = workdir / f"replica-{i}.log"
             env = {"SPECWATCH_REPLICA_ID": f"bench-{i}"}
-            cmd = common.specwatch_command("collector", "serve", "--port", str(first_port + i), "--db", db_url)
+            cmd = children.specwatch_command("collector", "serve", "--port", str(first_port + i), "--db", db_url)
             ready = f"http://127.0.0.1:{first_port + i}/readyz"
-            procs.append(common.start_service("collector", cmd, common.child_env(env), log, ready, 60))
+            procs.append(children.start_service("collector", cmd, children.child_env(env), log, ready, 60))
         yield [f"http://127.0.0.1:{first_port + i}" for i in range(n)], [p.pid for p in procs]
     finally:
         for proc in procs:

@@ -41,9 +41,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import httpx  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from engine.workload import PROMPTS, chat  # noqa: E402
+from common.procs import free_port  # noqa: E402
 from specwatch import vllm_server  # noqa: E402
-from specwatch.common import free_port  # noqa: E402
+from specwatch.workload import PROMPTS, chat  # noqa: E402
 
 # vLLM /metrics values read around every request: (family, sample suffix)
 VLLM_METRICS = {

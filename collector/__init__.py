@@ -4,8 +4,8 @@ Holds the contract (`schema`, no heavy imports), the producer client and its spo
 the store and its migrations, roll-ups and retention, the query layer, Prometheus metrics and
 the vLLM scraper; nothing about money, reports or alerts. May import `specwatch.common` only.
 
-Producers: `collector.schema` (RequestRecord, DeviceSample, EngineEvent) and
-`collector.client.TelemetryClient` (batching, retries, fsynced disk spool).
+Producers: `telemetry.schema` (RequestRecord, DeviceSample, EngineEvent) and
+`telemetry.client.TelemetryClient` (batching, retries, fsynced disk spool).
 
 The HTTP service on top of it is `service.app.create_app(Settings())`, run by
 `specwatch collector serve` (`POST /v1/ingest`, `GET /v1/...`, `/metrics`); schema with

@@ -10,7 +10,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from collector.settings import Settings
-from specwatch.common import UsageError
+from common.errors import UsageError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -31,8 +31,8 @@ from collector.rollups import (
     histogram_of,
     legacy_rows,
 )
-from collector.schema import LATENCY_BUCKETS
 from collector.series import SeriesPoint, rate_moments, series
+from telemetry.schema import LATENCY_BUCKETS
 
 RAW_WINDOW_LIMIT_S = 6 * 3600.0
 # Requests finish after they start: minutes this close to the last roll-up pass may still

@@ -31,8 +31,8 @@ from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 
 from collector.metrics import RequestTotals
-from collector.schema import IngestBatch
 from collector.store import DataRejected, IngestCounts, Store, StoreUnavailable
+from telemetry.schema import IngestBatch
 
 MAX_REPORTED_ERRORS = 20
 

@@ -34,8 +34,8 @@ import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
-from collector.schema import LATENCY_BUCKETS, DeviceSample, RequestRecord
 from collector.store import IngestCounts
+from telemetry.schema import LATENCY_BUCKETS, DeviceSample, RequestRecord
 
 REQUEST_LABELS = ("instance", "model", "mode", "drafter")
 ARM_LABELS = ("instance", "model", "arm")

@@ -1,6 +1,6 @@
 """SQL tables of the collector (SQLAlchemy 2 typed ORM).
 
-Column names follow the telemetry contract in `collector.schema`; ORM rows never leave
+Column names follow the telemetry contract in `telemetry.schema`; ORM rows never leave
 the collector (queries return plain dataclasses). The Alembic migrations under
 `collector/migrations` create exactly these tables; `tests/collector/test_store.py`
 checks that the two agree.
@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, Boolean, Double, Index, Integer, MetaData, String, UniqueConstraint, true
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from collector.schema import LATENCY_BUCKETS
+from telemetry.schema import LATENCY_BUCKETS
 
 # SQLite only aliases rowid for INTEGER PRIMARY KEY, so BIGINT becomes INTEGER there.
 BigId = BigInteger().with_variant(Integer(), "sqlite")

@@ -47,7 +47,7 @@ from collector.models import (
     VllmScrape,
     bucket_column_names,
 )
-from collector.schema import LATENCY_BUCKETS
+from telemetry.schema import LATENCY_BUCKETS
 
 CHUNK_ROWS = 200_000  # raw rows folded per transaction
 LAST_ID, LAST_PASS_AT = "rollup_last_id", "rollup_pass_at"

@@ -13,7 +13,7 @@ from typing import Annotated
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from specwatch.common import ROLE_ENV, TokenTable
+from common.auth import ROLE_ENV, TokenTable
 
 
 class Settings(BaseSettings):

@@ -26,7 +26,7 @@ from sqlalchemy.types import JSON, BigInteger, Boolean, Double, Integer, String
 from collector import aggregates
 from collector.db import write_transaction
 from collector.models import DeviceSampleRow, EngineEventRow, Request
-from collector.schema import DeviceSample, IngestBatch, RequestRecord
+from telemetry.schema import DeviceSample, IngestBatch, RequestRecord
 
 
 def _classify(exc: Exception, dbapi: Any) -> Exception:

@@ -16,10 +16,10 @@ import sys
 from pathlib import Path
 
 from collector.cli import add_db_option
+from common.errors import UsageError
 from cost.inputs import Overrides, apply_overrides, load_hidden_costs, load_prices, what_if_inputs
 from cost.model import PRICINGS, HiddenCosts
 from cost.summary import MONTH_S, CostSummary, measured_summary, render_text, summarize
-from specwatch.common import UsageError
 
 
 def _positive(value: str) -> float:

@@ -6,7 +6,7 @@ import argparse
 import os
 import subprocess
 
-from specwatch.common import tcp_port
+from common.cli import tcp_port
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

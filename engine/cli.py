@@ -9,14 +9,14 @@ import socket
 import sys
 from pathlib import Path
 
+from common.cli import add_producer_arguments, tcp_port
+from common.errors import UsageError
 from engine.policy import PolicyConfig
-from specwatch.common import UsageError, add_producer_arguments, tcp_port
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     _register_generate(subparsers)
     _register_serve(subparsers)
-    _register_traffic(subparsers)
 
 
 def _register_generate(subparsers: argparse._SubParsersAction) -> None:
@@ -119,29 +119,6 @@ def _add_selector_and_memory_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument(
         "--memory-low", type=float, default=0.80, help="...and load them again below this share (default 0.80)"
     )
-
-
-def _register_traffic(subparsers: argparse._SubParsersAction) -> None:
-    traffic = subparsers.add_parser("traffic", help="send scenario traffic to an engine through its OpenAI API")
-    traffic.add_argument(
-        "--url", default="http://127.0.0.1:8000", help="engine base URL (default: http://127.0.0.1:8000)"
-    )
-    traffic.add_argument(
-        "--scenarios",
-        nargs="+",
-        default=["chat", "grounded", "summary", "code-edit", "extraction"],
-        help="any of: grounded summary code-edit chat extraction long-context",
-    )
-    traffic.add_argument("--duration", type=float, default=30.0, help="seconds (default: 30)")
-    traffic.add_argument("--requests", type=int, default=1000, help="at most this many requests (default: 1000)")
-    traffic.add_argument("--concurrency", type=int, default=4, help="concurrent clients (default: 4)")
-    traffic.add_argument(
-        "--rate", type=float, default=None, help="Poisson arrivals per second instead of fixed concurrency"
-    )
-    traffic.add_argument("--max-tokens", type=int, default=64)
-    traffic.add_argument("--drafter", default="ngram")
-    traffic.add_argument("--json", action="store_true", help="print the summary as JSON")
-    traffic.set_defaults(handler=run_traffic_command)
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -251,7 +228,6 @@ def summary_line(record) -> str:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from collector.client import TelemetryClient
     from engine.device import DeviceSampler
     from engine.engine import Engine
     from engine.loading import ModelLoadError
@@ -260,7 +236,8 @@ def run_serve(args: argparse.Namespace) -> int:
     from engine.scheduler import Scheduler
     from engine.server import create_app
     from engine.shutdown import serve_until_signal
-    from engine.telemetry import TelemetrySink
+    from telemetry.client import TelemetryClient
+    from telemetry.sink import TelemetrySink
 
     if not 0 <= args.shutdown_timeout <= 86_400:
         raise UsageError("--shutdown-timeout must be between 0 and 86400 seconds")
@@ -357,37 +334,3 @@ def _config_detail(engine, policy, scheduler_config) -> dict:
         "memory_fraction": engine.memory_fraction,
         "streams": engine.streams.describe(),
     }
-
-
-def run_traffic_command(args: argparse.Namespace) -> int:
-    import asyncio
-
-    import httpx
-
-    from engine.traffic import TrafficConfig, print_summary, run_traffic, summary
-    from engine.workload import PROMPTS
-
-    unknown = [s for s in args.scenarios if s not in PROMPTS]
-    if unknown:
-        raise UsageError(f"unknown scenario {unknown[0]!r}; choose from {', '.join(PROMPTS)}")
-    if args.duration <= 0 or args.requests < 1 or args.concurrency < 1 or (args.rate is not None and args.rate <= 0):
-        raise UsageError("--duration, --rate must be > 0 and --requests, --concurrency >= 1")
-    try:
-        httpx.get(f"{args.url}/v1/models", timeout=5).raise_for_status()
-    except httpx.HTTPError as exc:
-        raise UsageError(
-            f"no engine answering at {args.url} ({exc}); start one with `specwatch engine serve`"
-        ) from None
-    drafter = None if args.drafter == "none" else args.drafter
-    config = _options_for(
-        TrafficConfig,
-        args,
-        scenarios=tuple(args.scenarios),
-        duration_s=args.duration,
-        max_requests=args.requests,
-        drafter=drafter,
-    )
-    tally = asyncio.run(run_traffic(config))
-    rows = summary(tally)
-    print(json.dumps(rows, indent=2)) if args.json else print_summary(rows)
-    return 1 if tally.stopped else 0

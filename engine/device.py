@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from collector.schema import DeviceSample
-from engine.telemetry import TelemetrySink
+from telemetry.schema import DeviceSample
+from telemetry.sink import TelemetrySink
 
 RAPL_ENERGY = Path("/sys/class/powercap/intel-rapl:0/energy_uj")
 

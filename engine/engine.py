@@ -17,7 +17,6 @@ from pathlib import Path
 
 import torch
 
-from collector.schema import RequestRecord
 from engine.cuda import Streams, apply_memory_fraction, check_memory_fraction
 from engine.decoder import make_decoder
 from engine.drafters import Drafter, NgramConfig, NgramDrafter, early_exit_drafter, model_drafter
@@ -25,6 +24,7 @@ from engine.loading import BUNDLED, LoadedModel, load_model, resolve_device
 from engine.sampling import SamplingParams
 from engine.speculative import DEFAULT_LOOKAHEAD, LOOKAHEAD_MODES, DecodeStats, SpeculativeDecoder
 from engine.suffix import MODEL_FREE, SuffixCache, SuffixConfig, SuffixDrafter
+from telemetry.schema import RequestRecord
 
 
 @dataclass(frozen=True)

@@ -35,10 +35,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Literal
 
-from collector.schema import RequestRecord
+from common.policy import LoadSwitch
 from engine.suffix import MODEL_FREE
-from engine.telemetry import TelemetrySink
-from specwatch.common import LoadSwitch
+from telemetry.schema import RequestRecord
+from telemetry.sink import TelemetrySink
 
 Override = Literal["auto", "speculative", "autoregressive"]
 
@@ -96,7 +96,7 @@ class Choice:
 @dataclass(frozen=True)
 class Decision:
     speculate: bool
-    reason: str  # a collector.schema ModeReason
+    reason: str  # a telemetry.schema ModeReason
     arm: str | None = None
 
 

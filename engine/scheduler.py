@@ -27,7 +27,7 @@ from engine.decoder import forward_many
 from engine.engine import Engine, GenerateRequest, GenerateResult, Run, Slot
 from engine.policy import Policy
 from engine.speculative import StageError
-from engine.telemetry import TelemetrySink
+from telemetry.sink import TelemetrySink
 
 log = logging.getLogger("specwatch.scheduler")
 

@@ -33,7 +33,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from collector.schema import MAX_TAGS, RequestRecord, TagKey, TagValue
+from common.auth import Grant, TokenTable
 from engine import control
 from engine.cuda import NoCudaStreams
 from engine.engine import SEED_RANGE, GenerateRequest, GenerateResult, RequestError
@@ -41,7 +41,7 @@ from engine.metrics import EngineMetrics
 from engine.openai_metrics import vllm_metrics
 from engine.sampling import SamplingParams
 from engine.scheduler import Overloaded, Scheduler, ShuttingDown, Ticket
-from specwatch.common import Grant, TokenTable
+from telemetry.schema import MAX_TAGS, RequestRecord, TagKey, TagValue
 
 
 class _Common(BaseModel):

@@ -6,5 +6,5 @@ load / long-prompt / low-acceptance fallback, failover, control-API override) an
 `RequestRecord` per proxied request to the collector: timings measured here, draft counts from
 the upstream's per-request metrics (vLLM's `metrics.speculative_decoding`).
 
-Imports: `collector.schema`, `collector.client` and `specwatch.common` only.
+Imports: `telemetry.schema`, `telemetry.client` and `specwatch.common` only.
 """

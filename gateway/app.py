@@ -28,13 +28,14 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from collector.client import TelemetryClient
-from collector.schema import MAX_TAGS, EngineEvent, RequestRecord, TagKey, TagValue
+from common.auth import Grant, TokenTable
+from common.bodies import TooLarge, read_capped
 from gateway.metrics import GatewayMetrics
 from gateway.records import Outcome, SseReader
 from gateway.routing import Router
 from gateway.upstreams import Upstream, UpstreamState
-from specwatch.common import Grant, TokenTable, TooLarge, read_capped
+from telemetry.client import TelemetryClient
+from telemetry.schema import MAX_TAGS, EngineEvent, RequestRecord, TagKey, TagValue
 
 FORWARDED_HEADERS = ("authorization", "traceparent", "tracestate", "content-type", "accept")
 TAGS = TypeAdapter(dict[TagKey, TagValue])

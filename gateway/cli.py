@@ -6,7 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from specwatch.common import UsageError, add_producer_arguments, tcp_port
+from common.cli import add_producer_arguments, tcp_port
+from common.errors import UsageError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -46,10 +47,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from collector.client import TelemetryClient
     from gateway.app import Gateway, GatewaySettings, create_app
     from gateway.routing import Router, RoutingConfig
     from gateway.upstreams import check_upstreams, parse_upstream
+    from telemetry.client import TelemetryClient
 
     upstreams = [parse_upstream(text) for text in args.upstream]
     check_upstreams(upstreams)

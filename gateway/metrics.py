@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
-from collector.schema import LATENCY_BUCKETS, RequestRecord
 from gateway.upstreams import UpstreamState
+from telemetry.schema import LATENCY_BUCKETS, RequestRecord
 
 
 class GatewayMetrics:

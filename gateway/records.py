@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from collector.schema import MAX_GAMMA, RequestRecord
+from telemetry.schema import MAX_GAMMA, RequestRecord
 
 log = logging.getLogger("specwatch.gateway")
 

@@ -28,8 +28,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Literal
 
-from collector.schema import RequestRecord
-from specwatch.common import LoadSwitch
+from common.policy import LoadSwitch
+from telemetry.schema import RequestRecord
 
 Override = Literal["auto", "speculative", "autoregressive"]
 

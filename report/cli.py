@@ -15,8 +15,8 @@ import argparse
 from pathlib import Path
 
 from collector.cli import add_db_option
+from common.errors import UsageError
 from cost.cli import add_model_options, add_price_options
-from specwatch.common import UsageError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -8,7 +8,9 @@ import signal
 import sys
 
 from collector.cli import add_db_option, settings_from
-from specwatch.common import ROLES, UsageError, tcp_port
+from common.auth import ROLES
+from common.cli import tcp_port
+from common.errors import UsageError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -12,7 +12,7 @@ from sqlalchemy import Engine
 
 from collector.metrics import CollectorMetrics
 from collector.settings import Settings
-from specwatch.common import Grant, TokenTable
+from common.auth import Grant, TokenTable
 
 
 async def get_settings(request: Request) -> Settings:

@@ -16,8 +16,8 @@ from collector.db import is_current
 from collector.ingest import BatchRejected, gunzip
 from collector.settings import Settings
 from collector.store import IngestCounts
+from common.bodies import TooLarge, read_capped
 from service.deps import EngineDep, IngestGrantDep, MetricsDep, SettingsDep, json_response, metrics_access
-from specwatch.common import TooLarge, read_capped
 
 router = APIRouter()
 log = logging.getLogger("specwatch.collector")

@@ -10,14 +10,14 @@ import argparse
 import importlib
 import sys
 
-from specwatch.common import UsageError
+from common.errors import UsageError
 
 # command -> module that defines `register(subparsers)`; each handler returns an exit code.
 COMMANDS = {
     "generate": "engine.cli",
     "engine": "engine.cli",
     "gateway": "gateway.cli",
-    "traffic": "engine.cli",
+    "traffic": "specwatch.traffic_cli",
     "collector": "service.cli",
     "db": "collector.cli",
     "cost": "cost.cli",

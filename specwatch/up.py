@@ -25,17 +25,10 @@ from pathlib import Path
 import httpx
 import yaml
 
-from specwatch.common import (
-    ROLE_ENV,
-    StartError,
-    UsageError,
-    child_env,
-    specwatch_command,
-    start_collector,
-    start_service,
-    stop_process,
-    tcp_port,
-)
+from common.auth import ROLE_ENV
+from common.cli import tcp_port
+from common.errors import UsageError
+from common.procs import StartError, child_env, specwatch_command, start_collector, start_service, stop_process
 
 # (name, scenarios, drafter): the traffic phases `up` cycles through
 PHASES = (
@@ -216,7 +209,7 @@ async def send_traffic(
     args: argparse.Namespace, stack: Stack, phase: tuple, duration_s: float = 3600.0, max_requests: int = 1_000_000
 ) -> None:
     """One phase of traffic, counted in `stack` even if cancelled (Ctrl-C)."""
-    from engine.traffic import Tally, TrafficConfig, run_traffic
+    from specwatch.traffic import Tally, TrafficConfig, run_traffic
 
     name, scenarios, drafter = phase
     config = TrafficConfig(

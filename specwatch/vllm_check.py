@@ -34,7 +34,8 @@ from pathlib import Path
 
 import httpx
 
-from specwatch.common import UsageError, tcp_port
+from common.cli import tcp_port
+from common.errors import UsageError
 from specwatch.vllm_ab import SCENARIOS, Progress, install_and_prepare, run_ab, say
 
 SCRAPE_S = 2.0
@@ -197,7 +198,7 @@ def _check(run: Run, data: Path) -> None:
 
 
 def _start_collector(run: Run, data: Path) -> None:
-    from specwatch.common import StartError, start_collector
+    from common.procs import StartError, start_collector
 
     rules = _rules_file(data)
     env = {
@@ -243,7 +244,7 @@ def _start_vllm(run: Run, speculative: bool) -> None:
 
 
 def _traffic_phase(run: Run, name: str, speculative: bool, duration_s: float) -> Phase:
-    from engine.traffic import TrafficConfig, print_summary, run_traffic, summary
+    from specwatch.traffic import TrafficConfig, print_summary, run_traffic, summary
     from specwatch.vllm_server import (
         read_counters,
         read_generation_tokens,

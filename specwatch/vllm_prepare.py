@@ -96,7 +96,7 @@ def _link_or_copy(source: Path, target: Path) -> None:
 
 
 def run_prepare(args) -> int:
-    from specwatch.common import UsageError
+    from common.errors import UsageError
 
     try:
         out = prepare(args.out, args.model)

@@ -33,8 +33,8 @@ from waiting import wait_for
 
 from collector.db import make_engine, upgrade
 from collector.settings import Settings
+from common.procs import SOURCE_ROOT, free_port, specwatch_command, start_collector
 from service.app import create_app
-from specwatch.common import SOURCE_ROOT, free_port, specwatch_command, start_collector
 
 _postgres: EphemeralPostgres | None = None  # the server this session started
 _postgres_failed = ""  # why it did not start, where binaries were found
@@ -140,7 +140,7 @@ def bundled_engine():
 @pytest.fixture(scope="session")
 def live_collector(tmp_path_factory) -> dict:
     """{"url": the collector's base URL, "db": its SQLite file} (see the module docstring)."""
-    from engine.traffic import TrafficConfig, run_traffic
+    from specwatch.traffic import TrafficConfig, run_traffic
 
     data = tmp_path_factory.mktemp("live")
     port, engine_port = free_port(), free_port()

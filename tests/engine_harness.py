@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from thread_server import ThreadServer
 
-from collector.schema import RequestRecord
 from engine.policy import Policy, PolicyConfig
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.server import create_app
-from engine.telemetry import TelemetrySink
+from telemetry.schema import RequestRecord
+from telemetry.sink import TelemetrySink
 
 
 class BackgroundServer(ThreadServer):

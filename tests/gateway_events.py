@@ -3,10 +3,10 @@ Sources tests: gateway "edge" with upstreams vllm-a (spec, ngram) and vllm-b (pl
 
 from __future__ import annotations
 
-from collector.schema import EngineEvent
 from gateway.app import Gateway, GatewaySettings
 from gateway.routing import Router, RoutingConfig
 from gateway.upstreams import Upstream
+from telemetry.schema import EngineEvent
 
 
 class EventSink:

@@ -15,21 +15,39 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("engine", "gateway", "collector", "alerts", "cost", "report", "service", "dashboard", "specwatch")
-COMMON = "specwatch.common"
-PRODUCER_API = {"collector.schema", "collector.client", COMMON}
-# package -> what it may import of ours (a package name allows all its modules; a dotted name one module)
+# layers, bottom to top: the shared helpers, the telemetry contract, the collector, what reads it, the
+# service on top of those, and the CLI on top of everything. A package may import only what sits below it.
+PACKAGES = (
+    "common",
+    "telemetry",
+    "engine",
+    "gateway",
+    "collector",
+    "alerts",
+    "cost",
+    "report",
+    "service",
+    "dashboard",
+    "specwatch",
+)
+LEAF = {"common"}
+PRODUCER = {"telemetry", "common"}
+# package -> the packages of ours it may import
 ALLOWED = {
-    "collector": {COMMON},
-    "alerts": {"collector", COMMON},
-    "cost": {"collector", COMMON},
-    "report": {"cost", "alerts", "collector", COMMON},
-    "service": {"collector", "alerts", "cost", "report", COMMON},
-    "dashboard": {COMMON},
-    "engine": PRODUCER_API,
-    "gateway": PRODUCER_API,
+    "common": set(),
+    "telemetry": {"common"},
+    "engine": PRODUCER,
+    "gateway": PRODUCER,
+    "collector": PRODUCER,
+    "alerts": {"collector", *PRODUCER},
+    "cost": {"collector", *PRODUCER},
+    "report": {"cost", "alerts", "collector", *PRODUCER},
+    "service": {"collector", "alerts", "cost", "report", *PRODUCER},
+    "dashboard": LEAF,
     "specwatch": set(PACKAGES),
 }
+# ORM rows never leave the collector: only it (its migrations included) imports its models
+ORM_MODULE = "collector.models"
 
 
 def module_name(path: Path) -> str:
@@ -68,16 +86,7 @@ def import_graph() -> dict[str, set[str]]:
 
 def allowed(importer: str, imported: str) -> bool:
     source, target = importer.split(".")[0], imported.split(".")[0]
-    if importer == COMMON:
-        return False
-    if source == target and imported != COMMON:
-        return True
-    return any(
-        imported == rule
-        or (imported.startswith(rule + ".") and rule in PACKAGES)
-        or (rule == target and rule in PACKAGES)
-        for rule in ALLOWED[source]
-    )
+    return source == target or target in ALLOWED[source]
 
 
 def test_imports_point_one_way():
@@ -116,12 +125,29 @@ def test_no_import_cycles():
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
+def test_orm_models_stay_in_the_collector():
+    leaks = sorted(
+        importer
+        for importer, imports in import_graph().items()
+        if ORM_MODULE in imports and not importer.startswith("collector.")
+    )
+    assert not leaks, f"{ORM_MODULE} imported outside the collector: {leaks}"
+
+
+def test_no_wheels_are_tracked():
+    tracked = subprocess.run(["git", "ls-files", "*.whl"], capture_output=True, text=True, cwd=REPO).stdout.split()
+    assert not tracked, f"binary wheels committed: {tracked}"
+
+
 def test_the_checks_catch_what_they_guard(tmp_path):
     """The edge table refuses an upward import and the cycle finder finds a cycle."""
     assert not allowed("collector.queries", "alerts.rules")
     assert not allowed("engine.server", "collector.store")
-    assert not allowed(COMMON, "collector.schema")
-    assert allowed("engine.server", "collector.schema") and allowed("report.html", "report.build")
+    assert not allowed("gateway.app", "collector.schema")
+    assert not allowed("common.auth", "telemetry.schema")
+    assert not allowed("telemetry.client", "specwatch.cli")
+    assert allowed("engine.server", "telemetry.schema") and allowed("report.html", "report.build")
+    assert allowed("specwatch.up", "engine.cli") and allowed("collector.store", "common.auth")
     assert find_cycle({"a.x": {"a.y"}, "a.y": {"a.z"}, "a.z": {"a.x"}}) == ["a.x", "a.y", "a.z", "a.x"]
     assert find_cycle({"a.x": {"a.y"}, "a.y": set()}) is None
 

@@ -14,7 +14,7 @@ import yaml
 from processes import children, running
 from waiting import wait_for
 
-from specwatch.common import child_env, free_port, specwatch_command
+from common.procs import child_env, free_port, specwatch_command
 
 REPO = Path(__file__).resolve().parents[1]
 

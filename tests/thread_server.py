@@ -8,7 +8,7 @@ import time
 
 import uvicorn
 
-from specwatch.common import free_port
+from common.procs import free_port
 
 
 class ThreadServer:

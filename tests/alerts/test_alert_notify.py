@@ -14,7 +14,7 @@ from alerts.notify import backoff_s, deliver_due, enqueue
 from alerts.rules import parse_config
 from collector.db import write_transaction
 from collector.models import AlertNotificationRow
-from specwatch.common import free_port
+from common.procs import free_port
 
 
 def alert(fp: str, severity: str, state: State = State.FIRING) -> Alert:

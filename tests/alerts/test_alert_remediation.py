@@ -18,10 +18,10 @@ from alerts.rules import parse_config
 from alerts.runner import AlertRunner
 from collector.db import make_engine, upgrade
 from collector.models import AlertActionRow
-from collector.schema import IngestBatch
 from collector.store import Store
 from engine.policy import PolicyConfig
 from engine.scheduler import SchedulerConfig
+from telemetry.schema import IngestBatch
 
 TOKEN_ENV = "SPECWATCH_TEST_CONTROL_TOKEN"
 

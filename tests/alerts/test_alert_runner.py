@@ -17,8 +17,8 @@ from alerts.signals import StoreSignals
 from alerts.store import active_alerts, history
 from collector.models import AlertNotificationRow, AlertRuleHealthRow
 from collector.queries import Window
-from collector.schema import IngestBatch
 from collector.store import Store
+from telemetry.schema import IngestBatch
 
 
 def store(engine, requests=(), samples=(), events=()) -> None:

@@ -19,11 +19,11 @@ from webhook_receiver import Receiver
 from alerts.notify import SIGNATURE_HEADER, sign
 from alerts.rules import AlertConfig, parse_config
 from alerts.runner import AlertRunner
-from collector.client import TelemetryClient
 from collector.db import make_engine
-from collector.schema import RequestRecord
-from specwatch import common
-from specwatch.common import free_port
+from common import procs
+from common.procs import free_port
+from telemetry.client import TelemetryClient
+from telemetry.schema import RequestRecord
 
 SECRET = "webhook-s3cret"
 RECEIVER_UP_AT = 1.7
@@ -100,7 +100,7 @@ def test_alert_fires_and_resolves_through_a_receiver_that_was_down(tmp_path, mon
     collector_port, receiver_port = free_port(), free_port()
     db_url = f"sqlite:///{tmp_path / 'db.sqlite'}"
     # the collector ingests and serves the alert API; this test is its alert runner
-    collector = common.start_collector(
+    collector = procs.start_collector(
         collector_port, tmp_path / "collector.log", db_url, {"SPECWATCH_ALERTS_ENABLED": "false"}
     )
     api = f"http://127.0.0.1:{collector_port}"

@@ -14,8 +14,8 @@ from test_alert_evaluator import run_table
 from alerts.evaluator import State, evaluate
 from alerts.rules import DEFAULT_RULES, load_config
 from alerts.signals import StoreSignals
-from collector.schema import IngestBatch
 from collector.store import Store
+from telemetry.schema import IngestBatch
 
 HOUR = 3600.0
 NOW = T0 + HOUR

@@ -16,8 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from alerts.prometheus import GROUP, VLLM_GROUP, export, rule_groups, unit_tests
 from alerts.rules import DEFAULT_RULES, RulesError, load_config, parse_config
 from collector.metrics import CollectorMetrics
-from collector.schema import DeviceSample, RequestRecord
 from collector.store import IngestCounts
+from telemetry.schema import DeviceSample, RequestRecord
 
 VLLM_FIXTURE = Path(__file__).parents[1] / "collector" / "fixtures" / "vllm_metrics.txt"
 USER_RULES = {

@@ -12,17 +12,17 @@ from processes import children, running
 from sqlalchemy import create_engine, text
 from waiting import wait_for
 
-from collector.client import TelemetryClient
-from collector.schema import RequestRecord
-from specwatch import common
-from specwatch.common import free_port
+from common import procs
+from common.procs import free_port
+from telemetry.client import TelemetryClient
+from telemetry.schema import RequestRecord
 
 REPO = Path(__file__).resolve().parents[2]
 WAVES, PER_WAVE, KILL_AT, RESTART_AT = 30, 100, 8, 18
 
 
 def start_collector(db_url: str, port: int, log: Path) -> subprocess.Popen:
-    return common.start_collector(port, log, db_url=db_url, env={"SPECWATCH_RETENTION_DAYS": "36500"})
+    return procs.start_collector(port, log, db_url=db_url, env={"SPECWATCH_RETENTION_DAYS": "36500"})
 
 
 def submit_wave(client: TelemetryClient, wave: int) -> None:

@@ -24,8 +24,8 @@ from waiting import wait_for
 
 from collector.models import Request
 from collector.settings import Settings
+from common.procs import free_port, start_collector
 from service.app import create_app
-from specwatch.common import free_port, start_collector
 
 JSON = {"content-type": "application/json"}
 

@@ -20,8 +20,8 @@ from waiting import wait_for
 
 from collector.models import DeviceSampleRow, Request
 from collector.settings import Settings
+from common.procs import child_env, free_port, specwatch_command
 from service.app import create_app
-from specwatch.common import child_env, free_port, specwatch_command
 
 
 @pytest.fixture

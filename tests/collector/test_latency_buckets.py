@@ -1,4 +1,4 @@
-"""One latency bucket list, `collector.schema.LATENCY_BUCKETS` (with 0.3 s), for the engine's and the
+"""One latency bucket list, `telemetry.schema.LATENCY_BUCKETS` (with 0.3 s), for the engine's and the
 collector's /metrics and the rollups; rollup rows written before migration 0005 (the old list)
 keep answering what they answered, late records fold into them, and new rows use the new list."""
 
@@ -22,10 +22,10 @@ from collector.metrics import CollectorMetrics
 from collector.models import ADDED_BUCKETS, LEGACY_LATENCY_BUCKETS, Request
 from collector.queries import Percentiles, Window
 from collector.rollups import LAST_ID, LAST_PASS_AT, roll_up
-from collector.schema import LATENCY_BUCKETS, IngestBatch, RequestRecord
 from collector.store import IngestCounts, Store
 from engine.metrics import EngineMetrics
-from engine.telemetry import TelemetrySink
+from telemetry.schema import LATENCY_BUCKETS, IngestBatch, RequestRecord
+from telemetry.sink import TelemetrySink
 
 OLD, NEW = LEGACY_LATENCY_BUCKETS, LATENCY_BUCKETS
 HOUR0 = T0 - T0 % 3600  # the old rows' hour; the new ones come an hour later

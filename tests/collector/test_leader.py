@@ -29,11 +29,11 @@ from collector.db import is_current, make_engine, upgrade
 from collector.leader import LeaderMetrics, Leadership
 from collector.models import RequestRollup, RequestRollupHourly
 from collector.rollups import roll_up
-from collector.schema import IngestBatch, RequestRecord
 from collector.settings import Settings
 from collector.store import Store
+from common.procs import free_port
 from service.app import create_app
-from specwatch.common import free_port
+from telemetry.schema import IngestBatch, RequestRecord
 
 POSTGRES_URL = os.environ.get("SPECWATCH_TEST_POSTGRES_URL")
 needs_postgres = pytest.mark.skipif(

@@ -12,8 +12,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from collector.metrics import CollectorMetrics
-from collector.schema import DeviceSample, RequestRecord
 from collector.store import IngestCounts
+from telemetry.schema import DeviceSample, RequestRecord
 
 
 def scrape(client) -> dict[tuple[str, tuple], float]:

@@ -12,8 +12,8 @@ from collector import partitions
 from collector.db import alembic_config, make_engine, upgrade
 from collector.models import DeviceSampleRow, EngineEventRow, Request, VllmScrape
 from collector.rollups import apply_retention, roll_up
-from collector.schema import IngestBatch
 from collector.store import Store
+from telemetry.schema import IngestBatch
 
 DAY = 86400
 DAY0 = partitions.day_start(T0)  # the midnight before T0

@@ -31,7 +31,7 @@ from waiting import wait_for
 from webhook_receiver import Receiver
 
 from collector.db import make_engine
-from specwatch.common import child_env, free_port, specwatch_command
+from common.procs import child_env, free_port, specwatch_command
 
 POSTGRES_URL = os.environ.get("SPECWATCH_TEST_POSTGRES_URL")
 pytestmark = pytest.mark.skipif(

@@ -16,11 +16,11 @@ from collector.long_signals import long_signals
 from collector.models import LATENCY_BUCKETS, Request, RequestRollup, RequestRollupHourly
 from collector.queries import Filters, Window, errors_by_hour, signals
 from collector.rollups import apply_retention, roll_up
-from collector.schema import IngestBatch
 from collector.series import series
 from collector.settings import Settings
 from collector.store import Store
 from service.app import create_app
+from telemetry.schema import IngestBatch
 
 DAY = 86400.0
 HOUR0 = T0 - T0 % 3600  # 20:00 UTC, the hour the data starts in

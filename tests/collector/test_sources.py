@@ -10,8 +10,8 @@ from gateway_events import upstream_snapshots
 
 from collector.breakdown import Source, sources
 from collector.queries import Window
-from collector.schema import EngineEvent, IngestBatch
 from collector.store import Store
+from telemetry.schema import EngineEvent, IngestBatch
 
 WINDOW = Window(T0 + 100, T0 + 1100)  # 1000 s; the gateway's snapshots are older than its start
 

@@ -11,8 +11,8 @@ from sqlalchemy.orm import Session
 from collector import partitions
 from collector.db import is_current
 from collector.models import Base, DeviceSampleRow, EngineEventRow, Request
-from collector.schema import IngestBatch
 from collector.store import Store, StoreUnavailable
+from telemetry.schema import IngestBatch
 
 
 def batch(requests=(), samples=(), events=()) -> IngestBatch:

@@ -16,8 +16,8 @@ from collector.history import histogram_quantile
 from collector.queries import Window
 from collector.settings import Settings
 from collector.vllm import Scraper, parse, vllm_signals
+from common.procs import free_port
 from service.app import create_app
-from specwatch.common import free_port
 
 FIXTURE = Path(__file__).parent / "fixtures" / "vllm_metrics.txt"
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"

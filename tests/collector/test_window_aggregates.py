@@ -19,8 +19,8 @@ from collector.aggregates import WindowAggregate
 from collector.db import make_engine, upgrade
 from collector.models import Request
 from collector.queries import Filters, Window, signals
-from collector.schema import IngestBatch, RequestRecord
 from collector.store import REQUESTS, Store
+from telemetry.schema import IngestBatch, RequestRecord
 
 QUANTILES = (0.5, 0.9, 0.95, 0.99)
 REQUEST_SIGNALS = {name for name, signal in SIGNALS.items() if signal.aggregated is not None}

@@ -9,9 +9,9 @@ import pytest
 from collector_payloads import T0, plain_request_dict, request_dict, sample_dict
 
 from collector.queries import Window
-from collector.schema import IngestBatch
 from collector.store import Store
 from cost.advisor import GIB, ScenarioEvidence, advise, recommend, scenario_evidence
+from telemetry.schema import IngestBatch
 
 BASE = ScenarioEvidence(
     scenario="summary",

@@ -13,13 +13,13 @@ from collector_payloads import T0, plain_request_dict, request_dict, sample_dict
 from openpyxl import load_workbook
 
 from collector.db import make_engine, upgrade
-from collector.schema import IngestBatch
 from collector.store import Store
 from cost.breakeven import break_even_alpha
 from cost.inputs import load_prices, what_if_inputs
 from cost.model import IdleTime, tco
 from cost.xlsx import ARM_ROWS, BENEFIT_ROWS, IDLE_ROW, MODEL_ROW, write_workbook
 from specwatch.cli import main
+from telemetry.schema import IngestBatch
 
 EXAMPLE = Path(__file__).parents[2] / "cost" / "cost_example.toml"
 REF = re.compile(r"(?:(Inputs|Model)!)?\$?([A-Z]{1,2})\$?(\d+)")

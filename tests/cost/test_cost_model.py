@@ -14,7 +14,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from collector.queries import Window
-from collector.schema import IngestBatch
 from collector.store import Store
 from cost.breakeven import (
     alpha_from_mean_acceptance_length,
@@ -41,6 +40,7 @@ from cost.model import (
     net_benefit,
     tco,
 )
+from telemetry.schema import IngestBatch
 
 PRICES = Prices(
     {"X": Accelerator("X", 4.0, 80.0, spot_usd_per_hour=1.5, onprem_usd_per_hour=4.0)},

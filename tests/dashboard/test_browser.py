@@ -27,8 +27,8 @@ sync_api = pytest.importorskip(
     "playwright.sync_api", reason="the playwright package is not installed: pip install -e '.[dev]'"
 )
 
+from common.procs import free_port  # noqa: E402
 from dashboard.launch import start_dashboard  # noqa: E402
-from specwatch.common import free_port  # noqa: E402
 
 SCREENSHOTS = Path(__file__).resolve().parents[1] / "artifacts" / "screenshots"
 VIEWPORT = {"width": 1440, "height": 900}

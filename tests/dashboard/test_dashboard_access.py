@@ -13,7 +13,7 @@ import pytest
 from collector_payloads import request_dict
 from streamlit.testing.v1 import AppTest
 
-from specwatch.common import free_port, start_collector
+from common.procs import free_port, start_collector
 
 APP = str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py")
 READ, INGEST = "read-token-7f3a", "ingest-token-c21b"

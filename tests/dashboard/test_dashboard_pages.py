@@ -96,8 +96,8 @@ def test_sources_page_lists_the_engine(app):
 
 
 def test_unreachable_collector_is_a_banner_not_a_traceback(monkeypatch):
+    from common.procs import free_port
     from dashboard.state import _cached
-    from specwatch.common import free_port
 
     monkeypatch.setenv("SPECWATCH_COLLECTOR_URL", f"http://127.0.0.1:{free_port()}")
     _cached.clear()
@@ -148,7 +148,7 @@ def custom_rules_collector(live_collector, tmp_path_factory):
     import yaml
 
     from alerts.rules import DEFAULT_RULES
-    from specwatch.common import free_port, start_collector
+    from common.procs import free_port, start_collector
 
     data = tmp_path_factory.mktemp("custom-rules")
     with sqlite3.connect(live_collector["db"]) as source, sqlite3.connect(data / "specwatch.db") as copy:

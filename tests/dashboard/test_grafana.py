@@ -19,8 +19,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from collector.metrics import CollectorMetrics
-from collector.schema import DeviceSample, RequestRecord
 from collector.store import IngestCounts
+from telemetry.schema import DeviceSample, RequestRecord
 
 GRAFANA = Path(__file__).resolve().parents[2] / "dashboard" / "grafana"
 FILES = ("specwatch.json", "specwatch-vllm.json")

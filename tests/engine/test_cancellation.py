@@ -18,7 +18,7 @@ import httpx
 import pytest
 from waiting import wait_for
 
-from specwatch.common import child_env, free_port, specwatch_command, start_collector
+from common.procs import child_env, free_port, specwatch_command, start_collector
 from tests.engine.test_server import Server
 
 COUNTING = {"prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": 2000, "temperature": 0, "drafter": "none"}

@@ -16,13 +16,13 @@ import pytest
 import torch
 from engine_harness import BackgroundServer
 
-from collector.schema import EngineEvent
 from engine import control
 from engine.cuda import NoCudaStreams, Streams, apply_memory_fraction, check_memory_fraction
 from engine.engine import EngineConfig
 from engine.policy import PolicyConfig
 from engine.scheduler import SchedulerConfig
-from engine.telemetry import TelemetrySink
+from telemetry.schema import EngineEvent
+from telemetry.sink import TelemetrySink
 
 HAS_CUDA = torch.cuda.is_available()
 _no_cuda = pytest.mark.skipif(

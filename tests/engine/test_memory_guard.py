@@ -9,10 +9,10 @@ import httpx
 import pytest
 from engine_harness import BackgroundServer
 
-from collector.schema import EngineEvent
 from engine.memory_guard import MemoryGuard, MemoryGuardConfig, used_fraction
 from engine.policy import PolicyConfig
 from engine.scheduler import SchedulerConfig
+from telemetry.schema import EngineEvent
 
 DRAFTER = "early-exit:4"
 

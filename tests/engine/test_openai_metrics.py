@@ -8,9 +8,9 @@ import orjson
 import pytest
 from engine_harness import BackgroundServer
 
-from collector.schema import RequestRecord
 from engine.openai_metrics import acceptance_histogram, vllm_metrics
 from engine.scheduler import SchedulerConfig
+from telemetry.schema import RequestRecord
 
 KEYS = {
     "time_to_first_token_ms",

@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from collector.schema import EngineEvent, RequestRecord
 from engine.policy import Choice, Decision, Policy, PolicyConfig
-from engine.telemetry import TelemetrySink
+from telemetry.schema import EngineEvent, RequestRecord
+from telemetry.sink import TelemetrySink
 
 
 def record(drafter: str, drafted: int, accepted: int) -> RequestRecord:

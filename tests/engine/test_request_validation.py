@@ -14,10 +14,10 @@ import pytest
 from engine_harness import BackgroundServer
 
 import engine.engine
+from common.procs import SOURCE_ROOT
 from engine.cli import register_drafters
 from engine.policy import PolicyConfig
 from engine.scheduler import SchedulerConfig
-from specwatch.common import SOURCE_ROOT
 from tests.engine.conftest import tiny_llama
 
 TOKEN = "s3cret"

@@ -12,9 +12,9 @@ import pytest
 from engine_harness import BackgroundServer
 from waiting import wait_for
 
-from collector.schema import EngineEvent
 from engine.policy import PolicyConfig
 from engine.scheduler import SchedulerConfig
+from telemetry.schema import EngineEvent
 
 
 def Server(
@@ -204,7 +204,7 @@ def test_control_api_requires_the_token_and_acts(bundled_engine):
 
 
 def test_traffic_generator_drives_the_server(server):
-    from engine.traffic import TrafficConfig, run_traffic, summary
+    from specwatch.traffic import TrafficConfig, run_traffic, summary
 
     config = TrafficConfig(
         url=server.url, scenarios=("chat", "extraction"), duration_s=60, max_requests=4, concurrency=2, max_tokens=6

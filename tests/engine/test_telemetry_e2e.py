@@ -12,10 +12,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import create_engine, text
 from waiting import wait_for
 
-from collector.client import TelemetryClient
+from common.procs import child_env, free_port, specwatch_command, start_collector, start_service, stop_process
 from engine.device import DeviceSampler, cpu_heap_memory
-from engine.telemetry import TelemetrySink
-from specwatch.common import child_env, free_port, specwatch_command, start_collector, start_service, stop_process
+from telemetry.client import TelemetryClient
+from telemetry.sink import TelemetrySink
 from tests.engine.test_server import Server
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,11 +14,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from thread_server import ThreadServer
 
-from collector.schema import RequestRecord
 from gateway.app import Gateway, GatewaySettings, create_app
 from gateway.records import Outcome
 from gateway.routing import Router, RoutingConfig
 from gateway.upstreams import parse_upstream
+from telemetry.schema import RequestRecord
 
 
 class GatewayServer(ThreadServer):

@@ -19,15 +19,15 @@ from waiting import wait_for
 
 from alerts.rules import parse_config
 from alerts.runner import AlertRunner
-from collector.client import TelemetryClient
 from collector.db import make_engine, upgrade
 from collector.models import AlertActionRow, Request
-from collector.schema import IngestBatch
 from collector.store import Store
+from common.procs import free_port, start_collector, stop_process
 from engine.policy import PolicyConfig
 from engine.scheduler import SchedulerConfig
 from gateway.routing import RoutingConfig
-from specwatch.common import free_port, start_collector, stop_process
+from telemetry.client import TelemetryClient
+from telemetry.schema import IngestBatch
 
 REPEAT = "Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox jumps over the lazy dog."
 TOKEN = {"authorization": "Bearer gw-token"}

@@ -12,8 +12,8 @@ import pytest
 from gateway_harness import DroppingUpstream, GatewayServer, ThreadServer, faulty_upstream
 from waiting import wait_for
 
+from common.procs import free_port, specwatch_command
 from gateway.routing import RoutingConfig
-from specwatch.common import free_port, specwatch_command
 
 
 @pytest.fixture(scope="module")

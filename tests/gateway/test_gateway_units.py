@@ -11,10 +11,10 @@ import orjson
 import pytest
 from gateway_harness import outcome
 
+from common.errors import UsageError
 from gateway.records import SseReader, draft_counts
 from gateway.routing import Router, RoutingConfig, session_share
 from gateway.upstreams import Upstream, UpstreamState, parse_upstream
-from specwatch.common import UsageError
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -31,10 +31,10 @@ from sqlalchemy import create_engine, select
 from waiting import wait_for
 
 from collector.models import Request
-from engine.workload import PROMPTS, chat
+from common.procs import child_env, free_port, specwatch_command, start_collector, start_service, stop_process
 from specwatch import vllm_server
-from specwatch.common import child_env, free_port, specwatch_command, start_collector, start_service, stop_process
 from specwatch.vllm_report import spec_counters  # its counter totals, and accepted tokens per position
+from specwatch.workload import PROMPTS, chat
 
 pytestmark = pytest.mark.skipif(not vllm_server.installed(), reason=vllm_server.not_installed_reason())
 TIMEOUT = httpx.Timeout(120, connect=5)

@@ -15,7 +15,6 @@ from sqlalchemy import func, insert, select
 
 from collector.models import AlertActionRow, AlertTransitionRow, Request
 from collector.rollups import roll_up
-from collector.schema import IngestBatch
 from collector.store import Store
 from cost.inputs import load_prices
 from report.build import (
@@ -29,6 +28,7 @@ from report.build import (
     recommend,
 )
 from report.html import write_report
+from telemetry.schema import IngestBatch
 
 MAY, JUNE = datetime(2026, 5, 3, tzinfo=UTC).timestamp(), datetime(2026, 6, 2, tzinfo=UTC).timestamp()
 AFTER_JUNE = datetime(2026, 7, 1, 3, tzinfo=UTC).timestamp()

@@ -12,10 +12,10 @@ import pytest
 from collector_payloads import request_dict
 
 from collector.db import make_engine, upgrade
-from collector.schema import IngestBatch
 from collector.store import Store
+from common.procs import SOURCE_ROOT
 from specwatch.cli import main
-from specwatch.common import SOURCE_ROOT
+from telemetry.schema import IngestBatch
 
 
 @pytest.fixture

@@ -19,7 +19,6 @@ from collector_payloads import plain_request_dict, request_dict, sample_dict
 from report_checks import check_html
 
 from collector.db import make_engine, upgrade
-from collector.schema import IngestBatch
 from collector.settings import Settings
 from collector.store import Store
 from cost.inputs import load_prices
@@ -27,6 +26,7 @@ from report.build import build_report
 from report.html import render_html, write_report
 from report.schedule import run_once
 from specwatch.cli import main
+from telemetry.schema import IngestBatch
 
 JUNE = datetime(2026, 6, 2, tzinfo=UTC).timestamp()
 AFTER_JUNE = datetime(2026, 7, 1, 3, tzinfo=UTC).timestamp()

@@ -18,13 +18,13 @@ from alerts.notify import REPORT_RULE, SIGNATURE_HEADER, deliver_due, sign
 from alerts.rules import parse_config
 from collector.db import make_engine, upgrade
 from collector.models import AlertNotificationRow
-from collector.schema import IngestBatch
 from collector.settings import Settings
 from collector.store import Store
+from common import procs
+from common.procs import free_port
 from report.build import last_month, month_window
 from report.schedule import run_once
-from specwatch import common
-from specwatch.common import free_port
+from telemetry.schema import IngestBatch
 
 SECRET = "report-s3cret"
 NOW = datetime(2026, 7, 1, 3, tzinfo=UTC).timestamp()  # June is last month
@@ -131,7 +131,7 @@ def test_collector_process_writes_and_delivers_last_months_report(tmp_path):
     )
     receiver = Receiver(receiver_port)
     api = f"http://127.0.0.1:{port}"
-    collector = common.start_collector(
+    collector = procs.start_collector(
         port,
         tmp_path / "collector.log",
         db_url,

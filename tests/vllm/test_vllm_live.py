@@ -15,10 +15,10 @@ from waiting import wait_for
 
 from collector.settings import Settings
 from collector.vllm import Scraper
-from engine.workload import chat
+from common.procs import free_port
 from service.app import create_app
 from specwatch import vllm_server
-from specwatch.common import free_port
+from specwatch.workload import chat
 
 pytestmark = pytest.mark.skipif(not vllm_server.installed(), reason=vllm_server.not_installed_reason())
 SCRAPE_S = 0.5

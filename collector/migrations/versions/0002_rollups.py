@@ -26,7 +26,7 @@ def upgrade() -> None:
     _create_rollup_table('request_rollups_hourly')
 
 
-BUCKETS = 14  # TTFT and e2e histogram buckets when written (0005 extends them to collector.schema.LATENCY_BUCKETS)
+BUCKETS = 14  # TTFT and e2e histogram buckets when written (0005 extends them to telemetry.schema.LATENCY_BUCKETS)
 KEYS = [('instance', 128), ('model', 128), ('mode', 16), ('drafter', 256), ('arm', 8)]
 COUNTS = ['requests', 'errors', 'ooms', 'prompt_tokens', 'output_tokens', 'drafts', 'draft_tokens',
           'accepted_tokens', 'rate_n', 'ttft_count']

@@ -6,7 +6,7 @@ Create Date: 2026-12-01
 
 The rollup tables kept TTFT and e2e histograms as 14 columns `<kind>_b00` .. `<kind>_b13`, the
 buckets of OLD (bucket i: OLD[i-1] < v <= OLD[i], the last one above 120 s). They now hold the 18
-buckets of NEW, `collector.schema.LATENCY_BUCKETS` as this revision wrote it, the list the engine's
+buckets of NEW, `telemetry.schema.LATENCY_BUCKETS` as this revision wrote it, the list the engine's
 and the collector's /metrics use too. NEW contains every bound of OLD and adds 0.2, 0.3, 0.75
 and 30 s (ADDED), so each old bucket is one new bucket or two.
 

@@ -10,8 +10,8 @@ import time
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from engine.traffic import TrafficConfig, run_traffic
-from specwatch.common import free_port
+from common.procs import free_port
+from specwatch.traffic import TrafficConfig, run_traffic
 
 
 def config(url: str, **changes) -> TrafficConfig:

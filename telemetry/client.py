@@ -8,7 +8,7 @@
 Records go into a bounded in-process queue; a background thread sends them in batches
 (`batch_size` records or every `flush_interval_s`). A failed send is retried with
 exponential backoff (capped, jittered); if the collector stays unreachable the batch is appended to an
-fsynced disk spool (`collector.spool`), and everything after it follows it there, so
+fsynced disk spool (`telemetry.spool`), and everything after it follows it there, so
 batches reach the collector in submission order once it is back. The spool is bounded
 (`max_spool_bytes`); what does not fit is dropped and counted in `stats()`.
 
@@ -38,8 +38,8 @@ from typing import Any
 import httpx
 import orjson
 
-from collector.schema import DeviceSample, EngineEvent, RequestRecord
-from collector.spool import Spool
+from telemetry.schema import DeviceSample, EngineEvent, RequestRecord
+from telemetry.spool import Spool
 
 log = logging.getLogger("specwatch.telemetry")
 _KINDS = {RequestRecord: "requests", DeviceSample: "samples", EngineEvent: "events"}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from collector import spool as spool_module
-from collector.spool import Spool
+from telemetry import spool as spool_module
+from telemetry.spool import Spool
 
 
 def drain(spool: Spool) -> list[bytes]:

@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from collector.client import TelemetryClient
-from collector.schema import DeviceSample, EngineEvent, RequestRecord
+from telemetry.client import TelemetryClient
+from telemetry.schema import DeviceSample, EngineEvent, RequestRecord
 
 log = logging.getLogger("specwatch.telemetry")
 

@@ -10,10 +10,10 @@ from collector_payloads import event_dict, request_dict, sample_dict
 from sqlalchemy import create_engine, text
 from waiting import wait_for
 
-from collector.client import TelemetryClient
-from collector.schema import DeviceSample, EngineEvent, RequestRecord
 from collector.settings import Settings
-from specwatch.common import free_port
+from common.procs import free_port
+from telemetry.client import TelemetryClient
+from telemetry.schema import DeviceSample, EngineEvent, RequestRecord
 
 
 def records(start: int, n: int) -> list[RequestRecord]:

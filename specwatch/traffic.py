@@ -1,6 +1,6 @@
 """`specwatch traffic`: a load generator that drives an engine through its OpenAI API.
 
-Scenarios are the sample prompts of `engine.workload` (chat, grounded repeat, summary,
+Scenarios are the sample prompts of `specwatch.workload` (chat, grounded repeat, summary,
 code edit, extraction from a context, long context > 512 tokens), tagged so the
 collector can split by scenario. Arrivals are either a fixed number of concurrent
 clients or a Poisson process; the run is bounded by --duration and --requests.
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import httpx
 import numpy as np
 
-from engine.workload import PROMPTS
+from specwatch.workload import PROMPTS
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,98 @@
+"""The one bearer-token scheme of every service: roles `ingest`, `read`, `admin`, several tokens
+per role (rotation), optionally bound to a tenant."""
+
+from __future__ import annotations
+
+import hmac
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from common.errors import UsageError
+
+
+def first_token(tokens: str | None) -> str | None:
+    """The collector takes several comma-separated tokens (rotation); a producer sends the first."""
+    return next((t.strip() for t in (tokens or "").split(",") if t.strip()), None)
+
+
+ROLES = ("ingest", "read", "admin")
+ROLE_ENV = {role: f"SPECWATCH_{role.upper()}_TOKEN" for role in ROLES}
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What a token allows: its role (`admin` includes `read`), and the tenant it is bound to, if any."""
+
+    role: str
+    tenant: str | None = None
+
+    def allows(self, role: str) -> bool:
+        return self.role == role or (self.role == "admin" and role == "read")
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header (scheme case-insensitive), else None."""
+    scheme, _, token = (authorization or "").strip().partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
+class TokenTable:
+    """Bearer tokens by role. Several per role (rotation: add the new one, move clients, drop the old).
+
+    From the environment, `SPECWATCH_INGEST_TOKEN`, `SPECWATCH_READ_TOKEN`, `SPECWATCH_ADMIN_TOKEN`
+    (comma-separated), and from a file of lines `ROLE TOKEN [tenant=NAME]` (`#` starts a comment).
+    Tokens are compared in constant time, each against every known token.
+    """
+
+    def __init__(self, grants: Mapping[str, Grant] | None = None) -> None:
+        self._grants = dict(grants or {})
+
+    @classmethod
+    def from_sources(cls, env: Mapping[str, str] | None = None, path: Path | str | None = None) -> TokenTable:
+        env = os.environ if env is None else env
+        grants = {
+            token.strip(): Grant(role)
+            for role, name in ROLE_ENV.items()
+            for token in env.get(name, "").split(",")
+            if token.strip()
+        }
+        return cls(grants | (_read_token_file(Path(path)) if path else {}))
+
+    @property
+    def enabled(self) -> bool:
+        """True when any token is configured: then every guarded endpoint needs one."""
+        return bool(self._grants)
+
+    def tokens(self, role: str) -> list[str]:
+        """The tokens that hold `role` (for a producer started alongside, e.g. by `specwatch up`)."""
+        return [token for token, grant in self._grants.items() if grant.role == role]
+
+    def grant(self, authorization: str | None) -> Grant | None:
+        """The grant of the header's bearer token, or None when it names no known token."""
+        given = (bearer_token(authorization) or "").encode()
+        found = None
+        for token, grant in self._grants.items():
+            if hmac.compare_digest(given, token.encode()):
+                found = grant
+        return found if given else None
+
+
+def _read_token_file(path: Path) -> dict[str, Grant]:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise UsageError(f"cannot read the token file {path}: {exc.strerror}") from None
+    grants = {}
+    for number, line in enumerate(lines, 1):
+        fields = line.split("#", 1)[0].split()
+        if not fields:
+            continue
+        tenant = fields[2].removeprefix("tenant=") if len(fields) == 3 and fields[2].startswith("tenant=") else None
+        if len(fields) not in (2, 3) or fields[0] not in ROLES or (len(fields) == 3 and not tenant):
+            raise UsageError(
+                f"{path}:{number}: expected 'ROLE TOKEN [tenant=NAME]' with ROLE one of {', '.join(ROLES)}"
+            )
+        grants[fields[1]] = Grant(fields[0], tenant)
+    return grants
