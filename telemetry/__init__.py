@@ -1,0 +1,10 @@
+"""specwatch telemetry: the contract every producer and the collector share, and the producer side.
+
+  schema   RequestRecord, DeviceSample, EngineEvent, TelemetryBatch (pydantic, no heavy imports)
+  client   TelemetryClient: batching, retries with backoff, an fsynced disk spool while the collector is down
+  spool    the spool's file format
+  sink     TelemetrySink: the one place a producer (the engine, the gateway) hands its records to
+
+Raw counts travel; ratios are derived when read. Imports only `common` of ours, so the engine and
+the gateway depend on this package and never on the collector.
+"""
