@@ -74,6 +74,7 @@ class GenerateRequest:
     seed: int | None = None
     tags: dict[str, str] = field(default_factory=dict)
     request_id: str | None = None
+    started_at: float | None = None  # epoch s; a gateway's, given with its request_id (else arrival here)
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (self.messages is None):
@@ -247,6 +248,7 @@ class Run:
     ) -> None:
         self.engine, self.request, self.slot = engine, request, slot
         self.started_at, self.started = time.time() - queue_s, time.monotonic() - queue_s
+        self.started_at = request.started_at if request.started_at is not None else self.started_at
         self.queue_s, self.load, self.mode_reason, self.arm = queue_s, load, mode_reason, arm
         self.prompt_ids = prompt_ids if prompt_ids is not None else engine.encode(request)
         use_draft = speculate and request.gamma > 0
