@@ -116,7 +116,8 @@ def group_index(keys: Sequence[tuple]) -> tuple[list[tuple], np.ndarray]:
 
 def aggregate(columns: dict[str, list], key_names: Sequence[str], per_second: bool) -> tuple[list[tuple], dict]:
     """Group requests by `key_names` (label names), and by second when `per_second`; returns the
-    keys (the second first) and, per key, COUNTS, SUMS, rate_m2 and the three sketches (Bins)."""
+    keys (the second first) and, per key, COUNTS, SUMS, rate_m2, the span (first_s, last_s: the
+    first second's start, the last one's end) and the three sketches (Bins)."""
     n_rows = len(columns["started_at"])
     started = np.asarray(columns["started_at"], dtype=float)
     labels = [columns[name] for name in key_names]
@@ -162,12 +163,21 @@ def _totals(columns: dict[str, list], group: np.ndarray, n: int) -> dict:
         "cost_device_s": total(np.nan_to_num(device_s), costed),
         "rate_m2": total(deviation * deviation, drafting),
     }
+    out |= _span(np.asarray(columns["started_at"], dtype=float), group, n)
     has_tpot = (output > 1) & ~np.isnan(ttft)
     tpot = np.full(len(group), np.nan)
     tpot[has_tpot] = (e2e[has_tpot] - ttft[has_tpot]) / (output[has_tpot] - 1)
     for name, values in (("ttft_sketch", ttft), ("e2e_sketch", e2e), ("tpot_sketch", tpot)):
         out[name] = _sketches(group, values, n)
     return out
+
+
+def _span(started: np.ndarray, group: np.ndarray, n: int) -> dict[str, np.ndarray]:
+    """Per group: the start of the first second holding a request and the end of the last."""
+    first, last = np.full(n, np.inf), np.full(n, -np.inf)
+    np.minimum.at(first, group, np.floor(started))
+    np.maximum.at(last, group, np.floor(started) + PERIOD_S)
+    return {"first_s": first, "last_s": last}
 
 
 def _sketches(group: np.ndarray, values: np.ndarray, n: int) -> list[sketch.Bins]:

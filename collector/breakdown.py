@@ -8,6 +8,7 @@ dataclasses.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -15,7 +16,7 @@ import numpy as np
 from sqlalchemy import Engine, and_, func, select
 
 from collector.models import DeviceSampleRow, EngineEventRow, Request, VllmScrape
-from collector.queries import LATENCY_AND_DRAFT_COLUMNS, Filters, Percentiles, Window, percentiles
+from collector.queries import LATENCY_AND_DRAFT_COLUMNS, Filters, Percentiles, Window, active_span, percentiles
 from collector.series import DeviceSnapshot
 
 GROUP_COLUMNS = ("mode", "arm", "drafter", "instance", "model", "mode_reason")
@@ -43,6 +44,9 @@ class Group:
     energy_sources: list[str]
     ttft_cdf: list[float | None]
     s_per_token_cdf: list[float | None]
+    active_s: float = 0.0  # seconds of the window from the group's first second with a request to its last's end
+    request_rate_per_s: float = 0.0  # per active second
+    output_tokens_per_s: float = 0.0  # per active second
 
 
 @dataclass(frozen=True)
@@ -66,7 +70,7 @@ class Comparison:
     p_value: float | None
 
 
-_COLUMNS = (*LATENCY_AND_DRAFT_COLUMNS, Request.energy_j)
+_COLUMNS = (*LATENCY_AND_DRAFT_COLUMNS, Request.energy_j, Request.started_at)
 
 
 def _key_column(by: str):
@@ -79,7 +83,7 @@ def _key_column(by: str):
 
 def breakdown(engine: Engine, window: Window, filters: Filters = Filters(), by: str = "drafter") -> Breakdown:
     grouped = _grouped_rows(engine, window, filters, by)
-    return Breakdown(by, [_group(k, v) for k, v in sorted(grouped.items(), key=lambda kv: -len(kv[1]))])
+    return Breakdown(by, [_group(k, v, window) for k, v in sorted(grouped.items(), key=lambda kv: -len(kv[1]))])
 
 
 def _grouped_rows(engine: Engine, window: Window, filters: Filters, by: str) -> dict[str, list]:
@@ -93,10 +97,13 @@ def _grouped_rows(engine: Engine, window: Window, filters: Filters, by: str) -> 
     return grouped
 
 
-def _group(key: str, rows: list) -> Group:
+def _group(key: str, rows: list, window: Window) -> Group:
     status = [r[0] for r in rows]
     sources = sorted({r[1] for r in rows if r[1]})
-    ttft, e2e, out, drafts, drafted, accepted, energy = (np.array(c, dtype=float) for c in list(zip(*rows))[2:])
+    ttft, e2e, out, drafts, drafted, accepted, energy, started = (
+        np.array(c, dtype=float) for c in list(zip(*rows))[2:]
+    )
+    active = active_span(window, math.floor(started.min()), math.floor(started.max()) + 1)
     ok = np.array([s == "ok" for s in status]) & (out > 0)
     per_token = e2e[ok] / out[ok]
     has_energy = ~np.isnan(energy) & (out > 0)
@@ -117,6 +124,9 @@ def _group(key: str, rows: list) -> Group:
         energy_sources=sources,
         ttft_cdf=_cdf(ttft),
         s_per_token_cdf=_cdf(per_token),
+        active_s=active,
+        request_rate_per_s=len(rows) / active if active else 0.0,
+        output_tokens_per_s=float(out.sum()) / active if active else 0.0,
     )
 
 
@@ -134,7 +144,7 @@ def compare(engine: Engine, window: Window, filters: Filters = Filters(), by: st
         raise ValueError("compare by arm or mode")
     names = ("spec", "control") if by == "arm" else ("speculative", "autoregressive")
     grouped = _grouped_rows(engine, window, filters, by)
-    spec, plain = (_group(name, grouped[name]) if grouped.get(name) else None for name in names)
+    spec, plain = (_group(name, grouped[name], window) if grouped.get(name) else None for name in names)
     speedup = p_value = None
     if spec and plain and spec.s_per_token_mean and plain.s_per_token_mean:
         speedup = plain.s_per_token_mean / spec.s_per_token_mean

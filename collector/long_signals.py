@@ -12,15 +12,18 @@ squares. TPOT is not kept in rollups (left empty).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 from sqlalchemy import Engine, and_, func, select
 
 from collector import rollups, window_signals
+from collector.aggregates import COUNTS, SUMS
 from collector.history import GRACE_S, RAW_WINDOW_LIMIT_S, histogram_quantile, rollup_conditions
 from collector.models import Request, RequestRollup, RequestRollupHourly
 from collector.queries import Filters, Percentiles, Signals, Window, signals
+from collector.totals import Totals, signals_from
 
 _COLUMNS = (
     *rollups.INT_COLUMNS,
@@ -44,66 +47,63 @@ def long_signals(engine: Engine, window: Window, filters: Filters = Filters()) -
     with engine.connect() as conn:
         pass_at, last_id = rollups.get_state(conn, rollups.LAST_PASS_AT), rollups.get_state(conn, rollups.LAST_ID) or 0
         split = first if pass_at is None else min(window.end, max(first, math.floor((pass_at - GRACE_S) / 60) * 60))
-        totals = _raw_totals(conn, window.start, first, filters) + _raw_totals(conn, split, window.end, filters)
+        parts = [_raw_totals(conn, window.start, first, filters), _raw_totals(conn, split, window.end, filters)]
         if split > first:
-            totals += _raw_totals(conn, first, split, filters, after_id=last_id)
-            totals += _rollup_totals(conn, first, split, filters)
-    return _signals_from(window, {c: float(v) for c, v in zip(_COLUMNS, totals)})
+            parts.append(_raw_totals(conn, first, split, filters, after_id=last_id))
+            parts.extend(_rollup_totals(conn, first, split, filters))
+    totals = {c: float(v) for c, v in zip(_COLUMNS, sum(values for values, _ in parts))}
+    spans = [span for _, span in parts if span[0] is not None]
+    totals["first_s"] = min((lo for lo, _ in spans), default=math.inf)
+    totals["last_s"] = max((hi for _, hi in spans), default=-math.inf)
+    return _signals_from(window, totals)
 
 
-def _rollup_totals(conn, start: float, end: float, filters: Filters) -> np.ndarray:
+Part = tuple[np.ndarray, tuple[float | None, float | None]]  # sums in _COLUMNS order, (first_s, last_s)
+_NONE: Part = (np.zeros(len(_COLUMNS)), (None, None))
+
+
+def _rollup_totals(conn, start: float, end: float, filters: Filters) -> list[Part]:
     """Sums over [start, end): whole hours from the hourly rollups, the edges from the per-minute ones."""
     h0, h1 = math.ceil(start / 3600) * 3600, math.floor(end / 3600) * 3600
     spans = (
-        [(RequestRollupHourly, h0, h1), (RequestRollup, start, h0), (RequestRollup, h1, end)]
+        [(RequestRollupHourly, h0, h1, 3600), (RequestRollup, start, h0, 60), (RequestRollup, h1, end, 60)]
         if h1 > h0
-        else [(RequestRollup, start, end)]
+        else [(RequestRollup, start, end, 60)]
     )
-    totals = np.zeros(len(_COLUMNS))
-    for table, lo, hi in spans:
+    parts = []
+    for table, lo, hi, period_s in spans:
         if hi > lo:
             sums = [func.coalesce(func.sum(getattr(table, c)), 0) for c in _COLUMNS[:-1]]
-            stmt = select(*sums, rollups.legacy_rows(table))
-            totals += np.array(
-                conn.execute(stmt.where(and_(*rollup_conditions(table, lo, hi, filters)))).one(), dtype=float
-            )
-    return totals
+            span = [func.min(table.period_start), func.max(table.period_start) + period_s]
+            stmt = select(*sums, rollups.legacy_rows(table), *span)
+            row = conn.execute(stmt.where(and_(*rollup_conditions(table, lo, hi, filters)))).one()
+            parts.append((np.array(row[:-2], dtype=float), (row[-2], row[-1])))
+    return parts
 
 
-def _raw_totals(conn, start: float, end: float, filters: Filters, after_id: float | None = None) -> np.ndarray:
+def _raw_totals(conn, start: float, end: float, filters: Filters, after_id: float | None = None) -> Part:
     if end <= start:
-        return np.zeros(len(_COLUMNS))
+        return _NONE
     stmt = filters.apply(select(*rollups.RAW_COLUMNS), Window(start, end), time_index=after_id is None)
     if after_id is not None:  # few rows past the roll-up's last id: find them by id, not by time
         stmt = stmt.where(Request.id > after_id)
     rows = conn.execute(stmt).all()
     if not rows:
-        return np.zeros(len(_COLUMNS))
+        return _NONE
     _, ints, floats = rollups.aggregate(rows, 60)
-    return np.concatenate([ints.sum(axis=0), floats.sum(axis=0), [0]]).astype(float)
+    started = [row[0] for row in rows]
+    span = (math.floor(min(started)), math.floor(max(started)) + 1)
+    return np.concatenate([ints.sum(axis=0), floats.sum(axis=0), [0]]).astype(float), span
 
 
 def _signals_from(window: Window, t: dict[str, float]) -> Signals:
-    n_rate = t["rate_n"]
-    mean = t["rate_sum"] / n_rate if n_rate else None
-    stddev = math.sqrt(max(0.0, t["rate_sumsq"] / n_rate - mean * mean)) if n_rate else None
-    return Signals(
-        window=window,
-        requests=int(t["requests"]),
-        errors=int(t["errors"]),
-        ooms=int(t["ooms"]),
-        requests_per_s=t["requests"] / window.seconds,
-        output_tokens_per_s=t["output_tokens"] / window.seconds,
-        drafts=int(t["drafts"]),
-        draft_tokens=int(t["draft_tokens"]),
-        accepted_tokens=int(t["accepted_tokens"]),
-        acceptance_rate=t["accepted_tokens"] / t["draft_tokens"] if t["draft_tokens"] else None,
-        acceptance_rate_mean=mean,
-        acceptance_rate_stddev=stddev,
-        mean_acceptance_length=1.0 + t["accepted_tokens"] / t["drafts"] if t["drafts"] else None,
+    n = t["rate_n"]
+    m2 = t["rate_sumsq"] - t["rate_sum"] ** 2 / n if n else 0.0  # M2 from the sum of squares
+    totals = Totals({name: t.get(name, 0.0) for name in (*COUNTS, *SUMS)}, m2, {}, t["first_s"], t["last_s"])
+    return dataclasses.replace(
+        signals_from(window, totals),
         ttft=_percentiles(np.array([t[c] for c in rollups.TTFT_COLUMNS]), t["legacy_rows"]),
         e2e=_percentiles(np.array([t[c] for c in rollups.E2E_COLUMNS]), t["legacy_rows"]),
-        tpot=Percentiles(),
     )
 
 

@@ -13,6 +13,7 @@ numpy beats window-function emulation). Definitions follow vLLM:
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -90,8 +91,10 @@ class Signals:
     requests: int
     errors: int
     ooms: int
-    requests_per_s: float
-    output_tokens_per_s: float
+    output_tokens: int
+    active_s: float  # seconds from the first second with a request to the end of the last (`active_span`)
+    request_rate_per_s: float  # per active second
+    output_tokens_per_s: float  # per active second
     drafts: int
     draft_tokens: int
     accepted_tokens: int
@@ -113,7 +116,13 @@ LATENCY_AND_DRAFT_COLUMNS = (
     Request.num_draft_tokens,
     Request.num_accepted_tokens,
 )
-_SIGNAL_COLUMNS = (*LATENCY_AND_DRAFT_COLUMNS, Request.status, Request.error)
+_SIGNAL_COLUMNS = (*LATENCY_AND_DRAFT_COLUMNS, Request.status, Request.error, Request.started_at)
+
+
+def active_span(window: Window, first_s: float, last_s: float) -> float:
+    """Seconds of `window` from `first_s` (the start of the first second, or period, holding a
+    request) to `last_s` (the end of the last one): what rates are per."""
+    return max(0.0, min(window.end, last_s) - max(window.start, first_s))
 
 
 def signals(engine: Engine, window: Window, filters: Filters = Filters()) -> Signals:
@@ -122,13 +131,17 @@ def signals(engine: Engine, window: Window, filters: Filters = Filters()) -> Sig
     ttft, e2e, out, drafts, drafted, accepted = _float_columns(rows, 6)
     status = [r[6] for r in rows]
     per_request = np.divide(accepted, drafted, out=np.full_like(accepted, np.nan), where=drafted > 0)
+    started = [r[8] for r in rows]
+    active = active_span(window, math.floor(min(started)), math.floor(max(started)) + 1) if rows else 0.0
     return Signals(
         window=window,
         requests=len(rows),
         errors=sum(s == "error" for s in status),
         ooms=sum(1 for r in rows if r[7] and "oom" in r[7]),
-        requests_per_s=len(rows) / window.seconds,
-        output_tokens_per_s=float(out.sum()) / window.seconds,
+        output_tokens=int(out.sum()),
+        active_s=active,
+        request_rate_per_s=len(rows) / active if active else 0.0,
+        output_tokens_per_s=float(out.sum()) / active if active else 0.0,
         drafts=int(drafts.sum()),
         draft_tokens=int(drafted.sum()),
         accepted_tokens=int(accepted.sum()),

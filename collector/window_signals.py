@@ -22,28 +22,14 @@ from sqlalchemy import Connection, Engine, and_, case, func, select
 from collector import aggregates, sketch
 from collector.aggregates import COUNTS, SUMS, WindowAggregate
 from collector.models import Request
-from collector.queries import Filters, Percentiles, Signals, Window
+from collector.queries import Filters, Signals, Window
+from collector.totals import EMPTY, SKETCH_NAMES, Totals, percentiles, signals_from
 
 RAW_COLUMNS = tuple(getattr(Request, name) for name in aggregates.SOURCE_FIELDS)
-ALL_SKETCHES = ("ttft", "e2e", "tpot")
-
-
-@dataclass(frozen=True)
-class Totals:
-    """One label set's aggregates over a window."""
-
-    sums: dict[str, float]  # COUNTS and SUMS by name
-    rate_m2: float
-    sketches: dict[str, sketch.Bins]  # by "ttft", "e2e", "tpot" (those asked for)
-
-    def acceptance_mean(self) -> float | None:
-        n = self.sums["rate_n"]
-        return self.sums["rate_sum"] / n if n else None
-
-    def acceptance_stddev(self) -> float | None:
-        """Population standard deviation (numpy's np.std) of the per-request acceptance rates."""
-        n = self.sums["rate_n"]
-        return math.sqrt(max(0.0, self.rate_m2 / n)) if n else None
+ALL_SKETCHES = SKETCH_NAMES
+NUMERIC = (*COUNTS, *SUMS, "rate_m2", "first_s", "last_s")  # a part's columns
+Step = tuple[float, float]  # (origin, step seconds): a leading key, the step index of each second
+__all__ = ["Totals", "WindowReader", "percentiles", "signals", "window_totals", "stepped_totals"]
 
 
 @dataclass
@@ -51,7 +37,7 @@ class _Part:
     """Partial aggregates: one entry per (label key, piece), several pieces per key."""
 
     keys: list[tuple]
-    columns: dict[str, np.ndarray]  # COUNTS, SUMS, rate_m2
+    columns: dict[str, np.ndarray]  # NUMERIC
     sketches: dict[str, list[sketch.Bins]]
 
 
@@ -157,59 +143,103 @@ def _stored_where(first: int, last: int, filters: Filters):
     return and_(period >= first, period < last, *_label_conditions(filters))
 
 
-def _stored_sums(conn: Connection, first: int, last: int, filters: Filters) -> _Part:
-    """COUNTS, SUMS and the merged rate_m2 of the stored rows of [first, last), one row per label set,
-    summed by the database: M2 = the rows' M2 + rate_n (row mean - label set's mean)^2 (Chan et al.)."""
-    agg, where = WindowAggregate, _stored_where(first, last, filters)
-    labels = [getattr(agg, c) for c in aggregates.LABELS]
+def _key_columns(step: Step | None) -> list:
+    """The stored rows' key: the label set, after the step index of the row's second when stepping."""
+    labels = [getattr(WindowAggregate, c).label(c) for c in aggregates.LABELS]
+    if step is None:
+        return labels
+    origin, step_s = step
+    return [func.floor((WindowAggregate.period_start - origin) / step_s).label("step"), *labels]
+
+
+def _stored_sums(conn: Connection, first: int, last: int, filters: Filters, step: Step | None = None) -> _Part:
+    """NUMERIC of the stored rows of [first, last), one row per key (`_key_columns`), summed by the
+    database: M2 = the rows' M2 + rate_n (row mean - key's mean)^2 (Chan et al.)."""
+    agg, where, keys = WindowAggregate, _stored_where(first, last, filters), _key_columns(step)
     set_mean = func.sum(agg.rate_sum) / func.nullif(func.sum(agg.rate_n), 0)
-    means = select(*labels, set_mean.label("set_mean")).where(where).group_by(*labels).subquery()
-    same_set = and_(*(getattr(agg, c).is_not_distinct_from(means.c[c]) for c in aggregates.LABELS))
+    means = select(*keys, set_mean.label("set_mean")).where(where).group_by(*keys).subquery()
+    same_key = and_(*(key.element.is_not_distinct_from(means.c[key.name]) for key in keys))
     deviation = agg.rate_sum / agg.rate_n - means.c.set_mean
     spread = case((agg.rate_n > 0, agg.rate_n * deviation * deviation), else_=0.0)
     totals = [func.sum(getattr(agg, c)) for c in (*COUNTS, *SUMS)] + [func.sum(agg.rate_m2 + spread)]
-    stmt = select(*labels, *totals).select_from(agg).join(means, same_set).where(where).group_by(*labels)
+    span = [func.min(agg.period_start), func.max(agg.period_start) + aggregates.PERIOD_S]
+    stmt = select(*keys, *totals, *span).select_from(agg).join(means, same_key).where(where).group_by(*keys)
     rows = conn.execute(stmt).all()
-    k = len(labels)
-    values = list(zip(*rows)) if rows else [()] * (k + len(totals))
-    numeric = (*COUNTS, *SUMS, "rate_m2")
+    k = len(keys)
+    values = list(zip(*rows)) if rows else [()] * (k + len(NUMERIC))
     return _Part(
-        [tuple(row[:k]) for row in rows],
-        {name: np.array(values[k + i], dtype=float) for i, name in enumerate(numeric)},
+        [_key(row[:k], step) for row in rows],
+        {name: np.array(values[k + i], dtype=float) for i, name in enumerate(NUMERIC)},
         {},
     )
 
 
+def _key(values: Sequence, step: Step | None) -> tuple:
+    return tuple(values) if step is None else (int(values[0]), *values[1:])
+
+
 def _stored_sketches(
-    conn: Connection, first: int, last: int, filters: Filters, names: Sequence[str]
+    conn: Connection, first: int, last: int, filters: Filters, names: Sequence[str], step: Step | None = None
 ) -> dict[str, dict[tuple, sketch.Bins]]:
-    """The merged sketches `names` of the stored rows of [first, last), per name and label set."""
-    labels = [getattr(WindowAggregate, c) for c in aggregates.LABELS]
-    blobs = [getattr(WindowAggregate, f"{name}_sketch") for name in names]
-    rows = conn.execute(select(*labels, *blobs).where(_stored_where(first, last, filters))).all()
-    k = len(labels)
-    keys, group = aggregates.group_index([tuple(row[:k]) for row in rows])
+    """The merged sketches `names` of the stored rows of [first, last), per name and key."""
+    keys, blobs = _key_columns(step), [getattr(WindowAggregate, f"{name}_sketch") for name in names]
+    rows = conn.execute(select(*keys, *blobs).where(_stored_where(first, last, filters))).all()
+    k = len(keys)
+    found, group = aggregates.group_index([_key(row[:k], step) for row in rows])
     return {
-        name: dict(zip(keys, sketch.merge_encoded([row[k + i] for row in rows], group, len(keys))))
+        name: dict(zip(found, sketch.merge_encoded([row[k + i] for row in rows], group, len(found))))
         for i, name in enumerate(names)
     }
 
 
-def _raw(conn: Connection, window: Window, filters: Filters) -> _Part:
-    """Raw rows of `window` aggregated per full label set, with every sketch."""
+def _raw(conn: Connection, window: Window, filters: Filters, step: Step | None = None) -> _Part:
+    """Raw rows of `window` aggregated per full label set (after the step index when stepping),
+    with every sketch: by the code that writes the stored aggregates at ingest."""
     rows = conn.execute(filters.apply(select(*RAW_COLUMNS), window)).all()
     if not rows:
         return _Part([], {}, {})
-    keys, totals = aggregates.aggregate(
-        aggregates.columns_of_rows(rows, aggregates.SOURCE_FIELDS), aggregates.LABELS, per_second=False
-    )
-    columns = {name: np.asarray(totals[name], dtype=float) for name in (*COUNTS, *SUMS, "rate_m2")}
+    columns = aggregates.columns_of_rows(rows, aggregates.SOURCE_FIELDS)
+    if step is not None:  # the step as a label: each second's index, as for the stored rows
+        origin, step_s = step
+        columns["step"] = np.floor((np.floor(np.asarray(columns["started_at"])) - origin) / step_s).astype(int).tolist()
+    names = aggregates.LABELS if step is None else ("step", *aggregates.LABELS)
+    keys, totals = aggregates.aggregate(columns, names, per_second=False)
+    columns = {name: np.asarray(totals[name], dtype=float) for name in NUMERIC}
     return _Part(keys, columns, {name: totals[f"{name}_sketch"] for name in ALL_SKETCHES})
 
 
-def _projected(part: _Part, group_by: Sequence[str]) -> _Part:
-    """A part keyed by the full label set, keyed by `group_by` instead (pieces not yet merged)."""
-    positions = [aggregates.LABELS.index(name) for name in group_by]
+def stepped_totals(
+    engine: Engine,
+    window: Window,
+    step_s: float,
+    group_by: Sequence[str] = (),
+    filters: Filters = Filters(),
+    with_sketches: Sequence[str] = ALL_SKETCHES,
+) -> dict[tuple, Totals]:
+    """Totals per (step index, values of `group_by`) over `window` cut in steps of `step_s` from its
+    start: the stored aggregates of its whole covered seconds, raw rows for the rest. A request
+    counts in the step its second starts in (steps are cut at whole seconds)."""
+    if filters.tags:
+        raise ValueError("aggregates carry no tags: read raw rows for tag filters")
+    step = (window.start, step_s)
+    with engine.connect() as conn:
+        first, last = max(math.ceil(window.start), aggregates.covered_from(conn)), math.floor(window.end)
+        spans, parts = [(window.start, window.end)], []
+        if last > first:
+            sums = _stored_sums(conn, first, last, filters, step)
+            found = _stored_sketches(conn, first, last, filters, with_sketches, step)
+            sketches = {name: [found[name].get(k, sketch.EMPTY) for k in sums.keys] for name in with_sketches}
+            parts.append(_Part(sums.keys, sums.columns, sketches))
+            spans = [(window.start, first), (last, window.end)]
+        parts.extend(_raw(conn, Window(lo, hi), filters, step) for lo, hi in spans if hi > lo)
+    return _combine([_projected(part, ("step", *group_by), stepped=True) for part in parts], with_sketches)
+
+
+def _projected(part: _Part, group_by: Sequence[str], stepped: bool = False) -> _Part:
+    """A part keyed by the full label set (after the step when `stepped`), keyed by `group_by`
+    instead (pieces not yet merged)."""
+    names = ("step", *aggregates.LABELS) if stepped else aggregates.LABELS
+    positions = [names.index(name) for name in group_by]
     return _Part([tuple(key[i] for i in positions) for key in part.keys], part.columns, part.sketches)
 
 
@@ -222,12 +252,17 @@ def _combine(parts: list[_Part], with_sketches) -> dict[tuple, Totals]:
     column = {name: np.concatenate([p.columns[name] for p in parts]) for name in parts[0].columns}
     sums = {name: np.bincount(group, weights=column[name], minlength=n) for name in (*COUNTS, *SUMS)}
     m2 = _chan_m2(group, n, column["rate_n"], column["rate_sum"], column["rate_m2"], sums)
+    first, last = np.full(n, np.inf), np.full(n, -np.inf)
+    np.minimum.at(first, group, column["first_s"])
+    np.maximum.at(last, group, column["last_s"])
     merged = {name: _merge_per_group(group, n, [s for p in parts for s in p.sketches[name]]) for name in with_sketches}
     return {
         key: Totals(
             {name: float(sums[name][i]) for name in sums},
             float(m2[i]),
             {name: merged[name][i] for name in with_sketches},
+            float(first[i]),
+            float(last[i]),
         )
         for i, key in enumerate(keys)
     }
@@ -249,34 +284,6 @@ def _merge_per_group(group: np.ndarray, n: int, pieces: list[sketch.Bins]) -> li
     return [sketch.merge(p) for p in by_group]
 
 
-def percentiles(bins: sketch.Bins) -> Percentiles:
-    if not bins.count:
-        return Percentiles()
-    p50, p90, p95, p99 = (sketch.quantile(bins, q) for q in (0.5, 0.9, 0.95, 0.99))
-    return Percentiles(p50, p90, p95, p99, bins.count)
-
-
 def signals(engine: Engine, window: Window, filters: Filters = Filters()) -> Signals:
     """`collector.queries.signals` from the aggregates (percentiles from sketches)."""
-    totals = window_totals(engine, window, (), filters).get(())
-    if totals is None:
-        totals = Totals({name: 0.0 for name in (*COUNTS, *SUMS)}, 0.0, dict.fromkeys(ALL_SKETCHES, sketch.EMPTY))
-    s = totals.sums
-    return Signals(
-        window=window,
-        requests=int(s["requests"]),
-        errors=int(s["errors"]),
-        ooms=int(s["ooms"]),
-        requests_per_s=s["requests"] / window.seconds,
-        output_tokens_per_s=s["output_tokens"] / window.seconds,
-        drafts=int(s["drafts"]),
-        draft_tokens=int(s["draft_tokens"]),
-        accepted_tokens=int(s["accepted_tokens"]),
-        acceptance_rate=s["accepted_tokens"] / s["draft_tokens"] if s["draft_tokens"] else None,
-        acceptance_rate_mean=totals.acceptance_mean(),
-        acceptance_rate_stddev=totals.acceptance_stddev(),
-        mean_acceptance_length=1.0 + s["accepted_tokens"] / s["drafts"] if s["drafts"] else None,
-        ttft=percentiles(totals.sketches["ttft"]),
-        e2e=percentiles(totals.sketches["e2e"]),
-        tpot=percentiles(totals.sketches["tpot"]),
-    )
+    return signals_from(window, window_totals(engine, window, (), filters).get((), EMPTY))

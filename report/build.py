@@ -36,18 +36,19 @@ import time
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine
 
 from alerts.store import history
 from collector.breakdown import Comparison, LoadBucket, compare, throughput_by_load
 from collector.history import auto_series, errors_by_hour_long
 from collector.long_signals import auto_signals
-from collector.models import Request, RequestRollupHourly
 from collector.queries import Filters, HourOfDay, LengthCorrelation, Signals, Window, acceptance_vs_length
+from collector.reads import raw_request_count, request_label_values
 from cost.advisor import AdvisorRules
 from cost.inputs import Overrides
 from cost.model import HiddenCosts, Prices
 from cost.summary import CostSummary, measured_summary
+from report.delivery import REPORT_STATUS
 
 _MONTH = re.compile(r"(\d{4})-(0[1-9]|1[0-2])")
 KNEE_DROP = 0.8  # the knee: per-request decode speed below 80% of the lightest load's
@@ -264,7 +265,7 @@ def _headline(
         sig.requests,
         sig.errors,
         sig.ooms,
-        round(sig.output_tokens_per_s * sig.window.seconds),
+        sig.output_tokens,
         spec,
         sig.acceptance_rate,
         sig.mean_acceptance_length,
@@ -300,15 +301,13 @@ class PricingChoice:
 
 
 def _traffic(engine: Engine, window: Window, sig: Signals) -> Traffic:
-    with engine.connect() as conn:
-        raw = conn.scalar(Filters().apply(select(func.count()).select_from(Request), window))
-    output = round(sig.output_tokens_per_s * window.seconds)
+    output = sig.output_tokens
     return Traffic(
         sig.requests,
         sig.errors,
         sig.ooms,
         output,
-        int(raw or 0),
+        raw_request_count(engine, window),
         _shares(engine, window, "mode", sig.requests),
         _shares(engine, window, "drafter", sig.requests),
         _shares(engine, window, "arm", sig.requests),
@@ -318,11 +317,7 @@ def _traffic(engine: Engine, window: Window, sig: Signals) -> Traffic:
 def _shares(engine: Engine, window: Window, column: str, total: int) -> tuple[Share, ...]:
     """Requests per value of `column` over the whole month (rollups + raw rows), most first.
     Requests without a drafter count as "none"; without an arm they are left out."""
-    values = set()
-    with engine.connect() as conn:
-        for table, at in ((RequestRollupHourly, RequestRollupHourly.period_start), (Request, Request.started_at)):
-            stmt = select(getattr(table, column)).where(at >= window.start, at < window.end).distinct()
-            values |= {v for (v,) in conn.execute(stmt)}
+    values = set(request_label_values(engine, window, column))
     if column == "drafter":
         values = {"none" if v in (None, "") else v for v in values}
     values -= {None, ""}
@@ -374,7 +369,7 @@ def alert_summary(engine: Engine, window: Window) -> AlertSummary:
         fired,
         sum(t["from_state"] == "firing" for t in found["transitions"]),
         _count(f"{a['action']}: {a['outcome']}" for a in found["actions"]),
-        _count(n["status"] for n in found["notifications"] if n["alert_status"] != "report"),
+        _count(n["status"] for n in found["notifications"] if n["alert_status"] != REPORT_STATUS),
         tuple(found["transitions"][:RECENT]),
         tuple(found["actions"][:RECENT]),
     )
