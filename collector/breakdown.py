@@ -15,9 +15,13 @@ from dataclasses import dataclass
 import numpy as np
 from sqlalchemy import Engine, and_, func, select
 
+from collector import reader, sketch
+from collector.aggregates import LABELS
 from collector.models import DeviceSampleRow, EngineEventRow, Request, VllmScrape
 from collector.queries import LATENCY_AND_DRAFT_COLUMNS, Filters, Percentiles, Window, active_span, percentiles
+from collector.reader import Sample, sample_rows
 from collector.series import DeviceSnapshot
+from collector.totals import Totals, ratio
 
 GROUP_COLUMNS = ("mode", "arm", "drafter", "instance", "model", "mode_reason")
 CDF_POINTS = (0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
@@ -51,9 +55,13 @@ class Group:
 
 @dataclass(frozen=True)
 class Breakdown:
+    """`sampled`: the per-request figures (and, grouped by other than a label, every figure) come
+    from that sample of the window's requests."""
+
     by: str
     groups: list[Group]
     cdf_points: tuple[float, ...] = CDF_POINTS
+    sampled: Sample | None = None
 
 
 @dataclass(frozen=True)
@@ -61,13 +69,14 @@ class Comparison:
     """Speculative (`spec` arm or mode) against plain (`control` arm or mode), per output token.
 
     speedup = plain mean s/token / speculative mean s/token (> 1: speculation pays);
-    p_value: two-sided Mann-Whitney U on the per-request s/token."""
+    p_value: two-sided Mann-Whitney U on the per-request s/token (of the sample, when sampled)."""
 
     by: str
     speculative: Group | None
     plain: Group | None
     speedup: float | None
     p_value: float | None
+    sampled: Sample | None = None
 
 
 _COLUMNS = (*LATENCY_AND_DRAFT_COLUMNS, Request.energy_j, Request.started_at)
@@ -82,52 +91,111 @@ def _key_column(by: str):
 
 
 def breakdown(engine: Engine, window: Window, filters: Filters = Filters(), by: str = "drafter") -> Breakdown:
-    grouped = _grouped_rows(engine, window, filters, by)
-    return Breakdown(by, [_group(k, v, window) for k, v in sorted(grouped.items(), key=lambda kv: -len(kv[1]))])
+    """Per group of `by`: counts, acceptance and TTFT/e2e from the tiered reader when `by` is a label
+    the aggregates carry (else from the same sample as the per-request figures, and `sampled` says so)."""
+    grouped = _Grouped.read(engine, window, filters, by)
+    groups = [grouped.group(key) for key in grouped.names()]
+    return Breakdown(by, sorted(groups, key=lambda g: -g.requests), sampled=grouped.sample)
 
 
-def _grouped_rows(engine: Engine, window: Window, filters: Filters, by: str) -> dict[str, list]:
-    key = _key_column(by)
-    stmt = filters.apply(select(key, Request.status, Request.energy_source, *_COLUMNS), window)
-    with engine.connect() as conn:
-        rows = conn.execute(stmt).all()
+@dataclass(frozen=True)
+class _Grouped:
+    """A window's requests grouped by `by`: per-request rows (all, or a sample) and, for a label the
+    aggregates carry, each group's totals from the tiered reader."""
+
+    window: Window
+    rows: dict[str, list]  # (status, energy_source, *_COLUMNS) per request
+    totals: dict[str, Totals] | None
+    sample: Sample | None
+
+    @classmethod
+    def read(cls, engine: Engine, window: Window, filters: Filters, by: str) -> _Grouped:
+        columns = (_key_column(by), Request.status, Request.energy_source, *_COLUMNS)
+        if filters.tags or by not in LABELS:
+            expected = None if filters.tags else reader.requests_in(engine, window, filters)
+            rows, sample = sample_rows(engine, window, filters, columns, expected)
+            return cls(window, _by_key(rows), None, sample)
+        totals = {_name(k[0]): t for k, t in reader.totals(engine, window, filters, (by,), ("ttft", "e2e")).items()}
+        rows, sample = sample_rows(engine, window, filters, columns, sum(t.requests for t in totals.values()))
+        return cls(window, _by_key(rows), totals, sample)
+
+    def names(self) -> list[str]:
+        return list(self.rows) if self.totals is None else list(self.totals)
+
+    def group(self, key: str) -> Group:
+        rows = self.rows.get(key, [])
+        headline = _headline(self.totals[key], self.window) if self.totals else _exact_headline(rows, self.window)
+        return Group(key=key, **headline, **_per_request(rows))
+
+
+def _name(value) -> str:
+    return "none" if value is None else str(value)
+
+
+def _by_key(rows: list) -> dict[str, list]:
     grouped: dict[str, list] = defaultdict(list)
     for row in rows:
-        grouped["none" if row[0] is None else str(row[0])].append(row[1:])
+        grouped[_name(row[0])].append(row[1:])
     return grouped
 
 
-def _group(key: str, rows: list, window: Window) -> Group:
+def _exact_headline(rows: list, window: Window) -> dict:
+    """Counts, acceptance, rates and exact TTFT/e2e of the group's raw rows."""
     status = [r[0] for r in rows]
-    sources = sorted({r[1] for r in rows if r[1]})
-    ttft, e2e, out, drafts, drafted, accepted, energy, started = (
-        np.array(c, dtype=float) for c in list(zip(*rows))[2:]
-    )
+    ttft, e2e, out, drafts, drafted, accepted, _, started = (np.array(c, dtype=float) for c in list(zip(*rows))[2:])
     active = active_span(window, math.floor(started.min()), math.floor(started.max()) + 1)
-    ok = np.array([s == "ok" for s in status]) & (out > 0)
-    per_token = e2e[ok] / out[ok]
+    return {
+        "requests": len(rows),
+        "errors": sum(s == "error" for s in status),
+        "output_tokens": int(out.sum()),
+        "drafted": int(drafted.sum()),
+        "accepted": int(accepted.sum()),
+        "acceptance_rate": float(accepted.sum() / drafted.sum()) if drafted.sum() else None,
+        "mean_acceptance_length": float(1 + accepted.sum() / drafts.sum()) if drafts.sum() else None,
+        "ttft": percentiles(ttft),
+        "e2e": percentiles(e2e),
+        "ttft_cdf": _cdf(ttft),
+        "active_s": active,
+        "request_rate_per_s": len(rows) / active if active else 0.0,
+        "output_tokens_per_s": float(out.sum()) / active if active else 0.0,
+    }
+
+
+def _headline(totals: Totals, window: Window) -> dict:
+    """The same from the group's totals (TTFT/e2e and the TTFT CDF from the merged sketches)."""
+    s, ttft = totals.sums, totals.sketches["ttft"]
+    return {
+        "requests": totals.requests,
+        "errors": int(s["errors"]),
+        "output_tokens": int(s["output_tokens"]),
+        "drafted": int(s["draft_tokens"]),
+        "accepted": int(s["accepted_tokens"]),
+        "acceptance_rate": ratio(s["accepted_tokens"], s["draft_tokens"]),
+        "mean_acceptance_length": None if not s["drafts"] else 1.0 + s["accepted_tokens"] / s["drafts"],
+        "ttft": totals.percentiles("ttft"),
+        "e2e": totals.percentiles("e2e"),
+        "ttft_cdf": [sketch.quantile(ttft, q) for q in CDF_POINTS],
+        "active_s": totals.active_s(window),
+        "request_rate_per_s": totals.rate("requests", window),
+        "output_tokens_per_s": totals.rate("output_tokens", window),
+    }
+
+
+def _per_request(rows: list) -> dict:
+    """s/token percentiles, mean and CDF, energy per token and its sources, from per-request rows."""
+    if not rows:
+        return {"s_per_token": Percentiles(), "s_per_token_mean": None, "energy_j_per_token": None,
+                "energy_sources": [], "s_per_token_cdf": [None] * len(CDF_POINTS)}  # fmt: skip
+    per_token = _per_token(rows)
+    out, energy = (np.array(c, dtype=float) for c in list(zip(*rows))[4:9:4])
     has_energy = ~np.isnan(energy) & (out > 0)
-    return Group(
-        key=key,
-        requests=len(rows),
-        errors=sum(s == "error" for s in status),
-        output_tokens=int(out.sum()),
-        drafted=int(drafted.sum()),
-        accepted=int(accepted.sum()),
-        acceptance_rate=float(accepted.sum() / drafted.sum()) if drafted.sum() else None,
-        mean_acceptance_length=float(1 + accepted.sum() / drafts.sum()) if drafts.sum() else None,
-        ttft=percentiles(ttft),
-        e2e=percentiles(e2e),
-        s_per_token=percentiles(per_token),
-        s_per_token_mean=float(per_token.mean()) if per_token.size else None,
-        energy_j_per_token=float(energy[has_energy].sum() / out[has_energy].sum()) if has_energy.any() else None,
-        energy_sources=sources,
-        ttft_cdf=_cdf(ttft),
-        s_per_token_cdf=_cdf(per_token),
-        active_s=active,
-        request_rate_per_s=len(rows) / active if active else 0.0,
-        output_tokens_per_s=float(out.sum()) / active if active else 0.0,
-    )
+    return {
+        "s_per_token": percentiles(per_token),
+        "s_per_token_mean": float(per_token.mean()) if per_token.size else None,
+        "energy_j_per_token": float(energy[has_energy].sum() / out[has_energy].sum()) if has_energy.any() else None,
+        "energy_sources": sorted({r[1] for r in rows if r[1]}),
+        "s_per_token_cdf": _cdf(per_token),
+    }
 
 
 def _cdf(values: np.ndarray) -> list[float | None]:
@@ -143,19 +211,19 @@ def compare(engine: Engine, window: Window, filters: Filters = Filters(), by: st
     if by not in ("arm", "mode"):
         raise ValueError("compare by arm or mode")
     names = ("spec", "control") if by == "arm" else ("speculative", "autoregressive")
-    grouped = _grouped_rows(engine, window, filters, by)
-    spec, plain = (_group(name, grouped[name], window) if grouped.get(name) else None for name in names)
+    grouped = _Grouped.read(engine, window, filters, by)
+    spec, plain = (grouped.group(name) if name in grouped.names() else None for name in names)
     speedup = p_value = None
     if spec and plain and spec.s_per_token_mean and plain.s_per_token_mean:
         speedup = plain.s_per_token_mean / spec.s_per_token_mean
-        samples = [_per_token(grouped[name]) for name in names]
+        samples = [_per_token(grouped.rows.get(name, [])) for name in names]
         if min(len(s) for s in samples) > 1:
             p_value = float(mannwhitneyu(*samples, alternative="two-sided").pvalue)
-    return Comparison(by, spec, plain, speedup, p_value)
+    return Comparison(by, spec, plain, speedup, p_value, grouped.sample)
 
 
 def _per_token(rows: list) -> np.ndarray:
-    """e2e seconds per output token of the ok requests among `rows` (as `_grouped_rows` returns them)."""
+    """e2e seconds per output token of the ok requests among `rows` (as `_Grouped` holds them)."""
     return np.array([r[3] / r[4] for r in rows if r[0] == "ok" and r[4] > 0], dtype=float)
 
 
@@ -352,22 +420,4 @@ def _text(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def label_values(
-    engine: Engine, window: Window, filters: Filters = Filters(), tag_keys: tuple[str, ...] = ("scenario",)
-) -> dict[str, dict[str, int]]:
-    """Requests per instance, model, drafter, mode, arm and tag value in the window (the
-    dashboard's filter choices and mode share)."""
-    columns = {
-        "instance": Request.instance,
-        "model": Request.model,
-        "drafter": Request.drafter,
-        "mode": Request.mode,
-        "arm": Request.arm,
-    }
-    columns |= {f"tag:{key}": Request.tags[key].as_string() for key in tag_keys}
-    found = {}
-    with engine.connect() as conn:
-        for name, column in columns.items():
-            stmt = filters.apply(select(column, func.count()), window).group_by(column)
-            found[name] = {str(v): n for v, n in conn.execute(stmt) if v is not None}
-    return found
+label_values = reader.label_values  # moved to the tiered reader

@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Response
 
-from collector import breakdown, history, long_signals, queries, series, vllm
+from collector import breakdown, history, queries, reader, series, vllm
 from collector.queries import Filters, Window
 from service.deps import EngineDep, ReadGrantDep, json_response, read_access, read_all_tenants
 
@@ -61,7 +61,7 @@ FiltersDep = Annotated[Filters, Depends(filters_param)]
 def get_signals(engine: EngineDep, window: WindowDep, filters: FiltersDep) -> Response:
     """Counts, throughput, acceptance and TTFT/e2e/TPOT percentiles of the window (up to 6 h from
     the per-second aggregates, percentiles from DDSketches within 1%; rollup histograms beyond)."""
-    return json_response(long_signals.auto_signals(engine, window, filters))
+    return json_response(reader.signals(engine, window, filters))
 
 
 @router.get("/acceptance/positions")
@@ -88,9 +88,10 @@ def get_errors_by_hour(engine: EngineDep, window: WindowDep, filters: FiltersDep
 def get_series(
     engine: EngineDep, window: WindowDep, filters: FiltersDep, step: Annotated[float, Query(ge=1)] = 60.0
 ) -> Response:
-    """Per-step series: exact from raw rows up to 6 h, from per-minute rollups beyond."""
+    """Per-step series: from the per-second aggregates up to 6 h (sketch percentiles), from per-minute
+    rollups beyond, exact from raw rows with tag filters (`collector.reader`)."""
     try:
-        return json_response(history.auto_series(engine, window, filters, step))
+        return json_response(reader.series(engine, window, filters, step))
     except ValueError as exc:
         raise HTTPException(422, {"error": "invalid_step", "message": str(exc)}) from None
 
@@ -165,5 +166,6 @@ def get_sources(engine: EngineDep, window: WindowDep) -> Response:
 
 @router.get("/labels")
 def get_labels(engine: EngineDep, window: WindowDep, filters: FiltersDep) -> Response:
-    """Requests per instance, model, drafter, mode, arm and scenario tag in the window."""
-    return json_response(breakdown.label_values(engine, window, filters))
+    """Requests per instance, model, drafter, mode, arm and scenario tag in the window (tag counts from a
+    sample of a large window, scaled: `sampled` then says how many of how many requests)."""
+    return json_response(reader.label_values(engine, window, filters))

@@ -1,0 +1,163 @@
+"""The tiered read path: every window query the query API answers picks its tier here.
+
+Tiers, by window and filters:
+  * raw rows         a filter on tags (no aggregate carries tags): `collector.queries`, `series`;
+  * per-second aggregates (written at ingest, `collector.window_signals`; raw rows for the partial
+    seconds at the ends and for seconds stored before migration 0009), windows up to
+    `history.RAW_WINDOW_LIMIT_S`, and grouped totals (labels, compare, breakdown) of any window;
+  * rollups (per minute, whole hours from the hourly ones; raw rows for the rest) for signals and
+    series of longer windows (`collector.long_signals`, `collector.history`).
+Every tier returns the same `totals.Totals` (percentiles from the same DDSketches in the raw and
+per-second tiers) and signals come from the one builder, `totals.signals_from`.
+
+Where an answer needs per-request values that no aggregate keeps (s/token CDFs and the Mann-Whitney
+test of /v1/compare, energy per token, tag values), `sample_rows` reads at most about SAMPLE_ROWS
+of the window's requests: a deterministic pseudo-random subset (request ids hashed), and the
+answer carries a `Sample` saying how many of how many requests it rests on.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import Engine, func, select
+
+from collector import history, long_signals, window_signals
+from collector.aggregates import LABELS
+from collector.models import Request
+from collector.queries import Filters, Signals, Window
+from collector.series import SeriesPoint
+from collector.totals import EMPTY, Totals, ratio
+
+SAMPLE_ROWS = 20_000
+_HASH_MULTIPLIER, _HASH_MODULUS = 7919, 1_000_003  # id * m mod p: a pseudo-random order of the ids
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The per-request figures of an answer rest on `rows` of the window's `of` requests."""
+
+    rows: int
+    of: int
+
+
+def tier(window: Window, filters: Filters) -> str:
+    """Where signals and series of `window` are read from: raw | aggregates | rollups."""
+    if filters.tags:
+        return "raw"
+    return "aggregates" if window.seconds <= history.RAW_WINDOW_LIMIT_S else "rollups"
+
+
+def signals(engine: Engine, window: Window, filters: Filters = Filters()) -> Signals:
+    """The window's signals from its tier (`long_signals.auto_signals` picks it as `tier` says)."""
+    return long_signals.auto_signals(engine, window, filters)
+
+
+def totals(
+    engine: Engine,
+    window: Window,
+    filters: Filters = Filters(),
+    group_by: Sequence[str] = (),
+    with_sketches: Sequence[str] = window_signals.ALL_SKETCHES,
+) -> dict[tuple, Totals]:
+    """Totals per value of `group_by` (labels of `aggregates.LABELS`) from the per-second aggregates
+    (no tag filters: those read `sample_rows`)."""
+    return window_signals.window_totals(engine, window, group_by, filters, with_sketches)
+
+
+def requests_in(engine: Engine, window: Window, filters: Filters) -> int:
+    """How many requests the window holds (from the aggregates; counted in raw rows with tags)."""
+    if filters.tags:
+        with engine.connect() as conn:
+            return int(conn.scalar(filters.apply(select(func.count()).select_from(Request), window)))
+    return totals(engine, window, filters, (), ()).get((), EMPTY).requests
+
+
+def sample_rows(
+    engine: Engine, window: Window, filters: Filters, columns: Sequence, expected: int | None
+) -> tuple[list[tuple], Sample | None]:
+    """The window's rows of `columns`: all when `expected` (requests in the window) is at most
+    SAMPLE_ROWS, else those whose hashed id falls in the first SAMPLE_ROWS / expected of the range
+    (with the sample's size and `expected`). `expected=None`: all rows."""
+    stmt = filters.apply(select(*columns), window)
+    keep = None if expected is None or expected <= SAMPLE_ROWS else math.ceil(_HASH_MODULUS * SAMPLE_ROWS / expected)
+    if keep is not None:
+        stmt = stmt.where((Request.id * _HASH_MULTIPLIER) % _HASH_MODULUS < keep)
+    with engine.connect() as conn:
+        rows = conn.execute(stmt).all()
+    return rows, None if keep is None else Sample(len(rows), expected)
+
+
+def label_values(
+    engine: Engine, window: Window, filters: Filters = Filters(), tag_keys: tuple[str, ...] = ("scenario",)
+) -> dict[str, dict[str, int]]:
+    """Requests per instance, model, drafter, mode, arm (from the aggregates) and tag value (counted
+    in a sample and scaled to the window's requests, rounded: the key `sampled` then says
+    {"rows": sample size, "of": requests}) in the window: the dashboard's filter choices and mode share."""
+    if filters.tags:
+        return _raw_label_values(engine, window, filters, tag_keys)
+    found: dict[str, dict[str, int]] = {label: {} for label in LABELS}
+    for key, t in totals(engine, window, filters, LABELS, ()).items():
+        for label, value in zip(LABELS, key):
+            if value is not None:
+                found[label][str(value)] = found[label].get(str(value), 0) + t.requests
+    expected = sum(found["mode"].values())
+    tags = [Request.tags[key].as_string() for key in tag_keys]
+    rows, sample = sample_rows(engine, window, filters, tags, expected)
+    scale = expected / max(1, len(rows)) if sample else 1.0
+    for i, key in enumerate(tag_keys):
+        counts: dict[str, int] = {}
+        for row in rows:
+            if row[i] is not None:
+                counts[str(row[i])] = counts.get(str(row[i]), 0) + 1
+        found[f"tag:{key}"] = {value: round(n * scale) for value, n in counts.items()}
+    return found | ({"sampled": {"rows": sample.rows, "of": sample.of}} if sample else {})
+
+
+def _raw_label_values(engine: Engine, window: Window, filters: Filters, tag_keys: tuple[str, ...]) -> dict:
+    columns = {name: getattr(Request, name) for name in LABELS}
+    columns |= {f"tag:{key}": Request.tags[key].as_string() for key in tag_keys}
+    found = {}
+    with engine.connect() as conn:
+        for name, column in columns.items():
+            stmt = filters.apply(select(column, func.count()), window).group_by(column)
+            found[name] = {str(v): n for v, n in conn.execute(stmt) if v is not None}
+    return found
+
+
+def series(engine: Engine, window: Window, filters: Filters = Filters(), step_s: float = 60.0) -> list[SeriesPoint]:
+    """Per-step series: from the per-second aggregates up to RAW_WINDOW_LIMIT_S (a request counts in
+    the step its second starts in; percentiles from sketches), raw rows with tag filters, rollups beyond."""
+    if step_s <= 0 or window.seconds / step_s > 100_000:
+        raise ValueError("step_s must be positive and give at most 100000 points")
+    if tier(window, filters) != "aggregates":
+        return history.auto_series(engine, window, filters, step_s)
+    steps = math.ceil(window.seconds / step_s)
+    by_step = window_signals.stepped_totals(engine, window, step_s, (), filters)
+    return [_point(window.start + i * step_s, by_step.get((i,), EMPTY)) for i in range(steps)]
+
+
+def _point(t: float, totals: Totals) -> SeriesPoint:
+    s = totals.sums
+    ttft, e2e, tpot = (totals.percentiles(name) for name in ("ttft", "e2e", "tpot"))
+    return SeriesPoint(
+        t=t,
+        requests=totals.requests,
+        errors=int(s["errors"]),
+        output_tokens=int(s["output_tokens"]),
+        drafts=int(s["drafts"]),
+        draft_tokens=int(s["draft_tokens"]),
+        accepted_tokens=int(s["accepted_tokens"]),
+        acceptance_rate=ratio(s["accepted_tokens"], s["draft_tokens"]),
+        acceptance_rate_mean=totals.acceptance_mean(),
+        acceptance_rate_stddev=totals.acceptance_stddev(),
+        mean_acceptance_length=None if not s["drafts"] else 1.0 + s["accepted_tokens"] / s["drafts"],
+        ttft_p50=ttft.p50,
+        ttft_p99=ttft.p99,
+        e2e_p50=e2e.p50,
+        e2e_p99=e2e.p99,
+        tpot_p50=tpot.p50,
+        tpot_p99=tpot.p99,
+    )
