@@ -23,17 +23,25 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Literal
 
 import orjson
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from common.auth import Grant, TokenTable
+from common.http import (
+    ERROR_HANDLERS,
+    ControlGuard,
+    OpenAIError,
+    error_body,
+    incoming_request_id,
+    incoming_started_at,
+    openai_error,
+)
 from engine import control
 from engine.cuda import NoCudaStreams
 from engine.engine import SEED_RANGE, GenerateRequest, GenerateResult, RequestError
@@ -62,7 +70,7 @@ class _Common(BaseModel):
     # the telemetry contract's own tag types: a tag its RequestRecord would refuse is refused here, up front
     tags: dict[TagKey, TagValue] = Field(default_factory=dict, max_length=MAX_TAGS)
 
-    def generate_request(self, drafters: Mapping[str, str], **content) -> GenerateRequest:
+    def generate_request(self, drafters: Mapping[str, str], identity: RequestIdentity, **content) -> GenerateRequest:
         """`drafters`: the server's registered drafter names and their specs."""
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         return GenerateRequest(
@@ -74,7 +82,8 @@ class _Common(BaseModel):
             stop=stop,
             seed=self.seed,
             tags=self.tags,
-            request_id=uuid.uuid4().hex,
+            request_id=identity.request_id,
+            started_at=identity.started_at,
         )
 
 
@@ -110,19 +119,24 @@ class StreamsBody(BaseModel):
 
 
 BUILTIN_DRAFTERS = ("none", "ngram", "suffix", "early-exit:K", "auto")
-ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error"}
 
 
-def openai_error(
-    status: int,
-    message: str,
-    kind: str = "invalid_request_error",
-    headers: dict | None = None,
-    param: str | None = None,
-    code: str | None = None,
-) -> JSONResponse:
-    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
-    return JSONResponse(body, status_code=status, headers=headers)
+@dataclass(frozen=True)
+class RequestIdentity:
+    """The record's `request_id` and `started_at`: a gateway's (its `x-request-id` and
+    `x-specwatch-started-at`), so the gateway's record and the engine's are one row at the collector;
+    else a fresh id and the engine's own clock (started_at None)."""
+
+    request_id: str
+    started_at: float | None = None
+
+    @classmethod
+    def of(cls, request: Request) -> RequestIdentity:
+        """400 (OpenAIError) for a malformed header; a started-at without an id is not adopted."""
+        request_id = incoming_request_id(request)
+        if request_id is None:
+            return cls(uuid.uuid4().hex)
+        return cls(request_id, incoming_started_at(request, time.time()))
 
 
 def request_drafter(name: str | None, drafters: Mapping[str, str]) -> str | None:
@@ -139,23 +153,6 @@ def request_drafter(name: str | None, drafters: Mapping[str, str]) -> str | None
         return drafters[name]
     allowed = ", ".join([*BUILTIN_DRAFTERS, *drafters])
     raise RequestError(f"unknown drafter {name[:64]!r}: use one of {allowed}", "drafter")
-
-
-def control_guard(control_token: str | None):
-    """The control API's dependency: off without a token (403 saying how to enable it), else an admin bearer token."""
-    tokens = TokenTable({control_token: Grant("admin")}) if control_token else None
-
-    def authorized(request: Request) -> None:
-        if tokens is None:
-            raise HTTPException(
-                403, "the control API is off: start the engine with --control-token (or SPECWATCH_CONTROL_TOKEN)"
-            )
-        if tokens.grant(request.headers.get("authorization")) is None:
-            raise HTTPException(
-                401, "missing or wrong bearer token for the control API", headers={"WWW-Authenticate": "Bearer"}
-            )
-
-    return authorized
 
 
 def create_app(
@@ -176,7 +173,7 @@ def create_app(
         yield
         scheduler.stop()
 
-    app = FastAPI(title="specwatch engine", lifespan=lifespan)
+    app = FastAPI(title="specwatch engine", lifespan=lifespan, exception_handlers=ERROR_HANDLERS)
     app.state.scheduler, app.state.model_name = scheduler, model_name
     app.state.drafters = dict(drafters or {})
     request_drafter(default_drafter, app.state.drafters)  # a bad default fails at start, not per request
@@ -186,7 +183,7 @@ def create_app(
     scheduler.telemetry.subscribe(RequestRecord, EngineMetrics(scheduler, registry).observe)
     app.get("/metrics")(lambda: Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST))
 
-    control_routes = APIRouter(prefix="/v1/control", dependencies=[Depends(control_guard(control_token))])
+    control_routes = APIRouter(prefix="/v1/control", dependencies=[Depends(ControlGuard(control_token, "engine"))])
     control_routes.post("/mode")(_set_mode)
     control_routes.get("/state")(_state)
     control_routes.post("/defragment")(_defragment)
@@ -211,12 +208,6 @@ def create_app(
     app.post("/v1/completions")(_completions)
     app.post("/v1/chat/completions")(_chat_completions)
     app.include_router(control_routes)
-
-    @app.exception_handler(StarletteHTTPException)  # FastAPI's own (a body it cannot parse, 404, 405) too
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        kind = ERROR_TYPES.get(exc.status_code, "invalid_request_error")
-        return openai_error(exc.status_code, str(exc.detail), kind, exc.headers)
-
     return app
 
 
@@ -249,14 +240,14 @@ def _draft(body: DraftBody, request: Request) -> dict:
     try:
         return control.load_drafts(scheduler, emit, request_drafter(body.drafter, request.app.state.drafters))
     except ValueError as exc:
-        raise HTTPException(400, str(exc)) from None
+        raise OpenAIError(400, str(exc), param="drafter") from None
 
 
 def _streams(body: StreamsBody, request: Request) -> dict:
     try:
         return control.set_streams(request.app.state.scheduler, request.app.state.emit, body.target, body.draft)
     except NoCudaStreams as exc:  # a CPU engine: nothing to change
-        raise HTTPException(409, str(exc)) from None
+        raise OpenAIError(409, str(exc)) from None
 
 
 async def _state(request: Request) -> dict:
@@ -276,18 +267,17 @@ async def _serve(request: Request, body: _Common, content: dict, chat: bool) -> 
         return openai_error(
             404,
             f"model {body.model!r} does not exist; this server serves {request.app.state.model_name!r}",
-            "not_found_error",
         )
     if "drafter" not in body.model_fields_set:  # the server's default: 'none' makes a plain upstream for a gateway
         body.drafter = request.app.state.default_drafter
     try:
-        generate = body.generate_request(request.app.state.drafters, **content)
+        generate = body.generate_request(request.app.state.drafters, RequestIdentity.of(request), **content)
         scheduler.engine.check_drafter(generate.drafter)
         ticket = scheduler.submit(generate, asyncio.get_running_loop())
     except ValueError as exc:
         return openai_error(400, str(exc), param=getattr(exc, "param", None), code=getattr(exc, "code", None))
     except Overloaded as exc:
-        return openai_error(429, str(exc), "rate_limit_error", {"Retry-After": str(exc.retry_after_s)})
+        return openai_error(429, str(exc), headers={"Retry-After": str(exc.retry_after_s)})
     frame = _Frame(request.app.state.model_name, chat, len(ticket.prompt_ids))
     if body.stream:
         return StreamingResponse(_sse(ticket, frame), media_type="text/event-stream")
@@ -318,7 +308,7 @@ async def _sse(ticket: Ticket, frame: _Frame) -> AsyncIterator[bytes]:
             else:
                 yield _data(frame.chunk(item, None, None))
     except Exception as exc:  # headers are sent: report in-band, as OpenAI does
-        yield _data({"error": {"message": str(exc), "type": "server_error", "param": None, "code": None}})
+        yield _data(error_body(str(exc)))
     yield b"data: [DONE]\n\n"
 
 
@@ -327,16 +317,16 @@ async def _whole(ticket: Ticket, frame: _Frame, request: Request) -> Response:
     try:
         async for item in _events(ticket):
             if isinstance(item, GenerateResult) and item.finish_reason == "cancelled":  # a shutdown's deadline
-                return openai_error(503, "the engine shut down before the request finished", "server_error")
+                return openai_error(503, "the engine shut down before the request finished")
             if isinstance(item, GenerateResult):
                 return JSONResponse(frame.whole(item))
     except ShuttingDown as exc:
-        return openai_error(503, str(exc), "server_error")
+        return openai_error(503, str(exc))
     except Exception as exc:
-        return openai_error(500, f"generation failed: {exc}", "server_error")
+        return openai_error(500, f"generation failed: {exc}")
     finally:
         watcher.cancel()
-    return openai_error(500, "generation ended without a result", "server_error")
+    return openai_error(500, "generation ended without a result")
 
 
 async def _cancel_on_disconnect(request: Request, ticket: Ticket) -> None:

@@ -47,10 +47,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from gateway.app import Gateway, GatewaySettings, create_app
+    from gateway.app import create_app
+    from gateway.core import Gateway, GatewaySettings
     from gateway.routing import Router, RoutingConfig
     from gateway.upstreams import check_upstreams, parse_upstream
     from telemetry.client import TelemetryClient
+    from telemetry.sink import TelemetrySink
 
     upstreams = [parse_upstream(text) for text in args.upstream]
     check_upstreams(upstreams)
@@ -66,7 +68,7 @@ def run_serve(args: argparse.Namespace) -> int:
         client = TelemetryClient(args.collector, args.spool_dir, args.collector_token) if args.collector else None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    gateway = Gateway(upstreams, Router(config), settings, client)
+    gateway = Gateway(upstreams, Router(config), settings, TelemetrySink(settings.name, client))
     pools = ", ".join(f"{u.name}={u.url} ({u.pool}{', ' + u.drafter if u.drafter else ''})" for u in upstreams)
     print(
         f"gateway: http://{args.host}:{args.port}/v1 -> {pools}; telemetry -> {args.collector or 'off'}",

@@ -33,9 +33,10 @@ class GatewayMetrics:
         )
         registry.register(_UpstreamGauges(states))
 
-    def observe(self, record: RequestRecord, e2e_s: float) -> None:
+    def observe(self, record: RequestRecord) -> None:
+        """A finished request (a consumer of the gateway's sink)."""
         self.requests.labels(record.instance, record.mode, record.status).inc()
-        self.latency.labels(record.instance).observe(e2e_s)
+        self.latency.labels(record.instance).observe(record.e2e_s)
 
 
 class _UpstreamGauges:

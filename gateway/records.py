@@ -75,6 +75,7 @@ class Outcome:
     mode_reason: str
     arm: str | None
     load_at_admission: float | None
+    pool: str = "spec"  # the pool it was routed to (the other one after a failover)
     retries: int = 0
     instance: str = ""
     drafter: str | None = None

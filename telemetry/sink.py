@@ -1,5 +1,6 @@
-"""The engine's one telemetry sink: the scheduler hands it request records, the device sampler
-samples, the policy and the control actions events.
+"""A producer's one telemetry sink. In the engine the scheduler hands it request records, the device
+sampler samples, the policy and the control actions events; in the gateway the proxy hands it a
+record per request and the gateway its config and upstream-health events.
 
 Each item goes to the collector's `TelemetryClient` when one is configured and to local
 consumers (the Prometheus metrics, a test's list). Consumers run on the producer's thread, so
@@ -25,7 +26,7 @@ Item = TypeVar("Item", RequestRecord, DeviceSample, EngineEvent)
 
 class TelemetrySink:
     def __init__(self, instance: str | None = None, client: TelemetryClient | None = None) -> None:
-        self.instance = instance or socket.gethostname()  # the `instance` of its samples and events
+        self.instance = instance or socket.gethostname()  # the `instance` of its events (and of the engine's samples)
         self.client = client  # for /metrics: whether its deliveries are refused, what waits in its spool
         self._consumers: dict[type, list[Callable]] = {RequestRecord: [], DeviceSample: [], EngineEvent: []}
         if client is not None:

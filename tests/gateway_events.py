@@ -1,28 +1,20 @@
-"""Upstream-health snapshots from a real `gateway.app.Gateway.emit_upstreams` (no network), for the
+"""Upstream-health snapshots from a real `gateway.core.Gateway.emit_upstreams` (no network), for the
 Sources tests: gateway "edge" with upstreams vllm-a (spec, ngram) and vllm-b (plain)."""
 
 from __future__ import annotations
 
-from gateway.app import Gateway, GatewaySettings
+from gateway.core import Gateway, GatewaySettings
 from gateway.routing import Router, RoutingConfig
 from gateway.upstreams import Upstream
 from telemetry.schema import EngineEvent
-
-
-class EventSink:
-    """Where the gateway's telemetry client would queue its events: kept to store them ourselves."""
-
-    def __init__(self) -> None:
-        self.events: list[EngineEvent] = []
-
-    def submit_event(self, event: EngineEvent) -> None:
-        self.events.append(event)
+from telemetry.sink import TelemetrySink
 
 
 def upstream_snapshots(ats: list[float]) -> list[EngineEvent]:
     """Up to three snapshots at `ats`: both upstreams up; vllm-b down ('connect: connection refused');
     vllm-b up again."""
-    sink = EventSink()
+    sink, events = TelemetrySink("edge"), []
+    sink.subscribe(EngineEvent, events.append)  # where the collector's client would queue them
     upstreams = [
         Upstream("vllm-a", "http://10.0.0.1:8000", drafter="ngram", gamma=4, pool="spec"),
         Upstream("vllm-b", "http://10.0.0.2:8000", pool="plain"),
@@ -33,4 +25,4 @@ def upstream_snapshots(ats: list[float]) -> list[EngineEvent]:
     gateway.emit_upstreams()
     gateway.states["vllm-b"].mark_up()
     gateway.emit_upstreams()
-    return [e.model_copy(update={"at": at}) for e, at in zip(sink.events, ats)]
+    return [e.model_copy(update={"at": at}) for e, at in zip(events, ats)]

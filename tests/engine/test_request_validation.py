@@ -1,6 +1,6 @@
 """Request validation on the engine API (bundled model, real HTTP): every refusal is a 400 in OpenAI's
 error shape naming the field; prompts must fit the context; drafters come from the server's own list;
-the control API is off without a token."""
+the control API is off without a token; an incoming x-request-id (a gateway's) becomes the record's id."""
 
 from __future__ import annotations
 
@@ -8,16 +8,19 @@ import dataclasses
 import os
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
 from engine_harness import BackgroundServer
+from waiting import wait_for
 
 import engine.engine
 from common.procs import SOURCE_ROOT
 from engine.cli import register_drafters
 from engine.policy import PolicyConfig
 from engine.scheduler import SchedulerConfig
+from telemetry.schema import RequestRecord
 from tests.engine.conftest import tiny_llama
 
 TOKEN = "s3cret"
@@ -253,3 +256,38 @@ def test_a_missing_or_wrong_token_is_401(server, header):
     answer = httpx.post(f"{server.url}/v1/control/mode", json={"mode": "autoregressive"}, headers=headers)
     assert answer.status_code == 401 and answer.json()["error"]["type"] == "authentication_error"
     assert answer.headers["www-authenticate"] == "Bearer"
+
+
+@pytest.mark.parametrize(
+    "headers,param",
+    [
+        ({"x-request-id": "x" * 129}, "x-request-id"),  # over the telemetry contract's 128
+        ({"x-request-id": "two words"}, "x-request-id"),
+        ({"x-request-id": "tab\there"}, "x-request-id"),
+        ({"x-request-id": ""}, "x-request-id"),
+        ({"x-request-id": "ok", "x-specwatch-started-at": "yesterday"}, "x-specwatch-started-at"),
+        ({"x-request-id": "ok", "x-specwatch-started-at": "nan"}, "x-specwatch-started-at"),
+    ],
+)
+def test_a_bad_request_id_header_is_a_400_naming_it(server, headers, param):
+    body = {"prompt": "Hi", "max_tokens": 2}
+    refused(httpx.post(f"{server.url}/v1/completions", json=body, headers=headers, timeout=60), param)
+
+
+def test_the_record_adopts_the_incoming_request_id_and_started_at(server):
+    def served(headers: dict) -> RequestRecord:
+        before = len(server.records)
+        body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+        answer = httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
+        assert answer.status_code == 200, answer.text
+        return wait_for(lambda: server.records[before:] and server.records[-1], "the request's record")
+
+    arrived = time.time() - 0.25  # a gateway's clock, a little earlier
+    record = served({"x-request-id": "gw-0123456789abcdef", "x-specwatch-started-at": repr(arrived)})
+    assert (record.request_id, record.started_at) == ("gw-0123456789abcdef", arrived)
+    record = served({"x-request-id": "client-key-7"})  # an id alone: the engine's own clock
+    assert record.request_id == "client-key-7" and abs(record.started_at - time.time()) < 60
+    skewed = served({"x-request-id": "skewed-1", "x-specwatch-started-at": repr(time.time() - 3600)})
+    assert skewed.request_id == "skewed-1" and abs(skewed.started_at - time.time()) < 60  # over 300 s off: not taken
+    fresh = served({"x-specwatch-started-at": repr(arrived)})  # no id: neither is adopted
+    assert len(fresh.request_id) == 32 and fresh.started_at != arrived

@@ -14,30 +14,33 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from thread_server import ThreadServer
 
-from gateway.app import Gateway, GatewaySettings, create_app
+from gateway.app import create_app
+from gateway.core import Gateway, GatewaySettings
 from gateway.records import Outcome
 from gateway.routing import Router, RoutingConfig
 from gateway.upstreams import parse_upstream
+from telemetry.client import TelemetryClient
 from telemetry.schema import RequestRecord
+from telemetry.sink import TelemetrySink
 
 
 class GatewayServer(ThreadServer):
-    """`records`: every finished request's RequestRecord, in finishing order."""
+    """`records`: every finished request's RequestRecord, in finishing order (a consumer of the
+    gateway's sink, whose collector client is `telemetry`)."""
 
     def __init__(
         self,
         upstreams: list[str],
         routing: RoutingConfig = RoutingConfig(),
-        telemetry=None,
+        telemetry: TelemetryClient | None = None,
         seed: int | None = 0,
         **settings,
     ) -> None:
-        settings = {"health_interval_s": 0.2, **settings}
-        self.gateway = Gateway(
-            [parse_upstream(u) for u in upstreams], Router(routing, seed), GatewaySettings(**settings), telemetry
-        )
+        settings = GatewaySettings(**{"health_interval_s": 0.2, **settings})
+        sink = TelemetrySink(settings.name, telemetry)
+        self.gateway = Gateway([parse_upstream(u) for u in upstreams], Router(routing, seed), settings, sink)
         self.records: list[RequestRecord] = []
-        self.gateway.listeners.append(self.records.append)
+        sink.subscribe(RequestRecord, self.records.append)
         super().__init__(create_app(self.gateway))
 
     def wait_records(self, n: int, timeout_s: float = 30.0) -> list[RequestRecord]:

@@ -1,0 +1,141 @@
+"""The gateway's shared state, which every route reads: its upstreams and their health, the router,
+the HTTP client to the upstreams, its /metrics registry and its telemetry sink.
+
+Records and events leave through one `TelemetrySink` (as the engine's do): the collector's client,
+the router (its acceptance window), /metrics and a test's list are its consumers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+from prometheus_client import CollectorRegistry
+
+from common.http import ControlGuard
+from gateway.metrics import GatewayMetrics
+from gateway.records import Outcome
+from gateway.routing import Router
+from gateway.upstreams import Upstream, UpstreamState
+from telemetry.schema import RequestRecord
+from telemetry.sink import TelemetrySink
+
+MAX_REPORTED_UPSTREAMS = 16  # an event's detail holds at most 4 KiB
+SLOW_CHECKS_DOWN = 3  # health checks timing out in a row before an upstream counts as down
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    name: str = "gateway"  # its events' instance, and that of records for requests no upstream took
+    max_body_bytes: int = 4 * 1024 * 1024
+    body_timeout_s: float = 30.0  # the whole request body must arrive within this
+    max_response_bytes: int = 64 * 1024 * 1024  # a whole (non-streamed) upstream answer, held to be read
+    upstream_timeout_s: float = 600.0  # longest wait for an upstream's next bytes
+    connect_timeout_s: float = 2.0
+    health_interval_s: float = 1.0
+    control_token: str | None = None
+    count_tokens: Callable[[str], int] | None = None  # a tokenizer; None: estimate 4 characters per token
+
+
+class Gateway:
+    """`sink`: where records and events go (None: a sink of its own, with no collector client)."""
+
+    def __init__(
+        self, upstreams: list[Upstream], router: Router, settings: GatewaySettings, sink: TelemetrySink | None = None
+    ) -> None:
+        self.states = {u.name: UpstreamState(u) for u in upstreams}
+        self.router, self.settings = router, settings
+        self.sink = sink or TelemetrySink(settings.name)
+        self.guard = ControlGuard(settings.control_token, "gateway")
+        self.registry = CollectorRegistry()
+        self.metrics = GatewayMetrics(self.states, self.registry)
+        self.sink.subscribe(RequestRecord, router.observe)
+        self.sink.subscribe(RequestRecord, self.metrics.observe)
+        self.http: httpx.AsyncClient | None = None
+
+    # -- upstream selection --------------------------------------------------------------------
+
+    def pool(self, name: str) -> list[UpstreamState]:
+        return [s for s in self.states.values() if s.upstream.pool == name]
+
+    def pool_load(self, name: str) -> float:
+        """The healthy part of a pool: its least-loaded upstream's load (where the next request goes)."""
+        loads = [s.load for s in self.pool(name) if s.healthy]
+        return min(loads) if loads else float("inf")
+
+    def pick(self, pool: str, exclude: set[str]) -> UpstreamState | None:
+        """The healthy upstream of `pool` with the lowest load, not yet tried for this request."""
+        candidates = [s for s in self.pool(pool) if s.healthy and s.upstream.name not in exclude]
+        return min(candidates, key=lambda s: s.load, default=None)
+
+    # -- health ----------------------------------------------------------------------------------
+
+    async def watch_health(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.health_interval_s)
+            await self.check_all()
+
+    async def check_all(self) -> None:
+        """Health-check and scrape every upstream; an 'upstream' event when any health changed."""
+        before = [s.healthy for s in self.states.values()]
+        await asyncio.gather(*(self.check(state) for state in self.states.values()))
+        if before != [s.healthy for s in self.states.values()]:
+            self.emit_upstreams()
+
+    def emit_upstreams(self) -> None:
+        """The health of every upstream, one snapshot per event (the dashboard's Sources page reads the last)."""
+        upstreams = [_describe(s) for s in list(self.states.values())[:MAX_REPORTED_UPSTREAMS]]
+        self.sink.emit("upstream", {"role": "gateway", "upstreams": upstreams})
+
+    async def check(self, state: UpstreamState) -> None:
+        timeout = max(1.0, min(2.0, self.settings.health_interval_s * 2))
+        try:
+            await self._probe(state, timeout)
+            state.slow_checks = 0
+        except httpx.TimeoutException as exc:  # alive but slow (a starved CPU server): down after a few in a row
+            state.slow_checks += 1
+            if state.slow_checks >= SLOW_CHECKS_DOWN:
+                state.mark_down(f"health check: {state.slow_checks} timeouts in a row ({type(exc).__name__})")
+        except httpx.HTTPError as exc:
+            state.mark_down(f"health check: {type(exc).__name__}: {exc}"[:200])
+        state.checked_at = time.time()
+
+    async def _probe(self, state: UpstreamState, timeout: float) -> None:
+        """/health, then (when it answers 200) /metrics for the upstream's load."""
+        health = await self.http.get(f"{state.upstream.url}/health", timeout=timeout)
+        if health.status_code != 200:
+            state.mark_down(f"health check: /health answered {health.status_code}")
+            return
+        metrics = await self.http.get(f"{state.upstream.url}/metrics", timeout=timeout)
+        if metrics.status_code == 200:
+            state.read_metrics(metrics.text)
+        state.mark_up()
+
+    # -- bookkeeping -------------------------------------------------------------------------------
+
+    def finish(self, outcome: Outcome, t0: float, state: UpstreamState | None) -> RequestRecord:
+        """The request's record, handed to the sink; its upstream (None: none took it) freed."""
+        outcome.e2e_s = time.monotonic() - t0
+        if state is not None:
+            state.in_flight -= 1
+            outcome.device_s = state.sharing.leave(outcome.shared_from)
+            state.served[outcome.status] = state.served.get(outcome.status, 0) + 1
+        record = outcome.record()
+        self.sink.put(record)
+        return record
+
+
+def _describe(state: UpstreamState) -> dict:
+    upstream = state.upstream
+    reason = None if state.healthy else (state.last_error or "down")[:80]
+    return {
+        "name": upstream.name,
+        "url": upstream.url[:120],
+        "pool": upstream.pool,
+        "drafter": upstream.drafter,
+        "healthy": state.healthy,
+        "reason": reason,
+    }

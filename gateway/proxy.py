@@ -1,0 +1,225 @@
+"""The proxied OpenAI routes: route a request to an upstream, relay its answer, record the outcome.
+
+Streaming responses are relayed event by event as they arrive (never buffered whole). For a
+streamed request the gateway asks the upstream for the final usage chunk, which carries vLLM's
+per-request metrics (`stream_options.include_usage`), and drops that chunk again when the
+client did not ask for it. A client that leaves mid-stream closes the upstream connection,
+which aborts the request there. Upstream errors (4xx/5xx) reach the client unchanged.
+
+The upstream gets the request's id as `x-request-id` (the client's own when it sent a valid one)
+and the gateway's arrival time as `x-specwatch-started-at`: our engine records the request under
+both, so its record and the gateway's are one row at the collector (docs/gateway.md).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+import anyio
+import httpx
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from common.bodies import TooLarge, read_capped
+from common.http import REQUEST_ID_HEADER, STARTED_AT_HEADER, error_body, openai_error
+from gateway import parsing
+from gateway.core import Gateway
+from gateway.records import Outcome, SseReader
+from gateway.upstreams import UpstreamState
+
+FORWARDED_HEADERS = ("authorization", "traceparent", "tracestate", "content-type", "accept")
+
+
+async def proxy(request: Request) -> Response:
+    gateway: Gateway = request.app.state.gateway
+    t0, started_at = time.monotonic(), time.time()
+    raw = await parsing.read_body(request, gateway.settings.max_body_bytes, gateway.settings.body_timeout_s)
+    body = parsing.json_object(raw)
+    stream = parsing.stream_flag(body)
+    drop_usage = stream and not parsing.client_wants_usage(body)
+    if drop_usage:  # the final usage chunk carries the per-request metrics: ask for it
+        body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+        raw = orjson.dumps(body)
+    outcome = _admit(gateway, request, body, started_at)
+    sent = await _send(gateway, request, raw, outcome, t0)
+    if isinstance(sent, Response):
+        return sent
+    response, state = sent
+    if response.status_code >= 400 or not stream:
+        return await _whole(gateway, response, state, outcome, t0)
+    relay = _relay(gateway, response, state, outcome, SseReader(drop_usage_chunk=drop_usage), t0)
+    return StreamingResponse(relay, status_code=response.status_code, headers=_headers(response, state, outcome))
+
+
+def _admit(gateway: Gateway, request: Request, body: dict, started_at: float) -> Outcome:
+    """The request's outcome so far: its id, its pool's routing decision, what the record needs of its body."""
+    prompt_tokens = parsing.prompt_tokens(body, gateway.settings.count_tokens)
+    spec_load = gateway.pool_load("spec")  # inf when no spec upstream is healthy
+    route = gateway.router.decide(prompt_tokens, parsing.session(request, body), spec_load != float("inf"), spec_load)
+    return Outcome(
+        request_id=parsing.request_id(request),
+        started_at=started_at,
+        model=parsing.model_label(body),
+        prompt_tokens_estimate=prompt_tokens,
+        tags=parsing.tags(request, body),
+        mode_reason=route.reason,
+        arm=route.arm,
+        load_at_admission=None,
+        pool=route.pool,
+    )
+
+
+async def _send(gateway: Gateway, request: Request, raw: bytes, outcome: Outcome, t0: float):
+    """(response, upstream) from the first upstream that answers; failover to the other pool
+    when this one has none left. A Response (503, 502, 504) when none could answer."""
+    tried: set[str] = set()
+    headers = {k: v for k in FORWARDED_HEADERS if (v := request.headers.get(k))}
+    headers |= {REQUEST_ID_HEADER: outcome.request_id, STARTED_AT_HEADER: repr(outcome.started_at)}
+    while (state := _next_upstream(gateway, outcome, tried)) is not None:
+        upstream_request = gateway.http.build_request(
+            "POST", state.upstream.url + request.url.path, content=raw, headers=headers
+        )
+        try:
+            return await _send_once(gateway, upstream_request, outcome), state
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing reached it: try the next one
+            _not_reached(state, outcome, exc)
+        except httpx.HTTPError as exc:  # it took the request and failed before answering
+            return _failed_before_answering(gateway, state, outcome, exc, t0)
+    return _no_upstream(gateway, outcome, tried, t0)
+
+
+def _next_upstream(gateway: Gateway, outcome: Outcome, tried: set[str]) -> UpstreamState | None:
+    """The next upstream to try, from the routed pool, else the other one ('failover'); taken for the request."""
+    state = gateway.pick(outcome.pool, tried)
+    if state is None:
+        outcome.pool = "plain" if outcome.pool == "spec" else "spec"
+        if (state := gateway.pick(outcome.pool, tried)) is None:
+            return None
+        outcome.mode_reason, outcome.arm = "failover", None
+    tried.add(state.upstream.name)
+    outcome.instance, outcome.drafter = state.upstream.name, state.upstream.drafter
+    outcome.load_at_admission = state.load
+    state.in_flight += 1
+    outcome.shared_from = state.sharing.enter()
+    return state
+
+
+def _not_reached(state: UpstreamState, outcome: Outcome, exc: httpx.HTTPError) -> None:
+    state.in_flight -= 1
+    state.sharing.leave(outcome.shared_from)  # nothing reached it: no share of its time
+    outcome.shared_from = None
+    state.mark_down(f"connect: {type(exc).__name__}: {exc}"[:200])
+    outcome.retries += 1
+
+
+def _failed_before_answering(
+    gateway: Gateway, state: UpstreamState, outcome: Outcome, exc: httpx.HTTPError, t0: float
+) -> Response:
+    state.mark_down(f"request: {type(exc).__name__}: {exc}"[:200])
+    timed_out = isinstance(exc, httpx.TimeoutException)
+    outcome.status, outcome.error = "error", "upstream:timeout" if timed_out else "upstream:no_response"
+    gateway.finish(outcome, t0, state)
+    message = f"upstream {state.upstream.name} failed before answering: {type(exc).__name__}"
+    return openai_error(504 if timed_out else 502, message)
+
+
+async def _send_once(gateway: Gateway, upstream_request: httpx.Request, outcome: Outcome) -> httpx.Response:
+    """A kept-alive connection that the upstream closed while idle fails before any answer:
+    one more try, on a fresh connection, before the upstream is taken for broken."""
+    try:
+        return await gateway.http.send(upstream_request, stream=True)
+    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
+        outcome.retries += 1
+        return await gateway.http.send(upstream_request, stream=True)
+
+
+def _no_upstream(gateway: Gateway, outcome: Outcome, tried: set[str], t0: float) -> Response:
+    outcome.instance, outcome.drafter, outcome.status = outcome.instance or gateway.settings.name, None, "error"
+    outcome.error = "gateway:no_upstream"
+    gateway.finish(outcome, t0, None)
+    down = ", ".join(f"{s.upstream.name} ({s.last_error or 'down'})" for s in gateway.states.values())
+    return openai_error(503, f"no upstream can take the request; tried {sorted(tried)}; {down}")
+
+
+async def _whole(gateway: Gateway, response: httpx.Response, state: UpstreamState, outcome: Outcome, t0: float):
+    """A whole (non-streamed, or refused) answer: read up to the cap, noted, passed on unchanged."""
+    name = state.upstream.name
+    try:
+        content = await read_capped(response.aiter_bytes(), gateway.settings.max_response_bytes)
+    except TooLarge:
+        limit = gateway.settings.max_response_bytes
+        return _refuse(gateway, state, outcome, t0, "too_large", f"upstream {name} sent a body over {limit} bytes")
+    except httpx.HTTPError as exc:
+        state.mark_down(f"read: {type(exc).__name__}")
+        return _refuse(gateway, state, outcome, t0, "disconnected", f"upstream {name} broke off its response")
+    finally:
+        await response.aclose()
+    if response.status_code >= 400:
+        outcome.status, outcome.error = "error", f"upstream:{response.status_code}"
+    elif not isinstance(body := _json_or_none(content), dict):
+        message = f"upstream {name} returned a malformed body (not a JSON object)"
+        return _refuse(gateway, state, outcome, t0, "malformed", message)
+    else:
+        outcome.usage, outcome.metrics = body.get("usage"), body.get("metrics")
+    gateway.finish(outcome, t0, state)
+    return Response(content, response.status_code, headers=_headers(response, state, outcome))
+
+
+def _json_or_none(content: bytes):
+    try:
+        return orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _refuse(gateway: Gateway, state: UpstreamState, outcome: Outcome, t0: float, kind: str, message: str) -> Response:
+    """502 for an upstream answer the gateway cannot pass on; recorded as `upstream:<kind>`."""
+    outcome.status, outcome.error = "error", f"upstream:{kind}"
+    gateway.finish(outcome, t0, state)
+    return openai_error(502, message)
+
+
+async def _relay(
+    gateway: Gateway, response: httpx.Response, state: UpstreamState, outcome: Outcome, reader: SseReader, t0: float
+) -> AsyncIterator[bytes]:
+    finished = False
+    try:
+        async for data in response.aiter_bytes():  # decoded: the client gets no content-encoding header
+            out = reader.feed(data)
+            if outcome.ttft_s is None and reader.saw_content:
+                outcome.ttft_s = time.monotonic() - t0
+            if out:
+                yield out
+        if rest := reader.rest():
+            yield rest
+        _note_stream_end(outcome, reader)
+        finished = True
+    except httpx.HTTPError as exc:  # the upstream went away mid-stream: say so in-band, as OpenAI does
+        state.mark_down(f"stream: {type(exc).__name__}")
+        outcome.status, outcome.error, finished = "error", "upstream:disconnected", True
+        message = f"upstream {state.upstream.name} broke off the stream ({type(exc).__name__})"
+        yield b"data: " + orjson.dumps(error_body(message)) + b"\n\n"
+        yield b"data: [DONE]\n\n"
+    finally:
+        if not finished:  # the client left (cancelled or closed): closing the connection aborts it upstream
+            outcome.status, outcome.error = "cancelled", "client:disconnected"
+            outcome.usage, outcome.metrics = reader.usage, reader.metrics
+        with anyio.CancelScope(shield=True):
+            await response.aclose()
+        gateway.finish(outcome, t0, state)
+
+
+def _note_stream_end(outcome: Outcome, reader: SseReader) -> None:
+    if reader.error or reader.malformed or not reader.done:
+        outcome.status = "error"
+        outcome.error = "upstream:stream_error" if reader.error else "upstream:malformed_stream"
+    outcome.usage, outcome.metrics = reader.usage, reader.metrics
+
+
+def _headers(response: httpx.Response, state: UpstreamState, outcome: Outcome) -> dict[str, str]:
+    headers = {"x-specwatch-upstream": state.upstream.name, "x-specwatch-request-id": outcome.request_id}
+    if content_type := response.headers.get("content-type"):
+        headers["content-type"] = content_type
+    return headers
