@@ -29,10 +29,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine
 
-from collector.models import DeviceSampleRow, Request
 from collector.queries import Filters, Window
+from collector.usage import peak_memory, scenario_rows
 
 GIB = 2**30
 DETERMINISM_VALUES = ("required", "true", "yes", "1", "strict")
@@ -211,8 +211,6 @@ def _s(value: float | None) -> str:
 
 # --- measuring (reads the store) ----------------------------------------------------------
 
-_TAGS = ("scenario", "temperature", "sampling", "determinism", "latency")
-
 
 def advise(
     engine: Engine,
@@ -233,30 +231,11 @@ def scenario_evidence(
     gpu_count: int = 1,
     filters: Filters = Filters(),
 ) -> list[ScenarioEvidence]:
-    columns = (
-        Request.mode,
-        Request.drafter,
-        Request.arm,
-        Request.instance,
-        Request.status,
-        (Request.prompt_tokens + Request.output_tokens).label("context"),
-        Request.ttft_s,
-        Request.e2e_s,
-        Request.output_tokens,
-        Request.num_draft_tokens,
-        Request.num_accepted_tokens,
-        Request.load_at_admission,
-        *(Request.tags[key].as_string().label(key) for key in _TAGS),
-    )
-    with engine.connect() as conn:
-        result = conn.execute(filters.apply(select(*columns), window))
-        names, rows = list(result.keys()), result.all()
-    if not rows:
+    table = scenario_rows(engine, window, filters)
+    if not table:
         return []
-    # one object array per column: grouping and filtering stay in numpy (1M rows: ~1 s to fetch)
-    table = {name: np.array(column, dtype=object) for name, column in zip(names, zip(*rows))}
     scenario = np.where(np.equal(table["scenario"], None), "untagged", table["scenario"]).astype(str)
-    peaks = _peak_memory(engine, window)
+    peaks = peak_memory(engine, window)
     return [
         _evidence(name, {k: v[scenario == name] for k, v in table.items()}, peaks, device_memory_bytes, gpu_count)
         for name in sorted(set(scenario))
@@ -341,14 +320,3 @@ def _is_zero(value: str | None) -> bool:
         return value is not None and float(value) == 0.0
     except ValueError:
         return False
-
-
-def _peak_memory(engine: Engine, window: Window) -> dict[str, float]:
-    """Instance -> peak mem_reserved_bytes of its device samples in the window."""
-    stmt = (
-        select(DeviceSampleRow.instance, func.max(DeviceSampleRow.mem_reserved_bytes))
-        .where(DeviceSampleRow.at >= window.start, DeviceSampleRow.at < window.end)
-        .group_by(DeviceSampleRow.instance)
-    )
-    with engine.connect() as conn:
-        return {instance: float(peak) for instance, peak in conn.execute(stmt)}

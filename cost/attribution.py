@@ -167,3 +167,39 @@ def levels(concurrency: np.ndarray) -> np.ndarray:
     a closed loop of 4 clients whose requests overlap 3.4-5.6 at a time is level 4)."""
     exponent = np.round(np.log2(np.maximum(concurrency, 1.0))).astype(int)
     return np.left_shift(1, np.maximum(exponent, 0))
+
+
+def level_fractions(spans: Spans) -> tuple[np.ndarray, np.ndarray]:
+    """(levels, fractions): the concurrency levels seen and, per span, the fraction of its life spent at
+    each (rows sum to 1). The level of a moment is the power of two nearest the number of requests then
+    in flight on the span's instance; a zero-length span takes the level at its start."""
+    n = len(spans.start)
+    per_instance = []
+    for name in sorted(set(spans.instance.tolist())):
+        rows = np.flatnonzero(spans.instance == name)
+        per_instance.append((rows, *_level_time(spans.start[rows], spans.end[rows])))
+    seen = sorted({int(level) for _, found, _ in per_instance for level in found})
+    fractions = np.zeros((n, len(seen)))
+    for rows, found, share in per_instance:
+        for j, level in enumerate(found):
+            fractions[rows, seen.index(int(level))] = share[:, j]
+    return np.asarray(seen, dtype=int), fractions
+
+
+def _level_time(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One instance: its levels and each span's fraction of life at each (running time integrals per level)."""
+    times = np.unique(np.concatenate([start, end]))
+    live = end > start
+    in_flight = np.searchsorted(np.sort(start[live]), times, "right") - np.searchsorted(
+        np.sort(end[live]), times, "right"
+    )
+    at = levels(np.maximum(in_flight, 1).astype(float))
+    found = np.unique(at)
+    dt = np.diff(times)
+    at_start, at_end = np.searchsorted(times, start), np.searchsorted(times, end)
+    life = np.where(live, end - start, 1.0)
+    share = np.zeros((len(start), len(found)))
+    for j, level in enumerate(found):
+        running = np.concatenate([[0.0], np.cumsum(np.where(at[:-1] == level, dt, 0.0))])
+        share[:, j] = np.where(live, (running[at_end] - running[at_start]) / life, at[at_start] == level)
+    return found, share

@@ -1,20 +1,26 @@
 """When does speculation stop paying? Expected speed-up, break-even acceptance and a tornado.
 
-Leviathan et al. (2023), with alpha the probability that the target accepts a drafted token,
-gamma the lookahead (tokens drafted per round), c the cost of one drafted token relative to
-one plain target step, and v the cost of one verify forward (gamma + 1 tokens) relative to one
-plain step — 1 in the paper's idealisation, measured here from telemetry (~1.0-1.1 in bf16 and
-~1.3-1.7 in fp32 on a CPU, and it grows with the batch: verify rows take the batch's room):
+Leviathan et al. (2023), with alpha the probability that the target accepts a drafted token and
+gamma the lookahead (tokens drafted per round), in one unit, seconds, all at the same batch size b:
 
     E[tokens per round] = (1 - alpha^(gamma+1)) / (1 - alpha)        (-> gamma+1 as alpha -> 1)
-    expected speed-up   = E[tokens per round] / (gamma c + v)
+    S(alpha)            = E[tokens per round] x t_plain(b) / (t_verify(gamma, b) + gamma x t_draft)
 
-E[tokens per round] is the measured mean acceptance length 1 + accepted / drafts, which
-gives alpha; c comes from the measured draft_s and verify_s; v = (speculative verify_s per
-target forward) / (plain verify_s per target forward), both arms measured in the same window.
-For the net benefit at another acceptance, the speculative arm is re-scaled along the formula
-from where it was measured (`at_acceptance`): its throughput by S(alpha) / S(alpha measured),
-its energy per token by the inverse, everything else held.
+t_plain(b): seconds per plain step, t_verify(gamma, b): per verify forward, t_draft: per drafted
+token. As ratios, c = t_draft / t_verify (what `draft_cost_ratio` measures: relative to the verify
+forward) and v = t_verify / t_plain, a round costs v (gamma c + 1) plain steps: with c = 0.2 and
+v = 1.5 at gamma = 4, break-even alpha is 0.686 (not 0.599, which gamma c + v gives by mixing units).
+
+The times come from the step timings of one concurrency level where both arms were measured (the
+one where speculation served most forwards), so the batch is the same for both: `verify_s` holds
+whole batched forwards, and comparing forwards of different batch sizes confounds v. When no level
+has both, the window's totals are used and the figure says it may be confounded; v < 1 is flagged;
+without a plain arm v is "not measured" and no curve is drawn (never a silent v = 1).
+
+E[tokens per round] is the measured mean acceptance length 1 + accepted / drafts, which gives
+alpha. For the net benefit at another acceptance, the speculative arm is re-scaled along the formula
+from where it was measured (`at_acceptance`): its throughput by S(alpha) / S(alpha measured), its
+energy per token by the inverse, everything else held.
 """
 
 from __future__ import annotations
@@ -42,11 +48,23 @@ def tokens_per_round(alpha: float, gamma: float) -> float:
     return -math.expm1((gamma + 1) * math.log(alpha)) / (1.0 - alpha)
 
 
-def expected_speedup(alpha: float, gamma: float, c: float, v: float = 1.0) -> float:
-    """E[tokens per round] / (gamma c + v); (gamma+1)/(gamma c+v) at alpha = 1."""
+def round_cost(gamma: float, c: float, v: float = 1.0) -> float:
+    """Plain steps one round costs: v (gamma c + 1), c relative to the verify forward, v to a plain step."""
     if c < 0 or v <= 0:
         raise ValueError("the draft cost ratio c must be >= 0 and the verify cost ratio v > 0")
-    return tokens_per_round(alpha, gamma) / (gamma * c + v)
+    return v * (gamma * c + 1.0)
+
+
+def expected_speedup(alpha: float, gamma: float, c: float, v: float = 1.0) -> float:
+    """E[tokens per round] / (v (gamma c + 1)) (module docstring)."""
+    return tokens_per_round(alpha, gamma) / round_cost(gamma, c, v)
+
+
+def speedup_from_times(alpha: float, gamma: float, t_plain: float, t_verify: float, t_draft: float) -> float:
+    """S(alpha) = E x t_plain / (t_verify + gamma t_draft), the three times at one batch size."""
+    if t_plain <= 0 or t_verify <= 0 or t_draft < 0:
+        raise ValueError("step times must be > 0 (draft time >= 0)")
+    return tokens_per_round(alpha, gamma) * t_plain / (t_verify + gamma * t_draft)
 
 
 def alpha_from_mean_acceptance_length(length: float, gamma: float) -> float:
@@ -71,8 +89,8 @@ def draft_cost_ratio(draft_s: float, verify_s: float, drafts: int, draft_tokens:
 
 def break_even_alpha(gamma: float, c: float, v: float = 1.0) -> float | None:
     """The alpha where the expected speed-up is 1 (brentq). 0 when a round pays even with nothing
-    accepted (gamma c + v <= 1); None when even alpha = 1 does not pay ((gamma+1) <= gamma c + v)."""
-    cost = gamma * c + v
+    accepted (its cost <= 1 plain step); None when even alpha = 1 does not pay (gamma + 1 <= its cost)."""
+    cost = round_cost(gamma, c, v)
     if cost <= 1.0:
         return 0.0
     if gamma + 1.0 <= cost:
@@ -80,13 +98,86 @@ def break_even_alpha(gamma: float, c: float, v: float = 1.0) -> float | None:
     return float(brentq(lambda a: expected_speedup(a, gamma, c, v) - 1.0, 0.0, 1.0, xtol=1e-12))
 
 
+@dataclass(frozen=True)
+class StepInputs:
+    """The break-even's times (seconds) and where they came from."""
+
+    t_plain: float | None  # per plain step
+    t_verify: float | None  # per verify forward
+    t_draft: float | None  # per drafted token
+    level: int | None  # the concurrency level they were measured at (None: the window's totals)
+    source: str
+    warnings: tuple[str, ...]
+
+    @property
+    def v(self) -> float | None:
+        return self.t_verify / self.t_plain if self.t_plain and self.t_verify else None
+
+    @property
+    def c(self) -> float | None:
+        return self.t_draft / self.t_verify if self.t_draft is not None and self.t_verify else None
+
+
+def step_inputs(inputs: CostInputs, spec: ModeMeasure) -> StepInputs:
+    """t_plain, t_verify and t_draft at one concurrency level, else the totals, with warnings (module docstring)."""
+    plain = inputs.baseline
+    if plain is None:
+        return StepInputs(None, None, _per_draft(spec), None, "not measured", ("no plain arm: v not measured",))
+    level, found = _common_level(inputs, spec.key, plain.key)
+    if level is not None:
+        times, where = found, f"measured at concurrency level {level}"
+        warnings = []
+    else:
+        times = (
+            _per_forward(plain.verify_s, plain.target_forwards),
+            _per_forward(spec.verify_s, spec.target_forwards),
+            _per_draft(spec),
+        )
+        where = "the window's totals"
+        warnings = (
+            ["no concurrency level with both arms timed: v from the window's totals, confounded by batch size"]
+            if inputs.step_times
+            else []
+        )
+    steps = StepInputs(*times, level, where, ())
+    if steps.v is None:
+        warnings.append("verify or plain step times not measured: v not measured")
+    elif steps.v < 1:
+        warnings.append(
+            f"v = {steps.v:.2f} < 1: a verify forward timed cheaper than a plain step (confounded or noise)"
+        )
+    return StepInputs(*times, level, where, tuple(warnings))
+
+
+def _per_forward(seconds: float, forwards: int) -> float | None:
+    return seconds / forwards if forwards > 0 and seconds > 0 else None
+
+
+def _per_draft(arm) -> float | None:
+    return arm.draft_s / arm.draft_tokens if arm.draft_tokens > 0 and arm.verify_s > 0 else None
+
+
+def _common_level(inputs: CostInputs, spec: str, plain: str):
+    """(level, (t_plain, t_verify, t_draft)) where both arms were timed, the one with most speculative forwards."""
+    at = {(s.level, s.arm): s for s in inputs.step_times}
+    both = [(at[(lv, spec)], at[(lv, plain)]) for lv, arm in at if arm == spec and (lv, plain) in at]
+    both = [(s, p) for s, p in both if s.seconds_per_forward and p.seconds_per_forward]
+    if not both:
+        return None, None
+    s, p = max(both, key=lambda pair: pair[0].target_forwards)
+    draft = s.draft_s / s.draft_tokens if s.draft_tokens > 0 else None
+    return s.level, (p.seconds_per_forward, s.seconds_per_forward, draft)
+
+
 def verify_cost_ratio(spec: ModeMeasure, plain: ModeMeasure | None) -> float | None:
-    """v = seconds per verify forward of the speculative arm / seconds per plain step (module docstring);
-    None without both arms' forwards timed."""
-    if plain is None or not spec.target_forwards or not plain.target_forwards or plain.verify_s <= 0:
+    """v from the two arms' totals: seconds per verify forward / seconds per plain step (None: not timed)."""
+    if plain is None:
         return None
-    spec_forward, plain_step = spec.verify_s / spec.target_forwards, plain.verify_s / plain.target_forwards
-    return spec_forward / plain_step if spec_forward > 0 else None
+    spec_forward, plain_step = (
+        _per_forward(spec.verify_s, spec.target_forwards),
+        _per_forward(plain.verify_s, plain.target_forwards),
+    )
+    return spec_forward / plain_step if spec_forward and plain_step else None
 
 
 def measured_alpha(arm: ModeMeasure) -> float | None:
@@ -112,9 +203,10 @@ def _with_arm(inputs: CostInputs, key: str, **changes) -> CostInputs:
 def at_acceptance(inputs: CostInputs, alpha: float, key: str) -> CostInputs:
     """The inputs as if arm `key` had acceptance `alpha` (see the module docstring)."""
     arm = _arm(inputs, key)
-    alpha0, c, v = measured_alpha(arm), arm_ratio(arm), verify_cost_ratio(arm, inputs.baseline) or 1.0
-    if alpha0 is None or c is None:
-        raise ValueError(f"{key}: acceptance or draft cost not measured")
+    steps = step_inputs(inputs, arm)
+    alpha0, c, v = measured_alpha(arm), steps.c, steps.v
+    if alpha0 is None or c is None or v is None:
+        raise ValueError(f"{key}: acceptance, draft cost or verify cost not measured")
     gamma = arm.mean_draft_length
     scale = expected_speedup(alpha, gamma, c, v) / expected_speedup(alpha0, gamma, c, v)
     energy = None if arm.energy_j_per_token is None else arm.energy_j_per_token / scale
@@ -147,7 +239,8 @@ class BreakEven:
     """One speculative arm: measured acceptance against where speculation stops paying.
 
     speedup_alpha: alpha at speed-up 1; benefit_alpha: alpha at net monthly benefit 0.
-    curve: (alpha, expected speed-up, net monthly benefit USD or None) at 21 alphas."""
+    curve: (alpha, expected speed-up, net monthly benefit USD or None) at 21 alphas (empty: v or c
+    not measured). t_*_s, level, source and warnings: the times the curve rests on (`step_inputs`)."""
 
     key: str
     gamma: float | None
@@ -160,6 +253,12 @@ class BreakEven:
     speedup_alpha: float | None
     benefit_alpha: float | None
     curve: tuple[tuple[float, float | None, float | None], ...]
+    t_plain_s: float | None = None
+    t_verify_s: float | None = None
+    t_draft_s: float | None = None
+    level: int | None = None
+    source: str = ""
+    warnings: tuple[str, ...] = ()
 
 
 def break_even(inputs: CostInputs) -> tuple[BreakEven, ...]:
@@ -167,24 +266,24 @@ def break_even(inputs: CostInputs) -> tuple[BreakEven, ...]:
 
 
 def _break_even(inputs: CostInputs, arm: ModeMeasure) -> BreakEven:
-    gamma, c, alpha = arm.mean_draft_length, arm_ratio(arm), measured_alpha(arm)
+    steps = step_inputs(inputs, arm)
+    gamma, c, v, alpha = arm.mean_draft_length, steps.c, steps.v, measured_alpha(arm)
     plain = inputs.baseline
-    measured_v = verify_cost_ratio(arm, plain)
-    v = measured_v or 1.0
-    modelled = gamma is not None and c is not None
+    modelled = gamma is not None and c is not None and v is not None
     curve = tuple(
         (
             float(a),
-            expected_speedup(a, gamma, c, v) if modelled else None,
-            _net_at(inputs, a, arm.key) if modelled and alpha is not None else None,
+            expected_speedup(a, gamma, c, v),
+            _net_at(inputs, a, arm.key) if alpha is not None else None,
         )
         for a in np.linspace(0.0, 1.0, 21)
+        if modelled
     )
     return BreakEven(
         arm.key,
         gamma,
         c,
-        measured_v,
+        v,
         arm.accepted_tokens / arm.draft_tokens if arm.draft_tokens else None,
         alpha,
         expected_speedup(alpha, gamma, c, v) if modelled and alpha is not None else None,
@@ -192,6 +291,12 @@ def _break_even(inputs: CostInputs, arm: ModeMeasure) -> BreakEven:
         break_even_alpha(gamma, c, v) if modelled else None,
         benefit_break_even_alpha(inputs, arm.key),
         curve,
+        steps.t_plain,
+        steps.t_verify,
+        steps.t_draft,
+        steps.level,
+        steps.source,
+        steps.warnings,
     )
 
 
@@ -248,7 +353,8 @@ def _knobs(inputs: CostInputs, key: str) -> dict[str, tuple[float, Callable[[flo
         spec.draft_memory_bytes,
         lambda v: _with_arm(inputs, key, draft_memory_bytes=v),
     )
-    if measured_alpha(spec) is not None and arm_ratio(spec) is not None:
+    steps = step_inputs(inputs, spec)
+    if measured_alpha(spec) is not None and steps.c is not None and steps.v is not None:
         knobs["acceptance (alpha)"] = (measured_alpha(spec), lambda v: at_acceptance(inputs, v, key))
     return knobs
 

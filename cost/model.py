@@ -3,43 +3,32 @@
 No I/O here: `cost.inputs` builds the inputs (from the store, a TOML file or the
 shipped price table), `cost.breakeven` asks when speculation stops paying.
 
-Per arm (a mode and drafter: "autoregressive", "speculative:ngram", ...), per 1M output tokens:
+Every dollar comes from one allocation (`cost.allocation.allocate`): each instance's bill split into
+arm, retries, idle and other-tenant lines that add up to it. Per arm (a mode and drafter:
+"autoregressive", "speculative:ngram", ...), per 1M output tokens, with rates per ok device-second
+taken from the arm's lines (so at the measured throughput the figures are the lines themselves):
 
-    memory_share       = (target + draft bytes held) / (gpu_count x gpu_memory_bytes)   [-]
-                         (1.0, the whole device, when memory was not measured)
-    gpu_hours_per_mtok = gpu_count x 1e6 / tokens_per_s / 3600                          [GPU h]
-    compute_usd        = gpu_hours_per_mtok x gpu_hour_usd x memory_share               [$]
-    energy_kwh         = energy_j_per_token x 1e6 / 3.6e6                               [kWh]
-    energy_usd         = energy_kwh x pue x electricity_usd_per_kwh                     [$]
-                         added on-prem only: a cloud GPU-hour price already pays for power,
-                         so there it is shown for information
-    retry_factor       = device time of requests that did not finish ok / that of those that did
-                         (what-if inputs without device time: retries / requests)  [-]
-    retries_usd        = (compute_usd + energy_usd added) x retry_factor                [$]
-    total_usd          = compute_usd + energy_usd added + retries_usd                   [$ / 1M tokens]
+    gpu_hours_per_mtok = gpu_count x 1e6 / tokens_per_s / 3600                           [GPU h]
+    compute_usd        = 1e6 / tokens_per_s x (arm lines' compute $ / ok device_s)       [$]
+                         (= gpu_hours_per_mtok x $/GPU-hour x memory_share)
+    energy_kwh         = energy_j_per_token x 1e6 / 3.6e6 (ok work only)                 [kWh]
+    energy_usd         = energy_kwh x PUE x $/kWh x share: added on-prem only (a cloud GPU-hour
+                         price already pays for power: shown for information)
+    retries_usd        = 1e6 / tokens_per_s x (retries lines' $ / ok device_s)
+    idle_usd           = 1e6 / tokens_per_s x (idle lines charged to the arm / ok device_s)
+    total_usd          = compute_usd + energy_usd added + retries_usd + idle_usd         [$ / 1M tokens]
 
-`tokens_per_s` is output tokens per second of *device time attributed to the arm*: Σ ok
-tokens / Σ `device_s` of its ok requests. Under concurrency every request is charged only
-its share of each batched forward (engine) or of each interval (processor sharing), so an
-instance serving 8 requests at once is priced by what it really serves, and speculation's
-extra verify rows are charged to it. Device time nobody used (instance up-time minus Σ
-device_s) is the idle line: shown on its own, or spread over the arms by their device time
-(`idle_allocation`), never hidden in a per-token figure.
-
-Memory share charges an arm for the part of the device it occupies (the rest can serve
-other work), so a draft costs twice: its memory, and nothing else unless it speeds decoding
-up.
-
-Per month, the whole volume V served one way: `monthly_usd = total_usd x V / 1e6`. Hidden
-monthly costs of running speculation (see `hidden_monthly`) are subtracted from what it
-saves against plain decoding (`benefits`); each input's value and source are listed by
-`assumptions`.
+Per month, the whole volume V served one way: `monthly_usd = total_usd x V / 1e6`. Hidden monthly
+costs of running speculation (see `hidden_monthly`) are subtracted from what it saves against plain
+decoding (`benefits`); the technical-debt reserve is a fraction of what speculation adds, and the
+verdict is given with and without it. Each input's value and source are listed by `assumptions`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cost.allocation import Allocation, allocate
 from cost.assumptions import assumptions
 from cost.terms import (
     DAYS_PER_MONTH,
@@ -94,6 +83,10 @@ __all__ = [
     "Tco",
     "monthly_volume",
     "memory_share",
+    "draft_fraction",
+    "draft_memory_monthly",
+    "Allocation",
+    "allocate",
     "arm_cost",
     "idle_cost",
     "needs_training",
@@ -115,25 +108,33 @@ class ArmCost:
     key: str
     mode: str
     drafter: str | None
-    memory_share: float
+    memory_share: float  # the deployment's share of its instances' devices (device-time weighted)
     memory_source: str
     gpu_hours_per_mtok: float
     compute_usd_per_mtok: float
     energy_kwh_per_mtok: float | None
-    energy_usd_per_mtok: float  # 0 when energy was not measured (energy_source None)
+    energy_usd_per_mtok: float  # what the energy costs (0 when not measured), added only when energy_added
     energy_source: str | None
     energy_added: bool  # False: shown for information (a cloud price already pays for power)
     retry_factor: float
     retries_usd_per_mtok: float
-    idle_usd_per_mtok: float  # idle device time spread by share (0 when shown as its own line)
+    idle_usd_per_mtok: float  # idle time charged to the arm (0 when idle is its own line)
     total_usd_per_mtok: float
     monthly_usd: float
     device_s_source: str
+    window_usd: float = 0.0  # the arm's lines in the window: its work, its retries, the idle charged to it
+    estimate: bool = False  # part of its device time derived from request times: shown with "~"
 
 
 @dataclass(frozen=True)
 class HiddenMonthly:
-    """Hidden monthly costs of speculation with one drafter (USD/month)."""
+    """Hidden monthly costs of speculation with one drafter (USD/month).
+
+    The reserve (tech_debt_usd) is tech_debt_buffer x reserve_base_usd; with reserve_base "additions"
+    that base is what speculation adds (the drafter's device time and memory, training, operations,
+    storage), with "deployment" the speculative deployment's whole cost. The drafter's device time is
+    already in the arm's serving cost and its memory in the instance's share: they are in the base,
+    not added again."""
 
     draft_training_usd: float
     monitoring_usd: float
@@ -143,18 +144,23 @@ class HiddenMonthly:
     opportunity_usd: float
     tech_debt_usd: float
     total_usd: float
+    draft_device_usd: float = 0.0  # the drafter's share of the arm's monthly device cost (draft_s / device_s)
+    draft_memory_usd: float = 0.0  # the draft's memory share of the instances' month
+    reserve_base: str = "additions"
+    reserve_base_usd: float = 0.0
 
 
 @dataclass(frozen=True)
 class Benefit:
     """Speculation with one drafter against plain decoding, per month (USD).
 
-    explicit_saving_usd = plain monthly_usd - speculative monthly_usd
-    net_usd             = explicit_saving_usd - hidden.total_usd
-    payback_months      = draft training / (explicit saving - recurring hidden costs incl. buffer),
-                          None when that saving is <= 0 (the training never pays back).
-    estimated_from      = the inputs behind net_usd that are estimates or seed defaults, not measured
-                          or given (empty: every input was)."""
+    explicit_saving_usd    = plain monthly_usd - speculative monthly_usd
+    net_usd                = explicit_saving_usd - hidden.total_usd (the reserve included)
+    net_without_reserve_usd= explicit_saving_usd - (hidden.total_usd - hidden.tech_debt_usd)
+    payback_months         = draft training / (explicit saving - recurring hidden costs incl. reserve),
+                             None when that saving is <= 0 (the training never pays back).
+    estimated_from         = the inputs behind net_usd that are estimates or seed defaults, not measured
+                             or given (empty: every input was)."""
 
     key: str
     drafter: str | None
@@ -163,11 +169,12 @@ class Benefit:
     net_usd: float
     payback_months: float | None
     estimated_from: tuple[str, ...] = ()
+    net_without_reserve_usd: float = 0.0
 
 
 @dataclass(frozen=True)
 class IdleCost:
-    """Instance time no request used, per month at the observed rate (shown, or spread by share)."""
+    """Instance time no request used: in the window and per month at the window's proportion."""
 
     up_s: float
     idle_s: float
@@ -175,6 +182,9 @@ class IdleCost:
     monthly_usd: float
     energy_kwh_per_month: float | None
     allocation: str
+    window_usd: float = 0.0
+    other_tenants_window_usd: float = 0.0  # the part of the devices the deployment does not use
+    other_tenants_monthly_usd: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -191,33 +201,62 @@ class Tco:
     pricing: str = "on-demand"
     idle: IdleCost | None = None
     assumptions: tuple[Assumption, ...] = ()
+    allocation: Allocation | None = None  # the window's bill and its lines (Σ lines = Σ bills)
 
 
 def memory_share(arm: ModeMeasure, inputs: CostInputs) -> float:
-    """Share of the instance's device memory the arm holds; 1.0 (whole devices) when unmeasured."""
-    if arm.target_memory_bytes is None:
-        return 1.0
-    return (arm.target_memory_bytes + arm.draft_memory_bytes) / (inputs.gpu_count * inputs.device_memory_bytes)
+    """The deployment's share of the devices the arm ran on, weighted by its device time (1.0: whole)."""
+    uses = [(i.share, u.device_s) for i in inputs.usage for u in i.arms if u.arm == arm.key]
+    seconds = sum(d for _, d in uses)
+    return sum(s * d for s, d in uses) / seconds if seconds > 0 else 1.0
 
 
-def arm_cost(arm: ModeMeasure, inputs: CostInputs, volume: float) -> ArmCost:
+@dataclass(frozen=True)
+class _Rates:
+    """An arm's $ per ok device-second by line kind, and its energy's share, from the allocation."""
+
+    compute: float
+    retries: float
+    idle: float
+    energy_share: float
+    window_usd: float
+    estimate: bool
+
+
+def _rates(arm: ModeMeasure, inputs: CostInputs, allocation: Allocation) -> _Rates:
+    uses = [(i, u) for i in inputs.usage for u in i.arms if u.arm == arm.key]
+    seconds = sum(u.device_s for _, u in uses)
+    joules = sum(u.energy_j or 0.0 for _, u in uses)
+    lines = [line for line in allocation.lines if line.arm == arm.key]
+    spent = {kind: sum(line.usd for line in lines if line.kind == kind) for kind in ("retries", "idle")}
+    compute = sum(line.compute_usd for line in lines if line.kind == "arm")
+    per_s = (lambda usd: usd / seconds) if seconds > 0 else (lambda usd: 0.0)
+    share = sum(i.share * (u.energy_j or 0.0) for i, u in uses) / joules if joules > 0 else memory_share(arm, inputs)
+    window = sum(line.usd for line in lines)
+    return _Rates(
+        per_s(compute), per_s(spent["retries"]), per_s(spent["idle"]), share, window, any(u.derived for _, u in uses)
+    )
+
+
+def arm_cost(arm: ModeMeasure, inputs: CostInputs, volume: float, allocation: Allocation | None = None) -> ArmCost:
     """The per-1M-token breakdown of the module docstring, and its monthly cost at `volume` tokens."""
-    share = memory_share(arm, inputs)
-    gpu_hours = inputs.gpu_count * MTOK / arm.tokens_per_s / 3600
-    compute = gpu_hours * inputs.gpu_hour_usd * share
+    rates = _rates(arm, inputs, allocation or allocate(inputs))
+    device_s = MTOK / arm.tokens_per_s
+    compute = device_s * rates.compute
     kwh = None if arm.energy_j_per_token is None else arm.energy_j_per_token * MTOK / J_PER_KWH
-    energy = 0.0 if kwh is None else kwh * inputs.prices.pue * inputs.prices.electricity_usd_per_kwh
+    energy = (
+        0.0 if kwh is None else kwh * inputs.prices.pue * inputs.prices.electricity_usd_per_kwh * rates.energy_share
+    )
     charged_energy = energy if inputs.energy_added else 0.0
-    retries = (compute + charged_energy) * arm.retry_factor
-    idle = compute * inputs.idle_factor
+    retries, idle = device_s * rates.retries, device_s * rates.idle
     total = compute + charged_energy + retries + idle
     return ArmCost(
         arm.key,
         arm.mode,
         arm.drafter,
-        share,
+        memory_share(arm, inputs),
         arm.memory_source,
-        gpu_hours,
+        inputs.gpu_count * device_s / 3600,
         compute,
         kwh,
         energy,
@@ -229,20 +268,36 @@ def arm_cost(arm: ModeMeasure, inputs: CostInputs, volume: float) -> ArmCost:
         total,
         total * volume / MTOK,
         arm.device_s_source,
+        rates.window_usd,
+        rates.estimate,
     )
 
 
-def idle_cost(inputs: CostInputs) -> IdleCost | None:
-    """Idle instance time per month at the window's rate; None when up-time was not measured."""
-    idle, window_s = inputs.idle, inputs.window_s
-    if idle is None or idle.up_s <= 0 or window_s <= 0:
+def _month_scale(inputs: CostInputs, allocation: Allocation) -> float:
+    """Window $ -> monthly $ at the volume priced: volume / the window's ok tokens (observed volume:
+    a month over the window)."""
+    tokens = sum(line.output_tokens for line in allocation.lines)
+    volume = monthly_volume(inputs)[0]
+    if tokens > 0:
+        return volume / tokens
+    return SECONDS_PER_MONTH / inputs.window_s if inputs.window_s > 0 else 0.0
+
+
+def idle_cost(inputs: CostInputs, allocation: Allocation | None = None) -> IdleCost | None:
+    """Idle instance time and the other tenants' part, in the window and per month; None without up-time."""
+    allocation = allocation or allocate(inputs)
+    sampled = [i for i in inputs.usage if i.up_s is not None]
+    if not sampled or sum(i.billed_s for i in sampled) <= 0:
         return None
-    per_month = SECONDS_PER_MONTH / window_s
-    usd = idle.idle_s / 3600 * inputs.gpu_count * inputs.gpu_hour_usd * per_month
-    kwh = None if idle.energy_j is None else idle.energy_j / J_PER_KWH * per_month
-    if kwh is not None and inputs.energy_added:
-        usd += kwh * inputs.prices.pue * inputs.prices.electricity_usd_per_kwh
-    return IdleCost(idle.up_s, idle.idle_s, idle.idle_s / idle.up_s, usd, kwh, inputs.idle_allocation)
+    up, idle_s = sum(i.billed_s for i in sampled), sum(i.idle_s for i in sampled)
+    scale = _month_scale(inputs, allocation)
+    idle_usd = allocation.usd(kind="idle")
+    others = allocation.usd(kind="other_tenants")
+    joules = [i.idle_energy_j for i in sampled]
+    kwh = None if any(j is None for j in joules) else sum(joules) / J_PER_KWH * scale
+    return IdleCost(
+        up, idle_s, idle_s / up, idle_usd * scale, kwh, inputs.idle_allocation, idle_usd, others, others * scale
+    )
 
 
 def needs_training(drafter: str | None) -> bool:
@@ -252,7 +307,31 @@ def needs_training(drafter: str | None) -> bool:
     return not drafter.startswith(UNTRAINED_PREFIXES)
 
 
-def hidden_monthly(hidden: HiddenCosts, prices: Prices, drafter: str | None, spec_monthly_usd: float) -> HiddenMonthly:
+def draft_fraction(arm: ModeMeasure) -> float:
+    """The share of the arm's device time spent drafting: draft_s / device_s (engine records), else
+    draft_s / (draft_s + verify_s) when only the timings are known; 0 when not measured."""
+    if arm.device_s > 0:
+        return min(arm.draft_s / arm.device_s, 1.0)
+    timed = arm.draft_s + arm.verify_s
+    return arm.draft_s / timed if timed > 0 else 0.0
+
+
+def draft_memory_monthly(arm: ModeMeasure, inputs: CostInputs) -> float:
+    """The draft's memory share of every instance it held memory on, for a month."""
+    fraction = arm.draft_memory_bytes / (inputs.gpu_count * inputs.device_memory_bytes)
+    instances = max(sum(any(u.arm == arm.key for u in i.arms) for i in inputs.usage), 1)
+    return min(fraction, 1.0) * instances * inputs.gpu_count * inputs.gpu_hour_usd * SECONDS_PER_MONTH / 3600
+
+
+def hidden_monthly(
+    hidden: HiddenCosts,
+    prices: Prices,
+    drafter: str | None,
+    spec_monthly_usd: float,
+    adds: float = 0.0,
+    draft_device: float = 0.0,
+    draft_memory: float = 0.0,
+) -> HiddenMonthly:
     """USD/month:
     draft_training = draft_training_usd x (training_data_fraction / 0.10) / amortisation_months
                      (0 for an untrained drafter; the seed's run is at 10% of the target's data)
@@ -260,14 +339,16 @@ def hidden_monthly(hidden: HiddenCosts, prices: Prices, drafter: str | None, spe
                      (the steady-state store size, paid every month)
     incidents      = incident_days_per_week x 52/12 x engineer_day_usd
     opportunity    = opportunity_days_per_month x engineer_day_usd
-    tech_debt      = tech_debt_buffer x (the speculative arm's monthly serving cost + all of the above):
-                     the seed's reserve on top of the speculative deployment's costs"""
+    tech_debt      = tech_debt_buffer x base: "additions" = the drafter's device time and memory
+                     (draft_device, draft_memory) + all of the above; "deployment" = the speculative
+                     arm's monthly serving cost + all of the above"""
     training = training_run_usd(hidden, drafter) / hidden.amortisation_months
     monitoring = hidden.monitoring_gb_per_day * hidden.monitoring_retention_days * prices.storage_usd_per_gb_month
     incidents = hidden.incident_days_per_week * WEEKS_PER_MONTH * prices.engineer_day_usd
     opportunity = hidden.opportunity_days_per_month * prices.engineer_day_usd
     others = training + monitoring + incidents + opportunity
-    buffer = hidden.tech_debt_buffer * (spec_monthly_usd + others)
+    base = others + (draft_device + draft_memory if hidden.reserve_base == "additions" else spec_monthly_usd)
+    buffer = hidden.tech_debt_buffer * base
     return HiddenMonthly(
         training,
         monitoring,
@@ -277,6 +358,10 @@ def hidden_monthly(hidden: HiddenCosts, prices: Prices, drafter: str | None, spe
         opportunity,
         buffer,
         others + buffer,
+        draft_device,
+        draft_memory,
+        hidden.reserve_base,
+        base,
     )
 
 
@@ -287,19 +372,30 @@ def training_run_usd(hidden: HiddenCosts, drafter: str | None) -> float:
 
 def benefit(spec: ArmCost, plain: ArmCost, inputs: CostInputs) -> Benefit:
     """Net monthly benefit and payback of one speculative arm against plain decoding (see `Benefit`)."""
-    hidden = hidden_monthly(inputs.hidden, inputs.prices, spec.drafter, spec.monthly_usd)
+    measure = next(arm for arm in inputs.arms if arm.key == spec.key)
+    device = spec.monthly_usd * draft_fraction(measure)
+    hidden = hidden_monthly(
+        inputs.hidden,
+        inputs.prices,
+        spec.drafter,
+        spec.monthly_usd,
+        draft_device=device,
+        draft_memory=draft_memory_monthly(measure, inputs),
+    )
     saving = plain.monthly_usd - spec.monthly_usd
     run = training_run_usd(inputs.hidden, spec.drafter)
     recurring = hidden.total_usd - hidden.draft_training_usd * (1 + inputs.hidden.tech_debt_buffer)
     payback = run / (saving - recurring) if saving > recurring else None
     estimated = estimated_from(inputs, spec.key)
-    return Benefit(spec.key, spec.drafter, saving, hidden, saving - hidden.total_usd, payback, estimated)
+    net = saving - hidden.total_usd
+    return Benefit(spec.key, spec.drafter, saving, hidden, net, payback, estimated, net + hidden.tech_debt_usd)
 
 
 def tco(inputs: CostInputs) -> Tco:
-    """Every arm's cost, the idle line, and every speculative arm's benefit over the autoregressive one."""
+    """Every arm's cost, the idle line, the window's allocation, and every speculative arm's benefit."""
     volume, volume_source = monthly_volume(inputs)
-    costs = tuple(arm_cost(arm, inputs, volume) for arm in inputs.arms)
+    allocation = allocate(inputs)
+    costs = tuple(arm_cost(arm, inputs, volume, allocation) for arm in inputs.arms)
     plain = next((c for c in costs if c.mode == "autoregressive"), None)
     benefits = tuple(benefit(c, plain, inputs) for c in costs if c.mode == "speculative") if plain else ()
     return Tco(
@@ -313,8 +409,9 @@ def tco(inputs: CostInputs) -> Tco:
         primary_key(inputs),
         notes(inputs),
         inputs.pricing,
-        idle_cost(inputs),
+        idle_cost(inputs, allocation),
         assumptions(inputs),
+        allocation,
     )
 
 

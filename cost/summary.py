@@ -18,7 +18,8 @@ from collector.queries import Filters, Window
 from cost.advisor import Recommendation, advise
 from cost.breakeven import BreakEven, TornadoRow, break_even, sensitivity
 from cost.concurrency import ConcurrencyCosts, concurrency_costs
-from cost.inputs import Overrides, apply_overrides, infer_gpu_type, measured_inputs
+from cost.inputs import Overrides, apply_overrides
+from cost.measured import infer_gpu_type, measured_inputs, read_usage
 from cost.model import CostInputs, HiddenCosts, Prices, Tco, tco
 
 DEFAULT_GPU = "H100-SXM"
@@ -80,6 +81,7 @@ def measured_summary(
     if gpu is None:
         gpu = DEFAULT_GPU
         notes.append(f"gpu_type {gpu} assumed: no device sample in the window names a GPU of the price table")
+    usage = read_usage(engine, window, filters)
     measured = measured_inputs(
         engine,
         window,
@@ -88,12 +90,11 @@ def measured_summary(
         filters=filters,
         hidden=hidden,
         incidents_from_alerts=incidents_from_alerts,
+        usage=usage,
     )
     inputs = apply_overrides(measured, overrides)
     advice = advise(engine, window, inputs.device_memory_bytes, inputs.gpu_count, filters=filters)
-    by_level = concurrency_costs(
-        engine, window, inputs.prices, gpu_type=gpu, gpu_count=inputs.gpu_count, pricing=inputs.pricing, filters=filters
-    )
+    by_level = concurrency_costs(engine, window, inputs, filters=filters, usage=usage)
     return summarize(
         inputs, source="measured", window=window, advice=tuple(advice), notes=tuple(notes), concurrency=by_level
     )
@@ -145,7 +146,7 @@ def _arm_table(t: Tco) -> list[str]:
     if not t.arms:
         return ["No requests to price in this window."]
     rows = [
-        ("USD per 1M output tokens", [a.key for a in t.arms]),
+        ("USD per 1M output tokens", [("~" if a.estimate else "") + a.key for a in t.arms]),
         ("memory share", [_num(a.memory_share) for a in t.arms]),
         ("GPU-hours (device time)", [_num(a.gpu_hours_per_mtok, ".4g") for a in t.arms]),
         ("  device time from", [a.device_s_source for a in t.arms]),
@@ -156,23 +157,34 @@ def _arm_table(t: Tco) -> list[str]:
         ),
         ("  energy source", [a.energy_source or "not measured" for a in t.arms]),
         ("retries (failed work)", [_usd(a.retries_usd_per_mtok, 4) for a in t.arms]),
-        ("idle (spread by share)", [_usd(a.idle_usd_per_mtok, 4) for a in t.arms]),
+        ("idle (charged to the arm)", [_usd(a.idle_usd_per_mtok, 4) for a in t.arms]),
         ("total", [_usd(a.total_usd_per_mtok, 4) for a in t.arms]),
         ("monthly USD at the volume", [_usd(a.monthly_usd, 0) for a in t.arms]),
     ]
     widths = [max(len(r[1][i]) for r in rows) + 2 for i in range(len(t.arms))]
     table = [f"{label:<28}" + "".join(f"{cell:>{w}}" for cell, w in zip(cells, widths)) for label, cells in rows]
-    return table + _idle_lines(t)
+    return table + _idle_lines(t) + bill_lines(t)
 
 
 def _idle_lines(t: Tco) -> list[str]:
     if t.idle is None:
         return ["idle device time: not measured (no device samples)"]
     i = t.idle
-    how = "spread over the arms above" if i.allocation == "by_share" else "its own line, not in the arms above"
+    how = (
+        "its own line, not in the arms above" if i.allocation == "separate" else f"charged to the arms ({i.allocation})"
+    )
     return [
         f"idle device time: {i.idle_fraction:.0%} of {i.up_s:,.0f} s up; {_usd(i.monthly_usd, 0)} USD/month ({how})"
     ]
+
+
+def bill_lines(t: Tco) -> list[str]:
+    """The window's bill and the lines that make it up (Σ lines = the bill)."""
+    a = t.allocation
+    if a is None or not a.bills:
+        return []
+    parts = ", ".join(f"{kind} {_usd(usd, 4)}" for kind, usd in sorted(a.by_kind().items()))
+    return [f"bill for the window: {_usd(a.bill_usd, 4)} USD = {parts} (idle: {a.method})"]
 
 
 def _benefits(t: Tco) -> list[str]:
@@ -190,7 +202,9 @@ def _benefits(t: Tco) -> list[str]:
                 f" opportunity {_usd(h.opportunity_usd, 0)}, tech-debt reserve {_usd(h.tech_debt_usd, 0)}"
                 f" = {_usd(h.total_usd, 0)}"
             ),
-            f"  net benefit {estimate_mark(b)}{_usd(b.net_usd, 0)} USD/month; draft training pays back: {payback}",
+            f"  net benefit {estimate_mark(b)}{_usd(b.net_usd, 0)} USD/month with the reserve"
+            f" (on {h.reserve_base}: {_usd(h.reserve_base_usd, 0)} base),"
+            f" {estimate_mark(b)}{_usd(b.net_without_reserve_usd, 0)} without; draft training pays back: {payback}",
         ]
         if b.estimated_from:
             lines.append(f"  ~ estimated from: {', '.join(b.estimated_from)}")
@@ -205,14 +219,20 @@ def estimate_mark(benefit) -> str:
 def _concurrency_lines(by_level: ConcurrencyCosts | None) -> list[str]:
     if by_level is None or not by_level.rows:
         return []
-    lines = ["", "USD per 1M output tokens by concurrency (device time, compute only):"]
+    lines = ["", "USD per 1M output tokens by concurrency (the allocation's $ per device-second; 95% bootstrap):"]
     for row in by_level.rows:
+        interval = "" if row.usd_low is None else f" [{_usd(row.usd_low, 4)}, {_usd(row.usd_high, 4)}]"
+        small = "" if row.enough else "  (too few requests or tokens: not used)"
         lines.append(
-            f"  level {row.level:>3} {row.mode:<15} {row.requests:>6} requests {row.output_tokens:>9} tokens"
-            f"  {row.gpu_hours_per_mtok:>9.4g} GPU-h  {_usd(row.usd_per_mtok, 4):>10} USD"
+            f"  level {row.level:>3} {row.mode:<15} {row.requests:>8.1f} requests {row.output_tokens:>11,.0f} tokens"
+            f"  {row.gpu_hours_per_mtok:>9.4g} GPU-h  {_usd(row.usd_per_mtok, 4):>10} USD{interval}{small}"
         )
     crossing = "none within the levels measured" if by_level.crossover is None else f"level {by_level.crossover}"
     lines.append(f"  speculation costs more from: {crossing}")
+    for mode, level, usd in by_level.best_within_slo:
+        lines.append(
+            f"  {mode}: {_usd(usd, 4)} USD per 1M tokens at level {level}, the highest meeting the latency rules"
+        )
     return lines
 
 
@@ -233,8 +253,9 @@ def _break_even_lines(rows: tuple[BreakEven, ...]) -> list[str]:
             f"{_num(b.acceptance_rate)}, alpha {_num(b.measured_alpha)};"
             f" speed-up model {_num(b.model_speedup, '.2f')}x,"
             f" measured {_num(b.measured_speedup, '.2f')}x; speed-up 1 at alpha {_num(b.speedup_alpha)},"
-            f" net benefit 0 at alpha {_num(b.benefit_alpha)}"
+            f" net benefit 0 at alpha {_num(b.benefit_alpha)} ({b.source})"
         )
+        lines += [f"    ! {w}" for w in b.warnings]
     return lines
 
 

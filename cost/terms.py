@@ -21,6 +21,12 @@ UNTRAINED_DRAFTERS = ("ngram", "suffix", "mtp")
 UNTRAINED_PREFIXES = ("early-exit:",)
 PRICINGS = ("on-demand", "spot", "reserved", "on-prem")
 SEED = "default (seed)"
+# Idle time: its own line, or shared over the arms by device time (weighted) or equally (even), as OpenCost
+# does; "by_share" is the older name of "weighted".
+IDLE_ALLOCATIONS = ("separate", "weighted", "even", "by_share")
+# What the technical-debt reserve is a fraction of: what speculation adds (its drafter's device time and
+# memory, training, operations, storage), or the whole speculative deployment's costs (the older reading).
+RESERVE_BASES = ("additions", "deployment")
 
 
 @dataclass(frozen=True)
@@ -97,10 +103,12 @@ class HiddenCosts:
     monitoring_retention_days: float = 14.0  # the collector's raw retention (settings.retention_days)
     incident_days_per_week: float = 2.0  # person-days of incident handling (or derived from alert history)
     opportunity_days_per_month: float = 0.0  # iteration slowdown, learning curve: engineer-days, none assumed
-    tech_debt_buffer: float = 0.20  # reserve on top of the speculative deployment's costs
+    tech_debt_buffer: float = 0.20  # reserve on what speculation adds (reserve_base)
+    reserve_base: str = "additions"  # additions | deployment (RESERVE_BASES)
     sources: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        _require(self.reserve_base in RESERVE_BASES, f"reserve_base must be one of {', '.join(RESERVE_BASES)}")
         _require(self.amortisation_months > 0, "amortisation_months must be > 0")
         _require(0 <= self.tech_debt_buffer <= 10, "tech_debt_buffer must be a fraction in [0, 10]")
         _require(0 < self.training_data_fraction <= 10, "training_data_fraction must be in (0, 10]")
@@ -137,7 +145,7 @@ HIDDEN_UNITS = {
     "monitoring_retention_days": "days",
     "incident_days_per_week": "person-days / week",
     "opportunity_days_per_month": "engineer-days / month",
-    "tech_debt_buffer": "fraction of the speculative deployment's costs",
+    "tech_debt_buffer": "fraction of what speculation adds (see reserve base)",
 }
 
 
@@ -233,6 +241,76 @@ class IdleTime:
 
 
 @dataclass(frozen=True)
+class ArmUse:
+    """One arm's use of one instance over the window: ok work and failed work (retries)."""
+
+    arm: str  # ModeMeasure.key
+    device_s: float  # of its ok requests
+    failed_device_s: float = 0.0  # of requests that did not finish ok, and failed attempts of retried ones
+    output_tokens: int = 0  # ok output tokens
+    energy_j: float | None = None  # of its ok requests (None: not measured)
+    failed_energy_j: float | None = None
+    derived: bool = False  # part of its device time derived from request times (an estimate: "~")
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """An arm's step timings at one concurrency level (the requests that spent most of their life there):
+    the break-even's times come from one level, so both arms' forwards carry the same batch."""
+
+    level: int
+    arm: str
+    target_forwards: int  # after prefill: output tokens - 1 - accepted drafts, summed
+    verify_s: float
+    drafts: int = 0
+    draft_tokens: int = 0
+    draft_s: float = 0.0
+
+    @property
+    def seconds_per_forward(self) -> float | None:
+        return self.verify_s / self.target_forwards if self.target_forwards > 0 and self.verify_s > 0 else None
+
+
+@dataclass(frozen=True)
+class InstanceUse:
+    """One instance over the window: up-time, the deployment's share of it, and each arm's use."""
+
+    name: str
+    up_s: float | None  # sampled up-time (None: no device samples)
+    arms: tuple[ArmUse, ...]
+    share: float = 1.0  # the deployment's share of the device (memory held / the device's), <= 1
+    share_source: str = "whole device"
+    energy_j: float | None = None  # every joule its samples report (None: no power readings)
+
+    @property
+    def busy_s(self) -> float:
+        return sum(use.device_s + use.failed_device_s for use in self.arms)
+
+    @property
+    def billed_s(self) -> float:
+        """Up-time; the busy time when up-time is unknown or shorter (requests then show none idle)."""
+        return max(self.up_s or 0.0, self.busy_s)
+
+    @property
+    def idle_s(self) -> float:
+        return self.billed_s - self.busy_s
+
+    @property
+    def used_energy_j(self) -> float:
+        return sum((use.energy_j or 0.0) + (use.failed_energy_j or 0.0) for use in self.arms)
+
+    @property
+    def total_energy_j(self) -> float | None:
+        known = self.energy_j is not None or any(u.energy_j is not None for u in self.arms)
+        return max(self.energy_j or 0.0, self.used_energy_j) if known else None
+
+    @property
+    def idle_energy_j(self) -> float | None:
+        total = self.total_energy_j
+        return None if total is None else total - self.used_energy_j
+
+
+@dataclass(frozen=True)
 class CostInputs:
     """Everything the cost model reads. gpu_memory_bytes None: the price table's figure;
     monthly_output_tokens None: the volume observed over the arms' window; idle None: up-time
@@ -249,11 +327,15 @@ class CostInputs:
     pricing: str = "on-demand"
     idle: IdleTime | None = None
     idle_allocation: str = "separate"
+    instances: tuple[InstanceUse, ...] = ()  # measured per instance (empty: what-if, one instance of the arms)
+    step_times: tuple[StepTime, ...] = ()  # per concurrency level and arm (empty: only the arms' totals)
 
     def __post_init__(self) -> None:
         _require(self.pricing in PRICINGS, f"pricing must be one of {', '.join(PRICINGS)}")
         self.prices.accelerator(self.gpu_type).price(self.pricing)
-        _require(self.idle_allocation in ("separate", "by_share"), "idle_allocation must be separate or by_share")
+        _require(
+            self.idle_allocation in IDLE_ALLOCATIONS, f"idle_allocation must be one of {', '.join(IDLE_ALLOCATIONS)}"
+        )
         _require(self.gpu_count >= 1, "gpu_count must be >= 1")
         _require(self.gpu_memory_bytes is None or self.gpu_memory_bytes > 0, "gpu_memory_bytes must be > 0")
         _require(
@@ -282,11 +364,24 @@ class CostInputs:
         return max((arm.window_s for arm in self.arms), default=0.0)
 
     @property
-    def idle_factor(self) -> float:
-        """Idle device time per busy second, when it is spread over the arms (else 0)."""
-        if self.idle_allocation != "by_share" or self.idle is None or self.idle.busy_s <= 0:
-            return 0.0
-        return self.idle.idle_s / self.idle.busy_s
+    def idle_method(self) -> str:
+        """separate | weighted | even ("by_share" is weighted)."""
+        return "weighted" if self.idle_allocation == "by_share" else self.idle_allocation
+
+    @property
+    def usage(self) -> tuple[InstanceUse, ...]:
+        """The instances measured; for what-if inputs one instance serving every arm: an arm's device time
+        is its output tokens (1M when none given) / tokens_per_s, its failed work that x its retry factor,
+        the share the largest memory an arm holds, and idle time in the proportion `idle` gives."""
+        if self.instances:
+            return self.instances
+        uses = tuple(_what_if_use(arm) for arm in self.arms)
+        busy = sum(u.device_s + u.failed_device_s for u in uses)
+        up = busy * self.idle.up_s / self.idle.busy_s if self.idle and self.idle.busy_s > 0 else None
+        shares = [_memory_fraction(arm, self) for arm in self.arms]
+        known = [s for s in shares if s is not None]
+        share = min(max(known), 1.0) if known else 1.0
+        return (InstanceUse("what-if", up, uses, share, "given" if known else "whole device"),)
 
     @property
     def baseline(self) -> ModeMeasure | None:
@@ -295,6 +390,20 @@ class CostInputs:
     @property
     def speculative_arms(self) -> tuple[ModeMeasure, ...]:
         return tuple(arm for arm in self.arms if arm.mode == "speculative")
+
+
+def _what_if_use(arm: ModeMeasure) -> ArmUse:
+    tokens = arm.output_tokens or int(MTOK)
+    device_s = tokens / arm.tokens_per_s
+    failed = device_s * arm.retry_factor
+    energy = None if arm.energy_j_per_token is None else arm.energy_j_per_token * tokens
+    return ArmUse(arm.key, device_s, failed, tokens, energy, None if energy is None else energy * arm.retry_factor)
+
+
+def _memory_fraction(arm: ModeMeasure, inputs: CostInputs) -> float | None:
+    if arm.target_memory_bytes is None:
+        return None
+    return (arm.target_memory_bytes + arm.draft_memory_bytes) / (inputs.gpu_count * inputs.device_memory_bytes)
 
 
 @dataclass(frozen=True)

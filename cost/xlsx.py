@@ -1,10 +1,13 @@
-"""The cost model as a spreadsheet a finance team can edit: `write_workbook(inputs, path)`.
+"""The cost model as a spreadsheet a finance team can edit: `write_workbook(inputs, path, concurrency)`.
 
-Sheet "Inputs" holds every number the model reads (prices, volume, idle time, hidden costs,
-and one column per arm of measured figures); sheet "Model" holds the formulas of `cost.model`
-as live Excel formulas over "Inputs", so editing a price recomputes every result; sheet
-"Assumptions" lists each input's source. Values the store did not measure are written as 0
-with a flag or note (energy: $0; target memory: memory_measured 0, the whole device charged).
+Sheet "Inputs" holds every number the model reads (prices, volume, hidden costs, and one column per
+arm of measured figures, per ok device-second); "Lines" holds the window's allocation
+(`cost.allocation`): one row per line with its instance-seconds, share and kWh, its $ a live formula
+of gpu_count, the GPU-hour price and the energy prices, each instance's bill the same way, and a
+check cell (Σ lines - Σ bills = 0); "Model" holds `cost.model`'s formulas over both, so editing a
+price recomputes every result; "Concurrency" and "Break-even" the binned costs (the one crossover)
+and the speed-up curve S(alpha) = E x t_plain / (t_verify + gamma t_draft) as formulas of their
+inputs; "Assumptions" lists each input's source.
 """
 
 from __future__ import annotations
@@ -16,16 +19,21 @@ from openpyxl import Workbook
 from openpyxl.styles import Font
 from openpyxl.utils import get_column_letter
 
+from cost.allocation import Allocation, allocate
+from cost.concurrency import ConcurrencyCosts
 from cost.model import (
     GB,
     HIDDEN_FIELDS,
-    SECONDS_PER_MONTH,
     CostInputs,
-    idle_cost,
+    ModeMeasure,
+    _month_scale,
+    draft_fraction,
+    memory_share,
     monthly_volume,
     needs_training,
     tco,
 )
+from cost.xlsx_sheets import break_even_sheet, concurrency_sheet, lines_sheet
 
 # name -> (unit, note); values come from the inputs.
 GLOBAL_INPUTS = {
@@ -38,9 +46,8 @@ GLOBAL_INPUTS = {
     "storage_usd_per_gb_month": ("USD / GB-month", "monitoring store"),
     "engineer_day_usd": ("USD / person-day", "incidents, opportunity cost"),
     "monthly_output_tokens": ("tokens / month", "volume priced"),
-    "idle_factor": ("-", "idle device s per busy s, spread over the arms (0: idle is its own line)"),
-    "idle_gpu_hours_month": ("GPU hours / month", "instance time no request used (0: not measured)"),
-    "idle_kwh_month": ("kWh / month", "energy while idle (0: not measured)"),
+    "month_scale": ("-", "window $ -> monthly $: the volume priced / the window's ok tokens"),
+    "reserve_on_additions": ("1 / 0", "1: the reserve is a fraction of what speculation adds; 0: of its deployment"),
     "draft_training_usd": ("USD", "one training run of the draft model at 10% of the target's data"),
     "training_data_fraction": ("fraction", "the draft's training data / the target's"),
     "amortisation_months": ("months", ""),
@@ -48,32 +55,40 @@ GLOBAL_INPUTS = {
     "monitoring_retention_days": ("days", ""),
     "incident_days_per_week": ("person-days / week", ""),
     "opportunity_days_per_month": ("engineer-days / month", "iteration slowdown, learning curve"),
-    "tech_debt_buffer": ("fraction", "reserve on top of the speculative deployment's costs"),
+    "tech_debt_buffer": ("fraction", "the technical-debt reserve (base: reserve_on_additions)"),
 }
 ARM_INPUTS = {
-    "tokens_per_s": "output tokens / device-second attributed to the arm",
-    "retry_factor": "device time of failed requests / of ok ones",
-    "energy_j_per_token": "J / output token (0: not measured)",
-    "memory_measured": "1 if target memory was measured (0: whole devices charged)",
-    "target_memory_gb": "GB held by the target",
-    "draft_memory_gb": "GB held by the draft",
+    "tokens_per_s": "output tokens / ok device-second attributed to the arm",
+    "memory_share": "the deployment's share of its devices, weighted by the arm's device time",
+    "retry_factor": "device time of failed work / of ok work",
+    "retries_share_s": "failed instance-seconds x share, per ok device-second (Lines)",
+    "retries_kwh_s": "failed work's kWh x share, per ok device-second",
+    "idle_share_s": "idle instance-seconds x share charged to the arm, per ok device-second (Lines)",
+    "idle_kwh_s": "idle kWh x share charged to the arm, per ok device-second",
+    "energy_j_per_token": "J / ok output token (0: not measured)",
+    "energy_share": "the share its energy is charged at",
     "needs_training": "1 if the drafter has trained weights (n-gram, suffix, early exit: 0)",
+    "draft_fraction": "drafting time / the arm's device time",
+    "draft_memory_fraction": "draft memory / the devices' memory",
+    "instances": "instances the arm ran on",
 }
 ARM_FIRST_ROW = len(GLOBAL_INPUTS) + 5  # header rows, the globals, a blank row, the arm table's header
 
 # Model rows: label -> formula template. {g:name} a global input, {a:name} this arm's input,
 # {m:label} this column's model cell, {plain:label} the plain-decoding column's model cell.
+_KWH_USD = "{g:pue}*{g:electricity_usd_per_kwh}*{g:energy_added}"
+_SECOND_USD = "{g:gpu_count}*{g:gpu_hour_usd}/3600"
 ARM_ROWS = {
-    "memory_share": (
-        "IF({a:memory_measured}=0,1,({a:target_memory_gb}+{a:draft_memory_gb})/({g:gpu_count}*{g:gpu_memory_gb}))"
-    ),
+    "memory_share": "{a:memory_share}",
     "gpu_hours_per_mtok": "{g:gpu_count}*1000000/{a:tokens_per_s}/3600",
     "compute_usd_per_mtok": "{m:gpu_hours_per_mtok}*{g:gpu_hour_usd}*{m:memory_share}",
     "energy_kwh_per_mtok": "{a:energy_j_per_token}*1000000/3600000",
-    "energy_usd_per_mtok": "{m:energy_kwh_per_mtok}*{g:pue}*{g:electricity_usd_per_kwh}",
+    "energy_usd_per_mtok": "{m:energy_kwh_per_mtok}*{g:pue}*{g:electricity_usd_per_kwh}*{a:energy_share}",
     "retry_factor": "{a:retry_factor}",
-    "retries_usd_per_mtok": ("({m:compute_usd_per_mtok}+{m:energy_usd_per_mtok}*{g:energy_added})*{m:retry_factor}"),
-    "idle_usd_per_mtok": "{m:compute_usd_per_mtok}*{g:idle_factor}",
+    "retries_usd_per_mtok": (
+        f"1000000/{{a:tokens_per_s}}*({{a:retries_share_s}}*{_SECOND_USD}+{{a:retries_kwh_s}}*{_KWH_USD})"
+    ),
+    "idle_usd_per_mtok": f"1000000/{{a:tokens_per_s}}*({{a:idle_share_s}}*{_SECOND_USD}+{{a:idle_kwh_s}}*{_KWH_USD})",
     "total_usd_per_mtok": (
         "{m:compute_usd_per_mtok}+{m:energy_usd_per_mtok}*{g:energy_added}+{m:retries_usd_per_mtok}"
         "+{m:idle_usd_per_mtok}"
@@ -87,8 +102,11 @@ BENEFIT_ROWS = {
     "monitoring_usd_month": "{g:monitoring_gb_per_day}*{g:monitoring_retention_days}*{g:storage_usd_per_gb_month}",
     "incidents_usd_month": "{g:incident_days_per_week}*52/12*{g:engineer_day_usd}",
     "opportunity_usd_month": "{g:opportunity_days_per_month}*{g:engineer_day_usd}",
+    "draft_device_usd_month": "{m:monthly_usd}*{a:draft_fraction}",
+    "draft_memory_usd_month": ("MIN({a:draft_memory_fraction},1)*{a:instances}*{g:gpu_count}*{g:gpu_hour_usd}*730"),
     "tech_debt_usd_month": (
-        "{g:tech_debt_buffer}*({m:monthly_usd}+{m:draft_training_usd_month}+{m:monitoring_usd_month}"
+        "{g:tech_debt_buffer}*(IF({g:reserve_on_additions}=1,{m:draft_device_usd_month}+{m:draft_memory_usd_month},"
+        "{m:monthly_usd})+{m:draft_training_usd_month}+{m:monitoring_usd_month}"
         "+{m:incidents_usd_month}+{m:opportunity_usd_month})"
     ),
     "hidden_usd_month": (
@@ -104,16 +122,12 @@ BENEFIT_ROWS = {
     ),
 }
 IDLE_ROW = "idle_usd_month"  # one cell, column B, below the arms' rows
-IDLE_FORMULA = (
-    "{g:idle_gpu_hours_month}*{g:gpu_hour_usd}+{g:idle_kwh_month}*{g:pue}*{g:electricity_usd_per_kwh}*{g:energy_added}"
-)
+IDLE_FORMULA = "({idle_lines})*{g:month_scale}"  # the Lines sheet's idle cells, a month of them
 MODEL_ROW = {label: i + 2 for i, label in enumerate([*ARM_ROWS, *BENEFIT_ROWS, IDLE_ROW])}
 
 
-def global_values(inputs: CostInputs) -> dict[str, float]:
+def global_values(inputs: CostInputs, allocation: Allocation) -> dict[str, float]:
     h, p = inputs.hidden, inputs.prices
-    idle = idle_cost(inputs)
-    idle_hours = 0.0 if idle is None else idle.idle_s / 3600 * inputs.gpu_count * SECONDS_PER_MONTH / inputs.window_s
     return {
         "gpu_hour_usd": inputs.gpu_hour_usd,
         "gpu_count": inputs.gpu_count,
@@ -124,48 +138,72 @@ def global_values(inputs: CostInputs) -> dict[str, float]:
         "storage_usd_per_gb_month": p.storage_usd_per_gb_month,
         "engineer_day_usd": p.engineer_day_usd,
         "monthly_output_tokens": monthly_volume(inputs)[0],
-        "idle_factor": inputs.idle_factor,
-        "idle_gpu_hours_month": idle_hours,
-        "idle_kwh_month": (idle.energy_kwh_per_month or 0.0) if idle else 0.0,
+        "month_scale": _month_scale(inputs, allocation),
+        "reserve_on_additions": int(h.reserve_base == "additions"),
         **{name: getattr(h, name) for name in HIDDEN_FIELDS},
     }
 
 
-def arm_values(arm) -> dict[str, float]:
+def arm_values(arm: ModeMeasure, inputs: CostInputs, allocation: Allocation) -> dict[str, float]:
+    uses = [(i, u) for i in inputs.usage for u in i.arms if u.arm == arm.key]
+    ok_s = sum(u.device_s for _, u in uses) or 1.0
+    joules = sum(u.energy_j or 0.0 for _, u in uses)
+    lines = [x for x in allocation.lines if x.arm == arm.key]
+    share = {i.name: i.share for i, _ in uses}
+
+    def per_s(kind: str, energy: bool) -> float:
+        found = [x for x in lines if x.kind == kind]
+        if energy:
+            return sum(share.get(x.instance, 1.0) * (x.energy_kwh or 0.0) for x in found) / ok_s
+        return sum(share.get(x.instance, 1.0) * x.device_s for x in found) / ok_s
+
     return {
         "tokens_per_s": arm.tokens_per_s,
+        "memory_share": memory_share(arm, inputs),
         "retry_factor": arm.retry_factor,
+        "retries_share_s": per_s("retries", False),
+        "retries_kwh_s": per_s("retries", True),
+        "idle_share_s": per_s("idle", False),
+        "idle_kwh_s": per_s("idle", True),
         "energy_j_per_token": arm.energy_j_per_token or 0.0,
-        "memory_measured": int(arm.target_memory_bytes is not None),
-        "target_memory_gb": (arm.target_memory_bytes or 0.0) / GB,
-        "draft_memory_gb": arm.draft_memory_bytes / GB,
+        "energy_share": (
+            sum(i.share * (u.energy_j or 0.0) for i, u in uses) / joules if joules > 0 else memory_share(arm, inputs)
+        ),
         "needs_training": int(needs_training(arm.drafter)),
+        "draft_fraction": draft_fraction(arm),
+        "draft_memory_fraction": arm.draft_memory_bytes / (inputs.gpu_count * inputs.device_memory_bytes),
+        "instances": max(len(uses), 1),
     }
 
 
-def write_workbook(inputs: CostInputs, path: Path) -> None:
-    """Inputs + Model sheets (module docstring). The plain-decoding arm is column B of both tables."""
+def write_workbook(inputs: CostInputs, path: Path, concurrency: ConcurrencyCosts | None = None) -> None:
+    """Inputs, Lines, Model, Concurrency, Break-even and Assumptions (module docstring). The plain-decoding
+    arm is column B of the arm tables."""
     arms = sorted(inputs.arms, key=lambda arm: arm.mode != "autoregressive")
+    allocation = allocate(inputs)
     book = Workbook()
-    _inputs_sheet(book.active, inputs, arms)
-    _model_sheet(book.create_sheet("Model"), arms, has_plain=inputs.baseline is not None)
+    _inputs_sheet(book.active, inputs, arms, allocation)
+    idle_cells = lines_sheet(book.create_sheet("Lines"), allocation, input_ref)
+    _model_sheet(book.create_sheet("Model"), arms, inputs.baseline is not None, idle_cells)
+    concurrency_sheet(book.create_sheet("Concurrency"), concurrency)
+    break_even_sheet(book.create_sheet("Break-even"), inputs)
     _assumptions_sheet(book.create_sheet("Assumptions"), inputs)
     book.save(path)
 
 
-def _inputs_sheet(sheet, inputs: CostInputs, arms) -> None:
+def _inputs_sheet(sheet, inputs: CostInputs, arms, allocation: Allocation) -> None:
     sheet.title = "Inputs"
     note = f"{inputs.pricing} prices as of {inputs.prices.as_of}; edit the values in column B"
     sheet.append(["gpu_type", inputs.gpu_type, "", note])
     sheet.append(["input", "value", "unit", "note"])
     volume_source = monthly_volume(inputs)[1]
-    for name, value in global_values(inputs).items():
+    for name, value in global_values(inputs, allocation).items():
         unit, note = GLOBAL_INPUTS[name]
         sheet.append([name, value, unit, f"{note} ({volume_source})" if name == "monthly_output_tokens" else note])
     sheet.append([])
     sheet.append(["arm", *(arm.key for arm in arms)])
     for name, note in ARM_INPUTS.items():
-        sheet.append([name, *(arm_values(arm)[name] for arm in arms), note])
+        sheet.append([name, *(arm_values(arm, inputs, allocation)[name] for arm in arms), note])
     sheet.append(["energy_source", *(arm.energy_source or "not measured" for arm in arms)])
     for row in (1, 2, ARM_FIRST_ROW - 1):
         for cell in sheet[row]:
@@ -193,7 +231,7 @@ def formula(template: str, column: str) -> str:
     return "=" + re.sub(r"\{(g|a|m|plain):(\w+)\}", lambda m: _cell(m.group(1), m.group(2), column), template)
 
 
-def _model_sheet(sheet, arms, has_plain: bool) -> None:
+def _model_sheet(sheet, arms, has_plain: bool, idle_cells: list[str]) -> None:
     sheet.append(["USD (per 1M output tokens, or per month)", *(arm.key for arm in arms)])
     for label, template in ARM_ROWS.items():
         sheet.append([label, *(formula(template, get_column_letter(i + 2)) for i in range(len(arms)))])
@@ -203,7 +241,8 @@ def _model_sheet(sheet, arms, has_plain: bool) -> None:
             for i, arm in enumerate(arms)
         ]
         sheet.append([label, *cells])
-    sheet.append([IDLE_ROW, formula(IDLE_FORMULA, "B")])
+    idle = IDLE_FORMULA.replace("{idle_lines}", "+".join(idle_cells) or "0")
+    sheet.append([IDLE_ROW, formula(idle, "B")])
     for cell in sheet[1]:
         cell.font = Font(bold=True)
     sheet.column_dimensions["A"].width = 34

@@ -1,0 +1,206 @@
+"""What the cost model reads from the store, as numpy columns and frozen rows (no ORM row leaves here).
+
+    request_usage(engine, window, filters)      requests whose life overlaps the window, one array per column
+    power_rows(engine, window, filters)         (instance, at, power_w, power_source) of device samples
+    memory_rows(engine, window, filters)        (instance, mem_reserved_bytes, draft_loaded) of device samples
+    freed_by_unloads(engine, window, filters)   `draft_unloaded` event details (bytes freed)
+    store_growth(engine, window)                rows stored in total and in the window, and the database's size
+    device_counts(engine, window)               device name -> samples in the window
+    alert_history(engine, window)               alert transitions and remediation count (the incident input)
+    scenario_rows(engine, window, filters)      the advisor's per-request columns
+    peak_memory(engine, window)                 instance -> peak reserved bytes
+
+A request straddling the window's start is read when it started at most `STRADDLE_S` before it and
+was still running inside the window: the cost model charges it by its overlap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from sqlalchemy import Engine, column, func, select, table, text
+
+from collector.models import DeviceSampleRow, EngineEventRow, Request
+from collector.queries import Filters, Window
+
+STRADDLE_S = 3600.0  # how far before the window a request may have started and still be read
+_REQUEST_COLUMNS = {
+    "instance": Request.instance,
+    "mode": Request.mode,
+    "drafter": Request.drafter,
+    "started_at": Request.started_at,
+    "queue_s": Request.queue_s,
+    "ttft_s": Request.ttft_s,
+    "e2e_s": Request.e2e_s,
+    "status": Request.status,
+    "output_tokens": Request.output_tokens,
+    "retries": Request.retries,
+    "device_s": Request.device_s,
+    "device_s_source": Request.device_s_source,
+    "energy_j": Request.energy_j,
+    "energy_source": Request.energy_source,
+    "drafts": Request.num_drafts,
+    "draft_tokens": Request.num_draft_tokens,
+    "accepted_tokens": Request.num_accepted_tokens,
+    "draft_s": Request.draft_s,
+    "verify_s": Request.verify_s,
+}
+_TEXT = ("instance", "mode", "drafter", "status", "device_s_source", "energy_source")
+_NULLABLE = ("device_s", "energy_j", "ttft_s")  # NULL -> NaN
+
+
+class RequestColumns:
+    """Stored requests, one numpy array per column (all statuses: failed work costs device time too)."""
+
+    def __init__(self, rows: list[tuple]) -> None:
+        columns = list(zip(*rows)) if rows else [()] * len(_REQUEST_COLUMNS)
+        for name, values in zip(_REQUEST_COLUMNS, columns):
+            if name in _TEXT:
+                array = np.asarray(values, dtype=object)
+            elif name in _NULLABLE:
+                array = np.array([np.nan if v is None else v for v in values], dtype=float)
+            else:
+                array = np.asarray(values, dtype=float)
+            setattr(self, name, array)
+        self.ok = self.status == "ok"
+
+    def __len__(self) -> int:
+        return len(self.started_at)
+
+
+def request_usage(engine: Engine, window: Window, filters: Filters = Filters()) -> RequestColumns:
+    """Requests whose life [started_at, started_at + e2e_s] overlaps `window` (see the module docstring)."""
+    wide = Window(window.start - STRADDLE_S, window.end)
+    stmt = filters.apply(select(*_REQUEST_COLUMNS.values()), wide)
+    stmt = stmt.where(Request.started_at + Request.e2e_s >= window.start)
+    with engine.connect() as conn:
+        return RequestColumns(conn.execute(stmt).all())
+
+
+def _samples(columns, window: Window, filters: Filters):
+    stmt = select(*columns).where(DeviceSampleRow.at >= window.start, DeviceSampleRow.at < window.end)
+    return stmt if filters.instance is None else stmt.where(DeviceSampleRow.instance == filters.instance)
+
+
+def power_rows(engine: Engine, window: Window, filters: Filters = Filters()) -> list[tuple]:
+    """(instance, at, power_w, power_source) per device sample in the window."""
+    columns = (DeviceSampleRow.instance, DeviceSampleRow.at, DeviceSampleRow.power_w, DeviceSampleRow.power_source)
+    with engine.connect() as conn:
+        return [tuple(row) for row in conn.execute(_samples(columns, window, filters))]
+
+
+def memory_rows(engine: Engine, window: Window, filters: Filters = Filters()) -> list[tuple]:
+    """(instance, mem_reserved_bytes, draft_loaded) per device sample in the window."""
+    columns = (DeviceSampleRow.instance, DeviceSampleRow.mem_reserved_bytes, DeviceSampleRow.draft_loaded)
+    with engine.connect() as conn:
+        return [tuple(row) for row in conn.execute(_samples(columns, window, filters))]
+
+
+def freed_by_unloads(engine: Engine, window: Window, filters: Filters = Filters()) -> list[dict]:
+    """The `detail` of each `draft_unloaded` event in the window."""
+    stmt = select(EngineEventRow.detail).where(
+        EngineEventRow.kind == "draft_unloaded", EngineEventRow.at >= window.start, EngineEventRow.at < window.end
+    )
+    if filters.instance is not None:
+        stmt = stmt.where(EngineEventRow.instance == filters.instance)
+    with engine.connect() as conn:
+        return [detail or {} for (detail,) in conn.execute(stmt)]
+
+
+@dataclass(frozen=True)
+class StoreGrowth:
+    total_rows: int  # requests, samples and events stored
+    window_rows: int  # of those, in the window
+    first_at: float | None  # the earliest of them in the window
+    size_bytes: float | None  # the database's size (None: unknown dialect)
+
+
+def store_growth(engine: Engine, window: Window) -> StoreGrowth:
+    tables = (Request.__table__, DeviceSampleRow.__table__, EngineEventRow.__table__)
+    times = (Request.started_at, DeviceSampleRow.at, EngineEventRow.at)
+    with engine.connect() as conn:
+        total = sum(conn.execute(select(func.count()).select_from(t)).scalar() for t in tables)
+        found = [
+            conn.execute(select(func.count(), func.min(c)).where(c >= window.start, c < window.end)).one()
+            for c in times
+        ]
+        size = _database_bytes(conn)
+    starts = [lo for n, lo in found if n]
+    return StoreGrowth(int(total), int(sum(n for n, _ in found)), min(starts) if starts else None, size)
+
+
+def _database_bytes(conn) -> float | None:
+    if conn.dialect.name == "sqlite":
+        return float(conn.execute(text("PRAGMA page_count")).scalar() * conn.execute(text("PRAGMA page_size")).scalar())
+    if conn.dialect.name == "postgresql":
+        return float(conn.execute(text("SELECT pg_database_size(current_database())")).scalar())
+    return None
+
+
+def device_counts(engine: Engine, window: Window) -> list[tuple[str, int]]:
+    """(device name, samples) in the window, most sampled first."""
+    stmt = (
+        select(DeviceSampleRow.device, func.count())
+        .where(DeviceSampleRow.at >= window.start, DeviceSampleRow.at < window.end)
+        .group_by(DeviceSampleRow.device)
+    )
+    with engine.connect() as conn:
+        return sorted(((d, int(n)) for d, n in conn.execute(stmt)), key=lambda row: -row[1])
+
+
+@dataclass(frozen=True)
+class AlertHistory:
+    transitions: tuple[tuple[str, float, str], ...]  # (fingerprint, at, to_state) up to the window's end, by time
+    actions: int  # remediations in the window
+
+
+def alert_history(engine: Engine, window: Window) -> AlertHistory:
+    """The alert tables the incident input reads (to move to alerts.store when it offers this read)."""
+    t = table("alert_transitions", column("fingerprint"), column("at"), column("to_state")).c  # alerts/tables.py
+    a = table("alert_actions", column("at")).c
+    with engine.connect() as conn:
+        transitions = conn.execute(
+            select(t.fingerprint, t.at, t.to_state).where(t.at < window.end).order_by(t.at)
+        ).all()
+        actions = conn.execute(select(func.count()).where(a.at >= window.start, a.at < window.end)).scalar()
+    return AlertHistory(tuple(tuple(t) for t in transitions), int(actions or 0))
+
+
+SCENARIO_TAGS = ("scenario", "temperature", "sampling", "determinism", "latency")
+
+
+def scenario_rows(engine: Engine, window: Window, filters: Filters = Filters()) -> dict[str, np.ndarray]:
+    """The advisor's columns (one object array each) of the requests started in the window."""
+    columns = (
+        Request.mode,
+        Request.drafter,
+        Request.arm,
+        Request.instance,
+        Request.status,
+        (Request.prompt_tokens + Request.output_tokens).label("context"),
+        Request.ttft_s,
+        Request.e2e_s,
+        Request.output_tokens,
+        Request.num_draft_tokens,
+        Request.num_accepted_tokens,
+        Request.load_at_admission,
+        *(Request.tags[key].as_string().label(key) for key in SCENARIO_TAGS),
+    )
+    with engine.connect() as conn:
+        result = conn.execute(filters.apply(select(*columns), window))
+        names, rows = list(result.keys()), result.all()
+    if not rows:
+        return {}
+    return {name: np.array(column, dtype=object) for name, column in zip(names, zip(*rows))}
+
+
+def peak_memory(engine: Engine, window: Window) -> dict[str, float]:
+    """Instance -> peak mem_reserved_bytes of its device samples in the window."""
+    stmt = (
+        select(DeviceSampleRow.instance, func.max(DeviceSampleRow.mem_reserved_bytes))
+        .where(DeviceSampleRow.at >= window.start, DeviceSampleRow.at < window.end)
+        .group_by(DeviceSampleRow.instance)
+    )
+    with engine.connect() as conn:
+        return {instance: float(peak) for instance, peak in conn.execute(stmt)}

@@ -1,0 +1,188 @@
+"""The one allocation rule: every instance's bill split into lines that add up to it, nothing left over.
+
+Per instance of `gpu_count` GPUs at `gpu_hour_usd`, over the window:
+
+    rate            = gpu_count x gpu_hour_usd / 3600                              [$ / instance-second]
+    billed_s        = its up-time (device samples); the busy time when unsampled or when busy > up
+    bill            = billed_s x rate  (+ on-prem: its energy kWh x PUE x $/kWh)   [$]
+    share m         = the deployment's memory / the instance's (1: whole device, or not measured)
+
+    other tenants   = (1 - m) x bill                  (only when the deployment uses part of the device)
+    arm a           = m x rate x Σ device_s of a's ok requests
+    retries of a    = m x rate x Σ device_s of a's failed work (requests not ok, and the failed
+                      attempts of retried ones)
+    idle            = m x rate x (billed_s - Σ device_s)
+                      separate: its own line; weighted: split over the arms by their device time;
+                      even: split equally over the arms the instance served (OpenCost's two choices)
+
+On-prem, energy goes the same way: arm a gets m x the energy of its ok requests, its retries m x the
+energy of its failed work, idle m x (the instance's energy - what requests used), other tenants
+(1 - m) x all of it; each request's energy is counted once. Under cloud pricing the price already pays
+for power: the lines carry their kWh for information and $0 of energy.
+
+Σ lines = Σ bills to floating-point precision, whatever the split (`Allocation.residual_usd`). Every
+figure that prices device time (the TCO table, the concurrency table, the report, the xlsx, the FOCUS
+export) is these lines or a per-device-second rate taken from them.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from cost.terms import J_PER_KWH, CostInputs, InstanceUse
+
+KINDS = ("arm", "retries", "idle", "other_tenants")
+
+
+@dataclass(frozen=True)
+class Line:
+    instance: str
+    kind: str  # one of KINDS
+    arm: str | None  # the arm charged; None: idle kept separate, or other tenants
+    device_s: float  # instance-seconds the line stands for (before the share: other tenants, the billed time)
+    output_tokens: int  # ok output tokens (arm lines)
+    compute_usd: float
+    energy_kwh: float | None  # the line's energy before the share (None: not measured)
+    energy_usd: float  # added to the bill (on-prem), else 0
+    estimate: bool = False  # rests on device time derived from request times
+
+    @property
+    def usd(self) -> float:
+        return self.compute_usd + self.energy_usd
+
+
+@dataclass(frozen=True)
+class Bill:
+    instance: str
+    billed_s: float
+    busy_s: float
+    share: float
+    share_source: str
+    compute_usd: float  # billed_s x gpu_count x $/GPU-hour / 3600
+    energy_kwh: float | None
+    energy_usd: float  # added (on-prem), else 0
+
+    @property
+    def usd(self) -> float:
+        return self.compute_usd + self.energy_usd
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.billed_s / 3600
+
+
+@dataclass(frozen=True)
+class Allocation:
+    method: str  # separate | weighted | even
+    lines: tuple[Line, ...]
+    bills: tuple[Bill, ...]
+
+    @property
+    def bill_usd(self) -> float:
+        return sum(b.usd for b in self.bills)
+
+    @property
+    def lines_usd(self) -> float:
+        return sum(line.usd for line in self.lines)
+
+    @property
+    def residual_usd(self) -> float:
+        """Σ bills - Σ lines: 0 to floating-point precision."""
+        return self.bill_usd - self.lines_usd
+
+    def usd(self, arm: str | None = None, kind: str | None = None) -> float:
+        """Σ of the lines charged to `arm` (None: any) of `kind` (None: any)."""
+        return sum(
+            line.usd for line in self.lines if (arm is None or line.arm == arm) and (kind is None or line.kind == kind)
+        )
+
+    def by_kind(self) -> dict[str, float]:
+        """The bill by line kind (arm lines by arm key), for a stacked bar: arms, retries, idle, other tenants."""
+        found: dict[str, float] = defaultdict(float)
+        for line in self.lines:
+            found[line.arm if line.kind == "arm" else line.kind] += line.usd
+        return dict(found)
+
+
+def allocate(inputs: CostInputs) -> Allocation:
+    """The lines of every instance of `inputs` (module docstring)."""
+    rate = inputs.gpu_count * inputs.gpu_hour_usd / 3600
+    usd_per_kwh = inputs.prices.pue * inputs.prices.electricity_usd_per_kwh if inputs.energy_added else 0.0
+    lines, bills = [], []
+    for instance in inputs.usage:
+        bill = _bill(instance, rate, usd_per_kwh)
+        bills.append(bill)
+        lines += _lines(instance, bill, rate, usd_per_kwh, inputs.idle_method)
+    return Allocation(inputs.idle_method, tuple(lines), tuple(bills))
+
+
+def _kwh(joules: float | None) -> float | None:
+    return None if joules is None else joules / J_PER_KWH
+
+
+def _bill(instance: InstanceUse, rate: float, usd_per_kwh: float) -> Bill:
+    kwh = _kwh(instance.energy_j)
+    return Bill(
+        instance.name,
+        instance.billed_s,
+        instance.busy_s,
+        instance.share,
+        instance.share_source,
+        instance.billed_s * rate,
+        kwh,
+        (kwh or 0.0) * usd_per_kwh,
+    )
+
+
+def _lines(instance: InstanceUse, bill: Bill, rate: float, usd_per_kwh: float, method: str) -> list[Line]:
+    m, name = instance.share, instance.name
+
+    def line(kind, arm, seconds, tokens, joules, estimate=False, part=1.0):
+        kwh = None if joules is None else joules * part / J_PER_KWH
+        return Line(
+            name,
+            kind,
+            arm,
+            seconds * part,
+            tokens,
+            m * rate * seconds * part,
+            kwh,
+            m * (kwh or 0.0) * usd_per_kwh,
+            estimate,
+        )
+
+    found = []
+    for use in instance.arms:
+        found.append(line("arm", use.arm, use.device_s, use.output_tokens, use.energy_j, use.derived))
+        if use.failed_device_s > 0 or (use.failed_energy_j or 0) > 0:
+            found.append(line("retries", use.arm, use.failed_device_s, 0, use.failed_energy_j, use.derived))
+    idle_s, idle_j = instance.idle_s, instance.idle_energy_j
+    for arm, part in _idle_parts(instance, method) if idle_s > 0 or (idle_j or 0.0) > 0 else ():
+        found.append(line("idle", arm, idle_s, 0, idle_j, part=part))
+    if m < 1.0:
+        rest = 1 - m
+        found.append(
+            Line(
+                name,
+                "other_tenants",
+                None,
+                bill.billed_s,
+                0,
+                rest * bill.compute_usd,
+                bill.energy_kwh,
+                rest * bill.energy_usd,
+            )
+        )
+    return found
+
+
+def _idle_parts(instance: InstanceUse, method: str) -> list[tuple[str | None, float]]:
+    """(arm or None, fraction of the idle line): kept separate, by device time, or evenly."""
+    arms = [use for use in instance.arms if use.device_s + use.failed_device_s > 0]
+    busy = sum(use.device_s + use.failed_device_s for use in arms)
+    if method == "separate" or not arms or busy <= 0:
+        return [(None, 1.0)]
+    if method == "even":
+        return [(use.arm, 1.0 / len(arms)) for use in arms]
+    return [(use.arm, (use.device_s + use.failed_device_s) / busy) for use in arms]

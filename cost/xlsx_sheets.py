@@ -1,0 +1,99 @@
+"""The workbook's Lines, Concurrency and Break-even sheets (`cost.xlsx` writes the rest).
+
+Lines: one row per allocation line and per instance bill; $ = seconds x share x gpu_count x $/GPU-hour
+/ 3600 + kWh x share x PUE x $/kWh x energy_added, live over the Inputs sheet; a check cell holds
+Σ lines - Σ bills (0). Concurrency: the binned rows, $ per 1M tokens a formula of their $ and tokens,
+the crossover as `cost.concurrency.crossover` found it. Break-even: gamma and the three step times as
+inputs, S(alpha) per alpha as a formula, the break-even alpha beside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from openpyxl.styles import Font
+
+from cost.allocation import Allocation
+from cost.breakeven import break_even
+from cost.concurrency import ConcurrencyCosts
+from cost.model import CostInputs
+
+LINE_HEADER = ["instance", "kind", "arm", "instance_s", "share", "kwh", "usd", "estimate"]
+
+
+def _bold(sheet, row: int = 1) -> None:
+    for cell in sheet[row]:
+        cell.font = Font(bold=True)
+
+
+def lines_sheet(sheet, allocation: Allocation, ref: Callable[[str], str]) -> list[str]:
+    """Write the lines and bills; return the cells of the idle lines (the Model's idle row sums them)."""
+    second = f"{ref('gpu_count')}*{ref('gpu_hour_usd')}/3600"
+    kwh = f"{ref('pue')}*{ref('electricity_usd_per_kwh')}*{ref('energy_added')}"
+    sheet.append(LINE_HEADER)
+    idle, first = [], 2
+    for row, line in enumerate(allocation.lines, start=first):
+        share = next(b.share for b in allocation.bills if b.instance == line.instance)
+        share = 1 - share if line.kind == "other_tenants" else share
+        usd = f"=D{row}*E{row}*{second}+F{row}*E{row}*{kwh}"
+        values = [line.instance, line.kind, line.arm, line.device_s, share, line.energy_kwh or 0.0]
+        sheet.append([*values, usd, int(line.estimate)])
+        if line.kind == "idle":
+            idle.append(f"Lines!G{row}")
+    last = first + len(allocation.lines) - 1
+    sheet.append([])
+    sheet.append(["bill", "instance", "", "billed_s", "", "kwh", "usd"])
+    _bold(sheet, sheet.max_row)
+    bill_first = sheet.max_row + 1
+    for bill in allocation.bills:
+        row = sheet.max_row + 1
+        usd = f"=D{row}*{second}+F{row}*{kwh}"
+        sheet.append(["bill", bill.instance, "", bill.billed_s, 1, bill.energy_kwh or 0.0, usd])
+    bill_last = sheet.max_row
+    lines_sum = f"SUM(G{first}:G{last})" if allocation.lines else "0"
+    bills_sum = f"SUM(G{bill_first}:G{bill_last})" if allocation.bills else "0"
+    sheet.append(["Σ lines", "", "", "", "", "", f"={lines_sum}"])
+    sheet.append(["Σ bills", "", "", "", "", "", f"={bills_sum}"])
+    sheet.append(["Σ lines - Σ bills", "", "", "", "", "", f"={lines_sum}-{bills_sum}"])
+    _bold(sheet)
+    sheet.column_dimensions["A"].width = 20
+    return idle
+
+
+def concurrency_sheet(sheet, costs: ConcurrencyCosts | None) -> None:
+    sheet.append(["level", "mode", "requests", "output_tokens", "usd", "usd_per_mtok", "usd_low", "usd_high", "enough"])
+    for row in costs.rows if costs else ():
+        n = sheet.max_row + 1
+        usd = row.usd_per_mtok * row.output_tokens / 1e6
+        values = [row.level, row.mode, row.requests, row.output_tokens, usd, f"=E{n}/D{n}*1000000"]
+        sheet.append([*values, row.usd_low, row.usd_high, int(row.enough)])
+    crossing = "none" if costs is None or costs.crossover is None else costs.crossover
+    sheet.append([])
+    sheet.append(["crossover (speculation costs more from this level on)", crossing])
+    if costs is not None:
+        sheet.append(["min requests / min tokens per level", costs.rules.min_requests, costs.rules.min_tokens])
+    _bold(sheet)
+
+
+def break_even_sheet(sheet, inputs: CostInputs) -> None:
+    """Per speculative arm: inputs in rows, S(alpha) at 21 alphas as formulas."""
+    for b in break_even(inputs):
+        start = sheet.max_row + (1 if sheet.max_row > 1 else 0)
+        sheet.append(["arm", b.key, b.source])
+        g, tp, tv, td = (start + i for i in range(1, 5))
+        times = (
+            ("gamma", b.gamma),
+            ("t_plain_s", b.t_plain_s),
+            ("t_verify_s", b.t_verify_s),
+            ("t_draft_s", b.t_draft_s),
+        )
+        for name, value in times:
+            sheet.append([name, "not measured" if value is None else value])
+        sheet.append(["break-even alpha", "n/a" if b.speedup_alpha is None else b.speedup_alpha])
+        sheet.append(["alpha", "speed-up"])
+        if b.curve:
+            for i in range(21):
+                row = sheet.max_row + 1
+                rounds = f"IF(A{row}=1,$B${g}+1,(1-A{row}^($B${g}+1))/(1-A{row}))"
+                sheet.append([i / 20, f"={rounds}*$B${tp}/($B${tv}+$B${g}*$B${td})"])
+        sheet.append([])
