@@ -1,0 +1,77 @@
+"""One request through the real gateway and the real engine is one request at the collector: the
+engine records it under the id and arrival time the gateway forwards (`x-request-id`,
+`x-specwatch-started-at`), so the two records share the store's key on SQLite (request_id) and on
+PostgreSQL (request_id, started_at), and the first one stored is kept (docs/gateway.md)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from engine_harness import BackgroundServer
+from gateway_harness import GatewayServer
+from sqlalchemy import select
+from waiting import wait_for
+
+from collector.models import Request
+from collector.store import Store
+from engine.policy import PolicyConfig
+from engine.scheduler import SchedulerConfig
+from telemetry.schema import IngestBatch, RequestRecord
+
+BODY = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4, "temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def upstream(bundled_engine):
+    with BackgroundServer(bundled_engine, SchedulerConfig(slots=2, max_queue=8), PolicyConfig()) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def gateway(upstream):
+    with GatewayServer([f"spec1={upstream.url},drafter=ngram,gamma=8"]) as gw:
+        yield gw
+
+
+def through(gateway: GatewayServer, upstream: BackgroundServer, headers: dict) -> tuple[RequestRecord, RequestRecord]:
+    """(the gateway's record, the engine's) of one request sent to the gateway with `headers`."""
+    seen, served = len(gateway.records), len(upstream.records)
+    response = httpx.post(f"{gateway.url}/v1/chat/completions", json=BODY, headers=headers, timeout=120)
+    assert response.status_code == 200, response.text
+    gateway_record = gateway.wait_records(seen + 1)[-1]
+    engine_record = wait_for(lambda: len(upstream.records) > served and upstream.records[-1], "the engine's record")
+    assert response.headers["x-specwatch-request-id"] == gateway_record.request_id
+    return gateway_record, engine_record
+
+
+@pytest.mark.parametrize("headers", [{}, {"x-request-id": "client-key-42"}], ids=["gateway id", "client id"])
+def test_the_engine_records_the_request_under_the_gateways_id_and_arrival(gateway, upstream, headers):
+    gateway_record, engine_record = through(gateway, upstream, headers)
+    assert engine_record.request_id == gateway_record.request_id
+    assert gateway_record.request_id == headers.get("x-request-id", gateway_record.request_id)
+    assert engine_record.started_at == gateway_record.started_at  # exactly: the PostgreSQL key's second half
+    assert gateway_record.instance == "spec1" and engine_record.instance != gateway_record.instance
+
+
+def test_both_records_are_stored_once_and_the_first_is_kept(gateway, upstream, engine):
+    """`engine` here is the test database (SQLite, then PostgreSQL when one is available)."""
+    gateway_record, engine_record = through(gateway, upstream, {})
+    store = Store(engine)
+    first = store.insert(IngestBatch(requests=[gateway_record]))
+    second = store.insert(IngestBatch(requests=[engine_record]))
+    assert (first.requests, second.requests, second.request_duplicates) == (1, 0, 1)
+    assert second.conflict_ids == (engine_record.request_id,)  # a differing payload is counted as a conflict
+    with engine.connect() as conn:
+        query = select(Request.instance, Request.e2e_s).where(Request.request_id == engine_record.request_id)
+        rows = conn.execute(query).all()
+    assert [tuple(r) for r in rows] == [("spec1", pytest.approx(gateway_record.e2e_s))]  # the first stored
+
+
+@pytest.mark.parametrize("request_id", ["x" * 129, "two words", ""])
+def test_a_malformed_client_request_id_is_refused_by_the_gateway(gateway, upstream, request_id):
+    served = len(upstream.records)
+    response = httpx.post(f"{gateway.url}/v1/chat/completions", json=BODY, headers={"x-request-id": request_id})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == "x-request-id" and "printable ASCII" in error["message"]
+    assert len(upstream.records) == served  # it never reached the engine
