@@ -12,6 +12,8 @@ cleared before each run. Also prints each collector call the page makes. Goal: <
 from __future__ import annotations
 
 import argparse
+import math
+import sqlite3
 import statistics
 import sys
 import tempfile
@@ -25,6 +27,7 @@ import httpx  # noqa: E402
 from query import load  # noqa: E402
 from sqlalchemy import func, select, update  # noqa: E402
 
+from collector import aggregates  # noqa: E402
 from collector.db import make_engine, upgrade  # noqa: E402
 from collector.models import Request  # noqa: E402
 from collector.rollups import roll_up  # noqa: E402
@@ -39,6 +42,18 @@ OVERVIEW_CALLS = [
     ("/v1/alerts", {}),
     ("/v1/series", {"step": 60}),
 ]
+# the other pages' query calls over requests (each timed once, not rendered)
+PAGE_CALLS = [
+    ("/v1/compare", {"by": "arm"}),
+    ("/v1/breakdown", {"by": "drafter"}),
+    ("/v1/breakdown", {"by": "mode"}),
+    ("/v1/breakdown", {"by": "tag:scenario"}),
+    ("/v1/acceptance/positions", {}),
+    ("/v1/acceptance/length", {"by": "prompt_tokens"}),
+    ("/v1/throughput/by-load", {}),
+    ("/v1/errors/by-hour", {}),
+    ("/v1/sources", {}),
+]
 
 
 def prepare(path: Path, rows: int, days: float) -> None:
@@ -49,11 +64,39 @@ def prepare(path: Path, rows: int, days: float) -> None:
     if not have:
         now = time.time()
         print(f"loading {rows:,} requests over {days:g} days ... {load(path, rows, days, now):.1f} s", flush=True)
+        started = time.perf_counter()
+        written = write_aggregates(path)
+        print(f"per-second aggregates as ingest writes them: {written:,} rows, {time.perf_counter() - started:.1f} s")
         roll_up(engine, now=now)
-    elif time.time() - newest > 60:  # a reused file: move its requests up to now, so the last hour is as full
+    elif time.time() - newest > 60:  # a reused file: move its requests (and aggregates) up to now
+        shift = math.floor(time.time() - newest)
         with engine.begin() as conn:
-            conn.execute(update(Request).values(started_at=Request.started_at + (time.time() - newest)))
+            conn.execute(update(Request).values(started_at=Request.started_at + shift))
+            agg = aggregates.WindowAggregate
+            conn.execute(update(agg).values(period_start=agg.period_start + shift))
     engine.dispose()
+
+
+def write_aggregates(path: Path) -> int:
+    """The per-second aggregates ingest writes for these requests (bench/query.py's loader writes raw
+    rows only; without them every window read would find the covered seconds empty)."""
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute(f"SELECT {', '.join(aggregates.SOURCE_FIELDS)} FROM requests").fetchall()
+        keys, totals = aggregates.aggregate(
+            aggregates.columns_of_rows(rows, aggregates.SOURCE_FIELDS), aggregates.LABELS, per_second=True
+        )
+        stored = aggregates.stored_rows(keys, totals)
+        aggregates.insert_rows(conn.cursor(), stored, sqlite=True)
+    return len(stored)
+
+
+def timed_get(url: str, path: str, params: dict) -> None:
+    started = time.perf_counter()
+    response = httpx.get(url + path, params={"last": 3600, **params}, timeout=120)
+    response.raise_for_status()
+    sampled = response.json().get("sampled") if isinstance(response.json(), dict) else None
+    note = f"  (sampled: {sampled['rows']:,} of {sampled['of']:,})" if sampled else ""
+    print(f"  GET {path:<26} {str(params):<24} {1000 * (time.perf_counter() - started):7.0f} ms{note}", flush=True)
 
 
 def render_overview(url: str) -> float:
@@ -92,10 +135,12 @@ def main() -> None:
                 f"in the last hour",
                 flush=True,
             )
+            print("the Overview's calls:")
             for path_, params in OVERVIEW_CALLS:
-                started = time.perf_counter()
-                httpx.get(url + path_, params={"last": 3600, **params}, timeout=120).raise_for_status()
-                print(f"  GET {path_:<16} {str(params):<18} {1000 * (time.perf_counter() - started):7.0f} ms")
+                timed_get(url, path_, params)
+            print("other pages' calls:")
+            for path_, params in PAGE_CALLS:
+                timed_get(url, path_, params)
             times = [render_overview(url) for _ in range(args.repeat)]
         finally:
             collector.terminate()
