@@ -12,8 +12,12 @@ generation_time_ms, queue_time_ms, mean_itl_ms, tokens_per_second and `speculati
 histogram and counts; null for a request that did not run speculatively). A whole response has it at the
 top level; a stream on its final chunk, the one with `usage`. /health (vLLM's spelling) and /healthz answer alike.
 
-Every refused request is a 400 in OpenAI's error shape, its `param` naming the field; a prompt that
-does not fit the context has code `context_length_exceeded`.
+Every refused request is a 400 in OpenAI's error shape (common.http), its `param` naming the field; a
+prompt that does not fit the context has code `context_length_exceeded`.
+
+A request's `x-request-id` header (a gateway's, or a client's idempotency key) becomes its record's
+`request_id`, and with it `x-specwatch-started-at` the record's `started_at`, so that a gateway's record
+and this engine's of one request are one row at the collector (docs/gateway.md).
 """
 
 from __future__ import annotations
