@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from collector.cli import add_db_option
+from collector.queries import Window
 from common.errors import UsageError
 from cost.inputs import Overrides, apply_overrides, load_hidden_costs, load_prices, what_if_inputs
 from cost.model import PRICINGS, HiddenCosts
@@ -64,16 +65,24 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--idle-allocation",
-        choices=("separate", "by_share"),
+        choices=("separate", "weighted", "even", "by_share"),
         default=None,
-        help="idle device time as its own line (default) or spread over the arms by their device time",
+        help="idle device time as its own line (default), or shared over the arms by device time (weighted, "
+        "by_share) or evenly",
+    )
+    parser.add_argument(
+        "--reserve-base",
+        choices=("additions", "deployment"),
+        default=None,
+        help="the technical-debt reserve's base: what speculation adds (default) or its whole deployment",
     )
 
 
 def model_overrides(args: argparse.Namespace, **more) -> tuple[Overrides, HiddenCosts]:
     """The pricing options as Overrides, and the hidden costs a --hidden-costs file gives (ValueError: bad file)."""
     hidden = load_hidden_costs(args.hidden_costs) if args.hidden_costs else HiddenCosts()
-    return Overrides(pricing=args.pricing, idle_allocation=args.idle_allocation, **more), hidden
+    reserve = getattr(args, "reserve_base", None)
+    return Overrides(pricing=args.pricing, idle_allocation=args.idle_allocation, reserve_base=reserve, **more), hidden
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -111,6 +120,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="also write the model as a spreadsheet with live formulas over an Inputs sheet",
     )
+    cost.add_argument(
+        "--focus",
+        metavar="FILE.csv",
+        type=Path,
+        default=None,
+        help="also write the bill's lines per day, instance and arm as FinOps FOCUS 1.2 rows (CSV)",
+    )
     cost.set_defaults(handler=cost_command)
 
 
@@ -121,14 +137,19 @@ def cost_command(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     if args.xlsx is not None:
         _write_xlsx(summary, args.xlsx)
+    if args.focus is not None and summary.window is None:
+        from cost.focus import focus_rows_of
+
+        _write_focus(args.focus, focus_rows_of(summary.inputs, Window.last(MONTH_S)))
     if args.json:
         import orjson
 
         sys.stdout.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY).decode() + "\n")
     else:
         print(render_text(summary))
-        if args.xlsx is not None:
-            print(f"\nwrote {args.xlsx}")
+        for written in (args.xlsx, args.focus):
+            if written is not None:
+                print(f"\nwrote {written}")
     return 0
 
 
@@ -148,13 +169,12 @@ def _measured(args: argparse.Namespace, prices, overrides: Overrides, hidden: Hi
 
     from collector.cli import settings_from
     from collector.db import is_current, make_engine
-    from collector.queries import Window
 
     engine = make_engine(settings_from(args).database_url_resolved)
     try:
         if not is_current(engine):
             raise UsageError("the database schema is not current: run `specwatch db upgrade` first")
-        return measured_summary(
+        summary = measured_summary(
             engine,
             Window.last(args.last or MONTH_S),
             prices,
@@ -163,6 +183,15 @@ def _measured(args: argparse.Namespace, prices, overrides: Overrides, hidden: Hi
             hidden=hidden,
             incidents_from_alerts=args.incidents == "alerts",
         )
+        if args.focus is not None:
+            from cost.focus import measured_focus
+
+            i = summary.inputs
+            rows = measured_focus(
+                engine, summary.window, i.prices, gpu_type=i.gpu_type, overrides=overrides, hidden=hidden
+            )
+            _write_focus(args.focus, rows)
+        return summary
     except OperationalError as exc:
         raise UsageError(f"cannot read the database: {str(exc.orig).splitlines()[0]}") from None
     finally:
@@ -174,5 +203,14 @@ def _write_xlsx(summary: CostSummary, path: Path) -> None:
 
     try:
         write_workbook(summary.inputs, path)
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror}") from None
+
+
+def _write_focus(path: Path, rows: list[dict]) -> None:
+    from cost.focus import write_focus
+
+    try:
+        write_focus(rows, path)
     except OSError as exc:
         raise UsageError(f"cannot write {path}: {exc.strerror}") from None

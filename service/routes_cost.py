@@ -7,7 +7,11 @@ Editable inputs (each optional; out-of-range values are a 422 with a message): `
 `training_data_fraction`, `amortisation_months`, `monitoring_retention_days`,
 `incident_days_per_week` (or `incidents=alerts`: derived from the alert history),
 `opportunity_days_per_month`, `tech_debt_buffer`, `pricing` (on-demand | spot | reserved |
-on-prem), `idle_allocation` (separate | by_share).
+on-prem), `idle_allocation` (separate | weighted | even; by_share = weighted), `reserve_base`
+(additions | deployment).
+
+GET /v1/cost/focus (same window, filters and inputs): the bill's lines as FOCUS 1.2 CSV rows
+(`cost.focus`), the same rows as `specwatch cost --focus`.
 
 The body is `cost.summary.CostSummary` as JSON: source, window, inputs, tco
 (arms, benefits, primary, notes), break_even, sensitivity, advice, notes.
@@ -20,15 +24,18 @@ output_tokens, requests, estimate, estimated).
 
 from __future__ import annotations
 
+import io
 from functools import lru_cache
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 
 from collector.queries import Window
+from cost.focus import measured_focus, write_focus
 from cost.inputs import Overrides, load_prices
+from cost.measured import infer_gpu_type
 from cost.model import Prices
-from cost.summary import MONTH_S, measured_summary
+from cost.summary import DEFAULT_GPU, MONTH_S, measured_summary
 from service.cost_signals import MAX_DAYS, DailyCosts
 from service.deps import EngineDep, json_response, read_all_tenants
 from service.routes_query import FiltersDep, window_param
@@ -62,8 +69,9 @@ def overrides_param(
     incident_days_per_week: NonNegative = None,
     opportunity_days_per_month: NonNegative = None,
     tech_debt_buffer: Annotated[float | None, Query(ge=0, le=10, allow_inf_nan=False)] = None,
+    reserve_base: Literal["additions", "deployment"] | None = None,
     pricing: Literal["on-demand", "spot", "reserved", "on-prem"] | None = None,
-    idle_allocation: Literal["separate", "by_share"] | None = None,
+    idle_allocation: Literal["separate", "weighted", "even", "by_share"] | None = None,
 ) -> Overrides:
     return Overrides(**{k: v for k, v in locals().items()})
 
@@ -97,6 +105,26 @@ def get_cost(
     except ValueError as exc:
         raise HTTPException(422, {"error": "invalid_parameter", "message": str(exc)}) from None
     return json_response(summary)
+
+
+@router.get("/cost/focus")
+def get_cost_focus(
+    engine: EngineDep,
+    filters: FiltersDep,
+    window: Annotated[Window, Depends(cost_window)],
+    overrides: Annotated[Overrides, Depends(overrides_param)],
+    gpu_type: Annotated[str | None, Depends(gpu_param)],
+) -> Response:
+    """The window's bill as FinOps FOCUS 1.2 rows (CSV): every line per UTC day, instance and arm."""
+    prices = shipped_prices()
+    try:
+        gpu = gpu_type or infer_gpu_type(engine, window, prices) or DEFAULT_GPU
+        rows = measured_focus(engine, window, prices, gpu_type=gpu, overrides=overrides, filters=filters)
+    except ValueError as exc:
+        raise HTTPException(422, {"error": "invalid_parameter", "message": str(exc)}) from None
+    out = io.StringIO()
+    write_focus(rows, out)
+    return Response(out.getvalue(), media_type="text/csv")
 
 
 def days_param(days: str = "30") -> int:
