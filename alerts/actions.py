@@ -20,15 +20,15 @@ action does not apply to it, e.g. stream priorities on a CPU engine; its message
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import httpx
 from sqlalchemy import Engine, func, insert, select
 
 from alerts.evaluator import Alert
 from alerts.rules import Remediation
+from alerts.tables import alert_actions
 from collector.db import write_transaction
-from collector.models import AlertActionRow
 
 ENGINE_CALLS: dict[str, tuple[str, dict | None]] = {
     "fallback_autoregressive": ("/v1/control/mode", {"mode": "autoregressive", "reason": "alert"}),
@@ -69,23 +69,14 @@ class Remediator:
             result = self._call(action, instance, url)
         with write_transaction(self.engine) as conn:
             conn.execute(
-                insert(AlertActionRow).values(
-                    at=now,
-                    rule=alert.rule,
-                    fingerprint=alert.fingerprint,
-                    action=action,
-                    instance=instance,
-                    outcome=result.outcome,
-                    detail=result.detail,
-                )
+                insert(alert_actions).values(at=now, rule=alert.rule, fingerprint=alert.fingerprint, **asdict(result))
             )
         return result
 
     def _last_done(self, action: str, instance: str | None) -> float | None:
-        stmt = select(func.max(AlertActionRow.at)).where(
-            AlertActionRow.action == action,
-            AlertActionRow.outcome == "ok",
-            AlertActionRow.instance.is_(None) if instance is None else AlertActionRow.instance == instance,
+        c = alert_actions.c
+        stmt = select(func.max(c.at)).where(
+            c.action == action, c.outcome == "ok", c.instance.is_(None) if instance is None else c.instance == instance
         )
         with self.engine.connect() as conn:
             return conn.execute(stmt).scalar()

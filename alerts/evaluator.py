@@ -20,23 +20,28 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field, replace
-from enum import IntEnum
+from enum import StrEnum
 
 from alerts.rules import Rule
 from alerts.signals import Labels, Sample
 
 
-class State(IntEnum):
-    INACTIVE = 0
-    PENDING = 1
-    FIRING = 2
+class State(StrEnum):
+    """Stored and served by name; `rank` orders them inactive < pending < firing."""
 
-    def __str__(self) -> str:
-        return self.name.lower()
+    INACTIVE = "inactive"
+    PENDING = "pending"
+    FIRING = "firing"
+
+    @property
+    def rank(self) -> int:
+        return tuple(State).index(self)
 
 
 @dataclass(frozen=True)
 class Alert:
+    """One alert of one rule: what the evaluator returns, the store keeps and `GET /v1/alerts` serves."""
+
     rule: str
     fingerprint: str
     labels: dict[str, str]

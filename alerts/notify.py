@@ -9,7 +9,7 @@ the row is delivered; otherwise it is retried with exponential backoff (the rece
 
 Payload: Alertmanager's webhook version 4 JSON, so existing consumers work unchanged, or a
 Slack-compatible `text`/`blocks` message. The monthly report's link travels the same outbox
-(`enqueue_report`: plain JSON `{"kind": "specwatch.report", ...}`, or a Slack `text`).
+(`report.delivery` builds its rows with `outbox_row`).
 Every POST carries `Idempotency-Key` (a retry of the
 same notification repeats it) and, when the receiver has a secret,
 `X-Specwatch-Signature: sha256=<hex HMAC-SHA256 of the body>`.
@@ -30,8 +30,8 @@ from sqlalchemy import Connection, Engine, insert, select, update
 
 from alerts.evaluator import Alert, State
 from alerts.rules import AlertConfig, Receiver
+from alerts.tables import alert_notifications
 from collector.db import write_transaction
-from collector.models import AlertNotificationRow
 
 log = logging.getLogger("specwatch.alerts")
 SIGNATURE_HEADER = "X-Specwatch-Signature"
@@ -96,87 +96,51 @@ def sign(secret: str, body: bytes) -> str:
     return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
 
+def outbox_row(key: str, receiver: str, rule: str, alert_status: str, payload: dict, now: float) -> dict:
+    """One pending notification, due at once."""
+    return {
+        "key": key,
+        "receiver": receiver,
+        "rule": rule,
+        "alert_status": alert_status,
+        "payload": payload,
+        "created_at": now,
+        "status": "pending",
+        "attempts": 0,
+        "next_attempt_at": now,
+    }
+
+
+def add_to_outbox(conn: Connection, rows: Sequence[dict]) -> int:
+    """Store `outbox_row`s inside the caller's transaction; returns how many."""
+    if rows:
+        conn.execute(insert(alert_notifications), list(rows))
+    return len(rows)
+
+
+def outbox_keys(conn: Connection, rule: str) -> set[str]:
+    """The idempotency keys of every notification stored for `rule`."""
+    return set(conn.scalars(select(alert_notifications.c.key).where(alert_notifications.c.rule == rule)))
+
+
+def _key(identity: str) -> str:
+    return hashlib.sha256(identity.encode()).hexdigest()[:32]
+
+
 def enqueue(
     conn: Connection, config: AlertConfig, rule: str, alerts: Sequence[Alert], now: float, external_url: str
 ) -> int:
     """Store one notification per receiver that wants any of these alerts; returns how many."""
     rows = []
     for receiver in config.receivers:
-        wanted = [a for a in alerts if receiver.wants(a.labels)]
-        if not wanted:
+        if not (wanted := [a for a in alerts if receiver.wants(a.labels)]):
             continue
         payload = alertmanager_payload(receiver.name, rule, wanted, external_url)
-        if receiver.format == "slack":
-            payload = slack_payload(payload)
         identity = f"{receiver.name}|{rule}|{now!r}|" + ",".join(f"{a.fingerprint}:{a.state}" for a in wanted)
-        rows.append(
-            {
-                "key": hashlib.sha256(identity.encode()).hexdigest()[:32],
-                "receiver": receiver.name,
-                "rule": rule,
-                "alert_status": "firing" if any(a.state == State.FIRING for a in wanted) else "resolved",
-                "payload": payload,
-                "created_at": now,
-                "status": "pending",
-                "attempts": 0,
-                "next_attempt_at": now,
-            }
-        )
-    if rows:
-        conn.execute(insert(AlertNotificationRow), rows)
-    return len(rows)
-
-
-REPORT_RULE = "SpecwatchMonthlyReport"
-REPORT_LABELS = {"alertname": REPORT_RULE, "severity": "info"}  # what receivers' `match` sees for reports
-
-
-def report_payload(month: str, url: str, summary: dict) -> dict:
-    """The monthly report link: `{"kind": "specwatch.report", "month", "url", **summary}` (plain JSON,
-    not Alertmanager's shape: it is no alert). `summary` holds the recommendation and net benefit."""
-    return {"kind": "specwatch.report", "month": month, "url": url, **summary}
-
-
-def slack_report(payload: dict) -> dict:
-    net = payload.get("net_monthly_benefit_usd")
-    money = "" if net is None else f", net benefit {net:,.0f} USD/month"
-    action = str(payload.get("recommendation", "")).upper()
-    return {
-        "text": f":bar_chart: specwatch report {payload['month']}: {action} speculation{money}. "
-        f"<{payload['url']}|Open the report>"
-    }
-
-
-def enqueue_report(
-    conn: Connection, config: AlertConfig, month: str, url: str, summary: dict, now: float | None = None
-) -> int:
-    """One notification of the month's report per receiver that wants `REPORT_LABELS`, at most once
-    per (receiver, month): the idempotency key is derived from both, so calling again adds nothing.
-    Returns how many were added."""
-    now = time.time() if now is None else now
-    existing = set(conn.scalars(select(AlertNotificationRow.key).where(AlertNotificationRow.rule == REPORT_RULE)))
-    rows = []
-    for receiver in config.receivers:
-        key = hashlib.sha256(f"{receiver.name}|report|{month}".encode()).hexdigest()[:32]
-        if not receiver.wants(REPORT_LABELS) or key in existing:
-            continue
-        payload = report_payload(month, url, summary)
-        rows.append(
-            {
-                "key": key,
-                "receiver": receiver.name,
-                "rule": REPORT_RULE,
-                "alert_status": "report",
-                "payload": slack_report(payload) if receiver.format == "slack" else payload,
-                "created_at": now,
-                "status": "pending",
-                "attempts": 0,
-                "next_attempt_at": now,
-            }
-        )
-    if rows:
-        conn.execute(insert(AlertNotificationRow), rows)
-    return len(rows)
+        status = "firing" if any(a.state == State.FIRING for a in wanted) else "resolved"
+        body = slack_payload(payload) if receiver.format == "slack" else payload
+        rows.append(outbox_row(_key(identity), receiver.name, rule, status, body, now))
+    return add_to_outbox(conn, rows)
 
 
 def backoff_s(first_s: float, attempts: int) -> float:
@@ -222,12 +186,8 @@ def _deliver_claimed(engine: Engine, receivers: dict[str, Receiver], http: httpx
 
 
 def _due(now: float):
-    columns = AlertNotificationRow.__table__.columns
-    return (
-        select(*columns)
-        .where(AlertNotificationRow.status == "pending", AlertNotificationRow.next_attempt_at <= now)
-        .order_by(AlertNotificationRow.id)
-    )
+    c = alert_notifications.c
+    return select(alert_notifications).where(c.status == "pending", c.next_attempt_at <= now).order_by(c.id)
 
 
 def _attempt(http: httpx.Client, receiver: Receiver | None, row) -> str | None:
@@ -261,6 +221,5 @@ def _record(conn: Connection, row, error: str | None, receiver: Receiver | None,
     else:
         changes = {"next_attempt_at": now + backoff_s(receiver.retry_backoff, attempts), "last_error": error}
         log.warning("notification %s to %s failed (attempt %d): %s", row["key"], row["receiver"], attempts, error)
-    conn.execute(
-        update(AlertNotificationRow).where(AlertNotificationRow.id == row["id"]).values(attempts=attempts, **changes)
-    )
+    outbox = alert_notifications
+    conn.execute(update(outbox).where(outbox.c.id == row["id"]).values(attempts=attempts, **changes))

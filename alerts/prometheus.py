@@ -5,11 +5,12 @@ Two groups: `specwatch` reads the collector's own /metrics (collector/metrics.py
 Scrape the collector with `honor_labels: true`: its `instance` label names the engine
 instance, which Prometheus would otherwise rename `exported_instance` under the target's own.
 
-Each signal (alerts/signals.py) becomes a value expression plus a count expression, the
-observations behind the value, so `min_samples` reads `... and on (labels) count >= n`.
-Where PromQL differs from the store signal, the rule says so: spec_latency_regression has
-no Mann-Whitney test, spec_cost_excess reads the device-time counters (the same requests:
-ok, with output, carrying device_s), and gauge counts (fragmentation, draft_util_swing) count scrapes.
+Each rule's expression is its signal's PromQL, read from the signal's entry in `alerts.signals`
+(`Signal.promql`: a value expression plus a count expression, the observations behind the value,
+so `min_samples` reads `... and on (labels) count >= n`). Where PromQL differs from the store
+signal, the entry's `promql_note` goes into the rule's annotations (spec_latency_regression has no
+Mann-Whitney test); spec_cost_excess reads the device-time counters (the same requests: ok, with
+output, carrying device_s), and gauge counts (fragmentation, draft_util_swing) count scrapes.
 
 `unit_tests` builds, for every exported rule, input series that make it fire and series
 that keep it quiet; the counters grow linearly from zero, so rate() ratios and increase()
@@ -20,13 +21,14 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
+from alerts.promql import AS_VLLM, PromQL, Series, num
 from alerts.rules import AlertConfig, Rule, RulesError, format_duration
+from alerts.signals import SIGNALS
 
 RULES_FILE = "specwatch-rules.yaml"
 TESTS_FILE = "specwatch-rules.test.yaml"
@@ -37,285 +39,19 @@ _PRINTF = '{{ $value | printf "%.3g" }}'  # the evaluator renders $value with .3
 
 
 @dataclass(frozen=True)
-class _Series:
-    """What a test case asks of its input series: the value, observations per window, timing."""
-
-    labels: dict[str, str]  # every label the metrics carry
-    value: float
-    per_window: float  # counters: observations in one rule window; gauges: samples present (the last ones)
-    steps: int  # sample intervals in each series, up to eval_time
-    window_steps: float  # sample intervals per rule window
-
-    def counter(self, metric: str, per_window: float, **extra: str) -> dict:
-        step = per_window / self.window_steps
-        return {"series": _selector(metric, {**self.labels, **extra}), "values": f"0+{_num(step)}x{self.steps}"}
-
-    def gauge(self, metric: str, values: list[float], present: int) -> dict:
-        """Repeat `values` cyclically; only the last `present` samples exist."""
-        points = [_num(values[i % len(values)]) if i > self.steps - present else "_" for i in range(self.steps + 1)]
-        return {"series": _selector(metric, self.labels), "values": " ".join(points)}
-
-
-@dataclass(frozen=True)
-class _Query:
-    """One signal in PromQL: `value(by, window)`, `count(by, window)` and test series for them."""
-
-    labels: dict[str, str | None]  # rule label -> metric label (None: dropped; absent: cannot group)
-    series_labels: dict[str, str]  # the metrics' label set, with values for the test series
-    value: Callable[[str, str], str]
-    count: Callable[[str, str], str]
-    series: Callable[[_Series], list[dict]]
-    domain: tuple[float, float]  # the values the signal can take
-    gauge: bool = False  # counts scrapes: any value implies count >= 1
-    count_is_value: bool = False
-
-
-def _num(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else repr(float(x))
-
-
-def _selector(metric: str, labels: dict[str, str]) -> str:
-    return metric + "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
-
-
-def _sum(metric: str, by: str, w: str, fn: str = "rate") -> str:
-    return f"sum by ({by}) ({fn}({metric}[{w}]))"
-
-
-def _ratio(num: str, den: str) -> Callable[[str, str], str]:
-    return lambda by, w: f"{_sum(num, by, w)}\n  / {_sum(den, by, w)}"
-
-
-def _p99(metric: str) -> Callable[[str, str], str]:
-    return lambda by, w: f"histogram_quantile(0.99, sum by (le{', ' if by else ''}{by}) (rate({metric}_bucket[{w}])))"
-
-
-def _increase(metric: str, selector: str = "") -> Callable[[str, str], str]:
-    return lambda by, w: _sum(metric + selector, by, w, "increase")
-
-
-def _scrapes(metric: str) -> Callable[[str, str], str]:
-    return lambda by, w: _sum(metric, by, w, "count_over_time")
-
-
-def _stddev(by: str, w: str) -> str:
-    """sqrt(E[x^2] - E[x]^2) of per-request acceptance; clamp_min absorbs rounding below zero."""
-    mean = _ratio("specwatch_acceptance_rate_sum_total", "specwatch_acceptance_rate_requests_total")(by, w)
-    squares = _ratio("specwatch_acceptance_rate_squares_total", "specwatch_acceptance_rate_requests_total")(by, w)
-    return f"sqrt(clamp_min(\n  {squares}\n  - ({mean}) ^ 2, 0))"
-
-
-def _arm_mean(arm: str, by: str, w: str) -> str:
-    per_token, requests = (
-        f'{m}{{arm="{arm}"}}' for m in ("specwatch_arm_e2e_seconds_per_token_total", "specwatch_arm_requests_total")
-    )
-    return f"({_sum(per_token, by, w)}\n  / {_sum(requests, by, w)})"
-
-
-def _regression(by: str, w: str) -> str:
-    return f"{_arm_mean('spec', by, w)}\n/ {_arm_mean('control', by, w)} - 1"
-
-
-def _fewest_arm(by: str, w: str) -> str:
-    per_arm = _sum('specwatch_arm_requests_total{arm=~"spec|control"}', f"{by}, arm" if by else "arm", w, "increase")
-    return f"min by ({by}) ({per_arm})"
-
-
-def _device_s_per_token(mode: str, by: str, w: str) -> str:
-    seconds, tokens = (
-        f'{m}{{mode="{mode}"}}'
-        for m in ("specwatch_device_seconds_total", "specwatch_device_timed_output_tokens_total")
-    )
-    return f"({_sum(seconds, by, w)}\n  / {_sum(tokens, by, w)})"
-
-
-def _cost_excess(by: str, w: str) -> str:
-    return f"{_device_s_per_token('speculative', by, w)}\n/ {_device_s_per_token('autoregressive', by, w)} - 1"
-
-
-def _fewest_mode(by: str, w: str) -> str:
-    requests = 'specwatch_device_timed_requests_total{mode=~"speculative|autoregressive"}'
-    per_mode = _sum(requests, f"{by}, mode" if by else "mode", w, "increase")
-    return f"min by ({by}) ({per_mode})"
-
-
-def _swing(by: str, w: str) -> str:
-    u = "specwatch_device_util_draft_ratio"
-    return f"(max by ({by}) (max_over_time({u}[{w}])) - min by ({by}) (min_over_time({u}[{w}]))) * 100"
-
-
-def _histogram(metric: str, s: _Series) -> list[dict]:
-    """Every observation in [0, v / 0.99]: histogram_quantile(0.99) interpolates to v."""
-    return [
-        s.counter(f"{metric}_bucket", s.per_window, le=_num(s.value / 0.99)),
-        s.counter(f"{metric}_bucket", s.per_window, le="+Inf"),
-        s.counter(f"{metric}_count", s.per_window),
-    ]
-
-
-def _acceptance(s: _Series, accepted: str, drafted: str) -> list[dict]:
-    return [s.counter(accepted, 100 * s.value), s.counter(drafted, 100)]
-
-
-def _moments(s: _Series) -> list[dict]:
-    """Requests with mean acceptance 0.5 and standard deviation `value`."""
-    mean, n = 0.5, s.per_window
-    return [
-        s.counter("specwatch_acceptance_rate_requests_total", n),
-        s.counter("specwatch_acceptance_rate_sum_total", n * mean),
-        s.counter("specwatch_acceptance_rate_squares_total", n * (mean**2 + s.value**2)),
-    ]
-
-
-def _arms(s: _Series) -> list[dict]:
-    control_s = 0.01  # seconds per output token
-    return [
-        series
-        for arm, per_token in (("spec", control_s * (1 + s.value)), ("control", control_s))
-        for series in (
-            s.counter("specwatch_arm_requests_total", s.per_window, arm=arm),
-            s.counter("specwatch_arm_e2e_seconds_per_token_total", s.per_window * per_token, arm=arm),
-        )
-    ]
-
-
-def _modes(s: _Series) -> list[dict]:
-    """Plain requests at 0.01 device-s per token, speculative ones at (1 + value) times that."""
-    plain_s, tokens = 0.01, 100 * s.per_window
-    return [
-        series
-        for mode, drafter, per_token in (
-            ("speculative", "ngram", plain_s * (1 + s.value)),
-            ("autoregressive", "none", plain_s),
-        )
-        for series in (
-            s.counter("specwatch_device_timed_requests_total", s.per_window, mode=mode, drafter=drafter),
-            s.counter("specwatch_device_timed_output_tokens_total", tokens, mode=mode, drafter=drafter),
-            s.counter("specwatch_device_seconds_total", tokens * per_token, mode=mode, drafter=drafter),
-        )
-    ]
-
-
-_REQUEST_LABELS = {"instance": "gpu-0", "model": "smollm2-135m", "mode": "speculative", "drafter": "ngram"}
-_DEVICE_LABELS = {"instance": "gpu-0", "device": "cuda:0"}
-_VLLM_LABELS = {
-    "instance": "vllm-0:8000",
-    "job": "vllm",
-    "model_name": "HuggingFaceTB/SmolLM2-135M-Instruct",
-    "engine": "0",
-}
-_REQUESTS = {k: k for k in _REQUEST_LABELS}
-_DEVICES = {k: k for k in _DEVICE_LABELS}
-_FOREVER = (0.0, math.inf)
-
-QUERIES: dict[str, _Query] = {
-    "acceptance_rate": _Query(
-        _REQUESTS,
-        _REQUEST_LABELS,
-        _ratio("specwatch_accepted_tokens_total", "specwatch_draft_tokens_total"),
-        _increase("specwatch_acceptance_rate_requests_total"),
-        lambda s: [
-            *_acceptance(s, "specwatch_accepted_tokens_total", "specwatch_draft_tokens_total"),
-            s.counter("specwatch_acceptance_rate_requests_total", s.per_window),
-        ],
-        (0.0, 1.0),
-    ),
-    "acceptance_stddev": _Query(
-        _REQUESTS, _REQUEST_LABELS, _stddev, _increase("specwatch_acceptance_rate_requests_total"), _moments, (0.0, 0.5)
-    ),
-    "ttft_p99": _Query(
-        _REQUESTS,
-        _REQUEST_LABELS,
-        _p99("specwatch_time_to_first_token_seconds"),
-        _increase("specwatch_time_to_first_token_seconds_count"),
-        lambda s: _histogram("specwatch_time_to_first_token_seconds", s),
-        _FOREVER,
-    ),
-    "spec_latency_regression": _Query(
-        {"instance": "instance", "model": "model"},
-        {"instance": "gpu-0", "model": "smollm2-135m"},
-        _regression,
-        _fewest_arm,
-        _arms,
-        (-1.0, math.inf),
-    ),
-    "spec_cost_excess": _Query(
-        {"instance": "instance", "model": "model"},
-        {"instance": "gpu-0", "model": "smollm2-135m"},
-        _cost_excess,
-        _fewest_mode,
-        _modes,
-        (-1.0, math.inf),
-    ),
-    "oom_count": _Query(
-        {"instance": "instance"},
-        _REQUEST_LABELS,
-        _increase("specwatch_oom_errors_total"),
-        _increase("specwatch_oom_errors_total"),
-        lambda s: [s.counter("specwatch_oom_errors_total", s.value)],
-        _FOREVER,
-        count_is_value=True,
-    ),
-    "fragmentation": _Query(
-        _DEVICES,
-        _DEVICE_LABELS,
-        lambda by, w: f"avg by ({by}) (avg_over_time(specwatch_device_fragmentation_ratio[{w}]))",
-        _scrapes("specwatch_device_fragmentation_ratio"),
-        lambda s: [s.gauge("specwatch_device_fragmentation_ratio", [s.value], int(s.per_window))],
-        _FOREVER,
-        gauge=True,
-    ),
-    "draft_util_swing": _Query(
-        _DEVICES,
-        _DEVICE_LABELS,
-        _swing,
-        _scrapes("specwatch_device_util_draft_ratio"),
-        lambda s: [s.gauge("specwatch_device_util_draft_ratio", [0.0, s.value / 100], int(s.per_window))],
-        (0.0, 100.0),
-        gauge=True,
-    ),
-    "vllm_acceptance_rate": _Query(
-        {"source": "instance", "model": "model_name"},
-        _VLLM_LABELS,
-        _ratio("vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_draft_tokens_total"),
-        _increase("vllm:e2e_request_latency_seconds_count"),
-        lambda s: [
-            *_acceptance(s, "vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_draft_tokens_total"),
-            s.counter("vllm:e2e_request_latency_seconds_count", s.per_window),
-        ],
-        (0.0, 1.0),
-    ),
-    "vllm_ttft_p99": _Query(
-        {"source": "instance", "model": "model_name"},
-        _VLLM_LABELS,
-        _p99("vllm:time_to_first_token_seconds"),
-        _increase("vllm:e2e_request_latency_seconds_count"),
-        lambda s: [
-            *_histogram("vllm:time_to_first_token_seconds", s),
-            s.counter("vllm:e2e_request_latency_seconds_count", s.per_window),
-        ],
-        _FOREVER,
-    ),
-}
-# specwatch signals with a vLLM counterpart; vLLM serves one drafter and mode, so those labels drop.
-_VLLM_EQUIVALENT = {"acceptance_rate": "vllm_acceptance_rate", "ttft_p99": "vllm_ttft_p99"}
-_AS_VLLM = {"instance": "instance", "model": "model_name", "drafter": None, "mode": None}
-
-
-@dataclass(frozen=True)
 class _Export:
     """One rule as exported: its PromQL, the metric labels it keeps, its templates."""
 
     rule: Rule
     name: str
     group: str
-    query: _Query
+    query: PromQL
     by: tuple[str, ...]  # metric labels of the alert
     expr: str
     annotations: dict[str, str]
 
 
-def _export(rule: Rule, query: _Query, group: str, labels: dict[str, str | None], name: str, note: str = "") -> _Export:
+def _export(rule: Rule, query: PromQL, group: str, labels: dict[str, str | None], name: str, note: str = "") -> _Export:
     if bad := [g for g in rule.group_by if g not in labels]:
         raise RulesError(
             f"rule {rule.name}: signal {rule.signal} cannot be grouped by {bad} in Prometheus "
@@ -323,7 +59,7 @@ def _export(rule: Rule, query: _Query, group: str, labels: dict[str, str | None]
         )
     by = tuple(dict.fromkeys(m for g in rule.group_by if (m := labels[g])))
     w, joined = format_duration(rule.window), ", ".join(by)
-    expr = f"{query.value(joined, w)} {rule.op} {_num(rule.threshold)}"
+    expr = f"{query.value(joined, w)} {rule.op} {num(rule.threshold)}"
     if rule.min_samples > (1 if query.gauge else 0):
         expr += f"\nand on ({joined}) {query.count(joined, w)} >= {rule.min_samples}"
 
@@ -335,28 +71,19 @@ def _export(rule: Rule, query: _Query, group: str, labels: dict[str, str | None]
     return _Export(rule, name, group, query, by, expr, {k: v for k, v in texts.items() if v})
 
 
-_REGRESSION_NOTE = (
-    "In Prometheus this is the ratio of the arms' mean latency per token only; specwatch's own "
-    "evaluator also requires a one-sided Mann-Whitney U test (p < 0.05), which PromQL cannot do."
-)
-
-
 def _exports(config: AlertConfig) -> list[_Export]:
     """Every exported rule: the config's rules in their group, then vLLM equivalents of specwatch ones."""
     own, vllm = [], []
     for rule in config.rules:
-        if (query := QUERIES.get(rule.signal)) is None:
-            raise RulesError(f"rule {rule.name}: signal {rule.signal} has no Prometheus expression")
+        signal = SIGNALS[rule.signal]
         group = VLLM_GROUP if rule.signal.startswith("vllm_") else GROUP
-        note = _REGRESSION_NOTE if rule.signal == "spec_latency_regression" else ""
-        (vllm if group == VLLM_GROUP else own).append(_export(rule, query, group, query.labels, rule.name, note))
+        exported = _export(rule, signal.promql, group, signal.promql.labels, rule.name, signal.promql_note)
+        (vllm if group == VLLM_GROUP else own).append(exported)
     names = {e.name for e in own + vllm}
     for rule in config.rules:
-        if rule.signal in _VLLM_EQUIVALENT:
+        if equivalent := SIGNALS[rule.signal].vllm_equivalent:
             note = f"vLLM equivalent of the specwatch rule {rule.name}, over vLLM's native metrics."
-            derived = _export(
-                rule, QUERIES[_VLLM_EQUIVALENT[rule.signal]], VLLM_GROUP, _AS_VLLM, f"Vllm{rule.name}", note
-            )
+            derived = _export(rule, SIGNALS[equivalent].promql, VLLM_GROUP, AS_VLLM, f"Vllm{rule.name}", note)
             if any(e.expr == derived.expr and e.rule.for_ == rule.for_ for e in vllm):
                 continue  # an explicit vllm_* rule already alerts on exactly this
             if derived.name in names:
@@ -399,7 +126,7 @@ def _side(rule: Rule, domain: tuple[float, float], fire: bool) -> float:
             return value
     side = "fire" if fire else "stay quiet"
     raise RulesError(
-        f"rule {rule.name}: cannot {side} ({rule.signal} {rule.op} {_num(t)}, {rule.signal} is in {domain})"
+        f"rule {rule.name}: cannot {side} ({rule.signal} {rule.op} {num(t)}, {rule.signal} is in {domain})"
     )
 
 
@@ -411,7 +138,7 @@ def _above_min_samples(rule: Rule, fire: float) -> float:
         if value > m * 1.001 and rule.holds(value):
             return value
     raise RulesError(
-        f"rule {rule.name}: cannot fire with min_samples {m} ({rule.signal} {rule.op} {_num(rule.threshold)})"
+        f"rule {rule.name}: cannot fire with min_samples {m} ({rule.signal} {rule.op} {num(rule.threshold)})"
     )
 
 
@@ -436,7 +163,7 @@ def _test(e: _Export, case: str, value: float, interval_s: float, few: bool = Fa
         per_window = rule.min_samples - 1 if few else steps + 1
     else:
         per_window = rule.min_samples / 2 if few else max(2 * rule.min_samples, 10)
-    s = _Series(q.series_labels, value, per_window, steps, rule.window / step_s)
+    s = Series(q.series_labels, value, per_window, steps, rule.window / step_s)
     alert_labels = {m: q.series_labels[m] for m in e.by}
     expected = (
         []

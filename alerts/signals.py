@@ -1,37 +1,27 @@
-"""What alert rules measure: named signals over a time window, one `Sample` per label set.
+"""What alert rules measure: one entry per named signal, its store computation and its PromQL together.
 
-`StoreSignals` reads the collector's store (per-request telemetry, device samples, engine
-events and scraped vLLM metrics) through SQLAlchemy; request signals merge the per-second
-aggregates written at ingest (`collector.window_signals`: exact counts and acceptance, TTFT P99
-from a DDSketch within 1%), and `StoreSignals(engine, raw=True)` reads raw rows instead.
-The evaluator only sees the samples, so tests can feed it any values. Every sample carries
-`count`, the number of observations behind the value, which a rule's `min_samples` checks (no alert from 3 requests).
+Each `Signal` holds the labels a rule may group by, its unit, how it is computed from the collector's
+store (`alerts.measures`: from raw rows, and from the window aggregates where those cover it) and the
+same signal in PromQL (`alerts.promql`), which the Prometheus rule export (`alerts.prometheus`) reads;
+where PromQL cannot say the same, `promql_note` says what differs. `StoreSignals` is the evaluator's
+source over the store; the evaluator only sees `Sample`s, so tests can feed it any values.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine
 
-from collector import sketch
-from collector.models import DeviceSampleRow, EngineEventRow, Request, VllmScrape
+from alerts import measures as m
+from alerts import promql as q
+from alerts.measures import Labels, Sample
 from collector.queries import Window
-from collector.vllm import vllm_signals
 from collector.window_signals import WindowReader
 
-Labels = tuple[tuple[str, str], ...]  # sorted (name, value) pairs
-
-
-@dataclass(frozen=True)
-class Sample:
-    labels: Labels
-    value: float
-    count: int
-    significant: bool = True  # False: a statistical test did not confirm the value
+__all__ = ["SIGNALS", "Labels", "Sample", "Signal", "StoreSignals"]
 
 
 @dataclass(frozen=True)
@@ -40,310 +30,155 @@ class Signal:
     unit: str
     doc: str
     compute: Callable[[Engine, Window, Sequence[str]], list[Sample]]  # from raw rows
+    promql: q.PromQL  # the same signal over the collector's (or vLLM's) /metrics
     # from the window aggregates, through a reader of windows ending at the window's end
     aggregated: Callable[[WindowReader, Window, Sequence[str]], list[Sample]] | None = None
+    vllm_equivalent: str | None = None  # the signal over vLLM's native metrics, exported beside it
+    promql_note: str = ""  # where the PromQL differs from the store's computation
 
 
 REQUEST_LABELS = ("instance", "model", "drafter", "mode", "arm")
 DEVICE_LABELS = ("instance", "device")
 VLLM_LABELS = ("source", "model")
-
-
-def _labels(names: Sequence[str], values: Sequence[object]) -> Labels:
-    return tuple(sorted((n, "none" if v is None else str(v)) for n, v in zip(names, values)))
-
-
-def _grouped(rows: Sequence[tuple], k: int) -> dict[Labels, np.ndarray]:
-    """Rows whose first k columns are labels -> {label values: float array of the rest}."""
-    groups: dict[tuple, list[tuple]] = defaultdict(list)
-    for row in rows:
-        groups[tuple(row[:k])].append(row[k:])
-    return {key: np.array(values, dtype=float) for key, values in groups.items()}
-
-
-def _request_columns(engine: Engine, window: Window, group_by: Sequence[str], *columns) -> dict[tuple, np.ndarray]:
-    stmt = select(*(getattr(Request, g) for g in group_by), *columns).where(
-        Request.started_at >= window.start, Request.started_at < window.end
-    )
-    with engine.connect() as conn:
-        return _grouped(conn.execute(stmt).all(), len(group_by))
-
-
-def _per_drafting_group(engine: Engine, window: Window, group_by: Sequence[str], reduce) -> list[Sample]:
-    """`reduce(drafted, accepted)` per label set, over the requests that drafted."""
-    groups = _request_columns(engine, window, group_by, Request.num_draft_tokens, Request.num_accepted_tokens)
-    samples = []
-    for key, values in groups.items():
-        drafted = values[values[:, 0] > 0]
-        if len(drafted):
-            samples.append(Sample(_labels(group_by, key), float(reduce(drafted[:, 0], drafted[:, 1])), len(drafted)))
-    return samples
-
-
-def acceptance_rate(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
-    """Accepted / drafted tokens over the window (vLLM's definition), requests that drafted."""
-    return _per_drafting_group(engine, window, group_by, lambda drafted, accepted: accepted.sum() / drafted.sum())
-
-
-def acceptance_stddev(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
-    """Standard deviation across requests of each request's acceptance rate."""
-    return _per_drafting_group(engine, window, group_by, lambda drafted, accepted: np.std(accepted / drafted))
-
-
-def ttft_p99(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
-    """99th percentile of time to first token (seconds), exact over the window's requests."""
-    samples = []
-    for key, values in _request_columns(engine, window, group_by, Request.ttft_s).items():
-        ttft = values[:, 0][~np.isnan(values[:, 0])]
-        if len(ttft):
-            samples.append(Sample(_labels(group_by, key), float(np.quantile(ttft, 0.99)), len(ttft)))
-    return samples
-
-
-def _from_aggregates(group_by: Sequence[str], totals: dict, value, count) -> list[Sample]:
-    """`value(totals)` per label set where `count(totals)` > 0."""
-    return [Sample(_labels(group_by, key), float(value(t)), int(count(t))) for key, t in totals.items() if count(t) > 0]
-
-
-def acceptance_rate_aggregated(reader: WindowReader, window: Window, group_by: Sequence[str]) -> list[Sample]:
-    """`acceptance_rate` from the aggregates (requests that did not draft add 0 to both sums)."""
-    totals = reader.totals(window.start, group_by, with_sketches=())
-    return _from_aggregates(
-        group_by, totals, lambda t: t.sums["accepted_tokens"] / t.sums["draft_tokens"], lambda t: t.sums["rate_n"]
-    )
-
-
-def acceptance_stddev_aggregated(reader: WindowReader, window: Window, group_by: Sequence[str]) -> list[Sample]:
-    """`acceptance_stddev` from the aggregates' merged (n, sum, M2) of per-request acceptance."""
-    totals = reader.totals(window.start, group_by, with_sketches=())
-    return _from_aggregates(group_by, totals, lambda t: t.acceptance_stddev(), lambda t: t.sums["rate_n"])
-
-
-def ttft_p99_aggregated(reader: WindowReader, window: Window, group_by: Sequence[str]) -> list[Sample]:
-    """P99 TTFT from the merged DDSketches: within 1% of the value at that rank."""
-    totals = reader.totals(window.start, group_by, with_sketches=("ttft",))
-    ttft = {key: t.sketches["ttft"] for key, t in totals.items()}
-    return [
-        Sample(_labels(group_by, key), sketch.quantile(bins, 0.99), bins.count)
-        for key, bins in ttft.items()
-        if bins.count
-    ]
-
-
-def spec_latency_regression(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
-    """Relative excess of the spec arm's mean e2e latency per output token over the control
-    arm's (0.1 = 10% slower), significant when a one-sided Mann-Whitney U gives p < 0.05."""
-    from scipy.stats import mannwhitneyu
-
-    per_token = Request.e2e_s / Request.output_tokens
-    stmt_filter = (Request.arm.is_not(None), Request.status == "ok", Request.output_tokens > 0)
-    stmt = select(*(getattr(Request, g) for g in group_by), Request.arm, per_token).where(
-        Request.started_at >= window.start, Request.started_at < window.end, *stmt_filter
-    )
-    with engine.connect() as conn:
-        rows = conn.execute(stmt).all()
-    k = len(group_by)
-    arms: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: {"spec": [], "control": []})
-    for row in rows:
-        arms[tuple(row[:k])][row[k]].append(float(row[k + 1]))
-    samples = []
-    for key, arm in arms.items():
-        spec, control = np.array(arm["spec"]), np.array(arm["control"])
-        if len(spec) and len(control):
-            p = mannwhitneyu(spec, control, alternative="greater").pvalue if min(len(spec), len(control)) > 1 else 1.0
-            excess = float(spec.mean() / control.mean() - 1.0)
-            samples.append(Sample(_labels(group_by, key), excess, min(len(spec), len(control)), bool(p < 0.05)))
-    return samples
-
-
-def spec_latency_regression_aggregated(reader: WindowReader, window: Window, group_by: Sequence[str]) -> list[Sample]:
-    """`spec_latency_regression`, reading raw rows only when the aggregates show A/B arm traffic in the
-    window (the rank test needs every value; without arms it has nothing to compare)."""
-    arms = reader.totals(window.start, ("arm",), with_sketches=())
-    if all(arm is None for (arm,) in arms):
-        return []
-    return spec_latency_regression(reader.engine, window, group_by)
-
-
-def spec_cost_excess(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
-    """Relative extra compute cost of speculative decoding: the speculative mode's device seconds
-    per output token over plain (autoregressive) decoding's, minus 1 (0.1 = 10% dearer).
-
-    Both modes run on the same instance at the same $ per device-second, so the ratio of device
-    seconds per token is the ratio of compute cost per token. The draft's memory share and energy
-    are left out here; the cost report (cost/) prices them. Only ok requests with output that
-    carry `device_s` count (producers that cannot attribute device time send none); the count is
-    the smaller mode's request count, so `min_samples` asks for enough requests in both.
-    """
-    stmt = (
-        select(
-            *(getattr(Request, g) for g in group_by),
-            Request.mode,
-            func.sum(Request.device_s),
-            func.sum(Request.output_tokens),
-            func.count(),
-        )
-        .where(
-            Request.started_at >= window.start,
-            Request.started_at < window.end,
-            Request.status == "ok",
-            Request.output_tokens > 0,
-            Request.device_s.is_not(None),
-        )
-        .group_by(*(getattr(Request, g) for g in group_by), Request.mode)
-    )
-    with engine.connect() as conn:
-        rows = conn.execute(stmt).all()
-    k = len(group_by)
-    modes: dict[tuple, dict[str, tuple[float, int]]] = defaultdict(dict)
-    for row in rows:
-        device_s, tokens, requests = row[k + 1 :]
-        modes[tuple(row[:k])][row[k]] = (float(device_s) / float(tokens), int(requests))
-    return _cost_samples(group_by, modes)
-
-
-def spec_cost_excess_aggregated(reader: WindowReader, window: Window, group_by: Sequence[str]) -> list[Sample]:
-    """`spec_cost_excess` from the aggregates' per-mode sums over ok requests with output and device_s."""
-    totals = reader.totals(window.start, (*group_by, "mode"), with_sketches=())
-    modes: dict[tuple, dict[str, tuple[float, int]]] = defaultdict(dict)
-    for (*key, mode), t in totals.items():
-        if t.sums["cost_requests"]:
-            per_token = t.sums["cost_device_s"] / t.sums["cost_output_tokens"]
-            modes[tuple(key)][mode] = (per_token, int(t.sums["cost_requests"]))
-    return _cost_samples(group_by, modes)
-
-
-def _cost_samples(group_by: Sequence[str], modes: dict[tuple, dict[str, tuple[float, int]]]) -> list[Sample]:
-    """(device seconds per output token, requests) per mode -> speculative / plain - 1 per label set."""
-    samples = []
-    for key, per_mode in modes.items():
-        spec, plain = per_mode.get("speculative"), per_mode.get("autoregressive")
-        if spec and plain and plain[0] > 0:
-            samples.append(Sample(_labels(group_by, key), spec[0] / plain[0] - 1.0, min(spec[1], plain[1])))
-    return samples
-
-
-def oom_count(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
-    """Out-of-memory failures: requests that failed with an OOM or `oom` engine events, whichever
-    count is larger (the engine may report one OOM both ways)."""
-    requests = (
-        select(Request.instance, func.count())
-        .where(
-            Request.started_at >= window.start,
-            Request.started_at < window.end,
-            Request.error.like("%oom%"),
-        )
-        .group_by(Request.instance)
-    )
-    events = (
-        select(EngineEventRow.instance, func.count())
-        .where(
-            EngineEventRow.at >= window.start,
-            EngineEventRow.at < window.end,
-            EngineEventRow.kind == "oom",
-        )
-        .group_by(EngineEventRow.instance)
-    )
-    with engine.connect() as conn:
-        from_requests, from_events = dict(conn.execute(requests).all()), dict(conn.execute(events).all())
-    return _oom_samples(group_by, from_requests, from_events)
-
-
-def oom_count_aggregated(reader: WindowReader, window: Window, group_by: Sequence[str]) -> list[Sample]:
-    """`oom_count` with the requests' OOM counts from the aggregates (engine events stay raw: few)."""
-    totals = reader.totals(window.start, ("instance",), with_sketches=())
-    from_requests = {key[0]: int(t.sums["ooms"]) for key, t in totals.items() if t.sums["ooms"]}
-    events = (
-        select(EngineEventRow.instance, func.count())
-        .where(EngineEventRow.at >= window.start, EngineEventRow.at < window.end, EngineEventRow.kind == "oom")
-        .group_by(EngineEventRow.instance)
-    )
-    with reader.engine.connect() as conn:
-        from_events = dict(conn.execute(events).all())
-    return _oom_samples(group_by, from_requests, from_events)
-
-
-def _oom_samples(group_by: Sequence[str], from_requests: dict, from_events: dict) -> list[Sample]:
-    counts: dict[tuple, int] = defaultdict(int)
-    for instance in from_requests.keys() | from_events.keys():
-        key = (instance,) if group_by else ()
-        counts[key] += max(from_requests.get(instance, 0), from_events.get(instance, 0))
-    return [Sample(_labels(group_by, key), float(n), n) for key, n in counts.items()]
-
-
-def _device_values(engine: Engine, window: Window, group_by: Sequence[str], column) -> dict[tuple, np.ndarray]:
-    stmt = select(*(getattr(DeviceSampleRow, g) for g in group_by), column).where(
-        DeviceSampleRow.at >= window.start, DeviceSampleRow.at < window.end, column.is_not(None)
-    )
-    with engine.connect() as conn:
-        return {key: values[:, 0] for key, values in _grouped(conn.execute(stmt).all(), len(group_by)).items()}
-
-
-def fragmentation(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
-    """Mean fragmentation index (reserved / allocated memory) of the window's device samples."""
-    groups = _device_values(engine, window, group_by, DeviceSampleRow.fragmentation)
-    return [Sample(_labels(group_by, key), float(v.mean()), len(v)) for key, v in groups.items()]
-
-
-def draft_util_swing(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
-    """Max - min of the draft's busy fraction over the window, in percentage points."""
-    groups = _device_values(engine, window, group_by, DeviceSampleRow.util_draft)
-    return [Sample(_labels(group_by, key), float(np.ptp(v) * 100.0), len(v)) for key, v in groups.items()]
-
-
-def _vllm(pick: Callable) -> Callable[[Engine, Window, Sequence[str]], list[Sample]]:
-    def compute(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
-        stmt = (
-            select(*(getattr(VllmScrape, g) for g in group_by))
-            .where(VllmScrape.at >= window.start, VllmScrape.at < window.end)
-            .distinct()
-        )
-        with engine.connect() as conn:
-            keys = conn.execute(stmt).all()
-        samples = []
-        for key in keys:
-            found = vllm_signals(engine, window, **dict(zip(group_by, key)))
-            value = pick(found)
-            if value is not None:
-                samples.append(Sample(_labels(group_by, key), float(value), found.e2e.count))
-        return samples
-
-    return compute
-
+_TTFT = "specwatch_time_to_first_token_seconds"
+_VLLM_REQUESTS = "vllm:e2e_request_latency_seconds_count"
+_VLLM_ACCEPTED, _VLLM_DRAFTED = "vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_draft_tokens_total"
+_ACCEPTANCE_N = "specwatch_acceptance_rate_requests_total"
+_FRAGMENTATION, _UTIL_DRAFT = "specwatch_device_fragmentation_ratio", "specwatch_device_util_draft_ratio"
 
 SIGNALS: dict[str, Signal] = {
     "acceptance_rate": Signal(
-        REQUEST_LABELS, "ratio", "accepted / drafted tokens", acceptance_rate, acceptance_rate_aggregated
+        REQUEST_LABELS,
+        "ratio",
+        "accepted / drafted tokens",
+        m.acceptance_rate,
+        q.PromQL(
+            q.REQUESTS,
+            q.REQUEST_SERIES,
+            q.ratio("specwatch_accepted_tokens_total", "specwatch_draft_tokens_total"),
+            q.increase(_ACCEPTANCE_N),
+            q.acceptance_series("specwatch_accepted_tokens_total", "specwatch_draft_tokens_total", _ACCEPTANCE_N),
+            (0.0, 1.0),
+        ),
+        m.acceptance_rate_aggregated,
+        vllm_equivalent="vllm_acceptance_rate",
     ),
     "acceptance_stddev": Signal(
         REQUEST_LABELS,
         "ratio",
         "stddev of per-request acceptance",
-        acceptance_stddev,
-        acceptance_stddev_aggregated,
+        m.acceptance_stddev,
+        q.PromQL(q.REQUESTS, q.REQUEST_SERIES, q.stddev, q.increase(_ACCEPTANCE_N), q.moments, (0.0, 0.5)),
+        m.acceptance_stddev_aggregated,
     ),
-    "ttft_p99": Signal(REQUEST_LABELS, "seconds", "P99 time to first token", ttft_p99, ttft_p99_aggregated),
+    "ttft_p99": Signal(
+        REQUEST_LABELS,
+        "seconds",
+        "P99 time to first token",
+        m.ttft_p99,
+        q.PromQL(
+            q.REQUESTS,
+            q.REQUEST_SERIES,
+            q.p99(_TTFT),
+            q.increase(f"{_TTFT}_count"),
+            q.histogram_series(_TTFT),
+            q.FOREVER,
+        ),
+        m.ttft_p99_aggregated,
+        vllm_equivalent="vllm_ttft_p99",
+    ),
     "spec_latency_regression": Signal(
         ("instance", "model"),
         "ratio",
         "spec arm vs control arm latency per token - 1",
-        spec_latency_regression,
-        spec_latency_regression_aggregated,
+        m.spec_latency_regression,
+        q.PromQL(q.INSTANCE_MODEL, q.INSTANCE_MODEL_SERIES, q.regression, q.fewest_arm, q.arms, (-1.0, math.inf)),
+        m.spec_latency_regression_aggregated,
+        promql_note="In Prometheus this is the ratio of the arms' mean latency per token only; specwatch's own "
+        "evaluator also requires a one-sided Mann-Whitney U test (p < 0.05), which PromQL cannot do.",
     ),
-    "spec_cost_excess": Signal(
+    "spec_cost_excess": Signal(  # PromQL reads the device-time counters: the same ok requests with device_s
         ("instance", "model"),
         "ratio",
         "speculative vs plain device seconds per output token - 1",
-        spec_cost_excess,
-        spec_cost_excess_aggregated,
+        m.spec_cost_excess,
+        q.PromQL(q.INSTANCE_MODEL, q.INSTANCE_MODEL_SERIES, q.cost_excess, q.fewest_mode, q.modes, (-1.0, math.inf)),
+        m.spec_cost_excess_aggregated,
     ),
-    "oom_count": Signal(("instance",), "count", "out-of-memory failures", oom_count, oom_count_aggregated),
-    "fragmentation": Signal(DEVICE_LABELS, "ratio", "reserved / allocated memory", fragmentation),
-    "draft_util_swing": Signal(DEVICE_LABELS, "percentage points", "max - min draft utilisation", draft_util_swing),
+    "oom_count": Signal(
+        ("instance",),
+        "count",
+        "out-of-memory failures",
+        m.oom_count,
+        q.PromQL(
+            {"instance": "instance"},
+            q.REQUEST_SERIES,
+            q.increase("specwatch_oom_errors_total"),
+            q.increase("specwatch_oom_errors_total"),
+            lambda s: [s.counter("specwatch_oom_errors_total", s.value)],
+            q.FOREVER,
+            count_is_value=True,
+        ),
+        m.oom_count_aggregated,
+    ),
+    "fragmentation": Signal(  # PromQL counts scrapes where the store counts device samples
+        DEVICE_LABELS,
+        "ratio",
+        "reserved / allocated memory",
+        m.fragmentation,
+        q.PromQL(
+            q.DEVICES,
+            q.DEVICE_SERIES,
+            lambda by, w: f"avg by ({by}) (avg_over_time({_FRAGMENTATION}[{w}]))",
+            q.scrapes(_FRAGMENTATION),
+            q.gauge_series(_FRAGMENTATION, lambda v: [v]),
+            q.FOREVER,
+            gauge=True,
+        ),
+    ),
+    "draft_util_swing": Signal(
+        DEVICE_LABELS,
+        "percentage points",
+        "max - min draft utilisation",
+        m.draft_util_swing,
+        q.PromQL(
+            q.DEVICES,
+            q.DEVICE_SERIES,
+            q.swing,
+            q.scrapes(_UTIL_DRAFT),
+            q.gauge_series(_UTIL_DRAFT, lambda v: [0.0, v / 100]),
+            (0.0, 100.0),
+            gauge=True,
+        ),
+    ),
     "vllm_acceptance_rate": Signal(
-        VLLM_LABELS, "ratio", "vLLM accepted / drafted tokens", _vllm(lambda s: s.acceptance_rate)
+        VLLM_LABELS,
+        "ratio",
+        "vLLM accepted / drafted tokens",
+        m.vllm(lambda s: s.acceptance_rate),
+        q.PromQL(
+            q.VLLM,
+            q.VLLM_SERIES,
+            q.ratio(_VLLM_ACCEPTED, _VLLM_DRAFTED),
+            q.increase(_VLLM_REQUESTS),
+            q.acceptance_series(_VLLM_ACCEPTED, _VLLM_DRAFTED, _VLLM_REQUESTS),
+            (0.0, 1.0),
+        ),
     ),
-    "vllm_ttft_p99": Signal(VLLM_LABELS, "seconds", "vLLM P99 time to first token", _vllm(lambda s: s.ttft.p99)),
+    "vllm_ttft_p99": Signal(
+        VLLM_LABELS,
+        "seconds",
+        "vLLM P99 time to first token",
+        m.vllm(lambda s: s.ttft.p99),
+        q.PromQL(
+            q.VLLM,
+            q.VLLM_SERIES,
+            q.p99("vllm:time_to_first_token_seconds"),
+            q.increase(_VLLM_REQUESTS),
+            q.histogram_series("vllm:time_to_first_token_seconds", _VLLM_REQUESTS),
+            q.FOREVER,
+        ),
+    ),
 }
 
 

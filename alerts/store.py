@@ -1,8 +1,10 @@
-"""Alert state and history in SQL, so a restarted runner neither re-fires nor forgets.
+"""Alert state and history in SQL (the tables of `alerts.tables`), so a restarted runner neither
+re-fires nor forgets.
 
 `load_alerts` reads every rule's alerts back into evaluator `Alert`s; `save_rule` replaces one
 rule's alerts and appends its transitions inside the caller's transaction. The read side
-(`active_alerts`, `history`) serves `GET /v1/alerts` and `/v1/alerts/history`.
+(`active_alerts`, `history`) serves `GET /v1/alerts` and `/v1/alerts/history`; `incident_history`
+is what the cost model's incident estimate reads.
 """
 
 from __future__ import annotations
@@ -10,39 +12,30 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 
-from sqlalchemy import Connection, Engine, delete, insert, select
+from sqlalchemy import Connection, Engine, Table, delete, func, insert, select
 
 from alerts.evaluator import Alert, State, Transition
-from collector.models import (
-    AlertActionRow,
-    AlertNotificationRow,
-    AlertRuleHealthRow,
-    AlertStateRow,
-    AlertTransitionRow,
-)
+from alerts.tables import alert_actions, alert_notifications, alert_rule_health, alert_states, alert_transitions
 from collector.queries import Window
 
 _ALERT_FIELDS = tuple(Alert.__dataclass_fields__)
 
 
-def _to_row(alert: Alert) -> dict:
-    row = asdict(alert)
-    row["state"] = str(alert.state)
-    return row
-
-
 def _from_row(row) -> Alert:
     values = {f: getattr(row, f) for f in _ALERT_FIELDS}
-    values["state"] = State[row.state.upper()]
-    return Alert(**values)
+    return Alert(**{**values, "state": State(row.state)})
+
+
+def _read_alerts(conn: Connection) -> list[Alert]:
+    return [_from_row(row) for row in conn.execute(select(alert_states))]
 
 
 def load_alerts(engine: Engine) -> dict[str, dict[str, Alert]]:
     """rule name -> fingerprint -> alert."""
     alerts: dict[str, dict[str, Alert]] = defaultdict(dict)
     with engine.connect() as conn:
-        for row in conn.execute(select(AlertStateRow)):
-            alerts[row.rule][row.fingerprint] = _from_row(row)
+        for alert in _read_alerts(conn):
+            alerts[alert.rule][alert.fingerprint] = alert
     return alerts
 
 
@@ -55,34 +48,14 @@ def save_rule(
     duration_s: float,
     error: str | None,
 ) -> None:
-    conn.execute(delete(AlertStateRow).where(AlertStateRow.rule == rule))
+    conn.execute(delete(alert_states).where(alert_states.c.rule == rule))
     if alerts:
-        conn.execute(insert(AlertStateRow), [_to_row(a) for a in alerts.values()])
+        conn.execute(insert(alert_states), [asdict(a) for a in alerts.values()])
     if transitions:
-        conn.execute(
-            insert(AlertTransitionRow),
-            [{**asdict(t), "from_state": str(t.from_state), "to_state": str(t.to_state)} for t in transitions],
-        )
-    conn.execute(delete(AlertRuleHealthRow).where(AlertRuleHealthRow.rule == rule))
-    conn.execute(
-        insert(AlertRuleHealthRow).values(
-            rule=rule, evaluated_at=evaluated_at, duration_s=duration_s, error=error and error[:1024]
-        )
-    )
-
-
-@dataclass(frozen=True)
-class AlertView:
-    rule: str
-    fingerprint: str
-    state: str
-    labels: dict[str, str]
-    annotations: dict[str, str]
-    value: float
-    active_at: float
-    fired_at: float | None
-    resolved_at: float | None
-    last_sent_at: float | None
+        conn.execute(insert(alert_transitions), [asdict(t) for t in transitions])
+    conn.execute(delete(alert_rule_health).where(alert_rule_health.c.rule == rule))
+    health = {"evaluated_at": evaluated_at, "duration_s": duration_s, "error": error and error[:1024]}
+    conn.execute(insert(alert_rule_health).values(rule=rule, **health))
 
 
 @dataclass(frozen=True)
@@ -93,41 +66,53 @@ class RuleHealth:
     error: str | None
 
 
-def active_alerts(engine: Engine, include_resolved: bool = False) -> tuple[list[AlertView], list[RuleHealth]]:
+def active_alerts(engine: Engine, include_resolved: bool = False) -> tuple[list[Alert], list[RuleHealth]]:
     """Pending and firing alerts (and recently resolved ones when asked), most severe state first."""
     with engine.connect() as conn:
-        rows = conn.execute(select(AlertStateRow)).all()
-        health = [
-            RuleHealth(*r)
-            for r in conn.execute(
-                select(
-                    AlertRuleHealthRow.rule,
-                    AlertRuleHealthRow.evaluated_at,
-                    AlertRuleHealthRow.duration_s,
-                    AlertRuleHealthRow.error,
-                ).order_by(AlertRuleHealthRow.rule)
-            )
-        ]
-    views = [
-        AlertView(**{f: getattr(r, f) for f in AlertView.__dataclass_fields__})
-        for r in rows
-        if include_resolved or r.state != "inactive"
-    ]
-    order = {"firing": 0, "pending": 1, "inactive": 2}
-    return sorted(views, key=lambda v: (order[v.state], v.rule, -v.active_at)), health
+        alerts = _read_alerts(conn)
+        health = [RuleHealth(*r) for r in conn.execute(select(alert_rule_health).order_by(alert_rule_health.c.rule))]
+    shown = [a for a in alerts if include_resolved or a.state != State.INACTIVE]
+    return sorted(shown, key=lambda a: (-a.state.rank, a.rule, -a.active_at)), health
 
 
-def _rows(conn: Connection, table, window: Window, time_column, limit: int) -> list[dict]:
-    columns = [c for c in table.__table__.columns if c.name != "payload"]
-    stmt = select(*columns).where(time_column >= window.start, time_column < window.end)
-    return [dict(row) for row in conn.execute(stmt.order_by(time_column.desc()).limit(limit)).mappings()]
+def _rows(conn: Connection, table: Table, window: Window, time_column: str, limit: int) -> list[dict]:
+    at = table.c[time_column]
+    stmt = select(*(c for c in table.c if c.name != "payload")).where(at >= window.start, at < window.end)
+    rows = conn.execute(stmt.order_by(at.desc()).limit(limit)).mappings()
+    return [{str(k): v for k, v in row.items()} for row in rows]  # str: `key` comes back as a quoted_name
 
 
 def history(engine: Engine, window: Window, limit: int = 1000) -> dict[str, list[dict]]:
     """Transitions, remediation actions and webhook notifications in the window, newest first."""
     with engine.connect() as conn:
         return {
-            "transitions": _rows(conn, AlertTransitionRow, window, AlertTransitionRow.at, limit),
-            "actions": _rows(conn, AlertActionRow, window, AlertActionRow.at, limit),
-            "notifications": _rows(conn, AlertNotificationRow, window, AlertNotificationRow.created_at, limit),
+            "transitions": _rows(conn, alert_transitions, window, "at", limit),
+            "actions": _rows(conn, alert_actions, window, "at", limit),
+            "notifications": _rows(conn, alert_notifications, window, "created_at", limit),
         }
+
+
+@dataclass(frozen=True)
+class StateChange:
+    fingerprint: str
+    at: float
+    to_state: str
+
+
+@dataclass(frozen=True)
+class IncidentHistory:
+    """What incident time is estimated from: every alert's state changes up to the window's end (oldest
+    first, so an alert firing since before the window counts from the window's start) and the number of
+    remediation actions inside the window."""
+
+    changes: tuple[StateChange, ...]
+    actions: int
+
+
+def incident_history(engine: Engine, window: Window) -> IncidentHistory:
+    t, a = alert_transitions.c, alert_actions.c
+    with engine.connect() as conn:
+        changes = conn.execute(select(t.fingerprint, t.at, t.to_state).where(t.at < window.end).order_by(t.at))
+        found = tuple(StateChange(*row) for row in changes)
+        actions = conn.scalar(select(func.count()).where(a.at >= window.start, a.at < window.end))
+    return IncidentHistory(found, int(actions or 0))

@@ -26,8 +26,9 @@ from sqlalchemy import func, insert, select  # noqa: E402
 
 from alerts.rules import load_config  # noqa: E402
 from alerts.runner import AlertRunner  # noqa: E402
+from alerts.tables import alert_rule_health  # noqa: E402
 from collector.db import make_engine, upgrade  # noqa: E402
-from collector.models import AlertRuleHealthRow, DeviceSampleRow, Request  # noqa: E402
+from collector.models import DeviceSampleRow, Request  # noqa: E402
 
 GOAL_S = 0.2
 
@@ -98,7 +99,7 @@ def run(engine, now: float, repeat: int) -> None:
     runner.close()
     with engine.connect() as conn:
         per_rule = conn.execute(
-            select(AlertRuleHealthRow.rule, AlertRuleHealthRow.duration_s, AlertRuleHealthRow.error)
+            select(alert_rule_health.c.rule, alert_rule_health.c.duration_s, alert_rule_health.c.error)
         ).all()
     print(f"store: {stored:,} requests, {in_window:,} in the last 5 minutes; {len(config.rules)} rules")
     for rule, seconds, error in sorted(per_rule, key=lambda r: -r[1]):

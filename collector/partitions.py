@@ -34,6 +34,8 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, text
 
+from collector.models import OTHER_PACKAGES_TABLES
+
 DAY_S = 86400
 AHEAD_DAYS = 3
 LOCK_TIMEOUT_MS = 5000  # DDL waits at most this for in-flight ingest before giving up until the next pass
@@ -167,6 +169,11 @@ def include_name(name: str | None, type_: str, parent_names: dict) -> bool:
     return not (type_ == "table" and name is not None and _PARTITION_NAME.match(name))
 
 
+def include_own_table(name: str | None, type_: str, parent_names: dict) -> bool:
+    """Leave out the tables the migrations create for other packages (they check their own)."""
+    return not (type_ == "table" and name in OTHER_PACKAGES_TABLES)
+
+
 def include_object(obj, name: str | None, type_: str, reflected: bool, compare_to) -> bool:
     if type_ != "unique_constraint":
         return True
@@ -176,5 +183,5 @@ def include_object(obj, name: str | None, type_: str, reflected: bool, compare_t
 def autogenerate_options(dialect: str) -> dict:
     """MigrationContext opts for comparing a database of `dialect` with the ORM."""
     if dialect != "postgresql":
-        return {}
-    return {"include_name": include_name, "include_object": include_object}
+        return {"include_name": include_own_table}
+    return {"include_name": lambda *a: include_name(*a) and include_own_table(*a), "include_object": include_object}

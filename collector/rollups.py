@@ -26,7 +26,8 @@ import contextlib
 from dataclasses import dataclass
 
 import numpy as np
-from sqlalchemy import ColumnElement, Connection, Engine, Table, delete, func, select, text
+from sqlalchemy import ColumnElement, Connection, Engine, Table, column, delete, func, select, text
+from sqlalchemy import table as sql_table
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -35,9 +36,6 @@ from collector.db import write_transaction
 from collector.models import (
     ADDED_BUCKETS,
     LEGACY_LATENCY_BUCKETS,
-    AlertActionRow,
-    AlertNotificationRow,
-    AlertTransitionRow,
     DeviceSampleRow,
     EngineEventRow,
     MaintenanceState,
@@ -263,15 +261,18 @@ def apply_retention(
             for t in (RequestRollup, RequestRollupHourly)
         )
         conn.execute(delete(VllmScrape).where(VllmScrape.at < rollup_cutoff))  # already compact deltas
-        # alert history is small and is what post-mortems read: kept as long as the rollups
-        conn.execute(delete(AlertTransitionRow).where(AlertTransitionRow.at < rollup_cutoff))
-        conn.execute(delete(AlertActionRow).where(AlertActionRow.at < rollup_cutoff))
-        conn.execute(
-            delete(AlertNotificationRow).where(
-                AlertNotificationRow.created_at < rollup_cutoff, AlertNotificationRow.status != "pending"
-            )
-        )
+        _expire_alert_history(conn, rollup_cutoff)
     return dropped + raw, rolled
+
+
+def _expire_alert_history(conn: Connection, cutoff: float) -> None:
+    """The alerts' history (their tables, alerts/tables.py) is small and is what post-mortems read: kept
+    as long as the rollups. Named here by table and column only, to expire it with the rest."""
+    transitions, actions = (sql_table(name, column("at")) for name in ("alert_transitions", "alert_actions"))
+    outbox = sql_table("alert_notifications", column("created_at"), column("status"))
+    conn.execute(delete(transitions).where(transitions.c.at < cutoff))
+    conn.execute(delete(actions).where(actions.c.at < cutoff))
+    conn.execute(delete(outbox).where(outbox.c.created_at < cutoff, outbox.c.status != "pending"))
 
 
 def _drop_partitions(engine: Engine, cutoff: float, rollup_cutoff: float) -> int:

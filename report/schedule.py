@@ -2,7 +2,7 @@
 
 On start and then every hour, `run_once` checks last month's report (UTC): when its HTML file
 is missing from the report directory it is built and written, and its link is put into the
-alerts outbox, one notification per receiver of the rules file (`alerts.notify.enqueue_report`),
+alerts outbox, one notification per receiver of the rules file (`report.delivery.enqueue_report`),
 which the alert runner's delivery loop posts with retries and HMAC like any alert. The outbox
 key is derived from (receiver, month), so a restart, a rewritten file or an hourly check never
 sends a month twice. The link points at this collector (`GET /v1/reports/<file>`, under
@@ -24,6 +24,7 @@ from collector.db import write_transaction
 from collector.settings import Settings
 from cost.model import HiddenCosts
 from report.build import Report, build_report, last_month, report_names
+from report.delivery import enqueue_report
 from report.html import write_report
 
 log = logging.getLogger("specwatch.collector")
@@ -50,7 +51,6 @@ def run_once(engine: Engine, settings: Settings, config=None, now: float | None 
     """Write last month's report unless its HTML file exists, then enqueue its link for the
     receivers of `config` (an `alerts.rules.AlertConfig`; None: no delivery) that have not had it.
     Returns the HTML path when a report was written."""
-    from alerts.notify import enqueue_report
     from cost.inputs import load_prices
 
     now = time.time() if now is None else now

@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 
 import httpx
-from sqlalchemy import create_engine, select
+from sqlalchemy import create_engine
 
 COUNTER_FIELDS = (
     ("vllm:spec_decode_num_drafts", "drafts"),
@@ -95,16 +95,15 @@ def _phase(run, phase, end: float | None) -> bool:
 
 def _timeline(run) -> None:
     """Every stored scrape row: quiet ones folded, gaps and resets spelled out."""
-    from collector.models import VllmScrape
+    from collector.reads import vllm_scrapes
 
     engine = create_engine(run.db_url)
-    with engine.connect() as conn:
-        rows = conn.execute(select(VllmScrape).order_by(VllmScrape.at)).mappings().all()
+    rows = vllm_scrapes(engine)
     engine.dispose()
     if not rows:
         print("\nscrape timeline: no rows stored")
         return
-    t0 = rows[0]["at"] - rows[0]["interval_s"]
+    t0 = rows[0].at - rows[0].interval_s
     print(f"\nscrape timeline ({len(rows)} rows; t = seconds since the first scrape; quiet rows folded):")
     print(
         f"  {'t':>6} {'interval':>8} {'reset':>5} {'drafts':>7} {'drafted':>8} {'accepted':>8} "
@@ -112,9 +111,9 @@ def _timeline(run) -> None:
     )
     quiet = 0
     for r in rows:
-        gap = r["interval_s"] > GAP_S
-        busy = r["drafts"] or sum(r["ttft_counts"]) or sum(r["e2e_counts"])
-        if not (busy or gap or r["counter_reset"]):
+        gap = r.interval_s > GAP_S
+        busy = r.drafts or sum(r.ttft_counts) or sum(r.e2e_counts)
+        if not (busy or gap or r.counter_reset):
             quiet += 1
             continue
         if quiet:
@@ -122,9 +121,9 @@ def _timeline(run) -> None:
             quiet = 0
         flag = "  <- gap" if gap else ""
         print(
-            f"  {r['at'] - t0:6.1f} {r['interval_s']:8.1f} {'yes' if r['counter_reset'] else '':>5} {r['drafts']:7.0f} "
-            f"{r['draft_tokens']:8.0f} {r['accepted_tokens']:8.0f} "
-            f"{sum(r['ttft_counts']):6.0f} {sum(r['e2e_counts']):6.0f}{flag}"
+            f"  {r.at - t0:6.1f} {r.interval_s:8.1f} {'yes' if r.counter_reset else '':>5} {r.drafts:7.0f} "
+            f"{r.draft_tokens:8.0f} {r.accepted_tokens:8.0f} "
+            f"{sum(r.ttft_counts):6.0f} {sum(r.e2e_counts):6.0f}{flag}"
         )
     if quiet:
         print(f"  {'':>6} ({quiet} quiet rows)")
@@ -135,19 +134,17 @@ def _robustness(run, rows) -> None:
     if len(run.phases) < 2:
         return
     restart = run.phases[1]
-    after = [r for r in rows if r["at"] > run.phases[0].settled]
-    resets = [r for r in after if r["counter_reset"]]
-    gaps = [r for r in after if r["interval_s"] > GAP_S]
+    after = [r for r in rows if r.at > run.phases[0].settled]
+    resets = [r for r in after if r.counter_reset]
+    gaps = [r for r in after if r.interval_s > GAP_S]
     negative = [
-        r
-        for r in rows
-        if min([r["drafts"], r["draft_tokens"], r["accepted_tokens"], *r["ttft_counts"], *r["e2e_counts"]]) < 0
+        r for r in rows if min([r.drafts, r.draft_tokens, r.accepted_tokens, *r.ttft_counts, *r.e2e_counts]) < 0
     ]
     own_requests = restart.rows[0]["requests"]
-    seen_requests = sum(sum(r["e2e_counts"]) for r in after)
-    drafts_after = sum(r["drafts"] for r in after)
+    seen_requests = sum(sum(r.e2e_counts) for r in after)
+    drafts_after = sum(r.drafts for r in after)
     print("\nscraper robustness (vLLM stopped, down for a few scrapes, restarted with speculation off):")
-    spans = ", ".join(f"{g['interval_s']:.1f} s" for g in gaps) or "-"
+    spans = ", ".join(f"{g.interval_s:.1f} s" for g in gaps) or "-"
     print(f"  gap recorded: {len(gaps)} row(s) spanning {spans} (scrapes every {SCRAPE_S:g} s)")
     print(f"  counter reset detected: {len(resets)} row(s) flagged")
     print(

@@ -12,8 +12,8 @@ from webhook_receiver import Receiver
 from alerts.evaluator import Alert, State
 from alerts.notify import backoff_s, deliver_due, enqueue
 from alerts.rules import parse_config
+from alerts.tables import alert_notifications
 from collector.db import write_transaction
-from collector.models import AlertNotificationRow
 from common.procs import free_port
 
 
@@ -27,10 +27,7 @@ def alert(fp: str, severity: str, state: State = State.FIRING) -> Alert:
 def outbox(engine) -> list[dict]:
     with engine.connect() as conn:
         return [
-            dict(r)
-            for r in conn.execute(
-                select(*AlertNotificationRow.__table__.columns).order_by(AlertNotificationRow.id)
-            ).mappings()
+            dict(r) for r in conn.execute(select(alert_notifications).order_by(alert_notifications.c.id)).mappings()
         ]
 
 

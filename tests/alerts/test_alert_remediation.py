@@ -16,8 +16,8 @@ from sqlalchemy import select
 from alerts.evaluator import Alert, State
 from alerts.rules import parse_config
 from alerts.runner import AlertRunner
+from alerts.tables import alert_actions
 from collector.db import make_engine, upgrade
-from collector.models import AlertActionRow
 from collector.store import Store
 from engine.policy import PolicyConfig
 from engine.scheduler import SchedulerConfig
@@ -97,7 +97,9 @@ def test_low_acceptance_falls_back_and_restores_on_the_real_engine(bundled_engin
         assert (refused.outcome, refused.detail["status"]) == ("failed", 401)
         runner.close()
     with db.connect() as conn:
-        recorded = conn.execute(select(AlertActionRow.action, AlertActionRow.outcome).order_by(AlertActionRow.id)).all()
+        recorded = conn.execute(
+            select(alert_actions.c.action, alert_actions.c.outcome).order_by(alert_actions.c.id)
+        ).all()
     assert [tuple(r) for r in recorded] == [
         ("recommend_draft_retraining", "recommended"),
         ("fallback_autoregressive", "ok"),
@@ -143,7 +145,7 @@ def test_rebalance_streams_on_a_cpu_engine_is_recorded_not_applicable(bundled_en
     assert result.detail["url"].endswith("/v1/control/streams")
     assert "device cpu has no CUDA streams" in result.detail["response"]["error"]["message"]
     with db.connect() as conn:
-        recorded = conn.execute(select(AlertActionRow.action, AlertActionRow.outcome)).all()
+        recorded = conn.execute(select(alert_actions.c.action, alert_actions.c.outcome)).all()
     assert [tuple(r) for r in recorded] == [("rebalance_streams", "not_applicable")]
 
 

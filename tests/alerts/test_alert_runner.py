@@ -15,7 +15,7 @@ from alerts.rules import parse_config
 from alerts.runner import AlertRunner
 from alerts.signals import StoreSignals
 from alerts.store import active_alerts, history
-from collector.models import AlertNotificationRow, AlertRuleHealthRow
+from alerts.tables import alert_notifications, alert_rule_health
 from collector.queries import Window
 from collector.store import Store
 from telemetry.schema import IngestBatch
@@ -102,7 +102,7 @@ RULES = {
 
 def notifications(engine) -> list[tuple[str, str]]:
     with engine.connect() as conn:
-        return [tuple(r) for r in conn.execute(select(AlertNotificationRow.rule, AlertNotificationRow.alert_status))]
+        return [tuple(r) for r in conn.execute(select(alert_notifications.c.rule, alert_notifications.c.alert_status))]
 
 
 def test_restart_neither_refires_nor_forgets(engine):
@@ -158,7 +158,8 @@ def test_a_failing_signal_records_its_error_and_the_others_go_on(engine):
     }
     with engine.connect() as conn:
         assert (
-            conn.execute(select(AlertRuleHealthRow.duration_s).where(AlertRuleHealthRow.rule == "Broken")).scalar() >= 0
+            conn.execute(select(alert_rule_health.c.duration_s).where(alert_rule_health.c.rule == "Broken")).scalar()
+            >= 0
         )
 
 

@@ -19,8 +19,9 @@ from waiting import wait_for
 
 from alerts.rules import parse_config
 from alerts.runner import AlertRunner
+from alerts.tables import alert_actions
 from collector.db import make_engine, upgrade
-from collector.models import AlertActionRow, Request
+from collector.models import Request
 from collector.store import Store
 from common.procs import free_port, start_collector, stop_process
 from engine.policy import PolicyConfig
@@ -169,7 +170,7 @@ def test_an_alert_on_gateway_records_falls_back_through_the_gateway_and_restores
         assert chat(gw.url).headers["x-specwatch-upstream"] == "spec1"
         runner.close()
     with db.connect() as conn:
-        actions = conn.execute(select(AlertActionRow.action, AlertActionRow.instance, AlertActionRow.outcome)).all()
+        actions = conn.execute(select(alert_actions.c.action, alert_actions.c.instance, alert_actions.c.outcome)).all()
     assert [tuple(a) for a in actions] == [
         ("fallback_autoregressive", "spec1", "ok"),
         ("restore_speculative", "spec1", "ok"),

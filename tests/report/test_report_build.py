@@ -13,7 +13,8 @@ from collector_payloads import sample_dict, varied_request
 from report_checks import check_html
 from sqlalchemy import func, insert, select
 
-from collector.models import AlertActionRow, AlertTransitionRow, Request
+from alerts.tables import alert_actions, alert_transitions
+from collector.models import Request
 from collector.rollups import roll_up
 from collector.store import Store
 from cost.inputs import load_prices
@@ -63,7 +64,7 @@ def two_months(engine):
     roll_up(engine, AFTER_JUNE)
     with engine.begin() as conn:
         conn.execute(
-            insert(AlertTransitionRow),
+            insert(alert_transitions),
             [
                 {
                     "at": JUNE + 100,
@@ -86,7 +87,7 @@ def two_months(engine):
             ],
         )
         conn.execute(
-            insert(AlertActionRow),
+            insert(alert_actions),
             [
                 {
                     "at": JUNE + 101,

@@ -14,15 +14,16 @@ from sqlalchemy import select
 from waiting import wait_for
 from webhook_receiver import Receiver  # noqa: E402
 
-from alerts.notify import REPORT_RULE, SIGNATURE_HEADER, deliver_due, sign
+from alerts.notify import SIGNATURE_HEADER, deliver_due, sign
 from alerts.rules import parse_config
+from alerts.tables import alert_notifications
 from collector.db import make_engine, upgrade
-from collector.models import AlertNotificationRow
 from collector.settings import Settings
 from collector.store import Store
 from common import procs
 from common.procs import free_port
 from report.build import last_month, month_window
+from report.delivery import REPORT_RULE
 from report.schedule import run_once
 from telemetry.schema import IngestBatch
 
@@ -54,7 +55,7 @@ def _config(ops_url: str, slack_url: str) -> dict:
 
 def _outbox(engine) -> list:
     with engine.connect() as conn:
-        return conn.execute(select(AlertNotificationRow).where(AlertNotificationRow.rule == REPORT_RULE)).all()
+        return conn.execute(select(alert_notifications).where(alert_notifications.c.rule == REPORT_RULE)).all()
 
 
 def test_written_once_and_queued_once_per_receiver(engine, tmp_path):

@@ -1,0 +1,211 @@
+"""How each alert signal is computed from the store: one `Sample` per label set.
+
+Request signals come in two forms: from raw rows (`collector.reads`) and from the per-second window
+aggregates written at ingest (through a `collector.window_signals.WindowReader`: exact counts and
+acceptance, TTFT P99 from a DDSketch within 1%). Every sample carries `count`, the number of
+observations behind the value, which a rule's `min_samples` checks (no alert from 3 requests).
+`alerts.signals` pairs each of these with its PromQL.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from sqlalchemy import Engine
+
+from collector import reads, sketch
+from collector.queries import Window
+from collector.vllm import vllm_signals
+from collector.window_signals import WindowReader
+
+Labels = tuple[tuple[str, str], ...]  # sorted (name, value) pairs
+
+
+@dataclass(frozen=True)
+class Sample:
+    labels: Labels
+    value: float
+    count: int
+    significant: bool = True  # False: a statistical test did not confirm the value
+
+
+def _labels(names: Sequence[str], values: Sequence[object]) -> Labels:
+    return tuple(sorted((n, "none" if v is None else str(v)) for n, v in zip(names, values)))
+
+
+def _per_drafting_group(engine: Engine, window: Window, group_by: Sequence[str], reduce) -> list[Sample]:
+    """`reduce(drafted, accepted)` per label set, over the requests that drafted."""
+    samples = []
+    for g in reads.request_values(engine, window, group_by, ("num_draft_tokens", "num_accepted_tokens")):
+        drafted = g.values[g.values[:, 0] > 0]
+        if len(drafted):
+            samples.append(Sample(_labels(group_by, g.key), float(reduce(drafted[:, 0], drafted[:, 1])), len(drafted)))
+    return samples
+
+
+def acceptance_rate(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+    """Accepted / drafted tokens over the window (vLLM's definition), requests that drafted."""
+    return _per_drafting_group(engine, window, group_by, lambda drafted, accepted: accepted.sum() / drafted.sum())
+
+
+def acceptance_stddev(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+    """Standard deviation across requests of each request's acceptance rate."""
+    return _per_drafting_group(engine, window, group_by, lambda drafted, accepted: np.std(accepted / drafted))
+
+
+def ttft_p99(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+    """99th percentile of time to first token (seconds), exact over the window's requests."""
+    samples = []
+    for g in reads.request_values(engine, window, group_by, ("ttft_s",)):
+        ttft = g.values[:, 0][~np.isnan(g.values[:, 0])]
+        if len(ttft):
+            samples.append(Sample(_labels(group_by, g.key), float(np.quantile(ttft, 0.99)), len(ttft)))
+    return samples
+
+
+def _from_aggregates(group_by: Sequence[str], totals: dict, value, count) -> list[Sample]:
+    """`value(totals)` per label set where `count(totals)` > 0."""
+    return [Sample(_labels(group_by, key), float(value(t)), int(count(t))) for key, t in totals.items() if count(t) > 0]
+
+
+def acceptance_rate_aggregated(reader: WindowReader, window: Window, group_by: Sequence[str]) -> list[Sample]:
+    """`acceptance_rate` from the aggregates (requests that did not draft add 0 to both sums)."""
+    totals = reader.totals(window.start, group_by, with_sketches=())
+    return _from_aggregates(
+        group_by, totals, lambda t: t.sums["accepted_tokens"] / t.sums["draft_tokens"], lambda t: t.sums["rate_n"]
+    )
+
+
+def acceptance_stddev_aggregated(reader: WindowReader, window: Window, group_by: Sequence[str]) -> list[Sample]:
+    """`acceptance_stddev` from the aggregates' merged (n, sum, M2) of per-request acceptance."""
+    totals = reader.totals(window.start, group_by, with_sketches=())
+    return _from_aggregates(group_by, totals, lambda t: t.acceptance_stddev(), lambda t: t.sums["rate_n"])
+
+
+def ttft_p99_aggregated(reader: WindowReader, window: Window, group_by: Sequence[str]) -> list[Sample]:
+    """P99 TTFT from the merged DDSketches: within 1% of the value at that rank."""
+    totals = reader.totals(window.start, group_by, with_sketches=("ttft",))
+    ttft = {key: t.sketches["ttft"] for key, t in totals.items()}
+    return [
+        Sample(_labels(group_by, key), sketch.quantile(bins, 0.99), bins.count)
+        for key, bins in ttft.items()
+        if bins.count
+    ]
+
+
+def spec_latency_regression(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+    """Relative excess of the spec arm's mean e2e latency per output token over the control
+    arm's (0.1 = 10% slower), significant when a one-sided Mann-Whitney U gives p < 0.05."""
+    from scipy.stats import mannwhitneyu
+
+    samples = []
+    for g in reads.arm_latency(engine, window, group_by):
+        spec, control = g.spec, g.control
+        if len(spec) and len(control):
+            p = mannwhitneyu(spec, control, alternative="greater").pvalue if min(len(spec), len(control)) > 1 else 1.0
+            excess = float(spec.mean() / control.mean() - 1.0)
+            samples.append(Sample(_labels(group_by, g.key), excess, min(len(spec), len(control)), bool(p < 0.05)))
+    return samples
+
+
+def spec_latency_regression_aggregated(reader: WindowReader, window: Window, group_by: Sequence[str]) -> list[Sample]:
+    """`spec_latency_regression`, reading raw rows only when the aggregates show A/B arm traffic in the
+    window (the rank test needs every value; without arms it has nothing to compare)."""
+    arms = reader.totals(window.start, ("arm",), with_sketches=())
+    if all(arm is None for (arm,) in arms):
+        return []
+    return spec_latency_regression(reader.engine, window, group_by)
+
+
+Modes = dict[tuple, dict[str, tuple[float, int]]]  # label values -> mode -> (device s per token, requests)
+
+
+def spec_cost_excess(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+    """Relative extra compute cost of speculative decoding: the speculative mode's device seconds
+    per output token over plain (autoregressive) decoding's, minus 1 (0.1 = 10% dearer).
+
+    Both modes run on the same instance at the same $ per device-second, so the ratio of device
+    seconds per token is the ratio of compute cost per token. The draft's memory share and energy
+    are left out here; the cost report (cost/) prices them. Only ok requests with output that
+    carry `device_s` count (producers that cannot attribute device time send none); the count is
+    the smaller mode's request count, so `min_samples` asks for enough requests in both.
+    """
+    modes: Modes = defaultdict(dict)
+    for m in reads.device_time_by_mode(engine, window, group_by):
+        modes[m.key][m.mode] = (m.device_s / m.output_tokens, m.requests)
+    return _cost_samples(group_by, modes)
+
+
+def spec_cost_excess_aggregated(reader: WindowReader, window: Window, group_by: Sequence[str]) -> list[Sample]:
+    """`spec_cost_excess` from the aggregates' per-mode sums over ok requests with output and device_s."""
+    totals = reader.totals(window.start, (*group_by, "mode"), with_sketches=())
+    modes: Modes = defaultdict(dict)
+    for (*key, mode), t in totals.items():
+        if t.sums["cost_requests"]:
+            per_token = t.sums["cost_device_s"] / t.sums["cost_output_tokens"]
+            modes[tuple(key)][mode] = (per_token, int(t.sums["cost_requests"]))
+    return _cost_samples(group_by, modes)
+
+
+def _cost_samples(group_by: Sequence[str], modes: Modes) -> list[Sample]:
+    """(device seconds per output token, requests) per mode -> speculative / plain - 1 per label set."""
+    samples = []
+    for key, per_mode in modes.items():
+        spec, plain = per_mode.get("speculative"), per_mode.get("autoregressive")
+        if spec and plain and plain[0] > 0:
+            samples.append(Sample(_labels(group_by, key), spec[0] / plain[0] - 1.0, min(spec[1], plain[1])))
+    return samples
+
+
+def oom_count(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+    """Out-of-memory failures: requests that failed with an OOM or `oom` engine events, whichever
+    count is larger (the engine may report one OOM both ways)."""
+    found = reads.oom_counts(engine, window)
+    return _oom_samples(group_by, found.from_requests, found.from_events)
+
+
+def oom_count_aggregated(reader: WindowReader, window: Window, group_by: Sequence[str]) -> list[Sample]:
+    """`oom_count` with the requests' OOM counts from the aggregates (engine events stay raw: few)."""
+    totals = reader.totals(window.start, ("instance",), with_sketches=())
+    from_requests = {key[0]: int(t.sums["ooms"]) for key, t in totals.items() if t.sums["ooms"]}
+    return _oom_samples(group_by, from_requests, reads.oom_events(reader.engine, window))
+
+
+def _oom_samples(group_by: Sequence[str], from_requests: dict, from_events: dict) -> list[Sample]:
+    counts: dict[tuple, int] = defaultdict(int)
+    for instance in from_requests.keys() | from_events.keys():
+        key = (instance,) if group_by else ()
+        counts[key] += max(from_requests.get(instance, 0), from_events.get(instance, 0))
+    return [Sample(_labels(group_by, key), float(n), n) for key, n in counts.items()]
+
+
+def _per_device(engine: Engine, window: Window, group_by: Sequence[str], column: str, reduce) -> list[Sample]:
+    groups = reads.device_values(engine, window, group_by, column)
+    return [Sample(_labels(group_by, g.key), float(reduce(g.values[:, 0])), len(g.values)) for g in groups]
+
+
+def fragmentation(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+    """Mean fragmentation index (reserved / allocated memory) of the window's device samples."""
+    return _per_device(engine, window, group_by, "fragmentation", np.mean)
+
+
+def draft_util_swing(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+    """Max - min of the draft's busy fraction over the window, in percentage points."""
+    return _per_device(engine, window, group_by, "util_draft", lambda v: np.ptp(v) * 100.0)
+
+
+def vllm(pick: Callable) -> Callable[[Engine, Window, Sequence[str]], list[Sample]]:
+    """A signal over scraped vLLM metrics: `pick(VllmSignals)` per (source, model) scraped in the window."""
+
+    def compute(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+        samples = []
+        for key in reads.vllm_keys(engine, window, group_by):
+            found = vllm_signals(engine, window, **dict(zip(group_by, key)))
+            if (value := pick(found)) is not None:
+                samples.append(Sample(_labels(group_by, key), float(value), found.e2e.count))
+        return samples
+
+    return compute
