@@ -19,11 +19,14 @@ import torch
 
 from engine.cuda import Streams, apply_memory_fraction, check_memory_fraction
 from engine.decoder import make_decoder
+from engine.device_time import record_source
 from engine.drafters import Drafter, NgramConfig, NgramDrafter, early_exit_drafter, model_drafter
 from engine.loading import BUNDLED, LoadedModel, load_model, resolve_device
+from engine.lookahead import CostCurve
 from engine.sampling import SamplingParams
 from engine.speculative import DEFAULT_LOOKAHEAD, LOOKAHEAD_MODES, DecodeStats, SpeculativeDecoder
 from engine.suffix import MODEL_FREE, SuffixCache, SuffixConfig, SuffixDrafter
+from engine.text import TextStream
 from telemetry.schema import RequestRecord
 
 
@@ -118,6 +121,9 @@ class Engine:
         self._draft_models: dict[str, LoadedModel] = {}
         self.streams = Streams(self.target.device)  # target high, draft low priority (CUDA; CPU: no-ops)
         self.default_slot = Slot(self)
+        # seconds per target forward against batch size and rows: its slots' lookaheads read it, the
+        # scheduler shares batched forwards' time out by it (engine/device_time.py)
+        self.step_costs = CostCurve()
         # the `suffix` drafter's memory of finished outputs, shared by every slot; fed once one is built
         self.suffix_cache = SuffixCache(config.suffix)
         self._suffix_learns = False
@@ -230,7 +236,8 @@ class Engine:
 class Run:
     """One request in flight on a slot: `prefill()` once, then `advance()` until `finished`.
 
-    The scheduler interleaves the runs of several slots one round at a time.
+    The scheduler interleaves the runs of several slots one round at a time. A run that retries a failed
+    one (`retry_of`) is recorded in the mode it was admitted in: see `retry_of`.
     """
 
     def __init__(
@@ -253,14 +260,19 @@ class Run:
         self.prompt_ids = prompt_ids if prompt_ids is not None else engine.encode(request)
         use_draft = speculate and request.gamma > 0
         self.drafter = engine.drafter(request.drafter, slot) if use_draft else None
-        self.loop = SpeculativeDecoder(slot.decoder, self.drafter, engine.target.device, engine.config.lookahead)
-        self.text = _TextStream(engine.tokenizer, request.stop, engine.tokenizer_lock)
+        self.mode = "speculative" if self.drafter else "autoregressive"  # as admitted (decided), for the record
+        self.drafter_name = self.drafter.name if self.drafter else None
+        self.loop = SpeculativeDecoder(
+            slot.decoder, self.drafter, engine.target.device, engine.config.lookahead, engine.step_costs
+        )
+        self.text = TextStream(engine.tokenizer, request.stop, engine.tokenizer_lock)
         self.ttft: float | None = None
         self.retries, self.error = 0, None
         self.choice = None  # the policy selector's pick, for a request that asked for drafter 'auto'
         # device seconds charged to this request: by the scheduler (its share of each batched forward, its
         # own steps whole), or by `timed` when it runs alone (Engine.stream)
         self.device_s = 0.0
+        self.split_rules: set[str] = set()  # how the shared forwards it was in were split (device_time.py)
 
     @property
     def finished(self) -> bool:
@@ -288,9 +300,21 @@ class Run:
         with self.engine.streams.draft():
             return self.loop.propose()
 
-    def accept(self, logits: torch.Tensor, forward_s: float) -> str:
-        self.loop.accept(logits, forward_s)
+    def accept(self, logits: torch.Tensor, forward_s: float, shared: bool = False) -> str:
+        self.loop.accept(logits, forward_s, shared)
         return self._delta()
+
+    def retry_of(self, failed: Run, error: str) -> None:
+        """This (plain) run retries `failed`, which raised `error`; the client only gets text it has not seen.
+
+        The record describes the request as admitted: `mode`, `drafter` and `arm` stay those of the failed
+        attempt (a request that failed speculating and was retried plainly is speculative work with
+        `retries` 1 and `error` set, so cost counts it in speculation's retries, not as ok plain work);
+        its draft counts and timings are the retry's. device_s adds both attempts' device time."""
+        self.started, self.started_at, self.retries, self.error = failed.started, failed.started_at, 1, error
+        self.mode, self.drafter_name, self.arm = failed.mode, failed.drafter_name, failed.arm
+        self.device_s, self.split_rules = failed.device_s, set(failed.split_rules)
+        self.text.sent = failed.text.sent
 
     def verify(self, fed: torch.Tensor) -> str:
         """The target forward for this request alone, then `accept`."""
@@ -327,8 +351,8 @@ class Run:
             request_id=self.request.request_id or uuid.uuid4().hex,
             instance=self.engine.config.instance,
             model=self.engine.target.name,
-            drafter=self.drafter.name if self.drafter else None,
-            mode="speculative" if self.drafter else "autoregressive",
+            drafter=self.drafter_name,
+            mode=self.mode,
             mode_reason=self.mode_reason,
             arm=self.arm,
             started_at=self.started_at,
@@ -347,43 +371,13 @@ class Run:
             mean_lookahead=stats.mean_lookahead,
             # 0: driven by hand, nobody timed its steps (every charged request has a timed prefill)
             device_s=self.device_s or None,
-            device_s_source="engine" if self.device_s else None,
+            device_s_source=record_source(self.split_rules) if self.device_s else None,
             retries=self.retries,
             status=status,
             error=error,
             load_at_admission=self.load,
             tags=dict(self.request.tags),
         )
-
-
-class _TextStream:
-    """Incremental detokenisation that holds back text which may still become a stop string
-    or an incomplete UTF-8 character."""
-
-    def __init__(self, tokenizer, stop: tuple[str, ...], lock: threading.Lock) -> None:
-        self.tokenizer, self.stop, self.lock = tokenizer, tuple(s for s in stop if s), lock
-        self.hold = max((len(s) for s in self.stop), default=1) - 1
-        self.text, self.sent, self.stopped = "", 0, False
-
-    def update(self, token_ids: list[int]) -> str:
-        with self.lock:
-            self.text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
-        for stop in self.stop:
-            if (cut := self.text.find(stop)) >= 0:
-                self.text, self.stopped = self.text[:cut], True
-        ready = len(self.text) if self.stopped else len(self.text) - self.hold
-        if self.text.endswith("\ufffd") and not self.stopped:
-            ready = min(ready, len(self.text) - 1)
-        return self._emit(ready)
-
-    def flush(self) -> str:
-        return self._emit(len(self.text))
-
-    def _emit(self, upto: int) -> str:
-        if upto <= self.sent:
-            return ""
-        delta, self.sent = self.text[self.sent : upto], upto
-        return delta
 
 
 def _stop_token_ids(target: LoadedModel) -> frozenset[int]:

@@ -33,12 +33,14 @@ def batch_bucket(batch: int) -> int:
 
 @dataclass
 class CostCurve:
-    """Seconds per verify forward by (batch bucket, tokens verified per request), exponentially weighted."""
+    """Seconds per target forward by (batch bucket, rows per request), exponentially weighted: the engine's
+    step-cost curve. Rows per request = the forward's token rows / the requests in it: 1 for plain steps,
+    k + 1 for a lone request drafting k, (b + k) / b for one request drafting k beside b - 1 plain ones."""
 
     alpha: float = 0.2  # weight of a new measurement
     seconds: dict[int, dict[int, float]] = field(default_factory=dict)  # bucket -> tokens -> seconds
 
-    def observe(self, batch: int, tokens: int, seconds: float) -> None:
+    def observe(self, batch: int, tokens: float, seconds: float) -> None:
         if tokens < 1 or seconds < 0:
             raise ValueError(f"need tokens >= 1 and seconds >= 0, got {tokens}, {seconds}")
         curve = self.seconds.setdefault(batch_bucket(batch), {})
@@ -54,7 +56,11 @@ class CostCurve:
                 return max(slope, 0.0) / max(intercept + slope, 1e-12)
         return PRIOR_SLOPE
 
-    def cost(self, batch: int, tokens: int) -> float:
+    def measured(self, batch: int) -> bool:
+        """Whether the bucket of `batch` has measured what rows cost: two lengths or more of its own."""
+        return len(self.seconds.get(batch_bucket(batch), {})) >= 2
+
+    def cost(self, batch: int, tokens: float) -> float:
         """Seconds for a forward of `tokens` per request; relative units (1 at one token) before any measurement.
 
         Linear interpolation between measured lengths, least-squares extrapolation beyond them; a bucket
@@ -180,9 +186,10 @@ class LookaheadModel:
             self.draft_s_per_token = per_token if old == 0.0 else old + self.draft_alpha * (per_token - old)
 
     def rate(self, k: int, batch: int, p: list[float] | None = None) -> float:
-        """Expected committed tokens per second when drafting k (relative units before measurements)."""
+        """Expected committed tokens per second when drafting k (relative units before measurements).
+        The other requests in the batch are taken to feed one row each: drafting k adds k rows to `batch`."""
         p = self.probabilities() if p is None else p
-        seconds = self.costs.cost(batch, k + 1)
+        seconds = self.costs.cost(batch, (batch + k) / batch)
         if self.costs.seconds:  # drafting time is in seconds: comparable once the curve is too
             seconds += k * self.draft_s_per_token
         return (expected_accepted(p, k) + 1) / max(seconds, 1e-12)

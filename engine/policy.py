@@ -205,10 +205,11 @@ class Policy:
 
     def observe(self, record: RequestRecord, choice: Choice | None = None) -> None:
         """Feed back a finished request: its goodput, and the acceptance of its drafter.
-        `choice`: what the selector picked for it (an 'auto' request)."""
+        `choice`: what the selector picked for it (an 'auto' request). A retried request (a speculative
+        failure decoded again plainly, still recorded as speculative) gives no goodput: it measured neither."""
         busy_s = record.verify_s + record.draft_s  # model time after the first token
         with self._lock:
-            if record.status == "ok" and record.output_tokens > 1 and busy_s > 0:
+            if record.status == "ok" and not record.retries and record.output_tokens > 1 and busy_s > 0:
                 goodput = (record.output_tokens - 1) / busy_s
                 window = self._goodput.setdefault(
                     record.drafter or "plain", deque(maxlen=self.config.acceptance_window)

@@ -19,11 +19,11 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from engine.decoder import forward_many
+from engine.device_time import split_forward
 from engine.engine import Engine, GenerateRequest, GenerateResult, Run, Slot
 from engine.policy import Policy
 from engine.speculative import StageError
@@ -73,7 +73,8 @@ class Ticket:
 class BusyTime:
     """Seconds the model spent on target forwards and on drafting (for utilisation samples).
 
-    The same seconds are charged to the requests (`Run.device_s`), so their sum is target_s + draft_s."""
+    The same seconds are charged to the requests (`Run.device_s`), so their sum is target_s + draft_s:
+    a batched forward shared out by engine/device_time.py's rule, every other step whole to its request."""
 
     target_s: float = 0.0
     draft_s: float = 0.0
@@ -222,11 +223,14 @@ class Scheduler:
             return False
         forward_s = time.monotonic() - started
         self.busy.target_s += forward_s
-        shares = split_by_rows(forward_s, [len(fed) for _, _, fed in proposals])
+        rows = [len(fed) for _, _, fed in proposals]
+        shares, rule = split_forward(forward_s, rows, self.engine.step_costs)  # the curve as it stood
         for (_, run, _), share in zip(proposals, shares):  # before any accept can finish its request
             run.device_s += share
-        for (index, run, _), rows in zip(proposals, logits):
-            self._step(index, run.accept, rows, forward_s)
+            run.split_rules.add(rule)
+        self.engine.step_costs.observe(len(rows), sum(rows) / len(rows), forward_s)
+        for (index, run, _), row_logits in zip(proposals, logits):
+            self._step(index, run.accept, row_logits, forward_s, True)
         return True
 
     def _step(self, index: int, step, *args) -> None:
@@ -268,7 +272,7 @@ class Scheduler:
             self.busy.target_s += elapsed
 
     def _retry_plain(self, index: int, error: str) -> None:
-        """Run the request again without a draft; the client only gets text it has not seen yet."""
+        """Run the request again without a draft, recorded as the speculative request it was (Run.retry_of)."""
         ticket, failed = self._active[index]
         run = Run(
             self.engine,
@@ -281,9 +285,7 @@ class Scheduler:
             load=failed.load,
             prompt_ids=ticket.prompt_ids,
         )
-        run.started, run.started_at, run.retries, run.error = failed.started, failed.started_at, 1, error
-        run.device_s = failed.device_s  # the failed attempt's device time was spent on this request too
-        run.text.sent = failed.text.sent
+        run.retry_of(failed, error)
         self._active[index] = (ticket, run)
         self._step(index, run.prefill)
 
@@ -298,15 +300,6 @@ class Scheduler:
         self.policy.observe(result.record, run.choice)
         self.telemetry.put(result.record)
         ticket.send(result)
-
-
-def split_by_rows(seconds: float, rows: Sequence[int]) -> list[float]:
-    """Each request's share of one batched forward that took `seconds`, in proportion to the token
-    rows it fed: the shares add up to `seconds`, so the requests' device time adds up to busy time."""
-    total = sum(rows)
-    if total <= 0 or min(rows) < 0:
-        raise ValueError(f"a forward's token rows must be >= 0 and not all 0, got {list(rows)}")
-    return [seconds * n / total for n in rows]
 
 
 def _error_kind(exc: Exception) -> str:

@@ -107,7 +107,9 @@ class SpeculativeDecoder:
     `adaptive` sets the lookahead per round, at most gamma: 'cost' maximises expected tokens per
     second from the measured verify cost curve and recent acceptance (engine/lookahead.py),
     'heuristic' drafts 2 longer after a fully accepted draft and 1 shorter after a rejection,
-    'fixed' always drafts gamma. `batch` is how many requests share the verify forward (the scheduler sets it)."""
+    'fixed' always drafts gamma. `batch` is how many requests share the verify forward (the scheduler sets it).
+    `costs`: the step-cost curve its lookahead reads and its own forwards feed (an engine's, shared by its
+    slots); by default one per target decoder."""
 
     def __init__(
         self,
@@ -115,10 +117,12 @@ class SpeculativeDecoder:
         drafter: Drafter | None,
         device: torch.device | str = "cpu",
         adaptive: str = DEFAULT_LOOKAHEAD,
+        costs: CostCurve | None = None,
     ) -> None:
         if adaptive not in LOOKAHEAD_MODES:
             raise ValueError(f"adaptive must be one of {', '.join(LOOKAHEAD_MODES)}, got {adaptive!r}")
         self.target = target
+        self.costs = costs if costs is not None else cost_curve(target)
         self.adaptive = adaptive
         self.batch = 1
         self.drafter = drafter
@@ -144,7 +148,7 @@ class SpeculativeDecoder:
         self.gamma = gamma if self.drafter is not None else 0
         self.lookahead = self.gamma  # adapted per round, at most gamma (see _adapt_lookahead)
         shared = drafter_acceptance(self.drafter, self.gamma) if self.drafter is not None else None
-        self.model = LookaheadModel(self.gamma, costs=cost_curve(self.target), shared=shared)
+        self.model = LookaheadModel(self.gamma, costs=self.costs, shared=shared)
         self.params, self.stop_ids, self.max_new = params, stop_ids, max_new_tokens
         self.generator = torch.Generator(device="cpu").manual_seed(seed) if seed is not None else None
         self.stats = DecodeStats(gamma=self.gamma)
@@ -167,8 +171,9 @@ class SpeculativeDecoder:
         self._draft_tokens, self._draft_probs = self._draft(self._next_lookahead())
         return torch.tensor([self.tokens[-1], *self._draft_tokens], device=self.device)
 
-    def accept(self, logits: torch.Tensor, forward_s: float) -> list[int]:
-        """A round's second half: verify the draft against the target's `logits` for the proposal, commit."""
+    def accept(self, logits: torch.Tensor, forward_s: float, shared: bool = False) -> list[int]:
+        """A round's second half: verify the draft against the target's `logits` for the proposal, commit.
+        `shared`: the forward also verified other requests; its caller adds it to the cost curve, once."""
         draft = self._draft_tokens
         start = time.monotonic()
         accepted, next_token = self._verify(logits, draft, self._draft_probs)
@@ -177,7 +182,8 @@ class SpeculativeDecoder:
         if self.drafter is not None:
             self.drafter.rollback(len(self.tokens) + accepted)
             self._adapt_lookahead(len(draft), accepted)
-        self.model.observe_round(len(draft), accepted, self.batch, forward_s, self._round_draft_s)
+        alone = 0.0 if shared else forward_s  # a forward of this request alone: batch 1 on the curve
+        self.model.observe_round(len(draft), accepted, 1, alone, self._round_draft_s)
         return self._commit([*draft[:accepted], next_token], drafted=len(draft), accepted=accepted)
 
     def _next_lookahead(self) -> int:

@@ -1,15 +1,22 @@
 """Device time per request: every second the scheduler counts as busy is charged to a request
-(a batched forward split by token rows, a request's own steps whole), so they add up to busy time."""
+(a batched forward shared out by the step-cost curve, or by token rows before the curve has measured
+rows; a request's own steps whole), so they add up to busy time."""
 
 from __future__ import annotations
 
 import asyncio
+import math
+from dataclasses import dataclass
 
 import pytest
 
+import engine.scheduler as scheduler_module
+from engine.device_time import ROW_SHARES, STEP_CURVE, split_by_rows, split_by_step_curve, split_forward
+from engine.drafters import NgramDrafter
 from engine.engine import GenerateRequest, GenerateResult
+from engine.lookahead import CostCurve
 from engine.policy import Policy, PolicyConfig
-from engine.scheduler import Scheduler, SchedulerConfig, split_by_rows
+from engine.scheduler import Scheduler, SchedulerConfig
 
 ALWAYS_SPECULATE = PolicyConfig(load_off=100.0, load_on=99.0, min_acceptance=0.0)
 REPEATING = "Repeat exactly: the quick brown fox jumps over the lazy dog, the quick brown fox jumps over the lazy dog."
@@ -55,17 +62,25 @@ async def _result(ticket) -> GenerateResult:
             raise item
 
 
+def serve(scheduler: Scheduler, requests: list[GenerateRequest]) -> list[GenerateResult]:
+    scheduler.start()
+    try:
+        return asyncio.run(_finish_all(scheduler, requests))
+    finally:
+        scheduler.stop()
+
+
+def eight_slots(engine) -> Scheduler:
+    return Scheduler(engine, SchedulerConfig(slots=8, batch=True), Policy(ALWAYS_SPECULATE))
+
+
 def test_device_time_of_eight_concurrent_requests_adds_up_to_the_schedulers_busy_time(bundled_engine):
-    scheduler = Scheduler(bundled_engine, SchedulerConfig(slots=8, batch=True), Policy(ALWAYS_SPECULATE))
+    scheduler = eight_slots(bundled_engine)
     requests = [
         GenerateRequest(prompt=prompt, max_tokens=32, drafter=drafter, gamma=4 if drafter else 0)
         for prompt, drafter in PROMPTS
     ]
-    scheduler.start()
-    try:
-        records = [result.record for result in asyncio.run(_finish_all(scheduler, requests))]
-    finally:
-        scheduler.stop()
+    records = [result.record for result in serve(scheduler, requests)]
     assert {r.mode for r in records} == {"speculative", "autoregressive"} and all(r.status == "ok" for r in records)
     assert max(r.load_at_admission for r in records) > 0.5, "the requests never ran together"
     charged = sum(r.device_s for r in records)
@@ -73,7 +88,7 @@ def test_device_time_of_eight_concurrent_requests_adds_up_to_the_schedulers_busy
     print(f"\nconcurrency 8: sum device_s {charged:.6f} s, busy {busy:.6f} s, {100 * (charged - busy) / busy:+.2e} %")
     assert charged == pytest.approx(busy, rel=0.02)
     for record in records:
-        assert record.device_s_source == "engine"
+        assert record.device_s_source in (STEP_CURVE, ROW_SHARES)
         assert 0 < record.device_s < record.e2e_s, record
     # sharing forwards: together the requests used less device time than the sum of their wall times
     assert charged < sum(r.e2e_s for r in records)
@@ -83,3 +98,156 @@ def test_a_request_served_alone_is_charged_the_time_of_its_steps(bundled_engine)
     record = bundled_engine.generate(GenerateRequest(prompt="Name three primary colours.", max_tokens=8)).record
     assert record.device_s_source == "engine"
     assert record.verify_s <= record.device_s <= record.e2e_s
+
+
+def measured_at_eight(one_row_each: float, four_draft_rows: float) -> CostCurve:
+    """A step-cost curve that has measured batches of 8: plain, and with 4 draft rows more (12 rows)."""
+    curve = CostCurve()
+    curve.observe(8, 1.0, one_row_each)
+    curve.observe(8, 1.5, four_draft_rows)
+    return curve
+
+
+def test_a_drafting_request_pays_the_plain_share_plus_the_marginal_of_its_draft_rows():
+    # 8 requests: 0.100 s with one row each, 0.110 s with 4 draft rows more; this forward took 0.220 s
+    shares = split_by_step_curve(0.22, [5, 1, 1, 1, 1, 1, 1, 1], measured_at_eight(0.100, 0.110))
+    assert shares[1:] == pytest.approx([0.025] * 7)  # 0.22 * (0.100 / 8) / 0.110
+    assert shares[0] == pytest.approx(0.025 + 0.020)  # + 0.22 * 0.010 / 0.110
+    assert sum(shares) == pytest.approx(0.22, rel=1e-12)
+    assert split_by_rows(0.22, [5, 1, 1, 1, 1, 1, 1, 1])[0] == pytest.approx(0.22 * 5 / 12)  # by rows: 0.092
+
+
+def test_the_marginal_is_shared_by_the_draft_rows_each_request_added():
+    curve = measured_at_eight(0.100, 0.110)  # beyond 12 rows: the fitted 0.020 s per extra row per request
+    shares = split_by_step_curve(0.115, [3, 5, 1, 1, 1, 1, 1, 1], curve)  # 14 rows: 0.115 s by the curve
+    plain = 0.100 / 8
+    assert shares[2:] == pytest.approx([plain] * 6)
+    assert [shares[0] - plain, shares[1] - plain] == pytest.approx([0.005, 0.010])  # 2 and 4 of the 6 extra rows
+
+
+def test_a_forward_of_one_row_each_is_split_evenly_without_a_measurement():
+    shares, rule = split_forward(0.3, [1, 1, 1], CostCurve())
+    assert shares == pytest.approx([0.1, 0.1, 0.1]) and rule == STEP_CURVE
+
+
+def test_draft_rows_are_split_by_rows_until_the_curve_has_measured_them():
+    curve = CostCurve()
+    curve.observe(8, 1.0, 0.1)  # one length at batch 8: what a draft row adds is not measured
+    assert split_by_step_curve(1.2, [5, 1, 1, 1, 1, 1, 1, 1], curve) is None
+    shares, rule = split_forward(1.2, [5, 1, 1, 1, 1, 1, 1, 1], curve)
+    assert rule == ROW_SHARES and shares[0] == pytest.approx(0.5)
+
+
+def test_a_curve_that_reads_draft_rows_as_free_charges_them_nothing():
+    shares = split_by_step_curve(0.8, [5, 1, 1, 1, 1, 1, 1, 1], measured_at_eight(0.100, 0.095))  # noise
+    assert shares == pytest.approx([0.1] * 8)
+
+
+@pytest.mark.parametrize("rows", [[], [0, 1]])
+def test_every_request_in_a_forward_feeds_a_row(rows):
+    with pytest.raises(ValueError, match="token row"):
+        split_by_step_curve(1.0, rows, CostCurve())
+
+
+@dataclass(frozen=True)
+class Split:
+    seconds: float
+    rows: list[int]
+    shares: list[float]
+    rule: str
+    base: float  # the curve's seconds for this batch with one row per request
+    whole: float  # ... with these rows (at least base)
+
+
+@pytest.fixture
+def splits(monkeypatch) -> list[Split]:
+    """Spy on the scheduler's split of each batched forward (the real one still runs), with the curve's reading."""
+    seen: list[Split] = []
+    real = scheduler_module.split_forward
+
+    def spy(seconds, rows, curve):
+        base, whole = curve.cost(len(rows), 1.0), curve.cost(len(rows), sum(rows) / len(rows))
+        shares, rule = real(seconds, rows, curve)
+        seen.append(Split(seconds, list(rows), shares, rule, base, max(whole, base)))
+        return shares, rule
+
+    monkeypatch.setattr(scheduler_module, "split_forward", spy)
+    return seen
+
+
+COPY = "Repeat the following text exactly, then stop.\n\n" + "alpha beta gamma delta epsilon zeta eta theta " * 6
+LONG_ANSWERS = [
+    "Write a long story about a dragon who learns to cook.",
+    "Explain in detail how a steam engine works.",
+    "Describe a walk through a busy city market, step by step.",
+    "Write a letter to a friend about your summer holidays.",
+    "Explain how plants make food from sunlight, in detail.",
+    "Describe the rules of football to a beginner.",
+    "Write a poem about the ocean and the moon.",
+]
+
+
+def chat(text: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": text}]
+
+
+def test_a_speculative_request_among_seven_plain_pays_its_plain_share_plus_the_measured_marginal(
+    bundled_engine, splits
+):
+    mix = [GenerateRequest(messages=chat(COPY), max_tokens=40, drafter="ngram", gamma=4)]
+    mix += [GenerateRequest(messages=chat(prompt), max_tokens=64, drafter=None, gamma=0) for prompt in LONG_ANSWERS]
+    serve(eight_slots(bundled_engine), mix)  # the curve at batch 8 measures plain forwards and draft rows
+    assert bundled_engine.step_costs.measured(8)
+    splits.clear()
+    spec, *plain = [result.record for result in serve(eight_slots(bundled_engine), mix)]
+    assert spec.mode == "speculative" and spec.num_accepted_tokens > 0 and {r.mode for r in plain} == {"autoregressive"}
+    mixed = [s for s in splits if max(s.rows) > 1]  # only the speculative request feeds draft rows
+    assert len(mixed) >= 3 and {s.rule for s in mixed} == {STEP_CURVE} and spec.device_s_source == STEP_CURVE
+    by_curve = by_rows = 0.0
+    for s in mixed:
+        b, i, total = len(s.rows), s.rows.index(max(s.rows)), sum(s.rows)
+        plain_share, marginal = s.seconds * s.base / b / s.whole, s.seconds * (s.whole - s.base) / s.whole
+        assert s.shares[i] == pytest.approx(plain_share + marginal, rel=1e-9)
+        assert [x for j, x in enumerate(s.shares) if j != i] == pytest.approx([plain_share] * (b - 1), rel=1e-9)
+        row_share = s.seconds * s.rows[i] / total  # what the row rule charged: (gamma + 1) / E times plain per token
+        # less than that exactly where the measured curve says a draft row costs less than an average row
+        if not math.isclose(s.whole / s.base, total / b, rel_tol=1e-6):
+            assert (s.shares[i] < row_share) == (s.whole / s.base < total / b), s
+        by_curve, by_rows = by_curve + s.shares[i], by_rows + row_share
+    plain_per_token = sum(r.device_s for r in plain) / sum(r.output_tokens for r in plain)
+    forwards = spec.output_tokens - spec.num_accepted_tokens  # output = accepted + target forwards
+    curve = {round(x, 3): round(1e3 * t, 1) for x, t in sorted(bundled_engine.step_costs.seconds[8].items())}
+    print(
+        f"\nspec {1e3 * spec.device_s / spec.output_tokens:.1f} ms/token (by rows it would be "
+        f"{1e3 * (spec.device_s - by_curve + by_rows) / spec.output_tokens:.1f}), plain {1e3 * plain_per_token:.1f}"
+        f" ms/token; (gamma+1)/E = {5 * forwards / spec.output_tokens:.2f}; step-cost curve, batches of 5-8, rows per request -> ms: {curve}"
+    )
+
+
+class OutOfMemoryOnThirdDraft(NgramDrafter):
+    """A real n-gram drafter whose third proposal fails as a draft running out of memory does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def propose(self, tokens, k, params, generator):
+        self.calls += 1
+        if self.calls == 3:
+            raise MemoryError("simulated: the draft ran out of memory")
+        return super().propose(tokens, k, params, generator)
+
+
+def test_a_speculative_failure_retried_plainly_is_recorded_as_speculative_work_with_a_retry(bundled_engine):
+    canary = PolicyConfig(load_off=100.0, load_on=99.0, min_acceptance=0.0, canary_fraction=0.99)
+    scheduler = Scheduler(bundled_engine, SchedulerConfig(slots=2), Policy(canary, seed=0))
+    for slot in scheduler.slots:
+        slot.drafters["ngram"] = OutOfMemoryOnThirdDraft()
+    (result,) = serve(scheduler, [GenerateRequest(prompt=REPEATING, max_tokens=24, drafter="ngram", gamma=4)])
+    record = result.record
+    assert (record.status, record.retries, record.error) == ("ok", 1, "draft:oom")
+    assert (record.mode, record.drafter, record.arm, record.mode_reason) == ("speculative", "ngram", "spec", "canary")
+    # both attempts' device time is the request's: the records still add up to busy time
+    assert record.device_s == pytest.approx(scheduler.busy.target_s + scheduler.busy.draft_s, rel=1e-9)
+    plain = bundled_engine.generate(GenerateRequest(prompt=REPEATING, max_tokens=24, drafter=None))
+    assert result.text == plain.text
