@@ -46,8 +46,9 @@ Arm = Literal["spec", "control"]
 Status = Literal["ok", "error", "cancelled"]
 EnergySource = Literal["nvml", "rapl", "estimate"]
 # engine: the scheduler's measured forward and draft time, each batched forward split by token rows;
+# engine_step_curve: the same, each batched forward split by the engine's step-cost curve (engine/device_time.py);
 # processor_sharing: a gateway's estimate, each request in flight at an upstream getting 1/n of the time.
-DeviceSource = Literal["engine", "processor_sharing"]
+DeviceSource = Literal["engine", "engine_step_curve", "processor_sharing"]
 EventKind = Literal[
     "cold_start", "mode_switch", "defrag", "draft_unloaded", "draft_loaded", "oom", "config", "streams", "upstream"
 ]

@@ -220,7 +220,8 @@ def test_a_speculative_request_among_seven_plain_pays_its_plain_share_plus_the_m
     print(
         f"\nspec {1e3 * spec.device_s / spec.output_tokens:.1f} ms/token (by rows it would be "
         f"{1e3 * (spec.device_s - by_curve + by_rows) / spec.output_tokens:.1f}), plain {1e3 * plain_per_token:.1f}"
-        f" ms/token; (gamma+1)/E = {5 * forwards / spec.output_tokens:.2f}; step-cost curve, batches of 5-8, rows per request -> ms: {curve}"
+        f" ms/token; (gamma+1)/E = {5 * forwards / spec.output_tokens:.2f}"
+        f"\nstep-cost curve, batches of 5-8, rows per request -> ms: {curve}"
     )
 
 
