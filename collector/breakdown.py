@@ -18,8 +18,16 @@ from sqlalchemy import Engine, and_, func, select
 from collector import reader, sketch
 from collector.aggregates import LABELS
 from collector.models import DeviceSampleRow, EngineEventRow, Request, VllmScrape
-from collector.queries import LATENCY_AND_DRAFT_COLUMNS, Filters, Percentiles, Window, active_span, percentiles
-from collector.reader import Sample, sample_rows
+from collector.queries import (
+    LATENCY_AND_DRAFT_COLUMNS,
+    Filters,
+    Percentiles,
+    Sample,
+    Window,
+    active_span,
+    percentiles,
+    sample_rows,
+)
 from collector.series import DeviceSnapshot
 from collector.totals import Totals, ratio
 
@@ -113,10 +121,11 @@ class _Grouped:
         columns = (_key_column(by), Request.status, Request.energy_source, *_COLUMNS)
         if filters.tags or by not in LABELS:
             expected = None if filters.tags else reader.requests_in(engine, window, filters)
-            rows, sample = sample_rows(engine, window, filters, columns, expected)
+            rows, sample = sample_rows(engine, filters.apply(select(*columns), window), expected)
             return cls(window, _by_key(rows), None, sample)
         totals = {_name(k[0]): t for k, t in reader.totals(engine, window, filters, (by,), ("ttft", "e2e")).items()}
-        rows, sample = sample_rows(engine, window, filters, columns, sum(t.requests for t in totals.values()))
+        expected = sum(t.requests for t in totals.values())
+        rows, sample = sample_rows(engine, filters.apply(select(*columns), window), expected)
         return cls(window, _by_key(rows), totals, sample)
 
     def names(self) -> list[str]:
@@ -235,6 +244,7 @@ class LoadBucket:
     requests: int
     tokens_per_s: float | None  # mean per-request output tokens / (e2e - queue)
     ttft_p99: float | None
+    sampled: Sample | None = None  # the figures rest on that sample of the window's requests
 
 
 def throughput_by_load(engine: Engine, window: Window, filters: Filters = Filters()) -> list[LoadBucket]:
@@ -250,8 +260,7 @@ def throughput_by_load(engine: Engine, window: Window, filters: Filters = Filter
         ),
         window,
     ).where(Request.load_at_admission.is_not(None))
-    with engine.connect() as conn:
-        rows = conn.execute(stmt).all()
+    rows, sample = sample_rows(engine, stmt, None if filters.tags else reader.requests_in(engine, window, filters))
     buckets = []
     for mode in sorted({r[0] for r in rows}):
         load, out, e2e, queue, ttft = (
@@ -270,6 +279,7 @@ def throughput_by_load(engine: Engine, window: Window, filters: Filters = Filter
                         int(inside.sum()),
                         float(np.mean(out[inside] / busy)),
                         percentiles(ttft[inside]).p99,
+                        sample,
                     )
                 )
     return buckets
@@ -316,11 +326,6 @@ def sources(engine: Engine, window: Window) -> list[Source]:
     """Engines (instances that sent requests or samples), gateways with their upstreams, and scraped
     vLLM servers, with their activity. An instance that is a gateway or one of its upstreams is listed
     as such, not as an engine."""
-    requests = (
-        select(Request.instance, func.max(Request.started_at), func.count())
-        .where(Request.started_at >= window.start, Request.started_at < window.end)
-        .group_by(Request.instance)
-    )
     samples = select(DeviceSampleRow.instance, func.max(DeviceSampleRow.at)).group_by(DeviceSampleRow.instance)
     scrapes = (
         select(VllmScrape.source, func.max(VllmScrape.at), func.count())
@@ -328,10 +333,13 @@ def sources(engine: Engine, window: Window) -> list[Source]:
         .group_by(VllmScrape.source)
     )
     with engine.connect() as conn:
-        by_instance = {name: (last, n) for name, last, n in conn.execute(requests)}
         last_sample = dict(conn.execute(samples).all())
         vllm = conn.execute(scrapes).all()
         snapshots = conn.execute(_latest_upstream_snapshots(window.end)).all()
+    by_instance = {  # from the tiered reader: the start of the last second holding a request
+        name: (min(t.last_s, window.end) - 1, t.requests)
+        for (name,), t in reader.totals(engine, window, Filters(), ("instance",), ()).items()
+    }
     activity = _Activity(by_instance, last_sample, window.seconds)
     gateways = [row for snapshot in snapshots for row in _gateway_sources(*snapshot, activity)]
     behind = {row.name for row in gateways}

@@ -184,26 +184,53 @@ def percentiles(values: np.ndarray, quantiles: Sequence[float] = QUANTILES) -> P
     return Percentiles(p50, p90, p95, p99, int(values.size))
 
 
+SAMPLE_ROWS = 20_000
+_HASH_MULTIPLIER, _HASH_MODULUS = 7919, 1_000_003  # id * m mod p: a pseudo-random order of the ids
+
+
+@dataclass(frozen=True)
+class Sample:
+    """An answer's per-request figures rest on `rows` of the window's `of` requests."""
+
+    rows: int
+    of: int
+
+
+def sample_rows(engine: Engine, stmt: Select, expected: int | None) -> tuple[list, Sample | None]:
+    """The rows of `stmt` (over requests): all when `expected` (the requests it would read, None:
+    unknown) is at most SAMPLE_ROWS, else those whose hashed id falls in the first SAMPLE_ROWS /
+    expected of the hash range (a deterministic pseudo-random subset), with the sample's size."""
+    keep = None if expected is None or expected <= SAMPLE_ROWS else math.ceil(_HASH_MODULUS * SAMPLE_ROWS / expected)
+    if keep is not None:
+        stmt = stmt.where((Request.id * _HASH_MULTIPLIER) % _HASH_MODULUS < keep)
+    with engine.connect() as conn:
+        rows = conn.execute(stmt).all()
+    return rows, None if keep is None else Sample(len(rows), expected)
+
+
 @dataclass(frozen=True)
 class PositionAcceptance:
     """Per draft position i: the share of drafts whose tokens 0..i were all accepted."""
 
     drafts: int
     rates: list[float] = field(default_factory=list)
+    sampled: Sample | None = None
 
 
-def per_position_acceptance(engine: Engine, window: Window, filters: Filters = Filters()) -> PositionAcceptance:
+def per_position_acceptance(
+    engine: Engine, window: Window, filters: Filters = Filters(), expected: int | None = None
+) -> PositionAcceptance:
+    """expected: the window's requests, when known (a large window reads a sample: `sample_rows`)."""
     stmt = filters.apply(select(Request.num_drafts, Request.accepted_per_position), window).where(Request.gamma > 0)
-    with engine.connect() as conn:
-        rows = conn.execute(stmt).all()
+    rows, sample = sample_rows(engine, stmt, expected)
     if not rows:
-        return PositionAcceptance(0)
+        return PositionAcceptance(0, sampled=sample)
     width = max(len(per_pos) for _, per_pos in rows)
     totals = np.zeros(width)
     for _, per_pos in rows:
         totals[: len(per_pos)] += per_pos
     drafts = sum(n for n, _ in rows)
-    return PositionAcceptance(drafts, [float(t / drafts) if drafts else 0.0 for t in totals])
+    return PositionAcceptance(drafts, [float(t / drafts) if drafts else 0.0 for t in totals], sample)
 
 
 LENGTH_EDGES = (0, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -227,6 +254,7 @@ class LengthCorrelation:
     p_value: float | None
     buckets: list[LengthBucket]
     points: list[tuple[float, float]] = field(default_factory=list)  # (length, acceptance), at most MAX_POINTS
+    sampled: Sample | None = None
 
 
 MAX_POINTS = 2000
@@ -238,14 +266,17 @@ def acceptance_vs_length(
     filters: Filters = Filters(),
     by: str = "prompt_tokens",
     edges: Sequence[int] = LENGTH_EDGES,
+    expected: int | None = None,
 ) -> LengthCorrelation:
+    """expected: the window's requests, when known (a large window reads a sample: `sample_rows`)."""
     from scipy.stats import spearmanr
 
     if by not in ("prompt_tokens", "output_tokens"):
         raise ValueError("by must be prompt_tokens or output_tokens")
     columns = (getattr(Request, by), Request.num_draft_tokens, Request.num_accepted_tokens)
-    with engine.connect() as conn:
-        rows = conn.execute(filters.apply(select(*columns), window).where(Request.num_draft_tokens > 0)).all()
+    rows, sample = sample_rows(
+        engine, filters.apply(select(*columns), window).where(Request.num_draft_tokens > 0), expected
+    )
     length, drafted, accepted = _float_columns(rows, 3)
     rate = accepted / np.where(drafted > 0, drafted, 1)
     rho = p = None
@@ -254,7 +285,8 @@ def acceptance_vs_length(
         rho, p = float(result.statistic), float(result.pvalue)
     pick = np.linspace(0, len(rows) - 1, min(len(rows), MAX_POINTS)).astype(int) if rows else []
     points = [(float(length[i]), float(rate[i])) for i in pick]
-    return LengthCorrelation(by, len(rows), rho, p, _length_buckets(length, drafted, accepted, edges), points)
+    buckets = _length_buckets(length, drafted, accepted, edges)
+    return LengthCorrelation(by, len(rows), rho, p, buckets, points, sample)
 
 
 def _length_buckets(length, drafted, accepted, edges: Sequence[int]) -> list[LengthBucket]:

@@ -11,36 +11,25 @@ Every tier returns the same `totals.Totals` (percentiles from the same DDSketche
 per-second tiers) and signals come from the one builder, `totals.signals_from`.
 
 Where an answer needs per-request values that no aggregate keeps (s/token CDFs and the Mann-Whitney
-test of /v1/compare, energy per token, tag values), `sample_rows` reads at most about SAMPLE_ROWS
-of the window's requests: a deterministic pseudo-random subset (request ids hashed), and the
-answer carries a `Sample` saying how many of how many requests it rests on.
+test of /v1/compare, energy per token, tag values, per-position acceptance, acceptance vs length,
+throughput by load), `queries.sample_rows` reads at most about `queries.SAMPLE_ROWS` of the
+window's requests: a deterministic pseudo-random subset (request ids hashed), and the answer
+carries a `queries.Sample` saying how many of how many requests it rests on.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from sqlalchemy import Engine, func, select
 
-from collector import history, long_signals, window_signals
+from collector import history, long_signals, queries, window_signals
 from collector.aggregates import LABELS
 from collector.models import Request
 from collector.queries import Filters, Signals, Window
 from collector.series import SeriesPoint
 from collector.totals import EMPTY, Totals, ratio
-
-SAMPLE_ROWS = 20_000
-_HASH_MULTIPLIER, _HASH_MODULUS = 7919, 1_000_003  # id * m mod p: a pseudo-random order of the ids
-
-
-@dataclass(frozen=True)
-class Sample:
-    """The per-request figures of an answer rest on `rows` of the window's `of` requests."""
-
-    rows: int
-    of: int
 
 
 def tier(window: Window, filters: Filters) -> str:
@@ -75,19 +64,32 @@ def requests_in(engine: Engine, window: Window, filters: Filters) -> int:
     return totals(engine, window, filters, (), ()).get((), EMPTY).requests
 
 
-def sample_rows(
-    engine: Engine, window: Window, filters: Filters, columns: Sequence, expected: int | None
-) -> tuple[list[tuple], Sample | None]:
-    """The window's rows of `columns`: all when `expected` (requests in the window) is at most
-    SAMPLE_ROWS, else those whose hashed id falls in the first SAMPLE_ROWS / expected of the range
-    (with the sample's size and `expected`). `expected=None`: all rows."""
-    stmt = filters.apply(select(*columns), window)
-    keep = None if expected is None or expected <= SAMPLE_ROWS else math.ceil(_HASH_MODULUS * SAMPLE_ROWS / expected)
-    if keep is not None:
-        stmt = stmt.where((Request.id * _HASH_MULTIPLIER) % _HASH_MODULUS < keep)
-    with engine.connect() as conn:
-        rows = conn.execute(stmt).all()
-    return rows, None if keep is None else Sample(len(rows), expected)
+def positions(engine: Engine, window: Window, filters: Filters = Filters()) -> queries.PositionAcceptance:
+    return queries.per_position_acceptance(engine, window, filters, _expected(engine, window, filters))
+
+
+def acceptance_vs_length(
+    engine: Engine, window: Window, filters: Filters = Filters(), by: str = "prompt_tokens"
+) -> queries.LengthCorrelation:
+    return queries.acceptance_vs_length(engine, window, filters, by, expected=_expected(engine, window, filters))
+
+
+def errors_by_hour(engine: Engine, window: Window, filters: Filters = Filters()) -> list[queries.HourOfDay]:
+    """Requests, errors and OOMs by UTC hour of day: from the per-second aggregates up to
+    RAW_WINDOW_LIMIT_S, hourly rollups beyond (`history.errors_by_hour_long`), raw rows with tags."""
+    if tier(window, filters) != "aggregates":
+        return history.errors_by_hour_long(engine, window, filters)
+    by_hour = window_signals.stepped_totals(engine, window, 3600, (), filters, (), origin=0.0)
+    counts = {h: [0, 0, 0] for h in range(24)}
+    for (epoch_hour,), t in by_hour.items():
+        for i, name in enumerate(("requests", "errors", "ooms")):
+            counts[epoch_hour % 24][i] += int(t.sums[name])
+    return [queries.HourOfDay(h, *counts[h]) for h in range(24)]
+
+
+def _expected(engine: Engine, window: Window, filters: Filters) -> int | None:
+    """The window's requests from the aggregates (None with tag filters: raw rows are read whole)."""
+    return None if filters.tags else requests_in(engine, window, filters)
 
 
 def label_values(
@@ -105,7 +107,7 @@ def label_values(
                 found[label][str(value)] = found[label].get(str(value), 0) + t.requests
     expected = sum(found["mode"].values())
     tags = [Request.tags[key].as_string() for key in tag_keys]
-    rows, sample = sample_rows(engine, window, filters, tags, expected)
+    rows, sample = queries.sample_rows(engine, filters.apply(select(*tags), window), expected)
     scale = expected / max(1, len(rows)) if sample else 1.0
     for i, key in enumerate(tag_keys):
         counts: dict[str, int] = {}

@@ -215,13 +215,14 @@ def stepped_totals(
     group_by: Sequence[str] = (),
     filters: Filters = Filters(),
     with_sketches: Sequence[str] = ALL_SKETCHES,
+    origin: float | None = None,
 ) -> dict[tuple, Totals]:
-    """Totals per (step index, values of `group_by`) over `window` cut in steps of `step_s` from its
-    start: the stored aggregates of its whole covered seconds, raw rows for the rest. A request
-    counts in the step its second starts in (steps are cut at whole seconds)."""
+    """Totals per (step index, values of `group_by`) over `window` cut in steps of `step_s` from
+    `origin` (default: its start): the stored aggregates of its whole covered seconds, raw rows for
+    the rest. A request counts in the step its second starts in (steps are cut at whole seconds)."""
     if filters.tags:
         raise ValueError("aggregates carry no tags: read raw rows for tag filters")
-    step = (window.start, step_s)
+    step = (window.start if origin is None else origin, step_s)
     with engine.connect() as conn:
         first, last = max(math.ceil(window.start), aggregates.covered_from(conn)), math.floor(window.end)
         spans, parts = [(window.start, window.end)], []

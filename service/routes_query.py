@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Response
 
-from collector import breakdown, history, queries, reader, series, vllm
+from collector import breakdown, reader, series, vllm
 from collector.queries import Filters, Window
 from service.deps import EngineDep, ReadGrantDep, json_response, read_access, read_all_tenants
 
@@ -66,7 +66,7 @@ def get_signals(engine: EngineDep, window: WindowDep, filters: FiltersDep) -> Re
 
 @router.get("/acceptance/positions")
 def get_positions(engine: EngineDep, window: WindowDep, filters: FiltersDep) -> Response:
-    return json_response(queries.per_position_acceptance(engine, window, filters))
+    return json_response(reader.positions(engine, window, filters))
 
 
 @router.get("/acceptance/length")
@@ -76,12 +76,12 @@ def get_length(
     filters: FiltersDep,
     by: Literal["prompt_tokens", "output_tokens"] = "prompt_tokens",
 ) -> Response:
-    return json_response(queries.acceptance_vs_length(engine, window, filters, by))
+    return json_response(reader.acceptance_vs_length(engine, window, filters, by))
 
 
 @router.get("/errors/by-hour")
 def get_errors_by_hour(engine: EngineDep, window: WindowDep, filters: FiltersDep) -> Response:
-    return json_response(history.errors_by_hour_long(engine, window, filters))
+    return json_response(reader.errors_by_hour(engine, window, filters))
 
 
 @router.get("/series")

@@ -12,7 +12,7 @@ from collector_payloads import T0
 from sqlalchemy import delete, update
 from test_window_aggregates import store_in_batches, workload
 
-from collector import aggregates, breakdown, reader, window_signals
+from collector import aggregates, breakdown, queries, reader, window_signals
 from collector.aggregates import WindowAggregate
 from collector.models import MaintenanceState
 from collector.queries import Filters, Window, signals
@@ -104,7 +104,7 @@ def test_compare_and_labels_sample_large_windows_and_say_so(stored, monkeypatch)
     window = Window(T0, T0 + 200)
     exact = breakdown.compare(stored, window, by="mode")
     assert exact.sampled is None
-    monkeypatch.setattr(reader, "SAMPLE_ROWS", 500)
+    monkeypatch.setattr(queries, "SAMPLE_ROWS", 500)
     sampled = breakdown.compare(stored, window, by="mode")
     assert sampled.sampled.of == 3000 and 300 < sampled.sampled.rows < 800
     for name in ("speculative", "plain"):
