@@ -339,7 +339,7 @@ def check_memory_fraction(ctx: Context) -> list[dict]:
         if ctx.cuda:
             apply_memory_fraction(ctx.device, ctx.args.memory_fraction)
     values["record"] = {k: getattr(record, k) for k in ("status", "retries", "error", "mode", "output_tokens")}
-    ok = (record.status, record.retries, record.error, record.mode) == ("ok", 1, "draft:oom", "autoregressive")
+    ok = (record.status, record.retries, record.error, record.mode) == ("ok", 1, "draft:oom", "speculative")
     how = "over-cap allocation in the drafter" if ctx.cuda else "simulated OOM in the drafter (CPU)"
     rows.append(
         _row(

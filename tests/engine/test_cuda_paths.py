@@ -278,7 +278,7 @@ def test_a_draft_oom_under_the_memory_fraction_is_retried_plain(restore_fraction
         scheduler.stop()
     assert cap["applied"]
     record = result.record
-    assert (record.status, record.retries, record.error, record.mode) == ("ok", 1, "draft:oom", "autoregressive")
+    assert (record.status, record.retries, record.error, record.mode) == ("ok", 1, "draft:oom", "speculative")
 
 
 class _Greedy:

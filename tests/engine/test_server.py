@@ -170,7 +170,7 @@ def test_oom_during_speculation_is_retried_plain_and_recorded(bundled_engine):
             model=None, prompt=prompt, max_tokens=24, temperature=0, extra_body={"drafter": "none"}
         )
     failed = small.records[0]
-    assert (failed.status, failed.retries, failed.error, failed.mode) == ("ok", 1, "draft:oom", "autoregressive")
+    assert (failed.status, failed.retries, failed.error, failed.mode) == ("ok", 1, "draft:oom", "speculative")
     assert streamed == plain.choices[0].text  # no text lost or repeated across the retry
 
 
