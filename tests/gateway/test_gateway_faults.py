@@ -151,6 +151,10 @@ def test_headers_and_tags_travel(upstream):
         record = gw.wait_records(1)[0]
         assert record.tags == {"scenario": "chat", "team": "search", "tenant": "acme"}  # the header wins
         assert record.request_id == response.headers["x-specwatch-request-id"]
+        assert float(forwarded["x-specwatch-started-at"]) == record.started_at  # exactly: the engine adopts it
+        again = post(gw.url, {"prompt": "hello"}, headers={"x-request-id": "client-key-7"})
+        assert again.headers["x-specwatch-request-id"] == seen[-1]["headers"]["x-request-id"] == "client-key-7"
+        assert gw.wait_records(2)[-1].request_id == "client-key-7"
 
 
 def test_unknown_routes_and_methods_are_json_errors(upstream):
