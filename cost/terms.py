@@ -370,18 +370,21 @@ class CostInputs:
 
     @property
     def usage(self) -> tuple[InstanceUse, ...]:
-        """The instances measured; for what-if inputs one instance serving every arm: an arm's device time
-        is its output tokens (1M when none given) / tokens_per_s, its failed work that x its retry factor,
-        the share the largest memory an arm holds, and idle time in the proportion `idle` gives."""
+        """The instances measured; for what-if inputs one instance per arm (each a way of serving the volume):
+        its device time is its output tokens (1M when none given) / tokens_per_s, its failed work that x its
+        retry factor, its share its memory (whole device when not given), its idle time in the proportion
+        `idle` gives."""
         if self.instances:
             return self.instances
-        uses = tuple(_what_if_use(arm) for arm in self.arms)
-        busy = sum(u.device_s + u.failed_device_s for u in uses)
+        return tuple(self._what_if_instance(arm) for arm in self.arms)
+
+    def _what_if_instance(self, arm: ModeMeasure) -> InstanceUse:
+        use = _what_if_use(arm)
+        busy = use.device_s + use.failed_device_s
         up = busy * self.idle.up_s / self.idle.busy_s if self.idle and self.idle.busy_s > 0 else None
-        shares = [_memory_fraction(arm, self) for arm in self.arms]
-        known = [s for s in shares if s is not None]
-        share = min(max(known), 1.0) if known else 1.0
-        return (InstanceUse("what-if", up, uses, share, "given" if known else "whole device"),)
+        share = _memory_fraction(arm, self)
+        source = "whole device (memory not measured)" if share is None else arm.memory_source
+        return InstanceUse(f"what-if:{arm.key}", up, (use,), 1.0 if share is None else min(share, 1.0), source)
 
     @property
     def baseline(self) -> ModeMeasure | None:
