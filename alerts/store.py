@@ -93,19 +93,12 @@ def history(engine: Engine, window: Window, limit: int = 1000) -> dict[str, list
 
 
 @dataclass(frozen=True)
-class StateChange:
-    fingerprint: str
-    at: float
-    to_state: str
-
-
-@dataclass(frozen=True)
 class IncidentHistory:
     """What incident time is estimated from: every alert's state changes up to the window's end (oldest
     first, so an alert firing since before the window counts from the window's start) and the number of
     remediation actions inside the window."""
 
-    changes: tuple[StateChange, ...]
+    transitions: tuple[tuple[str, float, str], ...]  # (fingerprint, at, to_state), oldest first
     actions: int
 
 
@@ -113,6 +106,6 @@ def incident_history(engine: Engine, window: Window) -> IncidentHistory:
     t, a = alert_transitions.c, alert_actions.c
     with engine.connect() as conn:
         changes = conn.execute(select(t.fingerprint, t.at, t.to_state).where(t.at < window.end).order_by(t.at))
-        found = tuple(StateChange(*row) for row in changes)
+        found = tuple((str(fp), float(at), str(to)) for fp, at, to in changes)
         actions = conn.scalar(select(func.count()).where(a.at >= window.start, a.at < window.end))
     return IncidentHistory(found, int(actions or 0))

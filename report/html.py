@@ -125,8 +125,8 @@ def _verdict(r: Report) -> str:
         "Recommendation",
         f'<div class="verdict {escape(v.action)}"><div class="action">{escape(v.action)} speculation</div>'
         f'<div>{escape(v.reason)}</div><div class="note">rule <code>{escape(v.rule)}</code> '
-        "(the decision table is in <code>collector/report.py</code>: measured speed-up and its "
-        "significance, net monthly benefit, alerts fired)</div></div>",
+        "(the decision table is <code>recommend</code> in <code>report/build.py</code>: measured speed-up and "
+        "its significance, net monthly benefit, alerts fired)</div></div>",
     )
 
 

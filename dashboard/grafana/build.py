@@ -1,4 +1,4 @@
-"""Build the Grafana dashboards: `python dashboard/grafana/build.py` rewrites both JSON files.
+"""Build the Grafana dashboards: `python -m specwatch.grafana [--rules FILE]` rewrites both JSON files.
 
 specwatch.json reads the collector's /metrics (collector/metrics.py; scrape it with
 `honor_labels: true` so `instance` names the engine instance). specwatch-vllm.json shows the
@@ -7,22 +7,20 @@ drafter label, acceptance moments, device gauges) is left out there, and per-pos
 acceptance exists only there. Panels are data: a title, a type, a unit, the alert signal whose
 threshold they draw, and the queries, written once against a `Source` naming each flavour's metrics.
 
-Thresholds are not written here: they are the alert rules' own, read from a rules file (the shipped
-alerts/default_rules.yaml, or yours with `--rules FILE`), so the line drawn is the line the rule uses.
+Thresholds are not written here: they are the alert rules' own, taken from the loaded rules (an
+`alerts.rules.AlertConfig`, which the CLI loads and validates: the shipped rules or yours with
+`--rules FILE`; this package reads no rules file and imports nothing of alerts), so the line drawn is
+the line the rule uses, red on the side where the rule fires.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import NamedTuple
-
-import yaml
+from typing import NamedTuple, Protocol
 
 HERE = Path(__file__).resolve().parent
-SHIPPED_RULES = HERE.parents[1] / "alerts" / "default_rules.yaml"
 DS = {"type": "prometheus", "uid": "${datasource}"}
 RATE = "[$__rate_interval]"
 
@@ -106,7 +104,7 @@ class Panel(NamedTuple):
     type: str  # timeseries | stat
     unit: str
     targets: Callable[[Source], list[tuple[str, str]]]  # -> [(expr, legend)]
-    threshold: tuple[str, str] | None = None  # (alert signal, "above" | "below" its threshold is bad)
+    threshold: str | None = None  # the alert signal whose rule's threshold the panel draws
 
 
 ROWS: dict[str, list[Panel]] = {
@@ -116,7 +114,7 @@ ROWS: dict[str, list[Panel]] = {
             "stat",
             "percentunit",
             lambda s: [(f"{s.rate('accepted')} / {s.rate('draft_tokens')}", "acceptance")],
-            ("acceptance_rate", "below"),
+            "acceptance_rate",
         ),
         Panel(
             "Mean acceptance length",
@@ -151,14 +149,14 @@ ROWS: dict[str, list[Panel]] = {
                     legend("drafter"),
                 )
             ],
-            ("acceptance_rate", "below"),
+            "acceptance_rate",
         ),
         Panel(
             "Per-request acceptance stddev",
             "timeseries",
             "none",
             lambda s: [(s.stddev(s["drafter"], DRAFTED), legend("drafter"))],
-            ("acceptance_stddev", "above"),
+            "acceptance_stddev",
         ),
         Panel(
             "Acceptance by draft position",
@@ -178,7 +176,7 @@ ROWS: dict[str, list[Panel]] = {
             "timeseries",
             "s",
             lambda s: [(s.quantile(0.5, "ttft"), "P50"), (s.quantile(0.99, "ttft"), "P99")],
-            ("ttft_p99", "above"),
+            "ttft_p99",
         ),
         Panel("End-to-end latency P99", "timeseries", "s", lambda s: [(s.quantile(0.99, "e2e"), "P99")]),
     ],
@@ -194,7 +192,7 @@ ROWS: dict[str, list[Panel]] = {
             "timeseries",
             "none",
             lambda s: [(s.sel("fragmentation"), "{{instance}} {{device}}")],
-            ("fragmentation", "above"),
+            "fragmentation",
         ),
         Panel("Memory reserved", "timeseries", "bytes", lambda s: [(s.sel("reserved"), "{{instance}} {{device}}")]),
         Panel("Power", "timeseries", "watt", lambda s: [(s.sel("power"), "{{instance}} {{device}}")]),
@@ -209,43 +207,56 @@ ROWS: dict[str, list[Panel]] = {
 HEIGHT = {"stat": 5, "timeseries": 8}  # timeseries take 12 of the 24 columns; a row's stats share one line
 
 
-def rule_thresholds(path: Path = SHIPPED_RULES) -> dict[str, float]:
-    """Signal -> threshold of the rule on it that fires first (the lowest `>` or the highest `<` threshold),
-    as the Streamlit dashboard picks it, from an alert rules file."""
-    try:
-        rules = yaml.safe_load(path.read_text())["rules"]
-        found: dict[str, float] = {}
-        for rule in rules:
-            signal, value = rule["signal"], float(rule["threshold"])
-            earlier = min if rule.get("op", ">").startswith(">") else max
-            found[signal] = earlier(found.get(signal, value), value)
-    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError) as exc:
-        raise SystemExit(f"build.py: cannot read the alert thresholds of {path}: {exc}") from None
+class Rule(Protocol):
+    signal: str
+    op: str
+    threshold: float
+
+
+class Rules(Protocol):
+    """What the builder reads of loaded alert rules (`alerts.rules.AlertConfig`)."""
+
+    rules: Iterable[Rule]
+
+
+class Limit(NamedTuple):
+    value: float
+    bad: str  # "above" | "below": the side where the rule fires
+
+
+def rule_thresholds(config: Rules) -> dict[str, Limit]:
+    """Signal -> the threshold of the rule on it that fires first (the lowest `>` or the highest `<`
+    threshold), as the Streamlit dashboard picks it."""
+    found: dict[str, Limit] = {}
+    for rule in config.rules:
+        bad = "above" if rule.op.startswith(">") else "below"
+        earlier = min if bad == "above" else max
+        previous = found.get(rule.signal, Limit(rule.threshold, bad))
+        found[rule.signal] = Limit(earlier(previous.value, rule.threshold), bad)
     return found
 
 
-def thresholds(value: float | None, bad: str) -> dict:
-    if value is None:
+def thresholds(limit: Limit | None) -> dict:
+    if limit is None:
         steps = [{"color": "green", "value": None}]
-    elif bad == "above":
-        steps = [{"color": "green", "value": None}, {"color": "red", "value": value}]
+    elif limit.bad == "above":
+        steps = [{"color": "green", "value": None}, {"color": "red", "value": limit.value}]
     else:
-        steps = [{"color": "red", "value": None}, {"color": "green", "value": value}]
+        steps = [{"color": "red", "value": None}, {"color": "green", "value": limit.value}]
     return {"mode": "absolute", "steps": steps}
 
 
-def panel(p: Panel, source: Source, limits: dict[str, float]) -> dict | None:
+def panel(p: Panel, source: Source, limits: dict[str, Limit]) -> dict | None:
     try:
         queries = p.targets(source)
     except KeyError:
         return None  # this flavour lacks a metric or label the panel needs
-    signal, bad = p.threshold or ("", "")
-    value = limits.get(source["signal"].format(signal)) if signal else None
-    defaults = {"unit": p.unit, "thresholds": thresholds(value, bad), "color": {"mode": "thresholds"}}
+    limit = limits.get(source["signal"].format(p.threshold)) if p.threshold else None
+    defaults = {"unit": p.unit, "thresholds": thresholds(limit), "color": {"mode": "thresholds"}}
     options: dict = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}, "colorMode": "value"}
     if p.type == "timeseries":
         defaults["color"] = {"mode": "palette-classic"}
-        defaults["custom"] = {"thresholdsStyle": {"mode": "off" if value is None else "line"}}
+        defaults["custom"] = {"thresholdsStyle": {"mode": "off" if limit is None else "line"}}
         options = {"legend": {"displayMode": "list", "placement": "bottom"}, "tooltip": {"mode": "multi"}}
     return {
         "type": p.type,
@@ -260,7 +271,7 @@ def panel(p: Panel, source: Source, limits: dict[str, float]) -> dict | None:
     }
 
 
-def layout(source: Source, limits: dict[str, float]) -> list[dict]:
+def layout(source: Source, limits: dict[str, Limit]) -> list[dict]:
     """Rows top to bottom, empty ones left out; each run of same-type panels fills lines left to right."""
     panels: list[dict] = []
     y = 0
@@ -310,8 +321,8 @@ def variable(name: str, label: str, query: str) -> dict:
     }
 
 
-def dashboard(names: dict[str, str], limits: dict[str, float] | None = None) -> dict:
-    """One flavour's dashboard; `limits` (signal -> threshold) default to the shipped rules'."""
+def dashboard(names: dict[str, str], rules: Rules) -> dict:
+    """One flavour's dashboard, its thresholds from the loaded alert `rules`."""
     source = Source(names)
     requests, model = names["requests"], names["model"]
     return {
@@ -333,21 +344,15 @@ def dashboard(names: dict[str, str], limits: dict[str, float] | None = None) -> 
                 variable("model", "Model", f'label_values({requests}{{instance=~"$instance"}}, {model})'),
             ]
         },
-        "panels": layout(source, rule_thresholds() if limits is None else limits),
+        "panels": layout(source, rule_thresholds(rules)),
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description="Write the Grafana dashboards, thresholds from an alert rules file.")
-    parser.add_argument("--rules", type=Path, default=SHIPPED_RULES, help="alert rules YAML (default: the shipped)")
-    parser.add_argument("--out", type=Path, default=HERE, help="directory to write into (default: this one)")
-    args = parser.parse_args()
-    limits = rule_thresholds(args.rules)
-    args.out.mkdir(parents=True, exist_ok=True)
+def write(rules: Rules, out: Path = HERE) -> list[Path]:
+    """Write every flavour's dashboard into `out`; the paths written."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
     for file, names in SOURCES.items():
-        (args.out / file).write_text(json.dumps(dashboard(names, limits), indent=2) + "\n")
-        print(f"wrote {args.out / file}")
-
-
-if __name__ == "__main__":
-    main()
+        (path := out / file).write_text(json.dumps(dashboard(names, rules), indent=2) + "\n")
+        written.append(path)
+    return written

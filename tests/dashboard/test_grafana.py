@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import runpy
 import shutil
 import subprocess
 import sys
@@ -18,8 +17,10 @@ from fake_vllm import FakeVllm
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from alerts.rules import DEFAULT_RULES, load_config, parse_config
 from collector.metrics import CollectorMetrics
 from collector.store import IngestCounts
+from dashboard.grafana.build import SOURCES, dashboard, rule_thresholds
 from telemetry.schema import DeviceSample, RequestRecord
 
 GRAFANA = Path(__file__).resolve().parents[2] / "dashboard" / "grafana"
@@ -82,13 +83,26 @@ def exposed(text: str) -> set[str]:
 
 @pytest.mark.parametrize("file", FILES)
 def test_files_are_what_build_py_writes(file):
-    built = runpy.run_path(str(GRAFANA / "build.py"))
-    fresh = json.loads(json.dumps(built["dashboard"](built["SOURCES"][file])))
-    assert load(file) == fresh, "stale: run python dashboard/grafana/build.py"
+    fresh = json.loads(json.dumps(dashboard(SOURCES[file], load_config(DEFAULT_RULES))))
+    assert load(file) == fresh, "stale: run python -m specwatch.grafana"
+
+
+def test_thresholds_come_from_the_loaded_rules_their_side_from_the_op():
+    """The rule that fires first sets the line; red on the side where it fires."""
+    rule = {"name": "R", "signal": "acceptance_rate", "window": "5m", "summary": "s"}
+    config = parse_config(
+        {"rules": [{**rule, "op": "<", "threshold": 0.5}, {**rule, "name": "S", "op": "<", "threshold": 0.4}]}
+    )
+    assert rule_thresholds(config) == {"acceptance_rate": (0.5, "below")}
+    config = parse_config({"rules": [{**rule, "op": ">", "threshold": 0.9}]})
+    panels = {p["title"]: p for p in dashboard(SOURCES["specwatch.json"], config)["panels"]}
+    steps = panels["Acceptance rate"]["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    assert steps == [{"color": "green", "value": None}, {"color": "red", "value": 0.9}]
 
 
 def test_thresholds_follow_the_rules_file(tmp_path):
-    """`build.py --rules FILE`: each panel draws its rule's threshold, and none where no rule watches the signal."""
+    """`python -m specwatch.grafana --rules FILE`: each panel draws its rule's threshold, and none where no
+    rule watches the signal; a bad rules file exits 2."""
     rules = yaml.safe_load((GRAFANA.parents[1] / "alerts" / "default_rules.yaml").read_text())
     changed = {"acceptance_rate": 0.45, "ttft_p99": 1.0, "vllm_ttft_p99": 2.5}
     rules["rules"] = [
@@ -99,7 +113,7 @@ def test_thresholds_follow_the_rules_file(tmp_path):
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rules))
     out = tmp_path / "out"
     done = subprocess.run(
-        [sys.executable, str(GRAFANA / "build.py"), "--rules", str(tmp_path / "rules.yaml"), "--out", str(out)],
+        [sys.executable, "-m", "specwatch.grafana", "--rules", str(tmp_path / "rules.yaml"), "--out", str(out)],
         capture_output=True,
         text=True,
     )
@@ -117,11 +131,11 @@ def test_thresholds_follow_the_rules_file(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("rules: [{name: X}]\n")
     refused = subprocess.run(
-        [sys.executable, str(GRAFANA / "build.py"), "--rules", str(bad), "--out", str(out)],
+        [sys.executable, "-m", "specwatch.grafana", "--rules", str(bad), "--out", str(out)],
         capture_output=True,
         text=True,
     )
-    assert refused.returncode != 0 and "cannot read the alert thresholds" in refused.stderr
+    assert refused.returncode == 2 and "cannot read the alert thresholds" in refused.stderr
 
 
 @pytest.mark.parametrize("file", FILES)

@@ -265,3 +265,16 @@ def test_load_knee_and_crossover():
     assert knee.knee == {"autoregressive": None, "speculative": 1.0}  # 40 < 0.8 x 90; 45 >= 0.8 x 50
     assert knee.crossover == 1.0  # 40 <= 45
     assert load_knee([]).knee == {} and load_knee([]).crossover is None
+
+
+def test_the_report_names_a_decision_table_that_exists():
+    """The report tells readers where its decision table is: that file holds that function."""
+    import re
+    from pathlib import Path
+
+    import report.html
+
+    html = Path(report.html.__file__).resolve()
+    named = re.search(r"decision table is <code>(\w+)</code> in <code>([\w/.]+)</code>", html.read_text())
+    assert named, "the report no longer names its decision table"
+    assert f"def {named[1]}(" in (html.parents[1] / named[2]).read_text()
