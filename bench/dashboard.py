@@ -102,9 +102,9 @@ def timed_get(url: str, path: str, params: dict) -> None:
 def render_overview(url: str) -> float:
     from streamlit.testing.v1 import AppTest
 
-    from dashboard.state import _cached
+    from dashboard.state import clear_cache
 
-    _cached.clear()
+    clear_cache()
     started = time.perf_counter()
     app = AppTest.from_file(str(REPO / "dashboard" / "app.py"), default_timeout=120).run()
     seconds = time.perf_counter() - started

@@ -1,4 +1,7 @@
-"""Altair charts with units on the axes and the collector's alert thresholds drawn (no Streamlit here)."""
+"""Altair charts with units on the axes and the collector's alert thresholds drawn (no Streamlit here).
+
+Time axes are UTC and 24-hour (`%H:%M`; the date too when a chart spans more than a day).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +14,28 @@ if TYPE_CHECKING:
     from dashboard.formats import Threshold
 
 HEIGHT = 220
+DAY = pd.Timedelta(days=1)
+
+
+def time_format(times: pd.Series) -> str:
+    """`%H:%M` within a day, with the date beyond; never 12-hour times."""
+    return "%H:%M" if times.empty or times.max() - times.min() <= DAY else "%m-%d %H:%M"
+
+
+def time_x(times: pd.Series, title: str = "time (UTC)", fmt: str | None = None) -> alt.X:
+    """An x axis of the `time` column in UTC."""
+    axis = alt.Axis(format=fmt or time_format(times), formatType="utc", labelOverlap=True)
+    return alt.X("time:T", title=title, scale=alt.Scale(type="utc"), axis=axis)
+
+
+def time_tooltip() -> alt.Tooltip:
+    return alt.Tooltip("time:T", title="time (UTC)", format="%Y-%m-%d %H:%M:%S", formatType="utc")
+
+
+def _markers(events: pd.DataFrame, x: alt.X) -> alt.Chart:
+    """A grey vertical line at each event's `time` (defragmentations, deploys) on the time axis `x`."""
+    rule = alt.Chart(events[["time"]]).mark_rule(color="#7f7f7f", strokeDash=[2, 2])
+    return rule.encode(x=x, tooltip=[time_tooltip()])
 
 
 def _threshold(line: Threshold) -> alt.LayerChart:
@@ -27,19 +52,22 @@ def line(
     threshold: Threshold | None = None,
     band: tuple[str, str] | None = None,
     color: str | None = None,
+    markers: pd.DataFrame | None = None,
 ) -> alt.Chart:
-    """A time series (x = `time`), optionally with a rule's threshold line and a shaded band (low, high columns)."""
-    encoding = {"x": alt.X("time:T", title="time (UTC)"), "y": alt.Y(f"{y}:Q", title=title)}
+    """A time series (x = `time`, UTC), optionally with a rule's threshold line, a shaded band (low,
+    high columns) and `markers`: a vertical line at each `time` of that frame (events, deploys)."""
+    x = time_x(frame.get("time", pd.Series(dtype="datetime64[ns, UTC]")))
+    encoding = {"x": x, "y": alt.Y(f"{y}:Q", title=title)}
     if color:
         encoding["color"] = alt.Color(f"{color}:N")
-    chart = alt.Chart(frame).mark_line(point=True).encode(**encoding, tooltip=["time:T", f"{y}:Q"])
+    chart = alt.Chart(frame).mark_line(point=True).encode(**encoding, tooltip=[time_tooltip(), f"{y}:Q"])
     layers = [chart]
     if band:
-        layers.insert(
-            0, alt.Chart(frame).mark_area(opacity=0.2).encode(x="time:T", y=f"{band[0]}:Q", y2=f"{band[1]}:Q")
-        )
+        layers.insert(0, alt.Chart(frame).mark_area(opacity=0.2).encode(x=x, y=f"{band[0]}:Q", y2=f"{band[1]}:Q"))
     if threshold is not None:
         layers.append(_threshold(threshold))
+    if markers is not None and not markers.empty:
+        layers.append(_markers(markers, x))
     return alt.layer(*layers).properties(height=HEIGHT)
 
 
@@ -88,7 +116,7 @@ def daily_cost(frame: pd.DataFrame) -> alt.Chart:
         alt.Chart(frame)
         .mark_line(point=True)
         .encode(
-            x=alt.X("time:T", title="day (UTC)"),
+            x=time_x(frame["time"], "day (UTC)", "%Y-%m-%d"),
             y=alt.Y("usd_per_mtok:Q", title="$ / 1M output tokens"),
             color=alt.Color("arm:N"),
             tooltip=["day:N", "arm:N", "usd_per_mtok:Q", "gpu_hours_per_mtok:Q", "requests:Q", "estimated:N"],

@@ -1,18 +1,24 @@
 """Streamlit glue shared by the pages: the sidebar's `View`, cached service calls, banners.
 
-Service calls are cached for `TTL_S` seconds per (function, arguments), so moving between
-pages or re-running a page does not hit the collector again.
+`cached(service)` caches a service for `TTL_S` seconds per arguments, so moving between pages
+or re-running a page does not hit the collector again (`dashboard.reads` lists the pages' reads).
 """
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
 
 import pandas as pd
 import streamlit as st
 
 from dashboard import formats, services
-from dashboard.services import CollectorRefused, CollectorUnavailable, View
+from dashboard.api import CollectorRefused, CollectorUnavailable, View, collector_url
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 TTL_S = 10
 # The default is the shortest: what a fresh `specwatch up` has after a few minutes fills it.
@@ -30,25 +36,42 @@ EMPTY = (
 )
 
 
-@st.cache_data(ttl=TTL_S, show_spinner=False)
-def _cached(name: str, *args):
-    return getattr(services, name)(*args)
+def cached(service: Callable[P, T]) -> Callable[P, T]:
+    """`service` cached for TTL_S seconds per arguments; a collector problem becomes a banner and stops the page."""
+    read = st.cache_data(ttl=TTL_S, show_spinner=False)(service)
+
+    @functools.wraps(service)
+    def guarded(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return read(*args, **kwargs)
+        except CollectorRefused as exc:
+            st.error(f"**The collector refused the dashboard's token.** {exc}", icon="🔒")
+            st.stop()
+        except CollectorUnavailable as exc:
+            st.error(
+                f"**Collector unavailable.** {exc}\n\nStart it with `specwatch collector serve` "
+                f"(or set SPECWATCH_COLLECTOR_URL), then press *Refresh*.",
+                icon="🚫",
+            )
+            st.stop()
+
+    return guarded
 
 
-def fetch(name: str, *args):
-    """services.<name>(*args), cached; a collector problem becomes a banner and stops the page."""
+def clear_cache() -> None:
+    """Forget every cached read (the Refresh button, tests, the bench)."""
+    st.cache_data.clear()
+
+
+_filter_options = st.cache_data(ttl=TTL_S, show_spinner=False)(services.filter_options)
+
+
+def filter_options(seconds: float) -> services.FilterOptions:
+    """The sidebar's choices; none (not a banner: the page shows that) when the collector fails."""
     try:
-        return _cached(name, *args)
-    except CollectorRefused as exc:
-        st.error(f"**The collector refused the dashboard's token.** {exc}", icon="🔒")
-        st.stop()
-    except CollectorUnavailable as exc:
-        st.error(
-            f"**Collector unavailable.** {exc}\n\nStart it with `specwatch collector serve` "
-            f"(or set SPECWATCH_COLLECTOR_URL), then press *Refresh*.",
-            icon="🚫",
-        )
-        st.stop()
+        return _filter_options(seconds)
+    except CollectorUnavailable:
+        return services.FilterOptions()
 
 
 def empty_state(message: str = EMPTY) -> None:
@@ -60,24 +83,21 @@ def sidebar() -> View:
     with st.sidebar:
         label = st.selectbox("Time window", list(WINDOWS), index=0, key="window")
         seconds = float(WINDOWS[label])
-        try:
-            options = _cached("filter_options", seconds)
-        except CollectorUnavailable:
-            options = {"instance": [], "model": [], "drafter": [], "tag": []}
+        options = filter_options(seconds)
         picks = {
-            name: _pick(name, title, options.get(name, []))
+            name: _pick(name, title, getattr(options, name))
             for name, title in (("instance", "Instance"), ("model", "Model"), ("drafter", "Drafter"))
         }
-        picks["mode"] = _pick("mode", "Mode", ["speculative", "autoregressive"])
-        picks["arm"] = _pick("arm", "A/B arm", ["spec", "control"])
-        picks["tag"] = _pick("tag", "Scenario", options.get("tag", []))
+        picks["mode"] = _pick("mode", "Mode", ("speculative", "autoregressive"))
+        picks["arm"] = _pick("arm", "A/B arm", ("spec", "control"))
+        picks["tag"] = _pick("tag", "Scenario", options.tag)
         if st.button("Refresh", width="stretch"):
-            st.cache_data.clear()
-        st.caption(f"collector: {services.collector_url()}")
+            clear_cache()
+        st.caption(f"collector: {collector_url()}")
     return View(seconds, **picks)
 
 
-def _pick(key: str, title: str, values: list[str]) -> str | None:
+def _pick(key: str, title: str, values: tuple[str, ...]) -> str | None:
     choice = st.selectbox(title, ["all", *values], key=f"filter_{key}")
     return None if choice == "all" else choice
 

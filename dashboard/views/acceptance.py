@@ -2,20 +2,19 @@
 
 import streamlit as st
 
-from dashboard import charts
-from dashboard.services import threshold_caption
-from dashboard.state import empty_state, fetch, fmt, table, view
+from dashboard import charts, reads
+from dashboard.state import empty_state, fmt, table, view
 
 v = view()
 st.title("Acceptance")
-over_time = fetch("acceptance_series", v)
+over_time = reads.acceptance_series(v)
 if over_time.empty or not over_time["draft_tokens"].sum():
     empty_state(
         "No speculative requests in this window: nothing was drafted. Try a longer window or "
         "`specwatch traffic --drafter ngram`."
     )
     st.stop()
-lines = fetch("thresholds")
+lines = reads.thresholds()
 floor = lines.get("acceptance_rate")
 
 st.altair_chart(
@@ -24,19 +23,19 @@ st.altair_chart(
 )
 st.caption(
     "Line: accepted / drafted tokens per step. Band: mean ± 1 stddev of per-request acceptance. "
-    + threshold_caption(lines, "acceptance_rate", "acceptance")
+    + lines.caption("acceptance_rate", "acceptance")
 )
 
 left, right = st.columns(2)
 with left:
     st.subheader("Per draft position")
     st.altair_chart(
-        charts.bars(fetch("positions", v), "position", "acceptance", "draft position", "accepted through position"),
+        charts.bars(reads.positions(v), "position", "acceptance", "draft position", "accepted through position"),
         width="stretch",
     )
 with right:
     st.subheader("By drafter")
-    by_drafter = fetch("breakdown", v, "drafter")
+    by_drafter = reads.breakdown(v, "drafter")
     st.altair_chart(
         charts.bars(
             by_drafter.dropna(subset=["acceptance_rate"]),
@@ -50,19 +49,19 @@ with right:
     )
 
 for by, label in (("prompt_tokens", "prompt length"), ("output_tokens", "output length")):
-    stats, buckets, points = fetch("length_points", v, by)
+    found = reads.length_points(v, by)
     st.subheader(f"Acceptance vs {label}")
     st.caption(
-        f"Spearman ρ = {fmt(stats['rho'], digits=3)} (p = {fmt(stats['p'], digits=4)}) over {stats['requests']:,} "
+        f"Spearman ρ = {fmt(found.rho, digits=3)} (p = {fmt(found.p_value, digits=4)}) over {found.requests:,} "
         "requests that drafted"
     )
     left, right = st.columns(2)
     left.altair_chart(
-        charts.scatter(points, "length", "acceptance", f"{label} (tokens)", "acceptance rate"), width="stretch"
+        charts.scatter(found.points, "length", "acceptance", f"{label} (tokens)", "acceptance rate"), width="stretch"
     )
     right.altair_chart(
         charts.bars(
-            buckets.dropna(subset=["acceptance_rate"]),
+            found.buckets.dropna(subset=["acceptance_rate"]),
             "bucket",
             "acceptance_rate",
             f"{label} (tokens)",
@@ -73,4 +72,4 @@ for by, label in (("prompt_tokens", "prompt length"), ("output_tokens", "output 
     )
 
 st.subheader("By scenario")
-table(fetch("breakdown", v, "tag:scenario"))
+table(reads.breakdown(v, "tag:scenario"))

@@ -2,43 +2,34 @@
 
 import streamlit as st
 
-from dashboard.state import fetch, table, view
+from dashboard import reads
+from dashboard.state import table, view
 
 v = view()
 st.title("Alerts")
-current = fetch("alerts")
-alerts = current["alerts"]
+alerts = reads.alerts()
 cols = st.columns(3)
 for col, state in zip(cols, ("firing", "pending", "inactive")):
-    col.metric(state if state != "inactive" else "resolved (recently)", sum(a["state"] == state for a in alerts))
+    col.metric(state if state != "inactive" else "resolved (recently)", sum(a.state == state for a in alerts))
 if alerts:
-    table(
-        [
-            {
-                "state": a["state"],
-                "rule": a["rule"],
-                "summary": a["annotations"].get("summary", ""),
-                "labels": ", ".join(f"{k}={v}" for k, v in a["labels"].items() if k not in ("alertname", "severity")),
-                "severity": a["labels"].get("severity"),
-                "value": a["value"],
-            }
-            for a in alerts
-        ]
-    )
+    table([a.row() for a in alerts])
 else:
     st.success("No alert is pending or firing.")
 
-history = fetch("alert_history", v)
-for name, title in (("transitions", "History"), ("actions", "Actions taken"), ("notifications", "Webhook deliveries")):
+history = reads.alert_history(v)
+for frame, title in (
+    (history.transitions, "History"),
+    (history.actions, "Actions taken"),
+    (history.notifications, "Webhook deliveries"),
+):
     st.subheader(title)
-    frame = history[name]
     if frame.empty:
         st.caption(f"No {title.lower()} in this window.")
     else:
         table(frame)
 
 st.subheader("Rules")
-rules = fetch("rules")
+rules = reads.rules()
 if rules.empty:
     st.info("The collector evaluates no alert rules (alerting is off there, or its rules file has none).")
 else:

@@ -2,13 +2,13 @@
 
 import streamlit as st
 
-from dashboard import charts
+from dashboard import charts, reads
 from dashboard.formats import usd
-from dashboard.state import empty_state, fetch, fmt, table, this_month, view
+from dashboard.state import empty_state, fmt, table, this_month, view
 
 v = view()
 st.title("Cost")
-base = fetch("cost", v)["summary"]
+base = reads.cost(v).summary
 prices = base["inputs"]["prices"]
 with st.expander("Prices and volumes (what-if)", expanded=False):
     gpus = list(prices["accelerators"])
@@ -45,9 +45,9 @@ with st.expander("Prices and volumes (what-if)", expanded=False):
         "idle_allocation": cols[2].selectbox("Idle time", ("separate", "by_share"), help="its own line or by share"),
     }
     st.caption(f"Price table as of {prices['as_of']} (cost/prices.toml); edit it for your contract prices.")
-model = fetch("cost", v, gpu, tuple(sorted(edits.items())))
-summary = model["summary"]
-if model["arms"].empty:
+model = reads.cost(v, gpu, tuple(sorted(edits.items())))
+summary = model.summary
+if model.arms.empty:
     empty_state()
     st.stop()
 
@@ -71,7 +71,7 @@ cols[3].metric(
     "Payback of draft training", fmt(primary and primary["payback_months"], " months", digits=1, missing=payback)
 )
 st.subheader(f"Cost per 1M output tokens on {summary['tco']['gpu_type']} ({summary['tco']['pricing']})")
-table(model["arms"])
+table(model.arms)
 idle = summary["tco"]["idle"]
 if idle is None:
     st.caption("Idle device time: not measured (no device samples in the window).")
@@ -85,11 +85,11 @@ for note in dict.fromkeys(summary["tco"]["notes"] + summary["notes"]):  # each n
     st.caption(f"⚠️ {note}" if "estimate" in note else note)
 
 st.subheader("Cost per 1M output tokens against concurrency")
-if model["concurrency"].empty:
+if model.concurrency.empty:
     st.info("No requests with both modes to place by concurrency in this window.")
 else:
-    st.altair_chart(charts.cost_by_concurrency(model["concurrency"], model["crossover"]), width="stretch")
-    crossing = model["crossover"]
+    st.altair_chart(charts.cost_by_concurrency(model.concurrency, model.crossover), width="stretch")
+    crossing = model.crossover
     st.caption(
         "Speculation costs more from concurrency "
         + (f"{crossing} (dashed line) on." if crossing else "— never, within the levels measured.")
@@ -98,25 +98,25 @@ else:
 
 st.subheader("Cost per 1M output tokens, day by day")
 days = st.selectbox("Days", (7, 30, 90), index=1, key="cost_days")
-daily = fetch("cost_daily", days)
-if daily["rows"].empty:
+daily = reads.cost_daily(days)
+if daily.rows.empty:
     st.info(f"No arm served requests in the last {days} days.")
 else:
-    st.altair_chart(charts.daily_cost(daily["rows"]), width="stretch")
-    st.caption(f"All instances, priced on {daily['gpu_type']} ({daily['gpu_type_source']}); each UTC day on its own.")
-    for note in daily["notes"]:
+    st.altair_chart(charts.daily_cost(daily.rows), width="stretch")
+    st.caption(f"All instances, priced on {daily.gpu_type} ({daily.gpu_type_source}); each UTC day on its own.")
+    for note in daily.notes:
         st.caption(f"⚠️ estimate: {note}")
 
 st.subheader("Does speculation pay? (monthly, hidden costs included)")
-if model["benefits"].empty:
+if model.benefits.empty:
     st.info("Both speculative and autoregressive requests are needed to price the difference.")
 else:
-    table(model["benefits"])
+    table(model.benefits)
 
 left, right = st.columns(2)
 with left:
     st.subheader("Break-even")
-    curves = model["curves"].dropna(subset=["speed-up"])
+    curves = model.curves.dropna(subset=["speed-up"])
     if curves.empty:
         st.info("No draft/verify timings in this window to model the speed-up curve.")
     else:
@@ -130,26 +130,26 @@ with left:
             )
 with right:
     st.subheader("Sensitivity (±20%)")
-    if model["tornado"].empty:
+    if model.tornado.empty:
         st.info("No net benefit to vary.")
     else:
-        st.altair_chart(charts.tornado(model["tornado"]), width="stretch")
+        st.altair_chart(charts.tornado(model.tornado), width="stretch")
 
 st.subheader("Assumptions")
 st.caption(
     "Every input of the model, its value and where it came from; 'default (seed)' and 'estimate' are not measured."
 )
-table(model["assumptions"])
+table(model.assumptions)
 
 st.subheader("Recommendations per scenario")
-table(model["advice"][["scenario", "action", "rule", "reason"]] if not model["advice"].empty else model["advice"])
+table(model.advice[["scenario", "action", "rule", "reason"]] if not model.advice.empty else model.advice)
 
 st.subheader("Monthly cost-benefit report")
 month = st.text_input("Month (YYYY-MM)", value=this_month(), max_chars=7)
 if st.button("Build the report"):
     st.download_button(
         f"Download specwatch-report-{month}.html",
-        fetch("report_html", month),
+        reads.report_html(month),
         file_name=f"specwatch-report-{month}.html",
         mime="text/html",
     )

@@ -49,9 +49,9 @@ def overview(url: str, monkeypatch, token: str | None) -> AppTest:
         monkeypatch.delenv("SPECWATCH_READ_TOKEN", raising=False)
     else:
         monkeypatch.setenv("SPECWATCH_READ_TOKEN", token)
-    from dashboard.state import _cached
+    from dashboard.state import clear_cache
 
-    _cached.clear()
+    clear_cache()
     app = AppTest.from_file(APP, default_timeout=60)
     app.run()
     assert not app.exception, [e.value for e in app.exception]

@@ -7,7 +7,6 @@ import pytest
 
 from dashboard import charts, formats
 from dashboard.formats import Threshold
-from dashboard.services import View, active_span_s
 
 
 @pytest.mark.parametrize(
@@ -43,12 +42,27 @@ def test_a_charts_threshold_line_is_drawn_at_the_rules_value():
     assert len(charts.line(frame, "ttft_p99", "TTFT P99 (s)").to_dict()["layer"]) == 1  # no rule: no line
 
 
-def test_rates_span_the_part_of_the_window_that_holds_requests():
-    view = View(seconds=3600.0)
-    series = pd.DataFrame({"t": [i * 60.0 for i in range(60)], "requests": [0] * 56 + [5, 7, 6, 2]})
-    assert active_span_s(view, series) == 240.0  # four minutes of data, not the hour
-    assert active_span_s(view, series.assign(requests=0)) == 3600.0
-    assert active_span_s(view, series.assign(requests=[0] * 59 + [1])) == 60.0  # at least one step
+def x_axis(chart) -> dict:
+    """The x encoding of a chart's first layer, as Vega-Lite gets it."""
+    spec = chart.to_dict()
+    return (spec["layer"][0] if "layer" in spec else spec)["encoding"]["x"]
+
+
+def test_time_axes_are_24_hour_utc():
+    minutes = pd.DataFrame({"time": pd.to_datetime([0, 3600 * 16 + 49 * 60], unit="s", utc=True), "v": [1, 2]})
+    x = x_axis(charts.line(minutes, "v", "v"))
+    assert (x["axis"]["format"], x["axis"]["formatType"], x["scale"]["type"]) == ("%H:%M", "utc", "utc")
+    days = minutes.assign(time=pd.to_datetime([0, 3 * 86400], unit="s", utc=True))
+    assert x_axis(charts.line(days, "v", "v"))["axis"]["format"] == "%m-%d %H:%M"  # the date once it spans days
+    assert x_axis(charts.line(pd.DataFrame(), "v", "v"))["axis"]["format"] == "%H:%M"
+
+
+def test_markers_draw_a_line_at_each_event():
+    frame = pd.DataFrame({"time": pd.to_datetime([0, 60], unit="s", utc=True), "v": [1.0, 2.0]})
+    events = pd.DataFrame({"time": pd.to_datetime([30], unit="s", utc=True), "kind": ["defrag"]})
+    layers = charts.line(frame, "v", "v", markers=events).to_dict()["layer"]
+    assert [layer["mark"]["type"] for layer in layers] == ["line", "rule"]
+    assert len(charts.line(frame, "v", "v", markers=events.iloc[:0]).to_dict()["layer"]) == 1
 
 
 def test_empty_cells_say_what_is_missing():

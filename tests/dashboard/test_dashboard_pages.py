@@ -4,9 +4,11 @@ collector's alert rules'."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
+import httpx
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -31,9 +33,9 @@ def dashboard_over(url: str, monkeypatch) -> AppTest:
     """The dashboard over the collector at `url`, showing the last hour (the session's telemetry
     may be older than the default window by the time a test runs)."""
     monkeypatch.setenv("SPECWATCH_COLLECTOR_URL", url)
-    from dashboard.state import _cached
+    from dashboard.state import clear_cache
 
-    _cached.clear()
+    clear_cache()
     app = AppTest.from_file(APP, default_timeout=60)
     app.session_state["window"] = "last hour"
     return app
@@ -72,6 +74,43 @@ def test_overview_shows_the_stored_acceptance_and_mode_share(app, live_collector
     assert shown["Speed-up (A/B arms)"].endswith("×")  # canary arms exist: measured from them
 
 
+def collector_json(live_collector: dict, path: str, **params) -> dict:
+    return httpx.get(f"{live_collector['url']}{path}", params={"last": 3600, **params}, timeout=60).json()
+
+
+def test_overview_shows_the_collectors_rates(app, live_collector):
+    shown = metrics(open_page(app, "views/overview.py"))
+    found = collector_json(live_collector, "/v1/signals")
+    assert shown["Requests/s"] == f"{found['request_rate_per_s']:,.3f}"
+    assert shown["Output tokens/s"] == f"{found['output_tokens_per_s']:,.1f}"
+    assert shown["Drafts/s"] == f"{found['drafts'] / found['active_s']:,.2f}"  # over the collector's span
+    assert shown["Output from accepted drafts"] == f"{100 * found['accepted_tokens'] / found['output_tokens']:,.1f}%"
+
+
+def test_latency_page_shows_each_arms_rate_as_the_collector_gives_it(app, live_collector):
+    page = open_page(app, "views/latency.py")
+    found = collector_json(live_collector, "/v1/compare", by="arm")
+    for side in (found["speculative"], found["plain"]):
+        shown = f"{side['key']}: {side['requests']:,} requests, {side['request_rate_per_s']:,.3f} req/s"
+        assert shown in captions(page)
+
+
+def temporal_x_axes(spec: dict) -> list[dict]:
+    """Every temporal x encoding in a Vega-Lite spec, layers included."""
+    found = [spec["encoding"]["x"]] if spec.get("encoding", {}).get("x", {}).get("type") == "temporal" else []
+    return found + [x for layer in spec.get("layer", []) for x in temporal_x_axes(layer)]
+
+
+@pytest.mark.parametrize("page", ["views/overview.py", "views/acceptance.py", "views/latency.py", "views/memory.py"])
+def test_every_time_axis_is_24_hour_utc(app, page):
+    charts = [json.loads(chart.proto.spec) for chart in open_page(app, page).get("vega_lite_chart")]
+    axes = [x for spec in charts for x in temporal_x_axes(spec)]
+    assert axes, "no time axis drawn"
+    for x in axes:
+        assert x["scale"]["type"] == "utc" and x["axis"]["formatType"] == "utc", x
+        assert x["axis"]["format"] in ("%H:%M", "%m-%d %H:%M"), x  # 24-hour: no %I, no %p
+
+
 def test_acceptance_page_lists_each_drafter(app, live_collector):
     page = open_page(app, "views/acceptance.py")
     drafters = {d for (d,) in stored(live_collector["db"], "select distinct coalesce(drafter, 'none') from requests")}
@@ -97,18 +136,16 @@ def test_sources_page_lists_the_engine(app):
 
 def test_unreachable_collector_is_a_banner_not_a_traceback(monkeypatch):
     from common.procs import free_port
-    from dashboard.state import _cached
+    from dashboard.state import clear_cache
 
     monkeypatch.setenv("SPECWATCH_COLLECTOR_URL", f"http://127.0.0.1:{free_port()}")
-    _cached.clear()
+    clear_cache()
     app = AppTest.from_file(APP, default_timeout=60).run()
     assert not app.exception
     assert "Collector unavailable" in app.error[0].value
 
 
 def test_cost_page_shows_the_collectors_cost_model(app, live_collector):
-    import httpx
-
     from dashboard.formats import usd
 
     page = open_page(app, "views/cost.py")
@@ -135,9 +172,9 @@ def test_cost_page_builds_the_monthly_report_for_download(app, live_collector):
     build = next(b for b in page.button if b.label == "Build the report")
     build.click().run()
     assert not page.exception and not page.error
-    from dashboard import services
+    from dashboard.cost_service import report_html
 
-    html = services.report_html(time.strftime("%Y-%m", time.gmtime())).decode()
+    html = report_html(time.strftime("%Y-%m", time.gmtime())).decode()
     assert html.startswith("<!DOCTYPE html>") and "speculative" in html.lower()
 
 

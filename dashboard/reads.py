@@ -1,0 +1,31 @@
+"""What the pages read: each service of `services`, `fleet` and `cost_service`, cached and guarded
+(`state.cached`: a collector problem is a banner, not a traceback). Pages call these functions."""
+
+from __future__ import annotations
+
+from dashboard import cost_service, fleet, services
+from dashboard.state import cached
+
+overview = cached(services.overview)
+series = cached(services.series)
+acceptance_series = cached(services.acceptance_series)
+positions = cached(services.positions)
+length_points = cached(services.length_points)
+breakdown = cached(services.breakdown)
+cdfs = cached(services.cdfs)
+compare = cached(services.compare)
+throughput_by_load = cached(services.throughput_by_load)
+power_by_mode = cached(services.power_by_mode)
+thresholds = cached(services.thresholds)
+alerts = cached(services.alerts)
+rules = cached(services.rules)
+alert_history = cached(services.alert_history)
+
+devices = cached(fleet.devices)
+events = cached(fleet.events)
+sources = cached(fleet.sources)
+vllm_signals = cached(fleet.vllm_signals)
+
+cost = cached(cost_service.cost)
+cost_daily = cached(cost_service.cost_daily)
+report_html = cached(cost_service.report_html)
