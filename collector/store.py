@@ -287,17 +287,20 @@ class WriteHealth:
 def _conflicting_ids(cursor, records: Sequence[Any], new: Sequence[Any], sqlite: bool) -> list[str]:
     """The request ids among the duplicates (`records` not in `new`) whose stored row differs.
     Only duplicates are read back, in the batch's transaction (a batch of new records reads nothing).
-    A duplicate is compared with the row of its own key (on PostgreSQL request_id and started_at)."""
+    A duplicate is compared with the row of its own key (on PostgreSQL request_id and started_at).
+    A duplicate from another instance is no conflict: a gateway and the engine behind it each record
+    the request they share (under the gateway's id), and the first one stored is kept (docs/gateway.md)."""
     if len(new) == len(records):
         return []
     stored_new = {id(record) for record in new}
     duplicates = [record for record in records if id(record) not in stored_new]
     stored = _stored_requests(cursor, duplicates, sqlite)
     key, positions = REQUESTS.columns.index("request_id"), _key_positions(sqlite)
+    instance = REQUESTS.columns.index("instance")
     conflicting = []
     for values in REQUESTS.rows(duplicates, _identity):
         row = stored.get(tuple(values[i] for i in positions))
-        if row is not None and not _same_row(values, row):
+        if row is not None and row[instance] == values[instance] and not _same_row(values, row):
             conflicting.append(values[key])
     return conflicting
 

@@ -108,11 +108,12 @@ def conflicts_are_reported_and_counted(client) -> None:
                 request_dict(3, tags={"tenant": "other"}),  # differs in a JSON column
                 request_dict(4),
                 request_dict(4, output_tokens=1),  # an in-batch resend that differs from the first
+                request_dict(1, instance="gateway-1", e2e_s=1.2),  # another producer's view: no conflict
             ]
         }
     )
     body = client.post("/v1/ingest", content=changed, headers=JSON).json()
-    assert body["requests"] == {"accepted": 1, "duplicates": 4}
+    assert body["requests"] == {"accepted": 1, "duplicates": 5}
     assert body["conflicts"]["count"] == 3 and sorted(body["conflicts"]["request_ids"]) == sorted(
         [request_dict(i)["request_id"] for i in (2, 3, 4)]
     )
