@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -22,17 +21,17 @@ from specwatch.cli import main
 from telemetry.schema import IngestBatch
 
 EXAMPLE = Path(__file__).parents[2] / "cost" / "cost_example.toml"
-REF = re.compile(r"(?:(Inputs|Model)!)?\$?([A-Z]{1,2})\$?(\d+)")
 
 
 def evaluate(book, sheet: str, cell: str):
-    """A cell's value, evaluating its formula by hand: + - * / ( ), IF, = and > over other cells."""
-    value = book[sheet][cell].value
-    if not (isinstance(value, str) and value.startswith("=")):
-        return value
-    expr = REF.sub(lambda m: f"_ref({(m.group(1) or sheet)!r}, '{m.group(2)}{m.group(3)}')", value[1:])
-    expr = re.sub(r"(?<![<>!=])=(?!=)", "==", expr.replace("IF(", "_if("))
-    return eval(expr, {"_ref": lambda s, c: evaluate(book, s, c), "_if": lambda cond, a, b: a if cond else b})
+    """A cell's value with its formula evaluated by a formula engine (pycel)."""
+    return book.evaluate(f"{sheet}!{cell}")
+
+
+def compiled(path: Path):
+    from pycel import ExcelCompiler
+
+    return ExcelCompiler(filename=str(path))
 
 
 def _fill(url: str, start: float | None) -> None:
@@ -81,7 +80,9 @@ def test_what_if_text_and_json(capsys):
     expected = tco(replace(what_if_inputs(EXAMPLE, load_prices(), "H200"), monthly_output_tokens=1e9))
     assert got["tco"]["benefits"][0]["net_usd"] == pytest.approx(expected.benefits[0].net_usd)
     row = got["break_even"][0]
-    assert row["speedup_alpha"] == pytest.approx(break_even_alpha(row["gamma"], row["draft_cost_ratio"]))
+    v = row["verify_cost_ratio"]
+    assert v == pytest.approx((14000 / 520_000) / (49750 / 1_990_000)) and row["source"] == "the window's totals"
+    assert row["speedup_alpha"] == pytest.approx(break_even_alpha(row["gamma"], row["draft_cost_ratio"], v))
     assert len(row["curve"]) == 21 and row["curve"][-1][0] == 1.0
     assert got["sensitivity"][0]["swing"] >= got["sensitivity"][-1]["swing"]
 
@@ -91,7 +92,7 @@ def test_xlsx_formulas_recompute_the_model(tmp_path, capsys):
     assert main(["cost", "--what-if", str(EXAMPLE), "--xlsx", str(path)]) == 0
     assert f"wrote {path}" in capsys.readouterr().out
     book = load_workbook(path)
-    assert book.sheetnames == ["Inputs", "Model", "Assumptions"]
+    assert book.sheetnames == ["Inputs", "Lines", "Model", "Concurrency", "Break-even", "Assumptions"]
     model = book["Model"]
     formulas = [c.value for row in model.iter_rows(min_row=2, min_col=2) for c in row if c.value is not None]
     assert formulas and all(f.startswith("=") for f in formulas)
@@ -99,7 +100,8 @@ def test_xlsx_formulas_recompute_the_model(tmp_path, capsys):
         "Inputs!" in f
         for f in (model[f"B{MODEL_ROW[label]}"].value for label in ("gpu_hours_per_mtok", "memory_share"))
     )
-    assert model[f"B{MODEL_ROW['gpu_hours_per_mtok']}"].value == "=Inputs!$B$4*1000000/Inputs!B25/3600"
+    assert model[f"B{MODEL_ROW['gpu_hours_per_mtok']}"].value.startswith("=Inputs!$B$4*1000000/Inputs!B")
+    book = compiled(path)
     # by hand: 1 GPU x 1e6 tokens / 40 tok/s / 3600 s/h
     assert evaluate(book, "Model", f"B{MODEL_ROW['gpu_hours_per_mtok']}") == pytest.approx(1e6 / 40 / 3600)
     expected = tco(what_if_inputs(EXAMPLE, load_prices()))
@@ -114,12 +116,16 @@ def test_xlsx_formulas_recompute_the_model(tmp_path, capsys):
     assert spec["hidden_usd_month"] == pytest.approx(benefit.hidden.total_usd)
     assert spec["payback_months"] == (benefit.payback_months or "never")
     assert model[f"B{MODEL_ROW['net_benefit_usd_month']}"].value is None  # no benefit row for plain decoding
-    assert book["Assumptions"]["A1"].value == "input" and book["Assumptions"].max_row == len(expected.assumptions) + 1
-    # finance edits a price: the formulas follow
-    book["Inputs"]["B3"] = 9.0
+    sheets = load_workbook(path)
+    assert sheets["Assumptions"]["A1"].value == "input"
+    assert sheets["Assumptions"].max_row == len(expected.assumptions) + 1
+    # finance edits a price: the formulas follow, and the lines still add up to the bill
+    book.set_value("Inputs!B3", 9.0)
     assert evaluate(book, "Model", f"B{MODEL_ROW['compute_usd_per_mtok']}") == pytest.approx(
         1e6 / 40 / 3600 * 9.0 * 0.25
     )
+    last = sheets["Lines"].max_row
+    assert abs(evaluate(book, "Lines", f"G{last}")) < 1e-9 * evaluate(book, "Lines", f"G{last - 1}")
 
 
 def test_measured_window(tmp_path, capsys):
@@ -245,7 +251,7 @@ def test_xlsx_matches_python_on_every_case(case, tmp_path):
     inputs = replace(inputs, arms=tuple(arms), **options)
     path = tmp_path / "case.xlsx"
     write_workbook(inputs, path)
-    book = load_workbook(path)
+    book = compiled(path)
     expected = tco(inputs)
     for column, arm in zip("BC", expected.arms):
         for label in ARM_ROWS:
