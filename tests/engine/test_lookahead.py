@@ -169,3 +169,12 @@ def test_repetitive_prompt_still_drafts_under_the_cost_lookahead(bundled_engine)
     # curves above): here only that drafting goes on and is accepted
     assert run.loop.stats.num_drafts >= 2
     assert run.loop.stats.num_accepted_tokens / max(run.loop.stats.num_draft_tokens, 1) > 0.6
+
+
+def test_in_a_batch_drafting_k_costs_what_k_more_rows_add_to_the_batchs_forward():
+    model = model_with(0.3, linear(0.010, 0.005))  # alone, +50% per token: drafting at p = 0.3 does not pay
+    assert model.best(8, 1) == 0
+    model.costs.seconds[8] = {1.0: 0.100, 1.5: 0.104}  # 8 requests: 4 more rows cost 4% of the forward
+    p = model.probabilities()
+    assert model.rate(4, 8) == pytest.approx((expected_accepted(p, 4) + 1) / 0.104)
+    assert model.best(8, 8) > 0
