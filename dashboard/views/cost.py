@@ -126,8 +126,10 @@ with left:
             st.caption(
                 f"{b['key']}: speculation stops paying below acceptance α = {fmt(b['speedup_alpha'], digits=3)} "
                 f"(speed-up) / {fmt(b['benefit_alpha'], digits=3)} (net benefit); measured α = "
-                f"{fmt(b['measured_alpha'], digits=3)}"
+                f"{fmt(b['measured_alpha'], digits=3)} ({b.get('source', '')})"
             )
+            for warning in b.get("warnings", []):
+                st.caption(f"⚠️ {warning}")
 with right:
     st.subheader("Sensitivity (±20%)")
     if model.tornado.empty:
