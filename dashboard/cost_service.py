@@ -97,13 +97,9 @@ def _benefits(benefits: list[dict]) -> pd.DataFrame:
 
 
 def _curves(break_even: list[dict]) -> pd.DataFrame:
-    return pd.DataFrame(
-        [
-            {"arm": b["key"], "acceptance": alpha, "speed-up": speedup, "net $/month": net}
-            for b in break_even
-            for alpha, speedup, net in b["curve"]
-        ]
-    )
+    """Modelled speed-up and net benefit against acceptance, per arm (the columns even when empty)."""
+    rows = [(b["key"], *point) for b in break_even for point in b["curve"]]
+    return pd.DataFrame(rows, columns=["arm", "acceptance", "speed-up", "net $/month"])
 
 
 def _assumptions(assumptions: list[dict]) -> pd.DataFrame:
