@@ -199,3 +199,14 @@ def test_a_choice_the_policy_overruled_is_credited_to_plain_decoding():
         "none": {"requests": 1, "goodput": 10.0},
         "ngram@8": {"requests": 0, "goodput": None},
     }
+
+
+def test_a_retried_request_credits_no_goodput():
+    """A speculative failure decoded again plainly is recorded as speculative (retries 1): its plain speed
+    must not count as the drafter's."""
+    policy = Policy(PolicyConfig(candidates=("none", "ngram@8")))
+    retried = selected_record(Choice("ngram", 8), "chat", 11, 1.0).model_copy(update={"retries": 1})
+    policy.observe(retried, Choice("ngram", 8))
+    assert "chat" not in policy.state["selector"]
+    policy.observe(selected_record(Choice("ngram", 8), "chat", 11, 1.0), Choice("ngram", 8))
+    assert policy.state["selector"]["chat"]["ngram@8"] == {"requests": 1, "goodput": 10.0}
