@@ -32,6 +32,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from collector.metrics import RequestTotals
 from collector.store import DataRejected, IngestCounts, Store, StoreUnavailable
+from common.auth import Grant
 from telemetry.schema import IngestBatch
 
 MAX_REPORTED_ERRORS = 20
@@ -56,17 +57,19 @@ class IngestResult:
     new_requests: RequestTotals
 
 
-def ingest_body(store: Store, body: bytes, tenant: str | None = None) -> IngestResult:
-    counts = store_body(store, body, tenant)
+def ingest_body(store: Store, body: bytes, grant: Grant | None = None) -> IngestResult:
+    counts = store_body(store, body, grant)
     return IngestResult(dataclasses.replace(counts, new_requests=()), RequestTotals.of(counts.new_requests))
 
 
-def store_body(store: Store, body: bytes, tenant: str | None = None) -> IngestCounts:
-    """Parse, validate and store one request body in one transaction; `tenant` (the ingest token's)
-    replaces each request's `tenant` tag."""
+def store_body(store: Store, body: bytes, grant: Grant | None = None) -> IngestCounts:
+    """Parse, validate and store one request body in one transaction. A tenant-bound token (`grant`)
+    writes only its own instances (403 naming the first record that is not) and its tenant replaces
+    each request's `tenant` tag."""
     batch = parse_batch(body)
-    if tenant is not None:
-        batch = with_tenant(batch, tenant)
+    if grant is not None and grant.tenant is not None:
+        check_instances(batch, grant)
+        batch = with_tenant(batch, grant.tenant)
     try:
         return store.insert(batch)
     except DataRejected as exc:
@@ -109,6 +112,22 @@ def parse_batch(body: bytes) -> IngestBatch:
         raise BatchRejected(
             422, "invalid_batch", {"error": "invalid_batch", "count": exc.error_count(), "errors": errors}
         ) from None
+
+
+def check_instances(batch: IngestBatch, grant: Grant) -> None:
+    """403 unless every record names an instance bound to the tenant's token: alerts (and their
+    remediation) are per instance, so a tenant must not write another's or a shared engine's data."""
+    for kind in ("requests", "samples", "events"):
+        for index, record in enumerate(getattr(batch, kind)):
+            if record.instance not in grant.instances:
+                message = (
+                    f"{kind}[{index}].instance {record.instance[:64]!r} is not bound to this token's tenant "
+                    f"{grant.tenant!r} (bound: {', '.join(sorted(grant.instances))})"
+                )
+                error = {"item": f"{kind}[{index}]", "field": "instance", "message": message, "type": "forbidden"}
+                raise BatchRejected(
+                    403, "forbidden_instance", {"error": "forbidden", "message": message, "errors": [error]}
+                )
 
 
 def with_tenant(batch: IngestBatch, tenant: str) -> IngestBatch:
@@ -165,10 +184,10 @@ class IngestWorkers:
         loop = asyncio.get_running_loop()
         await asyncio.gather(*(loop.run_in_executor(self._executor, _ready) for _ in range(self._processes)))
 
-    async def ingest(self, body: bytes, tenant: str | None = None) -> IngestResult:
+    async def ingest(self, body: bytes, grant: Grant | None = None) -> IngestResult:
         executor = self._executor
         try:
-            result = await asyncio.get_running_loop().run_in_executor(executor, self._ingest_body, body, tenant)
+            result = await asyncio.get_running_loop().run_in_executor(executor, self._ingest_body, body, grant)
         except BatchRejected as exc:
             if exc.reason == "store_unavailable":  # for /readyz
                 self._health.failed(exc.detail["message"])
@@ -236,5 +255,5 @@ def _ready() -> bool:
     return True
 
 
-def _ingest_in_worker(body: bytes, tenant: str | None) -> IngestResult:
-    return ingest_body(_worker_store, body, tenant)
+def _ingest_in_worker(body: bytes, grant: Grant | None) -> IngestResult:
+    return ingest_body(_worker_store, body, grant)

@@ -23,10 +23,12 @@ ROLE_ENV = {role: f"SPECWATCH_{role.upper()}_TOKEN" for role in ROLES}
 
 @dataclass(frozen=True)
 class Grant:
-    """What a token allows: its role (`admin` includes `read`), and the tenant it is bound to, if any."""
+    """What a token allows: its role (`admin` includes `read`), the tenant it is bound to, if any, and
+    for a tenant-bound ingest token the instances it may write (docs/security.md: nothing else)."""
 
     role: str
     tenant: str | None = None
+    instances: frozenset[str] = frozenset()
 
     def allows(self, role: str) -> bool:
         return self.role == role or (self.role == "admin" and role == "read")
@@ -42,7 +44,9 @@ class TokenTable:
     """Bearer tokens by role. Several per role (rotation: add the new one, move clients, drop the old).
 
     From the environment, `SPECWATCH_INGEST_TOKEN`, `SPECWATCH_READ_TOKEN`, `SPECWATCH_ADMIN_TOKEN`
-    (comma-separated), and from a file of lines `ROLE TOKEN [tenant=NAME]` (`#` starts a comment).
+    (comma-separated), and from a file of lines `ROLE TOKEN [tenant=NAME [instances=A,B]]` (`#` starts a
+    comment). An ingest token bound to a tenant must name its instances, and an instance belongs to one
+    tenant only: a tenant's data can then fire alerts (and remediation) on its own instances only.
     Tokens are compared in constant time, each against every known token.
     """
 
@@ -86,13 +90,38 @@ def _read_token_file(path: Path) -> dict[str, Grant]:
         raise UsageError(f"cannot read the token file {path}: {exc.strerror}") from None
     grants = {}
     for number, line in enumerate(lines, 1):
-        fields = line.split("#", 1)[0].split()
-        if not fields:
-            continue
-        tenant = fields[2].removeprefix("tenant=") if len(fields) == 3 and fields[2].startswith("tenant=") else None
-        if len(fields) not in (2, 3) or fields[0] not in ROLES or (len(fields) == 3 and not tenant):
-            raise UsageError(
-                f"{path}:{number}: expected 'ROLE TOKEN [tenant=NAME]' with ROLE one of {', '.join(ROLES)}"
-            )
-        grants[fields[1]] = Grant(fields[0], tenant)
+        if fields := line.split("#", 1)[0].split():
+            grants[fields[1] if len(fields) > 1 else ""] = _grant(fields, f"{path}:{number}")
+    _check_instance_owners(grants.values(), path)
     return grants
+
+
+def _grant(fields: list[str], where: str) -> Grant:
+    """One line's grant: `ROLE TOKEN [tenant=NAME [instances=A,B]]`; UsageError saying what is wrong."""
+    options = dict(field.partition("=")[::2] for field in fields[2:])
+    tenant, instances = options.get("tenant"), frozenset(filter(None, options.get("instances", "").split(",")))
+    if (
+        len(fields) < 2
+        or fields[0] not in ROLES
+        or len(options) != len(fields) - 2
+        or not set(options) <= {"tenant", "instances"}
+        or not all(options.values())
+    ):
+        roles = ", ".join(ROLES)
+        raise UsageError(f"{where}: expected 'ROLE TOKEN [tenant=NAME [instances=A,B]]' with ROLE one of {roles}")
+    if fields[0] == "ingest" and tenant and not instances:
+        raise UsageError(f"{where}: an ingest token bound to a tenant must name its instances=A,B (docs/security.md)")
+    if instances and (fields[0] != "ingest" or not tenant):
+        raise UsageError(f"{where}: instances= binds a tenant's ingest token (give tenant= too)")
+    return Grant(fields[0], tenant, instances)
+
+
+def _check_instance_owners(grants, path: Path) -> None:
+    """An instance bound to two tenants would let each fire remediation on the other's engine."""
+    owner: dict[str, str] = {}
+    for grant in grants:
+        for instance in grant.instances:
+            if owner.setdefault(instance, grant.tenant) != grant.tenant:
+                raise UsageError(
+                    f"{path}: instance {instance!r} is bound to tenants {owner[instance]!r} and {grant.tenant!r}"
+                )

@@ -27,11 +27,10 @@ _CLOSE = {"connection": "close"}  # the rest of the body never arrived: no next 
 @router.post("/v1/ingest")
 async def ingest(request: Request, settings: SettingsDep, metrics: MetricsDep, grant: IngestGrantDep) -> Response:
     """Store one batch atomically; duplicates (by idempotency key) are skipped and counted.
-    A tenant-bound token's requests are tagged with its tenant, whatever the producer wrote."""
+    A tenant-bound token writes its own instances only (403), its requests tagged with its tenant."""
     try:
         body = await _body(request, settings)
-        tenant = grant.tenant if grant else None
-        result = await request.app.state.ingest.ingest(body, tenant)  # in a worker process (see collector.ingest)
+        result = await request.app.state.ingest.ingest(body, grant)  # in a worker process (see collector.ingest)
     except BatchRejected as exc:
         metrics.record_rejected(exc.reason)
         raise HTTPException(exc.status, exc.detail, headers=_CLOSE if exc.status == 408 else None) from None

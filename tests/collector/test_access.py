@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from collector_payloads import T0, request_dict, sample_dict
+from collector_payloads import T0, event_dict, request_dict, sample_dict
 from fastapi.routing import iter_route_contexts
 from fastapi.testclient import TestClient
 from sqlalchemy import select
@@ -36,11 +36,11 @@ UNSCOPED = (
     "/metrics",
 )
 TOKEN_FILE = """\
-# role token [tenant=NAME]
+# role token [tenant=NAME [instances=A,B]]
 read   r-file
 admin  a-file
-ingest i-acme   tenant=acme
-ingest i-globex tenant=globex
+ingest i-acme   tenant=acme   instances=acme-0,acme-1
+ingest i-globex tenant=globex instances=gpu-0
 read   r-acme   tenant=acme
 """
 WINDOW = {"start": T0 - 10, "end": T0 + 3600, "month": "2026-05"}
@@ -131,18 +131,53 @@ def stored_tenants(client: TestClient) -> dict[str, str]:
         return {rid: tags.get("tenant") for rid, tags in conn.execute(select(Request.request_id, Request.tags))}
 
 
+def acme(i: int) -> dict:
+    return request_dict(i, instance="acme-0")
+
+
 def test_a_tenant_bound_ingest_token_stamps_its_tenant(secured):
     # request_dict tags odd ids "acme", even ids "globex": the token's tenant wins
     assert ingest(secured, [request_dict(i) for i in range(4)], "i-globex", [sample_dict(1)]).status_code == 200
-    assert ingest(secured, [request_dict(i) for i in range(4, 7)], "i-acme").status_code == 200
+    assert ingest(secured, [acme(i) for i in range(4, 7)], "i-acme").status_code == 200
     assert ingest(secured, [request_dict(7)], "i1").status_code == 200  # unbound: the producer's tag stays
     expected = {f"req-{i}": "globex" for i in range(4)} | {f"req-{i}": "acme" for i in range(4, 7)}
     assert stored_tenants(secured) == expected | {"req-7": "acme"}
 
 
+def stored_counts(client: TestClient) -> tuple[int, int, int]:
+    with client.app.state.store.engine.connect() as conn:
+        return tuple(conn.exec_driver_sql(f"SELECT count(*) FROM {t}").scalar() for t in TABLES)
+
+
+TABLES = ("requests", "device_samples", "engine_events")
+
+
+@pytest.mark.parametrize(
+    "batch, blamed",
+    [
+        ({"samples": [sample_dict(1, instance="acme-0"), sample_dict(2)]}, "samples[1]"),  # globex's gpu-0
+        ({"events": [event_dict(1, instance="shared-engine")]}, "events[0]"),
+        ({"requests": [request_dict(1, instance="acme-1"), request_dict(2)]}, "requests[1]"),
+    ],
+)
+def test_a_tenant_bound_ingest_token_writes_only_its_own_instances(secured, batch, blamed):
+    """Issue 30 #1: a tenant's token wrote samples and events for any instance, and requests that fed the
+    per-instance alerts of a shared engine (whose remediation defragments it or unloads its draft)."""
+    headers = {"content-type": "application/json", **bearer("i-acme")}
+    before = stored_counts(secured)
+    refused = secured.post("/v1/ingest", content=orjson.dumps(batch), headers=headers)
+    assert refused.status_code == 403, refused.text
+    detail = refused.json()["detail"]
+    assert detail["errors"][0]["item"] == blamed and detail["errors"][0]["field"] == "instance"
+    assert "not bound to this token's tenant 'acme'" in detail["message"]
+    assert stored_counts(secured) == before  # nothing of the batch stored
+    unbound = secured.post("/v1/ingest", content=orjson.dumps(batch), headers={**headers, **bearer("i1")})
+    assert unbound.status_code == 200  # an ingest token bound to no tenant writes any instance
+
+
 def test_a_tenant_bound_read_token_sees_only_its_tenant(secured):
     assert ingest(secured, [request_dict(i) for i in range(6)], "i-globex").status_code == 200
-    assert ingest(secured, [request_dict(i) for i in range(6, 10)], "i-acme").status_code == 200
+    assert ingest(secured, [acme(i) for i in range(6, 10)], "i-acme").status_code == 200
 
     def requests(token: str, **params) -> int:
         response = secured.get("/v1/signals", params=WINDOW | params, headers=bearer(token))
@@ -152,7 +187,7 @@ def test_a_tenant_bound_read_token_sees_only_its_tenant(secured):
     assert requests("r1") == 10 and requests("r-acme") == 4
     assert requests("r-acme", tag="tenant:globex") == 0  # asking for another tenant's rows finds none
     labels = secured.get("/v1/labels", params=WINDOW, headers=bearer("r-acme")).json()
-    assert labels["instance"] == {"gpu-0": 4}
+    assert labels["instance"] == {"acme-0": 4}
     breakdown = secured.get("/v1/breakdown", params=WINDOW | {"by": "tag:tenant"}, headers=bearer("r-acme")).json()
     assert [(g["key"], g["requests"]) for g in breakdown["groups"]] == [("acme", 4)]
 
@@ -179,9 +214,12 @@ def serve(monkeypatch, capsys, *args: str, **env: str) -> tuple[int, str]:
 @pytest.mark.parametrize(
     "content, message",
     [
-        ("reader r1\n", "tokens:1: expected 'ROLE TOKEN [tenant=NAME]'"),
+        ("reader r1\n", "tokens:1: expected 'ROLE TOKEN [tenant=NAME [instances=A,B]]'"),
         ("read r1\nread r2 acme\n", "tokens:2: expected"),
         ("read r1 tenant=\n", "tokens:1: expected"),
+        ("ingest i1 tenant=acme\n", "tokens:1: an ingest token bound to a tenant must name its instances"),
+        ("ingest i1 instances=a\n", "tokens:1: instances= binds a tenant's ingest token"),
+        ("ingest i1 tenant=a instances=x\ningest i2 tenant=b instances=x,y\n", "instance 'x' is bound to tenants"),
     ],
 )
 def test_a_bad_token_file_stops_serve_with_one_line(monkeypatch, capsys, tmp_path, content, message):
