@@ -19,10 +19,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         required=True,
-        metavar="NAME=URL[,drafter=D][,gamma=K][,capacity=N][,pool=spec|plain]",
+        metavar="NAME=URL[,drafter=D][,gamma=K][,capacity=N][,pool=spec|plain][,auth=forward]",
         help="an upstream server (repeat); with a drafter (vLLM's method: ngram, suffix, eagle, eagle3, mtp, medusa, "
         "draft_model:NAME) it joins the spec pool, without one the plain pool; capacity: its --max-num-seqs "
-        "(default 8), the denominator of its load",
+        "(default 8), the denominator of its load; auth=forward: it also gets the client's Authorization header "
+        "(never sent otherwise)",
     )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=tcp_port, default=8100)

@@ -29,7 +29,9 @@ from gateway.core import Gateway
 from gateway.records import Outcome, SseReader
 from gateway.upstreams import UpstreamState
 
-FORWARDED_HEADERS = ("authorization", "traceparent", "tracestate", "content-type", "accept")
+# The client's headers every upstream gets; its Authorization only an upstream started with `auth=forward`
+# (a client's key is for the gateway's operator, not for every server behind it: docs/security.md).
+FORWARDED_HEADERS = ("traceparent", "tracestate", "content-type", "accept")
 
 
 async def proxy(request: Request) -> Response:
@@ -77,9 +79,13 @@ async def _send(gateway: Gateway, request: Request, raw: bytes, outcome: Outcome
     tried: set[str] = set()
     headers = {k: v for k in FORWARDED_HEADERS if (v := request.headers.get(k))}
     headers |= {REQUEST_ID_HEADER: outcome.request_id, STARTED_AT_HEADER: repr(outcome.started_at)}
+    authorization = {"authorization": v} if (v := request.headers.get("authorization")) else {}
     while (state := _next_upstream(gateway, outcome, tried)) is not None:
         upstream_request = gateway.http.build_request(
-            "POST", state.upstream.url + request.url.path, content=raw, headers=headers
+            "POST",
+            state.upstream.url + request.url.path,
+            content=raw,
+            headers=headers | authorization if state.upstream.forward_auth else headers,
         )
         try:
             return await _send_once(gateway, upstream_request, outcome), state

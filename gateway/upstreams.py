@@ -1,4 +1,5 @@
-"""Upstreams: what `--upstream NAME=URL[,drafter=D][,gamma=K][,capacity=N][,pool=spec|plain]` says,
+"""Upstreams: what `--upstream NAME=URL[,drafter=D][,gamma=K][,capacity=N][,pool=spec|plain][,auth=forward]`
+says (`auth=forward`: this upstream also gets the client's `Authorization` header; off by default),
 and what the gateway knows about each one now (health, load, requests in flight).
 
 Load is (running + waiting) / capacity, the engine policy's definition: running and waiting
@@ -19,7 +20,8 @@ from common.errors import UsageError
 from telemetry.schema import DRAFTER_PATTERN
 
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}"
-OPTIONS = ("drafter", "gamma", "capacity", "pool")
+OPTIONS = ("drafter", "gamma", "capacity", "pool", "auth")
+AUTH = ("none", "forward")  # whether the client's Authorization header goes to this upstream
 RUNNING = ("vllm:num_requests_running", "specwatch_engine_num_requests_running")
 WAITING = ("vllm:num_requests_waiting", "specwatch_engine_num_requests_waiting")
 DEFAULT_CAPACITY = 8  # vllm_server.VllmServer's --max-num-seqs and our engine's default slots
@@ -33,6 +35,7 @@ class Upstream:
     gamma: int = 0  # its num_speculative_tokens, when known
     capacity: int = DEFAULT_CAPACITY  # concurrent sequences it serves (vLLM's --max-num-seqs)
     pool: str = "plain"  # 'spec' | 'plain'
+    forward_auth: bool = False  # `auth=forward`: the client's Authorization header goes to it (docs/security.md)
 
     @property
     def speculative(self) -> bool:
@@ -43,7 +46,10 @@ def parse_upstream(text: str) -> Upstream:
     """One `--upstream` value; UsageError saying what is wrong."""
     name, sep, rest = text.partition("=")
     if not sep or not re.fullmatch(NAME_PATTERN, name):
-        raise UsageError(f"--upstream {text!r}: expected NAME=URL[,drafter=D][,gamma=K][,capacity=N][,pool=spec|plain]")
+        raise UsageError(
+            f"--upstream {text!r}: expected NAME=URL[,drafter=D][,gamma=K][,capacity=N]"
+            "[,pool=spec|plain][,auth=forward]"
+        )
     url, *options = rest.split(",")
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
@@ -60,9 +66,11 @@ def parse_upstream(text: str) -> Upstream:
     pool = values.get("pool", "spec" if drafter else "plain")
     if pool not in ("spec", "plain"):
         raise UsageError(f"--upstream {name}: pool must be spec or plain, not {pool!r}")
+    if values.get("auth", "none") not in AUTH:
+        raise UsageError(f"--upstream {name}: auth must be none or forward, not {values['auth']!r}")
     gamma = _int_option(name, values, "gamma", 0, 0, 64)
     capacity = _int_option(name, values, "capacity", DEFAULT_CAPACITY, 1, 1_000_000)
-    return Upstream(name, url.rstrip("/"), drafter, gamma, capacity, pool)
+    return Upstream(name, url.rstrip("/"), drafter, gamma, capacity, pool, values.get("auth") == "forward")
 
 
 def _options(name: str, options: list[str]) -> dict[str, str]:

@@ -145,7 +145,7 @@ def test_headers_and_tags_travel(upstream):
         )
         assert response.status_code == 200
         forwarded = seen[-1]["headers"]
-        assert forwarded["authorization"] == "Bearer client-key"
+        assert "authorization" not in forwarded  # the client's key is not for the upstream (issue 30 #2)
         assert forwarded["traceparent"] == headers["traceparent"]
         assert forwarded["x-request-id"] == response.headers["x-specwatch-request-id"]
         record = gw.wait_records(1)[0]
@@ -155,6 +155,17 @@ def test_headers_and_tags_travel(upstream):
         again = post(gw.url, {"prompt": "hello"}, headers={"x-request-id": "client-key-7"})
         assert again.headers["x-specwatch-request-id"] == seen[-1]["headers"]["x-request-id"] == "client-key-7"
         assert gw.wait_records(2)[-1].request_id == "client-key-7"
+
+
+def test_the_client_authorization_goes_only_to_an_upstream_configured_to_receive_it(upstream):
+    seen = upstream.server.config.app.state.seen
+    key = {"authorization": "Bearer client-key"}
+    with GatewayServer([f"p={upstream.url},auth=forward"]) as gw:
+        assert post(gw.url, {"prompt": "hello"}, headers=key).status_code == 200
+        assert seen[-1]["headers"]["authorization"] == "Bearer client-key"
+    with GatewayServer([f"p={upstream.url},auth=none"]) as gw:
+        assert post(gw.url, {"prompt": "hello"}, headers=key).status_code == 200
+        assert "authorization" not in seen[-1]["headers"]
 
 
 def test_unknown_routes_and_methods_are_json_errors(upstream):
@@ -217,6 +228,7 @@ def test_an_upstream_stream_without_event_framing_is_passed_on_not_hoarded():
         (["--upstream", "bad"], "expected NAME=URL"),
         (["--upstream", "a=http://x", "--upstream", "a=http://y"], "names must be unique"),
         (["--upstream", "a=http://x", "--canary", "1.5"], "canary must be in [0, 1]"),
+        (["--upstream", "a=http://x,auth=yes"], "auth must be none or forward"),
         (["--upstream", "a=http://x", "--max-body-bytes", "10"], "--max-body-bytes must be at least 1024"),
         (["--upstream", "a=http://x", "--tokenizer", "/nonexistent/tok.json"], "cannot load a tokenizer"),
     ],
