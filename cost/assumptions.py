@@ -7,7 +7,7 @@ never measured), "estimate" (derived, not metered: e.g. CPU power from CPU-secon
 
 from __future__ import annotations
 
-from cost.terms import GB, HIDDEN_FIELDS, HIDDEN_UNITS, Assumption, CostInputs, monthly_volume
+from cost.terms import GB, HIDDEN_FIELDS, HIDDEN_UNITS, SEED, Assumption, CostInputs, monthly_volume, needs_training
 
 
 def assumptions(inputs: CostInputs) -> tuple[Assumption, ...]:
@@ -69,3 +69,55 @@ def _idle(inputs: CostInputs) -> list[Assumption]:
 def _hidden(inputs: CostInputs) -> list[Assumption]:
     hidden = inputs.hidden
     return [Assumption(name, getattr(hidden, name), HIDDEN_UNITS[name], hidden.source(name)) for name in HIDDEN_FIELDS]
+
+
+def estimated_from(inputs: CostInputs, key: str) -> tuple[str, ...]:
+    """Inputs behind arm `key`'s net benefit that are estimates or seed defaults (see `Benefit`)."""
+    found = []
+    arms = [arm for arm in inputs.arms if arm.key == key or arm.mode == "autoregressive"]
+    for arm in arms:
+        if inputs.energy_added and arm.energy_source and "estimate" in arm.energy_source:
+            found.append(f"{arm.key} energy (estimate)")
+        if arm.memory_source not in ("measured", "given"):
+            found.append(f"{arm.key} memory ({arm.memory_source})")
+        if arm.device_s_source == "derived":
+            found.append(f"{arm.key} device time (processor sharing derived from request times)")
+    spec = next((arm for arm in arms if arm.key == key), None)
+    for name in HIDDEN_FIELDS:
+        if name in ("draft_training_usd", "training_data_fraction", "amortisation_months") and not (
+            spec and needs_training(spec.drafter)
+        ):
+            continue
+        if inputs.hidden.source(name) == SEED and (name != "opportunity_days_per_month"):
+            found.append(f"{name} (seed default)")
+    return tuple(found)
+
+
+def notes(inputs: CostInputs) -> tuple[str, ...]:
+    """What the figures leave out or estimate, in words."""
+    found = []
+    if inputs.baseline is None:
+        found.append("no autoregressive arm measured: no benefit of speculation can be computed")
+    if not inputs.energy_added:
+        found.append(f"{inputs.pricing} pricing: the GPU-hour price includes power; energy is shown, not added")
+    for arm in inputs.arms:
+        if arm.energy_source is None or arm.energy_j_per_token is None:
+            found.append(f"{arm.key}: energy not measured" + (", counted as $0" if inputs.energy_added else ""))
+        elif "estimate" in arm.energy_source:
+            found.append(f"{arm.key}: energy is an estimate (CPU-seconds x watts per busy core, not metered)")
+        if arm.memory_source not in ("measured", "given"):
+            found.append(
+                f"{arm.key}: memory {arm.memory_source}"
+                + (" (whole devices charged)" if arm.target_memory_bytes is None else "")
+            )
+        if arm.device_s_source == "derived":
+            found.append(f"{arm.key}: device time derived by processor sharing over request times (no device_s)")
+    if inputs.idle is None:
+        found.append("idle time not measured (no device samples): only busy device time is priced")
+    if inputs.hidden.monitoring_source == SEED:
+        found.append(
+            f"monitoring storage: {inputs.hidden.monitoring_gb_per_day:g} GB/day assumed (seed default), not measured"
+        )
+    if inputs.hidden.opportunity_days_per_month == 0:
+        found.append("opportunity cost (iteration slowdown, learning curve) not counted: 0 engineer-days assumed")
+    return tuple(found)

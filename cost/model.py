@@ -29,7 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cost.allocation import Allocation, allocate
-from cost.assumptions import assumptions
+from cost.assumptions import assumptions, estimated_from, notes
+from cost.hidden import HiddenMonthly, draft_fraction, draft_memory_monthly, hidden_monthly, training_run_usd
 from cost.terms import (
     DAYS_PER_MONTH,
     GB,
@@ -52,6 +53,7 @@ from cost.terms import (
     ModeMeasure,
     Prices,
     monthly_volume,
+    needs_training,
 )
 
 # the inputs' types are re-exported from cost.terms
@@ -124,30 +126,6 @@ class ArmCost:
     device_s_source: str
     window_usd: float = 0.0  # the arm's lines in the window: its work, its retries, the idle charged to it
     estimate: bool = False  # part of its device time derived from request times: shown with "~"
-
-
-@dataclass(frozen=True)
-class HiddenMonthly:
-    """Hidden monthly costs of speculation with one drafter (USD/month).
-
-    The reserve (tech_debt_usd) is tech_debt_buffer x reserve_base_usd; with reserve_base "additions"
-    that base is what speculation adds (the drafter's device time and memory, training, operations,
-    storage), with "deployment" the speculative deployment's whole cost. The drafter's device time is
-    already in the arm's serving cost and its memory in the instance's share: they are in the base,
-    not added again."""
-
-    draft_training_usd: float
-    monitoring_usd: float
-    monitoring_source: str
-    incidents_usd: float
-    incidents_source: str
-    opportunity_usd: float
-    tech_debt_usd: float
-    total_usd: float
-    draft_device_usd: float = 0.0  # the drafter's share of the arm's monthly device cost (draft_s / device_s)
-    draft_memory_usd: float = 0.0  # the draft's memory share of the instances' month
-    reserve_base: str = "additions"
-    reserve_base_usd: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -300,76 +278,6 @@ def idle_cost(inputs: CostInputs, allocation: Allocation | None = None) -> IdleC
     )
 
 
-def needs_training(drafter: str | None) -> bool:
-    """A drafter with trained weights of the team's own (see UNTRAINED_DRAFTERS)."""
-    if drafter is None or drafter in UNTRAINED_DRAFTERS:
-        return False
-    return not drafter.startswith(UNTRAINED_PREFIXES)
-
-
-def draft_fraction(arm: ModeMeasure) -> float:
-    """The share of the arm's device time spent drafting: draft_s / device_s (engine records), else
-    draft_s / (draft_s + verify_s) when only the timings are known; 0 when not measured."""
-    if arm.device_s > 0:
-        return min(arm.draft_s / arm.device_s, 1.0)
-    timed = arm.draft_s + arm.verify_s
-    return arm.draft_s / timed if timed > 0 else 0.0
-
-
-def draft_memory_monthly(arm: ModeMeasure, inputs: CostInputs) -> float:
-    """The draft's memory share of every instance it held memory on, for a month."""
-    fraction = arm.draft_memory_bytes / (inputs.gpu_count * inputs.device_memory_bytes)
-    instances = max(sum(any(u.arm == arm.key for u in i.arms) for i in inputs.usage), 1)
-    return min(fraction, 1.0) * instances * inputs.gpu_count * inputs.gpu_hour_usd * SECONDS_PER_MONTH / 3600
-
-
-def hidden_monthly(
-    hidden: HiddenCosts,
-    prices: Prices,
-    drafter: str | None,
-    spec_monthly_usd: float,
-    adds: float = 0.0,
-    draft_device: float = 0.0,
-    draft_memory: float = 0.0,
-) -> HiddenMonthly:
-    """USD/month:
-    draft_training = draft_training_usd x (training_data_fraction / 0.10) / amortisation_months
-                     (0 for an untrained drafter; the seed's run is at 10% of the target's data)
-    monitoring     = monitoring_gb_per_day x retention_days x storage_usd_per_gb_month
-                     (the steady-state store size, paid every month)
-    incidents      = incident_days_per_week x 52/12 x engineer_day_usd
-    opportunity    = opportunity_days_per_month x engineer_day_usd
-    tech_debt      = tech_debt_buffer x base: "additions" = the drafter's device time and memory
-                     (draft_device, draft_memory) + all of the above; "deployment" = the speculative
-                     arm's monthly serving cost + all of the above"""
-    training = training_run_usd(hidden, drafter) / hidden.amortisation_months
-    monitoring = hidden.monitoring_gb_per_day * hidden.monitoring_retention_days * prices.storage_usd_per_gb_month
-    incidents = hidden.incident_days_per_week * WEEKS_PER_MONTH * prices.engineer_day_usd
-    opportunity = hidden.opportunity_days_per_month * prices.engineer_day_usd
-    others = training + monitoring + incidents + opportunity
-    base = others + (draft_device + draft_memory if hidden.reserve_base == "additions" else spec_monthly_usd)
-    buffer = hidden.tech_debt_buffer * base
-    return HiddenMonthly(
-        training,
-        monitoring,
-        hidden.monitoring_source,
-        incidents,
-        hidden.source("incident_days_per_week"),
-        opportunity,
-        buffer,
-        others + buffer,
-        draft_device,
-        draft_memory,
-        hidden.reserve_base,
-        base,
-    )
-
-
-def training_run_usd(hidden: HiddenCosts, drafter: str | None) -> float:
-    """One training run of the drafter (0 when it has no trained weights)."""
-    return hidden.draft_training_usd * hidden.training_data_fraction / 0.10 if needs_training(drafter) else 0.0
-
-
 def benefit(spec: ArmCost, plain: ArmCost, inputs: CostInputs) -> Benefit:
     """Net monthly benefit and payback of one speculative arm against plain decoding (see `Benefit`)."""
     measure = next(arm for arm in inputs.arms if arm.key == spec.key)
@@ -415,28 +323,6 @@ def tco(inputs: CostInputs) -> Tco:
     )
 
 
-def estimated_from(inputs: CostInputs, key: str) -> tuple[str, ...]:
-    """Inputs behind arm `key`'s net benefit that are estimates or seed defaults (see `Benefit`)."""
-    found = []
-    arms = [arm for arm in inputs.arms if arm.key == key or arm.mode == "autoregressive"]
-    for arm in arms:
-        if inputs.energy_added and arm.energy_source and "estimate" in arm.energy_source:
-            found.append(f"{arm.key} energy (estimate)")
-        if arm.memory_source not in ("measured", "given"):
-            found.append(f"{arm.key} memory ({arm.memory_source})")
-        if arm.device_s_source == "derived":
-            found.append(f"{arm.key} device time (processor sharing derived from request times)")
-    spec = next((arm for arm in arms if arm.key == key), None)
-    for name in HIDDEN_FIELDS:
-        if name in ("draft_training_usd", "training_data_fraction", "amortisation_months") and not (
-            spec and needs_training(spec.drafter)
-        ):
-            continue
-        if inputs.hidden.source(name) == SEED and (name != "opportunity_days_per_month"):
-            found.append(f"{name} (seed default)")
-    return tuple(found)
-
-
 def primary_key(inputs: CostInputs) -> str | None:
     """The speculative arm that served the most output tokens (what is actually in use)."""
     spec = inputs.speculative_arms
@@ -448,33 +334,3 @@ def net_benefit(inputs: CostInputs, key: str | None = None) -> float | None:
     key = key or primary_key(inputs)
     found = next((b for b in tco(inputs).benefits if b.key == key), None)
     return None if found is None else found.net_usd
-
-
-def notes(inputs: CostInputs) -> tuple[str, ...]:
-    """What the figures leave out or estimate, in words."""
-    found = []
-    if inputs.baseline is None:
-        found.append("no autoregressive arm measured: no benefit of speculation can be computed")
-    if not inputs.energy_added:
-        found.append(f"{inputs.pricing} pricing: the GPU-hour price includes power; energy is shown, not added")
-    for arm in inputs.arms:
-        if arm.energy_source is None or arm.energy_j_per_token is None:
-            found.append(f"{arm.key}: energy not measured" + (", counted as $0" if inputs.energy_added else ""))
-        elif "estimate" in arm.energy_source:
-            found.append(f"{arm.key}: energy is an estimate (CPU-seconds x watts per busy core, not metered)")
-        if arm.memory_source not in ("measured", "given"):
-            found.append(
-                f"{arm.key}: memory {arm.memory_source}"
-                + (" (whole devices charged)" if arm.target_memory_bytes is None else "")
-            )
-        if arm.device_s_source == "derived":
-            found.append(f"{arm.key}: device time derived by processor sharing over request times (no device_s)")
-    if inputs.idle is None:
-        found.append("idle time not measured (no device samples): only busy device time is priced")
-    if inputs.hidden.monitoring_source == SEED:
-        found.append(
-            f"monitoring storage: {inputs.hidden.monitoring_gb_per_day:g} GB/day assumed (seed default), not measured"
-        )
-    if inputs.hidden.opportunity_days_per_month == 0:
-        found.append("opportunity cost (iteration slowdown, learning curve) not counted: 0 engineer-days assumed")
-    return tuple(found)

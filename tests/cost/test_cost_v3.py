@@ -243,3 +243,10 @@ def test_focus_export_passes_focus_validator(store_url, tmp_path):
     failed = set(re.findall(r"(\S+): FAIL", run.stdout))
     assert failed <= VALIDATOR_CONTRADICTION, failed
     assert "InvoiceId-C-003-C: FAIL" not in run.stdout
+
+
+def test_excess_ratio_is_the_alerts_cost_formula():
+    from cost.signals import excess_ratio
+
+    assert excess_ratio(11.0, 100, 10.0, 100) == pytest.approx(0.1)
+    assert excess_ratio(1.0, 0, 1.0, 1) is None and excess_ratio(1.0, 1, 0.0, 1) is None
