@@ -106,7 +106,7 @@ def parse_batch(body: bytes) -> IngestBatch:
     except orjson.JSONDecodeError as exc:
         raise BatchRejected(400, "invalid_json", {"error": "invalid_json", "message": str(exc)}) from None
     try:
-        return IngestBatch.model_validate(payload)
+        return IngestBatch.validate_wire(payload)
     except ValidationError as exc:
         errors = [_describe(e) for e in exc.errors(include_url=False, include_input=False)[:MAX_REPORTED_ERRORS]]
         raise BatchRejected(

@@ -21,6 +21,9 @@ MIN_EPOCH_S = 946_684_800.0
 MAX_EPOCH_S = 4_102_444_800.0
 MAX_GAMMA = 64
 MAX_TAGS = 16
+# An event's free-form `detail`: at most this deep (objects and lists) and this large (its repr).
+MAX_DETAIL_DEPTH = 16
+MAX_DETAIL_CHARS = 4096
 # Latency histogram bounds (seconds, Prometheus `le`) of TTFT and e2e latency: the engine's and the
 # collector's /metrics and the collector's rollups all use these. 0.3 is the default TTFTP99High
 # threshold, so its PromQL histogram_quantile needs no interpolation across it.
@@ -66,6 +69,9 @@ class FieldError(ValueError):
 
 
 class _Strict(BaseModel):
+    """Lax for the producers' own Python values (a numpy count, a tuple); what arrives on the wire is
+    validated with `validate_wire` (strict: `"20"` or `true` is no count, `"yes"` no boolean)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
 
 
@@ -200,25 +206,33 @@ class EngineEvent(_Strict):
     @field_validator("detail")
     @classmethod
     def _small_finite_detail(cls, detail: dict[str, Any]) -> dict[str, Any]:
-        if len(repr(detail)) > 4096:
+        _check_detail(detail, 1)  # first: a deep value would overflow repr's recursion (a 500, issue 30 #3)
+        if len(repr(detail)) > MAX_DETAIL_CHARS:
             raise ValueError("detail is larger than 4 KiB")
-        _reject_non_finite(detail)
         return detail
 
 
-def _reject_non_finite(value: Any) -> None:
+def _check_detail(value: Any, depth: int) -> None:
+    """No non-finite numbers, at most MAX_DETAIL_DEPTH levels of objects and lists (checked before
+    descending, so a hostile depth costs MAX_DETAIL_DEPTH frames)."""
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError("detail holds a non-finite number")
-    if isinstance(value, dict):
-        for item in value.values():
-            _reject_non_finite(item)
-    elif isinstance(value, list):
-        for item in value:
-            _reject_non_finite(item)
+    if not isinstance(value, (dict, list)):
+        return
+    if depth > MAX_DETAIL_DEPTH:
+        raise ValueError(f"detail is nested deeper than {MAX_DETAIL_DEPTH} levels")
+    for item in value.values() if isinstance(value, dict) else value:
+        _check_detail(item, depth + 1)
 
 
 class IngestBatch(_Strict):
     """One batch on the wire: {"requests": [...], "samples": [...], "events": [...]}."""
+
+    @classmethod
+    def validate_wire(cls, payload: Any) -> IngestBatch:
+        """A batch parsed from JSON, in strict mode: every type exactly as the contract says (an int
+        counts as a float, nothing else converts). ValidationError otherwise."""
+        return cls.model_validate(payload, strict=True)
 
     requests: list[RequestRecord] = Field(default_factory=list, max_length=100_000)
     samples: list[DeviceSample] = Field(default_factory=list, max_length=100_000)
