@@ -310,10 +310,8 @@ def _load(r: Report) -> str:
     knees = "; ".join(
         f"{m}: {'none within the measured loads' if v is None else f'from load {v:g}'}" for m, v in k.knee.items()
     )
-    cross = (
-        "speculation decodes at least as fast as plain at every load measured for both"
-        if k.crossover is None
-        else f"from load {k.crossover:g} speculative requests decode no faster than plain ones"
+    cross = (  # the cost crossover has one definition (cost.concurrency.crossover): see the cost section
+        "per-request speed only; where speculation starts to cost more is the crossover in the cost section"
     )
     rows = [
         (
@@ -405,7 +403,7 @@ def _cost(s: CostSummary) -> str:
         return _section(
             "cost", title, "<p>No request held as a raw row to price this month.</p>", _pricing(t), _assumptions(t)
         )
-    parts = [_pricing(t), _arm_table(t), _idle(t)]
+    parts = [_pricing(t), _bill(t), _arm_table(t), _idle(t)]
     if any(a.energy_source and "estimate" in a.energy_source for a in t.arms):
         parts.append(
             f"<p>{ESTIMATE} Energy marked estimate was not metered (no NVML or RAPL reading): it is "
@@ -413,6 +411,24 @@ def _cost(s: CostSummary) -> str:
         )
     parts += [_benefits(s), _assumptions(t), _concurrency(s.concurrency), *_break_even(s), _tornado(s), _advice(s)]
     return _section("cost", title, *parts)
+
+
+def _bill(t: Tco) -> str:
+    """The window's bill and the lines that make it up (cost.allocation: Σ lines = the bill)."""
+    a = t.allocation
+    if a is None or not a.bills:
+        return ""
+    rows = [(line.instance, line.kind.replace("_", " "), line.arm or "", _usd(line.usd, 4)) for line in a.lines]
+    rows.append(("Σ lines", "", "", _usd(a.lines_usd, 4)))
+    rows.append(("bill", f"{sum(b.gpu_hours for b in a.bills):,.3f} instance-hours", "", _usd(a.bill_usd, 4)))
+    return (
+        '<div id="bill"><h3>The bill and its lines</h3><p>Every instance\'s bill split with nothing left over: each '
+        f"arm's device time, failed work (retries), idle time ({escape(a.method)}) and the part of the device other "
+        "tenants hold.</p>"
+        + _img(plots.bill_plot(a.by_kind()), "the bill as stacked lines")
+        + _table(("instance", "line", "arm", "USD"), rows)
+        + "</div>"
+    )
 
 
 def _pricing(t: Tco) -> str:

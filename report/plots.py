@@ -185,6 +185,22 @@ def tornado_plot(rows: Sequence[TornadoRow], base: float | None, top: int = 10) 
     return to_data_uri(fig)
 
 
+def bill_plot(parts: dict[str, float]) -> str | None:
+    """The bill as one stacked bar: arms, retries, idle and other tenants."""
+    if not parts or sum(parts.values()) <= 0:
+        return None
+    with plt.rc_context(_STYLE):
+        fig, ax = _figure(size=(SIZE[0], 1.6))
+        left = 0.0
+        for name, usd in sorted(parts.items()):
+            ax.barh(0, usd, left=left, label=name)
+            left += usd
+        ax.set_yticks([])
+        ax.set_xlabel("USD over the period (Σ = the bill)")
+        ax.legend(frameon=False, ncol=3, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.6))
+    return to_data_uri(fig)
+
+
 def concurrency_plot(costs: ConcurrencyCosts | None) -> str | None:
     """USD per 1M output tokens against the concurrency level, one line per mode (log2 x axis);
     the crossover (from where speculation costs more) marked."""
@@ -197,6 +213,10 @@ def concurrency_plot(costs: ConcurrencyCosts | None) -> str | None:
             rows = sorted((r for r in costs.rows if r.mode == mode), key=lambda r: r.level)
             if rows:
                 ax.plot([r.level for r in rows], [r.usd_per_mtok for r in rows], "o-", color=color, label=mode)
+                low = [(r.level, r.usd_low, r.usd_high) for r in rows if r.usd_low is not None]
+                if low:
+                    x, lo, hi = zip(*low)
+                    ax.fill_between(x, lo, hi, color=color, alpha=0.15)
         if costs.crossover is not None:
             ax.axvline(costs.crossover, color=ACCENT, linestyle="--", label=f"crossover: level {costs.crossover}")
         ax.set_xscale("log", base=2)

@@ -125,6 +125,10 @@ def test_cost_section_shows_assumptions_concurrency_and_estimates(filled, tmp_pa
     # pricing, the idle line, device-time GPU-hours, energy shown "in the price" (on-demand pricing)
     assert f"${tco.gpu_hour_usd:.2f}/GPU-hour, on-demand pricing" in html
     assert re.search(r'<p class="idle">Idle device time: 9\d\.\d% of the 450 s', html)
+    # the bill and its lines: they add up (cost.allocation), and the table says so
+    allocation = report.cost.tco.allocation
+    assert abs(allocation.lines_usd - allocation.bill_usd) <= 1e-9 * allocation.bill_usd
+    assert '<div id="bill">' in html and "Σ lines" in html
     assert "GPU-hours (device time)" in html and html.count('class="in-price"') == len(tco.arms)
 
     # cost against concurrency: the rows, the crossover, and a plot that draws both modes and marks it
