@@ -304,11 +304,18 @@ async def _events(ticket: Ticket) -> AsyncIterator[str | GenerateResult]:
         ticket.cancelled.set()  # no-op once finished; frees the slot if the client left
 
 
+SHUT_DOWN = "the engine shut down before the request finished"
+
+
 async def _sse(ticket: Ticket, frame: _Frame) -> AsyncIterator[bytes]:
+    """A stream cut short by the shutdown's deadline ends with finish_reason 'abort' (vLLM's) and an
+    in-band error, never a 'stop' that would pass for a complete answer."""
     try:
         async for item in _events(ticket):
             if isinstance(item, GenerateResult):
                 yield _data(frame.chunk("", item.finish_reason, item))
+                if item.finish_reason == "cancelled":
+                    yield _data(error_body(SHUT_DOWN, code="engine_shutdown"))
             else:
                 yield _data(frame.chunk(item, None, None))
     except Exception as exc:  # headers are sent: report in-band, as OpenAI does
@@ -321,7 +328,7 @@ async def _whole(ticket: Ticket, frame: _Frame, request: Request) -> Response:
     try:
         async for item in _events(ticket):
             if isinstance(item, GenerateResult) and item.finish_reason == "cancelled":  # a shutdown's deadline
-                return openai_error(503, "the engine shut down before the request finished")
+                return openai_error(503, SHUT_DOWN)
             if isinstance(item, GenerateResult):
                 return JSONResponse(frame.whole(item))
     except ShuttingDown as exc:
@@ -390,4 +397,5 @@ class _Frame:
 
 
 def _finish(reason: str | None) -> str | None:
-    return None if reason is None else ("stop" if reason in ("stop", "cancelled") else reason)
+    """OpenAI's finish_reason; a request cancelled before it finished is vLLM's 'abort'."""
+    return {"cancelled": "abort"}.get(reason, reason)

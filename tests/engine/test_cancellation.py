@@ -15,6 +15,7 @@ import threading
 import time
 
 import httpx
+import orjson
 import pytest
 from waiting import wait_for
 
@@ -40,6 +41,25 @@ def test_an_abandoned_request_frees_its_slot_and_is_recorded_cancelled(bundled_e
         assert record.status == "cancelled" and 0 < record.output_tokens < 2000
         short = httpx.post(f"{server.url}/v1/completions", json={**COUNTING, "max_tokens": 4}, timeout=30)
         assert short.status_code == 200 and server.records[-1].status == "ok"
+
+
+@pytest.mark.parametrize("path,body", [("completions", COUNTING), ("chat/completions", CHAT_COUNTING)])
+def test_a_stream_cut_off_by_the_shutdown_ends_with_an_error_not_stop(bundled_engine, path, body):
+    """Issue 30 #4: a stream the shutdown's deadline cut short ended with finish_reason 'stop' and [DONE],
+    as if complete. It now ends with 'abort' and an in-band error (recorded `cancelled`)."""
+    with Server(bundled_engine, slots=1) as server:
+        events = []
+        with httpx.stream("POST", f"{server.url}/v1/{path}", json={**body, "stream": True}, timeout=60) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+                if len(events) == 3:  # decoding: the shutdown's deadline now (uvicorn's, in serve)
+                    threading.Thread(target=server.scheduler.stop).start()
+        chunks = [orjson.loads(e) for e in events[:-1]]
+        assert events[-1] == "[DONE]" and chunks[-1]["error"]["code"] == "engine_shutdown"
+        finishes = [c["choices"][0]["finish_reason"] for c in chunks if c.get("choices")]
+        assert finishes[-1] == "abort" and "stop" not in finishes
+        assert server.records[-1].status == "cancelled"
 
 
 def test_sigterm_cancels_stuck_requests_within_the_shutdown_timeout(tmp_path):

@@ -8,6 +8,7 @@ import socket
 import subprocess
 
 import httpx
+import orjson
 import pytest
 from gateway_harness import DroppingUpstream, GatewayServer, ThreadServer, faulty_upstream
 from waiting import wait_for
@@ -236,3 +237,19 @@ def test_an_upstream_stream_without_event_framing_is_passed_on_not_hoarded():
 def test_gateway_serve_refuses_bad_options_with_exit_2(args, message):
     done = subprocess.run(specwatch_command("gateway", "serve", *args), capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_stream_the_engine_cut_off_at_shutdown_is_recorded_as_an_error():
+    """Issue 30 #4: the engine's stream cut short by its shutdown ends with 'abort' and an in-band error."""
+    from gateway.proxy import _note_stream_end
+    from gateway.records import Outcome, SseReader
+
+    reader = SseReader(drop_usage_chunk=False)
+    final = {"choices": [{"index": 0, "text": "", "finish_reason": "abort"}], "usage": {"completion_tokens": 3}}
+    error = {"error": {"message": "the engine shut down before the request finished", "code": "engine_shutdown"}}
+    stream = b"".join(b"data: " + orjson.dumps(event) + b"\n\n" for event in (final, error)) + b"data: [DONE]\n\n"
+    assert reader.feed(stream) == stream  # passed on unchanged
+    outcome = Outcome("r", 1.78e9, "m", 1, {}, "default", None, None)
+    _note_stream_end(outcome, reader)
+    assert (outcome.status, outcome.error) == ("error", "upstream:stream_error")
+    assert "shut down" in reader.error and outcome.usage == {"completion_tokens": 3}
