@@ -164,12 +164,18 @@ def _totals(columns: dict[str, list], group: np.ndarray, n: int) -> dict:
         "rate_m2": total(deviation * deviation, drafting),
     }
     out |= _span(np.asarray(columns["started_at"], dtype=float), group, n)
-    has_tpot = (output > 1) & ~np.isnan(ttft)
-    tpot = np.full(len(group), np.nan)
-    tpot[has_tpot] = (e2e[has_tpot] - ttft[has_tpot]) / (output[has_tpot] - 1)
-    for name, values in (("ttft_sketch", ttft), ("e2e_sketch", e2e), ("tpot_sketch", tpot)):
-        out[name] = _sketches(group, values, n)
+    for name, values in latencies(ttft, e2e, output).items():
+        out[f"{name}_sketch"] = sketches_per_group(group, values, n)
     return out
+
+
+def latencies(ttft: np.ndarray, e2e: np.ndarray, output: np.ndarray) -> dict[str, np.ndarray]:
+    """Per request: what the sketches hold (NaN: none), TPOT = (e2e - ttft) / (output - 1) of
+    requests with a TTFT and more than one output token."""
+    has_tpot = (output > 1) & ~np.isnan(ttft)
+    tpot = np.full(len(output), np.nan)
+    tpot[has_tpot] = (e2e[has_tpot] - ttft[has_tpot]) / (output[has_tpot] - 1)
+    return {"ttft": ttft, "e2e": e2e, "tpot": tpot}
 
 
 def _span(started: np.ndarray, group: np.ndarray, n: int) -> dict[str, np.ndarray]:
@@ -180,7 +186,7 @@ def _span(started: np.ndarray, group: np.ndarray, n: int) -> dict[str, np.ndarra
     return {"first_s": first, "last_s": last}
 
 
-def _sketches(group: np.ndarray, values: np.ndarray, n: int) -> list[sketch.Bins]:
+def sketches_per_group(group: np.ndarray, values: np.ndarray, n: int) -> list[sketch.Bins]:
     """One sketch per group (rows sorted by group once, then cut)."""
     order = np.argsort(group, kind="stable")
     bounds = np.searchsorted(group[order], np.arange(n + 1))

@@ -3,9 +3,10 @@
 Hour-aligned windows with whole-hour steps read the per-hour rollups, others the
 per-minute ones.
 
-Percentiles here are interpolated from the rollup histograms the way PromQL's
-`histogram_quantile` does (on the bounds every summed row has: `rollups.histogram_of`), so
-they are estimates; short windows use exact raw-row percentiles (`collector.series.series`).
+Percentiles here come from the rollups' DDSketches of TTFT, e2e and TPOT (within 1% of the raw
+rows', as in the per-second tier); a step that includes rollup rows written before migration 0011
+(no sketches) interpolates TTFT and e2e in the histograms the way PromQL's `histogram_quantile` does
+(on the bounds every summed row has: `rollups.histogram_of`) and has no TPOT.
 Tag filters are not kept in rollups: a query with tags falls back to raw rows.
 """
 
@@ -16,6 +17,7 @@ import math
 import numpy as np
 from sqlalchemy import Engine, and_, func, select
 
+from collector import sketch
 from collector.models import Request, RequestRollup, RequestRollupHourly
 from collector.queries import Filters, HourOfDay, Window, errors_by_hour
 from collector.rollups import (
@@ -25,6 +27,7 @@ from collector.rollups import (
     LAST_ID,
     LAST_PASS_AT,
     RAW_COLUMNS,
+    SKETCH_COLUMNS,
     TTFT_COLUMNS,
     aggregate,
     get_state,
@@ -48,7 +51,9 @@ _SUMS = (
     "rate_n",
     "rate_sum",
     "rate_sumsq",
+    "sketched",
 )
+_NAMES = tuple(c.removesuffix("_sketch") for c in SKETCH_COLUMNS)  # ttft, e2e, tpot
 
 
 def histogram_quantile(q: float, counts: np.ndarray, bounds=LATENCY_BUCKETS) -> float | None:
@@ -150,32 +155,43 @@ def _rollup_points(engine: Engine, start: float, steps: int, step_s: float, filt
     with engine.connect() as conn:
         for step, *values in conn.execute(stmt):
             totals[int(step)] = [float(v or 0) for v in values]
-        _add_unrolled(conn, totals, start, step_s, filters)
-    return [_point(start + i * step_s, totals[i]) for i in range(steps)]
+        sketches = _rollup_sketches(conn, table, index, start, steps, step_s, filters)
+        _add_unrolled(conn, totals, sketches, start, step_s, filters)
+    return [_point(start + i * step_s, totals[i], {n: found[i] for n, found in sketches.items()}) for i in range(steps)]
+
+
+def _rollup_sketches(conn, table, index, start: float, steps: int, step_s: float, filters: Filters) -> dict:
+    """Per sketch name, the merged sketch of each step's rollup rows."""
+    blobs = [getattr(table, c) for c in SKETCH_COLUMNS]
+    where = and_(*rollup_conditions(table, start, start + steps * step_s, filters))
+    rows = conn.execute(select(index, *blobs).where(where)).all()
+    group = np.array([int(row[0]) for row in rows], dtype=np.int64)
+    return {name: sketch.merge_encoded([row[1 + i] for row in rows], group, steps) for i, name in enumerate(_NAMES)}
 
 
 _COLUMN_INDEX = {c: i for i, c in enumerate((*_SUMS, *TTFT_COLUMNS, *E2E_COLUMNS))}
 
 
-def _add_unrolled(conn, totals: np.ndarray, start: float, step_s: float, filters: Filters) -> None:
+def _add_unrolled(conn, totals: np.ndarray, sketches: dict, start: float, step_s: float, filters: Filters) -> None:
     """Fold in raw rows of the rolled span that the last pass has not seen (late arrivals)."""
     last_id = get_state(conn, LAST_ID) or 0
     window = Window(start, start + len(totals) * step_s)
     rows = conn.execute(filters.apply(select(*RAW_COLUMNS), window, time_index=False).where(Request.id > last_id)).all()
     if not rows:
         return
-    keys, ints, floats = aggregate(rows, 60)
+    keys, ints, floats, late = aggregate(rows, 60)
     steps = np.array([int((key[0] - start) // step_s) for key in keys])
     for name, values in (*zip(INT_COLUMNS, ints.T), *zip(FLOAT_COLUMNS, floats.T)):
         if name in _COLUMN_INDEX:
             np.add.at(totals[:, _COLUMN_INDEX[name]], steps, values)
+    for name, found in sketches.items():
+        for step, piece in zip(steps.tolist(), late[name]):
+            found[step] = sketch.merge([found[step], piece])
 
 
-def _point(t: float, row: np.ndarray) -> SeriesPoint:
+def _point(t: float, row: np.ndarray, sketches: dict[str, sketch.Bins]) -> SeriesPoint:
     requests, errors, out, drafts, drafted, accepted = (int(v) for v in row[:6])
     mean, stddev = (float(m[0]) for m in rate_moments(*(np.array([v]) for v in row[6:9])))
-    e2e_at = len(_SUMS) + len(TTFT_COLUMNS)
-    ttft, e2e = histogram_of(row[len(_SUMS) : e2e_at], row[-1]), histogram_of(row[e2e_at:-1], row[-1])
     return SeriesPoint(
         t=t,
         requests=requests,
@@ -188,8 +204,19 @@ def _point(t: float, row: np.ndarray) -> SeriesPoint:
         acceptance_rate_mean=None if math.isnan(mean) else mean,
         acceptance_rate_stddev=None if math.isnan(stddev) else stddev,
         mean_acceptance_length=1.0 + accepted / drafts if drafts else None,
-        ttft_p50=histogram_quantile(0.5, *ttft),
-        ttft_p99=histogram_quantile(0.99, *ttft),
-        e2e_p50=histogram_quantile(0.5, *e2e),
-        e2e_p99=histogram_quantile(0.99, *e2e),
+        **_quantiles(row, sketches),
     )
+
+
+def _quantiles(row: np.ndarray, sketches: dict[str, sketch.Bins]) -> dict[str, float | None]:
+    """P50 and P99 of TTFT, e2e and TPOT from the step's sketches; TTFT and e2e from its histograms
+    when it includes rows written before migration 0011 (fewer requests sketched than counted)."""
+    if row[_SUMS.index("sketched")] >= row[0]:
+        return {f"{name}_p{q}": sketch.quantile(sketches[name], q / 100) for name in _NAMES for q in (50, 99)}
+    e2e_at = len(_SUMS) + len(TTFT_COLUMNS)
+    ttft, e2e = histogram_of(row[len(_SUMS) : e2e_at], row[-1]), histogram_of(row[e2e_at:-1], row[-1])
+    return {
+        f"{name}_p{q}": histogram_quantile(q / 100, *h)
+        for name, h in zip(("ttft", "e2e"), (ttft, e2e))
+        for q in (50, 99)
+    }

@@ -4,10 +4,14 @@ The window is cut in three: raw rows before the first whole minute, per-minute r
 the last roll-up pass (less `history.GRACE_S`; whole hours from the hourly ones) plus the raw
 rows of that span not rolled up yet (ids above the roll-up's last id: late arrivals), raw rows
 after. The raw parts are aggregated exactly like the rollups (`rollups.aggregate`) so all three
-simply add up. Percentiles come from the summed latency histograms (PromQL's
-`histogram_quantile`, on the bounds every summed row has: `rollups.histogram_of`), the
-acceptance mean and standard deviation across requests from the sums of rates and of their
-squares. TPOT is not kept in rollups (left empty).
+simply add up: counts and sums, the acceptance mean and standard deviation across requests from
+the sums of rates and of their squares, and the DDSketches of TTFT, e2e and TPOT (merged: the same
+sketch type as the per-second tier, so percentiles are within 1% of the raw rows').
+
+A window that includes rollup rows written before migration 0011 (no sketches: `sketched` <
+`requests`) reads TTFT and e2e percentiles from the summed histograms instead (PromQL's
+`histogram_quantile` on the bounds every summed row has: `rollups.histogram_of`), marked
+`basis="histogram"`, and has no TPOT.
 """
 
 from __future__ import annotations
@@ -18,12 +22,12 @@ import math
 import numpy as np
 from sqlalchemy import Engine, and_, func, select
 
-from collector import rollups, window_signals
+from collector import rollups, sketch, window_signals
 from collector.aggregates import COUNTS, SUMS
 from collector.history import GRACE_S, RAW_WINDOW_LIMIT_S, histogram_quantile, rollup_conditions
 from collector.models import Request, RequestRollup, RequestRollupHourly
 from collector.queries import Filters, Percentiles, Signals, Window, signals
-from collector.totals import Totals, signals_from
+from collector.totals import SKETCH_NAMES, Totals, signals_from
 
 _COLUMNS = (
     *rollups.INT_COLUMNS,
@@ -42,6 +46,19 @@ def auto_signals(engine: Engine, window: Window, filters: Filters = Filters()) -
     return long_signals(engine, window, filters)
 
 
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """Sums in _COLUMNS order, the span its requests started in, and its sketches by name."""
+
+    sums: np.ndarray
+    first_s: float = math.inf
+    last_s: float = -math.inf
+    sketches: dict[str, sketch.Bins] = dataclasses.field(default_factory=dict)
+
+
+_NONE = Part(np.zeros(len(_COLUMNS)))
+
+
 def long_signals(engine: Engine, window: Window, filters: Filters = Filters()) -> Signals:
     first = min(window.end, math.ceil(window.start / 60) * 60)
     with engine.connect() as conn:
@@ -51,15 +68,7 @@ def long_signals(engine: Engine, window: Window, filters: Filters = Filters()) -
         if split > first:
             parts.append(_raw_totals(conn, first, split, filters, after_id=last_id))
             parts.extend(_rollup_totals(conn, first, split, filters))
-    totals = {c: float(v) for c, v in zip(_COLUMNS, sum(values for values, _ in parts))}
-    spans = [span for _, span in parts if span[0] is not None]
-    totals["first_s"] = min((lo for lo, _ in spans), default=math.inf)
-    totals["last_s"] = max((hi for _, hi in spans), default=-math.inf)
-    return _signals_from(window, totals)
-
-
-Part = tuple[np.ndarray, tuple[float | None, float | None]]  # sums in _COLUMNS order, (first_s, last_s)
-_NONE: Part = (np.zeros(len(_COLUMNS)), (None, None))
+    return _signals_from(window, parts)
 
 
 def _rollup_totals(conn, start: float, end: float, filters: Filters) -> list[Part]:
@@ -70,15 +79,22 @@ def _rollup_totals(conn, start: float, end: float, filters: Filters) -> list[Par
         if h1 > h0
         else [(RequestRollup, start, end, 60)]
     )
-    parts = []
-    for table, lo, hi, period_s in spans:
-        if hi > lo:
-            sums = [func.coalesce(func.sum(getattr(table, c)), 0) for c in _COLUMNS[:-1]]
-            span = [func.min(table.period_start), func.max(table.period_start) + period_s]
-            stmt = select(*sums, rollups.legacy_rows(table), *span)
-            row = conn.execute(stmt.where(and_(*rollup_conditions(table, lo, hi, filters)))).one()
-            parts.append((np.array(row[:-2], dtype=float), (row[-2], row[-1])))
-    return parts
+    return [_rollup_part(conn, table, lo, hi, period_s, filters) for table, lo, hi, period_s in spans if hi > lo]
+
+
+def _rollup_part(conn, table, lo: float, hi: float, period_s: int, filters: Filters) -> Part:
+    where = and_(*rollup_conditions(table, lo, hi, filters))
+    sums = [func.coalesce(func.sum(getattr(table, c)), 0) for c in _COLUMNS[:-1]]
+    span = [func.min(table.period_start), func.max(table.period_start) + period_s]
+    row = conn.execute(select(*sums, rollups.legacy_rows(table), *span).where(where)).one()
+    if row[-2] is None:
+        return _NONE
+    blobs = conn.execute(select(*(getattr(table, c) for c in rollups.SKETCH_COLUMNS)).where(where)).all()
+    merged = {
+        name: sketch.merge_encoded([b[i] for b in blobs], np.zeros(len(blobs), dtype=np.int64), 1)[0]
+        for i, name in enumerate(SKETCH_NAMES)
+    }
+    return Part(np.array(row[:-2], dtype=float), float(row[-2]), float(row[-1]), merged)
 
 
 def _raw_totals(conn, start: float, end: float, filters: Filters, after_id: float | None = None) -> Part:
@@ -90,25 +106,34 @@ def _raw_totals(conn, start: float, end: float, filters: Filters, after_id: floa
     rows = conn.execute(stmt).all()
     if not rows:
         return _NONE
-    _, ints, floats = rollups.aggregate(rows, 60)
+    _, ints, floats, sketches = rollups.aggregate(rows, 60)
     started = [row[0] for row in rows]
-    span = (math.floor(min(started)), math.floor(max(started)) + 1)
-    return np.concatenate([ints.sum(axis=0), floats.sum(axis=0), [0]]).astype(float), span
+    sums = np.concatenate([ints.sum(axis=0), floats.sum(axis=0), [0]]).astype(float)
+    merged = {name: sketch.merge(sketches[name]) for name in SKETCH_NAMES}
+    return Part(sums, math.floor(min(started)), math.floor(max(started)) + 1, merged)
 
 
-def _signals_from(window: Window, t: dict[str, float]) -> Signals:
+def _signals_from(window: Window, parts: list[Part]) -> Signals:
+    t = dict(zip(_COLUMNS, sum(p.sums for p in parts).tolist()))
     n = t["rate_n"]
     m2 = t["rate_sumsq"] - t["rate_sum"] ** 2 / n if n else 0.0  # M2 from the sum of squares
-    totals = Totals({name: t.get(name, 0.0) for name in (*COUNTS, *SUMS)}, m2, {}, t["first_s"], t["last_s"])
-    return dataclasses.replace(
-        signals_from(window, totals),
-        ttft=_percentiles(np.array([t[c] for c in rollups.TTFT_COLUMNS]), t["legacy_rows"]),
-        e2e=_percentiles(np.array([t[c] for c in rollups.E2E_COLUMNS]), t["legacy_rows"]),
+    sketches = {name: sketch.merge(p.sketches.get(name, sketch.EMPTY) for p in parts) for name in SKETCH_NAMES}
+    first, last = min(p.first_s for p in parts), max(p.last_s for p in parts)
+    totals = Totals({name: t.get(name, 0.0) for name in (*COUNTS, *SUMS)}, m2, sketches, first, last)
+    found = signals_from(window, totals)
+    if t["sketched"] >= t["requests"]:
+        return found
+    return dataclasses.replace(  # rollup rows from before migration 0011 in the sum: their histograms
+        found,
+        ttft=_histogram_percentiles(np.array([t[c] for c in rollups.TTFT_COLUMNS]), t["legacy_rows"]),
+        e2e=_histogram_percentiles(np.array([t[c] for c in rollups.E2E_COLUMNS]), t["legacy_rows"]),
+        tpot=Percentiles(basis="histogram"),
     )
 
 
-def _percentiles(counts: np.ndarray, legacy: float) -> Percentiles:
+def _histogram_percentiles(counts: np.ndarray, legacy: float) -> Percentiles:
     if not counts.sum():
-        return Percentiles()
-    p50, p90, p95, p99 = (histogram_quantile(q, *rollups.histogram_of(counts, legacy)) for q in (0.5, 0.9, 0.95, 0.99))
-    return Percentiles(p50, p90, p95, p99, int(counts.sum()))
+        return Percentiles(basis="histogram")
+    bins, bounds = rollups.histogram_of(counts, legacy)
+    p50, p90, p95, p99 = (histogram_quantile(q, bins, bounds) for q in (0.5, 0.9, 0.95, 0.99))
+    return Percentiles(p50, p90, p95, p99, int(counts.sum()), basis="histogram")

@@ -10,7 +10,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Boolean, Double, Index, Integer, MetaData, String, UniqueConstraint, true
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Double,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    UniqueConstraint,
+    text,
+    true,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from telemetry.schema import LATENCY_BUCKETS
@@ -150,6 +163,12 @@ class _RollupColumns:
     non-cumulative counts per bucket of `LATENCY_BUCKETS` (bucket i: bounds[i-1] < v <=
     bounds[i]; the last one: above the largest bound), one column each so SQL can SUM them;
     rows from before migration 0005 have NULL in the ADDED_BUCKETS (see LEGACY_LATENCY_BUCKETS).
+
+    Since migration 0011 a row also holds DDSketches of TTFT, e2e and TPOT (`collector.sketch`, the
+    per-second aggregates' kind), merged by the roll-up pass, and `sketched`: how many of its requests
+    they cover. A row written before 0011 has `sketched` < `requests` (0, plus any late request folded
+    in since): a sum that includes one reads its TTFT/e2e percentiles from the histograms (marked
+    `basis="histogram"`) and has no TPOT.
     """
 
     period_start: Mapped[int] = mapped_column(BigInteger, primary_key=True)  # epoch seconds
@@ -174,6 +193,10 @@ class _RollupColumns:
     rate_sumsq: Mapped[float]
     ttft_sum: Mapped[float]
     e2e_sum: Mapped[float]
+    sketched: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    ttft_sketch: Mapped[bytes | None] = mapped_column(LargeBinary)
+    e2e_sketch: Mapped[bytes | None] = mapped_column(LargeBinary)
+    tpot_sketch: Mapped[bytes | None] = mapped_column(LargeBinary)
 
 
 class RequestRollup(_RollupColumns, Base):

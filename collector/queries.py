@@ -74,13 +74,18 @@ class Filters:
 
 @dataclass(frozen=True)
 class Percentiles:
-    """Quantile -> seconds (None when the window holds no value)."""
+    """Quantile -> seconds (None when the window holds no value).
+
+    `basis`: None when computed from the values (exactly from raw rows, or from DDSketches within
+    1%); "histogram" when interpolated in latency buckets (rollup rows written before migration
+    0011, which carry no sketch and no TPOT: `collector.long_signals`)."""
 
     p50: float | None = None
     p90: float | None = None
     p95: float | None = None
     p99: float | None = None
     count: int = 0
+    basis: str | None = None
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,9 @@ Tiers, by window and filters:
     `history.RAW_WINDOW_LIMIT_S`, and grouped totals (labels, compare, breakdown) of any window;
   * rollups (per minute, whole hours from the hourly ones; raw rows for the rest) for signals and
     series of longer windows (`collector.long_signals`, `collector.history`).
-Every tier returns the same `totals.Totals` (percentiles from the same DDSketches in the raw and
-per-second tiers) and signals come from the one builder, `totals.signals_from`.
+Every tier returns the same `totals.Totals` (percentiles from the same DDSketches of TTFT, e2e and
+TPOT in every tier; rollup rows written before migration 0011 have none, and sums including them
+fall back to their histograms, marked) and signals come from the one builder, `totals.signals_from`.
 
 Where an answer needs per-request values that no aggregate keeps (s/token CDFs and the Mann-Whitney
 test of /v1/compare, energy per token, tag values, per-position acceptance, acceptance vs length,

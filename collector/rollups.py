@@ -15,6 +15,13 @@ are partitioned by day (`collector.partitions`): whole days past the retention a
 (a day of requests once all its rows are rolled up), and DELETE then only reaches the boundary day
 and the default partition. The window aggregates expire with the raw rows.
 
+Latency quantiles: each row holds DDSketches of TTFT, e2e and TPOT (migration 0011; the per-second
+aggregates' kind, `collector.sketch`) and the count of requests they cover (`sketched`). SQL cannot
+add sketches, so a pass reads the stored sketches of the rows it is about to update (it holds the
+watermark, so no other pass writes them meanwhile), merges, and writes the merged ones. The
+histograms are kept up to date too: rows written before 0011 have no sketches (`sketched` < `requests`)
+and sums that include them read percentiles from the histograms.
+
 Rows written before migration 0005 lack some latency bounds (NULL in `ADDED_BUCKETS`): the
 upsert counts new observations of those buckets in the next bucket up, and readers merge every
 sum that includes such a row onto the bounds it has (`histogram_of`).
@@ -31,7 +38,7 @@ from sqlalchemy import table as sql_table
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from collector import aggregates, partitions
+from collector import aggregates, partitions, sketch
 from collector.db import write_transaction
 from collector.models import (
     ADDED_BUCKETS,
@@ -64,8 +71,10 @@ INT_COLUMNS = (
     "ttft_count",
     *TTFT_COLUMNS,
     *E2E_COLUMNS,
+    "sketched",
 )
 FLOAT_COLUMNS = ("rate_sum", "rate_sumsq", "ttft_sum", "e2e_sum")
+SKETCH_COLUMNS = aggregates.SKETCHES  # ttft_sketch, e2e_sketch, tpot_sketch
 PERIODS = ((RequestRollup.__table__, 60), (RequestRollupHourly.__table__, 3600))
 _BOUNDS = np.array(LATENCY_BUCKETS)
 # bucket i of LEGACY_LATENCY_BUCKETS spans buckets _LEGACY_STARTS[i] .. _LEGACY_STARTS[i + 1] - 1 of LATENCY_BUCKETS
@@ -89,7 +98,7 @@ RAW_COLUMNS = (
     Request.ttft_s,
     Request.e2e_s,
 )
-Aggregates = tuple[list[tuple], np.ndarray, np.ndarray]
+Aggregates = tuple[list[tuple], np.ndarray, np.ndarray, dict[str, list[sketch.Bins]]]  # keys, ints, floats, sketches
 
 
 @dataclass(frozen=True)
@@ -163,21 +172,45 @@ def histogram_of(counts: np.ndarray, legacy: float) -> tuple[np.ndarray, tuple[f
 
 
 def _upsert(conn: Connection, table: Table, groups: Aggregates) -> None:
-    """Add the aggregates to the stored ones (insert, or add column by column on conflict)."""
-    keys, ints, floats = groups
-    columns = (*KEY_COLUMNS, *INT_COLUMNS, *FLOAT_COLUMNS)
+    """Add the aggregates to the stored ones (insert, or add column by column on conflict; the
+    sketches are merged with the stored ones here and replace them)."""
+    keys, ints, floats, sketches = groups
+    columns = (*KEY_COLUMNS, *INT_COLUMNS, *FLOAT_COLUMNS, *SKETCH_COLUMNS)
     mark = "?" if conn.dialect.name == "sqlite" else "%s"
     sql = (
         f"INSERT INTO {table.name} ({', '.join(columns)}) VALUES ({', '.join([mark] * len(columns))}) "
         f"ON CONFLICT ({', '.join(KEY_COLUMNS)}) DO UPDATE SET "
         + ", ".join(_add_to_stored(table.name, c) for c in (*INT_COLUMNS, *FLOAT_COLUMNS))
+        + "".join(f", {c} = excluded.{c}" for c in SKETCH_COLUMNS)
     )
-    rows = [key + tuple(i) + tuple(f) for key, i, f in zip(keys, ints.tolist(), floats.tolist())]
+    blobs = _merged_with_stored(conn, table, keys, sketches)
+    rows = [key + tuple(i) + tuple(f) + b for key, i, f, b in zip(keys, ints.tolist(), floats.tolist(), blobs)]
     cursor = conn.connection.dbapi_connection.cursor()
     try:
         cursor.executemany(sql, rows)
     finally:
         cursor.close()
+
+
+def _merged_with_stored(
+    conn: Connection, table: Table, keys: list[tuple], sketches: dict[str, list[sketch.Bins]]
+) -> list[tuple]:
+    """Per key, the encoded SKETCH_COLUMNS: the new sketches merged with the stored row's (if any)."""
+    stored: dict[tuple, tuple] = {}
+    starts = sorted({key[0] for key in keys})
+    for i in range(0, len(starts), 1000):  # bound the IN list (SQLite's variable limit)
+        stmt = select(*(table.c[c] for c in (*KEY_COLUMNS, *SKETCH_COLUMNS))).where(
+            table.c.period_start.in_(starts[i : i + 1000])
+        )
+        stored.update({tuple(row[: len(KEY_COLUMNS)]): row[len(KEY_COLUMNS) :] for row in conn.execute(stmt)})
+    names = [c.removesuffix("_sketch") for c in SKETCH_COLUMNS]
+    return [
+        tuple(
+            sketch.encode(sketch.merge([sketch.decode(old), sketches[name][i]]))
+            for name, old in zip(names, stored.get(key, (None,) * len(names)))
+        )
+        for i, key in enumerate(keys)
+    ]
 
 
 def _add_to_stored(table: str, column: str) -> str:
@@ -191,7 +224,8 @@ def _add_to_stored(table: str, column: str) -> str:
 
 
 def aggregate(rows: list[tuple], period_s: int) -> Aggregates:
-    """Raw rows (in `RAW_COLUMNS` order) -> group keys and their INT_COLUMNS / FLOAT_COLUMNS sums."""
+    """Raw rows (in `RAW_COLUMNS` order) -> group keys, their INT_COLUMNS / FLOAT_COLUMNS sums and
+    their sketches by name (ttft, e2e, tpot)."""
     index: dict[tuple, int] = {}
     group = np.fromiter(
         (
@@ -225,9 +259,14 @@ def aggregate(rows: list[tuple], period_s: int) -> Aggregates:
         total(drafting.astype(float)),
         total(has_ttft.astype(float)),
     ]
-    ints = np.column_stack([*counts, _histogram(group[has_ttft], ttft[has_ttft], n), _histogram(group, e2e, n)])
+    histograms = [_histogram(group[has_ttft], ttft[has_ttft], n), _histogram(group, e2e, n)]
+    ints = np.column_stack([*counts, *histograms, counts[0]])  # the last: sketched (every request)
     floats = np.column_stack([total(rate, drafting), total(rate * rate, drafting), total(ttft, has_ttft), total(e2e)])
-    return list(index), np.rint(ints).astype(np.int64), floats
+    sketches = {
+        name: aggregates.sketches_per_group(group, values, n)
+        for name, values in aggregates.latencies(ttft, e2e, output).items()
+    }
+    return list(index), np.rint(ints).astype(np.int64), floats, sketches
 
 
 def _histogram(group: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:

@@ -30,7 +30,7 @@ class SeriesPoint:
     ttft_p99: float | None
     e2e_p50: float | None
     e2e_p99: float | None
-    tpot_p50: float | None = None  # time per output token after the first; raw rows only (not in rollups)
+    tpot_p50: float | None = None  # time per output token after the first (None from rollups before migration 0011)
     tpot_p99: float | None = None
 
 

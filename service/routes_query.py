@@ -60,7 +60,8 @@ FiltersDep = Annotated[Filters, Depends(filters_param)]
 @router.get("/signals")
 def get_signals(engine: EngineDep, window: WindowDep, filters: FiltersDep) -> Response:
     """Counts, throughput, acceptance and TTFT/e2e/TPOT percentiles of the window (up to 6 h from
-    the per-second aggregates, percentiles from DDSketches within 1%; rollup histograms beyond)."""
+    the per-second aggregates, rollups beyond; percentiles from DDSketches within 1% in both, from
+    histograms, `basis: "histogram"`, where rollup rows predate migration 0011)."""
     return json_response(reader.signals(engine, window, filters))
 
 
@@ -88,8 +89,8 @@ def get_errors_by_hour(engine: EngineDep, window: WindowDep, filters: FiltersDep
 def get_series(
     engine: EngineDep, window: WindowDep, filters: FiltersDep, step: Annotated[float, Query(ge=1)] = 60.0
 ) -> Response:
-    """Per-step series: from the per-second aggregates up to 6 h (sketch percentiles), from per-minute
-    rollups beyond, exact from raw rows with tag filters (`collector.reader`)."""
+    """Per-step series: from the per-second aggregates up to 6 h, from the rollups beyond (sketch
+    percentiles in both), exact from raw rows with tag filters (`collector.reader`)."""
     try:
         return json_response(reader.series(engine, window, filters, step))
     except ValueError as exc:

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 from collector_payloads import T0, request_dict, varied_request
 from fastapi.testclient import TestClient
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from waiting import wait_for
 
+from collector import reader
 from collector.history import errors_by_hour_long, histogram_quantile, long_series
 from collector.long_signals import long_signals
 from collector.models import LATENCY_BUCKETS, Request, RequestRollup, RequestRollupHourly
@@ -25,6 +26,7 @@ from telemetry.schema import IngestBatch
 DAY = 86400.0
 HOUR0 = T0 - T0 % 3600  # 20:00 UTC, the hour the data starts in
 N = 400  # 3 s apart: 20 minutes of requests
+LATENCY_REL = 0.011  # sketch percentiles: within 1% of the exact value at their rank (and the interpolation)
 
 
 @pytest.fixture
@@ -76,10 +78,9 @@ def test_long_series_from_rollups_matches_raw_series(engine, stored):
             assert (r.acceptance_rate_mean, r.acceptance_rate_stddev) == pytest.approx(
                 (x.acceptance_rate_mean, x.acceptance_rate_stddev)
             )
-            if x.ttft_p50 is not None:
-                bucket = np.searchsorted(LATENCY_BUCKETS, x.ttft_p50)  # the estimate lies in the exact value's bucket
-                low = 0.0 if bucket == 0 else LATENCY_BUCKETS[bucket - 1]
-                assert low <= r.ttft_p50 <= LATENCY_BUCKETS[bucket]
+            for name in ("ttft_p50", "ttft_p99", "e2e_p50", "e2e_p99", "tpot_p50", "tpot_p99"):
+                want = getattr(x, name)
+                assert getattr(r, name) == (None if want is None else pytest.approx(want, rel=LATENCY_REL)), name
 
 
 def test_late_records_are_folded_into_their_minute(engine, stored, monkeypatch):
@@ -148,12 +149,45 @@ def test_long_signals_add_up_rollups_and_raw_rows(engine, stored, rolled):
     assert estimate.acceptance_rate_mean == pytest.approx(exact.acceptance_rate_mean)
     assert estimate.acceptance_rate_stddev == pytest.approx(exact.acceptance_rate_stddev)
     assert estimate.mean_acceptance_length == pytest.approx(exact.mean_acceptance_length)
-    for got, want in ((estimate.ttft, exact.ttft), (estimate.e2e, exact.e2e)):
-        assert got.count == want.count
-        i = int(np.searchsorted(LATENCY_BUCKETS, want.p99))
-        assert (
-            (0.0 if i == 0 else LATENCY_BUCKETS[i - 1]) <= got.p99 <= LATENCY_BUCKETS[min(i, len(LATENCY_BUCKETS) - 1)]
-        )
+    assert_same_percentiles(estimate, exact)
+
+
+def assert_same_percentiles(got, want) -> None:
+    """TTFT, e2e and TPOT percentiles from sketches: within the sketch's relative accuracy of raw rows'."""
+    for name in ("ttft", "e2e", "tpot"):
+        g, w = getattr(got, name), getattr(want, name)
+        assert g.count == w.count > 0 and g.basis is None, name
+        for q in ("p50", "p90", "p95", "p99"):
+            assert getattr(g, q) == pytest.approx(getattr(w, q), rel=LATENCY_REL), (name, q)
+
+
+def test_signals_beyond_six_hours_carry_tpot_from_the_rollup_sketches(engine, stored):
+    roll_up(engine, now=T0 + 2 * DAY)
+    with engine.connect() as conn:  # the rolled span really is read from the rollups' sketches
+        assert conn.scalar(select(func.sum(RequestRollupHourly.sketched))) == N
+    window = Window(HOUR0 - DAY, HOUR0 + DAY)  # whole hours: the hourly rows
+    assert reader.tier(window, Filters()) == "rollups"
+    for filters in (Filters(), Filters(instance="gpu-1"), Filters(mode="speculative")):
+        got, want = reader.signals(engine, window, filters), signals(engine, window, filters)
+        assert got.requests == want.requests
+        assert_same_percentiles(got, want)
+    edges = Window(T0 - 7 * 3600 + 17.5, T0 + 1500.25)  # per-minute rows and raw edges
+    assert_same_percentiles(long_signals(engine, edges), signals(engine, edges))
+
+
+def test_rollup_rows_from_before_migration_0011_answer_from_their_histograms(engine, stored):
+    roll_up(engine, now=T0 + 2 * DAY)
+    with engine.begin() as conn:  # as migration 0011 leaves rows written before it
+        for table in (RequestRollup, RequestRollupHourly):
+            conn.execute(update(table).values(sketched=0, ttft_sketch=None, e2e_sketch=None, tpot_sketch=None))
+    window = Window(HOUR0 - DAY, HOUR0 + DAY)
+    got, want = long_signals(engine, window), signals(engine, window)
+    assert got.requests == N and got.ttft.basis == got.e2e.basis == got.tpot.basis == "histogram"
+    assert got.ttft.count == want.ttft.count and got.tpot.count == 0 and got.tpot.p99 is None
+    i = int(np.searchsorted(LATENCY_BUCKETS, want.ttft.p99))  # the estimate lies in the exact value's bucket
+    assert (0.0 if i == 0 else LATENCY_BUCKETS[i - 1]) <= got.ttft.p99 <= LATENCY_BUCKETS[i]
+    point = long_series(engine, window, step_s=3600)[24]  # HOUR0's
+    assert point.requests == N and point.ttft_p99 == pytest.approx(got.ttft.p99) and point.tpot_p99 is None
 
 
 def test_signals_endpoint_switches_to_rollups_for_long_windows(client, make_request):
@@ -162,7 +196,7 @@ def test_signals_endpoint_switches_to_rollups_for_long_windows(client, make_requ
     short = client.get("/v1/signals", params={"start": T0, "end": T0 + 3600}).json()
     long = client.get("/v1/signals", params={"start": T0 - 86400, "end": T0 + 3600}).json()
     assert short["requests"] == long["requests"] == 50
-    assert short["tpot"]["count"] == 50 and long["tpot"]["count"] == 0  # TPOT only from raw rows
+    assert short["tpot"] == long["tpot"] and long["tpot"]["count"] == 50  # TPOT in every tier
 
 
 def test_errors_by_hour_from_rollups_match_raw(engine, stored):
