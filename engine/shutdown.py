@@ -13,6 +13,8 @@ import signal
 
 import uvicorn
 
+from common import serving
+
 BACKSTOP_S = 5.0  # after the deadline, for the scheduler's last round and the 503 answers
 
 
@@ -33,8 +35,8 @@ class _Server(uvicorn.Server):
 
 def serve_until_signal(app, scheduler, host: str, port: int, shutdown_timeout_s: float) -> None:
     """Serve `app` until SIGTERM/SIGINT; return once in-flight work finished or was cancelled."""
-    config = uvicorn.Config(
-        app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=shutdown_timeout_s + BACKSTOP_S
+    config = serving.config(  # with a request-header deadline (common.serving)
+        app, host, port, log_level="warning", timeout_graceful_shutdown=shutdown_timeout_s + BACKSTOP_S
     )
     # uvicorn raises the signal it shut down for again once it is done; handled here, it lets the
     # caller flush its telemetry and exit 0 instead of dying by the signal

@@ -46,8 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
+    from common import serving
     from gateway.app import create_app
     from gateway.core import Gateway, GatewaySettings
     from gateway.routing import Router, RoutingConfig
@@ -76,7 +75,7 @@ def run_serve(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     try:
-        uvicorn.run(create_app(gateway), host=args.host, port=args.port, log_level="warning", access_log=False)
+        serving.run(create_app(gateway), args.host, args.port, log_level="warning", access_log=False)
     finally:
         if client is not None:
             client.close()

@@ -43,10 +43,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def serve_command(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from alerts.rules import RulesError, load_config
     from collector.ingest import tune_gc_for_ingest
+    from common import serving
     from service.app import create_app
 
     settings = settings_from(args)
@@ -64,7 +63,7 @@ def serve_command(args: argparse.Namespace) -> int:
     # uvicorn re-raises a SIGTERM it caught once it has shut down; leave through Python then, so
     # exit handlers run (multiprocessing unlinks the ingest workers' semaphores in one).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    serving.run(app, args.host, args.port, log_level="info")  # uvicorn with a request-header deadline
     return 0
 
 
