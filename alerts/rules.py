@@ -8,16 +8,18 @@ and field, so `specwatch alerts check` can print it and exit 2.
 
 from __future__ import annotations
 
-import math
 import os
-import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from alerts.detector_settings import DetectorSettings
+from alerts.durations import Duration, format_duration, parse_duration
 from alerts.signals import SIGNALS
+
+__all__ = ["Duration", "RulesError", "format_duration", "parse_duration"]
 
 DEFAULT_RULES = Path(__file__).with_name("default_rules.yaml")
 ACTIONS = (
@@ -28,40 +30,10 @@ ACTIONS = (
     "rebalance_streams",
     "recommend_draft_retraining",
 )
-_DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)(ms|s|m|h|d))+$")
-_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 class RulesError(ValueError):
     """An invalid rules file; the message names the rule and field."""
-
-
-def parse_duration(value: object) -> float:
-    """'90s', '5m', '1h30m', '0s' or a number of seconds -> seconds."""
-    if isinstance(value, bool):
-        raise ValueError(f"not a duration: {value!r}")
-    if isinstance(value, int | float):
-        seconds = float(value)
-    elif isinstance(value, str) and _DURATION.match(value.strip()):
-        seconds = sum(float(n) * _UNIT_S[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)", value))
-    else:
-        raise ValueError(f"not a duration: {value!r} (use e.g. 30s, 5m, 1h)")
-    if not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"duration must be finite and >= 0, got {value!r}")
-    return seconds
-
-
-def format_duration(seconds: float) -> str:
-    """Seconds -> the shortest Prometheus duration ('300s' -> '5m')."""
-    if seconds == 0:
-        return "0s"
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
-        if seconds >= size and seconds % size == 0:
-            return f"{int(seconds // size)}{unit}"
-    return f"{int(seconds * 1000)}ms"
-
-
-Duration = Annotated[float, BeforeValidator(parse_duration)]
 
 
 class _Strict(BaseModel):
@@ -151,6 +123,7 @@ class AlertConfig(_Strict):
     rules: tuple[Rule, ...] = ()
     receivers: tuple[Receiver, ...] = ()
     remediation: Remediation = Remediation()
+    detectors: DetectorSettings = DetectorSettings()  # drift, regression at markers, per-request anomalies
 
     @model_validator(mode="after")
     def _unique_names(self) -> AlertConfig:

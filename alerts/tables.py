@@ -1,15 +1,16 @@
 """The alerts' own tables (SQLAlchemy Core): alert state, history, rule health, the notification outbox
 and remediation actions.
 
-The collector's Alembic migrations create them (migration 0004), with the rest of the schema, so one
-`alembic upgrade` sets up a store; `tests/alerts/test_alert_tables.py` reflects a migrated database and
+The collector's Alembic migrations create them (migration 0004; the change detectors' in 0012), with
+the rest of the schema, so one `alembic upgrade` sets up a store; `tests/alerts/test_alert_tables.py` reflects
+a migrated database and
 checks that it matches these definitions. Nothing outside alerts/ (and report/, for the report's link
 in the outbox) reads or writes them: others call `alerts.store`.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import JSON, BigInteger, Column, Double, Index, Integer, MetaData, String, Table
+from sqlalchemy import JSON, BigInteger, Boolean, Column, Double, Index, Integer, MetaData, String, Table
 
 # the collector's naming convention, so the names match what its migrations created
 metadata = MetaData(
@@ -113,4 +114,49 @@ alert_actions = Table(
     _text("outcome", 16),
     _json("detail"),
     Index("ix_alert_actions_at", "at"),
+)
+
+# the change detectors' series (migration 0012): one row per (kind, series), `kind` drift (alerts.baselines:
+# the CUSUM's state and score) or regression (alerts.regression: before/after a deploy marker). `value` is
+# what the kind's alert signal reads; `state` the detector's own state, so a restarted leader resumes.
+alert_detector_series = Table(
+    "alert_detector_series",
+    metadata,
+    Column("series", String(64), primary_key=True),
+    _text("kind", 16),
+    _json("labels"),
+    _number("value"),
+    Column("count", BigInteger(), nullable=False),
+    Column("significant", Boolean(), nullable=False),
+    _json("annotations"),
+    _json("state"),
+    _number("updated_at"),
+    Index("ix_alert_detector_series_kind_updated_at", "kind", "updated_at"),
+)
+
+# where each detector's pass over the requests continues (the last request id it read)
+alert_detector_cursors = Table(
+    "alert_detector_cursors",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("position", BigInteger(), nullable=False),
+)
+
+# per-request anomalies the leader's pass flagged (alerts.anomalies): `flag` is outlier, repetition or
+# collapse; `value` the request's acceptance, `expected` its series' median; the Requests page filters on them
+request_flags = Table(
+    "request_flags",
+    metadata,
+    Column("request_id", String(128), primary_key=True),
+    Column("flag", String(16), primary_key=True),
+    _number("started_at"),
+    _text("instance", 128),
+    _text("model", 128),
+    _text("drafter", 256, nullable=True),
+    _number("value"),
+    _number("expected"),
+    _json("detail"),
+    _number("flagged_at"),
+    Index("ix_request_flags_started_at", "started_at"),
+    Index("ix_request_flags_flag_started_at", "flag", "started_at"),
 )

@@ -253,5 +253,14 @@ class VllmScrape(Base):
 # rule health, outbox and actions (alerts/tables.py; migration 0004). Schema comparisons against this
 # module's metadata leave them to that package's own check (tests/alerts/test_alert_tables.py).
 OTHER_PACKAGES_TABLES = frozenset(
-    {"alert_states", "alert_transitions", "alert_rule_health", "alert_notifications", "alert_actions"}
+    {
+        "alert_states",
+        "alert_transitions",
+        "alert_rule_health",
+        "alert_notifications",
+        "alert_actions",
+        "alert_detector_series",  # the change detectors' state and the per-request flags (migration 0012)
+        "alert_detector_cursors",
+        "request_flags",
+    }
 )
