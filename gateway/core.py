@@ -24,7 +24,11 @@ from telemetry.schema import RequestRecord
 from telemetry.sink import TelemetrySink
 
 MAX_REPORTED_UPSTREAMS = 16  # an event's detail holds at most 4 KiB
-SLOW_CHECKS_DOWN = 3  # health checks timing out in a row before an upstream counts as down
+FAILED_CHECKS_DOWN = 3  # health checks failing in a row (refused connections aside) before an upstream is down
+
+
+class UnhealthyAnswer(Exception):
+    """An upstream's /health answered, but not 200."""
 
 
 @dataclass(frozen=True)
@@ -91,28 +95,32 @@ class Gateway:
         self.sink.emit("upstream", {"role": "gateway", "upstreams": upstreams})
 
     async def check(self, state: UpstreamState) -> None:
+        """One health check. Nothing listening there (connection refused) is down at once; any other
+        failure (a timeout, an error status, a broken answer) only after FAILED_CHECKS_DOWN in a row:
+        a busy upstream that answers slowly is not dead. Requests never mark an upstream down but for
+        a refused connection (gateway.proxy), so one slow request cannot take it out for everyone."""
         timeout = max(1.0, min(2.0, self.settings.health_interval_s * 2))
         try:
             await self._probe(state, timeout)
-            state.slow_checks = 0
-        except httpx.TimeoutException as exc:  # alive but slow (a starved CPU server): down after a few in a row
-            state.slow_checks += 1
-            if state.slow_checks >= SLOW_CHECKS_DOWN:
-                state.mark_down(f"health check: {state.slow_checks} timeouts in a row ({type(exc).__name__})")
-        except httpx.HTTPError as exc:
+            state.failed_checks = 0
+            state.mark_up()
+        except httpx.ConnectError as exc:
             state.mark_down(f"health check: {type(exc).__name__}: {exc}"[:200])
+        except (httpx.HTTPError, UnhealthyAnswer) as exc:
+            state.failed_checks += 1
+            if state.failed_checks >= FAILED_CHECKS_DOWN:
+                why = str(exc) if isinstance(exc, UnhealthyAnswer) else type(exc).__name__
+                state.mark_down(f"health check: {state.failed_checks} failures in a row (last: {why})"[:200])
         state.checked_at = time.time()
 
     async def _probe(self, state: UpstreamState, timeout: float) -> None:
-        """/health, then (when it answers 200) /metrics for the upstream's load."""
+        """/health (UnhealthyAnswer unless 200), then /metrics for the upstream's load."""
         health = await self.http.get(f"{state.upstream.url}/health", timeout=timeout)
         if health.status_code != 200:
-            state.mark_down(f"health check: /health answered {health.status_code}")
-            return
+            raise UnhealthyAnswer(f"/health answered {health.status_code}")
         metrics = await self.http.get(f"{state.upstream.url}/metrics", timeout=timeout)
         if metrics.status_code == 200:
             state.read_metrics(metrics.text)
-        state.mark_up()
 
     # -- bookkeeping -------------------------------------------------------------------------------
 

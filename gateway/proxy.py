@@ -4,7 +4,9 @@ Streaming responses are relayed event by event as they arrive (never buffered wh
 streamed request the gateway asks the upstream for the final usage chunk, which carries vLLM's
 per-request metrics (`stream_options.include_usage`), and drops that chunk again when the
 client did not ask for it. A client that leaves mid-stream closes the upstream connection,
-which aborts the request there. Upstream errors (4xx/5xx) reach the client unchanged.
+which aborts the request there. Upstream errors (4xx/5xx) reach the client unchanged. A request's
+failure (a timeout, a broken answer) never marks its upstream down, a refused connection aside:
+health checks decide (gateway.core.Gateway.check).
 
 The upstream gets the request's id as `x-request-id` (the client's own when it sent a valid one)
 and the gateway's arrival time as `x-specwatch-started-at`: our engine records the request under
@@ -90,7 +92,7 @@ async def _send(gateway: Gateway, request: Request, raw: bytes, outcome: Outcome
         try:
             return await _send_once(gateway, upstream_request, outcome), state
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing reached it: try the next one
-            _not_reached(state, outcome, exc)
+            _not_reached(state, outcome, exc)  # down only when refused: a slow accept is no dead upstream
         except httpx.HTTPError as exc:  # it took the request and failed before answering
             return _failed_before_answering(gateway, state, outcome, exc, t0)
     return _no_upstream(gateway, outcome, tried, t0)
@@ -116,14 +118,14 @@ def _not_reached(state: UpstreamState, outcome: Outcome, exc: httpx.HTTPError) -
     state.in_flight -= 1
     state.sharing.leave(outcome.shared_from)  # nothing reached it: no share of its time
     outcome.shared_from = None
-    state.mark_down(f"connect: {type(exc).__name__}: {exc}"[:200])
+    if isinstance(exc, httpx.ConnectError):
+        state.mark_down(f"connect: {type(exc).__name__}: {exc}"[:200])
     outcome.retries += 1
 
 
 def _failed_before_answering(
     gateway: Gateway, state: UpstreamState, outcome: Outcome, exc: httpx.HTTPError, t0: float
 ) -> Response:
-    state.mark_down(f"request: {type(exc).__name__}: {exc}"[:200])
     timed_out = isinstance(exc, httpx.TimeoutException)
     outcome.status, outcome.error = "error", "upstream:timeout" if timed_out else "upstream:no_response"
     gateway.finish(outcome, t0, state)
@@ -157,8 +159,7 @@ async def _whole(gateway: Gateway, response: httpx.Response, state: UpstreamStat
     except TooLarge:
         limit = gateway.settings.max_response_bytes
         return _refuse(gateway, state, outcome, t0, "too_large", f"upstream {name} sent a body over {limit} bytes")
-    except httpx.HTTPError as exc:
-        state.mark_down(f"read: {type(exc).__name__}")
+    except httpx.HTTPError:
         return _refuse(gateway, state, outcome, t0, "disconnected", f"upstream {name} broke off its response")
     finally:
         await response.aclose()
@@ -203,7 +204,6 @@ async def _relay(
         _note_stream_end(outcome, reader)
         finished = True
     except httpx.HTTPError as exc:  # the upstream went away mid-stream: say so in-band, as OpenAI does
-        state.mark_down(f"stream: {type(exc).__name__}")
         outcome.status, outcome.error, finished = "error", "upstream:disconnected", True
         message = f"upstream {state.upstream.name} broke off the stream ({type(exc).__name__})"
         yield b"data: " + orjson.dumps(error_body(message)) + b"\n\n"

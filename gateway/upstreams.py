@@ -153,7 +153,7 @@ class UpstreamState:
     checked_at: float | None = None
     last_error: str | None = None
     down_since: float | None = None
-    slow_checks: int = 0  # health checks timed out in a row
+    failed_checks: int = 0  # health checks failed in a row (gateway.core.Gateway.check)
     served: dict[str, int] = field(default_factory=dict)  # status -> requests
     sharing: ProcessorSharing = field(default_factory=ProcessorSharing)  # each record's device_s
 

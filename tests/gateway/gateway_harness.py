@@ -57,8 +57,8 @@ CHUNK = b'data: {"id":"x","object":"chat.completion.chunk","choices":[{"index":0
 def faulty_upstream() -> Starlette:
     """An OpenAI-shaped upstream whose answer the request's `prompt` chooses: 'fail500', 'malformed',
     'huge' (a 3 MB body), 'break' (a stream cut off mid-way: the connection drops), 'slow' (a stream of
-    200 chunks, 20 ms apart; `app.state.slow_sent` gets how many it sent once it ended), else a normal
-    small reply.
+    200 chunks, 20 ms apart; `app.state.slow_sent` gets how many it sent once it ended), 'stall' (a normal
+    reply after 1.5 s), else a normal small reply.
     `/health` answers after `app.state.health_delay_s`."""
 
     async def complete(request: Request) -> Response:
@@ -73,6 +73,8 @@ def faulty_upstream() -> Starlette:
             return Response(b"<html>proxy error</html>", media_type="application/json")
         if kind == "break":
             return StreamingResponse(_broken_stream(), media_type="text/event-stream")
+        if kind == "stall":  # answers after 1.5 s
+            await asyncio.sleep(1.5)
         if kind == "slow":
             return StreamingResponse(_slow_stream(request.app.state), media_type="text/event-stream")
         usage = {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}

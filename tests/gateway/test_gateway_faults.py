@@ -195,12 +195,22 @@ def test_an_upstream_slow_to_answer_health_checks_is_down_only_after_three_in_a_
     with ThreadServer(app) as slow, GatewayServer([f"p={slow.url}"], health_interval_s=0.1) as gw:
         state = gw.gateway.states["p"]
         app.state.health_delay_s = 1.5  # over the 1 s check timeout
-        wait_for(lambda: state.slow_checks >= 1, "a health check to time out", timeout=10)
+        wait_for(lambda: state.failed_checks >= 1, "a health check to time out", timeout=10)
         assert state.healthy  # one slow answer is not a dead upstream
         wait_for(lambda: not state.healthy, "three timeouts in a row", timeout=20)
-        assert "3 timeouts in a row" in state.last_error
+        assert "3 failures in a row (last: ReadTimeout)" in state.last_error
         app.state.health_delay_s = 0.0
         wait_for(lambda: state.healthy, "the upstream to be healthy again", timeout=20)
+
+
+def test_one_request_timing_out_does_not_take_its_upstream_out_for_everyone(upstream):
+    """Issue 30 #6: one upstream timeout marked the upstream down until the next health check, and
+    other clients got an immediate 503 meanwhile."""
+    with GatewayServer([f"p={upstream.url}"], upstream_timeout_s=0.5, health_interval_s=60.0) as gw:
+        timed_out = post(gw.url, {"prompt": "stall"})
+        assert timed_out.status_code == 504 and gw.gateway.states["p"].healthy
+        assert post(gw.url, {"prompt": "hello"}).status_code == 200  # the next client is served
+        assert [r.error for r in gw.wait_records(2)] == ["upstream:timeout", None]
 
 
 def test_a_body_that_trickles_in_is_a_408_and_a_huge_answer_a_502(upstream):
