@@ -39,7 +39,7 @@ from load import MODES, SCENARIOS  # noqa: E402
 from collector.db import make_engine, upgrade  # noqa: E402
 from collector.queries import Filters, Window  # noqa: E402
 from collector.store import Store  # noqa: E402
-from cost.concurrency import ConcurrencyCosts, concurrency_costs  # noqa: E402
+from cost.concurrency import ConcurrencyCosts, concurrency_costs_at  # noqa: E402
 from cost.inputs import load_prices  # noqa: E402
 from engine.engine import Engine, EngineConfig  # noqa: E402
 from engine.scheduler import SchedulerConfig  # noqa: E402
@@ -134,7 +134,7 @@ def run_row(db, run: ArmRun, prices, gpu_type: str) -> dict:
     is asked over the run's own window and its rows summed: it bins requests by their own mean
     in-flight count, so a run's tail (fewer left in flight) lands a level down, but it is this run's
     device time all the same."""
-    costs = concurrency_costs(db, run.window, prices, gpu_type=gpu_type, filters=FILTERS)
+    costs = concurrency_costs_at(db, run.window, prices, gpu_type=gpu_type, filters=FILTERS)
     device_s = sum(row.device_s for row in costs.rows)
     tokens = sum(row.output_tokens for row in costs.rows)
     gpu_hours = hours_per_mtok(device_s, tokens)
@@ -220,7 +220,7 @@ def main() -> None:
         upgrade(db)
         runs, window = sweep(engine, Store(db), args)
         rows = [run_row(db, run, prices, args.gpu_type) for run in runs]
-        costs = concurrency_costs(db, window, prices, gpu_type=args.gpu_type, filters=FILTERS)
+        costs = concurrency_costs_at(db, window, prices, gpu_type=args.gpu_type, filters=FILTERS)
         db.dispose()
     report(rows, costs, args.gpu_type)
     if args.json:

@@ -222,3 +222,15 @@ def best_within_slo(rows: tuple[ConcurrencyRow, ...]) -> tuple[tuple[str, int, f
             top = max(meeting, key=lambda r: r.level)
             found.append((mode, top.level, top.usd_per_mtok))
     return tuple(found)
+
+
+def concurrency_costs_at(
+    engine: Engine, window: Window, prices, *, gpu_type: str, gpu_count: int = 1, filters: Filters = Filters()
+) -> ConcurrencyCosts:
+    """`concurrency_costs` of the store's `window` measured and priced on `gpu_type` (bench/cost.py)."""
+    from cost.measured import measured_inputs
+
+    usage = read_usage(engine, window, filters)
+    priced = dict(gpu_type=gpu_type, gpu_count=gpu_count, filters=filters, measure_storage=False, usage=usage)
+    inputs = measured_inputs(engine, window, prices, **priced)
+    return concurrency_costs(engine, window, inputs, filters=filters, usage=usage)
