@@ -17,6 +17,11 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 
+# How long a SQLite writer waits for the database lock: 30 s for the background work (roll-ups,
+# retention); ingest waits INGEST_BUSY_S, under the producer client's 5 s timeout, so the client gets
+# its 503 (and retries) before it gives up on a request the collector is still holding.
+BUSY_TIMEOUT_MS = 30_000
+INGEST_BUSY_S = 3.0
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 # pg_advisory_xact_lock key of schema migrations (any fixed bigint; "specwatch migrations" in ASCII, truncated)
 MIGRATION_LOCK_KEY = 0x7370_6563_6D69_6772
@@ -29,7 +34,7 @@ def make_engine(url: str) -> Engine:
         return create_engine(url, pool_pre_ping=True)
     if parsed.database and parsed.database != ":memory:":
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_MS / 1000})
     _configure_sqlite(engine)
     return engine
 
@@ -40,21 +45,25 @@ def _configure_sqlite(engine: Engine) -> None:
     def _on_connect(dbapi_connection, _record) -> None:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
-        for pragma in ("journal_mode=WAL", "synchronous=FULL", "busy_timeout=30000", "foreign_keys=ON"):
+        for pragma in ("journal_mode=WAL", "synchronous=FULL", f"busy_timeout={BUSY_TIMEOUT_MS}", "foreign_keys=ON"):
             cursor.execute(f"PRAGMA {pragma}")
         cursor.close()
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("sqlite_immediate") else "BEGIN")
+        options = conn.get_execution_options()
+        if options.get("sqlite_immediate"):  # a writer: its lock wait set per transaction (pooled connections)
+            conn.exec_driver_sql(f"PRAGMA busy_timeout = {int(options.get('sqlite_busy_ms', BUSY_TIMEOUT_MS))}")
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if options.get("sqlite_immediate") else "BEGIN")
 
 
 @contextmanager
-def write_transaction(engine: Engine) -> Iterator[Connection]:
+def write_transaction(engine: Engine, busy_s: float = BUSY_TIMEOUT_MS / 1000) -> Iterator[Connection]:
     """`engine.begin()` for writers. On SQLite it takes the write lock at BEGIN (BEGIN IMMEDIATE):
     a deferred transaction that reads before it writes fails at once with 'database is locked'
-    when another writer committed in between, while IMMEDIATE waits its turn (busy_timeout)."""
-    with engine.connect().execution_options(sqlite_immediate=True) as conn, conn.begin():
+    when another writer committed in between, while IMMEDIATE waits its turn, at most `busy_s`."""
+    options = {"sqlite_immediate": True, "sqlite_busy_ms": max(1, int(busy_s * 1000))}
+    with engine.connect().execution_options(**options) as conn, conn.begin():
         yield conn
 
 

@@ -24,7 +24,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.types import JSON, BigInteger, Boolean, Double, Integer, String
 
 from collector import aggregates
-from collector.db import write_transaction
+from collector.db import INGEST_BUSY_S, write_transaction
 from collector.models import DeviceSampleRow, EngineEventRow, Request
 from telemetry.schema import DeviceSample, IngestBatch, RequestRecord
 
@@ -184,8 +184,7 @@ class Store:
             if self._write_lock is None:
                 stored, conflicts = self._write(parts, _postgres_copy)
             else:
-                with self._write_lock:
-                    stored, conflicts = self._write(parts, _sqlite_executemany)
+                stored, conflicts = self._write_sqlite(parts)
         except (dbapi.Error, DBAPIError) as exc:
             raise _classify(exc, dbapi) from exc
         (req, n_req), (smp, n_smp), (evt, n_evt) = [(new, len(records)) for new, (_, records) in zip(stored, parts)]
@@ -202,9 +201,20 @@ class Store:
             tuple(conflicts[:MAX_CONFLICT_IDS]),
         )
 
-    def _write(self, parts, write_table) -> tuple[list[list[Any]], list[str]]:
+    def _write_sqlite(self, parts) -> tuple[list[list[Any]], list[str]]:
+        """`_write` within INGEST_BUSY_S of waiting for the locks (this process's writers', then the
+        database's), else StoreUnavailable: a 503 the producer gets before its own timeout."""
+        waited = time.monotonic()
+        if not self._write_lock.acquire(timeout=INGEST_BUSY_S):
+            raise StoreUnavailable(f"the database is locked by another writer of this process ({INGEST_BUSY_S:g} s)")
+        try:
+            return self._write(parts, _sqlite_executemany, max(0.1, INGEST_BUSY_S - (time.monotonic() - waited)))
+        finally:
+            self._write_lock.release()
+
+    def _write(self, parts, write_table, busy_s: float = INGEST_BUSY_S) -> tuple[list[list[Any]], list[str]]:
         """Each part's new records, and the ids of duplicate requests that differ from the stored ones."""
-        with write_transaction(self.engine) as conn:
+        with write_transaction(self.engine, busy_s) as conn:
             cursor = conn.connection.dbapi_connection.cursor()
             try:
                 stored = [write_table(cursor, spec, records) for spec, records in parts]

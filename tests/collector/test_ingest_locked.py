@@ -1,0 +1,39 @@
+"""Issue 30 #7: under a held SQLite lock ingest waited 30 s before its 503 while the producer client
+gives up after 5 s, so retries piled up behind the ingest workers. Ingest now waits at most
+INGEST_BUSY_S, under the client's timeout, and answers 503 first."""
+
+from __future__ import annotations
+
+import inspect
+import sqlite3
+import time
+
+import orjson
+import pytest
+from collector_payloads import request_dict
+
+from collector.db import INGEST_BUSY_S, make_engine, upgrade
+from collector.ingest import BatchRejected, ingest_body
+from collector.store import Store
+from telemetry.client import TelemetryClient
+
+
+def test_ingest_under_a_held_lock_is_a_503_before_the_client_gives_up(tmp_path):
+    database = tmp_path / "specwatch.db"
+    engine = make_engine(f"sqlite:///{database}")
+    upgrade(engine)
+    store = Store(engine)
+    holder = sqlite3.connect(database, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+    try:
+        started = time.monotonic()
+        with pytest.raises(BatchRejected) as refused:
+            ingest_body(store, orjson.dumps({"requests": [request_dict(1)]}))
+        waited = time.monotonic() - started
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    client_timeout = inspect.signature(TelemetryClient).parameters["timeout_s"].default
+    assert refused.value.status == 503 and "locked" in refused.value.detail["message"]
+    assert INGEST_BUSY_S - 0.5 <= waited < client_timeout - 1.0, waited
+    assert ingest_body(store, orjson.dumps({"requests": [request_dict(1)]})).counts.requests == 1
