@@ -6,7 +6,9 @@ Fills a SQLite store with `--rows` requests over the last `--days` days (bench/q
 loader; `--days 1` puts ~42,000 requests in the default one-hour window), starts a real
 collector on it, and times a cold first render of the Overview page (Streamlit's AppTest:
 the sidebar's filter choices, every collector call the page makes, the charts), cache
-cleared before each run. Also prints each collector call the page makes. Goal: < 3 s.
+cleared before each run. Also prints each collector call the page makes (over the dashboard's
+default 15-minute window, no filters, as a first render asks them). Goal: < 1.5 s with
+`--rows 1000000 --days 0.01` (1M requests inside that window; issue 24).
 """
 
 from __future__ import annotations
@@ -33,13 +35,16 @@ from collector.models import Request  # noqa: E402
 from collector.rollups import roll_up  # noqa: E402
 from common.procs import free_port, start_collector  # noqa: E402
 
-GOAL_S = 3.0
+GOAL_S = 1.5
+WINDOW_S = 900  # the dashboard's default window (dashboard.api.View.seconds)
+# what a first render of the Overview asks, in order: the sidebar's filter choices, then the page
+# (services.overview asks /v1/labels again, with the view's filters: none on a first render)
 OVERVIEW_CALLS = [
     ("/v1/labels", {}),
+    ("/v1/labels", {}),
+    ("/v1/alerts", {"include_resolved": "true"}),
     ("/v1/signals", {}),
-    ("/v1/labels", {"instance": "gpu-0"}),
     ("/v1/compare", {"by": "mode"}),
-    ("/v1/alerts", {}),
     ("/v1/series", {"step": 60}),
 ]
 # the other pages' query calls over requests (each timed once, not rendered)
@@ -92,7 +97,7 @@ def write_aggregates(path: Path) -> int:
 
 def timed_get(url: str, path: str, params: dict) -> None:
     started = time.perf_counter()
-    response = httpx.get(url + path, params={"last": 3600, **params}, timeout=120)
+    response = httpx.get(url + path, params={"last": WINDOW_S, **params}, timeout=120)
     response.raise_for_status()
     sampled = response.json().get("sampled") if isinstance(response.json(), dict) else None
     note = f"  (sampled: {sampled['rows']:,} of {sampled['of']:,})" if sampled else ""
@@ -131,8 +136,8 @@ def main() -> None:
 
             os.environ["SPECWATCH_COLLECTOR_URL"] = url
             print(
-                f"store: {httpx.get(f'{url}/v1/signals', params={'last': 3600}).json()['requests']:,} requests "
-                f"in the last hour",
+                f"store: {httpx.get(f'{url}/v1/signals', params={'last': WINDOW_S}).json()['requests']:,} requests "
+                f"in the last {WINDOW_S} s",
                 flush=True,
             )
             print("the Overview's calls:")
@@ -148,7 +153,7 @@ def main() -> None:
     median = statistics.median(times)
     print(
         f"Overview first render (cold cache), median of {args.repeat}: {median:.2f} s (runs: "
-        f"{', '.join(f'{t:.2f}' for t in times)}); goal < {GOAL_S:.0f} s: {'met' if median < GOAL_S else 'NOT met'}"
+        f"{', '.join(f'{t:.2f}' for t in times)}); goal < {GOAL_S:g} s: {'met' if median < GOAL_S else 'NOT met'}"
     )
 
 

@@ -118,14 +118,13 @@ class _Grouped:
 
     @classmethod
     def read(cls, engine: Engine, window: Window, filters: Filters, by: str) -> _Grouped:
-        columns = (_key_column(by), Request.status, Request.energy_source, *_COLUMNS)
+        stmt = select(_key_column(by), Request.status, Request.energy_source, *_COLUMNS)
         if filters.tags or by not in LABELS:
-            expected = None if filters.tags else reader.requests_in(engine, window, filters)
-            rows, sample = sample_rows(engine, filters.apply(select(*columns), window), expected)
+            rows, sample = sample_rows(engine, stmt, window, filters, reader.population(engine, window, filters))
             return cls(window, _by_key(rows), None, sample)
         totals = {_name(k[0]): t for k, t in reader.totals(engine, window, filters, (by,), ("ttft", "e2e")).items()}
-        expected = sum(t.requests for t in totals.values())
-        rows, sample = sample_rows(engine, filters.apply(select(*columns), window), expected)
+        population = reader.population_of(window, totals.values())
+        rows, sample = sample_rows(engine, stmt, window, filters, population)
         return cls(window, _by_key(rows), totals, sample)
 
     def names(self) -> list[str]:
@@ -249,18 +248,9 @@ class LoadBucket:
 
 def throughput_by_load(engine: Engine, window: Window, filters: Filters = Filters()) -> list[LoadBucket]:
     """Per-request decode speed by the load the request was admitted at, per mode: the knee."""
-    stmt = filters.apply(
-        select(
-            Request.mode,
-            Request.load_at_admission,
-            Request.output_tokens,
-            Request.e2e_s,
-            Request.queue_s,
-            Request.ttft_s,
-        ),
-        window,
-    ).where(Request.load_at_admission.is_not(None))
-    rows, sample = sample_rows(engine, stmt, None if filters.tags else reader.requests_in(engine, window, filters))
+    columns = (Request.mode, Request.load_at_admission, Request.output_tokens, Request.e2e_s, Request.queue_s)
+    stmt = select(*columns, Request.ttft_s).where(Request.load_at_admission.is_not(None))
+    rows, sample = sample_rows(engine, stmt, window, filters, reader.population(engine, window, filters))
     buckets = []
     for mode in sorted({r[0] for r in rows}):
         load, out, e2e, queue, ttft = (

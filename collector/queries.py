@@ -190,7 +190,8 @@ def percentiles(values: np.ndarray, quantiles: Sequence[float] = QUANTILES) -> P
 
 
 SAMPLE_ROWS = 20_000
-_HASH_MULTIPLIER, _HASH_MODULUS = 7919, 1_000_003  # id * m mod p: a pseudo-random order of the ids
+SAMPLE_SLICES = 50
+_GOLDEN = (math.sqrt(5) - 1) / 2  # the golden-ratio sequence: well-spread offsets in [0, 1)
 
 
 @dataclass(frozen=True)
@@ -201,16 +202,47 @@ class Sample:
     of: int
 
 
-def sample_rows(engine: Engine, stmt: Select, expected: int | None) -> tuple[list, Sample | None]:
-    """The rows of `stmt` (over requests): all when `expected` (the requests it would read, None:
-    unknown) is at most SAMPLE_ROWS, else those whose hashed id falls in the first SAMPLE_ROWS /
-    expected of the hash range (a deterministic pseudo-random subset), with the sample's size."""
-    keep = None if expected is None or expected <= SAMPLE_ROWS else math.ceil(_HASH_MODULUS * SAMPLE_ROWS / expected)
-    if keep is not None:
-        stmt = stmt.where((Request.id * _HASH_MULTIPLIER) % _HASH_MODULUS < keep)
+@dataclass(frozen=True)
+class Population:
+    """What a sample is drawn from: the requests of a window (with its filters) and the span they
+    started in (both from the per-second aggregates: `collector.reader.population`)."""
+
+    requests: int
+    span: Window
+
+    @classmethod
+    def of(cls, window: Window, requests: int, first_s: float, last_s: float) -> Population:
+        start, end = max(window.start, first_s), min(window.end, last_s)
+        return cls(requests, Window(start, end) if requests and end > start else window)
+
+
+def sample_slices(population: Population) -> list[Window]:
+    """SAMPLE_SLICES time slices of the population's span that together hold about SAMPLE_ROWS of
+    its requests at its mean rate: the span cut in SAMPLE_SLICES equal strata, one slice of
+    SAMPLE_ROWS / requests of its stratum in each, at a deterministic quasi-random offset (the
+    golden-ratio sequence: slices do not fall in step with periodic traffic)."""
+    span, fraction = population.span, min(1.0, SAMPLE_ROWS / max(1, population.requests))
+    stratum = span.seconds / SAMPLE_SLICES
+    width = fraction * stratum
+    starts = (span.start + i * stratum + ((i + 1) * _GOLDEN % 1.0) * (stratum - width) for i in range(SAMPLE_SLICES))
+    return [Window(lo, lo + width) for lo in starts if width > 0]
+
+
+def sample_rows(
+    engine: Engine, stmt: Select, window: Window, filters: Filters, population: Population | None
+) -> tuple[list, Sample | None]:
+    """The rows of `stmt` (over requests) in `window` under `filters`: all of them when the
+    population (None: unknown, e.g. with tag filters) holds at most SAMPLE_ROWS requests, else those
+    in `sample_slices` (each read by a range of the started_at index, so the cost follows the sample,
+    not the window), with the sample's size."""
+    if population is None or population.requests <= SAMPLE_ROWS:
+        with engine.connect() as conn:
+            return conn.execute(filters.apply(stmt, window)).all(), None
+    rows: list = []
     with engine.connect() as conn:
-        rows = conn.execute(stmt).all()
-    return rows, None if keep is None else Sample(len(rows), expected)
+        for piece in sample_slices(population):
+            rows.extend(conn.execute(filters.apply(stmt, piece)).all())
+    return rows, Sample(len(rows), population.requests)
 
 
 @dataclass(frozen=True)
@@ -223,11 +255,11 @@ class PositionAcceptance:
 
 
 def per_position_acceptance(
-    engine: Engine, window: Window, filters: Filters = Filters(), expected: int | None = None
+    engine: Engine, window: Window, filters: Filters = Filters(), population: Population | None = None
 ) -> PositionAcceptance:
-    """expected: the window's requests, when known (a large window reads a sample: `sample_rows`)."""
-    stmt = filters.apply(select(Request.num_drafts, Request.accepted_per_position), window).where(Request.gamma > 0)
-    rows, sample = sample_rows(engine, stmt, expected)
+    """population: the window's requests, when known (a large window reads a sample: `sample_rows`)."""
+    stmt = select(Request.num_drafts, Request.accepted_per_position).where(Request.gamma > 0)
+    rows, sample = sample_rows(engine, stmt, window, filters, population)
     if not rows:
         return PositionAcceptance(0, sampled=sample)
     width = max(len(per_pos) for _, per_pos in rows)
@@ -271,17 +303,16 @@ def acceptance_vs_length(
     filters: Filters = Filters(),
     by: str = "prompt_tokens",
     edges: Sequence[int] = LENGTH_EDGES,
-    expected: int | None = None,
+    population: Population | None = None,
 ) -> LengthCorrelation:
-    """expected: the window's requests, when known (a large window reads a sample: `sample_rows`)."""
+    """population: the window's requests, when known (a large window reads a sample: `sample_rows`)."""
     from scipy.stats import spearmanr
 
     if by not in ("prompt_tokens", "output_tokens"):
         raise ValueError("by must be prompt_tokens or output_tokens")
     columns = (getattr(Request, by), Request.num_draft_tokens, Request.num_accepted_tokens)
-    rows, sample = sample_rows(
-        engine, filters.apply(select(*columns), window).where(Request.num_draft_tokens > 0), expected
-    )
+    stmt = select(*columns).where(Request.num_draft_tokens > 0)
+    rows, sample = sample_rows(engine, stmt, window, filters, population)
     length, drafted, accepted = _float_columns(rows, 3)
     rate = accepted / np.where(drafted > 0, drafted, 1)
     rho = p = None

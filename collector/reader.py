@@ -13,15 +13,17 @@ fall back to their histograms, marked) and signals come from the one builder, `t
 
 Where an answer needs per-request values that no aggregate keeps (s/token CDFs and the Mann-Whitney
 test of /v1/compare, energy per token, tag values, per-position acceptance, acceptance vs length,
-throughput by load), `queries.sample_rows` reads at most about `queries.SAMPLE_ROWS` of the
-window's requests: a deterministic pseudo-random subset (request ids hashed), and the answer
+throughput by load), `queries.sample_rows` reads about `queries.SAMPLE_ROWS` of the window's
+requests when it holds more: every request of `queries.SAMPLE_SLICES` short time slices spread
+over the span the aggregates say the requests started in (`population`), each read by a range of
+the started_at index, so a call costs what its sample does however busy the window. The answer
 carries a `queries.Sample` saying how many of how many requests it rests on.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from sqlalchemy import Engine, func, select
 
@@ -57,22 +59,27 @@ def totals(
     return window_signals.window_totals(engine, window, group_by, filters, with_sketches)
 
 
-def requests_in(engine: Engine, window: Window, filters: Filters) -> int:
-    """How many requests the window holds (from the aggregates; counted in raw rows with tags)."""
-    if filters.tags:
-        with engine.connect() as conn:
-            return int(conn.scalar(filters.apply(select(func.count()).select_from(Request), window)))
-    return totals(engine, window, filters, (), ()).get((), EMPTY).requests
+def population(engine: Engine, window: Window, filters: Filters) -> queries.Population | None:
+    """The window's requests and the span they started in, from the aggregates (None with tag
+    filters: the aggregates carry no tags, and such reads take every raw row)."""
+    return None if filters.tags else population_of(window, totals(engine, window, filters, (), ()).values())
+
+
+def population_of(window: Window, groups: Iterable[Totals]) -> queries.Population:
+    """The population of `window` from its totals of any grouping."""
+    groups = list(groups)
+    first, last = min((t.first_s for t in groups), default=math.inf), max((t.last_s for t in groups), default=-math.inf)
+    return queries.Population.of(window, sum(t.requests for t in groups), first, last)
 
 
 def positions(engine: Engine, window: Window, filters: Filters = Filters()) -> queries.PositionAcceptance:
-    return queries.per_position_acceptance(engine, window, filters, _expected(engine, window, filters))
+    return queries.per_position_acceptance(engine, window, filters, population(engine, window, filters))
 
 
 def acceptance_vs_length(
     engine: Engine, window: Window, filters: Filters = Filters(), by: str = "prompt_tokens"
 ) -> queries.LengthCorrelation:
-    return queries.acceptance_vs_length(engine, window, filters, by, expected=_expected(engine, window, filters))
+    return queries.acceptance_vs_length(engine, window, filters, by, population=population(engine, window, filters))
 
 
 def errors_by_hour(engine: Engine, window: Window, filters: Filters = Filters()) -> list[queries.HourOfDay]:
@@ -88,11 +95,6 @@ def errors_by_hour(engine: Engine, window: Window, filters: Filters = Filters())
     return [queries.HourOfDay(h, *counts[h]) for h in range(24)]
 
 
-def _expected(engine: Engine, window: Window, filters: Filters) -> int | None:
-    """The window's requests from the aggregates (None with tag filters: raw rows are read whole)."""
-    return None if filters.tags else requests_in(engine, window, filters)
-
-
 def label_values(
     engine: Engine, window: Window, filters: Filters = Filters(), tag_keys: tuple[str, ...] = ("scenario",)
 ) -> dict[str, dict[str, int]]:
@@ -102,14 +104,15 @@ def label_values(
     if filters.tags:
         return _raw_label_values(engine, window, filters, tag_keys)
     found: dict[str, dict[str, int]] = {label: {} for label in LABELS}
-    for key, t in totals(engine, window, filters, LABELS, ()).items():
+    by_labels = totals(engine, window, filters, LABELS, ())
+    for key, t in by_labels.items():
         for label, value in zip(LABELS, key):
             if value is not None:
                 found[label][str(value)] = found[label].get(str(value), 0) + t.requests
-    expected = sum(found["mode"].values())
+    of = population_of(window, by_labels.values())
     tags = [Request.tags[key].as_string() for key in tag_keys]
-    rows, sample = queries.sample_rows(engine, filters.apply(select(*tags), window), expected)
-    scale = expected / max(1, len(rows)) if sample else 1.0
+    rows, sample = queries.sample_rows(engine, select(*tags), window, filters, of)
+    scale = of.requests / max(1, len(rows)) if sample else 1.0
     for i, key in enumerate(tag_keys):
         counts: dict[str, int] = {}
         for row in rows:

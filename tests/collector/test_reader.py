@@ -1,7 +1,7 @@
 """The tiered reader (`collector.reader`): totals, series, labels and comparisons from the per-second
 aggregates equal those from raw rows, across the tier boundaries (partial seconds at both ends,
-seconds stored before the aggregates' coverage start), on SQLite and PostgreSQL; large windows say
-when an answer rests on a sample."""
+seconds stored before the aggregates' coverage start), on SQLite and PostgreSQL; large windows read a
+sample of time slices over the span with traffic, and say so."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import dataclasses
 
 import pytest
 from collector_payloads import T0
-from sqlalchemy import delete, update
+from sqlalchemy import delete, select, update
 from test_window_aggregates import store_in_batches, workload
 
 from collector import aggregates, breakdown, queries, reader, window_signals
 from collector.aggregates import WindowAggregate
-from collector.models import MaintenanceState
+from collector.models import MaintenanceState, Request
 from collector.queries import Filters, Window, signals
 from collector.series import series
 
@@ -115,6 +115,39 @@ def test_compare_and_labels_sample_large_windows_and_say_so(stored, monkeypatch)
     labels = reader.label_values(stored, window)
     assert labels["sampled"] == {"rows": sampled.sampled.rows, "of": 3000}
     assert sum(labels["mode"].values()) == 3000 and set(labels["instance"]) == {"gpu-0", "gpu-1", "gpu-2"}
+    wide = Window(T0 - 3600, T0 + 200)  # an idle hour first: slices cover only the span with traffic
+    assert breakdown.compare(stored, wide, by="mode").sampled == sampled.sampled
+    assert reader.label_values(stored, wide)["sampled"] == labels["sampled"]
+
+
+def test_sample_slices_spread_over_the_span_with_traffic(monkeypatch):
+    monkeypatch.setattr(queries, "SAMPLE_ROWS", 1000)
+    population = queries.Population.of(Window(T0 - 3600, T0 + 200), 10_000, T0, T0 + 100)
+    assert population.span == Window(T0, T0 + 100)
+    slices = queries.sample_slices(population)
+    stratum = 100 / queries.SAMPLE_SLICES
+    assert len(slices) == queries.SAMPLE_SLICES
+    for i, piece in enumerate(slices):  # one slice a tenth of each stratum wide, inside it
+        assert piece.seconds == pytest.approx(stratum / 10)
+        assert T0 + i * stratum <= piece.start and piece.end <= T0 + (i + 1) * stratum + 1e-9
+    offsets = [(piece.start - T0) % stratum for piece in slices]
+    assert len({round(o, 6) for o in offsets}) == len(offsets)  # not in step with periodic traffic
+
+
+def test_a_sample_reads_only_its_slices(stored, monkeypatch):
+    """The sample is the requests of its slices, read by time range: none outside them, all inside."""
+    monkeypatch.setattr(queries, "SAMPLE_ROWS", 500)
+    window = Window(T0, T0 + 200)
+    population = reader.population(stored, window, Filters())
+    assert population.requests == 3000 and population.span.seconds <= 200
+    rows, sample = queries.sample_rows(stored, select(Request.started_at), window, Filters(), population)
+    slices = queries.sample_slices(population)
+    started = sorted(row[0] for row in rows)
+    assert sample == queries.Sample(len(rows), 3000)
+    assert all(any(p.start <= t < p.end for p in slices) for t in started)
+    with stored.connect() as conn:
+        everything = conn.execute(select(Request.started_at).where(Request.started_at >= T0 - 1)).scalars().all()
+    assert started == sorted(t for t in everything if any(p.start <= t < p.end for p in slices))
 
 
 def test_tag_filters_read_raw_rows(stored):
