@@ -1,24 +1,37 @@
-"""specwatch collector: the telemetry contract, the producer client, ingest, the SQL store and queries.
+"""specwatch collector: ingest, the SQL store and its migrations, roll-ups and retention, the read path.
 
-Holds the contract (`schema`, no heavy imports), the producer client and its spool, ingest,
-the store and its migrations, roll-ups and retention, the query layer, Prometheus metrics and
-the vLLM scraper; nothing about money, reports or alerts. May import `specwatch.common` only.
-
-Producers: `telemetry.schema` (RequestRecord, DeviceSample, EngineEvent) and
-`telemetry.client.TelemetryClient` (batching, retries, fsynced disk spool).
+Holds ingest (`ingest`, `store`, the per-second `aggregates` written with each batch), the store
+(`models`, `db`, Alembic migrations under `collector/migrations`, day `partitions` on PostgreSQL),
+roll-ups and retention (`rollups`, `maintenance`, run by the `leader` replica), Prometheus metrics,
+the vLLM scraper and every read of request, device-sample, event and scrape rows. It holds no cost
+formula and renders no report. The alert tables are created by its migrations (0004) but defined,
+read and written by `alerts/` (alerts/tables.py); the one exception is retention, which deletes
+alert history older than the rollup retention by table and column name (`rollups.apply_retention`).
+Imports only `telemetry` (the contract producers use) and `common` (shared helpers).
 
 The HTTP service on top of it is `service.app.create_app(Settings())`, run by
 `specwatch collector serve` (`POST /v1/ingest`, `GET /v1/...`, `/metrics`); schema with
-`specwatch db upgrade` (Alembic, `collector/migrations`).
+`specwatch db upgrade`.
 
-Reading (functions take an Engine, a `queries.Window` and `queries.Filters`, and return
-frozen dataclasses; ORM rows never leave the package):
-  queries.signals                exact window signals from raw rows
-  window_signals.signals         the same from per-second aggregates written at ingest (sketch percentiles)
-  long_signals.auto_signals      aggregates up to 6 hours (raw rows with tag filters), rollups beyond
-  queries.per_position_acceptance, queries.acceptance_vs_length, queries.errors_by_hour
-  history.errors_by_hour_long    errors by hour of day, from hourly rollups for long windows
-  series.series / history.auto_series   per-step series (raw rows / rollups beyond 6 hours)
+Reading (functions take an Engine, a `queries.Window` and `queries.Filters`, and return frozen
+dataclasses; ORM rows never leave the package):
+  reader.signals, reader.series  the tiered read path: raw rows (tag filters), per-second aggregates
+                                 up to 6 h, rollups beyond; percentiles from one DDSketch type in
+                                 every tier (`sketch`), TPOT included
+  reader.totals, reader.label_values, reader.positions, reader.acceptance_vs_length,
+  reader.errors_by_hour, reader.population
+                                 grouped totals, filter choices, and the per-request figures of a
+                                 large window from a sample of time slices (marked `sampled`)
+  totals.Totals, totals.signals_from
+                                 the one totals type every tier returns and the one Signals builder
+  window_signals.WindowReader    the per-second tier, each piece read once per alert cycle
+  long_signals.long_signals, history.long_series, history.errors_by_hour_long
+                                 the rollup tier (raw rows for the parts not rolled up)
+  queries.signals, series.series exact raw-row signals and series (tag filters; tests compare tiers to them)
+  breakdown.breakdown, breakdown.compare, breakdown.throughput_by_load, breakdown.device_series,
+  breakdown.sources              the dashboard's group-wise views
   series.latest_device_samples, series.engine_events
   vllm.vllm_signals              acceptance and latency percentiles of scraped vLLM engines
+  reads.*, detector_reads.*      what alert signals, change detectors, the report and the vLLM check read
+  usage.*                        what the cost model reads (columns and rows; the formulas live in cost/)
 """
