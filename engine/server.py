@@ -57,7 +57,8 @@ from telemetry.schema import MAX_TAGS, RequestRecord, TagKey, TagValue
 
 
 class _Common(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # strict: `"yes"` is no boolean and `"20"` no count (the gateway and the telemetry contract agree)
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1, le=32_768)
@@ -73,6 +74,13 @@ class _Common(BaseModel):
     drafter: str | None = Field(default="ngram", max_length=256)
     # the telemetry contract's own tag types: a tag its RequestRecord would refuse is refused here, up front
     tags: dict[TagKey, TagValue] = Field(default_factory=dict, max_length=MAX_TAGS)
+    # not supported: refused (400) when asked for, rather than silently answered without them
+    logprobs: bool | int | None = None
+    top_logprobs: int | None = None
+
+    def unsupported(self) -> str | None:
+        """The first parameter asked for that this engine does not support, else None."""
+        return next((name for name in ("logprobs", "top_logprobs") if getattr(self, name) not in (None, False)), None)
 
     def generate_request(self, drafters: Mapping[str, str], identity: RequestIdentity, **content) -> GenerateRequest:
         """`drafters`: the server's registered drafter names and their specs."""
@@ -96,6 +104,8 @@ class CompletionBody(_Common):
 
 
 class ChatMessage(BaseModel):
+    model_config = ConfigDict(strict=True)
+
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str
 
@@ -197,6 +207,8 @@ def create_app(
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {}
+        if first.get("type") == "json_invalid":  # its loc is a character offset, not a parameter
+            return openai_error(400, f"request body is not valid JSON: {first.get('msg')}", code="json_invalid")
         loc = [str(part) for part in first.get("loc", ())][1:]  # after 'body'
         message = f"{'.'.join(loc) or 'request body'}: {first.get('msg', 'invalid request')}"
         return openai_error(400, message, param=loc[0] if loc else None, code=first.get("type"))
@@ -272,6 +284,8 @@ async def _serve(request: Request, body: _Common, content: dict, chat: bool) -> 
             404,
             f"model {body.model!r} does not exist; this server serves {request.app.state.model_name!r}",
         )
+    if unsupported := body.unsupported():
+        return openai_error(400, f"{unsupported}: not supported by this engine", param=unsupported)
     if "drafter" not in body.model_fields_set:  # the server's default: 'none' makes a plain upstream for a gateway
         body.drafter = request.app.state.default_drafter
     try:

@@ -85,6 +85,15 @@ def refused(response: httpx.Response, param: str, code: str | None = None) -> di
         ("tags", {"scenario": "x" * 1000}),
         ("tags", {"scenario": "nul\x00"}),  # the telemetry contract refuses NUL (PostgreSQL text cannot hold it)
         ("tags", {"": "empty key"}),
+        # issue 30 #8: strict types (the gateway refuses these too), unsupported parameters named
+        ("stream", "yes"),
+        ("stream", 1),
+        ("max_tokens", "20"),
+        ("max_tokens", True),
+        ("seed", "7"),
+        ("temperature", "0.5"),
+        ("logprobs", 2),
+        ("top_logprobs", 1),
     ],
 )
 def test_a_bad_field_is_a_400_naming_it(server, field, value):
@@ -100,16 +109,31 @@ def test_a_bad_field_is_a_400_naming_it(server, field, value):
         ({"messages": "hi"}, "messages"),
         ({"max_completion_tokens": 0}, "max_completion_tokens"),
         ({"seed": 2**80}, "seed"),
+        ({"logprobs": True}, "logprobs"),
+        ({"stream": "yes"}, "stream"),
     ],
 )
 def test_a_bad_chat_field_is_a_400_naming_it(server, body, param):
     refused(chat(server, **body), param)
 
 
+def test_invalid_json_names_no_parameter(server):
+    """Issue 30 #8: the error's param was the character offset ("14")."""
+    for path in ("completions", "chat/completions"):
+        response = httpx.post(
+            f"{server.url}/v1/{path}", content=b'{"prompt": "Hi",', headers={"content-type": "application/json"}
+        )
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["param"] is None and error["code"] == "json_invalid" and "not valid JSON" in error["message"]
+
+
 def test_the_edges_of_the_ranges_are_served(server):
     for body in ({"seed": 2**64 - 1, "temperature": 0.7}, {"seed": -(2**63)}, {"top_k": -1}, {"temperature": 1e-300}):
         assert complete(server, **body).status_code == 200, body
     assert complete(server, stop=["a", "b", "c", "d"], gamma=0, top_k=5).status_code == 200
+    assert complete(server, temperature=1, logprobs=None, top_logprobs=None).status_code == 200  # an int is a number
+    assert chat(server, logprobs=False).status_code == 200
 
 
 def test_a_prompt_longer_than_the_context_is_context_length_exceeded(server, bundled_engine):
