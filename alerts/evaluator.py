@@ -110,6 +110,7 @@ def evaluate(
         fp = fingerprint(labels)
         seen.add(fp)
         annotations = {
+            **dict(sample.annotations),
             "summary": render(rule.summary, labels, sample.value),
             "description": render(rule.description, labels, sample.value),
         }

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 from sqlalchemy import Engine
 
+from alerts.detector_store import series_rows
 from collector import reads, sketch
 from collector.queries import Window
 from collector.vllm import vllm_signals
@@ -30,6 +31,7 @@ class Sample:
     value: float
     count: int
     significant: bool = True  # False: a statistical test did not confirm the value
+    annotations: Labels = ()  # extra annotations for the alert (a detector's before/after, its marker)
 
 
 def _labels(names: Sequence[str], values: Sequence[object]) -> Labels:
@@ -209,3 +211,23 @@ def vllm(pick: Callable) -> Callable[[Engine, Window, Sequence[str]], list[Sampl
         return samples
 
     return compute
+
+
+def detector(kind: str) -> Callable[[Engine, Window, Sequence[str]], list[Sample]]:
+    """A change detector's output (`alerts.baselines`, `alerts.regression`): per label set, the largest
+    value among its significant series updated in the window, with that series' annotations."""
+
+    def compute(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+        groups: dict[tuple, list] = defaultdict(list)
+        for row in series_rows(engine, kind, since=window.start):
+            if row.significant and row.updated_at < window.end:
+                groups[tuple(dict(row.labels).get(g, "none") for g in group_by)].append(row)
+        return [_detector_sample(group_by, key, rows) for key, rows in groups.items()]
+
+    return compute
+
+
+def _detector_sample(group_by: Sequence[str], key: tuple, rows: list) -> Sample:
+    top = max(rows, key=lambda r: r.value)
+    count = sum(r.count for r in rows)
+    return Sample(_labels(group_by, key), float(top.value), count, True, tuple(sorted(top.annotations.items())))

@@ -1,6 +1,7 @@
 """The alert runner: every `evaluation.interval`, evaluate every rule, persist, notify, remediate.
 
-Per rule, in one transaction: the rule's new alert states, its transitions, its health (time
+First the change detectors' pass (`alerts.baselines`, `alerts.regression`) updates their rows. Per
+rule, in one transaction: the rule's new alert states, its transitions, its health (time
 taken, error) and the outbox rows of what needs sending. A rule whose signal fails records
 its error and the others keep going; the rules of one cycle share the store reads they have
 in common (`StoreSignals.cycle`). Remediation runs after the commit, for alerts that
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field, replace
 import httpx
 from sqlalchemy import Engine
 
-from alerts import notify
+from alerts import baselines, notify, regression
 from alerts.actions import ActionResult, Remediator
 from alerts.evaluator import Alert, State, Transition, evaluate, needs_sending
 from alerts.rules import AlertConfig, Rule
@@ -57,6 +58,7 @@ class AlertRunner:
         """Evaluate every rule once at `now`."""
         now = time.time() if now is None else now
         report, started = CycleReport(now), time.perf_counter()
+        self._detect(now, report)
         stored = load_alerts(self.engine)
         source = self.source.cycle(now) if isinstance(self.source, StoreSignals) else self.source
         current: dict[str, dict[str, Alert]] = {}
@@ -65,6 +67,21 @@ class AlertRunner:
         self._remediate(report, current, now)
         report.duration_s = time.perf_counter() - started
         return report
+
+    def _detect(self, now: float, report: CycleReport) -> None:
+        """The change detectors' pass: drift baselines, regressions at deploy markers (their rows feed
+        the acceptance_drift and acceptance_regression signals)."""
+        settings = self.config.detectors
+        passes = {
+            "drift": lambda: baselines.run_pass(self.engine, settings.drift, now),
+            "regression": lambda: regression.run_pass(self.engine, settings.regression, now),
+        }
+        for name, run in passes.items():
+            try:
+                run()
+            except Exception as exc:  # noqa: BLE001 - a failed detector must not stop the rules
+                log.warning("detector %s failed: %s", name, exc)
+                report.errors[f"detector:{name}"] = f"{type(exc).__name__}: {exc}"
 
     def _evaluate_rule(
         self, source, rule: Rule, previous: dict[str, Alert], now: float, report: CycleReport

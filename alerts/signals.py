@@ -44,6 +44,9 @@ _TTFT = "specwatch_time_to_first_token_seconds"
 _VLLM_REQUESTS = "vllm:e2e_request_latency_seconds_count"
 _VLLM_ACCEPTED, _VLLM_DRAFTED = "vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_draft_tokens_total"
 _ACCEPTANCE_N = "specwatch_acceptance_rate_requests_total"
+DRIFT_LABELS = ("instance", "model", "drafter", "tag")
+DRIFT_SERIES = {"instance": "gpu-0", "model": "smollm2-135m", "drafter": "ngram", "tag": "none"}
+_DRIFT, _REGRESSION = "specwatch_acceptance_drift_score", "specwatch_acceptance_regression_drop"
 _FRAGMENTATION, _UTIL_DRAFT = "specwatch_device_fragmentation_ratio", "specwatch_device_util_draft_ratio"
 
 SIGNALS: dict[str, Signal] = {
@@ -150,6 +153,40 @@ SIGNALS: dict[str, Signal] = {
             (0.0, 100.0),
             gauge=True,
         ),
+    ),
+    "acceptance_drift": Signal(  # alerts.drift's CUSUM score (>= 1: a detected drop), kept by the leader
+        DRIFT_LABELS,
+        "score",
+        "CUSUM of per-request acceptance below the series' own baseline, over its decision interval",
+        m.detector("drift"),
+        q.PromQL(
+            {k: k for k in DRIFT_LABELS},
+            DRIFT_SERIES,
+            lambda by, w: f"max by ({by}) (max_over_time({_DRIFT}[{w}]))",
+            q.scrapes(_DRIFT),
+            q.gauge_series(_DRIFT, lambda v: [v]),
+            (0.0, math.inf),
+            gauge=True,
+        ),
+        promql_note="The score is computed by the collector's leader (alerts.baselines) and exported as a gauge; "
+        "the store's count is the series' requests since its baseline started, PromQL's the scrapes.",
+    ),
+    "acceptance_regression": Signal(  # alerts.regression: relative drop at an instance's latest deploy marker
+        ("instance", "model", "marker"),
+        "ratio",
+        "1 - acceptance after / before the instance's latest config marker",
+        m.detector("regression"),
+        q.PromQL(
+            {"instance": "instance", "model": "model", "marker": "marker"},
+            {"instance": "gpu-0", "model": "smollm2-135m", "marker": "2026-12-01T10:00:00Z"},
+            lambda by, w: f"max by ({by}) (max_over_time({_REGRESSION}[{w}]))",
+            q.scrapes(_REGRESSION),
+            q.gauge_series(_REGRESSION, lambda v: [v]),
+            (-math.inf, 1.0),
+            gauge=True,
+        ),
+        promql_note="The gauge carries only drops a one-sided Mann-Whitney U test confirmed (p < alpha); the "
+        "store's count is the smaller side's requests, PromQL's the scrapes.",
     ),
     "vllm_acceptance_rate": Signal(
         VLLM_LABELS,

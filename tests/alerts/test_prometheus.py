@@ -13,8 +13,11 @@ import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from alerts.detector_gauges import DetectorGauges
+from alerts.detector_store import SeriesRow, save_rows
 from alerts.prometheus import GROUP, VLLM_GROUP, export, rule_groups, unit_tests
 from alerts.rules import DEFAULT_RULES, RulesError, load_config, parse_config
+from collector.db import make_engine, upgrade, write_transaction
 from collector.metrics import CollectorMetrics
 from collector.store import IngestCounts
 from telemetry.schema import DeviceSample, RequestRecord
@@ -190,6 +193,14 @@ def collector_exposition() -> dict[str, set[str]]:
         util_draft=0.3,
     )
     metrics.record_batch(IngestCounts(requests=4, samples=1, new_requests=tuple(requests), new_samples=(sample,)))
+    engine = make_engine("sqlite://")  # the leader's detector gauges over a store holding one row of each kind
+    upgrade(engine)
+    series = (("drafter", "ngram"), ("instance", "gpu-0"), ("model", "m"), ("tag", "none"))
+    drift = SeriesRow("drift", series, 1.2, 1, True)
+    drop = SeriesRow("regression", (("instance", "gpu-0"), ("marker", "2026-12-01"), ("model", "m")), 0.2, 1, True)
+    with write_transaction(engine) as conn:
+        save_rows(conn, [drift, drop])
+    DetectorGauges(engine, registry=metrics.registry)
     return exposed_labels(generate_latest(metrics.registry).decode())
 
 
