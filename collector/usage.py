@@ -6,7 +6,6 @@
     freed_by_unloads(engine, window, filters)   `draft_unloaded` event details (bytes freed)
     store_growth(engine, window)                rows stored in total and in the window, and the database's size
     device_counts(engine, window)               device name -> samples in the window
-    alert_history(engine, window)               alert transitions and remediation count (the incident input)
     scenario_rows(engine, window, filters)      the advisor's per-request columns
     peak_memory(engine, window)                 instance -> peak reserved bytes
 
@@ -19,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from sqlalchemy import Engine, column, func, select, table, text
+from sqlalchemy import Engine, func, select, text
 
 from collector.models import DeviceSampleRow, EngineEventRow, Request
 from collector.queries import Filters, Window
@@ -147,24 +146,6 @@ def device_counts(engine: Engine, window: Window) -> list[tuple[str, int]]:
     )
     with engine.connect() as conn:
         return sorted(((d, int(n)) for d, n in conn.execute(stmt)), key=lambda row: -row[1])
-
-
-@dataclass(frozen=True)
-class AlertHistory:
-    transitions: tuple[tuple[str, float, str], ...]  # (fingerprint, at, to_state) up to the window's end, by time
-    actions: int  # remediations in the window
-
-
-def alert_history(engine: Engine, window: Window) -> AlertHistory:
-    """The alert tables the incident input reads (to move to alerts.store when it offers this read)."""
-    t = table("alert_transitions", column("fingerprint"), column("at"), column("to_state")).c  # alerts/tables.py
-    a = table("alert_actions", column("at")).c
-    with engine.connect() as conn:
-        transitions = conn.execute(
-            select(t.fingerprint, t.at, t.to_state).where(t.at < window.end).order_by(t.at)
-        ).all()
-        actions = conn.execute(select(func.count()).where(a.at >= window.start, a.at < window.end)).scalar()
-    return AlertHistory(tuple(tuple(t) for t in transitions), int(actions or 0))
 
 
 SCENARIO_TAGS = ("scenario", "temperature", "sampling", "determinism", "latency")

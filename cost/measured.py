@@ -27,6 +27,7 @@ import re
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 from sqlalchemy import Engine
@@ -34,7 +35,6 @@ from sqlalchemy import Engine
 from collector.queries import Filters, Window
 from collector.usage import (
     RequestColumns,
-    alert_history,
     device_counts,
     freed_by_unloads,
     memory_rows,
@@ -107,12 +107,13 @@ def measured_inputs(
     measure_storage: bool = True,
     pricing: str = "on-demand",
     idle_allocation: str = "separate",
-    incidents_from_alerts: bool = False,
+    incidents: IncidentHistory | None = None,
     usage: Usage | None = None,
 ) -> CostInputs:
     """CostInputs from the requests, device samples, events and alert history stored in `window`
     (module docstring). Monitoring storage is measured from the store when `measure_storage` and it
-    holds records; incident time is derived from the alert history when `incidents_from_alerts`."""
+    holds records; incident time is derived from `incidents`, the alert history the caller read
+    (`alerts.store.incident_history`: cost sits below alerts and never reads their tables)."""
     u = usage or read_usage(engine, window, filters)
     c = u.columns
     device_bytes = gpu_memory_bytes or prices.accelerator(gpu_type).memory_gb * GB
@@ -135,7 +136,7 @@ def measured_inputs(
         gpu_count,
         gpu_memory_bytes,
         None,
-        _measured_hidden(engine, window, hidden, measure_storage, incidents_from_alerts),
+        _measured_hidden(engine, window, hidden, measure_storage, incidents),
         pricing,
         _idle_time(instances),
         idle_allocation,
@@ -283,23 +284,31 @@ def _draft_memory(drafter: str | None, draft: float | None, memory_source: str) 
     return draft, memory_source
 
 
-def _measured_hidden(engine: Engine, window: Window, hidden: HiddenCosts, storage: bool, incidents: bool):
+def _measured_hidden(
+    engine: Engine, window: Window, hidden: HiddenCosts, storage: bool, incidents: IncidentHistory | None
+):
     given = hidden.source("monitoring_gb_per_day") == "given"  # a value the user gave wins over the store's
     growth = storage_gb_per_day(engine, window) if storage and not given else None
     if growth is not None:
         hidden = hidden.with_values("measured", monitoring_gb_per_day=growth)
-    if incidents:
-        hidden = hidden.with_values("measured (alert history)", incident_days_per_week=incident_days(engine, window))
+    if incidents is not None:
+        hidden = hidden.with_values("measured (alert history)", incident_days_per_week=incident_days(incidents, window))
     return hidden
 
 
 INCIDENT_ACTION_HOURS = 0.5
 
 
-def incident_days(engine: Engine, window: Window) -> float:
+class IncidentHistory(Protocol):
+    """The alert history incident time is estimated from (`alerts.store.IncidentHistory` is one)."""
+
+    transitions: tuple[tuple[str, float, str], ...]  # (fingerprint, at, to_state) up to the window's end, oldest first
+    actions: int  # remediation actions inside the window
+
+
+def incident_days(history: IncidentHistory, window: Window) -> float:
     """Person-days per week spent on incidents, from the alert history: one engineer per firing alert
     for as long as it fired, plus INCIDENT_ACTION_HOURS per remediation, at 8 hours a day."""
-    history = alert_history(engine, window)
     hours = _firing_seconds(history.transitions, window) / 3600 + INCIDENT_ACTION_HOURS * history.actions
     return hours / 8 / (max(window.seconds, 3600.0) / (7 * 86400))
 

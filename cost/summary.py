@@ -19,7 +19,7 @@ from cost.advisor import Recommendation, advise
 from cost.breakeven import BreakEven, TornadoRow, break_even, sensitivity
 from cost.concurrency import ConcurrencyCosts, concurrency_costs
 from cost.inputs import Overrides, apply_overrides
-from cost.measured import infer_gpu_type, measured_inputs, read_usage
+from cost.measured import IncidentHistory, infer_gpu_type, measured_inputs, read_usage
 from cost.model import CostInputs, HiddenCosts, Prices, Tco, tco
 
 DEFAULT_GPU = "H100-SXM"
@@ -72,7 +72,7 @@ def measured_summary(
     overrides: Overrides = Overrides(),
     filters: Filters = Filters(),
     hidden: HiddenCosts = HiddenCosts(),
-    incidents_from_alerts: bool = False,
+    incidents: IncidentHistory | None = None,
 ) -> CostSummary:
     """Measure the window, price it on `gpu_type` (default: the sampled device, else H100-SXM),
     apply the overrides and advise per scenario. ValueError on an unknown GPU or a bad override."""
@@ -89,7 +89,7 @@ def measured_summary(
         gpu_type=gpu,
         filters=filters,
         hidden=hidden,
-        incidents_from_alerts=incidents_from_alerts,
+        incidents=incidents,
         usage=usage,
     )
     inputs = apply_overrides(measured, overrides)

@@ -38,7 +38,7 @@ from datetime import UTC, datetime
 
 from sqlalchemy import Engine
 
-from alerts.store import history
+from alerts.store import history, incident_history
 from collector.breakdown import Comparison, LoadBucket, compare, throughput_by_load
 from collector.history import auto_series, errors_by_hour_long
 from collector.long_signals import auto_signals
@@ -296,7 +296,7 @@ class PricingChoice:
             gpu_type=gpu_type,
             overrides=self.overrides,
             hidden=self.hidden,
-            incidents_from_alerts=self.incidents_from_alerts,
+            incidents=incident_history(engine, window) if self.incidents_from_alerts else None,
         )
 
 

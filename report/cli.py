@@ -16,7 +16,7 @@ from pathlib import Path
 
 from collector.cli import add_db_option
 from common.errors import UsageError
-from cost.cli import add_model_options, add_price_options
+from cost.options import add_model_options, add_price_options
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -50,8 +50,8 @@ def _write(args: argparse.Namespace, month: str) -> tuple[Path, Path]:
 
     from collector.cli import settings_from
     from collector.db import is_current, make_engine
-    from cost.cli import model_overrides
     from cost.inputs import load_prices
+    from cost.options import model_overrides
     from report.build import build_report
     from report.html import write_report
 

@@ -30,6 +30,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 
+from alerts.store import incident_history
 from collector.queries import Window
 from cost.focus import measured_focus, write_focus
 from cost.inputs import Overrides, load_prices
@@ -100,7 +101,7 @@ def get_cost(
             gpu_type=gpu_type,
             overrides=overrides,
             filters=filters,
-            incidents_from_alerts=incidents == "alerts",
+            incidents=incident_history(engine, window) if incidents == "alerts" else None,
         )
     except ValueError as exc:
         raise HTTPException(422, {"error": "invalid_parameter", "message": str(exc)}) from None

@@ -20,7 +20,7 @@ COMMANDS = {
     "traffic": "specwatch.traffic_cli",
     "collector": "service.cli",
     "db": "collector.cli",
-    "cost": "cost.cli",
+    "cost": "specwatch.cost_cli",
     "report": "report.cli",
     "alerts": "alerts.cli",
     "dashboard": "dashboard.cli",

@@ -5,84 +5,26 @@ specwatch cost --what-if FILE.toml                   inputs from TOML (cost/cost
     [--gpu TYPE] [--prices FILE] [--pricing on-demand|spot|reserved|on-prem] [--volume TOKENS]
     [--hidden-costs FILE.toml] [--incidents seed|alerts] [--idle-allocation separate|by_share]
     [--json] [--xlsx FILE]
+
+It lives in the CLI package because `--incidents alerts` reads the alert history (`alerts.store`),
+which the cost model, sitting below alerts, never imports: the history is read here and handed in.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import sys
 from pathlib import Path
 
+from alerts.store import incident_history
 from collector.cli import add_db_option
 from collector.queries import Window
 from common.errors import UsageError
 from cost.inputs import Overrides, apply_overrides, load_hidden_costs, load_prices, what_if_inputs
-from cost.model import PRICINGS, HiddenCosts
+from cost.model import HiddenCosts
+from cost.options import add_model_options, add_price_options, model_overrides, positive
 from cost.summary import MONTH_S, CostSummary, measured_summary, render_text, summarize
-
-
-def _positive(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
-    if not math.isfinite(number) or number <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number: {value!r}")
-    return number
-
-
-def add_price_options(parser: argparse.ArgumentParser, gpu_default: str = "the sampled device's") -> None:
-    """--gpu and --prices: which accelerator of which price table (`cost` and `report` take both)."""
-    parser.add_argument(
-        "--gpu", metavar="TYPE", default=None, help=f"accelerator of the price table (default: {gpu_default})"
-    )
-    parser.add_argument(
-        "--prices",
-        metavar="FILE.toml",
-        type=Path,
-        default=None,
-        help="price table (default: the shipped cost/prices.toml)",
-    )
-
-
-def add_model_options(parser: argparse.ArgumentParser) -> None:
-    """How to price: pricing, hidden-cost overrides, incident source, idle allocation (`cost` and `report`)."""
-    parser.add_argument("--pricing", choices=PRICINGS, default=None, help="price of a GPU-hour (default: on-demand)")
-    parser.add_argument(
-        "--hidden-costs",
-        metavar="FILE.toml",
-        type=Path,
-        default=None,
-        help="hidden-cost overrides (keys of [hidden] in cost/cost_example.toml); shown with source 'given'",
-    )
-    parser.add_argument(
-        "--incidents",
-        choices=("seed", "alerts"),
-        default="seed",
-        help="incident time: the seed's 2 person-days/week, or derived from the alert history (default: seed)",
-    )
-    parser.add_argument(
-        "--idle-allocation",
-        choices=("separate", "weighted", "even", "by_share"),
-        default=None,
-        help="idle device time as its own line (default), or shared over the arms by device time (weighted, "
-        "by_share) or evenly",
-    )
-    parser.add_argument(
-        "--reserve-base",
-        choices=("additions", "deployment"),
-        default=None,
-        help="the technical-debt reserve's base: what speculation adds (default) or its whole deployment",
-    )
-
-
-def model_overrides(args: argparse.Namespace, **more) -> tuple[Overrides, HiddenCosts]:
-    """The pricing options as Overrides, and the hidden costs a --hidden-costs file gives (ValueError: bad file)."""
-    hidden = load_hidden_costs(args.hidden_costs) if args.hidden_costs else HiddenCosts()
-    reserve = getattr(args, "reserve_base", None)
-    return Overrides(pricing=args.pricing, idle_allocation=args.idle_allocation, reserve_base=reserve, **more), hidden
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -92,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     source.add_argument(
         "--last",
         metavar="SECONDS",
-        type=_positive,
+        type=positive,
         default=None,
         help=f"measure the last SECONDS of the store (default {MONTH_S}, 30 days)",
     )
@@ -107,7 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cost.add_argument(
         "--volume",
         metavar="TOKENS",
-        type=_positive,
+        type=positive,
         default=None,
         help="output tokens per month to price (default: the observed volume)",
     )
@@ -171,17 +113,18 @@ def _measured(args: argparse.Namespace, prices, overrides: Overrides, hidden: Hi
     from collector.db import is_current, make_engine
 
     engine = make_engine(settings_from(args).database_url_resolved)
+    window = Window.last(args.last or MONTH_S)
     try:
         if not is_current(engine):
             raise UsageError("the database schema is not current: run `specwatch db upgrade` first")
         summary = measured_summary(
             engine,
-            Window.last(args.last or MONTH_S),
+            window,
             prices,
             gpu_type=args.gpu,
             overrides=overrides,
             hidden=hidden,
-            incidents_from_alerts=args.incidents == "alerts",
+            incidents=incident_history(engine, window) if args.incidents == "alerts" else None,
         )
         if args.focus is not None:
             from cost.focus import measured_focus
