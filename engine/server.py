@@ -67,6 +67,7 @@ class _Common(BaseModel):
     top_k: int = Field(default=0, ge=-1, le=2**31 - 1)  # 0 or -1 (vLLM's spelling): no truncation
     n: int = Field(default=1, ge=1, le=1)
     stream: bool = False
+    stream_options: dict | None = None  # the final chunk carries usage whatever it says (as the gateway reads)
     stop: str | list[str] | None = Field(default=None, max_length=4)
     seed: int | None = Field(default=None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     user: str | None = None
