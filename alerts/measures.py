@@ -21,6 +21,7 @@ from collector import reads, sketch
 from collector.queries import Window
 from collector.vllm import vllm_signals
 from collector.window_signals import WindowReader
+from cost.signals import excess_ratio
 
 Labels = tuple[tuple[str, str], ...]  # sorted (name, value) pairs
 
@@ -122,7 +123,7 @@ def spec_latency_regression_aggregated(reader: WindowReader, window: Window, gro
     return spec_latency_regression(reader.engine, window, group_by)
 
 
-Modes = dict[tuple, dict[str, tuple[float, int]]]  # label values -> mode -> (device s per token, requests)
+Modes = dict[tuple, dict[str, tuple[float, float, int]]]  # label values -> mode -> (device s, output tokens, requests)
 
 
 def spec_cost_excess(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
@@ -137,7 +138,7 @@ def spec_cost_excess(engine: Engine, window: Window, group_by: Sequence[str]) ->
     """
     modes: Modes = defaultdict(dict)
     for m in reads.device_time_by_mode(engine, window, group_by):
-        modes[m.key][m.mode] = (m.device_s / m.output_tokens, m.requests)
+        modes[m.key][m.mode] = (m.device_s, m.output_tokens, m.requests)
     return _cost_samples(group_by, modes)
 
 
@@ -147,18 +148,19 @@ def spec_cost_excess_aggregated(reader: WindowReader, window: Window, group_by: 
     modes: Modes = defaultdict(dict)
     for (*key, mode), t in totals.items():
         if t.sums["cost_requests"]:
-            per_token = t.sums["cost_device_s"] / t.sums["cost_output_tokens"]
-            modes[tuple(key)][mode] = (per_token, int(t.sums["cost_requests"]))
+            sums = t.sums
+            modes[tuple(key)][mode] = (sums["cost_device_s"], sums["cost_output_tokens"], int(sums["cost_requests"]))
     return _cost_samples(group_by, modes)
 
 
 def _cost_samples(group_by: Sequence[str], modes: Modes) -> list[Sample]:
-    """(device seconds per output token, requests) per mode -> speculative / plain - 1 per label set."""
+    """(device seconds, output tokens, requests) per mode -> the cost model's excess ratio per label set."""
     samples = []
     for key, per_mode in modes.items():
         spec, plain = per_mode.get("speculative"), per_mode.get("autoregressive")
-        if spec and plain and plain[0] > 0:
-            samples.append(Sample(_labels(group_by, key), spec[0] / plain[0] - 1.0, min(spec[1], plain[1])))
+        ratio = excess_ratio(*spec[:2], *plain[:2]) if spec and plain else None
+        if ratio is not None:
+            samples.append(Sample(_labels(group_by, key), ratio, min(spec[2], plain[2])))
     return samples
 
 

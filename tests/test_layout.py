@@ -23,8 +23,8 @@ PACKAGES = (
     "engine",
     "gateway",
     "collector",
-    "alerts",
     "cost",
+    "alerts",
     "report",
     "service",
     "dashboard",
@@ -39,8 +39,8 @@ ALLOWED = {
     "engine": PRODUCER,
     "gateway": PRODUCER,
     "collector": PRODUCER,
-    "alerts": {"collector", *PRODUCER},
     "cost": {"collector", *PRODUCER},
+    "alerts": {"cost", "collector", *PRODUCER},  # its cost signal calls the cost model's formula
     "report": {"cost", "alerts", "collector", *PRODUCER},
     "service": {"collector", "alerts", "cost", "report", *PRODUCER},
     "dashboard": LEAF,
@@ -142,6 +142,7 @@ def test_no_wheels_are_tracked():
 def test_the_checks_catch_what_they_guard(tmp_path):
     """The edge table refuses an upward import and the cycle finder finds a cycle."""
     assert not allowed("collector.queries", "alerts.rules")
+    assert not allowed("cost.measured", "alerts.store") and allowed("alerts.measures", "cost.signals")
     assert not allowed("engine.server", "collector.store")
     assert not allowed("gateway.app", "collector.schema")
     assert not allowed("common.auth", "telemetry.schema")
