@@ -3,24 +3,11 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
+
+from test_layout import PACKAGES, REPO
 
 from collector.settings import Settings
 
-REPO = Path(__file__).resolve().parents[1]
-PRODUCT = (
-    "common",
-    "telemetry",
-    "engine",
-    "gateway",
-    "collector",
-    "alerts",
-    "cost",
-    "report",
-    "service",
-    "dashboard",
-    "specwatch",
-)
 TABLE = (REPO / "docs" / "configuration.md").read_text()
 
 
@@ -30,7 +17,7 @@ def documented() -> set[str]:
 
 def read_in_code() -> set[str]:
     names = set()
-    for package in PRODUCT:
+    for package in PACKAGES:
         for path in (REPO / package).rglob("*.py"):
             names |= set(re.findall(r"\bSPECWATCH_[A-Z0-9]+(?:_[A-Z0-9]+)*\b", path.read_text()))
     return {name for name in names if not name.startswith("SPECWATCH_TEST_")}
