@@ -42,6 +42,7 @@ def create_app(settings: Settings | None = None, registry: CollectorRegistry | N
         app.state.leadership = Leadership(engine, settings.replica_name, settings.leader_retry_s)
         leader_only = CollectorRegistry()  # store-derived gauges: the same on every replica
         CostGauge(engine, routes_cost.shipped_prices(), registry=leader_only)
+        _detector_gauges(engine, app.state.alert_config, leader_only)
         app.state.daily_costs = DailyCosts(engine, routes_cost.shipped_prices())
         LeaderMetrics(app.state.leadership, app.state.metrics.registry, leader_only)
         app.state.ingest = IngestWorkers(
@@ -110,6 +111,14 @@ def _alert_config(settings: Settings):
     from alerts.rules import load_config
 
     return load_config(settings.alert_rules)
+
+
+def _detector_gauges(engine, config, registry: CollectorRegistry) -> None:
+    """specwatch_acceptance_drift_score and _regression_drop, where this process runs the detectors."""
+    if config is not None:
+        from alerts.detector_gauges import DetectorGauges
+
+        DetectorGauges(engine, registry=registry)
 
 
 def _alert_runner(settings: Settings, engine, config):

@@ -1,0 +1,192 @@
+"""The change detectors through the real runner and store: SpecAcceptanceDrift on a series' own
+baseline, SpecAcceptanceRegression at a deploy marker, state across a runner restart, webhooks.
+
+Time is injected: records carry timestamps around T0 and every cycle gets an explicit `now`;
+tables step through (t, value, expected state) without sleeps.
+"""
+
+from __future__ import annotations
+
+import pytest
+from collector_payloads import T0, event_dict, request_dict
+from prometheus_client import CollectorRegistry, generate_latest
+from sqlalchemy import select
+
+from alerts.detector_gauges import DetectorGauges
+from alerts.detector_settings import DriftSettings
+from alerts.drift import SeriesState, run, step
+from alerts.rules import parse_config
+from alerts.runner import AlertRunner
+from alerts.store import active_alerts
+from alerts.tables import alert_notifications
+from collector.store import Store
+from telemetry.schema import IngestBatch
+
+SMALL = {"warmup": 20, "decision_interval": 5.0, "min_drafted_tokens": 8, "rebaseline_after": 0}
+DRIFT_RULE = {
+    "name": "SpecAcceptanceDrift",
+    "signal": "acceptance_drift",
+    "op": ">=",
+    "threshold": 1,
+    "window": "1h",
+    "for": "30s",
+    "min_samples": 0,
+    "group_by": ["instance", "drafter", "tag"],
+    "summary": "drift on {{ $labels.instance }}",
+}
+REGRESSION_RULE = {
+    "name": "SpecAcceptanceRegression",
+    "signal": "acceptance_regression",
+    "op": ">=",
+    "threshold": 0.1,
+    "window": "6h",
+    "min_samples": 10,
+    "group_by": ["instance", "model", "marker"],
+}
+RECEIVER = {"name": "ops", "url": "http://127.0.0.1:9/hook"}
+
+
+def config(rule: dict, **detectors):
+    return parse_config({"rules": [rule], "receivers": [RECEIVER], "detectors": detectors})
+
+
+def requests(start: int, count: int, accepted: int, drafter: str = "ngram", at0: float = T0) -> list[dict]:
+    """`count` requests one second apart from `at0 + start`, each drafting 16 tokens and accepting `accepted`
+    (per-request acceptance accepted / 16), tagged scenario=chat."""
+    per_pos = [min(4, max(0, accepted - 4 * k)) for k in range(4)]
+    per_pos = sorted(per_pos, reverse=True)
+    return [
+        request_dict(
+            start + i,
+            request_id=f"r-{drafter}-{start + i}",
+            started_at=at0 + start + i,
+            drafter=drafter,
+            num_accepted_tokens=sum(per_pos),
+            accepted_per_position=per_pos,
+            tags={"scenario": "chat"},
+        )
+        for i in range(count)
+    ]
+
+
+def ingest(engine, records=(), events=()) -> None:
+    Store(engine).insert(IngestBatch.model_validate({"requests": list(records), "samples": [], "events": list(events)}))
+
+
+@pytest.mark.parametrize(
+    ("xs", "expected"),
+    [
+        ([0.5] * 30, 0.0),  # stationary: the CUSUM stays at 0
+        ([0.5] * 20 + [0.3] * 3, pytest.approx(3 * (0.2 / 0.02 - 0.15 * 0.5 / 0.04) / 5)),  # sd floored at 0.02
+        ([0.5] * 20 + [0.3, 0.6], pytest.approx(max(0.0, (0.2 / 0.02 - 1.875) - (0.1 / 0.02 + 1.875)) / 5)),
+    ],
+)
+def test_cusum_score_by_hand(xs, expected):
+    assert run(xs, DriftSettings(**SMALL))[-1] == expected
+
+
+def test_alarm_then_recovery_then_rebaseline():
+    settings = DriftSettings(**{**SMALL, "rebaseline_after": 5})
+    state = SeriesState()
+    for i, x in enumerate([0.5, 0.7] * 10):  # baseline mean 0.6, sd ~0.1
+        state = step(state, x, i, settings)
+    assert state.warmed_up(settings) is False and state.n == 20
+    # each 0.2 adds (0.6 - 0.2) / 0.1026 - 0.15 * 0.6 / (2 * 0.1026) = 3.46 to the CUSUM, over h = 5: the alarm
+    # comes with the second; 5 requests after it the series starts a new baseline (no alarm standing)
+    table = [(0.2, False), (0.2, True), (0.2, True), (0.2, True), (0.2, True), (0.2, True), (0.2, False)]
+    for x, alarm in table:
+        state = step(state, x, 0, settings)
+        assert (state.alarm_n is not None) == alarm
+    assert state.n == 0
+
+
+def test_drift_fires_resolves_and_survives_a_restart(engine):
+    cfg = config(DRIFT_RULE, drift=SMALL)
+    ingest(engine, requests(0, 40, accepted=12))  # acceptance 0.75: warmup (20) and in control
+    table = [
+        # (t, records added before the cycle, expected state of the alert)
+        (60, [], None),
+        (120, requests(40, 2, accepted=6), "pending"),  # 0.375: far below the baseline
+        (180, [], "firing"),
+        (240, requests(42, 40, accepted=12), "inactive"),  # recovered: the CUSUM is back at 0, resolved
+        (300, [], "inactive"),  # kept resolved_retention so "resolved" is sent once
+    ]
+    runner = AlertRunner(engine, cfg)
+    for t, added, expected in table:
+        ingest(engine, added)
+        if t == 180:  # a restarted runner resumes from the stored series and cursor (no new warmup)
+            runner.close()
+            runner = AlertRunner(engine, cfg)
+        runner.cycle(T0 + t)
+        alerts, _ = active_alerts(engine, include_resolved=True)
+        assert (alerts[0].state.value if alerts else None) == expected, t
+        if expected == "pending":
+            assert alerts[0].labels == {
+                "alertname": "SpecAcceptanceDrift",
+                "severity": "warning",
+                "instance": "gpu-0",
+                "drafter": "ngram",
+                "tag": "chat",
+            }
+            assert alerts[0].annotations["baseline"] == "0.750" and alerts[0].annotations["summary"] == "drift on gpu-0"
+    with engine.connect() as conn:
+        sent = [row.alert_status for row in conn.execute(select(alert_notifications))]
+    assert sent == ["firing", "resolved"]
+
+
+def test_drift_score_on_metrics(engine):
+    cfg = config(DRIFT_RULE, drift=SMALL)
+    ingest(engine, requests(0, 20, accepted=12) + requests(20, 3, accepted=6))
+    AlertRunner(engine, cfg).cycle(T0 + 60)
+    registry = CollectorRegistry()
+    DetectorGauges(engine, registry=registry)
+    text = generate_latest(registry).decode()
+    line = 'specwatch_acceptance_drift_score{drafter="ngram",instance="gpu-0",model="smollm2-135m",tag="chat"}'
+    value = float(next(x for x in text.splitlines() if x.startswith(line)).split()[-1])
+    assert value == pytest.approx(3 * (0.375 / 0.02 - 0.15 * 0.75 / 0.04) / 5)
+
+
+def test_untracked_series_past_max_series(engine):
+    cfg = config(DRIFT_RULE, drift={**SMALL, "max_series": 1})
+    other = [{**r, "request_id": f"x{i}", "instance": "gpu-1"} for i, r in enumerate(requests(100, 5, accepted=8))]
+    ingest(engine, requests(0, 5, accepted=8) + other)
+    from alerts.baselines import run_pass
+
+    done = run_pass(engine, cfg.detectors.drift, T0 + 200)
+    assert (done.read, done.fed, done.series, done.untracked) == (10, 5, 1, 5)
+
+
+def test_regression_fires_at_the_marker_with_before_and_after(engine):
+    """n-gram drafts at ~0.75 until a config event switches the instance to an untrained early exit (~0.06)."""
+    marker_at = T0 + 1000
+    marker = event_dict(0, at=marker_at, kind="config", detail={"version": "0.9", "drafter": "early-exit:4"})
+    earlier = event_dict(0, at=T0 - 86400, kind="config", detail={"version": "0.9", "drafter": "ngram"})
+    before = requests(0, 40, accepted=12, at0=marker_at - 100)
+    ingest(engine, before, [earlier, marker])
+    cfg = config(REGRESSION_RULE)
+    runner = AlertRunner(engine, cfg)
+    table = [
+        (1005, [], None),  # nothing after the marker yet
+        (1020, requests(0, 5, accepted=1, drafter="early-exit:4", at0=marker_at + 1), None),  # 5 < min_samples
+        (1100, requests(5, 30, accepted=1, drafter="early-exit:4", at0=marker_at + 1), "firing"),
+    ]
+    for t, added, expected in table:
+        ingest(engine, added)
+        runner.cycle(T0 + t)
+        alerts, _ = active_alerts(engine)
+        assert (alerts[0].state.value if alerts else None) == expected, t
+    alert = alerts[0]
+    assert alert.labels["marker"] == "2026-05-28T20:43:20Z" and alert.value == pytest.approx(1 - (1 / 16) / 0.75)
+    notes = alert.annotations
+    assert notes["marker"] == "2026-05-28T20:43:20Z (drafter: ngram -> early-exit:4)"
+    assert (notes["before"], notes["after"], notes["n_before"], notes["n_after"]) == ("0.750", "0.062", "40", "35")
+    assert float(notes["p_value"]) < 1e-6 and notes["drafters_after"] == "early-exit:4"
+
+
+def test_no_regression_when_acceptance_holds(engine):
+    marker_at = T0 + 1000
+    ingest(engine, requests(0, 40, accepted=12, at0=marker_at - 100), [event_dict(0, at=marker_at, kind="config")])
+    after = [{**r, "request_id": f"a{i}"} for i, r in enumerate(requests(0, 40, accepted=12, at0=marker_at + 1))]
+    ingest(engine, after)
+    AlertRunner(engine, config(REGRESSION_RULE)).cycle(T0 + 1100)
+    assert active_alerts(engine)[0] == []
