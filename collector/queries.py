@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from sqlalchemy import Engine, Select, and_, func, select
+from sqlalchemy import Engine, Select, and_, func, select, union_all
 
 from collector.models import Request
 
@@ -233,15 +233,13 @@ def sample_rows(
 ) -> tuple[list, Sample | None]:
     """The rows of `stmt` (over requests) in `window` under `filters`: all of them when the
     population (None: unknown, e.g. with tag filters) holds at most SAMPLE_ROWS requests, else those
-    in `sample_slices` (each read by a range of the started_at index, so the cost follows the sample,
-    not the window), with the sample's size."""
+    in `sample_slices` (one UNION ALL of a branch per slice, each read by a range of the started_at
+    index: the cost follows the sample, not the window), with the sample's size."""
     if population is None or population.requests <= SAMPLE_ROWS:
         with engine.connect() as conn:
             return conn.execute(filters.apply(stmt, window)).all(), None
-    rows: list = []
     with engine.connect() as conn:
-        for piece in sample_slices(population):
-            rows.extend(conn.execute(filters.apply(stmt, piece)).all())
+        rows = conn.execute(union_all(*(filters.apply(stmt, piece) for piece in sample_slices(population)))).all()
     return rows, Sample(len(rows), population.requests)
 
 

@@ -148,6 +148,8 @@ def test_a_sample_reads_only_its_slices(stored, monkeypatch):
     with stored.connect() as conn:
         everything = conn.execute(select(Request.started_at).where(Request.started_at >= T0 - 1)).scalars().all()
     assert started == sorted(t for t in everything if any(p.start <= t < p.end for p in slices))
+    for answer in (reader.positions(stored, window), reader.acceptance_vs_length(stored, window)):  # JSON, filters
+        assert answer.sampled.of == 3000 and 0 < answer.sampled.rows < 800
 
 
 def test_tag_filters_read_raw_rows(stored):
