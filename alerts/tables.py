@@ -3,8 +3,8 @@ and remediation actions.
 
 The collector's Alembic migrations create them (migration 0004; the change detectors' in 0012), with
 the rest of the schema, so one `alembic upgrade` sets up a store; `tests/alerts/test_alert_tables.py`
-reflects a migrated database and checks that it matches these definitions. Nothing outside alerts/ (and report/, for the report's link
-in the outbox) reads or writes them: others call `alerts.store`.
+reflects a migrated database and checks that it matches these definitions. Nothing outside alerts/
+(and report/, for the report's link in the outbox) reads or writes them: others call `alerts.store`.
 """
 
 from __future__ import annotations
