@@ -13,6 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.stats import mannwhitneyu  # imported at start: not on a dashboard's first render
 from sqlalchemy import Engine, and_, func, select
 
 from collector import reader, sketch
@@ -214,8 +215,6 @@ def _cdf(values: np.ndarray) -> list[float | None]:
 def compare(engine: Engine, window: Window, filters: Filters = Filters(), by: str = "arm") -> Comparison:
     """`by="arm"` compares the A/B arms (the unbiased comparison); `by="mode"` all speculative vs
     plain requests (biased when the policy picks the mode by load or prompt length)."""
-    from scipy.stats import mannwhitneyu
-
     if by not in ("arm", "mode"):
         raise ValueError("compare by arm or mode")
     names = ("spec", "control") if by == "arm" else ("speculative", "autoregressive")

@@ -109,6 +109,8 @@ def label_values(
         for label, value in zip(LABELS, key):
             if value is not None:
                 found[label][str(value)] = found[label].get(str(value), 0) + t.requests
+    if not tag_keys:
+        return found
     of = population_of(window, by_labels.values())
     tags = [Request.tags[key].as_string() for key in tag_keys]
     rows, sample = queries.sample_rows(engine, select(*tags), window, filters, of)

@@ -166,7 +166,11 @@ def get_sources(engine: EngineDep, window: WindowDep) -> Response:
 
 
 @router.get("/labels")
-def get_labels(engine: EngineDep, window: WindowDep, filters: FiltersDep) -> Response:
+def get_labels(
+    engine: EngineDep, window: WindowDep, filters: FiltersDep, tags: Literal["scenario", "none"] = "scenario"
+) -> Response:
     """Requests per instance, model, drafter, mode, arm and scenario tag in the window (tag counts from a
-    sample of a large window, scaled: `sampled` then says how many of how many requests)."""
-    return json_response(reader.label_values(engine, window, filters))
+    sample of a large window, scaled: `sampled` then says how many of how many requests). `tags=none`
+    leaves the tag out: the labels alone come from the aggregates and need no sample."""
+    tag_keys = () if tags == "none" else ("scenario",)
+    return json_response(reader.label_values(engine, window, filters, tag_keys))

@@ -118,6 +118,8 @@ def test_compare_and_labels_sample_large_windows_and_say_so(stored, monkeypatch)
     wide = Window(T0 - 3600, T0 + 200)  # an idle hour first: slices cover only the span with traffic
     assert breakdown.compare(stored, wide, by="mode").sampled == sampled.sampled
     assert reader.label_values(stored, wide)["sampled"] == labels["sampled"]
+    untagged = reader.label_values(stored, window, tag_keys=())  # labels alone: exact, from the aggregates
+    assert "sampled" not in untagged and "tag:scenario" not in untagged and untagged["mode"] == labels["mode"]
 
 
 def test_sample_slices_spread_over_the_span_with_traffic(monkeypatch):
