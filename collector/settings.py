@@ -23,7 +23,8 @@ class Settings(BaseSettings):
     # Empty means SQLite at <data_dir>/specwatch.db (see `database_url_resolved`).
     database_url: str = ""
     # Bearer tokens per role, comma-separated (rotation: several at once), and a file of
-    # `ROLE TOKEN [tenant=NAME]` lines; none configured: every endpoint is open (the laptop default).
+    # `ROLE TOKEN [tenant=NAME [instances=A,B]]` lines (a tenant's ingest token names the instances it may
+    # write: docs/security.md); none configured: every endpoint is open (the laptop default).
     ingest_token: str | None = None
     read_token: str | None = None
     admin_token: str | None = None

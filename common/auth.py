@@ -12,9 +12,14 @@ from pathlib import Path
 from common.errors import UsageError
 
 
+def listed_tokens(tokens: str | None) -> list[str]:
+    """The tokens of a comma-separated list (several at once: rotation), blanks dropped."""
+    return [t.strip() for t in (tokens or "").split(",") if t.strip()]
+
+
 def first_token(tokens: str | None) -> str | None:
     """The collector takes several comma-separated tokens (rotation); a producer sends the first."""
-    return next((t.strip() for t in (tokens or "").split(",") if t.strip()), None)
+    return next(iter(listed_tokens(tokens)), None)
 
 
 ROLES = ("ingest", "read", "admin")
@@ -56,12 +61,7 @@ class TokenTable:
     @classmethod
     def from_sources(cls, env: Mapping[str, str] | None = None, path: Path | str | None = None) -> TokenTable:
         env = os.environ if env is None else env
-        grants = {
-            token.strip(): Grant(role)
-            for role, name in ROLE_ENV.items()
-            for token in env.get(name, "").split(",")
-            if token.strip()
-        }
+        grants = {token: Grant(role) for role, name in ROLE_ENV.items() for token in listed_tokens(env.get(name))}
         return cls(grants | (_read_token_file(Path(path)) if path else {}))
 
     @property

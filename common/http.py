@@ -1,5 +1,5 @@
 """The HTTP edges the engine's server and the gateway share: OpenAI's error body, the control API's
-bearer-token guard, and the `x-request-id` a request may bring with it.
+bearer-token guard, the OpenAI routes' API key, and the `x-request-id` a request may bring with it.
 
 Every refusal is `{"error": {"message", "type", "param", "code"}}` (OpenAI's shape), its `type`
 following the status unless given: 401 authentication_error, 403 permission_error,
@@ -11,11 +11,13 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from common.auth import Grant, TokenTable
+from common.auth import Grant, TokenTable, listed_tokens
 
 ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 429: "rate_limit_error"}
 REQUEST_ID_HEADER = "x-request-id"
@@ -74,7 +76,7 @@ class ControlGuard:
     request must carry `Authorization: Bearer <token>` (401). A FastAPI dependency as it stands."""
 
     def __init__(self, token: str | None, server: str) -> None:
-        self.tokens = TokenTable({token: Grant("admin")}) if token else None
+        self.tokens = _key_table(token)
         self.server = server  # who to start with the token: 'engine' | 'gateway'
 
     def __call__(self, request: Request) -> None:
@@ -82,8 +84,43 @@ class ControlGuard:
             how = "--control-token (or SPECWATCH_CONTROL_TOKEN)"
             raise OpenAIError(403, f"the control API is off: start the {self.server} with {how}")
         if self.tokens.grant(request.headers.get("authorization")) is None:
-            message = "missing or wrong bearer token for the control API"
-            raise OpenAIError(401, message, headers={"WWW-Authenticate": "Bearer"})
+            raise _unauthorized("missing or wrong bearer token for the control API")
+
+
+class ApiKeyMiddleware:
+    """The OpenAI routes' API key (`--api-key`, SPECWATCH_API_KEY; several comma-separated for rotation):
+    every `/v1/...` request but the control API's (its own token) must carry `Authorization: Bearer <key>`,
+    else 401 in OpenAI's shape (`code: invalid_api_key`), answered before its body is read.
+    /health, /healthz and /metrics stay open (probes, Prometheus). Pure ASGI: streams pass untouched."""
+
+    def __init__(self, app: ASGIApp, keys: str) -> None:
+        self.app, self.tokens = app, _key_table(keys)
+        if self.tokens is None:
+            raise ValueError("an API key middleware needs at least one key")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and _needs_key(scope["path"]) and not self._allows(scope):
+            message = "missing or wrong API key: send 'Authorization: Bearer <key>'"
+            await _unauthorized(message, "invalid_api_key").response()(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def _allows(self, scope: Scope) -> bool:
+        return self.tokens.grant(Headers(scope=scope).get("authorization")) is not None
+
+
+def _needs_key(path: str) -> bool:
+    return path.startswith("/v1/") and not path.startswith("/v1/control/")
+
+
+def _key_table(keys: str | None) -> TokenTable | None:
+    """Bearer keys compared in constant time (common.auth); None when `keys` lists none."""
+    listed = listed_tokens(keys)
+    return TokenTable(dict.fromkeys(listed, Grant("admin"))) if listed else None
+
+
+def _unauthorized(message: str, code: str | None = None) -> OpenAIError:
+    return OpenAIError(401, message, code=code, headers={"WWW-Authenticate": "Bearer"})
 
 
 def incoming_request_id(request: Request) -> str | None:

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import httpx
 
+from common.auth import first_token
+
 SOURCE_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -46,20 +48,23 @@ def start_service(
         process = subprocess.Popen(
             cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_exit_with_parent()
         )
+    key = first_token(env.get("SPECWATCH_API_KEY"))  # a child given an API key wants it on its /v1 routes
     try:
-        return _wait_ready(name, process, log, ready_url, timeout_s)
+        return _wait_ready(name, process, log, ready_url, timeout_s, {"authorization": f"Bearer {key}"} if key else {})
     except BaseException:  # not ready, or Ctrl-C while waiting: no half-started child left behind
         stop_process(process, timeout_s=10)
         raise
 
 
-def _wait_ready(name: str, process: subprocess.Popen, log: Path, ready_url: str, timeout_s: float) -> subprocess.Popen:
+def _wait_ready(
+    name: str, process: subprocess.Popen, log: Path, ready_url: str, timeout_s: float, headers: dict[str, str]
+) -> subprocess.Popen:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise StartError(f"the {name} exited with code {process.returncode}; see {log} (is its port free?)")
         try:
-            if httpx.get(ready_url, timeout=1).status_code == 200:
+            if httpx.get(ready_url, timeout=1, headers=headers).status_code == 200:
                 return process
         except httpx.HTTPError:
             pass

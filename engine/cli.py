@@ -9,7 +9,7 @@ import socket
 import sys
 from pathlib import Path
 
-from common.cli import add_producer_arguments, tcp_port
+from common.cli import add_exposure_arguments, add_producer_arguments, check_exposure, tcp_port
 from common.errors import UsageError
 from engine.policy import PolicyConfig
 
@@ -43,7 +43,7 @@ def _register_serve(subparsers: argparse._SubParsersAction) -> None:
     engine_commands = engine.add_subparsers(dest="engine_command", required=True, metavar="SUBCOMMAND")
     serve = engine_commands.add_parser("serve", help="serve the OpenAI-compatible API")
     add_model_arguments(serve)
-    serve.add_argument("--host", default="127.0.0.1")
+    add_exposure_arguments(serve)
     serve.add_argument("--port", type=tcp_port, default=8000)
     serve.add_argument("--slots", type=int, default=4, help="requests decoded concurrently (default: 4)")
     serve.add_argument("--max-queue", type=int, default=64, help="waiting requests before 429 (default: 64)")
@@ -239,6 +239,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from telemetry.client import TelemetryClient
     from telemetry.sink import TelemetrySink
 
+    check_exposure("engine", args)  # before the model loads
     if not 0 <= args.shutdown_timeout <= 86_400:
         raise UsageError("--shutdown-timeout must be between 0 and 86400 seconds")
     try:
@@ -265,7 +266,12 @@ def run_serve(args: argparse.Namespace) -> int:
     )
     try:
         app = create_app(
-            scheduler, engine.target.name, args.control_token, drafters=drafters, default_drafter=args.default_drafter
+            scheduler,
+            engine.target.name,
+            args.control_token,
+            drafters=drafters,
+            default_drafter=args.default_drafter,
+            api_key=args.api_key,
         )
     except ValueError as exc:
         raise UsageError(f"--default-drafter: {exc}") from None

@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from common.http import (
     ERROR_HANDLERS,
+    ApiKeyMiddleware,
     ControlGuard,
     OpenAIError,
     error_body,
@@ -176,10 +177,12 @@ def create_app(
     control_token: str | None = None,
     drafters: Mapping[str, str] | None = None,
     default_drafter: str = "ngram",
+    api_key: str | None = None,
 ) -> FastAPI:
     """`control_token`: bearer token the /v1/control endpoints require (None: the control API is off).
     `drafters`: names a request's `drafter` may give, and their specs (`engine serve --drafters`).
     `default_drafter`: what a request that names none gets (`engine serve --default-drafter`).
+    `api_key`: bearer key(s) the /v1 routes require (common.http.ApiKeyMiddleware; None: none).
     Control actions report their EngineEvents, and /metrics its records, through `scheduler.telemetry`."""
 
     @asynccontextmanager
@@ -189,6 +192,8 @@ def create_app(
         scheduler.stop()
 
     app = FastAPI(title="specwatch engine", lifespan=lifespan, exception_handlers=ERROR_HANDLERS)
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, keys=api_key)
     app.state.scheduler, app.state.model_name = scheduler, model_name
     app.state.drafters = dict(drafters or {})
     request_drafter(default_drafter, app.state.drafters)  # a bad default fails at start, not per request

@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from common.http import ERROR_HANDLERS, openai_error
+from common.http import ERROR_HANDLERS, ApiKeyMiddleware, openai_error
 from gateway import control
 from gateway.core import Gateway
 from gateway.proxy import proxy
@@ -30,6 +30,8 @@ def create_app(gateway: Gateway) -> Starlette:
         *control.ROUTES,
     ]
     app = Starlette(routes=routes, lifespan=_lifespan, exception_handlers=ERROR_HANDLERS)
+    if gateway.settings.api_key:
+        app.add_middleware(ApiKeyMiddleware, keys=gateway.settings.api_key)
     app.state.gateway = gateway
     return app
 
@@ -57,9 +59,11 @@ async def _lifespan(app: Starlette):
 
 async def _models(request: Request) -> Response:
     gateway: Gateway = request.app.state.gateway
+    authorization = {"authorization": v} if (v := request.headers.get("authorization")) else {}
     for state in sorted(gateway.states.values(), key=lambda s: not s.healthy):
+        headers = authorization if state.upstream.forward_auth else {}  # as proxied requests (docs/security.md)
         with contextlib.suppress(httpx.HTTPError):
-            response = await gateway.http.get(f"{state.upstream.url}/v1/models", timeout=5.0)
+            response = await gateway.http.get(f"{state.upstream.url}/v1/models", timeout=5.0, headers=headers)
             if response.status_code == 200:
                 return Response(response.content, 200, media_type="application/json")
     return openai_error(503, "no upstream answered /v1/models")

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from common.cli import add_producer_arguments, tcp_port
+from common.cli import add_exposure_arguments, add_producer_arguments, check_exposure, tcp_port
 from common.errors import UsageError
 
 
@@ -25,7 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(default 8), the denominator of its load; auth=forward: it also gets the client's Authorization header "
         "(never sent otherwise)",
     )
-    serve.add_argument("--host", default="127.0.0.1")
+    add_exposure_arguments(serve)
     serve.add_argument("--port", type=tcp_port, default=8100)
     serve.add_argument("--name", default="gateway", help="instance label of requests no upstream took")
     add_producer_arguments(serve, Path("data/gateway-spool"))
@@ -54,6 +54,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from telemetry.client import TelemetryClient
     from telemetry.sink import TelemetrySink
 
+    check_exposure("gateway", args)
     upstreams = [parse_upstream(text) for text in args.upstream]
     check_upstreams(upstreams)
     settings = _settings(args, GatewaySettings)
@@ -93,6 +94,7 @@ def _settings(args: argparse.Namespace, settings_type):
         upstream_timeout_s=args.upstream_timeout,
         health_interval_s=args.health_interval,
         control_token=args.control_token,
+        api_key=args.api_key,
         count_tokens=_token_counter(args.tokenizer) if args.tokenizer else None,
     )
 

@@ -41,6 +41,7 @@ class GatewaySettings:
     connect_timeout_s: float = 2.0
     health_interval_s: float = 1.0
     control_token: str | None = None
+    api_key: str | None = None  # bearer key(s) the /v1 routes require (common.http.ApiKeyMiddleware)
     count_tokens: Callable[[str], int] | None = None  # a tokenizer; None: estimate 4 characters per token
 
 

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import signal
 import sys
 
 from collector.cli import add_db_option, settings_from
 from common.auth import ROLES
-from common.cli import tcp_port
+from common.cli import is_loopback, tcp_port
 from common.errors import UsageError
 
 
@@ -81,16 +80,9 @@ def check_report_settings(settings) -> None:
 
 def check_exposure(host: str, tokens_configured: bool, insecure: bool) -> None:
     """A UsageError for a collector reachable from other machines that anyone could read and write."""
-    if tokens_configured or insecure or _loopback(host):
+    if tokens_configured or insecure or is_loopback(host):
         return
     raise UsageError(
         f"refusing to listen on {host} with no token configured: anyone who can reach it could read and write "
         "telemetry; set SPECWATCH_INGEST_TOKEN and SPECWATCH_READ_TOKEN (or SPECWATCH_TOKENS_FILE), or pass --insecure"
     )
-
-
-def _loopback(host: str) -> bool:
-    try:
-        return host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name other than localhost: may resolve to any interface
-        return False

@@ -13,6 +13,7 @@ from starlette.testclient import TestClient
 from common.http import (
     ERROR_HANDLERS,
     MAX_CLOCK_SKEW_S,
+    ApiKeyMiddleware,
     ControlGuard,
     OpenAIError,
     incoming_request_id,
@@ -90,3 +91,41 @@ def test_an_incoming_identity_is_taken(headers, expected):
 def test_a_malformed_identity_is_a_400_naming_the_header(header, value):
     answer = client().get("/identity", headers={header: value})
     assert answer.status_code == 400 and answer.json()["error"]["param"] == header
+
+
+def keyed(keys: str = "k1, k2") -> TestClient:
+    """A Starlette app with the OpenAI routes' API key, as the engine and the gateway add it."""
+
+    async def ok(request: Request) -> JSONResponse:
+        return JSONResponse({"ok": True, "body": (await request.body()).decode()})
+
+    routes = [Route(path, ok, methods=["GET", "POST"]) for path in ("/v1/chat/completions", "/v1/models", "/health")]
+    routes.append(Route("/v1/control/state", ok))
+    app = Starlette(routes=routes, exception_handlers=ERROR_HANDLERS)
+    app.add_middleware(ApiKeyMiddleware, keys=keys)
+    return TestClient(app)
+
+
+def test_the_api_key_guards_the_v1_routes_in_openais_shape():
+    app = keyed()
+    for headers in ({}, {"authorization": "Bearer nope"}, {"authorization": "k1"}, {"authorization": "Bearer k1,k2"}):
+        refused = app.post("/v1/chat/completions", content=b"{not json", headers=headers)
+        assert refused.status_code == 401 and refused.headers["www-authenticate"] == "Bearer"
+        error = refused.json()["error"]
+        assert error["type"] == "authentication_error" and error["code"] == "invalid_api_key"
+        assert "k1" not in error["message"]  # the key is never echoed
+    assert app.get("/v1/models").status_code == 401
+
+
+def test_every_listed_key_passes_and_probes_stay_open():
+    app = keyed()
+    for key in ("k1", "k2"):  # rotation: both accepted
+        answer = app.post("/v1/chat/completions", content=b"{}", headers={"authorization": f"bearer {key}"})
+        assert answer.json() == {"ok": True, "body": "{}"}
+    assert app.get("/health").status_code == 200
+    assert app.get("/v1/control/state").status_code == 200  # the control API checks its own token
+
+
+def test_an_api_key_middleware_without_a_key_is_refused():
+    with pytest.raises(ValueError):
+        ApiKeyMiddleware(None, " , ")

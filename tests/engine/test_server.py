@@ -49,6 +49,18 @@ def test_models_and_chat_completion_with_the_openai_client(server, bundled_engin
     )
 
 
+def test_with_an_api_key_the_openai_routes_need_it(bundled_engine):
+    with Server(bundled_engine, api_key="k1,k2") as keyed:
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        for headers in ({}, {"authorization": "Bearer k3"}):
+            refused = httpx.post(f"{keyed.url}/v1/chat/completions", json=body, headers=headers)
+            assert refused.status_code == 401 and refused.json()["error"]["type"] == "authentication_error"
+        assert keyed.records == []
+        assert httpx.get(f"{keyed.url}/healthz").status_code == 200
+        client = openai.OpenAI(base_url=f"{keyed.url}/v1", api_key="k2")  # the SDK sends it as a bearer key
+        assert [m.id for m in client.models.list()] == [bundled_engine.target.name]
+
+
 def test_streamed_completion_equals_the_whole_one(server):
     client = server.client()
     prompt = "Repeat: alpha beta gamma alpha beta gamma alpha"

@@ -169,6 +169,20 @@ def test_the_client_authorization_goes_only_to_an_upstream_configured_to_receive
         assert "authorization" not in seen[-1]["headers"]
 
 
+def test_with_an_api_key_the_openai_routes_need_it_and_refusals_reach_no_upstream(upstream):
+    seen = upstream.server.config.app.state.seen
+    with GatewayServer([f"p={upstream.url},auth=forward"], api_key="gw-key") as gw:
+        before = len(seen)
+        for headers in ({}, {"authorization": "Bearer wrong"}):
+            refused = post(gw.url, {"prompt": "hello"}, headers=headers)
+            assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+            assert httpx.get(f"{gw.url}/v1/models", headers=headers).status_code == 401
+        assert len(seen) == before and gw.records == []  # nothing proxied, nothing recorded
+        assert httpx.get(f"{gw.url}/health").status_code == 200
+        assert post(gw.url, {"prompt": "hello"}, headers={"authorization": "Bearer gw-key"}).status_code == 200
+        assert seen[-1]["headers"]["authorization"] == "Bearer gw-key"  # auth=forward: the upstream may check it too
+
+
 def test_unknown_routes_and_methods_are_json_errors(upstream):
     with GatewayServer([f"p={upstream.url}"]) as gw:
         missing = httpx.post(f"{gw.url}/v1/embeddings", json={})
