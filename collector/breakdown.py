@@ -326,14 +326,14 @@ def sources(engine: Engine, window: Window) -> list[Source]:
         vllm = conn.execute(scrapes).all()
         snapshots = conn.execute(_latest_upstream_snapshots(window.end)).all()
     by_instance = {  # from the tiered reader: the start of the last second holding a request
-        name: (min(t.last_s, window.end) - 1, t.requests)
+        name: (min(t.last_s, window.end) - 1, t.requests, t.first_s, t.last_s)
         for (name,), t in reader.totals(engine, window, Filters(), ("instance",), ()).items()
     }
-    activity = _Activity(by_instance, last_sample, window.seconds)
+    activity = _Activity(by_instance, last_sample, window)
     gateways = [row for snapshot in snapshots for row in _gateway_sources(*snapshot, activity)]
     behind = {row.name for row in gateways}
     engines = [
-        Source("engine", name, activity.last_seen(name), activity.count(name), activity.count(name) / window.seconds)
+        Source("engine", name, activity.last_seen(name), activity.count(name), activity.rate(name))
         for name in sorted((by_instance.keys() | last_sample.keys()) - behind)
     ]
     return engines + gateways + [Source("vllm", url, last, n, n / window.seconds) for url, last, n in vllm]
@@ -341,17 +341,32 @@ def sources(engine: Engine, window: Window) -> list[Source]:
 
 @dataclass(frozen=True)
 class _Activity:
-    """Per instance: (latest request, requests) in the window, and its latest device sample ever."""
+    """Per instance: (latest request, requests, first and last second with requests) in the window,
+    and its latest device sample ever. Rates are per second of the active span of the instances
+    counted, as the signals' `request_rate_per_s` is, so a lone engine shows the Overview's req/s."""
 
-    requests: dict[str, tuple[float, int]]
+    requests: dict[str, tuple[float, int, float, float]]
     last_sample: dict[str, float]
-    seconds: float
+    window: Window
 
     def count(self, name: str) -> int:
-        return self.requests.get(name, (None, 0))[1]
+        return self._of(name)[1]
+
+    def rate(self, *names: str) -> float:
+        """Requests of these instances per second of their joint active span."""
+        found = [self._of(name) for name in names if self._of(name)[1]]
+        if not found:
+            return 0.0
+        span = active_span(self.window, min(f[2] for f in found), max(f[3] for f in found))
+        return sum(f[1] for f in found) / span if span > 0 else 0.0
+
+    def _of(self, name: str) -> tuple[float | None, int, float, float]:
+        return self.requests.get(name, (None, 0, 0.0, 0.0))
 
     def last_seen(self, name: str, *also: float | None) -> float | None:
-        seen = [t for t in (self.requests.get(name, (None, 0))[0], self.last_sample.get(name), *also) if t is not None]
+        seen = [
+            t for t in (self.requests.get(name, (None, 0, 0.0))[0], self.last_sample.get(name), *also) if t is not None
+        ]
         return max(seen, default=None)
 
 
@@ -379,8 +394,10 @@ def _gateway_sources(gateway: str, at: float, detail: dict, activity: _Activity)
     its own name (requests no upstream took) plus its upstreams'. Two gateways naming the same
     upstream both count its records: a record does not say which gateway sent it."""
     upstreams = [_upstream_source(gateway, at, entry, activity) for entry in _named_entries(detail)]
-    total = activity.count(gateway) + sum(u.records_in_window for u in upstreams if u.name != gateway)
-    row = Source("gateway", gateway, activity.last_seen(gateway, at), total, total / activity.seconds, reported_at=at)
+    members = [u for u in upstreams if u.name != gateway]
+    total = activity.count(gateway) + sum(u.records_in_window for u in members)
+    per_s = activity.rate(gateway, *(u.name for u in members))
+    row = Source("gateway", gateway, activity.last_seen(gateway, at), total, per_s, reported_at=at)
     return [row, *upstreams]
 
 
@@ -402,7 +419,7 @@ def _upstream_source(gateway: str, at: float, entry: dict, activity: _Activity) 
         name,
         activity.last_seen(name),
         activity.count(name),
-        activity.count(name) / activity.seconds,
+        activity.rate(name),
         gateway=gateway,
         url=_text(entry.get("url")),
         pool=_text(entry.get("pool")),

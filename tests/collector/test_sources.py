@@ -79,15 +79,17 @@ def test_upstream_requests_are_counted_once_and_not_as_engines(stored):
     ]
     rows = by_name(found)
     assert (rows["vllm-a"].records_in_window, rows["vllm-b"].records_in_window) == (6, 3)
-    assert rows["vllm-a"].per_s == pytest.approx(6 / 1000) and rows["vllm-a"].last_seen_at == T0 + 205
+    # rates per second of the active span, as the Overview's: vllm-a's 6 requests fill T0+200..T0+206
+    assert rows["vllm-a"].per_s == pytest.approx(6 / 6) and rows["vllm-a"].last_seen_at == T0 + 205
     gateway = rows["edge"]
     assert (gateway.records_in_window, gateway.reported_at, gateway.last_seen_at) == (11, T0 + 5, T0 + 201)
+    assert gateway.per_s == pytest.approx(11 / 6)  # its upstreams' and its own requests over their joint span
     assert gateway.healthy is None and gateway.gateway is None  # health is its upstreams'
 
 
 def test_an_instance_without_upstream_events_stays_an_engine(stored):
     (engine,) = [s for s in sources(stored, WINDOW) if s.kind == "engine"]
-    assert engine == Source("engine", "gpu-0", T0 + 5 * 50, 4, 4 / 1000)  # its sample is its latest sign of life
+    assert engine == Source("engine", "gpu-0", T0 + 5 * 50, 4, 4 / 4)  # its sample is its latest sign of life
 
 
 def test_a_gateway_without_traffic_in_the_window_still_shows_its_upstreams(engine):
@@ -119,8 +121,17 @@ def test_api_keeps_the_old_keys_and_adds_the_gateway_fields(client, engine):
         "name": "gpu-0",
         "last_seen_at": T0 + 201,
         "records_in_window": 2,
-        "per_s": pytest.approx(2 / 1000),
+        "per_s": pytest.approx(2 / 2),  # per second of its active span (T0+200..T0+202)
         **dict.fromkeys(("gateway", "url", "pool", "drafter", "healthy", "reason", "reported_at")),
     }
     assert (rows["vllm-b"]["healthy"], rows["vllm-b"]["reason"]) == (False, "connect: connection refused")
     assert (rows["vllm-a"]["kind"], rows["vllm-a"]["records_in_window"]) == ("upstream", 3)
+
+
+def test_a_lone_engine_shows_the_overviews_request_rate(engine):
+    """Sources and the Overview (signals' request_rate_per_s) rate the same requests the same way."""
+    from collector.reader import signals
+
+    store(engine, requests=requests("gpu-0", 5, 0, at=T0 + 300.4) + requests("gpu-0", 3, 10, at=T0 + 700.2))
+    (row,) = sources(engine, WINDOW)
+    assert row.per_s == pytest.approx(signals(engine, WINDOW).request_rate_per_s) and row.per_s > 8 / 1000
