@@ -50,6 +50,7 @@ class AnomalySettings(_Strict):
     repetition_min_output: int = Field(default=128, ge=1)
     collapse_acceptance: float = Field(default=0.05, ge=0, lt=1)
     collapse_min_median: float = Field(default=0.3, gt=0, le=1)  # "a drafter that usually works"
+    history: int = Field(default=1000, ge=0)  # a series' recent requests a new one is judged with
 
 
 class DetectorSettings(_Strict):

@@ -1,6 +1,7 @@
 """The alert runner: every `evaluation.interval`, evaluate every rule, persist, notify, remediate.
 
-First the change detectors' pass (`alerts.baselines`, `alerts.regression`) updates their rows. Per
+First the change detectors' pass (`alerts.baselines`, `alerts.regression`) updates their rows and the
+anomaly pass (`alerts.anomaly_pass`) flags new requests. Per
 rule, in one transaction: the rule's new alert states, its transitions, its health (time
 taken, error) and the outbox rows of what needs sending. A rule whose signal fails records
 its error and the others keep going; the rules of one cycle share the store reads they have
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field, replace
 import httpx
 from sqlalchemy import Engine
 
-from alerts import baselines, notify, regression
+from alerts import anomaly_pass, baselines, notify, regression
 from alerts.actions import ActionResult, Remediator
 from alerts.evaluator import Alert, State, Transition, evaluate, needs_sending
 from alerts.rules import AlertConfig, Rule
@@ -75,6 +76,7 @@ class AlertRunner:
         passes = {
             "drift": lambda: baselines.run_pass(self.engine, settings.drift, now),
             "regression": lambda: regression.run_pass(self.engine, settings.regression, now),
+            "anomalies": lambda: anomaly_pass.run_pass(self.engine, settings, now),
         }
         for name, run in passes.items():
             try:

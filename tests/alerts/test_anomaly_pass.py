@@ -1,0 +1,69 @@
+"""The anomaly pass in the leader's cycle: new requests judged once against their series, flags in
+`request_flags`, the cursor persisted across runners."""
+
+from __future__ import annotations
+
+import pytest
+from collector_payloads import T0, request_dict
+from sqlalchemy import select
+
+from alerts.anomaly_pass import run_pass
+from alerts.rules import parse_config
+from alerts.runner import AlertRunner
+from alerts.tables import request_flags
+from collector.store import Store
+from telemetry.schema import IngestBatch
+
+CONFIG = parse_config({"rules": [], "receivers": [], "detectors": {"anomalies": {"min_series_requests": 20}}})
+
+
+def record(i: int, accepted: int, output: int = 64, **overrides) -> dict:
+    """16 drafted tokens in 4 drafts of 4; `accepted` of them, front-loaded per position."""
+    per_pos = [min(4, max(0, accepted - 4 * k)) for k in range(4)]
+    per_pos = sorted(per_pos, reverse=True) if accepted < 16 else [4, 4, 4, 4]
+    fields = {"num_accepted_tokens": sum(per_pos), "accepted_per_position": per_pos, "output_tokens": output}
+    return request_dict(i, request_id=f"r{i}", tags={}, **{**fields, **overrides})
+
+
+def ingest(engine, records) -> None:
+    Store(engine).insert(IngestBatch.model_validate({"requests": records, "samples": [], "events": []}))
+
+
+def flags(engine) -> list[tuple[str, str, float]]:
+    t = request_flags.c
+    with engine.connect() as conn:
+        rows = conn.execute(select(t.request_id, t.flag, t.flagged_at).order_by(t.request_id, t.flag))
+        return [tuple(r) for r in rows]
+
+
+def test_flags_written_once_and_the_cursor_survives_a_restart(engine):
+    typical = [record(i, 9 + i % 3) for i in range(40)]  # acceptance 0.5625..0.6875, median 0.625
+    ingest(engine, typical)
+    AlertRunner(engine, CONFIG).cycle(T0 + 100)
+    assert flags(engine) == []
+    odd = [record(40, 0), record(41, 16, output=256), record(42, 16, output=32), record(43, 10)]
+    ingest(engine, odd)
+    AlertRunner(engine, CONFIG).cycle(T0 + 160)
+    expected = [("r40", "collapse", T0 + 160), ("r40", "outlier", T0 + 160), ("r41", "repetition", T0 + 160)]
+    assert flags(engine) == expected
+    runner = AlertRunner(engine, CONFIG)  # a new leader: resumes after r43, judges nothing twice
+    runner.cycle(T0 + 220)
+    assert flags(engine) == expected
+
+
+def test_series_history_judges_a_lone_new_request(engine):
+    """One new request per pass is still judged against the series' stored history."""
+    ingest(engine, [record(i, 9 + i % 3) for i in range(30)])
+    assert run_pass(engine, CONFIG.detectors, T0 + 40).flagged == 0
+    ingest(engine, [record(30, 1)])
+    done = run_pass(engine, CONFIG.detectors, T0 + 50)
+    assert (done.read, done.judged, done.flagged) == (1, 1, 1)
+    assert [f[:2] for f in flags(engine)] == [("r30", "outlier")]  # 1/16: low, but not ~0
+
+
+@pytest.mark.parametrize(("other", "flagged"), [({"instance": "gpu-1"}, 0), ({"drafter": "suffix"}, 0), ({}, 1)])
+def test_history_is_per_series(engine, other, flagged):
+    ingest(engine, [record(i, 9 + i % 3) for i in range(30)])
+    run_pass(engine, CONFIG.detectors, T0 + 40)
+    ingest(engine, [record(30, 1, **other)])  # another series has no history: too small to judge
+    assert run_pass(engine, CONFIG.detectors, T0 + 50).flagged == flagged
