@@ -26,6 +26,7 @@ COMMANDS = {
     "dashboard": "dashboard.cli",
     "up": "specwatch.up",
     "vllm": "specwatch.vllm_check",
+    "tune": "specwatch.tune_cli",
 }
 
 

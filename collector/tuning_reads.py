@@ -1,0 +1,100 @@
+"""What the speculation tuner (`cost.tuner_data`) reads from the store, as frozen numpy columns.
+
+    tuning_rows(engine, window, filters)     ok requests that started in the window: timings, draft
+                                             counts and per-position acceptance (a K-wide matrix)
+    version_markers(engine, window, filters) `config` events that name a version: (instance, at, version)
+
+Requests whose draft counts the producer could not see (`draft_counts_known` false) keep their timings
+(`counts_known` false) so the step-cost model can use them; the acceptance model skips them. At most
+`MAX_ROWS` requests are read: the newest ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from sqlalchemy import Engine, select
+
+from collector.models import EngineEventRow, Request
+from collector.queries import Filters, Window
+
+MAX_ROWS = 200_000
+VERSION_KEYS = ("version", "vllm_version", "upstream_version")  # in a `config` event's detail, first found wins
+_COLUMNS = (
+    Request.instance, Request.mode, Request.drafter, Request.started_at, Request.queue_s, Request.ttft_s,
+    Request.e2e_s, Request.output_tokens, Request.num_drafts, Request.num_draft_tokens,
+    Request.num_accepted_tokens, Request.gamma, Request.verify_s, Request.draft_s, Request.draft_counts_known,
+    Request.accepted_per_position,
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TuningRows:
+    """One entry per request (arrays of equal length); `per_position` is n x K (K the largest gamma)."""
+
+    instance: np.ndarray  # object
+    drafter: np.ndarray  # object (None: plain)
+    speculative: np.ndarray  # bool
+    started_at: np.ndarray
+    queue_s: np.ndarray
+    ttft_s: np.ndarray  # NaN: unknown
+    e2e_s: np.ndarray
+    output_tokens: np.ndarray
+    drafts: np.ndarray
+    draft_tokens: np.ndarray
+    accepted: np.ndarray
+    gamma: np.ndarray  # int
+    verify_s: np.ndarray
+    draft_s: np.ndarray
+    counts_known: np.ndarray  # bool
+    per_position: np.ndarray  # float, n x K
+
+    def __len__(self) -> int:
+        return len(self.started_at)
+
+
+def tuning_rows(engine: Engine, window: Window, filters: Filters = Filters()) -> TuningRows:
+    """The window's ok requests (module docstring), oldest first."""
+    stmt = filters.apply(select(*_COLUMNS), window).where(Request.status == "ok")
+    stmt = stmt.order_by(Request.started_at.desc()).limit(MAX_ROWS)
+    with engine.connect() as conn:
+        rows = conn.execute(stmt).all()[::-1]
+    return rows_from_tuples([tuple(r) for r in rows])
+
+
+def rows_from_tuples(rows: list[tuple]) -> TuningRows:
+    """TuningRows from tuples in `_COLUMNS` order (the store's rows, or a test's)."""
+    cols = list(zip(*rows)) if rows else [()] * len(_COLUMNS)
+
+    def floats(i: int) -> np.ndarray:
+        return np.array([np.nan if v is None else v for v in cols[i]], dtype=float)
+
+    positions = [list(p or ()) for p in cols[15]]
+    width = max((len(p) for p in positions), default=0)
+    matrix = np.zeros((len(positions), width))
+    for i, p in enumerate(positions):
+        matrix[i, : len(p)] = p
+    return TuningRows(
+        np.asarray(cols[0], dtype=object), np.asarray(cols[2], dtype=object),
+        np.asarray([m == "speculative" for m in cols[1]], dtype=bool), *(floats(i) for i in range(3, 11)),
+        np.asarray(cols[11], dtype=int), floats(12), floats(13), np.asarray(cols[14], dtype=bool), matrix,
+    )  # fmt: skip
+
+
+def version_markers(engine: Engine, window: Window, filters: Filters = Filters()) -> tuple[tuple[str, float, str], ...]:
+    """(instance, at, version) of the `config` events up to the window's end that name a version, oldest first."""
+    stmt = select(EngineEventRow.instance, EngineEventRow.at, EngineEventRow.detail).where(
+        EngineEventRow.kind == "config", EngineEventRow.at < window.end
+    )
+    if filters.instance is not None:
+        stmt = stmt.where(EngineEventRow.instance == filters.instance)
+    with engine.connect() as conn:
+        found = conn.execute(stmt.order_by(EngineEventRow.at)).all()
+    return tuple((i, float(at), v) for i, at, detail in found if (v := _version(detail)) is not None)
+
+
+def _version(detail) -> str | None:
+    if not isinstance(detail, dict):
+        return None
+    return next((str(detail[k])[:64] for k in VERSION_KEYS if isinstance(detail.get(k), (str, int, float))), None)

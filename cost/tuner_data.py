@@ -1,0 +1,196 @@
+"""The tuner's curves from stored records (`collector.tuning_reads`), or a step-cost profile.
+
+Buckets are the cost model's concurrency levels: each request's life is split over the levels it ran
+at, time-weighted (`cost.attribution.level_fractions`, as the cost-against-concurrency table does),
+and its counts go to each level in that proportion (weight w).
+
+    acceptance   a_i = Σ w·accepted_per_position[i] / Σ w·drafts reaching i, a draft taken to reach
+                 every position below the request's gamma; q = Σ w·drafts / Σ w·steps, steps =
+                 output_tokens - 1 - accepted (the forwards after the first token). Source: the
+                 records' accepted_per_position (vLLM: its per-request acceptance_histogram).
+    step cost    per level, one point per (mode, gamma): x = Σ w·draft_tokens / Σ w·steps (draft tokens
+                 verified per step), y = Σ w·decode seconds / Σ w·steps. Decode seconds are the
+                 producer's recorded forward time (verify_s + draft_s: the bundled engine) when it has
+                 one, else the decode wall time e2e_s - ttft_s (a gateway's records of vLLM); requests
+                 with neither are left out. A level needs two points whose x differ by >= MIN_SPREAD.
+    profile      {"levels": {"<batch>": {"<k>": seconds, ...}}, "source": "..."}: those levels' curves
+                 replace the records' (source "profile: ...").
+    intervals    95% percentile bootstrap (scipy) of tokens/s per k, the bucket's requests resampled:
+                 they carry the acceptance data's uncertainty, not the step cost's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from collector.tuning_reads import TuningRows
+from cost.attribution import Spans, level_fractions
+from cost.tuner import Acceptance, Interval, Schedule, StepCurve, TuneRules, mark_stale, schedule
+
+MIN_SPREAD = 0.25  # draft tokens per step between a level's two most distant points
+MIN_STEPS = 20.0  # decoding steps behind a step-cost point
+UNDERCOUNT = (
+    "per-position acceptance takes every draft to reach its request's gamma: under a varying k (a schedule, "
+    "the engine's cost-aware lookahead) later positions are undercounted; vLLM's per-step lists "
+    "(--per-request-spec-decode-metrics detailed) would fix that, and the gateway does not record them yet"
+)
+
+
+def weights(rows: TuningRows) -> tuple[np.ndarray, np.ndarray]:
+    """(levels, n x levels fractions) of each request's life, time-weighted per instance."""
+    start = rows.started_at + rows.queue_s
+    end = np.maximum(rows.started_at + rows.e2e_s, start)
+    return level_fractions(Spans(rows.instance, start, end, np.full(len(rows), np.nan)))
+
+
+def steps(rows: TuningRows) -> np.ndarray:
+    return np.maximum(rows.output_tokens - 1 - rows.accepted, 0.0)
+
+
+def _parts(rows: TuningRows, picked: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Per picked request: (accepted per position, drafts reaching each position, drafts, steps)."""
+    width = rows.per_position.shape[1]
+    reach = rows.drafts[picked, None] * (np.arange(width)[None, :] < rows.gamma[picked, None])
+    return rows.per_position[picked], reach, rows.drafts[picked], steps(rows)[picked]
+
+
+def _acceptance_of(parts, w: np.ndarray, axis_sum) -> tuple[np.ndarray, np.ndarray]:
+    """(rates per position, q) from weighted sums; `axis_sum(x)` sums over requests."""
+    per_position, reach, drafts, forwards = parts
+    rates = axis_sum(per_position * w[..., None]) / np.maximum(axis_sum(reach * w[..., None]), 1e-300)
+    q = np.minimum(axis_sum(drafts * w) / np.maximum(axis_sum(forwards * w), 1e-300), 1.0)
+    return rates, q
+
+
+def acceptance(rows: TuningRows, w: np.ndarray) -> Acceptance | None:
+    """A level's acceptance from the speculative requests with known counts (w: their weight there)."""
+    picked = np.flatnonzero(rows.speculative & rows.counts_known & (w > 0) & (rows.drafts > 0))
+    if not len(picked):
+        return None
+    parts = _parts(rows, picked)
+    reached = (parts[1] * w[picked, None]).sum(axis=0) > 0
+    top = int(reached.sum()) if reached.all() else int(np.argmin(reached))
+    rates, q = _acceptance_of(parts, w[picked], lambda x: x.sum(axis=0))
+    drafts = float((rows.drafts[picked] * w[picked]).sum())
+    source = "records: accepted_per_position"
+    return Acceptance(tuple(float(r) for r in rates[:top]), float(q), float(w[picked].sum()), drafts, source)
+
+
+def interval(rows: TuningRows, w: np.ndarray, level: int, cost: StepCurve, top: int, resamples: int):
+    """95% bootstrap bounds of tokens/s for k = 0..top, resampling the level's speculative requests."""
+    picked = np.flatnonzero(rows.speculative & rows.counts_known & (w > 0) & (rows.drafts > 0))
+    if resamples <= 0 or len(picked) < 2:
+        return None
+    from scipy.stats import bootstrap
+
+    parts, weight = _parts(rows, picked), w[picked]
+    seconds = np.array([cost.seconds(k) for k in range(top + 1)])
+
+    def tokens_per_s(index, axis=-1):
+        i = index.astype(int)
+        over_requests = lambda x: x.sum(axis=-2 if x.ndim > i.ndim else -1)  # noqa: E731
+        rates, q = _acceptance_of(tuple(p[i] for p in parts), weight[i], over_requests)
+        cumulative = np.concatenate([np.zeros((*q.shape, 1)), np.cumsum(rates[..., :top], axis=-1)], axis=-1)
+        return np.moveaxis(level * (1 + q[..., None] * cumulative) / seconds, -1, 0)
+
+    batch = max(1, int(4e6 // (len(picked) * (parts[0].shape[1] + 3))))  # resamples per vectorized call
+    found = bootstrap((np.arange(len(picked), dtype=float),), tokens_per_s, vectorized=True, batch=batch,
+                      n_resamples=resamples, method="percentile", random_state=0)  # fmt: skip
+    low, high = found.confidence_interval
+    return Interval(tuple(map(float, low)), tuple(map(float, high)))
+
+
+def step_curve(rows: TuningRows, w: np.ndarray, level: int) -> StepCurve | None:
+    """A level's step cost from its requests' decode time per step (module docstring)."""
+    recorded = rows.verify_s > 0
+    decode = np.where(recorded, rows.verify_s + rows.draft_s, rows.e2e_s - np.nan_to_num(rows.ttft_s, nan=np.inf))
+    forwards = steps(rows)
+    timed = (w > 0) & (forwards > 0) & np.isfinite(decode) & (decode > 0)
+    points = []
+    for key in sorted({(bool(s), int(g)) for s, g in zip(rows.speculative[timed], rows.gamma[timed])}):
+        group = np.flatnonzero(timed & (rows.speculative == key[0]) & (rows.gamma == key[1]))
+        n = (forwards[group] * w[group]).sum()
+        if n >= MIN_STEPS:
+            drafted = np.where(rows.speculative[group], rows.draft_tokens[group], 0.0)
+            points.append(((drafted * w[group]).sum() / n, (decode[group] * w[group]).sum() / n))
+    if len(points) < 2 or max(p[0] for p in points) - min(p[0] for p in points) < MIN_SPREAD:
+        return None
+    kinds = {"recorded forward time" if r else "decode wall time (e2e - ttft)" for r in recorded[timed]}
+    return StepCurve(level, tuple(sorted(points)), "records: " + " + ".join(sorted(kinds)))
+
+
+def profile_curves(profile: dict) -> dict[int, StepCurve]:
+    """StepCurves from a profile {"levels": {batch: {k: seconds}}, "source": ...}; ValueError when malformed."""
+    levels = profile.get("levels") if isinstance(profile, dict) else None
+    if not isinstance(levels, dict) or not levels:
+        raise ValueError('a profile needs "levels": {"<batch size>": {"<k>": seconds, ...}, ...}')
+    source = f"profile: {profile.get('source') or 'given'}"
+    curves = {}
+    for batch, table in levels.items():
+        try:
+            points = tuple(sorted((float(k), float(s)) for k, s in table.items()))
+            level = int(batch)
+        except (TypeError, ValueError, AttributeError):
+            raise ValueError(f"profile level {batch!r}: want a batch size and {{k: seconds}}") from None
+        if level < 1 or not points or any(k < 0 or s <= 0 for k, s in points):
+            raise ValueError(f"profile level {batch!r}: batch >= 1, k >= 0 and seconds > 0")
+        curves[level] = StepCurve(level, points, source)
+    return curves
+
+
+def today_k(rows: TuningRows) -> int:
+    """The most common gamma among speculative requests with known counts (0: none)."""
+    gammas = rows.gamma[rows.speculative & rows.counts_known & (rows.gamma > 0)]
+    return int(np.bincount(gammas).argmax()) if len(gammas) else 0
+
+
+def recommend(
+    rows: TuningRows,
+    *,
+    rules: TuneRules = TuneRules(),
+    current_k: int | None = None,
+    profile: dict[int, StepCurve] | None = None,
+    markers: tuple[tuple[str, float, str], ...] = (),
+) -> Schedule:
+    """The schedule for these records (module docstring), marked stale against the latest version marker."""
+    seen, fractions = weights(rows)
+    found_acceptance, costs, intervals = {}, dict(profile or {}), {}
+    for j, level in enumerate(seen.tolist()):
+        w = fractions[:, j]
+        found_acceptance[level] = acceptance(rows, w)
+        costs[level] = costs.get(level) or step_curve(rows, w, level)
+        if found_acceptance[level] and costs[level]:
+            top = min(rules.max_k, len(found_acceptance[level].rates))
+            intervals[level] = interval(rows, w, level, costs[level], top, rules.resamples)
+    k_now = today_k(rows) if current_k is None else current_k
+    plan = schedule(k_now, {lv: a for lv, a in found_acceptance.items() if a}, costs, rules,
+                    {lv: i for lv, i in intervals.items() if i})  # fmt: skip
+    return _dated(plan, rows, markers)
+
+
+def _dated(plan: Schedule, rows: TuningRows, markers) -> Schedule:
+    """The schedule's date (its newest record), drafter, version and staleness."""
+    made_at = float((rows.started_at + rows.e2e_s).max()) if len(rows) else None
+    drafters = rows.drafter[rows.speculative]
+    drafter = max(set(drafters.tolist()), key=drafters.tolist().count) if len(drafters) else None
+    made_for = next((v for _, at, v in reversed(markers) if made_at is not None and at <= made_at), None)
+    current = markers[-1][2] if markers else None
+    since = None
+    for _, at, version in reversed(markers):  # the start of the latest version's last run
+        if version != current:
+            break
+        since = at
+    plan = replace(plan, made_at=made_at, drafter=drafter, upstream_version=made_for, notes=(UNDERCOUNT,))
+    return mark_stale(plan, current, since)
+
+
+def recommend_from_store(engine, window, filters=None, **options) -> Schedule:
+    """`recommend` over the store's `window` (collector.tuning_reads), version markers included."""
+    from collector.queries import Filters
+    from collector.tuning_reads import tuning_rows, version_markers
+
+    filters = filters or Filters()
+    rows = tuning_rows(engine, window, filters)
+    return recommend(rows, markers=version_markers(engine, window, filters), **options)

@@ -1,0 +1,117 @@
+"""`specwatch tune recommend`: the k per batch-size bucket that maximises output tokens/s, from the store.
+
+specwatch tune recommend [--db URL] [--last SECONDS | --start EPOCH --end EPOCH]
+    [--instance NAME] [--model NAME] [--drafter NAME] [--current-k N] [--max-k N] [--max-batch N]
+    [--min-requests N] [--min-drafts N] [--profile FILE.json] [--method NAME] [--json]
+
+Prints, per bucket, today's k and the recommended one with predicted tokens/s and their 95% intervals,
+the merged ranges, vLLM's `--speculative-config` and TensorRT-LLM's `draft_len_schedule`
+(`cost.tuner`, `docs/tuning.md`). Bad input exits 2 with one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from collector.cli import add_db_option
+from collector.queries import Filters, Window
+from common.errors import UsageError
+from cost.options import positive
+from cost.tuner import TuneRules
+from cost.tuner_emit import plan_json, plan_table
+
+DAY_S = 86_400.0
+
+
+def _count(value: str) -> int:
+    if not value.isdigit() or not 0 <= int(value) <= 64:
+        raise argparse.ArgumentTypeError(f"want a whole number from 0 to 64, got {value!r}")
+    return int(value)
+
+
+def _batch(value: str) -> int:
+    if not value.isdigit() or not 1 <= int(value) <= 4096:
+        raise argparse.ArgumentTypeError(f"want a whole number from 1 to 4096, got {value!r}")
+    return int(value)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    tune = subparsers.add_parser("tune", help="choose the speculation length k per batch size from the store")
+    actions = tune.add_subparsers(dest="action", required=True, metavar="ACTION")
+    recommend = actions.add_parser("recommend", help="the k schedule that maximises tokens/s, per batch size")
+    add_db_option(recommend)
+    recommend.add_argument("--last", metavar="SECONDS", type=positive, default=DAY_S, help="window (default 1 day)")
+    recommend.add_argument("--start", metavar="EPOCH", type=float, default=None, help="window start (with --end)")
+    recommend.add_argument("--end", metavar="EPOCH", type=float, default=None, help="window end (with --start)")
+    for name in ("instance", "model", "drafter"):
+        recommend.add_argument(f"--{name}", default=None, help=f"only requests of this {name}")
+    recommend.add_argument("--current-k", type=_count, default=None, help="today's k (default: the records' gamma)")
+    recommend.add_argument("--max-k", type=_count, default=TuneRules.max_k, help="largest k to recommend")
+    recommend.add_argument("--max-batch", type=_batch, default=TuneRules.max_batch, help="the server's max_num_seqs")
+    recommend.add_argument("--min-requests", type=positive, default=TuneRules.min_requests)
+    recommend.add_argument("--min-drafts", type=positive, default=TuneRules.min_drafts)
+    recommend.add_argument("--profile", metavar="FILE.json", type=Path, default=None, help="step costs per batch & k")
+    recommend.add_argument("--method", default=None, help="vLLM method for the config (default: the records')")
+    recommend.add_argument("--json", action="store_true", help="print the recommendation as JSON")
+    recommend.set_defaults(handler=recommend_command)
+
+
+def window_of(args: argparse.Namespace) -> Window:
+    if (args.start is None) != (args.end is None):
+        raise UsageError("give both --start and --end, or --last")
+    try:
+        return Window(args.start, args.end) if args.start is not None else Window.last(args.last)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def profile_of(path: Path | None) -> dict | None:
+    from cost.tuner_data import profile_curves
+
+    if path is None:
+        return None
+    try:
+        return profile_curves(json.loads(path.read_text()))
+    except (OSError, json.JSONDecodeError, ValueError) as exc:
+        raise UsageError(f"--profile {path}: {exc}") from None
+
+
+def recommend_command(args: argparse.Namespace) -> int:
+    from sqlalchemy.exc import OperationalError
+
+    from collector.cli import settings_from
+    from collector.db import is_current, make_engine
+    from cost.tuner_data import recommend_from_store
+
+    rules = TuneRules(args.min_requests, args.min_drafts, args.max_k, args.max_batch)
+    window, profile = window_of(args), profile_of(args.profile)
+    filters = Filters(instance=args.instance, model=args.model, drafter=args.drafter)
+    engine = make_engine(settings_from(args).database_url_resolved)
+    try:
+        if not is_current(engine):
+            raise UsageError("the database schema is not current: run `specwatch db upgrade` first")
+        plan = recommend_from_store(engine, window, filters, rules=rules, current_k=args.current_k, profile=profile)
+    except OperationalError as exc:
+        raise UsageError(f"cannot read the database: {str(exc.orig).splitlines()[0]}") from None
+    finally:
+        engine.dispose()
+    print_plan(plan, args.method, args.json)
+    return 0
+
+
+def print_plan(plan, method: str | None, as_json: bool) -> None:
+    found = plan_json(plan, method)
+    if as_json:
+        import orjson
+
+        sys.stdout.write(orjson.dumps(found, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY).decode() + "\n")
+        return
+    print("\n".join(plan_table(plan)))
+    print(f"sources: {found['sources']}")
+    print(f"vLLM: {found['vllm_argument'] or 'no speculation: start vLLM without --speculative-config'}")
+    print(f"TensorRT-LLM draft_len_schedule: {found['trtllm_draft_len_schedule']}")
+    for note in plan.notes:
+        print(f"note: {note}")

@@ -1,0 +1,141 @@
+"""The tuner's model on hand curves: the k it picks, the guard rails, merging, staleness, emission."""
+
+from __future__ import annotations
+
+import pytest
+
+from cost.tuner import (
+    Acceptance,
+    Interval,
+    StepCurve,
+    TuneRules,
+    bucket_ranges,
+    choose_k,
+    line,
+    mark_stale,
+    plan_bucket,
+    predicted,
+    schedule,
+    staleness,
+)
+from cost.tuner_emit import plan_json, plan_table, trtllm_schedule, vllm_config
+
+HIGH = Acceptance((0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2))
+LOW = Acceptance((0.2, 0.05, 0.01, 0.0))
+
+
+def test_bucket_ranges_are_the_cost_models_levels_and_cover_every_batch_size():
+    spans = bucket_ranges(64)
+    assert spans[:4] == ((1, 1, 1), (2, 2, 2), (4, 3, 5), (8, 6, 11))
+    assert spans[-1] == (64, 46, 64)
+    assert [s for _, s, _ in spans[1:]] == [e + 1 for _, _, e in spans[:-1]]
+
+
+def test_predicted_tokens_per_second_by_hand():
+    # level 4, a_0 = 0.5, t = 0.1 + 0.02 k: k=0 4 x 1 / 0.1 = 40; k=1 4 x 1.5 / 0.12 = 50
+    assert predicted(4, Acceptance((0.5,)), line(4, 0.1, 0.02), 1) == pytest.approx((40.0, 50.0))
+    # q = 0.5 of the steps drafted: k=1 makes 1.25 tokens per step
+    assert predicted(1, Acceptance((0.5,), draft_rate=0.5), line(1, 0.1, 0.0), 1)[1] == pytest.approx(12.5)
+
+
+def test_flat_step_cost_gives_the_largest_k():
+    plan = plan_bucket((1, 1, 1), 4, HIGH, line(1, 0.04, 0.0))
+    assert plan.enough and plan.k == len(HIGH.rates) == 8
+    assert plan.gain == pytest.approx(HIGH.tokens_per_step(8) / HIGH.tokens_per_step(4))
+
+
+def test_max_k_caps_the_choice():
+    assert plan_bucket((1, 1, 1), 4, HIGH, line(1, 0.04, 0.0), TuneRules(max_k=3)).k == 3
+
+
+def test_steep_cost_with_low_acceptance_gives_plain():
+    plan = plan_bucket((32, 23, 45), 4, LOW, line(32, 0.05, 0.03))
+    assert plan.k == 0 and plan.reason.startswith("plain")
+    assert plan.tokens_per_s[0] == max(plan.tokens_per_s)
+    assert plan.gain > 1  # plain beats today's k = 4
+
+
+def test_a_moderate_cost_picks_an_interior_k():
+    # each extra position costs 10% of a step; a_i falls 0.1 a position: best where a_i ~ E x 0.1 / (1 + ...)
+    plan = plan_bucket((4, 3, 5), 8, HIGH, line(4, 0.04, 0.004))
+    assert 0 < plan.k < 8
+    assert plan.tokens_per_s[plan.k] == max(plan.tokens_per_s)
+
+
+def test_never_worse_than_plain_with_an_interval():
+    curve = (10.0, 12.0, 13.0)
+    sure = Interval((10.0, 11.0, 9.0), (10.0, 13.0, 15.0))
+    assert choose_k(curve, sure) == (1, "most tokens/s among k that beat plain with 95% confidence")
+    unsure = Interval((10.0, 9.0, 9.5), (10.0, 13.0, 15.0))
+    assert choose_k(curve, unsure) == (0, "plain: no k beats plain with 95% confidence")
+    assert choose_k(curve, Interval((10.0, 11.0, 12.0), (10.0, 13.0, 15.0)))[0] == 2
+
+
+def test_not_enough_data_keeps_todays_k_and_says_so():
+    few = Acceptance(HIGH.rates, requests=5, drafts=1000)
+    plan = plan_bucket((8, 6, 11), 4, few, line(8, 0.04, 0.0))
+    assert (plan.k, plan.enough) == (4, False)
+    assert "not enough data (5 requests, 1000 drafts; need 20 and 200)" in plan.reason
+    none = plan_bucket((8, 6, 11), 4, None, line(8, 0.04, 0.0))
+    assert none.k == 4 and "no speculative requests" in none.reason
+    uncosted = plan_bucket((8, 6, 11), 4, HIGH, None)
+    assert uncosted.k == 4 and not uncosted.enough and "no step-cost data" in uncosted.reason
+
+
+def test_merging_adjacent_buckets_with_equal_k():
+    flat = {lv: line(lv, 0.04, 0.0) for lv in (1, 2, 4)}
+    steep = {lv: line(lv, 0.04, 0.05) for lv in (8, 16)}
+    acc = {lv: HIGH for lv in (1, 2, 4)} | {lv: LOW for lv in (8, 16)}
+    plan = schedule(4, acc, flat | steep, TuneRules(max_batch=64))
+    assert [b.k for b in plan.buckets] == [8, 8, 8, 0, 0, 4, 4]
+    assert plan.ranges == ((1, 5, 8), (6, 22, 0), (23, 64, 4))
+    assert plan.max_k == 8
+
+
+def test_today_per_level_overrides_todays_k():
+    plan = schedule(4, {}, {}, TuneRules(max_batch=8), today={4: 2})
+    assert [b.today_k for b in plan.buckets] == [4, 4, 2, 4] and plan.ranges == ((1, 2, 4), (3, 5, 2), (6, 8, 4))
+
+
+def test_staleness():
+    assert staleness(100.0, "0.32.0", "0.32.0", 50.0) == (False, "")
+    stale, why = staleness(100.0, "0.32.0", "0.33.0", 150.0)
+    assert stale and "0.32.0" in why and "0.33.0" in why
+    stale, why = staleness(100.0, None, "0.33.0", 150.0)
+    assert stale and "before the upstream's version 0.33.0 was first seen" in why
+    assert staleness(100.0, None, None, None) == (False, "")
+    plan = mark_stale(schedule(4, {}, {}, TuneRules(max_batch=2)), "0.33.0", 150.0)
+    assert not plan.stale  # made_at unknown, version unknown: nothing to compare
+    dated = mark_stale(plan.__class__(**{**plan.__dict__, "made_at": 100.0}), "0.33.0", 150.0)
+    assert dated.stale and "STALE" in plan_table(dated)[-1]
+
+
+def test_step_curve_interpolates_and_extrapolates_with_its_slope():
+    curve = StepCurve(1, ((0.0, 1.0), (2.0, 1.2), (4.0, 1.6)), "profile: hand")
+    assert curve.seconds(1.0) == pytest.approx(1.1)
+    assert curve.seconds(4.0) == pytest.approx(1.6)
+    assert curve.seconds(6.0) == pytest.approx(1.6 + 2 * curve.slope)
+    assert curve.slope == pytest.approx(0.15)
+
+
+def test_emission_vllm_and_tensorrt_llm():
+    acc = {lv: HIGH for lv in (1, 2, 4)} | {lv: LOW for lv in (8, 16, 32)}
+    costs = {lv: line(lv, 0.04, 0.0) for lv in (1, 2, 4)} | {lv: line(lv, 0.04, 0.05) for lv in (8, 16, 32)}
+    plan = schedule(4, acc, costs, TuneRules(max_batch=45, max_k=6))
+    config = vllm_config(plan, "ngram")
+    assert config == {
+        "method": "ngram",
+        "prompt_lookup_max": 3,
+        "prompt_lookup_min": 2,
+        "num_speculative_tokens": 6,
+        "num_speculative_tokens_per_batch_size": [[1, 5, 6], [6, 45, 0]],
+    }
+    assert trtllm_schedule(plan) == "{5: 6}"  # beyond the last key TensorRT-LLM drafts nothing
+    found = plan_json(plan, "ngram")
+    assert found["vllm_argument"].startswith('--speculative-config \'{"method": "ngram"')
+    assert found["buckets"][0]["gain"] == pytest.approx(HIGH.tokens_per_step(6) / HIGH.tokens_per_step(4))
+
+
+def test_all_plain_emits_no_speculative_config():
+    plan = schedule(4, {1: LOW}, {1: line(1, 0.04, 0.05)}, TuneRules(max_batch=1))
+    assert plan.ranges == ((1, 1, 0),) and vllm_config(plan) is None and trtllm_schedule(plan) == "{}"
