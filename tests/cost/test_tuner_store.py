@@ -1,0 +1,122 @@
+"""The tuner from stored records: alone (level 1: flat cost, high acceptance) speculation pays at the
+largest k measured; 8 at a time (steep cost, low acceptance) plain wins; other levels keep today's k.
+Through the store (both dialects), `specwatch tune recommend` and GET /v1/tune."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from collector_payloads import T0, event_dict, plain_request_dict, request_dict
+
+from collector.queries import Window
+from collector.store import Store
+from collector.tuning_reads import tuning_rows
+from cost.tuner import TuneRules
+from cost.tuner_data import recommend, recommend_from_store
+from specwatch.cli import main
+from telemetry.schema import IngestBatch
+
+WINDOW = Window(T0 - 10, T0 + 5000)
+RULES = TuneRules(max_batch=16)
+
+
+def spec(i: int, start: float, per_position: list[int], drafts: int, step_s: float, **more) -> dict:
+    """A speculative request whose every decoding step drafted gamma tokens and took step_s."""
+    gamma, accepted = len(per_position), sum(per_position)
+    output = 1 + drafts + accepted
+    e2e = 0.05 + drafts * step_s
+    counts = dict(num_drafts=drafts, num_draft_tokens=drafts * gamma, num_accepted_tokens=accepted)
+    return request_dict(i, started_at=start, ttft_s=0.05, e2e_s=e2e, output_tokens=output, gamma=gamma,
+                        accepted_per_position=per_position, **counts, **more)  # fmt: skip
+
+
+def plain(i: int, start: float, steps: int, step_s: float) -> dict:
+    return plain_request_dict(i, started_at=start, ttft_s=0.05, e2e_s=0.05 + steps * step_s, output_tokens=steps + 1)
+
+
+def records() -> list[dict]:
+    found = []
+    for i in range(25):  # one at a time, 10 s apart: level 1; k = 4 costs 10% more than a plain step
+        found.append(spec(i, T0 + 10 * i, [14 - i % 2, 12, 10, 8], 16, 0.044))
+        found.append(plain(100 + i, T0 + 5 + 10 * i, 64, 0.040))
+    for burst in range(6):  # 4 speculative + 4 plain together: level 8; k = 4 costs 4 plain steps
+        at = T0 + 1000 + 20 * burst
+        found += [spec(200 + 8 * burst + j, at, [4 + j % 2, 1, 0, 0], 16, 0.2) for j in range(4)]
+        found += [plain(300 + 8 * burst + j, at, 64, 0.05) for j in range(4)]
+    return found
+
+
+def fill(engine, events=()) -> None:
+    Store(engine).insert(IngestBatch.model_validate({"requests": records(), "events": list(events)}))
+
+
+def test_recommend_from_records(engine):
+    fill(engine, [event_dict(0, at=T0 - 5, kind="config", detail={"version": "0.32.0"})])
+    plan = recommend_from_store(engine, WINDOW, rules=RULES)
+    by_level = {b.level: b for b in plan.buckets}
+    one, eight = by_level[1], by_level[8]
+    assert plan.today_k == 4 and plan.drafter == "ngram" and plan.upstream_version == "0.32.0" and not plan.stale
+    assert (one.k, one.enough) == (4, True) and one.reason == "most tokens/s"
+    assert one.acceptance == pytest.approx((13.5 / 16, 12 / 16, 10 / 16, 8 / 16), rel=0.01)
+    assert one.cost_source == "records: decode wall time (e2e - ttft)"
+    assert one.predicted(0) == pytest.approx(1 / 0.040, rel=1e-6)  # plain: 64 steps in 2.56 s
+    assert one.predicted(4) == pytest.approx((1 + sum(one.acceptance)) / 0.044, rel=1e-3)
+    assert one.low[4] <= one.predicted(4) <= one.high[4] and one.low[4] > one.predicted(0)
+    assert (eight.k, eight.enough) == (0, True) and eight.reason.startswith("plain")
+    assert eight.predicted(0) == pytest.approx(8 / 0.05, rel=1e-6) and eight.gain > 1
+    assert not by_level[2].enough and by_level[2].k == 4 and "not enough data" in by_level[2].reason
+    assert plan.ranges == ((1, 5, 4), (6, 11, 0), (12, 16, 4))
+
+
+def test_a_newer_upstream_version_marks_it_stale(engine):
+    events = [event_dict(0, at=T0 - 5, kind="config", detail={"version": "0.32.0"})]
+    events.append(event_dict(1, at=T0 + 4000, kind="config", detail={"version": "0.33.0"}))
+    fill(engine, events)
+    plan = recommend_from_store(engine, WINDOW, rules=RULES)
+    assert plan.stale and plan.upstream_version == "0.32.0" and "now runs 0.33.0" in plan.stale_reason
+
+
+def test_profile_and_current_k(engine):
+    fill(engine)
+    flat = {lv: {"0": 0.04, "4": 0.04} for lv in (1, 2, 4, 8)}
+    from cost.tuner_data import profile_curves
+
+    plan = recommend(tuning_rows(engine, WINDOW), rules=RULES, current_k=2, profile=profile_curves({"levels": flat}))
+    eight = next(b for b in plan.buckets if b.level == 8)
+    # positions 2 and 3 are never accepted there: k = 2 makes as much as 3 or 4, and the smallest wins ties
+    assert eight.k == 2 and eight.today_k == 2 and eight.cost_source == "profile: given"
+    with pytest.raises(ValueError, match="profile level"):
+        profile_curves({"levels": {"x": {"0": 1}}})
+
+
+def test_cli_text_json_and_bad_input(db_url, engine, tmp_path, capsys):
+    fill(engine)
+    window = ["--start", str(WINDOW.start), "--end", str(WINDOW.end), "--max-batch", "16"]
+    assert main(["tune", "recommend", "--db", db_url, *window, "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert found["ranges"] == [[1, 5, 4], [6, 11, 0], [12, 16, 4]]
+    assert found["vllm_speculative_config"]["num_speculative_tokens_per_batch_size"] == found["ranges"]
+    assert found["trtllm_draft_len_schedule"] == "{5: 4, 11: 0, 16: 4}"
+    assert main(["tune", "recommend", "--db", db_url, *window]) == 0
+    text = capsys.readouterr().out
+    assert '--speculative-config \'{"method": "ngram"' in text and "not enough data" in text
+    bad_profile = tmp_path / "p.json"
+    bad_profile.write_text("{}")
+    assert main(["tune", "recommend", "--db", db_url, "--profile", str(bad_profile)]) == 2
+    assert "--profile" in capsys.readouterr().err
+    assert main(["tune", "recommend", "--db", db_url, "--start", "5"]) == 2
+    with pytest.raises(SystemExit) as exit_:
+        main(["tune", "recommend", "--max-k", "x"])
+    assert exit_.value.code == 2
+
+
+def test_tune_endpoint(client):
+    assert client.post("/v1/ingest", json={"requests": records()}).status_code == 200
+    window = {"start": WINDOW.start, "end": WINDOW.end, "max_batch": 16}
+    got = client.get("/v1/tune", params=window).json()
+    assert got["ranges"] == [[1, 5, 4], [6, 11, 0], [12, 16, 4]] and got["today_k"] == 4
+    assert got["buckets"][0]["tokens_per_s"][0] == pytest.approx(25.0)
+    assert client.get("/v1/tune", params={**window, "current_k": 2}).json()["buckets"][2]["today_k"] == 2
+    assert client.get("/v1/tune", params={**window, "max_k": -1}).status_code == 422
+    assert client.get("/v1/tune", params={"start": 5}).status_code == 422
