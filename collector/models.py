@@ -32,6 +32,9 @@ from telemetry.schema import LATENCY_BUCKETS
 BigId = BigInteger().with_variant(Integer(), "sqlite")
 
 
+# per-request acceptance as the expression index ix_requests_acceptance holds it (NULL without drafts)
+ACCEPTANCE_SQL = "(num_accepted_tokens * 1.0 / NULLIF(num_draft_tokens, 0))"
+
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
     "uq": "uq_%(table_name)s_%(column_0_N_name)s",
@@ -57,6 +60,9 @@ class Request(Base):
     __table_args__ = (
         Index("ix_requests_started_at", "started_at"),
         Index("ix_requests_instance_started_at", "instance", "started_at"),
+        Index("ix_requests_ttft_s_id", "ttft_s", "id"),  # the Requests listing's sorts (migration 0013)
+        Index("ix_requests_e2e_s_id", "e2e_s", "id"),
+        Index("ix_requests_acceptance", text(ACCEPTANCE_SQL), "id"),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)

@@ -4,10 +4,16 @@ the Requests listing (filters, sort, keyset pages) and one request's detail (`GE
 
 from __future__ import annotations
 
-from sqlalchemy import Engine, select
+import base64
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+
+from sqlalchemy import JSON, Engine, Select, column, literal_column, select, table, tuple_
 
 from collector.detector_reads import _DRAFTED_COLUMNS, DraftedRequest, _drafted
-from collector.models import Request
+from collector.models import ACCEPTANCE_SQL, Request
+from collector.queries import Filters, Window
 
 
 def recent_drafted(
@@ -27,3 +33,173 @@ def recent_drafted(
     with engine.connect() as conn:
         rows = conn.execute(stmt.order_by(Request.id.desc()).limit(limit)).all()
     return tuple(_drafted(row) for row in reversed(rows))
+
+
+ACCEPTANCE = literal_column(ACCEPTANCE_SQL)  # the expression ix_requests_acceptance indexes, repeated exactly
+SORTS = {"time": Request.started_at, "ttft": Request.ttft_s, "e2e": Request.e2e_s, "acceptance": ACCEPTANCE}
+FLAGS = ("outlier", "repetition", "collapse", "any")
+STATUSES = ("ok", "error", "cancelled")
+# request_flags is the alerts' table (alerts/tables.py, migration 0012); the collector reads two columns
+_flags = table("request_flags", column("request_id"), column("flag"), column("started_at"))
+_flag_detail = table(
+    "request_flags", *(column(c) for c in ("request_id", "flag", "value", "expected")), column("detail", JSON)
+)
+
+
+class BadCursor(ValueError):
+    """A page cursor this listing did not hand out (or one for another sort)."""
+
+
+@dataclass(frozen=True)
+class RequestQuery:
+    """What to list: `sort` one of SORTS (rows without that value are left out), `status`, `flag`
+    (one of FLAGS), a page of `limit` rows after `cursor` (the previous page's `next_cursor`)."""
+
+    sort: str = "time"
+    descending: bool = True
+    status: str | None = None
+    flag: str | None = None
+    limit: int = 50
+    cursor: str | None = None
+
+
+@dataclass(frozen=True)
+class RequestRow:
+    request_id: str
+    started_at: float
+    instance: str
+    model: str
+    drafter: str | None
+    mode: str
+    status: str
+    ttft_s: float | None
+    e2e_s: float
+    output_tokens: int
+    acceptance: float | None
+    flags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RequestPage:
+    rows: tuple[RequestRow, ...]
+    next_cursor: str | None  # None on the last page
+
+
+_ROW_COLUMNS = (
+    Request.request_id,
+    Request.started_at,
+    Request.instance,
+    Request.model,
+    Request.drafter,
+    Request.mode,
+    Request.status,
+    Request.ttft_s,
+    Request.e2e_s,
+    Request.output_tokens,
+    ACCEPTANCE.label("acceptance"),
+)
+
+
+def encode_cursor(sort: str, value: float, row_id: int) -> str:
+    return base64.urlsafe_b64encode(json.dumps([sort, value, row_id]).encode()).decode()
+
+
+def decode_cursor(cursor: str, sort: str) -> tuple[float, int]:
+    try:
+        kind, value, row_id = json.loads(base64.urlsafe_b64decode(cursor.encode()))
+    except (ValueError, TypeError) as exc:
+        raise BadCursor("cursor is not one this listing handed out") from exc
+    if kind != sort or not isinstance(value, int | float) or not isinstance(row_id, int):
+        raise BadCursor(f"cursor is not one of a listing sorted by {sort}")
+    return float(value), row_id
+
+
+def _flagged(window: Window, flag: str) -> Select:
+    f = _flags.c
+    flagged = select(f.request_id).where(f.started_at >= window.start, f.started_at < window.end)
+    return flagged if flag == "any" else flagged.where(f.flag == flag)
+
+
+def _listing(window: Window, filters: Filters, q: RequestQuery) -> Select:
+    """The query for one page: the filters, the sort's value and id in order, after the cursor."""
+    key = SORTS[q.sort]
+    stmt = filters.apply(select(*_ROW_COLUMNS, Request.id, key.label("sort_key")), window, q.sort == "time")
+    stmt = stmt.where(key.is_not(None))
+    if q.status is not None:
+        stmt = stmt.where(Request.status == q.status)
+    if q.flag is not None:
+        stmt = stmt.where(Request.request_id.in_(_flagged(window, q.flag)))
+    if q.cursor is not None:
+        after = tuple_(key, Request.id)
+        value, row_id = decode_cursor(q.cursor, q.sort)
+        stmt = stmt.where(after < tuple_(value, row_id) if q.descending else after > tuple_(value, row_id))
+    order = (key.desc(), Request.id.desc()) if q.descending else (key.asc(), Request.id.asc())
+    return stmt.order_by(*order).limit(q.limit + 1)
+
+
+def flags_of(conn, request_ids: list[str]) -> dict[str, tuple[str, ...]]:
+    found = defaultdict(list)
+    if request_ids:
+        stmt = select(_flags.c.request_id, _flags.c.flag).where(_flags.c.request_id.in_(request_ids))
+        for request_id, name in conn.execute(stmt.order_by(_flags.c.flag)):
+            found[request_id].append(name)
+    return {k: tuple(v) for k, v in found.items()}
+
+
+def _row(r, flags: tuple[str, ...]) -> RequestRow:
+    *head, acceptance = r[: len(_ROW_COLUMNS)]  # PostgreSQL computes acceptance as numeric
+    return RequestRow(*head, float(acceptance) if acceptance is not None else None, flags)
+
+
+def list_requests(engine: Engine, window: Window, filters: Filters, q: RequestQuery) -> RequestPage:
+    """One page of the requests in the window that pass the filters, in the sort's order (keyset:
+    each sort walks its index, so a page costs about the same however many rows match)."""
+    with engine.connect() as conn:
+        rows = conn.execute(_listing(window, filters, q)).all()
+        page = rows[: q.limit]
+        flags = flags_of(conn, [r.request_id for r in page])
+    found = tuple(_row(r, flags.get(r.request_id, ())) for r in page)
+    last = page[-1] if page else None
+    more = len(rows) > q.limit and last is not None
+    return RequestPage(found, encode_cursor(q.sort, float(last.sort_key), int(last.id)) if more else None)
+
+
+@dataclass(frozen=True)
+class FlagDetail:
+    flag: str
+    value: float  # the request's acceptance
+    expected: float  # its series' median
+    detail: dict
+
+
+@dataclass(frozen=True)
+class RequestDetail:
+    """One stored request: every contract field, per-position acceptance and its flags."""
+
+    record: dict
+    acceptance: float | None
+    mean_acceptance_length: float | None
+    position_acceptance: tuple[float, ...]  # position i: share of drafts whose tokens 0..i were accepted
+    tpot_s: float | None
+    flags: tuple[FlagDetail, ...]
+
+
+def _detail(record: dict, flags: tuple[FlagDetail, ...]) -> RequestDetail:
+    drafts, drafted, accepted = record["num_drafts"], record["num_draft_tokens"], record["num_accepted_tokens"]
+    per_position = tuple(n / drafts for n in record["accepted_per_position"] or ()) if drafts else ()
+    ttft, out = record["ttft_s"], record["output_tokens"]
+    tpot = (record["e2e_s"] - ttft) / (out - 1) if ttft is not None and out > 1 else None
+    length = 1 + accepted / drafts if drafts else None
+    return RequestDetail(record, accepted / drafted if drafted else None, length, per_position, tpot, flags)
+
+
+def request_detail(engine: Engine, request_id: str) -> RequestDetail | None:
+    """The request with this id (the first stored, when two instances share it), else None."""
+    columns = [c for c in Request.__table__.columns if c.name != "id"]
+    stmt = select(*columns).where(Request.request_id == request_id).order_by(Request.id).limit(1)
+    f = _flag_detail.c
+    with engine.connect() as conn:
+        row = conn.execute(stmt).mappings().first()
+        flags = conn.execute(select(f.flag, f.value, f.expected, f.detail).where(f.request_id == request_id))
+        found = tuple(FlagDetail(n, float(v), float(e), dict(d or {})) for n, v, e, d in flags)
+    return _detail(dict(row), found) if row is not None else None

@@ -23,7 +23,16 @@ from collector.metrics import CollectorMetrics
 from collector.settings import Settings
 from collector.store import Store
 from collector.vllm import Scraper
-from service import routes_alerts, routes_cost, routes_docs, routes_ingest, routes_query, routes_report
+from service import (
+    routes_alerts,
+    routes_cost,
+    routes_docs,
+    routes_ingest,
+    routes_query,
+    routes_report,
+    routes_requests,
+    routes_tune,
+)
 from service.cost_signals import CostGauge, DailyCosts
 
 
@@ -63,11 +72,13 @@ def create_app(settings: Settings | None = None, registry: CollectorRegistry | N
     app = FastAPI(title="specwatch collector", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.include_router(routes_ingest.router)
     app.include_router(routes_query.router)
+    app.include_router(routes_requests.router)
     app.include_router(routes_alerts.router)
     app.include_router(routes_alerts.rules_router)
     app.include_router(routes_cost.router)
     app.include_router(routes_report.router)
     app.include_router(routes_report.on_demand)
+    app.include_router(routes_tune.router)
     app.include_router(routes_docs.router)
     return app
 

@@ -67,7 +67,7 @@ def read_routes(client: TestClient) -> list[str]:
     all of them GETs, so a route of another kind added later makes the tests look at it."""
     routes = [r for r in iter_route_contexts(client.app.routes) if r.path not in OPEN | {"/v1/ingest"}]
     assert all(r.methods == {"GET"} for r in routes), [(r.path, r.methods) for r in routes]
-    return [r.path.replace("{name}", REPORT) for r in routes]
+    return [r.path.replace("{name}", REPORT).replace("{request_id}", "req-1") for r in routes]
 
 
 def ingest(client: TestClient, records: list[dict], token: str | None = None, samples: list[dict] = ()):
@@ -77,6 +77,7 @@ def ingest(client: TestClient, records: list[dict], token: str | None = None, sa
 
 
 def test_every_read_route_needs_a_read_token(secured):
+    assert ingest(secured, [request_dict(1)], "i1").status_code == 200  # the request /v1/requests/req-1 reads
     routes = read_routes(secured)
     assert {"/v1/signals", "/v1/cost", "/v1/alerts", "/metrics", "/docs", "/redoc", "/openapi.json"} <= set(routes)
     for path in routes:

@@ -1,0 +1,92 @@
+"""Requests listing over a large store: one page of GET /v1/requests' read, every sort, both orders.
+
+    .venv/bin/python bench/requests_page.py [--rows 1000000] [--days 1] [--window 900] [--db PATH]
+
+Fills a SQLite store with `--rows` requests over the last `--days` days (bench/query.py's loader;
+`--db` keeps and reuses the file), then times `collector.request_reads.list_requests` (median of
+`--repeat` runs after a warm-up) over the last `--window` seconds: the first page and the page
+after five cursors, for each sort (time, ttft, e2e, acceptance) descending and ascending, without
+filters and with an instance filter and a status filter. Goal: < 300 ms a page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "bench")]
+
+from query import load, timed  # noqa: E402
+from sqlalchemy import func, select  # noqa: E402
+
+from collector.db import make_engine, upgrade  # noqa: E402
+from collector.models import Request  # noqa: E402
+from collector.queries import Filters, Window  # noqa: E402
+from collector.request_reads import RequestQuery, list_requests  # noqa: E402
+
+GOAL_S = 0.3
+FILTERS = {"none": ({}, {}), "instance": ({"instance": "gpu-1"}, {}), "status": ({}, {"status": "error"})}
+
+
+def prepare(path: Path, rows: int, days: float) -> float:
+    """The store's newest start (loads it when empty)."""
+    engine = make_engine(f"sqlite:///{path}")
+    upgrade(engine)
+    with engine.connect() as conn:
+        have = conn.scalar(select(func.count()).select_from(Request))
+    if not have:
+        print(f"loading {rows:,} requests over {days:g} days ... {load(path, rows, days, time.time()):.1f} s")
+    with engine.connect() as conn:
+        return float(conn.scalar(select(func.max(Request.started_at))))
+
+
+def deep_page(engine, window: Window, filters: Filters, q: RequestQuery, hops: int):
+    page = list_requests(engine, window, filters, q)
+    for _ in range(hops):
+        if page.next_cursor is None:
+            break
+        page = list_requests(engine, window, filters, RequestQuery(**{**q.__dict__, "cursor": page.next_cursor}))
+    return page
+
+
+def run(engine, window: Window, repeat: int) -> float:
+    worst = 0.0
+    for name, (filter_args, query_args) in FILTERS.items():
+        for sort in ("time", "ttft", "e2e", "acceptance"):
+            for descending in (True, False):
+                q, f = RequestQuery(sort, descending, limit=50, **query_args), Filters(**filter_args)
+                first, page = timed(lambda q=q, f=f: list_requests(engine, window, f, q), repeat)
+                sixth, _ = timed(lambda q=q, f=f: deep_page(engine, window, f, q, 5), repeat)
+                worst = max(worst, first, sixth / 6)
+                order = "desc" if descending else "asc"
+                print(
+                    f"{name:9s} {sort:10s} {order:4s} first {first * 1e3:7.1f} ms  6 pages {sixth * 1e3:7.1f} ms"
+                    f"  rows {len(page.rows)}"
+                )
+    return worst
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--days", type=float, default=1.0)
+    parser.add_argument("--window", type=float, default=900.0)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--db", type=Path)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="specwatch-requests-") as tmp:
+        path = args.db or Path(tmp) / "bench.db"
+        newest = prepare(path, args.rows, args.days)
+        engine = make_engine(f"sqlite:///{path}")
+        worst = run(engine, Window(newest + 1 - args.window, newest + 1), args.repeat)
+        print(
+            f"slowest page {worst * 1e3:.1f} ms (goal < {GOAL_S * 1e3:.0f} ms): {'ok' if worst < GOAL_S else 'MISSED'}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""GET /v1/requests: the Requests listing (filters, sort, keyset pages) and one request's detail
+(`collector.request_reads`). Needs a `read` token when tokens are configured; a tenant-bound token
+sees only its tenant's requests (the listing filters on its tag, the detail answers 404 for others).
+
+The listing takes the query API's window and filters (`routes_query`), plus `status`, `flag`
+(outlier | repetition | collapse | any), `sort` (time | ttft | e2e | acceptance; rows without that
+value are left out), `order` (desc | asc), `limit` (1..500) and `cursor` (the previous page's
+`next_cursor`; a cursor of another sort is a 422).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Response
+
+from collector import request_reads
+from collector.request_reads import BadCursor, RequestQuery
+from service.deps import EngineDep, ReadGrantDep, json_response, read_access
+from service.routes_query import FiltersDep, WindowDep
+
+router = APIRouter(prefix="/v1", dependencies=[Depends(read_access)])
+
+
+def query_param(
+    sort: Literal["time", "ttft", "e2e", "acceptance"] = "time",
+    order: Literal["desc", "asc"] = "desc",
+    status: Literal["ok", "error", "cancelled"] | None = None,
+    flag: Literal["outlier", "repetition", "collapse", "any"] | None = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[str | None, Query(max_length=512)] = None,
+) -> RequestQuery:
+    return RequestQuery(sort, order == "desc", status, flag, limit, cursor)
+
+
+@router.get("/requests")
+def get_requests(
+    engine: EngineDep, window: WindowDep, filters: FiltersDep, query: Annotated[RequestQuery, Depends(query_param)]
+) -> Response:
+    """One page of requests: {rows: [...], next_cursor} (next_cursor null on the last page)."""
+    try:
+        return json_response(request_reads.list_requests(engine, window, filters, query))
+    except BadCursor as exc:
+        raise HTTPException(422, {"error": "invalid_cursor", "message": str(exc)}) from None
+
+
+@router.get("/requests/{request_id}")
+def get_request(engine: EngineDep, grant: ReadGrantDep, request_id: str) -> Response:
+    """One request: every stored field, per-position acceptance, TPOT and its anomaly flags."""
+    found = request_reads.request_detail(engine, request_id)
+    tenant = grant.tenant if grant else None
+    if found is None or (tenant is not None and found.record.get("tags", {}).get("tenant") != tenant):
+        raise HTTPException(404, {"error": "not_found", "message": f"no request {request_id!r}"})
+    return json_response(found)
