@@ -29,6 +29,7 @@ navigation = st.navigation(
         st.Page(PAGES / "alerts.py", title="Alerts", icon="🚨"),
         st.Page(PAGES / "cost.py", title="Cost", icon="💲"),
         st.Page(PAGES / "sources.py", title="Sources", icon="🛰️"),
+        st.Page(PAGES / "tuning.py", title="Tuning", icon="🎛️"),
     ]
 )
 st.session_state["view"] = sidebar()

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dashboard import cost_service, fleet, services
+from dashboard import cost_service, fleet, services, tuning_service
 from dashboard.state import cached
 
 overview = cached(services.overview)
@@ -29,3 +29,5 @@ vllm_signals = cached(fleet.vllm_signals)
 cost = cached(cost_service.cost)
 cost_daily = cached(cost_service.cost_daily)
 report_html = cached(cost_service.report_html)
+
+tuning = cached(tuning_service.tuning)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from collector_payloads import T0, event_dict, plain_request_dict, request_dict
+from collector_payloads import T0, event_dict
+from tuning_payloads import records
 
 from collector.queries import Window
 from collector.store import Store
@@ -19,32 +20,6 @@ from telemetry.schema import IngestBatch
 
 WINDOW = Window(T0 - 10, T0 + 5000)
 RULES = TuneRules(max_batch=16)
-
-
-def spec(i: int, start: float, per_position: list[int], drafts: int, step_s: float, **more) -> dict:
-    """A speculative request whose every decoding step drafted gamma tokens and took step_s."""
-    gamma, accepted = len(per_position), sum(per_position)
-    output = 1 + drafts + accepted
-    e2e = 0.05 + drafts * step_s
-    counts = dict(num_drafts=drafts, num_draft_tokens=drafts * gamma, num_accepted_tokens=accepted)
-    return request_dict(i, started_at=start, ttft_s=0.05, e2e_s=e2e, output_tokens=output, gamma=gamma,
-                        accepted_per_position=per_position, **counts, **more)  # fmt: skip
-
-
-def plain(i: int, start: float, steps: int, step_s: float) -> dict:
-    return plain_request_dict(i, started_at=start, ttft_s=0.05, e2e_s=0.05 + steps * step_s, output_tokens=steps + 1)
-
-
-def records() -> list[dict]:
-    found = []
-    for i in range(25):  # one at a time, 10 s apart: level 1; k = 4 costs 10% more than a plain step
-        found.append(spec(i, T0 + 10 * i, [14 - i % 2, 12, 10, 8], 16, 0.044))
-        found.append(plain(100 + i, T0 + 5 + 10 * i, 64, 0.040))
-    for burst in range(6):  # 4 speculative + 4 plain together: level 8; k = 4 costs 4 plain steps
-        at = T0 + 1000 + 20 * burst
-        found += [spec(200 + 8 * burst + j, at, [4 + j % 2, 1, 0, 0], 16, 0.2) for j in range(4)]
-        found += [plain(300 + 8 * burst + j, at, 64, 0.05) for j in range(4)]
-    return found
 
 
 def fill(engine, events=()) -> None:
