@@ -153,8 +153,10 @@ def recommend(
     current_k: int | None = None,
     profile: dict[int, StepCurve] | None = None,
     markers: tuple[tuple[str, float, str], ...] = (),
+    today: dict[int, int] | None = None,
 ) -> Schedule:
-    """The schedule for these records (module docstring), marked stale against the latest version marker."""
+    """The schedule for these records (module docstring), marked stale against the latest version marker;
+    `today`: today's k per level where today's config is a schedule (`cost.tuner_emit.todays_ks`)."""
     seen, fractions = weights(rows)
     found_acceptance, costs, intervals = {}, dict(profile or {}), {}
     for j, level in enumerate(seen.tolist()):
@@ -166,7 +168,7 @@ def recommend(
             intervals[level] = interval(rows, w, level, costs[level], top, rules.resamples)
     k_now = today_k(rows) if current_k is None else current_k
     plan = schedule(k_now, {lv: a for lv, a in found_acceptance.items() if a}, costs, rules,
-                    {lv: i for lv, i in intervals.items() if i})  # fmt: skip
+                    {lv: i for lv, i in intervals.items() if i}, today)  # fmt: skip
     return _dated(plan, rows, markers)
 
 

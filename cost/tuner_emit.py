@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from cost.tuner import BucketPlan, Schedule
+from cost.tuner import MAX_BATCH, BucketPlan, Schedule, bucket_ranges
 
 DRAFTERS = {"ngram": {"prompt_lookup_max": 3, "prompt_lookup_min": 2}}  # vLLM's n-gram needs its window
 
@@ -89,3 +89,28 @@ def plan_json(plan: Schedule, method: str | None = None) -> dict:
         "vllm_argument": None if vllm is None else "--speculative-config '" + json.dumps(vllm) + "'",
         "trtllm_draft_len_schedule": trtllm_schedule(plan),
     }
+
+
+def todays_ks(config: object, max_batch: int = MAX_BATCH) -> tuple[int, dict[int, int]]:
+    """(num_speculative_tokens, {level: k at the level's own batch size}) of a vLLM speculative config;
+    ValueError naming what is wrong. Ranges are inclusive; a batch size no range covers takes the k of
+    the range before it (as vLLM's scheduler does), and every k is capped at num_speculative_tokens."""
+    if not isinstance(config, dict) or type(config.get("num_speculative_tokens")) is not int:
+        raise ValueError("today's config needs an integer num_speculative_tokens")
+    k = config["num_speculative_tokens"]
+    ranges = config.get("num_speculative_tokens_per_batch_size") or []
+    if not isinstance(ranges, list) or not all(
+        isinstance(r, list) and len(r) == 3 and all(type(x) is int and x >= 0 for x in r) for r in ranges
+    ):
+        raise ValueError("num_speculative_tokens_per_batch_size must be [[start, end, k], ...] of whole numbers")
+    if k < 0 or (ranges and min(r[0] for r in ranges) != 1):
+        raise ValueError("num_speculative_tokens must be >= 0 and the first range must start at 1")
+    return k, {level: min(k, _k_at(level, ranges, k)) for level, _, _ in bucket_ranges(max_batch)}
+
+
+def _k_at(batch: int, ranges: list[list[int]], default: int) -> int:
+    found = default
+    for start, _, k in sorted(ranges):
+        if start <= batch:
+            found = k
+    return found

@@ -1,7 +1,8 @@
 """GET /v1/tune: the speculation tuner's schedule over a window of the store (`cost.tuner`).
 
 Window: `start` and `end`, or `last` seconds (default 1 day); the usual request filters. Options (each
-optional; out of range is a 422 that says so): `current_k` (today's k; default the records' gamma),
+optional; out of range is a 422 that says so): `current_k` (today's k; default the records' gamma) or
+`current_config` (today's vLLM `--speculative-config` JSON, a schedule included),
 `max_k`, `max_batch` (the server's max_num_seqs), `min_requests`, `min_drafts`, `method` (vLLM's
 method name for the emitted config). The body is `cost.tuner_emit.plan_json`: per bucket today's k,
 the recommended k, the predicted tokens/s curve with 95% intervals and the gain; the merged ranges;
@@ -10,14 +11,15 @@ vLLM's `--speculative-config` and TensorRT-LLM's `draft_len_schedule`; staleness
 
 from __future__ import annotations
 
+import json
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query, Response
+from fastapi import APIRouter, Depends, HTTPException, Query, Response
 
 from collector.queries import Window
 from cost.tuner import TuneRules
 from cost.tuner_data import recommend_from_store
-from cost.tuner_emit import plan_json
+from cost.tuner_emit import plan_json, todays_ks
 from service.deps import EngineDep, json_response, read_all_tenants
 from service.routes_query import FiltersDep, window_param
 
@@ -49,7 +51,22 @@ def get_tune(
     rules: Annotated[TuneRules, Depends(rules_param)],
     current_k: Annotated[int | None, Query(ge=0, le=64)] = None,
     method: Annotated[str | None, Query(max_length=64, pattern=r"^[a-z0-9_:-]+$")] = None,
+    current_config: Annotated[str | None, Query(max_length=4096)] = None,
 ) -> Response:
     """The k schedule per batch-size bucket that maximises predicted output tokens/s."""
-    plan = recommend_from_store(engine, window, filters, rules=rules, current_k=current_k)
+    today = today_param(current_k, current_config, rules.max_batch)
+    plan = recommend_from_store(engine, window, filters, rules=rules, **today)
     return json_response(plan_json(plan, method))
+
+
+def today_param(current_k: int | None, current_config: str | None, max_batch: int) -> dict:
+    """current_k, and today's k per level from a vLLM config; a 422 naming what is wrong."""
+    if current_config is None:
+        return {"current_k": current_k}
+    try:
+        if current_k is not None:
+            raise ValueError("give current_k or current_config, not both")
+        k, today = todays_ks(json.loads(current_config), max_batch)
+    except ValueError as exc:  # json.JSONDecodeError is one
+        raise HTTPException(422, {"error": "invalid_parameter", "message": f"current_config: {exc}"}) from None
+    return {"current_k": k, "today": today}

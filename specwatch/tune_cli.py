@@ -1,8 +1,8 @@
 """`specwatch tune recommend`: the k per batch-size bucket that maximises output tokens/s, from the store.
 
 specwatch tune recommend [--db URL] [--last SECONDS | --start EPOCH --end EPOCH]
-    [--instance NAME] [--model NAME] [--drafter NAME] [--current-k N] [--max-k N] [--max-batch N]
-    [--min-requests N] [--min-drafts N] [--profile FILE.json] [--method NAME] [--json]
+    [--instance NAME] [--model NAME] [--drafter NAME] [--current-k N | --current-config JSON]
+    [--max-k N] [--max-batch N] [--min-requests N] [--min-drafts N] [--profile FILE.json] [--method NAME] [--json]
 
 Prints, per bucket, today's k and the recommended one with predicted tokens/s and their 95% intervals,
 the merged ranges, vLLM's `--speculative-config` and TensorRT-LLM's `draft_len_schedule`
@@ -49,6 +49,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     for name in ("instance", "model", "drafter"):
         recommend.add_argument(f"--{name}", default=None, help=f"only requests of this {name}")
     recommend.add_argument("--current-k", type=_count, default=None, help="today's k (default: the records' gamma)")
+    recommend.add_argument(
+        "--current-config", metavar="JSON", default=None, help="today's vLLM --speculative-config (a schedule too)"
+    )
     recommend.add_argument("--max-k", type=_count, default=TuneRules.max_k, help="largest k to recommend")
     recommend.add_argument("--max-batch", type=_batch, default=TuneRules.max_batch, help="the server's max_num_seqs")
     recommend.add_argument("--min-requests", type=positive, default=TuneRules.min_requests)
@@ -79,6 +82,21 @@ def profile_of(path: Path | None) -> dict | None:
         raise UsageError(f"--profile {path}: {exc}") from None
 
 
+def today_of(args: argparse.Namespace) -> dict:
+    """current_k (and today's k per level) from --current-k or --current-config."""
+    from cost.tuner_emit import todays_ks
+
+    if args.current_config is None:
+        return {"current_k": args.current_k}
+    if args.current_k is not None:
+        raise UsageError("give --current-k or --current-config, not both")
+    try:
+        k, today = todays_ks(json.loads(args.current_config), args.max_batch)
+    except (json.JSONDecodeError, ValueError) as exc:
+        raise UsageError(f"--current-config: {exc}") from None
+    return {"current_k": k, "today": today}
+
+
 def recommend_command(args: argparse.Namespace) -> int:
     from sqlalchemy.exc import OperationalError
 
@@ -87,13 +105,13 @@ def recommend_command(args: argparse.Namespace) -> int:
     from cost.tuner_data import recommend_from_store
 
     rules = TuneRules(args.min_requests, args.min_drafts, args.max_k, args.max_batch)
-    window, profile = window_of(args), profile_of(args.profile)
+    window, profile, today = window_of(args), profile_of(args.profile), today_of(args)
     filters = Filters(instance=args.instance, model=args.model, drafter=args.drafter)
     engine = make_engine(settings_from(args).database_url_resolved)
     try:
         if not is_current(engine):
             raise UsageError("the database schema is not current: run `specwatch db upgrade` first")
-        plan = recommend_from_store(engine, window, filters, rules=rules, current_k=args.current_k, profile=profile)
+        plan = recommend_from_store(engine, window, filters, rules=rules, profile=profile, **today)
     except OperationalError as exc:
         raise UsageError(f"cannot read the database: {str(exc.orig).splitlines()[0]}") from None
     finally:

@@ -139,3 +139,15 @@ def test_emission_vllm_and_tensorrt_llm():
 def test_all_plain_emits_no_speculative_config():
     plan = schedule(4, {1: LOW}, {1: line(1, 0.04, 0.05)}, TuneRules(max_batch=1))
     assert plan.ranges == ((1, 1, 0),) and vllm_config(plan) is None and trtllm_schedule(plan) == "{}"
+
+
+def test_todays_ks_from_a_vllm_config():
+    from cost.tuner_emit import todays_ks
+
+    assert todays_ks({"num_speculative_tokens": 8}, 16) == (8, {1: 8, 2: 8, 4: 8, 8: 8, 16: 8})
+    config = {"num_speculative_tokens": 6, "num_speculative_tokens_per_batch_size": [[1, 2, 9], [4, 6, 3], [12, 16, 0]]}
+    assert todays_ks(config, 16) == (6, {1: 6, 2: 6, 4: 3, 8: 3, 16: 0})  # capped at 6; 7-11 carry 3 forward
+    late = {"num_speculative_tokens": 4, "num_speculative_tokens_per_batch_size": [[2, 4, 1]]}  # must start at 1
+    for bad in ({}, {"num_speculative_tokens": "8"}, late):
+        with pytest.raises(ValueError):
+            todays_ks(bad)

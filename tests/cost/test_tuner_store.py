@@ -95,3 +95,20 @@ def test_tune_endpoint(client):
     assert client.get("/v1/tune", params={**window, "current_k": 2}).json()["buckets"][2]["today_k"] == 2
     assert client.get("/v1/tune", params={**window, "max_k": -1}).status_code == 422
     assert client.get("/v1/tune", params={"start": 5}).status_code == 422
+
+
+def test_todays_config_as_a_schedule(db_url, engine, client, capsys):
+    fill(engine)
+    config = json.dumps({"num_speculative_tokens": 4, "num_speculative_tokens_per_batch_size": [[1, 5, 2], [6, 16, 4]]})
+    window = ["--start", str(WINDOW.start), "--end", str(WINDOW.end), "--max-batch", "16"]
+    assert main(["tune", "recommend", "--db", db_url, *window, "--current-config", config, "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert [b["today_k"] for b in found["buckets"]] == [2, 2, 2, 4, 4]
+    one = found["buckets"][0]
+    assert one["gain"] == pytest.approx(one["tokens_per_s"][4] / one["tokens_per_s"][2])
+    assert main(["tune", "recommend", "--db", db_url, "--current-config", "{"]) == 2
+    assert "--current-config" in capsys.readouterr().err
+    assert main(["tune", "recommend", "--db", db_url, "--current-config", config, "--current-k", "3"]) == 2
+    params = {"start": WINDOW.start, "end": WINDOW.end, "max_batch": 16, "current_config": "[1]"}
+    bad = client.get("/v1/tune", params=params)
+    assert bad.status_code == 422 and "current_config" in bad.text
