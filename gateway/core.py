@@ -36,7 +36,8 @@ class GatewaySettings:
     name: str = "gateway"  # its events' instance, and that of records for requests no upstream took
     max_body_bytes: int = 4 * 1024 * 1024
     body_timeout_s: float = 30.0  # the whole request body must arrive within this
-    max_response_bytes: int = 64 * 1024 * 1024  # a whole (non-streamed) upstream answer, held to be read
+    whole_response_bytes: int = 1024 * 1024  # a non-streamed answer up to this is held and checked whole
+    max_response_bytes: int = 64 * 1024 * 1024  # a larger one is relayed as it arrives (gateway.whole), to this
     upstream_timeout_s: float = 600.0  # longest wait for an upstream's next bytes
     connect_timeout_s: float = 2.0
     health_interval_s: float = 1.0

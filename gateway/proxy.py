@@ -24,12 +24,13 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from common.bodies import TooLarge, read_capped
-from common.http import REQUEST_ID_HEADER, STARTED_AT_HEADER, error_body, openai_error
+from common.bodies import TooLarge
+from common.http import REQUEST_ID_HEADER, STARTED_AT_HEADER, openai_error
 from gateway import parsing
 from gateway.core import Gateway
 from gateway.records import Outcome, SseReader
 from gateway.upstreams import UpstreamState
+from gateway.whole import WholeReader
 
 # The client's headers every upstream gets; its Authorization only an upstream started with `auth=forward`
 # (a client's key is for the gateway's operator, not for every server behind it: docs/security.md).
@@ -53,7 +54,8 @@ async def proxy(request: Request) -> Response:
     response, state = sent
     if response.status_code >= 400 or not stream:
         return await _whole(gateway, response, state, outcome, t0)
-    relay = _relay(gateway, response, state, outcome, SseReader(drop_usage_chunk=drop_usage), t0)
+    reader = SseReader(drop_usage_chunk=drop_usage)
+    relay = _relay(gateway, response.aiter_bytes(), response, state, outcome, reader, t0)
     return StreamingResponse(relay, status_code=response.status_code, headers=_headers(response, state, outcome))
 
 
@@ -152,26 +154,59 @@ def _no_upstream(gateway: Gateway, outcome: Outcome, tried: set[str], t0: float)
 
 
 async def _whole(gateway: Gateway, response: httpx.Response, state: UpstreamState, outcome: Outcome, t0: float):
-    """A whole (non-streamed, or refused) answer: read up to the cap, noted, passed on unchanged."""
-    name = state.upstream.name
+    """A whole (non-streamed, or refused) answer. Up to `whole_response_bytes`: read, checked (502 when it
+    is no JSON object), noted and passed on unchanged. Larger: relayed as it arrives (gateway.whole)."""
+    name, settings = state.upstream.name, gateway.settings
+    declared, chunks = response.headers.get("content-length", ""), response.aiter_bytes()
     try:
-        content = await read_capped(response.aiter_bytes(), gateway.settings.max_response_bytes)
+        if declared.isdecimal() and int(declared) > settings.max_response_bytes:
+            raise TooLarge
+        content, complete = await _read_head(chunks, settings.whole_response_bytes)
     except TooLarge:
-        limit = gateway.settings.max_response_bytes
-        return _refuse(gateway, state, outcome, t0, "too_large", f"upstream {name} sent a body over {limit} bytes")
-    except httpx.HTTPError:
-        return _refuse(gateway, state, outcome, t0, "disconnected", f"upstream {name} broke off its response")
-    finally:
         await response.aclose()
+        message = f"upstream {name} sent a body over {settings.max_response_bytes} bytes"
+        return _refuse(gateway, state, outcome, t0, "too_large", message)
+    except httpx.HTTPError:
+        await response.aclose()
+        return _refuse(gateway, state, outcome, t0, "disconnected", f"upstream {name} broke off its response")
     if response.status_code >= 400:
         outcome.status, outcome.error = "error", f"upstream:{response.status_code}"
-    elif not isinstance(body := _json_or_none(content), dict):
-        message = f"upstream {name} returned a malformed body (not a JSON object)"
-        return _refuse(gateway, state, outcome, t0, "malformed", message)
-    else:
+    if complete:
+        await response.aclose()
+        return _checked(gateway, response, content, state, outcome, t0)
+    reader = WholeReader(settings.max_response_bytes)
+    relay = _relay(gateway, _after(content, chunks), response, state, outcome, reader, t0)
+    return StreamingResponse(relay, status_code=response.status_code, headers=_headers(response, state, outcome))
+
+
+def _checked(
+    gateway: Gateway, response: httpx.Response, content: bytes, state: UpstreamState, outcome: Outcome, t0: float
+) -> Response:
+    """An answer read whole: a success must be a JSON object (else 502), its usage and metrics noted."""
+    if response.status_code < 400:
+        if not isinstance(body := _json_or_none(content), dict):
+            message = f"upstream {state.upstream.name} returned a malformed body (not a JSON object)"
+            return _refuse(gateway, state, outcome, t0, "malformed", message)
         outcome.usage, outcome.metrics = body.get("usage"), body.get("metrics")
     gateway.finish(outcome, t0, state)
     return Response(content, response.status_code, headers=_headers(response, state, outcome))
+
+
+async def _read_head(chunks: AsyncIterator[bytes], hold: int) -> tuple[bytes, bool]:
+    """The first chunks up to just past `hold` bytes, and whether that was all of them."""
+    parts, size = [], 0
+    async for chunk in chunks:
+        parts.append(chunk)
+        size += len(chunk)
+        if size > hold:
+            return b"".join(parts), False
+    return b"".join(parts), True
+
+
+async def _after(head: bytes, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    yield head
+    async for chunk in chunks:
+        yield chunk
 
 
 def _json_or_none(content: bytes):
@@ -189,11 +224,18 @@ def _refuse(gateway: Gateway, state: UpstreamState, outcome: Outcome, t0: float,
 
 
 async def _relay(
-    gateway: Gateway, response: httpx.Response, state: UpstreamState, outcome: Outcome, reader: SseReader, t0: float
+    gateway: Gateway,
+    chunks: AsyncIterator[bytes],
+    response: httpx.Response,
+    state: UpstreamState,
+    outcome: Outcome,
+    reader: SseReader | WholeReader,
+    t0: float,
 ) -> AsyncIterator[bytes]:
+    """The answer's bytes as they arrive, through `reader` (SSE events, or a whole answer's chunks)."""
     finished = False
     try:
-        async for data in response.aiter_bytes():  # decoded: the client gets no content-encoding header
+        async for data in chunks:  # decoded: the client gets no content-encoding header
             out = reader.feed(data)
             if outcome.ttft_s is None and reader.saw_content:
                 outcome.ttft_s = time.monotonic() - t0
@@ -201,13 +243,18 @@ async def _relay(
                 yield out
         if rest := reader.rest():
             yield rest
-        _note_stream_end(outcome, reader)
+        if outcome.status == "ok":
+            reader.note(outcome)
         finished = True
-    except httpx.HTTPError as exc:  # the upstream went away mid-stream: say so in-band, as OpenAI does
-        outcome.status, outcome.error, finished = "error", "upstream:disconnected", True
-        message = f"upstream {state.upstream.name} broke off the stream ({type(exc).__name__})"
-        yield b"data: " + orjson.dumps(error_body(message)) + b"\n\n"
-        yield b"data: [DONE]\n\n"
+    except (httpx.HTTPError, TooLarge) as exc:  # the upstream went away mid-answer, or sent too much
+        too_large = isinstance(exc, TooLarge)
+        outcome.status, finished = "error", True
+        outcome.error = "upstream:too_large" if too_large else "upstream:disconnected"
+        what = f"sent over {gateway.settings.max_response_bytes} bytes" if too_large else "broke off the stream"
+        message = f"upstream {state.upstream.name} {what} ({type(exc).__name__})"
+        if (said := reader.broken(message)) is None:
+            raise  # a whole answer cut short: the connection is aborted, the client's body left incomplete
+        yield said
     finally:
         if not finished:  # the client left (cancelled or closed): closing the connection aborts it upstream
             outcome.status, outcome.error = "cancelled", "client:disconnected"
@@ -215,13 +262,6 @@ async def _relay(
         with anyio.CancelScope(shield=True):
             await response.aclose()
         gateway.finish(outcome, t0, state)
-
-
-def _note_stream_end(outcome: Outcome, reader: SseReader) -> None:
-    if reader.error or reader.malformed or not reader.done:
-        outcome.status = "error"
-        outcome.error = "upstream:stream_error" if reader.error else "upstream:malformed_stream"
-    outcome.usage, outcome.metrics = reader.usage, reader.metrics
 
 
 def _headers(response: httpx.Response, state: UpstreamState, outcome: Outcome) -> dict[str, str]:

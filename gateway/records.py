@@ -25,6 +25,7 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
+from common.http import error_body
 from telemetry.schema import MAX_GAMMA, RequestRecord
 
 log = logging.getLogger("specwatch.gateway")
@@ -192,6 +193,17 @@ class SseReader:
         """Whatever the upstream sent after its last complete event."""
         rest, self.buffer = self.buffer, b""
         return rest
+
+    def broken(self, message: str) -> bytes:
+        """What the client gets when the upstream broke off: an in-band error, as OpenAI sends one, and the end."""
+        return b"data: " + orjson.dumps(error_body(message)) + b"\n\ndata: [DONE]\n\n"
+
+    def note(self, outcome: Outcome) -> None:
+        """The outcome of a stream that ended: its usage and metrics; an error unless it ended well."""
+        if self.error or self.malformed or not self.done:
+            outcome.status = "error"
+            outcome.error = "upstream:stream_error" if self.error else "upstream:malformed_stream"
+        outcome.usage, outcome.metrics = self.usage, self.metrics
 
     def _event(self, event: bytes) -> bytes:
         payload = event[6:] if event.startswith(b"data: ") else (event[5:] if event.startswith(b"data:") else None)

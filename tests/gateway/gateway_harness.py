@@ -8,6 +8,7 @@ import socket
 import threading
 import time
 
+import orjson
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -58,7 +59,8 @@ def faulty_upstream() -> Starlette:
     """An OpenAI-shaped upstream whose answer the request's `prompt` chooses: 'fail500', 'malformed',
     'huge' (a 3 MB body), 'break' (a stream cut off mid-way: the connection drops), 'slow' (a stream of
     200 chunks, 20 ms apart; `app.state.slow_sent` gets how many it sent once it ended), 'stall' (a normal
-    reply after 1.5 s), else a normal small reply.
+    reply after 1.5 s), 'large' (a whole answer of about the request's `size` bytes, sent in 1 MiB chunks
+    without a content-length, usage and metrics after `choices`: see `large_answer`), else a normal small reply.
     `/health` answers after `app.state.health_delay_s`."""
 
     async def complete(request: Request) -> Response:
@@ -69,6 +71,8 @@ def faulty_upstream() -> Starlette:
             return JSONResponse({"error": {"message": "upstream exploded", "type": "server_error"}}, status_code=500)
         if kind == "huge":
             return JSONResponse({"choices": [{"index": 0, "text": "x" * 3_000_000}]})
+        if kind == "large":
+            return StreamingResponse(large_answer(body["size"]), media_type="application/json")
         if kind == "malformed":
             return Response(b"<html>proxy error</html>", media_type="application/json")
         if kind == "break":
@@ -89,6 +93,22 @@ def faulty_upstream() -> Starlette:
     )
     app.state.seen, app.state.slow_sent, app.state.health_delay_s = [], [], 0.0
     return app
+
+
+LARGE_USAGE = {"prompt_tokens": 5, "completion_tokens": 4096, "total_tokens": 4101}
+LARGE_SPEC = {"acceptance_histogram": [1, 2, 3], "num_draft_tokens": 12, "num_spec_steps": 6}
+# text that looks like the keys the gateway reads: inside a JSON string its quotes are escaped
+DECOY = 'say "usage": {"prompt_tokens": 99}, "metrics": {} ' * 8
+
+
+async def large_answer(size: int):
+    """A completion of about `size` bytes as vLLM orders it: choices, then usage and metrics."""
+    yield b'{"id":"big","object":"text_completion","choices":[{"index":0,"text":"' + orjson.dumps(DECOY)[1:-1]
+    for sent in range(0, size, 1 << 20):
+        yield b"x" * min(1 << 20, size - sent)
+        await asyncio.sleep(0)
+    tail = {"usage": LARGE_USAGE, "metrics": {"time_to_first_token_ms": 12.0, "speculative_decoding": LARGE_SPEC}}
+    yield b'","finish_reason":"length"}],' + orjson.dumps(tail)[1:]
 
 
 async def _health(request: Request) -> Response:
