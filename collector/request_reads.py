@@ -9,7 +9,7 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass
 
-from sqlalchemy import JSON, Engine, Select, column, literal_column, select, table, tuple_
+from sqlalchemy import JSON, Connection, Engine, Select, column, func, literal_column, select, table, tuple_
 
 from collector.detector_reads import _DRAFTED_COLUMNS, DraftedRequest, _drafted
 from collector.models import ACCEPTANCE_SQL, Request
@@ -37,6 +37,9 @@ def recent_drafted(
 
 ACCEPTANCE = literal_column(ACCEPTANCE_SQL)  # the expression ix_requests_acceptance indexes, repeated exactly
 SORTS = {"time": Request.started_at, "ttft": Request.ttft_s, "e2e": Request.e2e_s, "acceptance": ACCEPTANCE}
+WHOLE_WINDOW_ROWS = 30_000  # a window this small is read by time and sorted whole
+PROBE_ROWS = 2_000  # the window's latest rows that estimate the filters' share
+SORT_INDEXES = {"ttft": "ix_requests_ttft_s_id", "e2e": "ix_requests_e2e_s_id", "acceptance": "ix_requests_acceptance"}
 FLAGS = ("outlier", "repetition", "collapse", "any")
 STATUSES = ("ok", "error", "cancelled")
 # request_flags is the alerts' table (alerts/tables.py, migration 0012); the collector reads two columns
@@ -120,20 +123,47 @@ def _flagged(window: Window, flag: str) -> Select:
     return flagged if flag == "any" else flagged.where(f.flag == flag)
 
 
-def _listing(window: Window, filters: Filters, q: RequestQuery) -> Select:
-    """The query for one page: the filters, the sort's value and id in order, after the cursor."""
+def _matching(columns: tuple, window: Window, filters: Filters, q: RequestQuery, time_index: bool) -> Select:
+    """The rows in the window that pass every filter (the sort's value known)."""
     key = SORTS[q.sort]
-    stmt = filters.apply(select(*_ROW_COLUMNS, Request.id, key.label("sort_key")), window, q.sort == "time")
-    stmt = stmt.where(key.is_not(None))
+    stmt = filters.apply(select(*columns), window, time_index)
+    stmt = stmt.where(key >= 0) if q.sort != "time" else stmt  # a range: an index walk skips NULLs
     if q.status is not None:
         stmt = stmt.where(Request.status == q.status)
     if q.flag is not None:
         stmt = stmt.where(Request.request_id.in_(_flagged(window, q.flag)))
-    if q.cursor is not None:
-        after = tuple_(key, Request.id)
+    return stmt
+
+
+def walk_sort_index(conn: Connection, window: Window, filters: Filters, q: RequestQuery) -> bool:
+    """Whether a page reads fewer rows walking the sort's index (skipping rows that fail the filters)
+    than reading the whole window by time and sorting it: rows in the window W; the share f of its
+    latest PROBE_ROWS that pass the filters; a walk reads ~ limit * stored / (f * W) rows."""
+    if q.sort == "time":
+        return True
+    time_range = (Request.started_at >= window.start, Request.started_at < window.end)
+    in_window = conn.scalar(select(func.count()).where(*time_range))
+    if in_window <= WHOLE_WINDOW_ROWS:
+        return False
+    latest = select(Request.id).where(*time_range).order_by(Request.started_at.desc()).limit(PROBE_ROWS)
+    probe = _matching((func.count(),), window, filters, q, True).where(Request.id.in_(latest.scalar_subquery()))
+    share = conn.scalar(probe) / min(PROBE_ROWS, in_window)
+    stored = conn.execute(select(func.max(Request.id) - func.min(Request.id) + 1)).scalar() or 0
+    return q.limit * stored < max(share * in_window, 1.0) * in_window
+
+
+def _listing(window: Window, filters: Filters, q: RequestQuery, walk: bool) -> Select:
+    """The query for one page: the filters, the sort's value and id in order, after the cursor. `walk`
+    keeps the planner off the time index (`Filters.apply`'s `started_at + 0`) for a metric sort."""
+    key, by_time = SORTS[q.sort], q.sort == "time" or not walk
+    stmt = _matching((*_ROW_COLUMNS, Request.id, key.label("sort_key")), window, filters, q, by_time)
+    if q.cursor is not None:  # `+ 0` when reading by time: a range on the sort's index would lure the planner
+        after = tuple_(key if walk else key + 0, Request.id)
         value, row_id = decode_cursor(q.cursor, q.sort)
         stmt = stmt.where(after < tuple_(value, row_id) if q.descending else after > tuple_(value, row_id))
     order = (key.desc(), Request.id.desc()) if q.descending else (key.asc(), Request.id.asc())
+    if walk and q.sort != "time":  # SQLite would rather take an equality filter's index (instance) and sort
+        stmt = stmt.with_hint(Request, f"INDEXED BY {SORT_INDEXES[q.sort]}", "sqlite")
     return stmt.order_by(*order).limit(q.limit + 1)
 
 
@@ -152,10 +182,10 @@ def _row(r, flags: tuple[str, ...]) -> RequestRow:
 
 
 def list_requests(engine: Engine, window: Window, filters: Filters, q: RequestQuery) -> RequestPage:
-    """One page of the requests in the window that pass the filters, in the sort's order (keyset:
-    each sort walks its index, so a page costs about the same however many rows match)."""
+    """One page of the requests in the window that pass the filters, in the sort's order (keyset pages:
+    a sort walks its index when matches are dense enough, else the window is read by time and sorted)."""
     with engine.connect() as conn:
-        rows = conn.execute(_listing(window, filters, q)).all()
+        rows = conn.execute(_listing(window, filters, q, walk_sort_index(conn, window, filters, q))).all()
         page = rows[: q.limit]
         flags = flags_of(conn, [r.request_id for r in page])
     found = tuple(_row(r, flags.get(r.request_id, ())) for r in page)

@@ -26,6 +26,7 @@ navigation = st.navigation(
         st.Page(PAGES / "acceptance.py", title="Acceptance", icon="🎯"),
         st.Page(PAGES / "latency.py", title="Latency & throughput", icon="⏱️"),
         st.Page(PAGES / "memory.py", title="Memory & power", icon="🔋"),
+        st.Page(PAGES / "requests.py", title="Requests", icon="🔎"),
         st.Page(PAGES / "alerts.py", title="Alerts", icon="🚨"),
         st.Page(PAGES / "cost.py", title="Cost", icon="💲"),
         st.Page(PAGES / "sources.py", title="Sources", icon="🛰️"),

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from dashboard.api import View, get, times
+from dashboard.api import CollectorRefused, View, get, times
 
 ENGINE_COLUMNS = ["kind", "name", "last_seen", "records_in_window", "per_s"]
 MIB = 2**20
@@ -29,6 +29,17 @@ def events(view: View, kind: str | None = None) -> pd.DataFrame:
     """Engine events in the window (`kind`: only those), with a UTC `time` column."""
     params = view.params(with_filters=False) | ({"kind": kind} if kind else {})
     return times(pd.DataFrame(get("/v1/events", params)), "at")
+
+
+def deploy_markers(view: View) -> pd.DataFrame:
+    """The `config` events (deploy markers: an engine's version, model and drafter at start or on a change,
+    a gateway's record of an upstream's vLLM version) in the window, of the view's instance when one is
+    picked; none for a tenant-bound token (the collector refuses it events, which carry no tenant)."""
+    params = _device_params(view) | {"kind": "config"}
+    try:
+        return times(pd.DataFrame(get("/v1/events", params)), "at")
+    except CollectorRefused:
+        return pd.DataFrame()
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dashboard import cost_service, fleet, services, tuning_service
+from dashboard import cost_service, fleet, requests_service, services, tuning_service
 from dashboard.state import cached
 
 overview = cached(services.overview)
@@ -23,6 +23,7 @@ alert_history = cached(services.alert_history)
 
 devices = cached(fleet.devices)
 events = cached(fleet.events)
+deploy_markers = cached(fleet.deploy_markers)
 sources = cached(fleet.sources)
 vllm_signals = cached(fleet.vllm_signals)
 
@@ -31,3 +32,6 @@ cost_daily = cached(cost_service.cost_daily)
 report_html = cached(cost_service.report_html)
 
 tuning = cached(tuning_service.tuning)
+
+request_list = cached(requests_service.request_list)
+request_detail = cached(requests_service.request_detail)

@@ -18,11 +18,19 @@ lines = reads.thresholds()
 floor = lines.get("acceptance_rate")
 
 st.altair_chart(
-    charts.line(over_time, "acceptance_rate", "acceptance rate", floor, band=("band_low", "band_high")),
+    charts.line(
+        over_time,
+        "acceptance_rate",
+        "acceptance rate",
+        floor,
+        band=("band_low", "band_high"),
+        markers=reads.deploy_markers(v),
+    ),
     width="stretch",
 )
 st.caption(
     "Line: accepted / drafted tokens per step. Band: mean ± 1 stddev of per-request acceptance. "
+    "Dotted verticals: deploy markers (config events: version, model, drafter changes). "
     + lines.caption("acceptance_rate", "acceptance")
 )
 

@@ -46,9 +46,12 @@ row[3].metric("TTFT P99", fmt(p99, " ms", 1000, 0), ttft_line and ttft_line.vers
 
 over_time = reads.series(v)
 left, right = st.columns(2)
-left.altair_chart(charts.line(over_time, "acceptance_rate", "acceptance rate", acceptance_line), width="stretch")
-left.caption(lines.caption("acceptance_rate", "acceptance"))
-right.altair_chart(charts.line(over_time, "ttft_p99", "TTFT P99 (s)", ttft_line), width="stretch")
+deploys = reads.deploy_markers(v)
+left.altair_chart(
+    charts.line(over_time, "acceptance_rate", "acceptance rate", acceptance_line, markers=deploys), width="stretch"
+)
+left.caption(lines.caption("acceptance_rate", "acceptance") + " Dotted verticals: deploy markers (config events).")
+right.altair_chart(charts.line(over_time, "ttft_p99", "TTFT P99 (s)", ttft_line, markers=deploys), width="stretch")
 right.caption(lines.caption("ttft_p99", "TTFT P99"))
 
 st.subheader(f"Alerts: {o.count('firing')} firing, {o.count('pending')} pending")

@@ -8,6 +8,8 @@ from collector_payloads import T0, plain_request_dict, request_dict
 from sqlalchemy import insert
 
 from alerts.tables import request_flags
+from collector import request_reads
+from collector.queries import Filters
 from collector.store import Store
 from telemetry.schema import IngestBatch
 
@@ -72,10 +74,16 @@ SORTS = {
 }
 
 
+@pytest.mark.parametrize("whole_window_rows", [30_000, 0])  # read by time and sorted | walk the sort's index
 @pytest.mark.parametrize("order", ["desc", "asc"])
 @pytest.mark.parametrize("sort", list(SORTS))
-def test_every_sort_pages_by_keyset(stored, sort, order):
+def test_every_sort_pages_by_keyset(stored, sort, order, whole_window_rows, monkeypatch):
+    monkeypatch.setattr(request_reads, "WHOLE_WINDOW_ROWS", whole_window_rows)
     found = pages(stored, sort=sort, order=order)
+    with stored.app.state.store.engine.connect() as conn:
+        q = request_reads.RequestQuery(sort, order == "desc", limit=5)
+        walks = request_reads.walk_sort_index(conn, request_reads.Window(WINDOW["start"], WINDOW["end"]), Filters(), q)
+    assert walks == (sort == "time" or whole_window_rows == 0)
     assert all(len(p) == 5 for p in found[:-1]) and 0 < len(found[-1]) <= 5
     assert [r["request_id"] for p in found for r in p] == expected_order(SORTS[sort], order == "desc")
 
