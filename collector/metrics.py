@@ -24,16 +24,20 @@ collector: `Histogram.observe` per record cost more than parsing the record on i
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections import Counter as Tally
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from operator import itemgetter
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from sqlalchemy.exc import SQLAlchemyError
 
+from collector.capacity import Capacity, CapacityRules, upstream_capacity
 from collector.store import IngestCounts
 from telemetry.schema import LATENCY_BUCKETS, DeviceSample, RequestRecord
 
@@ -307,3 +311,54 @@ class CollectorMetrics:
             ):
                 if value is not None:
                     gauge.labels(*labels).set(value)
+
+
+CAPACITY = "specwatch_upstream_capacity_tokens_per_second"
+CAPACITY_DOC = (
+    "Output tokens/s each upstream can serve at its current acceptance and load: time-weighted output tokens "
+    "per attributed device-second of its recent requests (collector.capacity; smoothed, no step when speculation "
+    "switches)."
+)
+
+
+class CapacityGauge:
+    """A prometheus_client collector of `specwatch_upstream_capacity_tokens_per_second{upstream}` from the store.
+
+    Store-derived (the same on every replica): register it where only the leader exports it. The
+    answer is kept `ttl_s` so scrapes in between reuse it; a failing query exports nothing."""
+
+    def __init__(
+        self,
+        engine,
+        *,
+        registry: CollectorRegistry,
+        rules: CapacityRules = CapacityRules(),
+        ttl_s: float = 10.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._engine, self._rules, self._ttl_s, self._clock = engine, rules, ttl_s, clock
+        self._lock = threading.Lock()
+        self._measured_at: float | None = None
+        self._values: list[Capacity] = []
+        registry.register(self)
+
+    def describe(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(CAPACITY, CAPACITY_DOC, labels=["upstream"])
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(CAPACITY, CAPACITY_DOC, labels=["upstream"])
+        for capacity in self._current():
+            family.add_metric([capacity.instance], capacity.tokens_per_s)
+        yield family
+
+    def _current(self) -> list[Capacity]:
+        with self._lock:
+            now = self._clock()
+            if self._measured_at is None or now - self._measured_at >= self._ttl_s:
+                try:
+                    self._values = upstream_capacity(self._engine, now, self._rules)
+                except SQLAlchemyError as exc:
+                    logging.getLogger(__name__).warning("capacity gauge: %s", exc)
+                    self._values = []
+                self._measured_at = now
+            return self._values

@@ -19,7 +19,7 @@ from collector.db import make_engine, upgrade
 from collector.ingest import IngestWorkers
 from collector.leader import LeaderMetrics, Leadership
 from collector.maintenance import maintenance_loop
-from collector.metrics import CollectorMetrics
+from collector.metrics import CapacityGauge, CollectorMetrics
 from collector.settings import Settings
 from collector.store import Store
 from collector.vllm import Scraper
@@ -51,6 +51,7 @@ def create_app(settings: Settings | None = None, registry: CollectorRegistry | N
         app.state.leadership = Leadership(engine, settings.replica_name, settings.leader_retry_s)
         leader_only = CollectorRegistry()  # store-derived gauges: the same on every replica
         CostGauge(engine, routes_cost.shipped_prices(), registry=leader_only)
+        CapacityGauge(engine, registry=leader_only)
         _detector_gauges(engine, app.state.alert_config, leader_only)
         app.state.daily_costs = DailyCosts(engine, routes_cost.shipped_prices())
         LeaderMetrics(app.state.leadership, app.state.metrics.registry, leader_only)
