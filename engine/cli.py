@@ -228,6 +228,7 @@ def summary_line(record) -> str:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    from engine import markers
     from engine.device import DeviceSampler
     from engine.engine import Engine
     from engine.loading import ModelLoadError
@@ -254,7 +255,8 @@ def run_serve(args: argparse.Namespace) -> int:
     scheduler = Scheduler(engine, scheduler_config, policy, telemetry)
     cold_start = {"model": engine.target.name, "from_cache": engine.target.from_cache}
     telemetry.emit("cold_start", cold_start, engine.target.cold_start_s)
-    telemetry.emit("config", _config_detail(engine, policy, scheduler_config))
+    marker = markers.identity(engine, args.default_drafter, drafters)  # version, model hash, drafters
+    telemetry.emit("config", _config_detail(engine, policy, scheduler_config) | marker)
     if client:
         sampler = DeviceSampler(scheduler, telemetry, args.sample_interval)
         sampler.start()
