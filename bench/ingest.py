@@ -14,6 +14,12 @@ With --postgres (or SPECWATCH_TEST_POSTGRES_URL) the same for PostgreSQL, agains
 psycopg `executemany`. The collector runs as a subprocess on this machine, with its default
 ingest worker processes (SPECWATCH_INGEST_PROCESSES, 2), so clients and server share its cores.
 
+    .venv/bin/python bench/ingest.py --latency-only [--clients 4] [--rows 400000] [--maintenance-interval 10]
+
+measures only the latency of each POST from `--clients` producers (p50, p99, max; a 503 is retried as the
+producer client does, its wait counted) over a run long enough for the collector's roll-ups to run
+under load (each pass holds the SQLite write lock while it folds a chunk of raw rows).
+
     .venv/bin/python bench/ingest.py --postgres URL --replicas 1,2 [--clients 4]
 
 measures only replicas (docs/scaling.md): records/s through 1, 2, ... collector processes on one
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import multiprocessing
 import os
 import sqlite3
@@ -144,18 +151,21 @@ def http_rate(url: str | list[str], bodies: list[bytes], per_body: int, clients:
     """Records/s with `clients` client processes (producers are separate processes, e.g. one
     engine each), each posting its share of the bodies back to back; the clock runs from
     when all are connected and released together until the last one is done. Several URLs
-    (replicas): client i posts to URL i mod their number."""
+    (replicas): client i posts to URL i mod their number. Each POST's latency goes to `LATENCIES`."""
     urls = [url] if isinstance(url, str) else url
     context = multiprocessing.get_context("fork")  # the bodies are inherited, not copied through a pipe
-    ready, errors = context.Barrier(clients + 1), context.Queue()
+    ready, errors, timings = context.Barrier(clients + 1), context.Queue(), context.Queue()
     processes = [
-        context.Process(target=_post_all, args=(urls[i % len(urls)], bodies[i::clients], per_body, ready, errors))
+        context.Process(
+            target=_post_all, args=(urls[i % len(urls)], bodies[i::clients], per_body, ready, (errors, timings))
+        )
         for i in range(clients)
     ]
     for process in processes:
         process.start()
     ready.wait(timeout=60)
     started = time.perf_counter()
+    LATENCIES.setdefault(clients, []).extend(timings.get(timeout=600) for _ in processes)
     for process in processes:
         process.join()
     elapsed = time.perf_counter() - started
@@ -167,15 +177,46 @@ def http_rate(url: str | list[str], bodies: list[bytes], per_body: int, clients:
     return per_body * len(bodies) / elapsed
 
 
-def _post_all(url: str, share: list[bytes], per_body: int, ready, errors) -> None:
+# {clients: [one list per client process of (seconds since its start, latency s, 503s retried)]}
+LATENCIES: dict[int, list[list[tuple[float, float, int]]]] = {}
+
+
+def _post_all(url: str, share: list[bytes], per_body: int, ready, queues) -> None:
+    """Post each body as a producer would: a 503 (the store was busy) is retried after 0.1 s, and the
+    latency counts from the first try to the 200."""
+    errors, timings = queues
+    spent = []
     with httpx.Client(timeout=60, headers={"content-type": "application/json"}) as http:
         http.get(f"{url}/healthz")  # connect before the clock starts
         ready.wait(timeout=60)
+        started = time.perf_counter()
         for body in share:
-            response = http.post(f"{url}/v1/ingest", content=body)
+            sent, retried = time.perf_counter(), 0
+            while (response := http.post(f"{url}/v1/ingest", content=body)).status_code == 503 and retried < 50:
+                retried += 1
+                time.sleep(0.1)
+            spent.append((sent - started, time.perf_counter() - sent, retried))
             if response.status_code != 200 or response.json()["accepted"] != per_body:
                 errors.put(f"{response.status_code} {response.text[:200]}")
-                return
+                break
+    timings.put(spent)
+
+
+def latency_line(clients: int) -> str:
+    """p50, p99 and max of the POST latencies of `clients` producers over every round, the 503s retried,
+    and when the slowest POST was sent (seconds into its client's run)."""
+    runs = LATENCIES.get(clients, [])
+    flat = sorted((lat, at, retried) for run in runs for at, lat, retried in run)
+    if not flat:
+        return f"{clients_label(clients)}: no POST timed"
+    lats = [lat for lat, *_ in flat]
+    p99 = lats[min(len(lats) - 1, math.ceil(0.99 * len(lats)) - 1)]
+    slowest = flat[-1]
+    return (
+        f"ingest POST latency, {clients_label(clients)} ({len(lats)} POSTs): p50 {1000 * median(lats):.0f} ms, "
+        f"p99 {1000 * p99:.0f} ms, max {1000 * slowest[0]:.0f} ms (sent {slowest[1]:.1f} s into its run); "
+        f"503s retried: {sum(r for *_, r in flat)}"
+    )
 
 
 def producer_cost_us(port: int, n: int = 20_000) -> float:
@@ -240,10 +281,13 @@ def clients_label(n: int) -> str:
     return f"{n} client{'s' if n > 1 else ''}"
 
 
+COLLECTOR_ENV: dict[str, str] = {}  # e.g. SPECWATCH_MAINTENANCE_INTERVAL_S (--maintenance-interval)
+
+
 @contextlib.contextmanager
 def running_collector(db_url: str, port: int, log: Path):
     try:
-        proc = children.start_collector(port, log, db_url=db_url)
+        proc = children.start_collector(port, log, db_url=db_url, env=COLLECTOR_ENV)
     except children.StartError as exc:
         raise SystemExit(str(exc)) from None
     try:
@@ -251,6 +295,21 @@ def running_collector(db_url: str, port: int, log: Path):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def measure_latency(args) -> None:
+    """--latency-only: `--rounds` runs of `--rows` records from `--clients` producers into a fresh
+    collector each; the POST latencies over all of them, with the load average."""
+    with tempfile.TemporaryDirectory(prefix="specwatch-bench-") as tmp:
+        for round_no in range(args.rounds):
+            url = f"sqlite:///{fresh_sqlite(Path(tmp), f'latency-{round_no}.db')}"
+            bodies = bodies_for(args.rows, args.batch, f"latency-r{round_no}")
+            with running_collector(url, args.port, Path(tmp) / "collector.log") as collector:
+                rate = http_rate(collector, bodies, args.batch, args.clients)
+            print(f"  round {round_no + 1}: {rate:,.0f} records/s", flush=True)
+    print(f"{args.rows} request records per run, batches of {args.batch}, {args.clients} producers, {COLLECTOR_ENV}")
+    print(latency_line(args.clients))
+    print("load average (1, 5, 15 min) at the end: " + ", ".join(f"{v:.2f}" for v in os.getloadavg()))
 
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -387,8 +446,25 @@ def main() -> None:
     parser.add_argument(
         "--replicas", help="comma-separated replica counts, e.g. 1,2: measure only those (needs --postgres)"
     )
-    parser.add_argument("--clients", type=int, default=4, help="client processes for --replicas (default 4)")
+    parser.add_argument(
+        "--clients", type=int, default=4, help="client processes for --replicas and --latency-only (default 4)"
+    )
+    parser.add_argument(
+        "--latency-only",
+        action="store_true",
+        help="only HTTP ingest on SQLite from --clients producers, --rounds runs of --rows: POST latencies, no ratios",
+    )
+    parser.add_argument(
+        "--maintenance-interval",
+        type=float,
+        help="the collector's SPECWATCH_MAINTENANCE_INTERVAL_S (default its 60 s: a short run never sees a roll-up)",
+    )
     args = parser.parse_args()
+    if args.maintenance_interval:
+        COLLECTOR_ENV["SPECWATCH_MAINTENANCE_INTERVAL_S"] = str(args.maintenance_interval)
+    if args.latency_only:
+        measure_latency(args)
+        return
     if args.replicas:
         if not args.postgres:
             parser.error("--replicas needs --postgres (or SPECWATCH_TEST_POSTGRES_URL)")
@@ -430,6 +506,12 @@ def main() -> None:
         if what.startswith("sqlite: HTTP")
     ]
     print(f"goal: SQLite HTTP ingest >= 0.30x raw executemany -> {', '.join(verdicts)}")
+    for clients in sorted(LATENCIES):
+        print(latency_line(clients))
+    print(
+        "goal: ingest p99 <= 300 ms and max <= 2 s with 4 producers; load average (1, 5, 15 min) at the end: "
+        + ", ".join(f"{v:.2f}" for v in os.getloadavg())
+    )
 
 
 if __name__ == "__main__":
