@@ -113,3 +113,15 @@ def set_streams(scheduler, emit, target: str, draft: str) -> dict:
     report = {"action": "streams", **change, "duration_s": time.monotonic() - started}
     emit("streams", report, report["duration_s"])
     return report
+
+
+def set_mode(scheduler, emit, mode: str, reason: str, identity: dict, drafter_changed: bool = False) -> dict:
+    """Override the policy's mode ('auto' lifts it). A manual change, or a new default drafter, emits a
+    `config` deploy marker carrying the serving identity (`engine.markers.identity`: version, model hash,
+    default drafter) and the mode now in force; an alert's fallback is remediation, not a deploy (a marker
+    there would supersede the one the regression alert compares around)."""
+    scheduler.policy.set_override(mode, reason)
+    detail = {**identity, "mode": mode, "mode_reason": reason}
+    if reason == "manual" or drafter_changed:
+        emit("config", detail, 0.0)
+    return detail

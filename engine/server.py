@@ -47,7 +47,7 @@ from common.http import (
     incoming_started_at,
     openai_error,
 )
-from engine import control
+from engine import control, markers
 from engine.cuda import NoCudaStreams
 from engine.engine import SEED_RANGE, GenerateRequest, GenerateResult, RequestError
 from engine.metrics import EngineMetrics
@@ -120,6 +120,7 @@ class ChatBody(_Common):
 class ModeBody(BaseModel):
     mode: Literal["auto", "speculative", "autoregressive"]
     reason: Literal["manual", "alert"] = "manual"
+    drafter: str | None = Field(default=None, max_length=256)  # the new default drafter (requests naming none)
 
 
 class DraftBody(BaseModel):
@@ -247,7 +248,15 @@ async def _chat_completions(body: ChatBody, request: Request) -> Response:
 
 
 async def _set_mode(body: ModeBody, request: Request) -> dict:
-    request.app.state.scheduler.policy.set_override(body.mode, body.reason)
+    state, name = request.app.state, body.drafter or request.app.state.default_drafter
+    try:
+        spec = request_drafter(name, state.drafters)
+        state.scheduler.engine.check_drafter(spec)
+    except ValueError as exc:  # RequestError included
+        raise OpenAIError(400, str(exc), param="drafter") from None
+    changed, state.default_drafter = name != state.default_drafter, name  # a config event marks the change
+    identity = markers.identity(state.scheduler.engine, name, state.drafters)
+    control.set_mode(state.scheduler, state.emit, body.mode, body.reason, identity, changed)
     return await _state(request)
 
 
