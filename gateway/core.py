@@ -16,6 +16,7 @@ import httpx
 from prometheus_client import CollectorRegistry
 
 from common.http import ControlGuard
+from gateway.markers import UpstreamMarkers
 from gateway.metrics import GatewayMetrics
 from gateway.records import Outcome
 from gateway.routing import Router
@@ -60,6 +61,7 @@ class Gateway:
         self.metrics = GatewayMetrics(self.states, self.registry)
         self.sink.subscribe(RequestRecord, router.observe)
         self.sink.subscribe(RequestRecord, self.metrics.observe)
+        self.markers = UpstreamMarkers(self.sink)  # config events: an upstream's version and speculative config
         self.http: httpx.AsyncClient | None = None
 
     # -- upstream selection --------------------------------------------------------------------
@@ -88,6 +90,7 @@ class Gateway:
         """Health-check and scrape every upstream; an 'upstream' event when any health changed."""
         before = [s.healthy for s in self.states.values()]
         await asyncio.gather(*(self.check(state) for state in self.states.values()))
+        await self.markers.check_all(self.http, self.states.values())
         if before != [s.healthy for s in self.states.values()]:
             self.emit_upstreams()
 
