@@ -28,6 +28,7 @@ from service import (
     routes_cost,
     routes_docs,
     routes_ingest,
+    routes_otlp,
     routes_query,
     routes_report,
     routes_requests,
@@ -72,6 +73,7 @@ def create_app(settings: Settings | None = None, registry: CollectorRegistry | N
     # The documentation routes come from routes_docs, behind the read token like the API.
     app = FastAPI(title="specwatch collector", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.include_router(routes_ingest.router)
+    app.include_router(routes_otlp.router)
     app.include_router(routes_query.router)
     app.include_router(routes_requests.router)
     app.include_router(routes_alerts.router)
