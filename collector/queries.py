@@ -60,12 +60,14 @@ class Filters:
 
     def apply(self, stmt: Select, window: Window, time_index: bool = True) -> Select:
         """Add the window and filter conditions. time_index=False keeps the planner off the
-        started_at index (`started_at + 0`), for queries that narrow rows by id instead."""
+        started_at index (`started_at + 0`) and the instance index (`instance || ''`), for queries
+        that narrow rows by id or walk another index instead."""
         started_at = Request.started_at if time_index else Request.started_at + 0
         cond = [started_at >= window.start, started_at < window.end]
         for column in ("instance", "model", "mode", "arm"):
             if (value := getattr(self, column)) is not None:
-                cond.append(getattr(Request, column) == value)
+                indexed = time_index or column != "instance"
+                cond.append((getattr(Request, column) if indexed else Request.instance + "") == value)
         if self.drafter is not None:
             cond.append(Request.drafter.is_(None) if self.drafter == "none" else Request.drafter == self.drafter)
         cond.extend(Request.tags[key].as_string() == value for key, value in self.tags)

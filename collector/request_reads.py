@@ -38,8 +38,8 @@ def recent_drafted(
 ACCEPTANCE = literal_column(ACCEPTANCE_SQL)  # the expression ix_requests_acceptance indexes, repeated exactly
 SORTS = {"time": Request.started_at, "ttft": Request.ttft_s, "e2e": Request.e2e_s, "acceptance": ACCEPTANCE}
 WHOLE_WINDOW_ROWS = 30_000  # a window this small is read by time and sorted whole
+COUNT_CAP = 100_000  # past this many rows in the window a walk wins anyway: counting stops there
 PROBE_ROWS = 2_000  # the window's latest rows that estimate the filters' share
-SORT_INDEXES = {"ttft": "ix_requests_ttft_s_id", "e2e": "ix_requests_e2e_s_id", "acceptance": "ix_requests_acceptance"}
 FLAGS = ("outlier", "repetition", "collapse", "any")
 STATUSES = ("ok", "error", "cancelled")
 # request_flags is the alerts' table (alerts/tables.py, migration 0012); the collector reads two columns
@@ -137,18 +137,21 @@ def _matching(columns: tuple, window: Window, filters: Filters, q: RequestQuery,
 
 def walk_sort_index(conn: Connection, window: Window, filters: Filters, q: RequestQuery) -> bool:
     """Whether a page reads fewer rows walking the sort's index (skipping rows that fail the filters)
-    than reading the whole window by time and sorting it: rows in the window W; the share f of its
-    latest PROBE_ROWS that pass the filters; a walk reads ~ limit * stored / (f * W) rows."""
+    than reading the whole window by time and sorting it: rows in the window W (at most COUNT_CAP);
+    the share f of its latest PROBE_ROWS that pass the filters; a walk reads ~ limit * stored / (f * W)
+    rows, the window read ~ W."""
     if q.sort == "time":
         return True
     time_range = (Request.started_at >= window.start, Request.started_at < window.end)
-    in_window = conn.scalar(select(func.count()).where(*time_range))
+    counted = select(Request.id).where(*time_range).limit(COUNT_CAP).subquery()  # an index-only count, capped
+    in_window = conn.scalar(select(func.count()).select_from(counted))
     if in_window <= WHOLE_WINDOW_ROWS:
         return False
     latest = select(Request.id).where(*time_range).order_by(Request.started_at.desc()).limit(PROBE_ROWS)
-    probe = _matching((func.count(),), window, filters, q, True).where(Request.id.in_(latest.scalar_subquery()))
+    probe = _matching((func.count(),), window, filters, q, False).where(Request.id.in_(latest.scalar_subquery()))
     share = conn.scalar(probe) / min(PROBE_ROWS, in_window)
-    stored = conn.execute(select(func.max(Request.id) - func.min(Request.id) + 1)).scalar() or 0
+    newest, oldest = (conn.scalar(select(f(Request.id))) for f in (func.max, func.min))  # one each: an index seek
+    stored = newest - oldest + 1
     return q.limit * stored < max(share * in_window, 1.0) * in_window
 
 
@@ -162,8 +165,6 @@ def _listing(window: Window, filters: Filters, q: RequestQuery, walk: bool) -> S
         value, row_id = decode_cursor(q.cursor, q.sort)
         stmt = stmt.where(after < tuple_(value, row_id) if q.descending else after > tuple_(value, row_id))
     order = (key.desc(), Request.id.desc()) if q.descending else (key.asc(), Request.id.asc())
-    if walk and q.sort != "time":  # SQLite would rather take an equality filter's index (instance) and sort
-        stmt = stmt.with_hint(Request, f"INDEXED BY {SORT_INDEXES[q.sort]}", "sqlite")
     return stmt.order_by(*order).limit(q.limit + 1)
 
 
