@@ -41,6 +41,7 @@ def fake_vllm_app() -> Starlette:
 
 def wait_markers(events: list, n: int, timeout_s: float = 10.0) -> list[EngineEvent]:
     deadline = time.monotonic() + timeout_s
+
     def markers() -> list[EngineEvent]:  # the gateway's own config event (its routing) aside
         return [e for e in events if e.kind == "config" and e.detail.get("role") == "upstream"]
 
