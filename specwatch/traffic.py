@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import sys
 import time
@@ -21,6 +22,8 @@ from dataclasses import dataclass, field
 import httpx
 import numpy as np
 
+from common.auth import first_token
+from common.cli import API_KEY_ENV
 from specwatch.workload import PROMPTS
 
 
@@ -137,7 +140,9 @@ async def run_traffic(config: TrafficConfig, progress=sys.stderr, tally: Tally |
         issued += 1
         return rng.choice(config.scenarios)
 
-    async with httpx.AsyncClient(base_url=config.url, timeout=httpx.Timeout(600, connect=10)) as http:
+    key = first_token(os.environ.get(API_KEY_ENV))  # an engine or gateway started with --api-key wants it
+    headers = {"authorization": f"Bearer {key}"} if key else None
+    async with httpx.AsyncClient(base_url=config.url, timeout=httpx.Timeout(600, connect=10), headers=headers) as http:
         reporter = asyncio.create_task(_report_progress(tally, config, progress))
         try:
             if config.rate:
