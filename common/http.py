@@ -76,7 +76,7 @@ class ControlGuard:
     request must carry `Authorization: Bearer <token>` (401). A FastAPI dependency as it stands."""
 
     def __init__(self, token: str | None, server: str) -> None:
-        self.tokens = _key_table(token)
+        self.tokens = TokenTable({token: Grant("admin")}) if token else None  # one token, commas and all
         self.server = server  # who to start with the token: 'engine' | 'gateway'
 
     def __call__(self, request: Request) -> None:
