@@ -237,6 +237,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from engine.scheduler import Scheduler
     from engine.server import create_app
     from engine.shutdown import serve_until_signal
+    from telemetry import spans
     from telemetry.client import TelemetryClient
     from telemetry.sink import TelemetrySink
 
@@ -250,7 +251,7 @@ def run_serve(args: argparse.Namespace) -> int:
         drafters = register_drafters(engine, args.drafters)
     except (ValueError, ModelLoadError) as exc:
         raise UsageError(str(exc)) from exc
-    telemetry = TelemetrySink(args.instance, client)
+    telemetry = TelemetrySink(args.instance, client, spans.RequestSpans.from_env("specwatch-engine"))
     policy = Policy(policy_config, telemetry=telemetry)
     scheduler = Scheduler(engine, scheduler_config, policy, telemetry)
     cold_start = {"model": engine.target.name, "from_cache": engine.target.from_cache}
@@ -262,7 +263,7 @@ def run_serve(args: argparse.Namespace) -> int:
         sampler.start()
     print(
         f"engine: {engine.target.name} ({engine.target.dtype}) on http://{args.host}:{args.port}/v1, "
-        f"telemetry -> {args.collector or 'off'}",
+        f"telemetry -> {args.collector or 'off'}, spans -> {spans.endpoint() if telemetry.spans else 'off'}",
         file=sys.stderr,
         flush=True,
     )

@@ -17,7 +17,8 @@ prompt that does not fit the context has code `context_length_exceeded`.
 
 A request's `x-request-id` header (a gateway's, or a client's idempotency key) becomes its record's
 `request_id`, and with it `x-specwatch-started-at` the record's `started_at`, so that a gateway's record
-and this engine's of one request are one row at the collector (docs/gateway.md).
+and this engine's of one request are one row at the collector (docs/gateway.md). With spans on
+(docs/otlp.md, "Spans out") each request that runs gets a span, a child of its `traceparent`.
 """
 
 from __future__ import annotations
@@ -191,6 +192,7 @@ def create_app(
         scheduler.start()
         yield
         scheduler.stop()
+        scheduler.telemetry.close_spans()
 
     app = FastAPI(title="specwatch engine", lifespan=lifespan, exception_handlers=ERROR_HANDLERS)
     if api_key:
@@ -303,13 +305,17 @@ async def _serve(request: Request, body: _Common, content: dict, chat: bool) -> 
         return openai_error(400, f"{unsupported}: not supported by this engine", param=unsupported)
     if "drafter" not in body.model_fields_set:  # the server's default: 'none' makes a plain upstream for a gateway
         body.drafter = request.app.state.default_drafter
+    identity = RequestIdentity.of(request)
+    scheduler.telemetry.begin_span(identity.request_id, request.headers, request.url.path, dict(body))
     try:
-        generate = body.generate_request(request.app.state.drafters, RequestIdentity.of(request), **content)
+        generate = body.generate_request(request.app.state.drafters, identity, **content)
         scheduler.engine.check_drafter(generate.drafter)
         ticket = scheduler.submit(generate, asyncio.get_running_loop())
     except ValueError as exc:
+        scheduler.telemetry.drop_span(identity.request_id)  # refused before it ran: no record ends its span
         return openai_error(400, str(exc), param=getattr(exc, "param", None), code=getattr(exc, "code", None))
     except Overloaded as exc:
+        scheduler.telemetry.drop_span(identity.request_id)  # refused before it ran: no record ends its span
         return openai_error(429, str(exc), headers={"Retry-After": str(exc.retry_after_s)})
     frame = _Frame(request.app.state.model_name, chat, len(ticket.prompt_ids))
     if body.stream:

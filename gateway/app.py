@@ -55,6 +55,7 @@ async def _lifespan(app: Starlette):
             watcher.cancel()
             if gateway.sink.client is not None:
                 await asyncio.to_thread(gateway.sink.client.flush, 5.0)
+            await asyncio.to_thread(gateway.sink.close_spans)
 
 
 async def _models(request: Request) -> Response:

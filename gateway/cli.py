@@ -51,6 +51,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from gateway.core import Gateway, GatewaySettings
     from gateway.routing import Router, RoutingConfig
     from gateway.upstreams import check_upstreams, parse_upstream
+    from telemetry import spans
     from telemetry.client import TelemetryClient
     from telemetry.sink import TelemetrySink
 
@@ -69,10 +70,12 @@ def run_serve(args: argparse.Namespace) -> int:
         client = TelemetryClient(args.collector, args.spool_dir, args.collector_token) if args.collector else None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    gateway = Gateway(upstreams, Router(config), settings, TelemetrySink(settings.name, client))
+    sink = TelemetrySink(settings.name, client, spans.RequestSpans.from_env("specwatch-gateway"))
+    gateway = Gateway(upstreams, Router(config), settings, sink)
     pools = ", ".join(f"{u.name}={u.url} ({u.pool}{', ' + u.drafter if u.drafter else ''})" for u in upstreams)
     print(
-        f"gateway: http://{args.host}:{args.port}/v1 -> {pools}; telemetry -> {args.collector or 'off'}",
+        f"gateway: http://{args.host}:{args.port}/v1 -> {pools}; telemetry -> {args.collector or 'off'}, "
+        f"spans -> {spans.endpoint() if sink.spans else 'off'}",
         file=sys.stderr,
     )
     try:

@@ -10,7 +10,9 @@ health checks decide (gateway.core.Gateway.check).
 
 The upstream gets the request's id as `x-request-id` (the client's own when it sent a valid one)
 and the gateway's arrival time as `x-specwatch-started-at`: our engine records the request under
-both, so its record and the gateway's are one row at the collector (docs/gateway.md).
+both, so its record and the gateway's are one row at the collector (docs/gateway.md). With spans on
+(docs/otlp.md, "Spans out") it gets the `traceparent` of the gateway's span for the request, so the
+engine's span is its child; else the client's, unchanged.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ async def proxy(request: Request) -> Response:
         body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
         raw = orjson.dumps(body)
     outcome = _admit(gateway, request, body, started_at)
-    sent = await _send(gateway, request, raw, outcome, t0)
+    sent = await _send(gateway, request, raw, outcome, t0, _forwarded(gateway, request, body, outcome))
     if isinstance(sent, Response):
         return sent
     response, state = sent
@@ -77,12 +79,19 @@ def _admit(gateway: Gateway, request: Request, body: dict, started_at: float) ->
     )
 
 
-async def _send(gateway: Gateway, request: Request, raw: bytes, outcome: Outcome, t0: float):
-    """(response, upstream) from the first upstream that answers; failover to the other pool
-    when this one has none left. A Response (503, 502, 504) when none could answer."""
-    tried: set[str] = set()
+def _forwarded(gateway: Gateway, request: Request, body: dict, outcome: Outcome) -> dict[str, str]:
+    """The client's headers an upstream gets. With spans on (telemetry.spans) the request's span begins
+    here, a child of the client's `traceparent`, and the upstream gets this span's traceparent instead."""
     headers = {k: v for k in FORWARDED_HEADERS if (v := request.headers.get(k))}
-    headers |= {REQUEST_ID_HEADER: outcome.request_id, STARTED_AT_HEADER: repr(outcome.started_at)}
+    return headers | gateway.sink.begin_span(outcome.request_id, request.headers, request.url.path, body)
+
+
+async def _send(gateway: Gateway, request: Request, raw: bytes, outcome: Outcome, t0: float, headers: dict):
+    """(response, upstream) from the first upstream that answers; failover to the other pool
+    when this one has none left. A Response (503, 502, 504) when none could answer. `headers`: the
+    client's headers it forwards (`_forwarded`)."""
+    tried: set[str] = set()
+    headers = headers | {REQUEST_ID_HEADER: outcome.request_id, STARTED_AT_HEADER: repr(outcome.started_at)}
     authorization = {"authorization": v} if (v := request.headers.get("authorization")) else {}
     while (state := _next_upstream(gateway, outcome, tried)) is not None:
         upstream_request = gateway.http.build_request(

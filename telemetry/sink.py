@@ -1,6 +1,7 @@
 """A producer's one telemetry sink. In the engine the scheduler hands it request records, the device
 sampler samples, the policy and the control actions events; in the gateway the proxy hands it a
-record per request and the gateway its config and upstream-health events.
+record per request and the gateway its config and upstream-health events. With spans on, each
+request record also ends that request's OpenTelemetry span (telemetry.spans).
 
 Each item goes to the collector's `TelemetryClient` when one is configured and to local
 consumers (the Prometheus metrics, a test's list). Consumers run on the producer's thread, so
@@ -13,11 +14,12 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 from telemetry.client import TelemetryClient
 from telemetry.schema import DeviceSample, EngineEvent, RequestRecord
+from telemetry.spans import RequestSpans, operation, request_attributes
 
 log = logging.getLogger("specwatch.telemetry")
 
@@ -25,7 +27,11 @@ Item = TypeVar("Item", RequestRecord, DeviceSample, EngineEvent)
 
 
 class TelemetrySink:
-    def __init__(self, instance: str | None = None, client: TelemetryClient | None = None) -> None:
+    """`spans`: one OpenTelemetry span per request (telemetry.spans; None: off), ended as its record comes."""
+
+    def __init__(
+        self, instance: str | None = None, client: TelemetryClient | None = None, spans: RequestSpans | None = None
+    ) -> None:
         self.instance = instance or socket.gethostname()  # the `instance` of its events (and of the engine's samples)
         self.client = client  # for /metrics: whether its deliveries are refused, what waits in its spool
         self._consumers: dict[type, list[Callable]] = {RequestRecord: [], DeviceSample: [], EngineEvent: []}
@@ -33,9 +39,29 @@ class TelemetrySink:
             self.subscribe(RequestRecord, client.submit_request)
             self.subscribe(DeviceSample, client.submit_sample)
             self.subscribe(EngineEvent, client.submit_event)
+        self.spans = spans  # the servers begin a request's span when it arrives (RequestSpans.begin)
+        if spans is not None:
+            self.subscribe(RequestRecord, spans.finish)
 
     def subscribe(self, kind: type[Item], consumer: Callable[[Item], None]) -> None:
         self._consumers[kind].append(consumer)
+
+    def begin_span(self, request_id: str, headers: Mapping[str, str], path: str, body: Mapping) -> dict[str, str]:
+        """With spans on, start the request's span (RequestSpans.begin; `path`: its OpenAI route, `body`: its
+        JSON body) and return the trace headers that make an upstream's span its child; else {}."""
+        if self.spans is None:
+            return {}
+        return self.spans.begin(request_id, headers, request_attributes(operation(path), body))
+
+    def drop_span(self, request_id: str) -> None:
+        """Forget the span of a request refused before it ran (no record will end it)."""
+        if self.spans is not None:
+            self.spans.drop(request_id)
+
+    def close_spans(self) -> None:
+        """Export the spans still queued (at the server's exit)."""
+        if self.spans is not None:
+            self.spans.shutdown()
 
     def emit(self, kind: str, detail: dict, duration_s: float | None = None) -> None:
         """An EngineEvent of this instance, now (the `emit` the control actions take)."""
