@@ -23,6 +23,7 @@ from gateway.upstreams import parse_upstream
 from telemetry.client import TelemetryClient
 from telemetry.schema import RequestRecord
 from telemetry.sink import TelemetrySink
+from telemetry.spans import RequestSpans
 
 
 class GatewayServer(ThreadServer):
@@ -35,10 +36,11 @@ class GatewayServer(ThreadServer):
         routing: RoutingConfig = RoutingConfig(),
         telemetry: TelemetryClient | None = None,
         seed: int | None = 0,
+        spans: RequestSpans | None = None,
         **settings,
     ) -> None:
         settings = GatewaySettings(**{"health_interval_s": 0.2, **settings})
-        sink = TelemetrySink(settings.name, telemetry)
+        sink = TelemetrySink(settings.name, telemetry, spans)
         self.gateway = Gateway([parse_upstream(u) for u in upstreams], Router(routing, seed), settings, sink)
         self.records: list[RequestRecord] = []
         sink.subscribe(RequestRecord, self.records.append)
