@@ -17,8 +17,10 @@ Upstreams (default: instant, then engine):
     Its run-to-run noise on a small CPU machine (~ms) is larger than the 2 ms goal.
   * a URL   - any running OpenAI-compatible server (e.g. vLLM), its first /v1/models entry.
 
-Each upstream gets two gateways in front of it: one without telemetry and one sending a RequestRecord
-per request to a real collector (`specwatch collector serve`, temporary SQLite) started here. A round
+Each upstream gets three gateways in front of it: one without telemetry, one sending a RequestRecord
+per request to a real collector (`specwatch collector serve`, temporary SQLite) started here, and one
+with spans on (telemetry.spans: OTEL_EXPORTER_OTLP_ENDPOINT set) exporting a span per request over
+OTLP/HTTP protobuf to a local receiver (an instant server's /v1/traces, which counts and drops them). A round
 sends the same request set (--requests requests by --concurrency workers, one httpx.AsyncClient per
 target in this process) directly, through the gateway and through the gateway with telemetry, in an
 order that rotates from round to round; round 0 (2 x concurrency requests) warms up and is discarded.
@@ -56,8 +58,9 @@ from common import procs  # noqa: E402
 
 GOAL_OVERHEAD_MS = 2.0
 GOAL_THROUGHPUT = 0.95
-TARGETS = ("direct", "gateway", "gateway+telemetry")
-ISOLATED_ENV = ("SPECWATCH_COLLECTOR_URL", "SPECWATCH_INGEST_TOKEN", "SPECWATCH_CONTROL_TOKEN")
+TARGETS = ("direct", "gateway", "gateway+telemetry", "gateway+spans")
+SPAN_VARIABLES = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+ISOLATED_ENV = ("SPECWATCH_COLLECTOR_URL", "SPECWATCH_INGEST_TOKEN", "SPECWATCH_CONTROL_TOKEN", *SPAN_VARIABLES)
 PROMPT = "Repeat after me: the quick brown fox jumps over the lazy dog."
 
 
@@ -120,6 +123,16 @@ def instant_app(chunks: int):
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
+    received = 0
+
+    async def traces(request):  # an OTLP/HTTP receiver that counts the spans and drops them
+        nonlocal received
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+        export = ExportTraceServiceRequest.FromString(await request.body())
+        received += sum(len(s.spans) for r in export.resource_spans for s in r.scope_spans)
+        return Response(b"", media_type="application/x-protobuf")
+
     def gauges(request):
         text = f"vllm:num_requests_running {running}\nvllm:num_requests_waiting 0\n"
         return Response(text, media_type="text/plain")
@@ -128,6 +141,8 @@ def instant_app(chunks: int):
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/health", lambda request: Response(b""), methods=["GET"]),
         Route("/metrics", gauges, methods=["GET"]),
+        Route("/v1/traces", traces, methods=["POST"]),
+        Route("/v1/traces/received", lambda request: Response(orjson.dumps(received)), methods=["GET"]),
         Route("/v1/models", lambda request: Response(orjson.dumps({"data": [{"id": "instant"}]})), methods=["GET"]),
     ]
     return Starlette(routes=routes)
@@ -150,8 +165,10 @@ class Services:
     gateway_cpu: int | None = None  # pin the gateways to this core (everything else runs on the others)
     processes: list = field(default_factory=list)
 
-    def start(self, name: str, cmd: list[str], ready_path: str, port: int, timeout_s: float = 60.0) -> str:
-        env = {k: v for k, v in procs.child_env().items() if k not in ISOLATED_ENV}
+    spans_url: str = ""  # the OTLP/HTTP receiver of the gateway with spans on
+
+    def start(self, name: str, cmd: list[str], ready_path: str, port: int, timeout_s: float = 60.0, **env) -> str:
+        env = {k: v for k, v in procs.child_env().items() if k not in ISOLATED_ENV} | env
         url = f"http://127.0.0.1:{port}"
         log = self.workdir / f"{name}.log"
         process = procs.start_service(name, cmd, env, log, url + ready_path, timeout_s)
@@ -171,18 +188,15 @@ class Services:
             procs.stop_process(process, timeout_s=15)
 
 
+def start_instant(services: Services, name: str, chunks: int) -> str:
+    port = procs.free_port()
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--serve-instant", str(port), "--chunks", str(chunks)]
+    return services.start(name, cmd, "/health", port)
+
+
 def start_upstream(services: Services, kind: str, args) -> str:
     if kind == "instant":
-        port = procs.free_port()
-        cmd = [
-            sys.executable,
-            str(Path(__file__).resolve()),
-            "--serve-instant",
-            str(port),
-            "--chunks",
-            str(args.chunks),
-        ]
-        return services.start("instant", cmd, "/health", port)
+        return start_instant(services, "instant", args.chunks)
     if kind == "engine":
         port = procs.free_port()
         cmd = procs.specwatch_command(
@@ -193,17 +207,22 @@ def start_upstream(services: Services, kind: str, args) -> str:
 
 
 def start_gateways(services: Services, kind: str, upstream_url: str, collector_url: str) -> dict[str, str]:
-    """Two gateways in front of the upstream: without telemetry, and with it to the collector."""
+    """Three gateways in front of the upstream: without telemetry, with it to the collector, with spans on."""
     spec = ",drafter=ngram,gamma=4" if kind == "instant" else ""  # instant's metrics carry an n-gram histogram
     urls = {"direct": upstream_url}
-    for target, telemetry in (("gateway", []), ("gateway+telemetry", ["--collector", collector_url])):
+    spans = {"OTEL_EXPORTER_OTLP_ENDPOINT": services.spans_url}
+    for target, telemetry, env in (
+        ("gateway", [], {}),
+        ("gateway+telemetry", ["--collector", collector_url], {}),
+        ("gateway+spans", [], spans),
+    ):
         port = procs.free_port()
-        name = f"gateway-{kind_label(kind)}" + ("-telemetry" if telemetry else "")
+        name = f"gateway-{kind_label(kind)}" + target.removeprefix("gateway").replace("+", "-")
         cmd = procs.specwatch_command(
             "gateway", "serve", "--upstream", f"up={upstream_url}{spec}", "--port", str(port), *telemetry,
             "--spool-dir", str(services.workdir / f"{name}-spool"),
         )  # fmt: skip
-        urls[target] = services.start(name, cmd, "/health", port)
+        urls[target] = services.start(name, cmd, "/health", port, **env)
     return urls
 
 
@@ -403,7 +422,7 @@ def run_upstream(kind: str, services: Services, collector_url: str, args) -> tup
     for name in [n for n, _ in services.processes if n.startswith("gateway-") or n == kind]:
         services.stop(name)  # the gateways flush their telemetry on SIGTERM
     per_cell = [args.rounds * args.requests + min(args.requests, 2 * c) for c in args.concurrency]
-    return rows, rounds, 2 * sum(per_cell)
+    return rows, rounds, 2 * sum(per_cell)  # per gateway: whole and stream cells
 
 
 # -- report ------------------------------------------------------------------------------------------------------
@@ -451,6 +470,7 @@ def report(rows: list[dict], rounds: dict, telemetry: dict, load: dict, path: Pa
         f"telemetry: {telemetry['stored']} RequestRecords stored by the collector of {telemetry['sent']} "
         "sent through the telemetry gateway"
     )
+    print(f"spans: {telemetry['spans_received']} received over OTLP/HTTP of {telemetry['sent']} requests sent")
     print(
         f"machine: {os.cpu_count()} CPUs, {load['placement']}; "
         f"1-min load average {load['start']:.1f} at start, {load['end']:.1f} at end"
@@ -539,16 +559,18 @@ def main() -> int:
                 "/readyz",
                 port,
             )
-            print(f"collector {collector} (SQLite {db}); 2 gateways per upstream: telemetry off, and on to it")
+            services.spans_url = start_instant(services, "otlp-receiver", 1)
+            print(f"collector {collector} (SQLite {db}), OTLP receiver {services.spans_url}; 3 gateways per upstream")
             for kind in kinds:
                 kind_rows, kind_rounds, kind_sent = run_upstream(kind, services, collector, with_defaults(args, kind))
                 rows, sent = rows + kind_rows, sent + kind_sent
                 rounds[upstream_label(kind)] = kind_rounds
             stored = stored_records(db, sent)
+            spans = httpx.get(services.spans_url + "/v1/traces/received", timeout=10).json()
         finally:
             services.stop_all()
     load["end"] = os.getloadavg()[0]
-    report(rows, rounds, {"sent": sent, "stored": stored}, load, args.json)
+    report(rows, rounds, {"sent": sent, "stored": stored, "spans_received": spans}, load, args.json)
     return 0
 
 
