@@ -12,6 +12,14 @@ that drafted at least `min_drafted_tokens`:
   drafter copies from its own output (no text is stored, only the counts);
 - `collapse`: x <= `collapse_acceptance` where the series' median is >= `collapse_min_median`
   (a drafter that usually works suddenly accepts nothing).
+
+A drafter switched in at a deploy marker starts a new series, whose own median knows nothing of what
+the instance did before. So `collapse` is also judged against the instance and model's baseline in the
+window before its latest `config` marker (`MarkerBaseline`): a request started after the marker (within
+the window) with x <= `collapse_acceptance`, whose drafter the baseline never served, while the
+baseline's median is >= `collapse_min_median` over >= `baseline_min_requests` requests. Drafters the
+baseline already served (an `auto` policy or a bandit serving several side by side) are judged only in
+their own series, so serving a weak drafter next to a good one flags nothing.
 """
 
 from __future__ import annotations
@@ -32,6 +40,37 @@ class Flag:
     flag: str
     expected: float  # the series' median acceptance
     detail: dict
+
+
+@dataclass(frozen=True)
+class MarkerBaseline:
+    """An instance and model's drafted requests in the window [start, marker_at) before its latest marker."""
+
+    marker_at: float
+    until: float  # the end of the window after the marker that is judged against this baseline
+    drafters: frozenset[str | None]
+    median: float
+    n: int
+
+
+def marker_baseline(marker_at: float, side: float, before: list[DraftedRequest]) -> MarkerBaseline | None:
+    if not before:
+        return None
+    median = float(np.median([r.acceptance for r in before]))
+    return MarkerBaseline(marker_at, marker_at + side, frozenset(r.drafter for r in before), median, len(before))
+
+
+def new_drafter_collapse(r: DraftedRequest, base: MarkerBaseline, s: AnomalySettings) -> Flag | None:
+    """`collapse` of a request whose drafter is new since the marker, against the instance's baseline."""
+    if not (base.marker_at <= r.started_at < base.until) or r.drafter in base.drafters:
+        return None
+    if r.drafted < s.min_drafted_tokens or r.acceptance > s.collapse_acceptance:
+        return None
+    if base.n < s.baseline_min_requests or base.median < s.collapse_min_median:
+        return None
+    drafters = sorted(d or "none" for d in base.drafters)
+    detail = {"baseline": "before marker", "baseline_median": round(base.median, 3), "baseline_drafters": drafters}
+    return Flag(r, "collapse", base.median, detail | {"marker_at": base.marker_at, "n_baseline": base.n})
 
 
 def flat_positions(per_position: tuple[int, ...]) -> bool:

@@ -4,6 +4,10 @@
 A series is the drift detector's (`alerts.baselines.series_labels`: model, drafter, instance, tag). A new
 request is judged with the other new requests of its series and the series' last `history` requests
 before them (`collector.request_reads.recent_drafted`), so a flag needs no warm state in memory.
+A request started after its instance's latest deploy marker, with a drafter new since then, is also
+judged against the instance and model's requests in the regression's `side` before the marker
+(`alerts.anomalies.new_drafter_collapse`): one read per (instance, model) and pass, only when such a
+request is new.
 """
 
 from __future__ import annotations
@@ -13,13 +17,15 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, Engine, delete, insert
 
-from alerts.anomalies import Flag, flag
+from alerts.anomalies import Flag, MarkerBaseline, flag, marker_baseline, new_drafter_collapse
 from alerts.baselines import series_labels
 from alerts.detector_settings import DetectorSettings
 from alerts.detector_store import Labels, cursor, save_cursor
+from alerts.regression import latest_markers
 from alerts.tables import request_flags
 from collector.db import write_transaction
-from collector.detector_reads import DraftedRequest, cursor_start, drafted_since
+from collector.detector_reads import DraftedRequest, Marker, cursor_start, drafted_since, instance_drafted
+from collector.queries import Window
 from collector.request_reads import recent_drafted
 
 KIND = "anomalies"
@@ -48,6 +54,32 @@ def with_history(engine: Engine, labels: Labels, new: list[DraftedRequest], sett
     key = (first.instance, first.model, first.drafter)
     older = recent_drafted(engine, key, first.id, s.history, s.min_drafted_tokens)
     return [r for r in older if series_labels(r, settings.drift) == labels] + new
+
+
+def read_baseline(engine: Engine, marker: Marker, model: str, settings: DetectorSettings) -> MarkerBaseline | None:
+    """The instance and model's drafted requests in the `side` before the marker."""
+    side, floor = settings.regression.side, settings.anomalies.min_drafted_tokens
+    before = instance_drafted(engine, marker.instance, Window(marker.at - side, marker.at), floor)
+    return marker_baseline(marker.at, side, [r for r in before if r.model == model])
+
+
+def marker_flags(engine: Engine, new: list[DraftedRequest], done: list[Flag], settings, now: float) -> list[Flag]:
+    """`collapse` of new requests whose drafter is new since their instance's latest marker."""
+    collapsed = {f.request.request_id for f in done if f.flag == "collapse"}
+    markers = {m.instance: m for m, _ in latest_markers(engine, settings.regression, now)} if new else {}
+    candidates = [
+        r
+        for r in new
+        if r.instance in markers and r.started_at >= markers[r.instance].at and r.request_id not in collapsed
+    ]
+    baselines, found = {}, []
+    for r in candidates:
+        key = (r.instance, r.model)
+        if key not in baselines:
+            baselines[key] = read_baseline(engine, markers[r.instance], r.model, settings)
+        hit = baselines[key] and new_drafter_collapse(r, baselines[key], settings.anomalies)
+        found += [hit] if hit else []
+    return found
 
 
 def flag_rows(flags: list[Flag], now: float) -> list[dict]:
@@ -87,6 +119,7 @@ def run_pass(engine: Engine, settings: DetectorSettings, now: float) -> AnomalyP
     for labels, new in series.items():
         population = {labels: with_history(engine, labels, new, settings)}
         flags += flag(population, {r.request_id for r in new}, settings.anomalies)
+    flags += marker_flags(engine, [r for new in series.values() for r in new], flags, settings, now)
     with write_transaction(engine) as conn:
         save_flags(conn, flag_rows(flags, now))
         save_cursor(conn, KIND, last)

@@ -51,6 +51,9 @@ class AnomalySettings(_Strict):
     collapse_acceptance: float = Field(default=0.05, ge=0, lt=1)
     collapse_min_median: float = Field(default=0.3, gt=0, le=1)  # "a drafter that usually works"
     history: int = Field(default=1000, ge=0)  # a series' recent requests a new one is judged with
+    # `collapse` of a drafter new at a marker: the instance and model's requests in the regression's `side`
+    # before its latest config marker are the baseline; it needs this many
+    baseline_min_requests: int = Field(default=30, ge=2)
 
 
 class DetectorSettings(_Strict):

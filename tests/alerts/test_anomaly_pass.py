@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from collector_payloads import T0, request_dict
+from collector_payloads import T0, event_dict, request_dict
 from sqlalchemy import select
 
 from alerts.anomaly_pass import run_pass
@@ -67,3 +67,40 @@ def test_history_is_per_series(engine, other, flagged):
     run_pass(engine, CONFIG.detectors, T0 + 40)
     ingest(engine, [record(30, 1, **other)])  # another series has no history: too small to judge
     assert run_pass(engine, CONFIG.detectors, T0 + 50).flagged == flagged
+
+
+def marker(at: float, drafter: str) -> dict:
+    return event_dict(0, at=at, kind="config", detail={"drafter": drafter})
+
+
+def served(first: int, n: int, drafters: tuple[str, ...], acceptance: dict[str, int]) -> list[dict]:
+    """`n` requests from index `first`, drafters in turn, `acceptance[drafter]` of 16 tokens accepted."""
+    picked = [drafters[i % len(drafters)] for i in range(n)]
+    return [record(first + i, acceptance[d], drafter=d) for i, d in enumerate(picked)]
+
+
+ACCEPTED = {"ngram": 15, "suffix": 13, "early-exit:4": 0}
+MARKER_CONFIG = parse_config(
+    {"rules": [], "receivers": [], "detectors": {"anomalies": {"min_series_requests": 20, "baseline_min_requests": 20}}}
+)
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "flagged"),
+    [
+        (("ngram",), ("early-exit:4",), 20),  # the switch: every new-drafter request at ~0
+        (("ngram",), ("ngram", "early-exit:4"), 10),  # the early exit added beside the n-gram drafter
+        (("ngram", "early-exit:4"), ("ngram", "early-exit:4"), 0),  # side by side before and after: nothing
+        (("ngram",), ("suffix",), 0),  # another drafter that works
+    ],
+)
+def test_collapse_of_a_drafter_new_since_the_marker(engine, before, after, flagged):
+    Store(engine).insert(
+        IngestBatch.model_validate(
+            {"requests": served(0, 40, before, ACCEPTED), "samples": [], "events": [marker(T0 + 40, after[-1])]}
+        )
+    )
+    run_pass(engine, MARKER_CONFIG.detectors, T0 + 41)
+    ingest(engine, served(40, 20, after, ACCEPTED))
+    assert run_pass(engine, MARKER_CONFIG.detectors, T0 + 70).flagged == flagged
+    assert {f[1] for f in flags(engine)} <= {"collapse"} and len(flags(engine)) == flagged
