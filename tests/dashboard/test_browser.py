@@ -13,25 +13,24 @@ the module is skipped without them. No browser is downloaded (`playwright instal
 
 from __future__ import annotations
 
-import contextlib
-import subprocess
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-
-CHROMIUM = Path("/usr/bin/chromium")
-if not CHROMIUM.exists():
-    pytest.skip(f"Chromium not found at {CHROMIUM}: apt-get install chromium", allow_module_level=True)
-sync_api = pytest.importorskip(
-    "playwright.sync_api", reason="the playwright package is not installed: pip install -e '.[dev]'"
+from browser_harness import (
+    VIEWPORT,
+    browser_missing,
+    chromium,
+    dashboard,
+    full_page_screenshot,
+    settle,
+    sidebar_filters,
 )
 
-from common.procs import free_port  # noqa: E402
-from dashboard.launch import start_dashboard  # noqa: E402
+if reason := browser_missing():
+    pytest.skip(reason, allow_module_level=True)
+from playwright import sync_api  # noqa: E402
 
 SCREENSHOTS = Path(__file__).resolve().parents[1] / "artifacts" / "screenshots"
-VIEWPORT = {"width": 1440, "height": 900}
 METRIC = '[data-testid="stMetricValue"]'
 # page → (URL path, what shows it has rendered its content: a metric where the page has any, else its title).
 # The default page is served at `/` only: st.navigation answers /overview with "Page not found".
@@ -43,17 +42,14 @@ PAGES = {
     "alerts": ("alerts", METRIC),
     "cost": ("cost", METRIC),
     "sources": ("sources", "h1"),
+    "requests": ("requests", '[data-testid="stDataFrame"]'),
 }
 
 
 @pytest.fixture(scope="module")
 def browser():
-    with sync_api.sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
-        try:
-            yield chromium
-        finally:
-            chromium.close()
+    with chromium() as launched:
+        yield launched
 
 
 @pytest.fixture(scope="module")
@@ -67,26 +63,6 @@ def dashboard_url(live_collector, browser, tmp_path_factory):
         finally:
             context.close()
         yield url
-
-
-@contextmanager
-def dashboard(collector_url: str, log: Path):
-    port = free_port()
-    process = start_dashboard(port, collector_url, log)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
-
-
-def sidebar_filters(page):
-    """The global filters app.py draws in the sidebar before running the page."""
-    return page.get_by_test_id("stSidebar").get_by_text("Time window", exact=True)
 
 
 @pytest.mark.parametrize("name", list(PAGES))
@@ -129,30 +105,3 @@ def test_deep_link_on_a_fresh_server(browser, live_collector, tmp_path):
                 ) from None
         finally:
             context.close()
-
-
-def settle(page) -> None:
-    """Until the script run is over and the charts are drawn (or a short timeout: the checks still run)."""
-    with contextlib.suppress(sync_api.TimeoutError):  # the websocket stays open; idle is best effort
-        page.wait_for_load_state("networkidle", timeout=10_000)
-    with contextlib.suppress(sync_api.TimeoutError):  # "Running..." in the top bar while the script runs
-        page.locator('[data-testid="stStatusWidget"]').wait_for(state="detached", timeout=15_000)
-    with contextlib.suppress(sync_api.TimeoutError):  # Vega charts render into a canvas or svg once their data arrived
-        page.wait_for_function(
-            """() => [...document.querySelectorAll('[data-testid="stVegaLiteChart"]')]
-                                         .every(c => c.querySelector('canvas, svg'))""",
-            timeout=10_000,
-        )
-    page.wait_for_timeout(750)
-
-
-def full_page_screenshot(page, path: Path) -> None:
-    """Streamlit scrolls inside its own container, so `full_page` alone would give one screen:
-    grow the viewport to the content's height first."""
-    height = page.evaluate("""() => Math.max(document.body.scrollHeight,
-        ...[...document.querySelectorAll('[data-testid="stMain"], [data-testid="stAppViewContainer"], section.main')]
-           .map(e => e.scrollHeight))""")
-    if height > VIEWPORT["height"]:
-        page.set_viewport_size({"width": VIEWPORT["width"], "height": min(int(height) + 40, 8000)})
-        page.wait_for_timeout(500)
-    page.screenshot(path=str(path), full_page=True)
