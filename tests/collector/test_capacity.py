@@ -9,6 +9,7 @@ import pytest
 from collector_payloads import T0, request_dict
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
+from waiting import wait_for
 
 from collector.capacity import CapacityRules, Served, estimate, upstream_capacity
 from collector.metrics import CAPACITY, CapacityGauge
@@ -77,6 +78,10 @@ def test_the_gauge_reads_each_upstream_from_the_store_on_a_fresh_registry(engine
 def test_the_leader_exports_the_gauge_on_metrics(client):
     now = time.time()
     assert client.post("/v1/ingest", json={"requests": records(now)}).status_code == 200
-    families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
+
+    def exported() -> dict:  # leader-only: on PostgreSQL the replica takes the lead a moment after start
+        return {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
+
+    families = wait_for(lambda: (f := exported()).get(CAPACITY) and f[CAPACITY].samples and f, "the gauge", timeout=30)
     values = {s.labels["upstream"]: s.value for s in families[CAPACITY].samples}
     assert values == pytest.approx({"vllm-a": 256.0, "vllm-b": 128.0}, rel=1e-6)

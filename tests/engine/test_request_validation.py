@@ -18,6 +18,7 @@ from waiting import wait_for
 import engine.engine
 from common.procs import SOURCE_ROOT
 from engine.cli import register_drafters
+from engine.lookahead import CostCurve
 from engine.policy import PolicyConfig
 from engine.scheduler import SchedulerConfig
 from telemetry.schema import RequestRecord
@@ -221,7 +222,10 @@ def restore_drafters(bundled_engine):
     bundled_engine._draft_models = draft_models
 
 
-def test_a_registered_drafter_is_chosen_by_name(bundled_engine, tiny_draft_dir, restore_drafters):
+def test_a_registered_drafter_is_chosen_by_name(bundled_engine, tiny_draft_dir, restore_drafters, monkeypatch):
+    # a fresh step-cost curve, as a new engine has: the cost lookahead then drafts to measure, where the
+    # shared engine's curve, filled by earlier tests, may already say drafting does not pay at 4 tokens
+    monkeypatch.setattr(bundled_engine, "step_costs", CostCurve())
     drafters = register_drafters(bundled_engine, [f"tiny=model:{tiny_draft_dir}"])
     assert drafters == {"tiny": f"model:{tiny_draft_dir}"}
     with Server(bundled_engine, drafters=drafters) as running:
