@@ -32,7 +32,7 @@ from collector.aggregates import LABELS
 from collector.models import Request
 from collector.queries import Filters, Signals, Window
 from collector.series import SeriesPoint
-from collector.totals import EMPTY, Totals, ratio
+from collector.totals import EMPTY, Totals, draft_fields
 
 
 def tier(window: Window, filters: Filters) -> str:
@@ -155,13 +155,7 @@ def _point(t: float, totals: Totals) -> SeriesPoint:
         requests=totals.requests,
         errors=int(s["errors"]),
         output_tokens=int(s["output_tokens"]),
-        drafts=int(s["drafts"]),
-        draft_tokens=int(s["draft_tokens"]),
-        accepted_tokens=int(s["accepted_tokens"]),
-        acceptance_rate=ratio(s["accepted_tokens"], s["draft_tokens"]),
-        acceptance_rate_mean=totals.acceptance_mean(),
-        acceptance_rate_stddev=totals.acceptance_stddev(),
-        mean_acceptance_length=None if not s["drafts"] else 1.0 + s["accepted_tokens"] / s["drafts"],
+        **draft_fields(totals),
         ttft_p50=ttft.p50,
         ttft_p99=ttft.p99,
         e2e_p50=e2e.p50,

@@ -75,6 +75,20 @@ def ratio(num: float, den: float) -> float | None:
     return num / den if den else None
 
 
+def draft_fields(totals: Totals) -> dict:
+    """The draft counts and the acceptance derived from them, as `Signals` and `SeriesPoint` name them."""
+    s = totals.sums
+    return {
+        "drafts": int(s["drafts"]),
+        "draft_tokens": int(s["draft_tokens"]),
+        "accepted_tokens": int(s["accepted_tokens"]),
+        "acceptance_rate": ratio(s["accepted_tokens"], s["draft_tokens"]),
+        "acceptance_rate_mean": totals.acceptance_mean(),
+        "acceptance_rate_stddev": totals.acceptance_stddev(),
+        "mean_acceptance_length": None if not s["drafts"] else 1.0 + s["accepted_tokens"] / s["drafts"],
+    }
+
+
 def signals_from(window: Window, totals: Totals) -> Signals:
     """The window's `Signals` from its totals (every tier; percentiles from the merged sketches)."""
     s = totals.sums
@@ -87,13 +101,7 @@ def signals_from(window: Window, totals: Totals) -> Signals:
         active_s=totals.active_s(window),
         request_rate_per_s=totals.rate("requests", window),
         output_tokens_per_s=totals.rate("output_tokens", window),
-        drafts=int(s["drafts"]),
-        draft_tokens=int(s["draft_tokens"]),
-        accepted_tokens=int(s["accepted_tokens"]),
-        acceptance_rate=ratio(s["accepted_tokens"], s["draft_tokens"]),
-        acceptance_rate_mean=totals.acceptance_mean(),
-        acceptance_rate_stddev=totals.acceptance_stddev(),
-        mean_acceptance_length=None if not s["drafts"] else 1.0 + s["accepted_tokens"] / s["drafts"],
+        **draft_fields(totals),
         ttft=totals.percentiles("ttft"),
         e2e=totals.percentiles("e2e"),
         tpot=totals.percentiles("tpot"),
