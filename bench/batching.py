@@ -34,19 +34,10 @@ from engine.engine import Engine, EngineConfig  # noqa: E402
 from engine.policy import PolicyConfig  # noqa: E402
 from engine.scheduler import SchedulerConfig  # noqa: E402
 from specwatch.traffic import TrafficConfig, run_traffic, summary  # noqa: E402
+from specwatch.workload import COPY, LONG_ANSWERS  # noqa: E402
 
 ALWAYS = PolicyConfig(load_off=1e9, load_on=1e9 - 1, min_acceptance=0.0, long_prompt_tokens=10**6)
 SCENARIOS = ("grounded", "code-edit", "chat")
-COPY = "Repeat the following text exactly, then stop.\n\n" + "alpha beta gamma delta epsilon zeta eta theta " * 6
-LONG_ANSWERS = (
-    "Write a long story about a dragon who learns to cook.",
-    "Explain in detail how a steam engine works.",
-    "Describe a walk through a busy city market, step by step.",
-    "Write a letter to a friend about your summer holidays.",
-    "Explain how plants make food from sunlight, in detail.",
-    "Describe the rules of football to a beginner.",
-    "Write a poem about the ocean and the moon.",
-)
 
 
 def measure(engine: Engine, level: int, drafter: str | None, batch: bool, args) -> dict:

@@ -44,3 +44,17 @@ PROMPTS = {
 
 def chat(kind: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": PROMPTS[kind]}]
+
+
+# A mixed batch: one request that copies its prompt (n-gram drafts accepted) beside seven open answers
+# decoded plainly (bench/batching.py --mixed-only and the engine's device-time test).
+COPY = "Repeat the following text exactly, then stop.\n\n" + "alpha beta gamma delta epsilon zeta eta theta " * 6
+LONG_ANSWERS = (
+    "Write a long story about a dragon who learns to cook.",
+    "Explain in detail how a steam engine works.",
+    "Describe a walk through a busy city market, step by step.",
+    "Write a letter to a friend about your summer holidays.",
+    "Explain how plants make food from sunlight, in detail.",
+    "Describe the rules of football to a beginner.",
+    "Write a poem about the ocean and the moon.",
+)

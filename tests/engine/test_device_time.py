@@ -17,6 +17,7 @@ from engine.engine import GenerateRequest, GenerateResult
 from engine.lookahead import CostCurve
 from engine.policy import Policy, PolicyConfig
 from engine.scheduler import Scheduler, SchedulerConfig
+from specwatch.workload import COPY, LONG_ANSWERS
 
 ALWAYS_SPECULATE = PolicyConfig(load_off=100.0, load_on=99.0, min_acceptance=0.0)
 REPEATING = "Repeat exactly: the quick brown fox jumps over the lazy dog, the quick brown fox jumps over the lazy dog."
@@ -173,18 +174,6 @@ def splits(monkeypatch) -> list[Split]:
 
     monkeypatch.setattr(scheduler_module, "split_forward", spy)
     return seen
-
-
-COPY = "Repeat the following text exactly, then stop.\n\n" + "alpha beta gamma delta epsilon zeta eta theta " * 6
-LONG_ANSWERS = [
-    "Write a long story about a dragon who learns to cook.",
-    "Explain in detail how a steam engine works.",
-    "Describe a walk through a busy city market, step by step.",
-    "Write a letter to a friend about your summer holidays.",
-    "Explain how plants make food from sunlight, in detail.",
-    "Describe the rules of football to a beginner.",
-    "Write a poem about the ocean and the moon.",
-]
 
 
 def chat(text: str) -> list[dict[str, str]]:
