@@ -1,6 +1,8 @@
 """What the cost model reads from the store, as numpy columns and frozen rows (no ORM row leaves here).
 
     request_usage(engine, window, filters)      requests whose life overlaps the window, one array per column
+    gateway_lives(engine, window, instances)    every gateway record at those upstreams whose life overlaps the
+                                                window, whatever the filters (cost.sharing's population)
     power_rows(engine, window, filters)         (instance, at, power_w, power_source) of device samples
     memory_rows(engine, window, filters)        (instance, mem_reserved_bytes, draft_loaded) of device samples
     freed_by_unloads(engine, window, filters)   `draft_unloaded` event details (bytes freed)
@@ -24,6 +26,9 @@ from collector.models import DeviceSampleRow, EngineEventRow, Request
 from collector.queries import Filters, Window
 
 STRADDLE_S = 3600.0  # how far before the window a request may have started and still be read
+GATEWAY_TAG = "gateway"  # the tag a gateway names itself with (gateway.records.GATEWAY_TAG)
+GATEWAY_SOURCE = "processor_sharing"  # the device_s_source of a gateway's records
+_GATEWAY = Request.tags[GATEWAY_TAG].as_string()
 _REQUEST_COLUMNS = {
     "instance": Request.instance,
     "mode": Request.mode,
@@ -44,8 +49,9 @@ _REQUEST_COLUMNS = {
     "accepted_tokens": Request.num_accepted_tokens,
     "draft_s": Request.draft_s,
     "verify_s": Request.verify_s,
+    "gateway": _GATEWAY,
 }
-_TEXT = ("instance", "mode", "drafter", "status", "device_s_source", "energy_source")
+_TEXT = ("instance", "mode", "drafter", "status", "device_s_source", "energy_source", "gateway")
 _NULLABLE = ("device_s", "energy_j", "ttft_s")  # NULL -> NaN
 
 
@@ -70,11 +76,37 @@ class RequestColumns:
 
 def request_usage(engine: Engine, window: Window, filters: Filters = Filters()) -> RequestColumns:
     """Requests whose life [started_at, started_at + e2e_s] overlaps `window` (see the module docstring)."""
-    wide = Window(window.start - STRADDLE_S, window.end)
-    stmt = filters.apply(select(*_REQUEST_COLUMNS.values()), wide)
-    stmt = stmt.where(Request.started_at + Request.e2e_s >= window.start)
+    stmt = _overlapping(select(*_REQUEST_COLUMNS.values()), window, filters)
     with engine.connect() as conn:
         return RequestColumns(conn.execute(stmt).all())
+
+
+def _overlapping(stmt, window: Window, filters: Filters):
+    wide = Window(window.start - STRADDLE_S, window.end)
+    return filters.apply(stmt, wide).where(Request.started_at + Request.e2e_s >= window.start)
+
+
+@dataclass(frozen=True)
+class GatewayLives:
+    """Gateway records (device_s_source processor_sharing), one array entry each."""
+
+    instance: np.ndarray  # str: the upstream
+    gateway: np.ndarray  # str: the gateway's name ("" when its records carry no gateway tag)
+    started_at: np.ndarray
+    queue_s: np.ndarray
+    e2e_s: np.ndarray
+
+
+def gateway_lives(engine: Engine, window: Window, instances: list[str]) -> GatewayLives:
+    """Every gateway record at `instances` whose life overlaps `window` (no other filter): who was in flight."""
+    columns = (Request.instance, _GATEWAY, Request.started_at, Request.queue_s, Request.e2e_s)
+    stmt = _overlapping(select(*columns), window, Filters())
+    stmt = stmt.where(Request.device_s_source == GATEWAY_SOURCE, Request.instance.in_(instances))
+    with engine.connect() as conn:
+        rows = conn.execute(stmt).all() if instances else []
+    names, gateways, *times = zip(*rows) if rows else ((), (), (), (), ())
+    text = [np.asarray(names, dtype=object), np.asarray([g or "" for g in gateways], dtype=object)]
+    return GatewayLives(*text, *(np.asarray(t, dtype=float) for t in times))
 
 
 def _samples(columns, window: Window, filters: Filters):

@@ -7,7 +7,9 @@ Per arm (mode, drafter; plain decoding is one arm whatever its drafter field) an
                         energy times that fraction (one straddling the start by 15 s of 40 s: 25 s)
     device_s            the record's own (engine: its share of each forward; gateway: processor
                         sharing), else derived here by processor sharing over request times (the
-                        arm's figures then carry "~": partly derived)
+                        arm's figures then carry "~": partly derived); a gateway record at an upstream
+                        more than one gateway reported: processor sharing over all their records
+                        (cost.sharing; `gateway_ps_merged`, derived too)
     failed work         device time of requests not ok, and of the failed attempts of ok requests that
                         were retried (k retries: k/(k+1) of the record's device time, each attempt
                         taken as costing the same): the arm's retries line, in the mode and arm the
@@ -34,15 +36,18 @@ from sqlalchemy import Engine
 
 from collector.queries import Filters, Window
 from collector.usage import (
+    GATEWAY_SOURCE,
     RequestColumns,
     device_counts,
     freed_by_unloads,
+    gateway_lives,
     memory_rows,
     power_rows,
     request_usage,
     store_growth,
 )
 from cost.attribution import Attribution, PowerSample, Spans, attribute, levels
+from cost.sharing import MERGED_SOURCE, Lives, merged_device_s
 from cost.terms import GB, ArmUse, CostInputs, HiddenCosts, IdleTime, InstanceUse, ModeMeasure, Prices, StepTime
 
 
@@ -58,6 +63,7 @@ class Usage:
     tokens: np.ndarray  # clipped ok output tokens (0 for failed requests)
     energy_j: np.ndarray  # clipped, NaN: not covered by a power reading
     derived: np.ndarray  # bool
+    sources: np.ndarray  # how each device_s was had: the record's device_s_source, derived or gateway_ps_merged
     concurrency: np.ndarray
     attribution: Attribution
     samples: tuple[PowerSample, ...]
@@ -75,23 +81,48 @@ def arm_key(mode: str, drafter: str | None) -> str:
 def read_usage(engine: Engine, window: Window, filters: Filters = Filters()) -> Usage:
     """Requests overlapping `window` clipped to it, attributed (module docstring)."""
     c = request_usage(engine, window, filters)
-    start = c.started_at + c.queue_s
-    end = np.maximum(c.started_at + c.e2e_s, start)
+    start, end = _life(c.started_at, c.queue_s, c.e2e_s)
     lo, hi = np.maximum(start, window.start), np.minimum(end, window.end)
     life = end - start
     inside = (c.started_at >= window.start) & (c.started_at < window.end)
     fraction = np.where(life > 0, np.clip(hi - lo, 0.0, None) / np.where(life > 0, life, 1.0), inside.astype(float))
     samples = tuple(PowerSample(*row) for row in power_rows(engine, window, filters))
-    spans = Spans(c.instance, np.minimum(lo, hi), np.maximum(hi, lo), c.device_s * fraction)
+    lo, hi = np.minimum(lo, hi), np.maximum(hi, lo)
+    merged = _merged_sharing(engine, window, filters, c, lo, hi)
+    spans = Spans(c.instance, lo, hi, np.where(np.isnan(merged), c.device_s * fraction, merged))
     shares = attribute(spans, list(samples))
+    sources = np.where(~np.isnan(merged), MERGED_SOURCE, np.where(shares.derived, "derived", c.device_s_source))
     metered = c.energy_j * fraction
     energy = np.where(np.isnan(metered), shares.energy_j, metered)
     failed = np.where(c.ok, c.retries / (c.retries + 1.0), 1.0)
     tokens = np.where(c.ok, c.output_tokens * fraction, 0.0)
     return Usage(
-        c, fraction, shares.device_s, shares.device_s * failed, 1.0 - failed, tokens, energy, shares.derived,
-        shares.concurrency, shares, samples,
+        c, fraction, shares.device_s, shares.device_s * failed, 1.0 - failed, tokens, energy,
+        shares.derived | ~np.isnan(merged), sources, shares.concurrency, shares, samples,
     )  # fmt: skip
+
+
+def _life(started_at: np.ndarray, queue_s: np.ndarray, e2e_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(start, end) of each request's time on the device: after its queue, up to its last token."""
+    start = started_at + queue_s
+    return start, np.maximum(started_at + e2e_s, start)
+
+
+def _merged_sharing(engine: Engine, window: Window, filters: Filters, c: RequestColumns, lo, hi) -> np.ndarray:
+    """Gateway records' device time in [lo, hi] shared over every gateway's records at their upstream
+    where more than one gateway reported it (cost.sharing); NaN: the record's own stands. Unless only
+    the instance is filtered, everyone in flight there is read again, whatever the filters."""
+    rows = np.flatnonzero(c.device_s_source == GATEWAY_SOURCE)
+    found = np.full(len(c), np.nan)
+    if not len(rows):
+        return found
+    if filters == Filters(instance=filters.instance):  # every record overlapping the window was read
+        lives = Lives(c.instance[rows], c.gateway[rows], *(t[rows] for t in _life(c.started_at, c.queue_s, c.e2e_s)))
+    else:
+        read = gateway_lives(engine, window, sorted(set(c.instance[rows].tolist())))
+        lives = Lives(read.instance, read.gateway, *_life(read.started_at, read.queue_s, read.e2e_s))
+    found[rows] = merged_device_s(lives, c.instance[rows], lo[rows], hi[rows])
+    return found
 
 
 def measured_inputs(
@@ -168,9 +199,9 @@ def _measure(key, rows, u: Usage, window_s, target, draft, memory_source, power_
 
 
 def _device_source(rows: np.ndarray, u: Usage) -> str:
-    """engine | processor_sharing | derived (none recorded: processor sharing here) | a mix, joined."""
-    recorded = {s or "derived" for s in u.columns.device_s_source[rows[~u.derived[rows]]].tolist()}
-    return ",".join(sorted(recorded | ({"derived"} if u.derived[rows].any() else set())))
+    """engine | processor_sharing | derived (none recorded: processor sharing here) | gateway_ps_merged
+    (processor sharing over several gateways' records) | a mix, joined."""
+    return ",".join(sorted({s or "derived" for s in u.sources[rows].tolist()}))
 
 
 def _energy(ok: np.ndarray, u: Usage, power_source: str | None) -> tuple[float | None, str | None]:

@@ -136,7 +136,7 @@ class Gateway:
             state.in_flight -= 1
             outcome.device_s = state.sharing.leave(outcome.shared_from)
             state.served[outcome.status] = state.served.get(outcome.status, 0) + 1
-        record = outcome.record()
+        record = outcome.record(self.settings.name)
         self.sink.put(record)
         return record
 

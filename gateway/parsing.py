@@ -15,6 +15,7 @@ from starlette.requests import ClientDisconnect, Request
 
 from common.bodies import TooLarge, read_capped
 from common.http import OpenAIError, incoming_request_id
+from gateway.records import GATEWAY_TAG
 from telemetry.schema import MAX_TAGS, TagKey, TagValue
 
 TAGS = TypeAdapter(dict[TagKey, TagValue])
@@ -118,8 +119,8 @@ def tags(request: Request, body: dict) -> dict[str, str]:
         where = "".join(f".{p}" for p in first["loc"])
         limits = "keys 1-64, values <= 128 characters, no NUL"
         raise OpenAIError(400, f"tags{where}: {first['msg']} ({limits})", param="tags") from None
-    if len(found) > MAX_TAGS:
-        raise OpenAIError(400, f"tags: at most {MAX_TAGS} tags", param="tags")
+    if len(found.keys() - {GATEWAY_TAG}) >= MAX_TAGS:  # the gateway adds its own (gateway.records)
+        raise OpenAIError(400, f"tags: at most {MAX_TAGS - 1} tags (the gateway adds {GATEWAY_TAG}=NAME)", param="tags")
     return found
 
 

@@ -29,6 +29,9 @@ from common.http import error_body
 from telemetry.schema import MAX_GAMMA, RequestRecord
 
 log = logging.getLogger("specwatch.gateway")
+# The tag naming the gateway that proxied a request (its --name): the cost model shares an upstream's time
+# among all gateways' requests in flight there (cost.sharing). collector.usage reads the same key.
+GATEWAY_TAG = "gateway"
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,10 @@ class Outcome:
     shared_from: float | None = None  # its upstream's ProcessorSharing mark while it is in flight there
     device_s: float | None = None  # its processor-sharing share of the upstream's time; None: never sent
 
-    def record(self) -> RequestRecord:
+    def record(self, gateway: str | None = None) -> RequestRecord:
+        """The telemetry record; `gateway` (its name) tags it `gateway=<name>`, over a client's tag of that key."""
+        if gateway:
+            self.tags[GATEWAY_TAG] = gateway  # in place: the request's own dict (gateway.parsing.tags)
         metrics = self.metrics if isinstance(self.metrics, dict) else {}
         counts = draft_counts(metrics.get("speculative_decoding")) if self.drafter else DraftCounts()
         fields = {

@@ -150,7 +150,8 @@ def test_headers_and_tags_travel(upstream):
         assert forwarded["traceparent"] == headers["traceparent"]
         assert forwarded["x-request-id"] == response.headers["x-specwatch-request-id"]
         record = gw.wait_records(1)[0]
-        assert record.tags == {"scenario": "chat", "team": "search", "tenant": "acme"}  # the header wins
+        # the header wins; the gateway names itself (its --name, here the default)
+        assert record.tags == {"scenario": "chat", "team": "search", "tenant": "acme", "gateway": "gateway"}
         assert record.request_id == response.headers["x-specwatch-request-id"]
         assert float(forwarded["x-specwatch-started-at"]) == record.started_at  # exactly: the engine adopts it
         again = post(gw.url, {"prompt": "hello"}, headers={"x-request-id": "client-key-7"})
