@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 import httpx
 from sqlalchemy import Engine
 
-from alerts import anomaly_pass, baselines, notify, regression
+from alerts import anomaly_pass, baselines, canary, notify, regression
 from alerts.actions import ActionResult, Remediator
 from alerts.evaluator import Alert, State, Transition, evaluate, needs_sending
 from alerts.rules import AlertConfig, Rule
@@ -77,6 +77,7 @@ class AlertRunner:
             "drift": lambda: baselines.run_pass(self.engine, settings.drift, now),
             "regression": lambda: regression.run_pass(self.engine, settings.regression, now),
             "anomalies": lambda: anomaly_pass.run_pass(self.engine, settings, now),
+            "canary": lambda: canary.run_pass(self.engine, self.config, now, self.external_url),
         }
         for name, run in passes.items():
             try:

@@ -10,6 +10,9 @@ In order of precedence, as the engine's own policy (engine/policy.py) decides fo
 5. a canary split: `canary` of requests go to the spec pool (arm 'spec'), the rest to the
    plain pool (arm 'control'); sticky per session key (a hash of the request's `user` or
    its `x-specwatch-session` header), random without one  -> 'canary'
+   The share starts at `canary` and is live: `POST /v1/control/canary` (`specwatch tune canary`)
+   sets it, 1.0 promoting the spec pool (the candidate), 0.0 rolling back to the plain pool
+   (today's config), None ending the split
 6. the spec pool's recent acceptance below `min_acceptance` (every `probe_every`-th
    request still goes there to re-measure)                   -> 'low_acceptance'
 7. otherwise the spec pool                                   -> 'default'
@@ -78,6 +81,15 @@ class Router:
         self._load = LoadSwitch(config.load_off, config.load_on, config.cooldown_s)
         self._acceptance: deque[tuple[int, int]] = deque(maxlen=config.acceptance_window)
         self._low_count = 0
+        self._canary = config.canary
+
+    def set_canary(self, share: float | None) -> float | None:
+        """The live canary share (None: no split); returns the previous one."""
+        if share is not None and not 0.0 <= share <= 1.0:
+            raise ValueError("canary share must be in [0, 1]")
+        with self._lock:
+            previous, self._canary = self._canary, share
+        return previous
 
     def set_override(self, mode: Override, reason: str = "manual") -> None:
         with self._lock:
@@ -98,13 +110,9 @@ class Router:
                 return Route("plain", "failover")
             if not self._load.allows:
                 return Route("plain", "load")
-            if self.config.canary is not None:
+            if self._canary is not None:
                 share = session_share(session) if session else self._rng.random()
-                return (
-                    Route("spec", "canary", "spec")
-                    if share < self.config.canary
-                    else Route("plain", "canary", "control")
-                )
+                return Route("spec", "canary", "spec") if share < self._canary else Route("plain", "canary", "control")
             if self._acceptance_low():
                 self._low_count += 1
                 if self._low_count % self.config.probe_every:
@@ -130,6 +138,7 @@ class Router:
             return {
                 "override": self._override[0],
                 "override_reason": self._override[1],
+                "canary": self._canary,
                 "load_allows_speculation": self._load.allows,
                 "recent_acceptance": sum(a for _, a in self._acceptance) / drafted if drafted else None,
                 "recent_speculative_requests": len(self._acceptance),

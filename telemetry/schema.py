@@ -53,7 +53,16 @@ EnergySource = Literal["nvml", "rapl", "estimate"]
 # processor_sharing: a gateway's estimate, each request in flight at an upstream getting 1/n of the time.
 DeviceSource = Literal["engine", "engine_step_curve", "processor_sharing"]
 EventKind = Literal[
-    "cold_start", "mode_switch", "defrag", "draft_unloaded", "draft_loaded", "oom", "config", "streams", "upstream"
+    "cold_start",
+    "mode_switch",
+    "defrag",
+    "draft_unloaded",
+    "draft_loaded",
+    "oom",
+    "config",
+    "streams",
+    "upstream",
+    "canary_verdict",  # specwatch tune canary's decision (alerts.canary makes it an alert-history entry + webhook)
 ]
 # Ours (ngram, suffix, model:NAME, early-exit:K) and vLLM's speculative methods, as a gateway labels its upstreams.
 VLLM_METHODS = ("ngram", "suffix", "eagle", "eagle3", "mtp", "medusa")
