@@ -22,6 +22,7 @@ from common.errors import UsageError
 from cost.options import positive
 from cost.tuner import TuneRules
 from cost.tuner_emit import plan_json, plan_table
+from specwatch.tune_canary import register_canary
 
 DAY_S = 86_400.0
 
@@ -60,6 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     recommend.add_argument("--method", default=None, help="vLLM method for the config (default: the records')")
     recommend.add_argument("--json", action="store_true", help="print the recommendation as JSON")
     recommend.set_defaults(handler=recommend_command)
+    register_canary(actions)  # specwatch/tune_canary.py
 
 
 def window_of(args: argparse.Namespace) -> Window:
