@@ -14,14 +14,18 @@ and its counts go to each level in that proportion (weight w).
                  one, else the decode wall time e2e_s - ttft_s (a gateway's records of vLLM); requests
                  with neither are left out. A level needs two points whose x differ by >= MIN_SPREAD.
     profile      {"levels": {"<batch>": {"<k>": seconds, ...}}, "source": "..."}: those levels' curves
-                 replace the records' (source "profile: ...").
+                 replace the records' (source "profile: ..."). `specwatch tune profile` adds "made_at"
+                 (epoch s), "upstream_version" (the servers' /version) and "acceptance": {"<batch>":
+                 {"rates": [a_0, ...], "draft_rate": q, "requests": n, "drafts": d}}, which a level uses
+                 when its records have too little (`TuneRules.min_requests` / `min_drafts`); a profile's
+                 date and version date the schedule when no record does.
     intervals    95% percentile bootstrap (scipy) of tokens/s per k, the bucket's requests resampled:
                  they carry the acceptance data's uncertainty, not the step cost's.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -36,6 +40,16 @@ UNDERCOUNT = (
     "the engine's cost-aware lookahead) later positions are undercounted; vLLM's per-step lists "
     "(--per-request-spec-decode-metrics detailed) would fix that, and the gateway does not record them yet"
 )
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A step-cost profile read from JSON (`read_profile`): curves per level, and what the profiler measured."""
+
+    curves: dict[int, StepCurve]
+    acceptance: dict[int, Acceptance] = field(default_factory=dict)
+    made_at: float | None = None
+    version: str | None = None
 
 
 def weights(rows: TuningRows) -> tuple[np.ndarray, np.ndarray]:
@@ -140,6 +154,36 @@ def profile_curves(profile: dict) -> dict[int, StepCurve]:
     return curves
 
 
+def _profile_acceptance(levels, source: str) -> dict[int, Acceptance]:
+    """{"<batch>": {"rates": [...], "draft_rate": q, "requests": n, "drafts": d}} as Acceptance per level."""
+    if not isinstance(levels, dict):
+        raise ValueError('profile "acceptance": want {"<batch size>": {"rates": [...], ...}, ...}')
+    found = {}
+    for batch, entry in levels.items():
+        try:
+            rates = tuple(float(a) for a in entry["rates"])
+            numbers = [float(entry[key]) for key in ("draft_rate", "requests", "drafts")]
+            level = int(batch)
+        except (TypeError, ValueError, KeyError, AttributeError):
+            raise ValueError(f"profile acceptance {batch!r}: want rates, draft_rate, requests and drafts") from None
+        if level < 1 or not all(0 <= a <= 1 for a in (*rates, numbers[0])) or min(numbers[1:]) < 0:
+            raise ValueError(f"profile acceptance {batch!r}: batch >= 1, rates and draft_rate in [0, 1]")
+        found[level] = Acceptance(rates, *numbers, source=f"{source}: accepted_per_position")
+    return found
+
+
+def read_profile(profile: dict) -> Profile:
+    """A profile's curves (`profile_curves`), acceptance per level, date and upstream version; ValueError when
+    malformed."""
+    curves = profile_curves(profile)
+    source = f"profile: {profile.get('source') or 'given'}"
+    acceptance = _profile_acceptance(profile.get("acceptance") or {}, source)
+    made_at, version = profile.get("made_at"), profile.get("upstream_version")
+    if made_at is not None and (type(made_at) not in (int, float) or made_at < 0):
+        raise ValueError(f'profile "made_at": want epoch seconds, got {made_at!r}')
+    return Profile(curves, acceptance, made_at, None if version is None else str(version))
+
+
 def today_k(rows: TuningRows) -> int:
     """The most common gamma among speculative requests with known counts (0: none)."""
     gammas = rows.gamma[rows.speculative & rows.counts_known & (rows.gamma > 0)]
@@ -151,33 +195,41 @@ def recommend(
     *,
     rules: TuneRules = TuneRules(),
     current_k: int | None = None,
-    profile: dict[int, StepCurve] | None = None,
+    profile: Profile | dict[int, StepCurve] | None = None,
     markers: tuple[tuple[str, float, str], ...] = (),
     today: dict[int, int] | None = None,
 ) -> Schedule:
     """The schedule for these records (module docstring), marked stale against the latest version marker;
-    `today`: today's k per level where today's config is a schedule (`cost.tuner_emit.todays_ks`)."""
+    `today`: today's k per level where today's config is a schedule (`cost.tuner_emit.todays_ks`);
+    `profile`: a `read_profile` (or its curves alone)."""
+    profile = profile if isinstance(profile, Profile) else Profile(dict(profile or {}))
     seen, fractions = weights(rows)
-    found_acceptance, costs, intervals = {}, dict(profile or {}), {}
+    found_acceptance, costs, intervals = dict(profile.acceptance), dict(profile.curves), {}
     for j, level in enumerate(seen.tolist()):
         w = fractions[:, j]
-        found_acceptance[level] = acceptance(rows, w)
+        found_acceptance[level] = _enough(acceptance(rows, w), found_acceptance.get(level), rules)
         costs[level] = costs.get(level) or step_curve(rows, w, level)
-        if found_acceptance[level] and costs[level]:
+        if found_acceptance[level] and costs[level] and found_acceptance[level] is not profile.acceptance.get(level):
             top = min(rules.max_k, len(found_acceptance[level].rates))
             intervals[level] = interval(rows, w, level, costs[level], top, rules.resamples)
     k_now = today_k(rows) if current_k is None else current_k
     plan = schedule(k_now, {lv: a for lv, a in found_acceptance.items() if a}, costs, rules,
                     {lv: i for lv, i in intervals.items() if i}, today)  # fmt: skip
-    return _dated(plan, rows, markers)
+    return _dated(plan, rows, markers, profile)
 
 
-def _dated(plan: Schedule, rows: TuningRows, markers) -> Schedule:
-    """The schedule's date (its newest record), drafter, version and staleness."""
-    made_at = float((rows.started_at + rows.e2e_s).max()) if len(rows) else None
+def _enough(records: Acceptance | None, profiled: Acceptance | None, rules: TuneRules) -> Acceptance | None:
+    """The records' acceptance, unless it rests on too little and the profile measured some."""
+    little = records is None or records.requests < rules.min_requests or records.drafts < rules.min_drafts
+    return profiled if little and profiled is not None else records
+
+
+def _dated(plan: Schedule, rows: TuningRows, markers, profile: Profile) -> Schedule:
+    """The schedule's date (its newest record, else the profile's), drafter, version and staleness."""
+    made_at = float((rows.started_at + rows.e2e_s).max()) if len(rows) else profile.made_at
     drafters = rows.drafter[rows.speculative]
     drafter = max(set(drafters.tolist()), key=drafters.tolist().count) if len(drafters) else None
-    made_for = next((v for _, at, v in reversed(markers) if made_at is not None and at <= made_at), None)
+    made_for = next((v for _, at, v in reversed(markers) if made_at is not None and at <= made_at), profile.version)
     current = markers[-1][2] if markers else None
     since = None
     for _, at, version in reversed(markers):  # the start of the latest version's last run
