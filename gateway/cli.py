@@ -27,7 +27,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_exposure_arguments(serve)
     serve.add_argument("--port", type=tcp_port, default=8100)
-    serve.add_argument("--name", default="gateway", help="instance label of requests no upstream took")
+    serve.add_argument(
+        "--name",
+        default="gateway",
+        help="instance label of requests no upstream took; every record is tagged gateway=NAME, so the cost "
+        "model can share an upstream's time among several gateways: give each gateway its own name",
+    )
     add_producer_arguments(serve, Path("data/gateway-spool"))
     serve.add_argument(
         "--canary", type=float, default=None, help="share of traffic for the spec pool, the rest to plain (A/B arms)"
