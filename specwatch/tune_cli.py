@@ -23,6 +23,7 @@ from cost.options import positive
 from cost.tuner import TuneRules
 from cost.tuner_emit import plan_json, plan_table
 from specwatch.tune_canary import register_canary
+from specwatch.tune_profile import register_profile
 
 DAY_S = 86_400.0
 
@@ -61,6 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     recommend.add_argument("--method", default=None, help="vLLM method for the config (default: the records')")
     recommend.add_argument("--json", action="store_true", help="print the recommendation as JSON")
     recommend.set_defaults(handler=recommend_command)
+    register_profile(actions)  # specwatch/tune_profile.py
     register_canary(actions)  # specwatch/tune_canary.py
 
 
@@ -73,13 +75,14 @@ def window_of(args: argparse.Namespace) -> Window:
         raise UsageError(str(exc)) from None
 
 
-def profile_of(path: Path | None) -> dict | None:
-    from cost.tuner_data import profile_curves
+def profile_of(path: Path | None):
+    """The --profile file as `cost.tuner_data.Profile` (None without one)."""
+    from cost.tuner_data import read_profile
 
     if path is None:
         return None
     try:
-        return profile_curves(json.loads(path.read_text()))
+        return read_profile(json.loads(path.read_text()))
     except (OSError, json.JSONDecodeError, ValueError) as exc:
         raise UsageError(f"--profile {path}: {exc}") from None
 

@@ -60,6 +60,7 @@ class ProfileConfig:
     model: str | None = None  # default: each server's first model card
     timeout_s: float = 300.0
     api_key: str | None = None
+    warmups: int = 1  # requests per server and level before the measured ones
 
 
 def concurrency_list(value: str) -> tuple[int, ...]:
@@ -127,7 +128,7 @@ async def profile(config: ProfileConfig, progress=sys.stderr) -> dict:
     headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
     async with httpx.AsyncClient(headers=headers, timeout=config.timeout_s) as client:
         servers = [await identify(client, url, config.model) for url in config.upstreams]
-        bar = Bar(len(servers) * len(config.concurrency) * (config.requests + 1), progress)
+        bar = Bar(len(servers) * len(config.concurrency) * (config.requests + config.warmups), progress)
         answers: list[Answer] = []
         for turn, level in enumerate(config.concurrency):
             for server in servers[turn % len(servers) :] + servers[: turn % len(servers)]:
@@ -162,9 +163,10 @@ async def _optional(client: httpx.AsyncClient, url: str, read):
 
 
 async def run_level(client, server: Server, level: int, config: ProfileConfig, bar: Bar) -> list[Answer]:
-    """One warm-up request, then `config.requests` of them with `level` in flight; the answers."""
-    await ask(client, server, level, -1, config)
-    bar.tick(f"{server.url} c={level}")
+    """`config.warmups` requests, then `config.requests` of them with `level` in flight; the answers."""
+    for number in range(-config.warmups, 0):
+        await ask(client, server, level, number, config)
+        bar.tick(f"{server.url} c={level}")
     numbers, answers = iter(range(config.requests)), []
 
     async def worker():
