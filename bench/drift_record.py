@@ -5,7 +5,8 @@
 Runs real requests through the engine (SmolLM2-135M, 1 thread): every workload prompt kind and
 templated support replies, greedy and sampled, with the n-gram drafter, then a few with an untrained
 early exit (the "bad drafter"). Writes one JSON line per request: drafter, scenario, drafted and
-accepted tokens, drafts, output tokens, accepted per position.
+accepted tokens, drafts, output tokens, accepted per position. bench/drift_record_vllm.py records the
+second pool, from a real vLLM.
 """
 
 from __future__ import annotations
