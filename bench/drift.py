@@ -140,7 +140,7 @@ def row(pool: Pool, results: dict) -> tuple[str, ...]:
 
 def table(rows: list[tuple[str, ...]]) -> str:
     widths = [max(len(r[i]) for r in [COLUMNS, *rows]) for i in range(len(COLUMNS))]
-    lines = [" | ".join(cell.ljust(w) for cell, w in zip(r, widths)) for r in [COLUMNS, *rows]]
+    lines = [" | ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in [COLUMNS, *rows]]
     return "\n".join([lines[0], "-+-".join("-" * w for w in widths), *lines[1:]])
 
 
