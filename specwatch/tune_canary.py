@@ -59,20 +59,27 @@ def _positive(kind):
     return parse
 
 
+def _token(variable: str) -> str | None:
+    return first_token(os.environ.get(variable))
+
+
 def register_canary(actions: argparse._SubParsersAction) -> None:
     canary = actions.add_parser("canary", help="send a share of traffic to the candidate, then promote or roll back")
-    canary.add_argument("--gateway", required=True, help="the gateway's base URL (its spec pool is the candidate)")
-    canary.add_argument("--control-token", default=os.environ.get("SPECWATCH_CONTROL_TOKEN"), help="gateway's admin")
-    canary.add_argument("--collector", default=os.environ.get("SPECWATCH_COLLECTOR_URL"), help="collector base URL")
-    canary.add_argument("--collector-token", default=first_token(os.environ.get("SPECWATCH_INGEST_TOKEN")))
-    canary.add_argument("--read-token", default=first_token(os.environ.get("SPECWATCH_READ_TOKEN")))
-    canary.add_argument("--share", type=_share, default=0.05, help="the candidate's share of traffic (default 0.05)")
-    canary.add_argument("--min-requests", type=_positive(int), default=CanaryRules.min_requests, help="per arm")
-    canary.add_argument("--max-minutes", type=_positive(float), default=30.0, help="longest wait for the requests")
-    canary.add_argument("--alpha", type=float, default=CanaryRules.alpha, help="significance level (default 0.05)")
-    canary.add_argument("--max-load-gap", type=float, default=CanaryRules.max_load_gap, help="between arms' loads")
-    canary.add_argument("--poll", type=_positive(float), default=2.0, help="seconds between progress reads")
-    canary.add_argument("--json", action="store_true", help="print the verdict event's detail as JSON")
+    add = canary.add_argument
+    add("--gateway", required=True, help="the gateway's base URL (its spec pool is the candidate)")
+    add("--control-token", default=os.environ.get("SPECWATCH_CONTROL_TOKEN"), help="the gateway's admin token "
+        "(default: SPECWATCH_CONTROL_TOKEN)")  # fmt: skip
+    add("--collector", default=os.environ.get("SPECWATCH_COLLECTOR_URL"), help="the collector's base URL "
+        "(default: SPECWATCH_COLLECTOR_URL)")  # fmt: skip
+    add("--collector-token", default=_token("SPECWATCH_INGEST_TOKEN"), help="default: SPECWATCH_INGEST_TOKEN")
+    add("--read-token", default=_token("SPECWATCH_READ_TOKEN"), help="default: SPECWATCH_READ_TOKEN")
+    add("--share", type=_share, default=0.05, help="the candidate's share of traffic (default 0.05)")
+    add("--min-requests", type=_positive(int), default=CanaryRules.min_requests, help="ok requests per arm (20)")
+    add("--max-minutes", type=_positive(float), default=30.0, help="longest wait for them (default 30)")
+    add("--alpha", type=float, default=CanaryRules.alpha, help="significance level (default 0.05)")
+    add("--max-load-gap", type=float, default=CanaryRules.max_load_gap, help="most the arms' mean loads may differ")
+    add("--poll", type=_positive(float), default=2.0, help="seconds between progress reads (default 2)")
+    add("--json", action="store_true", help="print the verdict event's detail as JSON")
     canary.set_defaults(handler=canary_command)
 
 

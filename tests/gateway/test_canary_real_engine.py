@@ -15,54 +15,25 @@ Alertmanager v4 webhooks at the receiver."""
 from __future__ import annotations
 
 import copy
-import json
-import subprocess
-import threading
 from dataclasses import replace
-from pathlib import Path
 
-import httpx
 import pytest
+from canary_harness import collector_with_receiver, run_canary, verdict_alerts
 from engine_harness import BackgroundServer
-from gateway_harness import GatewayServer
-from waiting import wait_for
-from webhook_receiver import Receiver
 
-from common.procs import free_port, specwatch_command, start_collector, stop_process
 from engine.lookahead import CostCurve
 from engine.policy import PolicyConfig
 from engine.scheduler import SchedulerConfig
 from specwatch.workload import COPY, chat
-from telemetry.client import TelemetryClient
 
 pytestmark = pytest.mark.slow
-TOKEN = "gw-token"
 PER_ARM = 8
-RULES = """
-evaluation:
-  interval: 1s
-rules: []
-receivers:
-  - name: ops
-    url: http://127.0.0.1:{port}/hook
-    retry_backoff: 0.5s
-"""
 
 
 @pytest.fixture(scope="module")
 def collector(tmp_path_factory):
-    """(collector URL, webhook receiver): the collector's alert rules post to the receiver."""
-    tmp = tmp_path_factory.mktemp("canary")
-    receiver = Receiver(free_port())
-    (tmp / "rules.yaml").write_text(RULES.format(port=receiver.server.server_address[1]))
-    port = free_port()
-    env = {"SPECWATCH_ALERT_RULES": str(tmp / "rules.yaml"), "SPECWATCH_INGEST_PROCESSES": "0"}
-    process = start_collector(port, tmp / "collector.log", f"sqlite:///{tmp / 'specwatch.db'}", env)
-    try:
-        yield f"http://127.0.0.1:{port}", receiver, tmp
-    finally:
-        stop_process(process, timeout_s=15)
-        receiver.close()
+    with collector_with_receiver(tmp_path_factory.mktemp("canary")) as found:
+        yield found
 
 
 def early_exit_engine(bundled_engine):
@@ -84,61 +55,18 @@ def engines(bundled_engine):
         yield {"plain": plain, "ngram": ngram, "early-exit:4": loser}
 
 
-class Traffic:
-    """Two client threads sending `messages` through the gateway until stopped."""
-
-    def __init__(self, url: str, messages: list[dict], extra: dict) -> None:
-        self.url, self.body, self.stop = url, {"messages": messages, "temperature": 0, **extra}, threading.Event()
-        self.answers: list[int] = []
-        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(2)]
-
-    def _run(self) -> None:
-        with httpx.Client(timeout=300) as client:
-            while not self.stop.is_set():
-                self.answers.append(client.post(f"{self.url}/v1/chat/completions", json=self.body).status_code)
-
-    def __enter__(self):
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(timeout=300)
-
-
-def run_canary(collector_url: str, tmp: Path, engines, candidate: str, messages, extra) -> tuple[dict, str, float]:
-    """One canary run behind a fresh gateway: (the verdict's detail, the CLI's stderr, the final share)."""
-    client = TelemetryClient(collector_url, tmp / f"spool-{candidate}")
-    upstreams = [f"cand={engines[candidate].url},drafter={candidate}", f"today={engines['plain'].url}"]
-    try:
-        with GatewayServer(upstreams, telemetry=client, control_token=TOKEN, name=f"edge-{candidate[:5]}") as gw:
-            with Traffic(gw.url, messages, extra) as traffic:
-                cmd = specwatch_command(
-                    "tune", "canary", "--gateway", gw.url, "--control-token", TOKEN, "--collector", collector_url,
-                    "--share", "0.5", "--min-requests", str(PER_ARM), "--max-minutes", "6", "--poll", "0.5", "--json",
-                )  # fmt: skip
-                done = subprocess.run(cmd, capture_output=True, text=True, timeout=480)
-            assert done.returncode == 0, done.stderr
-            assert set(traffic.answers) == {200}
-            share = httpx.get(f"{gw.url}/v1/control/state", headers={"authorization": f"Bearer {TOKEN}"}).json()
-    finally:
-        client.close()
-    detail = json.loads(done.stdout)
-    figures = {k: detail[k] for k in ("decision", "speedup", "p_value")} | {
-        arm: {k: detail[arm][k] for k in ("requests", "ms_per_token", "load")} for arm in ("candidate", "control")
-    }
-    print(f"canary {candidate} vs plain:", figures)
-    return detail, done.stderr, share["canary"]
-
-
 @pytest.fixture(scope="module")
-def verdicts(collector, engines):
-    url, _, tmp = collector
-    promoted = run_canary(url, tmp, engines, "ngram", [{"role": "user", "content": COPY}], {"max_tokens": 32})
-    rolled_back = run_canary(url, tmp, engines, "early-exit:4", chat("chat"), {"max_tokens": 24, "gamma": 8})
-    return {"promote": promoted, "rollback": rolled_back}
+def verdicts(collector, engines, tmp_path_factory):
+    url, spool = collector[0], tmp_path_factory.mktemp("spool")
+    runs = {
+        "promote": ("ngram", "edge-ngram", {"messages": [{"role": "user", "content": COPY}], "max_tokens": 32}),
+        "rollback": ("early-exit:4", "edge-early", {"messages": chat("chat"), "max_tokens": 24, "gamma": 8}),
+    }
+    found = {}
+    for decision, (candidate, name, body) in runs.items():
+        upstreams = [f"cand={engines[candidate].url},drafter={candidate}", f"today={engines['plain'].url}"]
+        found[decision] = run_canary(url, spool / name, upstreams, name, {**body, "temperature": 0}, PER_ARM)
+    return found
 
 
 def test_a_winning_candidate_is_promoted(verdicts):
@@ -160,20 +88,9 @@ def test_a_losing_candidate_is_rolled_back(verdicts):
 
 
 def test_both_verdicts_are_in_alert_history_and_at_the_webhook_receiver(collector, verdicts):
-    url, receiver, _ = collector
-
-    def history() -> list[dict]:
-        found = httpx.get(f"{url}/v1/alerts/history", params={"last": 3600}).json()
-        return [t for t in found["transitions"] if t["rule"] == "CanaryVerdict"]
-
-    wait_for(lambda: len(history()) == 2, "two CanaryVerdict transitions", timeout=30, interval=0.5)
-    assert sorted(t["labels"]["decision"] for t in history()) == ["promote", "rollback"]
-
-    def hooked() -> list[dict]:
-        return [a for b in receiver.bodies() for a in b["alerts"] if b["groupLabels"]["alertname"] == "CanaryVerdict"]
-
-    wait_for(lambda: len(hooked()) == 2, "two CanaryVerdict webhooks", timeout=30, interval=0.5)
-    by_decision = {a["labels"]["decision"]: a for a in hooked()}
+    transitions, hooked = verdict_alerts(*collector, 2)
+    assert sorted(t["labels"]["decision"] for t in transitions) == ["promote", "rollback"]
+    by_decision = {a["labels"]["decision"]: a for a in hooked}
     assert by_decision["promote"]["labels"]["instance"] == "edge-ngram"
     assert by_decision["rollback"]["labels"]["instance"] == "edge-early"
     assert "significantly slower" in by_decision["rollback"]["annotations"]["description"]
