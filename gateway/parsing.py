@@ -119,7 +119,7 @@ def tags(request: Request, body: dict) -> dict[str, str]:
         where = "".join(f".{p}" for p in first["loc"])
         limits = "keys 1-64, values <= 128 characters, no NUL"
         raise OpenAIError(400, f"tags{where}: {first['msg']} ({limits})", param="tags") from None
-    if len(found.keys() - {GATEWAY_TAG}) >= MAX_TAGS:  # the gateway adds its own (gateway.records)
+    if len(found) - (GATEWAY_TAG in found) >= MAX_TAGS:  # the gateway adds its own (gateway.records)
         raise OpenAIError(400, f"tags: at most {MAX_TAGS - 1} tags (the gateway adds {GATEWAY_TAG}=NAME)", param="tags")
     return found
 
