@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 from contextlib import asynccontextmanager
 
+import aiohttp
 import httpx
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
@@ -18,6 +19,10 @@ from common.http import ERROR_HANDLERS, ApiKeyMiddleware, openai_error
 from gateway import control
 from gateway.core import Gateway
 from gateway.proxy import proxy
+
+# An idle upstream connection is dropped after this: under uvicorn's 5 s keep-alive (vLLM's, our engine's),
+# so the gateway rarely sends on a connection the upstream is closing (gateway.proxy retries that once).
+UPSTREAM_IDLE_S = 4.0
 
 
 def create_app(gateway: Gateway) -> Starlette:
@@ -38,13 +43,13 @@ def create_app(gateway: Gateway) -> Starlette:
 
 @asynccontextmanager
 async def _lifespan(app: Starlette):
-    """The upstreams' HTTP client, a first health check, the watcher; the sink's client flushed at the end."""
+    """The upstreams' HTTP clients, a first health check, the watcher; the sink's client flushed at the end."""
     gateway: Gateway = app.state.gateway
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=1024)
     timeout = httpx.Timeout(gateway.settings.upstream_timeout_s, connect=gateway.settings.connect_timeout_s)
-    # trust_env off: upstreams are addressed directly, never through an HTTP(S)_PROXY meant for the outside
-    async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as http:
-        gateway.http = http
+    # trust_env off (both clients): upstreams are addressed directly, never through an HTTP(S)_PROXY
+    async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as http, _session(gateway) as session:
+        gateway.http, gateway.session = http, session
         gateway.sink.emit("config", {"role": "gateway", "routing": gateway.router.state["config"]})
         await asyncio.gather(*(gateway.check(state) for state in gateway.states.values()))
         gateway.emit_upstreams()
@@ -56,6 +61,20 @@ async def _lifespan(app: Starlette):
             if gateway.sink.client is not None:
                 await asyncio.to_thread(gateway.sink.client.flush, 5.0)
             await asyncio.to_thread(gateway.sink.close_spans)
+
+
+def _session(gateway: Gateway) -> aiohttp.ClientSession:
+    """The proxied requests' client (gateway.core says why aiohttp). No cookie jar: a cookie one upstream
+    answer sets must never ride along on another client's request. `sock_read`: the longest wait for an
+    upstream's next bytes, as httpx's read timeout; no total: a long generation is no timeout."""
+    settings = gateway.settings
+    timeout = aiohttp.ClientTimeout(
+        total=None, sock_connect=settings.connect_timeout_s, sock_read=settings.upstream_timeout_s
+    )
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=UPSTREAM_IDLE_S)
+    return aiohttp.ClientSession(
+        connector=connector, timeout=timeout, cookie_jar=aiohttp.DummyCookieJar(), skip_auto_headers=("User-Agent",)
+    )
 
 
 async def _models(request: Request) -> Response:

@@ -17,11 +17,11 @@ engine's span is its child; else the client's, unchanged.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 
-import anyio
-import httpx
+import aiohttp
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -37,6 +37,12 @@ from gateway.whole import WholeReader
 # The client's headers every upstream gets; its Authorization only an upstream started with `auth=forward`
 # (a client's key is for the gateway's operator, not for every server behind it: docs/security.md).
 FORWARDED_HEADERS = ("traceparent", "tracestate", "content-type", "accept")
+JSON_BODY = {"content-type": "application/json"}  # the body is a JSON object (checked); the client's type wins
+
+# Nothing reached the upstream: the next one may take the request. A refused connection marks it down.
+NOT_REACHED = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
+# An upstream failing while it answers (or before): a broken connection, a malformed answer, a read timeout.
+UPSTREAM_FAILED = (aiohttp.ClientError, asyncio.TimeoutError)
 
 
 async def proxy(request: Request) -> Response:
@@ -54,11 +60,11 @@ async def proxy(request: Request) -> Response:
     if isinstance(sent, Response):
         return sent
     response, state = sent
-    if response.status_code >= 400 or not stream:
+    if response.status >= 400 or not stream:
         return await _whole(gateway, response, state, outcome, t0)
     reader = SseReader(drop_usage_chunk=drop_usage)
-    relay = _relay(gateway, response.aiter_bytes(), response, state, outcome, reader, t0)
-    return StreamingResponse(relay, status_code=response.status_code, headers=_headers(response, state, outcome))
+    relay = _relay(gateway, response.content.iter_any(), response, state, outcome, reader, t0)
+    return StreamingResponse(relay, status_code=response.status, headers=_headers(response, state, outcome))
 
 
 def _admit(gateway: Gateway, request: Request, body: dict, started_at: float) -> Outcome:
@@ -82,7 +88,7 @@ def _admit(gateway: Gateway, request: Request, body: dict, started_at: float) ->
 def _forwarded(gateway: Gateway, request: Request, body: dict, outcome: Outcome) -> dict[str, str]:
     """The client's headers an upstream gets. With spans on (telemetry.spans) the request's span begins
     here, a child of the client's `traceparent`, and the upstream gets this span's traceparent instead."""
-    headers = {k: v for k in FORWARDED_HEADERS if (v := request.headers.get(k))}
+    headers = JSON_BODY | {k: v for k in FORWARDED_HEADERS if (v := request.headers.get(k))}
     return headers | gateway.sink.begin_span(outcome.request_id, request.headers, request.url.path, body)
 
 
@@ -94,17 +100,13 @@ async def _send(gateway: Gateway, request: Request, raw: bytes, outcome: Outcome
     headers = headers | {REQUEST_ID_HEADER: outcome.request_id, STARTED_AT_HEADER: repr(outcome.started_at)}
     authorization = {"authorization": v} if (v := request.headers.get("authorization")) else {}
     while (state := _next_upstream(gateway, outcome, tried)) is not None:
-        upstream_request = gateway.http.build_request(
-            "POST",
-            state.upstream.url + request.url.path,
-            content=raw,
-            headers=headers | authorization if state.upstream.forward_auth else headers,
-        )
+        url = state.upstream.url + request.url.path
+        sent = headers | authorization if state.upstream.forward_auth else headers
         try:
-            return await _send_once(gateway, upstream_request, outcome), state
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing reached it: try the next one
+            return await _send_once(gateway.session, url, raw, sent, outcome), state
+        except NOT_REACHED as exc:  # nothing reached it: try the next one
             _not_reached(state, outcome, exc)  # down only when refused: a slow accept is no dead upstream
-        except httpx.HTTPError as exc:  # it took the request and failed before answering
+        except UPSTREAM_FAILED as exc:  # it took the request and failed before answering
             return _failed_before_answering(gateway, state, outcome, exc, t0)
     return _no_upstream(gateway, outcome, tried, t0)
 
@@ -125,33 +127,38 @@ def _next_upstream(gateway: Gateway, outcome: Outcome, tried: set[str]) -> Upstr
     return state
 
 
-def _not_reached(state: UpstreamState, outcome: Outcome, exc: httpx.HTTPError) -> None:
+def _not_reached(state: UpstreamState, outcome: Outcome, exc: Exception) -> None:
     state.in_flight -= 1
     state.sharing.leave(outcome.shared_from)  # nothing reached it: no share of its time
     outcome.shared_from = None
-    if isinstance(exc, httpx.ConnectError):
+    if isinstance(exc, aiohttp.ClientConnectorError):
         state.mark_down(f"connect: {type(exc).__name__}: {exc}"[:200])
     outcome.retries += 1
 
 
 def _failed_before_answering(
-    gateway: Gateway, state: UpstreamState, outcome: Outcome, exc: httpx.HTTPError, t0: float
+    gateway: Gateway, state: UpstreamState, outcome: Outcome, exc: Exception, t0: float
 ) -> Response:
-    timed_out = isinstance(exc, httpx.TimeoutException)
+    timed_out = isinstance(exc, asyncio.TimeoutError)
     outcome.status, outcome.error = "error", "upstream:timeout" if timed_out else "upstream:no_response"
     gateway.finish(outcome, t0, state)
     message = f"upstream {state.upstream.name} failed before answering: {type(exc).__name__}"
     return openai_error(504 if timed_out else 502, message)
 
 
-async def _send_once(gateway: Gateway, upstream_request: httpx.Request, outcome: Outcome) -> httpx.Response:
-    """A kept-alive connection that the upstream closed while idle fails before any answer:
-    one more try, on a fresh connection, before the upstream is taken for broken."""
+async def _send_once(
+    session: aiohttp.ClientSession, url: str, raw: bytes, headers: dict, outcome: Outcome
+) -> aiohttp.ClientResponse:
+    """The upstream's answer, once its headers are in (the body is read by the caller). A kept-alive
+    connection that the upstream closed while idle fails before any answer: one more try, on a fresh
+    connection, before the upstream is taken for broken."""
     try:
-        return await gateway.http.send(upstream_request, stream=True)
-    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
+        return await session.post(url, data=raw, headers=headers)
+    except NOT_REACHED:
+        raise
+    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
         outcome.retries += 1
-        return await gateway.http.send(upstream_request, stream=True)
+        return await session.post(url, data=raw, headers=headers)
 
 
 def _no_upstream(gateway: Gateway, outcome: Outcome, tried: set[str], t0: float) -> Response:
@@ -162,43 +169,48 @@ def _no_upstream(gateway: Gateway, outcome: Outcome, tried: set[str], t0: float)
     return openai_error(503, f"no upstream can take the request; tried {sorted(tried)}; {down}")
 
 
-async def _whole(gateway: Gateway, response: httpx.Response, state: UpstreamState, outcome: Outcome, t0: float):
+async def _whole(gateway: Gateway, response: aiohttp.ClientResponse, state: UpstreamState, outcome: Outcome, t0: float):
     """A whole (non-streamed, or refused) answer. Up to `whole_response_bytes`: read, checked (502 when it
     is no JSON object), noted and passed on unchanged. Larger: relayed as it arrives (gateway.whole)."""
     name, settings = state.upstream.name, gateway.settings
-    declared, chunks = response.headers.get("content-length", ""), response.aiter_bytes()
+    declared, chunks = response.headers.get("content-length", ""), response.content.iter_any()
     try:
         if declared.isdecimal() and int(declared) > settings.max_response_bytes:
             raise TooLarge
         content, complete = await _read_head(chunks, settings.whole_response_bytes)
     except TooLarge:
-        await response.aclose()
+        response.close()
         message = f"upstream {name} sent a body over {settings.max_response_bytes} bytes"
         return _refuse(gateway, state, outcome, t0, "too_large", message)
-    except httpx.HTTPError:
-        await response.aclose()
+    except UPSTREAM_FAILED:
+        response.close()
         return _refuse(gateway, state, outcome, t0, "disconnected", f"upstream {name} broke off its response")
-    if response.status_code >= 400:
-        outcome.status, outcome.error = "error", f"upstream:{response.status_code}"
+    if response.status >= 400:
+        outcome.status, outcome.error = "error", f"upstream:{response.status}"
     if complete:
-        await response.aclose()
+        response.release()
         return _checked(gateway, response, content, state, outcome, t0)
     reader = WholeReader(settings.max_response_bytes)
     relay = _relay(gateway, _after(content, chunks), response, state, outcome, reader, t0)
-    return StreamingResponse(relay, status_code=response.status_code, headers=_headers(response, state, outcome))
+    return StreamingResponse(relay, status_code=response.status, headers=_headers(response, state, outcome))
 
 
 def _checked(
-    gateway: Gateway, response: httpx.Response, content: bytes, state: UpstreamState, outcome: Outcome, t0: float
+    gateway: Gateway,
+    response: aiohttp.ClientResponse,
+    content: bytes,
+    state: UpstreamState,
+    outcome: Outcome,
+    t0: float,
 ) -> Response:
     """An answer read whole: a success must be a JSON object (else 502), its usage and metrics noted."""
-    if response.status_code < 400:
+    if response.status < 400:
         if not isinstance(body := _json_or_none(content), dict):
             message = f"upstream {state.upstream.name} returned a malformed body (not a JSON object)"
             return _refuse(gateway, state, outcome, t0, "malformed", message)
         outcome.usage, outcome.metrics = body.get("usage"), body.get("metrics")
     gateway.finish(outcome, t0, state)
-    return Response(content, response.status_code, headers=_headers(response, state, outcome))
+    return Response(content, response.status, headers=_headers(response, state, outcome))
 
 
 async def _read_head(chunks: AsyncIterator[bytes], hold: int) -> tuple[bytes, bool]:
@@ -235,7 +247,7 @@ def _refuse(gateway: Gateway, state: UpstreamState, outcome: Outcome, t0: float,
 async def _relay(
     gateway: Gateway,
     chunks: AsyncIterator[bytes],
-    response: httpx.Response,
+    response: aiohttp.ClientResponse,
     state: UpstreamState,
     outcome: Outcome,
     reader: SseReader | WholeReader,
@@ -244,7 +256,7 @@ async def _relay(
     """The answer's bytes as they arrive, through `reader` (SSE events, or a whole answer's chunks)."""
     finished = False
     try:
-        async for data in chunks:  # decoded: the client gets no content-encoding header
+        async for data in chunks:  # decoded, what is there (events that came together pass as one write)
             out = reader.feed(data)
             if outcome.ttft_s is None and reader.saw_content:
                 outcome.ttft_s = time.monotonic() - t0
@@ -255,7 +267,7 @@ async def _relay(
         if outcome.status == "ok":
             reader.note(outcome)
         finished = True
-    except (httpx.HTTPError, TooLarge) as exc:  # the upstream went away mid-answer, or sent too much
+    except (*UPSTREAM_FAILED, TooLarge) as exc:  # the upstream went away mid-answer, or sent too much
         too_large = isinstance(exc, TooLarge)
         outcome.status, finished = "error", True
         outcome.error = "upstream:too_large" if too_large else "upstream:disconnected"
@@ -268,12 +280,14 @@ async def _relay(
         if not finished:  # the client left (cancelled or closed): closing the connection aborts it upstream
             outcome.status, outcome.error = "cancelled", "client:disconnected"
             outcome.usage, outcome.metrics = reader.usage, reader.metrics
-        with anyio.CancelScope(shield=True):
-            await response.aclose()
+        if finished and outcome.status == "ok":
+            response.release()  # read to its end: the connection goes back to the pool
+        else:
+            response.close()  # closing the connection aborts the request upstream
         gateway.finish(outcome, t0, state)
 
 
-def _headers(response: httpx.Response, state: UpstreamState, outcome: Outcome) -> dict[str, str]:
+def _headers(response: aiohttp.ClientResponse, state: UpstreamState, outcome: Outcome) -> dict[str, str]:
     headers = {"x-specwatch-upstream": state.upstream.name, "x-specwatch-request-id": outcome.request_id}
     if content_type := response.headers.get("content-type"):
         headers["content-type"] = content_type

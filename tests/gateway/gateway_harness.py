@@ -61,7 +61,7 @@ def faulty_upstream() -> Starlette:
     """An OpenAI-shaped upstream whose answer the request's `prompt` chooses: 'fail500', 'malformed',
     'huge' (a 3 MB body), 'break' (a stream cut off mid-way: the connection drops), 'slow' (a stream of
     200 chunks, 20 ms apart; `app.state.slow_sent` gets how many it sent once it ended), 'stall' (a normal
-    reply after 1.5 s), 'large' (a whole answer of about the request's `size` bytes, sent in 1 MiB chunks
+    reply after 1.5 s), 'cookie' (a normal reply setting a cookie), 'large' (a whole answer of about the request's `size` bytes, sent in 1 MiB chunks
     without a content-length, usage and metrics after `choices`: see `large_answer`), else a normal small reply.
     `/health` answers after `app.state.health_delay_s`."""
 
@@ -84,7 +84,10 @@ def faulty_upstream() -> Starlette:
         if kind == "slow":
             return StreamingResponse(_slow_stream(request.app.state), media_type="text/event-stream")
         usage = {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
-        return JSONResponse({"object": "text_completion", "choices": [{"index": 0, "text": "ok"}], "usage": usage})
+        answer = JSONResponse({"object": "text_completion", "choices": [{"index": 0, "text": "ok"}], "usage": usage})
+        if kind == "cookie":  # an upstream that sets a session cookie
+            answer.set_cookie("upstream_session", "secret-of-one-client")
+        return answer
 
     app = Starlette(
         routes=[

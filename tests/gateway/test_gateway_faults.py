@@ -36,6 +36,15 @@ def test_upstream_errors_pass_through_unchanged_and_are_recorded(upstream):
         assert (record.status, record.error, record.instance) == ("error", "upstream:500", "p")
 
 
+def test_a_cookie_an_upstream_sets_never_rides_on_another_request(upstream):
+    """The gateway keeps no cookie jar: one client's upstream session must not leak into the next request."""
+    with GatewayServer([f"p={upstream.url}"]) as gw:
+        assert post(gw.url, {"prompt": "cookie"}).status_code == 200
+        assert post(gw.url, {"prompt": "next client"}).status_code == 200
+        seen = upstream.server.config.app.state.seen[-1]
+        assert seen["body"]["prompt"] == "next client" and "cookie" not in seen["headers"]
+
+
 def test_a_malformed_upstream_body_is_a_502_naming_the_upstream(upstream):
     with GatewayServer([f"odd-one={upstream.url}"]) as gw:
         response = post(gw.url, {"prompt": "malformed"})
