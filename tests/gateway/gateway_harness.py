@@ -61,7 +61,8 @@ def faulty_upstream() -> Starlette:
     """An OpenAI-shaped upstream whose answer the request's `prompt` chooses: 'fail500', 'malformed',
     'huge' (a 3 MB body), 'break' (a stream cut off mid-way: the connection drops), 'slow' (a stream of
     200 chunks, 20 ms apart; `app.state.slow_sent` gets how many it sent once it ended), 'stall' (a normal
-    reply after 1.5 s), 'cookie' (a normal reply setting a cookie), 'large' (a whole answer of about the request's `size` bytes, sent in 1 MiB chunks
+    reply after 1.5 s), 'cookie' (a normal reply setting a cookie),
+    'large' (a whole answer of about the request's `size` bytes, sent in 1 MiB chunks
     without a content-length, usage and metrics after `choices`: see `large_answer`), else a normal small reply.
     `/health` answers after `app.state.health_delay_s`."""
 
