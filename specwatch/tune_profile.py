@@ -88,6 +88,7 @@ def register_profile(actions: argparse._SubParsersAction) -> None:
         "profile",
         help="measure servers' step cost per batch size and k (one server per k: a k needs a server started with it)",
         description=__doc__.split("\n\n")[2] + "\n\n" + __doc__.split("\n\n")[3],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     one_per_k = "an OpenAI-compatible server (repeat: one per num_speculative_tokens, a plain one too)"
     profile.add_argument("--upstream", metavar="URL", action="append", required=True, help=one_per_k)
