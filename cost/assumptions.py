@@ -7,6 +7,7 @@ never measured), "estimate" (derived, not metered: e.g. CPU power from CPU-secon
 
 from __future__ import annotations
 
+from cost.sharing import derived_in
 from cost.terms import GB, HIDDEN_FIELDS, HIDDEN_UNITS, SEED, Assumption, CostInputs, monthly_volume, needs_training
 
 
@@ -80,7 +81,7 @@ def estimated_from(inputs: CostInputs, key: str) -> tuple[str, ...]:
             found.append(f"{arm.key} energy (estimate)")
         if arm.memory_source not in ("measured", "given"):
             found.append(f"{arm.key} memory ({arm.memory_source})")
-        if arm.device_s_source == "derived":
+        if derived_in(arm.device_s_source):
             found.append(f"{arm.key} device time (processor sharing derived from request times)")
     spec = next((arm for arm in arms if arm.key == key), None)
     for name in HIDDEN_FIELDS:
@@ -110,7 +111,7 @@ def notes(inputs: CostInputs) -> tuple[str, ...]:
                 f"{arm.key}: memory {arm.memory_source}"
                 + (" (whole devices charged)" if arm.target_memory_bytes is None else "")
             )
-        if arm.device_s_source == "derived":
+        if derived_in(arm.device_s_source):
             found.append(f"{arm.key}: device time derived by processor sharing over request times (no device_s)")
     if inputs.idle is None:
         found.append("idle time not measured (no device samples): only busy device time is priced")

@@ -22,6 +22,12 @@ from dataclasses import dataclass
 import numpy as np
 
 MERGED_SOURCE = "gateway_ps_merged"
+DERIVED_SOURCES = ("derived", MERGED_SOURCE)  # device time the cost model derived from request times ("~")
+
+
+def derived_in(sources: str | None) -> bool:
+    """Whether an arm's device time sources (comma-joined, `cost.measured`) include a derived one."""
+    return bool(sources) and any(s in DERIVED_SOURCES for s in sources.split(","))
 
 
 @dataclass(frozen=True)

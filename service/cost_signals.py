@@ -29,6 +29,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from collector.queries import Window
 from cost.inputs import infer_gpu_type, measured_inputs
 from cost.model import ArmCost, Prices, tco
+from cost.sharing import derived_in
 from cost.summary import DEFAULT_GPU
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ def estimated_parts(arm: ArmCost) -> tuple[str, ...]:
         parts.append("energy estimate")
     if arm.memory_source not in ("measured", "given"):
         parts.append(f"memory {arm.memory_source}")
-    if arm.device_s_source == "derived":
+    if derived_in(arm.device_s_source):
         parts.append("device time derived from request times")
     return tuple(parts)
 

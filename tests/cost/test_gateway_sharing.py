@@ -19,6 +19,7 @@ from collector.db import make_engine, upgrade
 from collector.queries import Filters, Window
 from collector.store import Store
 from cost.allocation import allocate
+from cost.assumptions import estimated_from
 from cost.inputs import load_prices
 from cost.measured import measured_inputs, read_usage
 from cost.sharing import Lives, merged_device_s, virtual_time
@@ -140,6 +141,7 @@ def test_two_real_gateways_in_front_of_one_upstream_charge_its_busy_time_once(tm
     _close(found.lines_usd, found.bill_usd)
     _close(found.usd(kind="arm"), busy * 4.5 / 3600)  # on-demand H100-SXM: $4.5 per GPU-hour
     assert all(line.estimate for line in found.lines if line.kind == "arm")  # shown with "~"
+    assert any("derived" in note for note in estimated_from(inputs, arm.key))  # and named among the estimates
     engine.dispose()
 
 
