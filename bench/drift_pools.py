@@ -6,17 +6,20 @@
   a header and its requests, written by bench/drift_record_vllm.py).
 
 Both keep only requests that drafted at least the detector's `min_drafted_tokens`, as the detector does.
+`split` halves a pool at random (a fixed seed): parameters are chosen on the `tune` half and the goals
+reported on the `holdout` half too, so a parameter that fits one file's requests shows up.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 DATA = Path(__file__).with_name("data")
+HALVES = ("tune", "holdout")
 ENGINE_RECORDS = DATA / "engine_acceptance.jsonl"
 VLLM_RECORDS = DATA / "vllm_acceptance.json"
 
@@ -82,3 +85,12 @@ def vllm_pool(path: Path, min_drafted: int) -> Pool:
     except (json.JSONDecodeError, KeyError, TypeError) as exc:
         raise PoolError(f"{path}: not a recording of bench/drift_record_vllm.py ({exc!r})") from None
     return make_pool("vllm", source, rows, min_drafted)
+
+
+def split(pool: Pool, half: str, seed: int = 0) -> Pool:
+    """The `tune` or `holdout` half of the pool's kept requests, at random (the same halves for a seed)."""
+    if half not in HALVES:
+        raise PoolError(f"unknown half {half!r}: one of {', '.join(HALVES)}")
+    order = np.random.default_rng(seed).permutation(len(pool.drafted))
+    keep = np.sort(order[: len(order) // 2] if half == "tune" else order[len(order) // 2 :])
+    return replace(pool, name=f"{pool.name}/{half}", drafted=pool.drafted[keep], accepted=pool.accepted[keep])

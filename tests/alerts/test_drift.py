@@ -22,7 +22,8 @@ from alerts.tables import alert_notifications
 from collector.store import Store
 from telemetry.schema import IngestBatch
 
-SMALL = {"warmup": 20, "decision_interval": 5.0, "min_drafted_tokens": 8, "rebaseline_after": 0}
+# the by-hand tables keep the warmup's baseline (learn_below_score 0); tests/alerts/test_drift_baseline.py learns
+SMALL = {"warmup": 20, "decision_interval": 5.0, "min_drafted_tokens": 8, "rebaseline_after": 0, "learn_below_score": 0}
 DRIFT_RULE = {
     "name": "SpecAcceptanceDrift",
     "signal": "acceptance_drift",
@@ -86,7 +87,7 @@ def test_cusum_score_by_hand(xs, expected):
 
 
 def test_alarm_then_recovery_then_rebaseline():
-    settings = DriftSettings(**{**SMALL, "rebaseline_after": 5})
+    settings = DriftSettings(**{**SMALL, "rebaseline_after": 5})  # baseline learning off: the table is by hand
     state = SeriesState()
     for i, x in enumerate([0.5, 0.7] * 10):  # baseline mean 0.6, sd ~0.1
         state = step(state, x, i, settings)

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench import drift
-from bench.drift_pools import ENGINE_RECORDS, VLLM_RECORDS, PoolError, engine_pool, vllm_pool
+from bench import drift, drift_split
+from bench.drift_pools import ENGINE_RECORDS, VLLM_RECORDS, PoolError, engine_pool, split, vllm_pool
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -70,3 +70,26 @@ def test_the_verdict_follows_the_goals():
     assert drift.verdict(results(301, 0.0)) == "FAIL"
     assert drift.verdict(results(100, 1.0)) == "FAIL"
     assert drift.verdict(results(float("inf"), 0.0)) == "FAIL"
+
+
+def test_the_halves_are_disjoint_cover_the_pool_and_repeat_for_a_seed():
+    pool = vllm_pool(VLLM_RECORDS, 8)
+    tune, holdout = split(pool, "tune"), split(pool, "holdout")
+    assert (tune.name, holdout.name) == ("vllm/tune", "vllm/holdout")
+    assert len(tune.drafted) + len(holdout.drafted) == len(pool.drafted)
+    pairs = sorted(zip(pool.drafted.tolist(), pool.accepted.tolist()))
+    halves = zip([*tune.drafted, *holdout.drafted], [*tune.accepted, *holdout.accepted])
+    assert sorted((int(d), int(a)) for d, a in halves) == pairs
+    assert np.array_equal(split(pool, "tune").accepted, tune.accepted)
+    assert not np.array_equal(split(pool, "tune", seed=1).accepted, tune.accepted)
+    with pytest.raises(PoolError, match="unknown half"):
+        split(pool, "third")
+
+
+def test_the_split_bench_chooses_the_smallest_h_passing_on_every_tune_half():
+    def results(step, alarms):
+        return {"step -15%": {"median_requests": step}, "stationary 24 h": {"false_alarms_per_day": alarms}}
+
+    assert drift_split.choose({30: [results(200, 2.0)], 40: [results(280, 0.5)], 50: [results(350, 0.1)]}) == 40
+    assert drift_split.choose({30: [results(200, 2.0)], 40: [results(290, 1.5)], 50: [results(350, 0.1)]}) == 40
+    assert drift_split.choose({30: [results(400, 2.0)], 40: [results(500, 1.5)]}) == 40
