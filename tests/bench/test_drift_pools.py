@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench import drift, drift_split
+from bench import drift, drift_information, drift_pools, drift_split
 from bench.drift_pools import ENGINE_RECORDS, VLLM_RECORDS, PoolError, engine_pool, split, vllm_pool
 
 REPO = Path(__file__).resolve().parents[2]
@@ -93,3 +93,14 @@ def test_the_split_bench_chooses_the_smallest_h_passing_on_every_tune_half():
     assert drift_split.choose({30: [results(200, 2.0)], 40: [results(280, 0.5)], 50: [results(350, 0.1)]}) == 40
     assert drift_split.choose({30: [results(200, 2.0)], 40: [results(290, 1.5)], 50: [results(350, 0.1)]}) == 40
     assert drift_split.choose({30: [results(400, 2.0)], 40: [results(500, 1.5)]}) == 40
+
+
+def test_the_information_table_per_statistic():
+    pool = vllm_pool(VLLM_RECORDS, 8)
+    got = drift_information.statistics(pool, 0.15)
+    assert got["request"] == pytest.approx(0.15 * pool.mean / pool.stddev)
+    assert 0 < drift_information.overdispersion(pool) < 1
+    # one request of 8 drafted tokens repeated: no spread between requests, binomial noise only
+    flat = drift_pools.Pool("flat", "", 4, np.array([8, 8, 8, 8]), np.array([2, 4, 4, 6]))
+    assert drift_information.overdispersion(flat) == 0.0
+    assert all(np.isfinite(v) and v > 0 for v in drift_information.statistics(flat, 0.15).values())
