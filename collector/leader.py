@@ -16,6 +16,14 @@ lock connection; a check that fails (or hangs past `CHECK_TIMEOUT_S`) stops its 
 and the next replica to try takes over. TCP keepalives on the lock connection make the server
 notice a vanished leader within about `KEEPALIVE_S`.
 
+A lock connection is never left behind holding the lock, since nobody else could lead while it lives:
+one thread of its own runs every step on it (a try, a check, the release), so a release waits for
+the step in flight instead of racing it (a try still connecting when `lead` was cancelled used to
+take the lock after the release had run, on a connection nobody closed); and a step that hangs
+past `CHECK_TIMEOUT_S` has its server session ended from a second connection, once this replica's
+background work has stopped (`pg_terminate_backend` of that pid and start time only: never another
+session that reused the pid).
+
 On SQLite the database belongs to one process, which is always the leader.
 """
 
@@ -27,6 +35,7 @@ import logging
 import os
 import socket
 from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -47,10 +56,15 @@ _LIBPQ_KEEPALIVES = {
     "keepalives_interval": 2,
     "keepalives_count": 3,
     "tcp_user_timeout": KEEPALIVE_S * 1000,
+    "connect_timeout": KEEPALIVE_S,
 }
 _HOLDS_LOCK = text(
     "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted "
     "AND classid = :high AND objid = :low AND objsubid = 1"
+)
+_SESSION = text("SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()")
+_END_SESSION = text(
+    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = :pid AND backend_start = :start"
 )
 
 
@@ -66,7 +80,12 @@ class Leadership:
         self.single_process = engine.dialect.name != "postgresql"
         self.is_leader = self.single_process
         self._lock_engine = None if self.single_process else _lock_engine(engine)
+        # the lock connection's own thread: its steps never overlap, nor wait behind the loop's executor
+        self._thread = None if self.single_process else ThreadPoolExecutor(1, thread_name_prefix="leader-lock")
+        self._step: Future | None = None  # the last step submitted to that thread
+        self._ended: Future | None = None  # the hung step whose session was ended
         self._conn: Connection | None = None
+        self._session: tuple | None = None  # (pid, backend_start) of the lock connection's server session
 
     async def lead(self, work: Callable[[], Awaitable[None]]) -> None:
         """Run `work()` while this replica leads; runs until cancelled (then releases the lock).
@@ -85,30 +104,50 @@ class Leadership:
                     log.warning("replica %s lost the leadership: stopping the background work", self.replica_id)
                     await _stop(task)
                     task = None
+                await self._end_hung_session()  # only once the work stopped: no two leaders working
                 await asyncio.sleep(self.retry_s)
         finally:
             self.is_leader = False
             if task is not None:
                 await _stop(task)
-            await asyncio.to_thread(self.release)
+            await self._close()
 
     async def _hold_or_try(self) -> bool:
         """The leader checks its lock; a follower tries to take it. False when the check fails or hangs."""
-        step = self._still_held if self.is_leader else self._try_acquire
+        if self._step is not None and not self._step.done():
+            return False  # the last step still hangs
+        self._step = self._thread.submit(self._still_held if self.is_leader else self._try_acquire)
         try:  # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancel that races the result
             async with asyncio.timeout(CHECK_TIMEOUT_S):
-                return await asyncio.to_thread(step)
+                return await asyncio.wrap_future(self._step)
         except TimeoutError:
             log.warning(
                 "replica %s: the leader lock connection did not answer in %g s", self.replica_id, CHECK_TIMEOUT_S
             )
-            self._conn = None  # stuck in its thread; never used again (the server ends it)
             return False
+
+    async def _end_hung_session(self) -> None:
+        """A step hangs on the lock connection, whose session may hold the lock: end that session."""
+        hung = self._step
+        if hung is not None and not hung.done() and hung is not self._ended:
+            self._ended = hung
+            await asyncio.to_thread(self._end_session)
+
+    async def _close(self) -> None:
+        """The release, on the lock thread after the step in flight; one that hangs has its session ended."""
+        released = asyncio.wrap_future(self._thread.submit(self.release))
+        try:
+            async with asyncio.timeout(CHECK_TIMEOUT_S):
+                await asyncio.shield(released)
+        except TimeoutError:
+            await asyncio.to_thread(self._end_session)
+        self._thread.shutdown(wait=False)
 
     def _try_acquire(self) -> bool:
         try:
             if self._conn is None:
                 self._conn = self._lock_engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+                self._session = tuple(self._conn.execute(_SESSION).one())
             return bool(self._conn.scalar(text("SELECT pg_try_advisory_lock(:key)"), {"key": LEADER_LOCK_KEY}))
         except SQLAlchemyError as exc:
             log.warning("replica %s could not try the leader lock: %s", self.replica_id, exc)
@@ -125,18 +164,29 @@ class Leadership:
             self._discard()
             return False
 
+    def _end_session(self) -> None:
+        """End the lock connection's server session (and its locks) from another connection."""
+        if (session := self._session) is None:
+            return
+        log.warning("replica %s: ending the hung leader lock session (pid %s)", self.replica_id, session[0])
+        try:
+            with self._lock_engine.connect() as conn:
+                conn.execute(_END_SESSION, {"pid": session[0], "start": session[1]})
+        except SQLAlchemyError as exc:  # the server is out of reach: it ends the session itself (keepalives)
+            log.warning("replica %s could not end the hung lock session: %s", self.replica_id, exc)
+
     def _discard(self) -> None:
         if self._conn is not None:
             with contextlib.suppress(SQLAlchemyError):
                 self._conn.invalidate()
-        self._conn = None
+        self._conn = self._session = None
 
     def release(self) -> None:
         """Close the lock connection (its session's locks go with it)."""
         if self._conn is not None:
             with contextlib.suppress(SQLAlchemyError):
                 self._conn.close()
-            self._conn = None
+            self._conn = self._session = None
         if self._lock_engine is not None:
             self._lock_engine.dispose()
 
