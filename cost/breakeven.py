@@ -11,11 +11,19 @@ token. As ratios, c = t_draft / t_verify (what `draft_cost_ratio` measures: rela
 forward) and v = t_verify / t_plain, a round costs v (gamma c + 1) plain steps: with c = 0.2 and
 v = 1.5 at gamma = 4, break-even alpha is 0.686 (not 0.599, which gamma c + v gives by mixing units).
 
-The times come from the step timings of one concurrency level where both arms were measured (the
-one where speculation served most forwards), so the batch is the same for both: `verify_s` holds
-whole batched forwards, and comparing forwards of different batch sizes confounds v. When no level
-has both, the window's totals are used and the figure says it may be confounded; v < 1 is flagged;
-without a plain arm v is "not measured" and no curve is drawn (never a silent v = 1).
+Where the times come from (`times_from`, shown in the API, the CLI table and the Cost page):
+
+- `step_curve`: the engine's measured step-cost curve, the latest `step_costs` event in the window of an
+  instance that served the arm (cost.step_curve): t_plain(b) = curve(b, 1 row per request) and
+  t_verify(gamma, b) = curve(b, gamma + 1 rows) at the same batch bucket b, the one it ran most forwards
+  at; t_draft is the records' draft seconds per drafted token.
+- `records`: vLLM upstreams (no curve), or a curve that lacks the rows needed, or an engine's arm with no
+  curve stored (both warned): the step timings of one concurrency level where both arms were measured
+  (the one where speculation served most forwards), so the batch is the same for both: `verify_s` holds
+  whole batched forwards, and comparing forwards of different batch sizes confounds v. When no level
+  has both, the window's totals are used and the figure says it may be confounded.
+- `not measured`: no curve and no plain arm: no curve is drawn (never a silent v = 1).
+v < 1 is flagged whatever the source.
 
 E[tokens per round] is the measured mean acceptance length 1 + accepted / drafts, which gives
 alpha. For the net benefit at another acceptance, the speculative arm is re-scaled along the formula
@@ -32,7 +40,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 from scipy.optimize import brentq
 
+from collector.curve_reads import CurvePoint
 from cost.model import CostInputs, ModeMeasure, monthly_volume, net_benefit, primary_key
+from cost.step_curve import CurveTimes
+from cost.step_inputs import NOT_MEASURED, RECORDS, STEP_CURVE, StepInputs, per_forward, step_inputs
+
+__all__ = ["NOT_MEASURED", "RECORDS", "STEP_CURVE", "StepInputs", "step_inputs"]  # re-exported
 
 _ONE = 1.0 - 1e-12  # above this, alpha is taken as 1 (the formula's limit)
 
@@ -98,84 +111,13 @@ def break_even_alpha(gamma: float, c: float, v: float = 1.0) -> float | None:
     return float(brentq(lambda a: expected_speedup(a, gamma, c, v) - 1.0, 0.0, 1.0, xtol=1e-12))
 
 
-@dataclass(frozen=True)
-class StepInputs:
-    """The break-even's times (seconds) and where they came from."""
-
-    t_plain: float | None  # per plain step
-    t_verify: float | None  # per verify forward
-    t_draft: float | None  # per drafted token
-    level: int | None  # the concurrency level they were measured at (None: the window's totals)
-    source: str
-    warnings: tuple[str, ...]
-
-    @property
-    def v(self) -> float | None:
-        return self.t_verify / self.t_plain if self.t_plain and self.t_verify else None
-
-    @property
-    def c(self) -> float | None:
-        return self.t_draft / self.t_verify if self.t_draft is not None and self.t_verify else None
-
-
-def step_inputs(inputs: CostInputs, spec: ModeMeasure) -> StepInputs:
-    """t_plain, t_verify and t_draft at one concurrency level, else the totals, with warnings (module docstring)."""
-    plain = inputs.baseline
-    if plain is None:
-        return StepInputs(None, None, _per_draft(spec), None, "not measured", ("no plain arm: v not measured",))
-    level, found = _common_level(inputs, spec.key, plain.key)
-    if level is not None:
-        times, where = found, f"measured at concurrency level {level}"
-        warnings = []
-    else:
-        times = (
-            _per_forward(plain.verify_s, plain.target_forwards),
-            _per_forward(spec.verify_s, spec.target_forwards),
-            _per_draft(spec),
-        )
-        where = "the window's totals"
-        warnings = (
-            ["no concurrency level with both arms timed: v from the window's totals, confounded by batch size"]
-            if inputs.step_times
-            else []
-        )
-    steps = StepInputs(*times, level, where, ())
-    if steps.v is None:
-        warnings.append("verify or plain step times not measured: v not measured")
-    elif steps.v < 1:
-        warnings.append(
-            f"v = {steps.v:.2f} < 1: a verify forward timed cheaper than a plain step (confounded or noise)"
-        )
-    return StepInputs(*times, level, where, tuple(warnings))
-
-
-def _per_forward(seconds: float, forwards: int) -> float | None:
-    return seconds / forwards if forwards > 0 and seconds > 0 else None
-
-
-def _per_draft(arm) -> float | None:
-    return arm.draft_s / arm.draft_tokens if arm.draft_tokens > 0 and arm.verify_s > 0 else None
-
-
-def _common_level(inputs: CostInputs, spec: str, plain: str):
-    """(level, (t_plain, t_verify, t_draft)) where both arms were timed, the one with most speculative forwards."""
-    at = {(s.level, s.arm): s for s in inputs.step_times}
-    both = [(at[(lv, spec)], at[(lv, plain)]) for lv, arm in at if arm == spec and (lv, plain) in at]
-    both = [(s, p) for s, p in both if s.seconds_per_forward and p.seconds_per_forward]
-    if not both:
-        return None, None
-    s, p = max(both, key=lambda pair: pair[0].target_forwards)
-    draft = s.draft_s / s.draft_tokens if s.draft_tokens > 0 else None
-    return s.level, (p.seconds_per_forward, s.seconds_per_forward, draft)
-
-
 def verify_cost_ratio(spec: ModeMeasure, plain: ModeMeasure | None) -> float | None:
     """v from the two arms' totals: seconds per verify forward / seconds per plain step (None: not timed)."""
     if plain is None:
         return None
     spec_forward, plain_step = (
-        _per_forward(spec.verify_s, spec.target_forwards),
-        _per_forward(plain.verify_s, plain.target_forwards),
+        per_forward(spec.verify_s, spec.target_forwards),
+        per_forward(plain.verify_s, plain.target_forwards),
     )
     return spec_forward / plain_step if spec_forward and plain_step else None
 
@@ -259,6 +201,10 @@ class BreakEven:
     level: int | None = None
     source: str = ""
     warnings: tuple[str, ...] = ()
+    times_from: str = ""  # step_curve | records | not measured (StepInputs.times_from)
+    batch: int | None = None  # the batch bucket of the curve the times were read at (step_curve)
+    curve_instance: str | None = None
+    step_points: tuple[CurvePoint, ...] = ()  # the curve's measured points at that batch (step_curve)
 
 
 def break_even(inputs: CostInputs) -> tuple[BreakEven, ...]:
@@ -297,7 +243,13 @@ def _break_even(inputs: CostInputs, arm: ModeMeasure) -> BreakEven:
         steps.level,
         steps.source,
         steps.warnings,
+        steps.times_from,
+        *_curve_fields(steps.curve),
     )
+
+
+def _curve_fields(found: CurveTimes | None) -> tuple:
+    return (None, None, ()) if found is None else (found.batch, found.instance, found.points)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from typing import Protocol
 import numpy as np
 from sqlalchemy import Engine
 
+from collector.curve_reads import step_curves
 from collector.queries import Filters, Window
 from collector.usage import (
     GATEWAY_SOURCE,
@@ -173,6 +174,7 @@ def measured_inputs(
         idle_allocation,
         instances,
         _step_times(u, keys),
+        tuple(step_curves(engine, window, sorted(set(c.instance.tolist()))).values()),
     )
 
 

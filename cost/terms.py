@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from collector.curve_reads import StoredCurve
 from cost.instances import ArmUse, InstanceUse, StepTime
 
 SECONDS_PER_MONTH = 730 * 3600  # 365 x 24 / 12 hours
@@ -269,6 +270,7 @@ class CostInputs:
     idle_allocation: str = "separate"
     instances: tuple[InstanceUse, ...] = ()  # measured per instance (empty: what-if, one instance of the arms)
     step_times: tuple[StepTime, ...] = ()  # per concurrency level and arm (empty: only the arms' totals)
+    step_curves: tuple[StoredCurve, ...] = ()  # the engines' step-cost curves (cost.step_curve; empty: none)
 
     def __post_init__(self) -> None:
         _require(self.pricing in PRICINGS, f"pricing must be one of {', '.join(PRICINGS)}")

@@ -237,6 +237,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from engine.scheduler import Scheduler
     from engine.server import create_app
     from engine.shutdown import serve_until_signal
+    from engine.step_cost_events import StepCostEvents
     from telemetry import spans
     from telemetry.client import TelemetryClient
     from telemetry.sink import TelemetrySink
@@ -261,6 +262,8 @@ def run_serve(args: argparse.Namespace) -> int:
     if client:
         sampler = DeviceSampler(scheduler, telemetry, args.sample_interval)
         sampler.start()
+        step_costs = StepCostEvents(engine.step_costs, telemetry.emit)  # the curve, for the cost model
+        step_costs.start()
     print(
         f"engine: {engine.target.name} ({engine.target.dtype}) on http://{args.host}:{args.port}/v1, "
         f"telemetry -> {args.collector or 'off'}, spans -> {spans.endpoint() if telemetry.spans else 'off'}",
@@ -287,6 +290,7 @@ def run_serve(args: argparse.Namespace) -> int:
         guard.stop()
         if client:
             sampler.stop()
+            step_costs.stop()  # the curve as it ends
             client.close()
     return 0
 

@@ -39,6 +39,7 @@ class CostCurve:
 
     alpha: float = 0.2  # weight of a new measurement
     seconds: dict[int, dict[int, float]] = field(default_factory=dict)  # bucket -> tokens -> seconds
+    counts: dict[int, dict[float, int]] = field(default_factory=dict)  # bucket -> tokens -> forwards observed
 
     def observe(self, batch: int, tokens: float, seconds: float) -> None:
         if tokens < 1 or seconds < 0:
@@ -46,6 +47,8 @@ class CostCurve:
         curve = self.seconds.setdefault(batch_bucket(batch), {})
         old = curve.get(tokens)
         curve[tokens] = seconds if old is None else old + self.alpha * (seconds - old)
+        counted = self.counts.setdefault(batch_bucket(batch), {})
+        counted[tokens] = counted.get(tokens, 0) + 1
 
     def slope(self) -> float:
         """Relative cost per extra token (cost(n) / cost(1) = 1 + slope * (n - 1)), from the measured curves."""

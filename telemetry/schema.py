@@ -63,6 +63,7 @@ EventKind = Literal[
     "streams",
     "upstream",
     "canary_verdict",  # specwatch tune canary's decision (alerts.canary makes it an alert-history entry + webhook)
+    "step_costs",  # the engine's step-cost curve: detail.points [[batch, rows, s, count]] (engine/step_cost_events)
 ]
 # Ours (ngram, suffix, model:NAME, early-exit:K) and vLLM's speculative methods, as a gateway labels its upstreams.
 VLLM_METHODS = ("ngram", "suffix", "eagle", "eagle3", "mtp", "medusa")
