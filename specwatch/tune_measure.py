@@ -46,6 +46,7 @@ class Answer:
     output_tokens: int
     generation_s: float  # the server's generation_time_ms: first token to last
     counts: DraftCounts | None
+    part: int = 0  # the pass over the servers it was sent in
 
     @property
     def level(self) -> int:
@@ -95,13 +96,18 @@ def acceptances(answers: list[Answer]) -> dict[str, dict]:
     return found
 
 
+def _span(answers: list[Answer]) -> float:
+    """Wall time from the first request's start to the last one's end."""
+    return max(a.started_at + a.wall_s for a in answers) - min(a.started_at for a in answers)
+
+
 def measured_rows(answers: list[Answer], ks: dict[str, int]) -> list[dict]:
     """Client-side tokens/s and ms/token per server and concurrency (module docstring)."""
     rows = []
     for url, concurrency in sorted({(a.url, a.concurrency) for a in answers}, key=lambda x: (x[1], ks[x[0]])):
         picked = [a for a in answers if a.url == url and a.concurrency == concurrency]
         tokens, steps = sum(a.output_tokens for a in picked), sum(a.steps for a in picked)
-        span = max(a.started_at + a.wall_s for a in picked) - min(a.started_at for a in picked)
+        span = sum(_span([a for a in picked if a.part == part]) for part in {a.part for a in picked})
         drafted = sum(a.counts.num_draft_tokens for a in picked if a.counts)
         rows.append({"url": url, "k": ks[url], "concurrency": concurrency, "level": picked[0].level,
                      "requests": len(picked), "output_tokens": tokens, "tokens_per_s": tokens / span if span else None,

@@ -4,9 +4,10 @@
 specwatch tune profile --upstream URL [--upstream URL2 ...] [--concurrency 1,4,8] [--requests N]
     [--max-tokens N] [--model NAME] [--timeout SECONDS] [--out profile.json]
 
-A bounded sweep of concurrency x k: at each concurrency c, each upstream in turn (the order rotates per
-level) gets one warm-up request, then `--requests` chat requests of the mixed workload
-(`specwatch.workload.PROMPTS`, greedy), c in flight at a time. A progress bar goes to stderr.
+A bounded sweep of concurrency x k: at each concurrency c, each upstream gets one warm-up request, then
+`--requests` chat requests of the mixed workload (`specwatch.workload.PROMPTS`, greedy), c in flight at a
+time, in `--passes` passes that alternate between the upstreams (the order rotates), so a shared machine's
+drift hits every server alike. A progress bar goes to stderr.
 
 Each server runs only the k it was started with: profiling a `num_speculative_tokens` needs a server
 started with it. Give one server per k (a plain one, k = 0, among them: vLLM without
@@ -22,7 +23,7 @@ From the responses, per bucket level (`cost.attribution.levels` of c):
                  drafter that drafts in only some steps (n-gram: q < 1) is costed as it runs
     acceptance   a_i and q pooled over the speculative servers, as the tuner reads records
                  (`cost.tuner_data.acceptance`, from vLLM's per-request acceptance_histogram)
-    measured     client-side tokens/s (Σ output tokens / the level's wall time) and ms/token (Σ request
+    measured     client-side tokens/s (Σ output tokens / Σ wall time of its passes) and ms/token (Σ request
                  latency / Σ output tokens) per server, for the table this prints
 """
 
@@ -33,7 +34,7 @@ import asyncio
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import httpx
@@ -61,6 +62,7 @@ class ProfileConfig:
     timeout_s: float = 300.0
     api_key: str | None = None
     warmups: int = 1  # requests per server and level before the measured ones
+    passes: int = 2  # alternating passes over the servers per level
 
 
 def concurrency_list(value: str) -> tuple[int, ...]:
@@ -99,6 +101,8 @@ def register_profile(actions: argparse._SubParsersAction) -> None:
         default=ProfileConfig.requests,
         help="per server and level (default 24; the tuner wants 20 speculative requests a level)",
     )
+    profile.add_argument("--passes", type=_requests, default=ProfileConfig.passes,
+                         help="alternating passes over the servers per level (default 2)")  # fmt: skip
     profile.add_argument("--max-tokens", type=_requests, default=64, help="per request (default 64)")
     profile.add_argument("--model", default=None, help="model name to request (default: each server's first)")
     profile.add_argument("--timeout", type=float, default=300.0, help="seconds per request (default 300)")
@@ -111,7 +115,7 @@ def profile_command(args: argparse.Namespace) -> int:
     if args.timeout <= 0:
         raise UsageError("--timeout: want seconds > 0")
     config = ProfileConfig(tuple(u.rstrip("/") for u in args.upstream), args.concurrency, args.requests,
-                           args.max_tokens, args.model, args.timeout, args.api_key)  # fmt: skip
+                           args.max_tokens, args.model, args.timeout, args.api_key, passes=args.passes)  # fmt: skip
     if len(set(config.upstreams)) < len(config.upstreams):
         raise UsageError("--upstream: the same URL twice")
     found = asyncio.run(profile(config))
@@ -132,8 +136,10 @@ async def profile(config: ProfileConfig, progress=sys.stderr) -> dict:
         bar = Bar(len(servers) * len(config.concurrency) * (config.requests + config.warmups), progress)
         answers: list[Answer] = []
         for turn, level in enumerate(config.concurrency):
-            for server in servers[turn % len(servers) :] + servers[: turn % len(servers)]:
-                answers += await run_level(client, server, level, config, bar)
+            for part, numbers in enumerate(passes(config.requests, config.passes)):
+                shift = (turn + part) % len(servers)
+                for server in servers[shift:] + servers[:shift]:
+                    answers += await run_level(client, server, level, config, bar, numbers, part)
         bar.close()
     return profile_json(servers, answers, config.concurrency, config.max_tokens)
 
@@ -163,16 +169,25 @@ async def _optional(client: httpx.AsyncClient, url: str, read):
         return None
 
 
-async def run_level(client, server: Server, level: int, config: ProfileConfig, bar: Bar) -> list[Answer]:
-    """`config.warmups` requests, then `config.requests` of them with `level` in flight; the answers."""
-    for number in range(-config.warmups, 0):
+def passes(requests: int, count: int) -> list[range]:
+    """The request numbers 0..requests-1 in `count` consecutive non-empty parts."""
+    parts = (range(i * requests // count, (i + 1) * requests // count) for i in range(count))
+    return [part for part in parts if len(part)]
+
+
+async def run_level(
+    client, server: Server, level: int, config: ProfileConfig, bar: Bar, numbers: range | None = None, part: int = 0
+) -> list[Answer]:
+    """Pass `part` at one level: `config.warmups` requests first (pass 0), then requests `numbers` (default: all
+    `config.requests`) with `level` in flight; the answers."""
+    for number in range(-config.warmups if part == 0 else 0, 0):
         await ask(client, server, level, number, config)
         bar.tick(f"{server.url} c={level}")
-    numbers, answers = iter(range(config.requests)), []
+    numbers, answers = iter(range(config.requests) if numbers is None else numbers), []
 
     async def worker():
         for number in numbers:  # one iterator shared by the workers: each request is sent once
-            answers.append(await ask(client, server, level, number, config))
+            answers.append(replace(await ask(client, server, level, number, config), part=part))
             bar.tick(f"{server.url} c={level}")
 
     await asyncio.gather(*(worker() for _ in range(level)))
