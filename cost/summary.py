@@ -255,8 +255,16 @@ def _break_even_lines(rows: tuple[BreakEven, ...]) -> list[str]:
             f" measured {_num(b.measured_speedup, '.2f')}x; speed-up 1 at alpha {_num(b.speedup_alpha)},"
             f" net benefit 0 at alpha {_num(b.benefit_alpha)} ({b.source})"
         )
+        lines.append(f"    times from {b.times_from or 'n/a'}: {_step_times(b)}")
         lines += [f"    ! {w}" for w in b.warnings]
     return lines
+
+
+def _step_times(b: BreakEven) -> str:
+    ms = [_num(None if t is None else 1000 * t, ".2f") for t in (b.t_plain_s, b.t_verify_s, b.t_draft_s)]
+    points = ", ".join(f"{p.rows:g} rows {1000 * p.seconds:.2f} ms (n={p.count})" for p in b.step_points)
+    curve = f"; curve at batch {b.batch}: {points}" if b.step_points else ""
+    return f"t_plain {ms[0]} ms, t_verify {ms[1]} ms, t_draft {ms[2]} ms per drafted token{curve}"
 
 
 def _tornado_lines(rows: tuple[TornadoRow, ...], top: int = 8) -> list[str]:

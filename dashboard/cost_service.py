@@ -102,6 +102,14 @@ def _curves(break_even: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["arm", "acceptance", "speed-up", "net $/month"])
 
 
+def step_times(b: dict) -> str:
+    """The break-even's inputs in ms, and the step-cost curve's points they were read from (when any)."""
+    ms = ["n/a" if b.get(k) is None else f"{1000 * b[k]:.2f}" for k in ("t_plain_s", "t_verify_s", "t_draft_s")]
+    line = f"t_plain {ms[0]} ms, t_verify {ms[1]} ms, t_draft {ms[2]} ms per drafted token"
+    points = ", ".join(f"{p['rows']:g} rows {1000 * p['seconds']:.2f} ms" for p in b.get("step_points") or ())
+    return f"{line}; curve at batch {b.get('batch')}: {points}" if points else line
+
+
 def _assumptions(assumptions: list[dict]) -> pd.DataFrame:
     rows = [{"input": a["name"], "value": a["value"], "unit": a["unit"], "source": a["source"]} for a in assumptions]
     return pd.DataFrame(rows).astype({"value": str}, errors="ignore")

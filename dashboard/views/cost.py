@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from dashboard import charts, reads
+from dashboard import charts, cost_service, reads
 from dashboard.formats import usd
 from dashboard.state import empty_state, fmt, table, this_month, view
 
@@ -128,6 +128,7 @@ with left:
                 f"(speed-up) / {fmt(b['benefit_alpha'], digits=3)} (net benefit); measured α = "
                 f"{fmt(b['measured_alpha'], digits=3)} ({b.get('source', '')})"
             )
+            st.caption(f"step times from: **{b.get('times_from') or 'n/a'}** · {cost_service.step_times(b)}")
             for warning in b.get("warnings", []):
                 st.caption(f"⚠️ {warning}")
 with right:
