@@ -14,7 +14,9 @@ GET /v1/cost/focus (same window, filters and inputs): the bill's lines as FOCUS 
 (`cost.focus`), the same rows as `specwatch cost --focus`.
 
 The body is `cost.summary.CostSummary` as JSON: source, window, inputs, tco
-(arms, benefits, primary, notes), break_even, sensitivity, advice, notes.
+(arms, benefits, primary, notes), break_even, sensitivity, advice, notes. Each break_even row says where
+its step times came from: `times_from` step_curve (the engine's published curve; `batch`,
+`curve_instance` and `step_points` show where on it) | records | not measured (docs/cost.md).
 
 GET /v1/cost/daily?days=N (1 to 90, default 30; anything else is a 400 with a message): the last
 N UTC days, each priced on its own, as `service.cost_signals.DailyCost`: days, gpu_type,
