@@ -80,3 +80,11 @@ def test_the_engine_curve_reaches_the_collector_and_sets_the_break_even(bundled_
     assert after.t_plain_s == seconds_at(points, 1.0) and after.t_verify_s == seconds_at(points, after.gamma + 1)
     assert after.verify_cost_ratio == pytest.approx(after.t_verify_s / after.t_plain_s)
     assert not any("curve" in w for w in after.warnings)
+
+
+def test_engine_serve_publishes_its_curve(live_collector):
+    """`specwatch engine serve --collector URL` (the session's live engine) sends its curve while serving."""
+    store = make_engine(f"sqlite:///{live_collector['db']}")
+    curves = step_curves(store, Window(time.time() - 3600, time.time() + 1), ["laptop"])
+    store.dispose()
+    assert {p.rows for p in curves["laptop"].points} >= {1.0} and all(p.count >= 1 for p in curves["laptop"].points)
