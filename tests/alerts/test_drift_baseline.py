@@ -4,11 +4,19 @@ still detected, the baseline does not follow it, and state rows from before the 
 
 from __future__ import annotations
 
+from dataclasses import asdict, replace
+
 import numpy as np
 import pytest
+from collector_payloads import T0, request_dict
 
+from alerts.baselines import load_states, run_pass, to_row
 from alerts.detector_settings import DriftSettings
+from alerts.detector_store import save_rows
 from alerts.drift import SeriesState, learn, run, step
+from collector.db import write_transaction
+from collector.store import Store
+from telemetry.schema import IngestBatch
 
 SETTINGS = DriftSettings(warmup=50, decision_interval=20.0, rebaseline_after=0, baseline_memory=400)
 
@@ -76,3 +84,33 @@ def test_a_row_saved_before_the_baseline_learned_still_loads_and_steps():
     assert state.baseline_count(SETTINGS) == 50 and state.stddev(SETTINGS) == pytest.approx(0.1)
     state = step(state, 0.5, 2.0, SETTINGS)
     assert state.nb == 51 and state.n == 81 and state.mean == pytest.approx(0.5)
+
+
+def records(start: int, count: int, accepted: list[int]) -> list[dict]:
+    """`count` requests one second apart, drafting 16 tokens each, accepting per position `accepted`."""
+    return [
+        request_dict(i, request_id=f"b-{i}", accepted_per_position=accepted, num_accepted_tokens=sum(accepted), tags={})
+        for i in range(start, start + count)
+    ]
+
+
+def ingest(engine, batch: list[dict]) -> None:
+    Store(engine).insert(IngestBatch.model_validate({"requests": batch, "samples": [], "events": []}))
+
+
+def test_the_leaders_pass_persists_the_learned_baseline_and_reads_an_old_row(engine):
+    """Through the store: the pass saves `nb`, and a row written before it existed steps on."""
+    settings = DriftSettings(warmup=20, decision_interval=5.0, rebaseline_after=0)
+    batch = records(0, 30, [4, 4, 2, 0]) + records(30, 30, [4, 4, 4, 0])  # acceptance 0.625 then 0.75
+    ingest(engine, batch)
+    run_pass(engine, settings, T0 + 100)
+    [(labels, state)] = load_states(engine).items()
+    assert state.n == 60 and state.nb == 60  # a rise keeps the score at 0: every request was learned
+    assert state.mean == pytest.approx((30 * 0.625 + 30 * 0.75) / 60)
+    old = {k: v for k, v in asdict(state).items() if k != "nb"}  # as the pass wrote rows before `nb`
+    with write_transaction(engine) as conn:
+        save_rows(conn, [replace(to_row(labels, state, settings), state=old)])
+    assert load_states(engine)[labels].nb is None
+    ingest(engine, records(60, 5, [4, 4, 4, 0]))
+    run_pass(engine, settings, T0 + 200)
+    assert load_states(engine)[labels].nb == 20 + 5  # the old row's baseline was its warmup's
