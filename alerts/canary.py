@@ -103,10 +103,12 @@ def run_pass(engine: Engine, config: AlertConfig, now: float, external_url: str 
     verdicts = engine_events(engine, Window(now - LOOKBACK_S, now + 60.0), kind=KIND)
     if not verdicts:
         return 0
-    with write_transaction(engine) as conn:
+    with engine.connect() as conn:  # most cycles find nothing new: no write lock taken for them
         known = _known(conn, verdicts[0].at)
-        fresh = [(verdict_alert(v), v.detail) for v in verdicts]
-        fresh = [(a, d) for a, d in fresh if a.fingerprint not in known]
-        for alert, detail in fresh:
-            _record(conn, config, alert, detail, now, external_url)
+    fresh = [(verdict_alert(v), v.detail) for v in verdicts]
+    fresh = [(a, d) for a, d in fresh if a.fingerprint not in known]
+    if fresh:
+        with write_transaction(engine) as conn:
+            for alert, detail in fresh:
+                _record(conn, config, alert, detail, now, external_url)
     return len(fresh)
