@@ -11,8 +11,9 @@
 3. Starts a third server with the recommended `--speculative-config` (`num_speculative_tokens_per_batch_size`;
    no speculation when every bucket says plain).
 4. Measures tokens/s (Σ output tokens / the batch's wall time) and ms/token (Σ request latency / Σ output
-   tokens) at concurrency 1, 4 and 8 on the same mixed workload, `--rounds` rounds, the three servers
-   interleaved within each round (the order rotates), one server busy at a time.
+   tokens) at concurrency 1, 4 and 8 on the same mixed workload (max(--requests, 2c) requests per server,
+   level and round: past one wave, whose slowest request would set the time), `--rounds` rounds, the three
+   servers interleaved within each round (the order rotates), one server busy at a time.
 5. Prints the table and, per level, whether the schedule's mean tokens/s >= the better of fixed k and
    plain minus the run's noise (2 x the standard error of that difference over the rounds).
 
@@ -87,11 +88,11 @@ async def one_round(servers: dict, config: ProfileConfig, turn: int) -> dict:
     found = {}
     async with httpx.AsyncClient(timeout=config.timeout_s) as client:
         known = {arm: await identify(client, s.url, None) for arm, s in servers.items()}
-        bar = Bar(len(known) * sum(max(config.requests, level) for level in LEVELS), sys.stderr)
+        bar = Bar(len(known) * sum(max(config.requests, 2 * level) for level in LEVELS), sys.stderr)
         for i, level in enumerate(LEVELS):
             order = list(ARMS[(turn + i) % 3 :] + ARMS[: (turn + i) % 3])
-            for arm in order:  # at least one request per client at each level
-                level_config = replace(config, requests=max(config.requests, level))
+            for arm in order:  # 2 requests a client at least: past one wave, where the slowest sets the time
+                level_config = replace(config, requests=max(config.requests, 2 * level))
                 answers = await run_level(client, known[arm], level, level_config, bar)
                 found[(arm, level)] = measured_rows(answers, {known[arm].url: 0})[0]
         bar.close()
@@ -167,7 +168,7 @@ def run(args: argparse.Namespace, work: Path) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the comparison (default 3)")
-    parser.add_argument("--requests", type=int, default=6, help="per server, level and round (default 6; >= c)")
+    parser.add_argument("--requests", type=int, default=6, help="per server, level and round (default 6; >= 2c)")
     parser.add_argument("--profile-requests", type=int, default=16, help="per server and level (default 16)")
     parser.add_argument(
         "--threads",
