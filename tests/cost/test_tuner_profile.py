@@ -97,3 +97,15 @@ def test_bad_arguments_and_an_unreachable_server_exit_2(tmp_path, capsys):
     malformed = {"levels": {"1": {"0": 0.01}}, "acceptance": {"1": {"rates": [2.0]}}}
     with pytest.raises(ValueError, match="profile acceptance"):
         read_profile(malformed)
+
+
+def test_passes_split_the_requests_and_tokens_per_s_counts_only_each_servers_own_passes():
+    from specwatch.tune_measure import Answer, measured_rows
+    from specwatch.tune_profile import passes
+
+    assert passes(16, 2) == [range(0, 8), range(8, 16)] and passes(1, 3) == [range(0, 1)]
+    # two passes of 1 s each, 10 s apart (another server ran between them): 20 tokens in 2 s, not 11 s
+    answers = [Answer("u", 1, 0, at, 1.0, 10, 0.9, None, part) for part, at in enumerate((100.0, 110.0))]
+    (row,) = measured_rows(answers, {"u": 0})
+    assert row["tokens_per_s"] == pytest.approx(10.0) and row["ms_per_token"] == pytest.approx(100.0)
+    assert row["seconds_per_step"] == pytest.approx(1.8 / 18)
