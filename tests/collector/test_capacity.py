@@ -76,11 +76,6 @@ def test_the_gauge_reads_each_upstream_from_the_store_on_a_fresh_registry(engine
 
 
 def test_the_leader_exports_the_gauge_on_metrics(client):
-    if client.app.state.settings.database_url_resolved.startswith("postgresql"):
-        # the session's one PostgreSQL database has one leader lock: in the whole suite an earlier
-        # app's abandoned lock connection can keep this replica a follower (the store-level test
-        # above covers PostgreSQL; tests/collector/test_leader.py covers leadership)
-        pytest.skip("leader-only /metrics checked on SQLite; see the comment")
     now = time.time()
     assert client.post("/v1/ingest", json={"requests": records(now)}).status_code == 200
 
