@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from thread_server import ThreadServer
 
 from engine.policy import Policy, PolicyConfig
@@ -35,3 +37,12 @@ class BackgroundServer(ThreadServer):
         import openai
 
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0)
+
+
+@contextlib.contextmanager
+def spec_and_plain(engine):
+    """(n-gram server, plain server) over one engine's model: a spec pool and a plain pool to test with."""
+    spec = BackgroundServer(engine, SchedulerConfig(slots=4, max_queue=64), PolicyConfig(min_acceptance=0.0))
+    plain = BackgroundServer(engine, SchedulerConfig(slots=4, max_queue=64), default_drafter="none")
+    with spec, plain:
+        yield spec, plain

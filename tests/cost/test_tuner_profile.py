@@ -8,12 +8,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from engine_harness import BackgroundServer
+from engine_harness import spec_and_plain
 
 from common.procs import free_port
 from cost.tuner_data import read_profile
-from engine.policy import PolicyConfig
-from engine.scheduler import SchedulerConfig
 from specwatch.cli import main
 
 PROFILE = ["--concurrency", "1,2", "--requests", "4", "--max-tokens", "10"]
@@ -22,10 +20,8 @@ PROFILE = ["--concurrency", "1,2", "--requests", "4", "--max-tokens", "10"]
 @pytest.fixture(scope="module")
 def upstreams(bundled_engine):
     """(n-gram engine, plain engine) over the one bundled model."""
-    spec = BackgroundServer(bundled_engine, SchedulerConfig(slots=4, max_queue=64), PolicyConfig(min_acceptance=0.0))
-    plain = BackgroundServer(bundled_engine, SchedulerConfig(slots=4, max_queue=64), default_drafter="none")
-    with spec, plain:
-        yield spec, plain
+    with spec_and_plain(bundled_engine) as pair:
+        yield pair
 
 
 @pytest.fixture(scope="module")

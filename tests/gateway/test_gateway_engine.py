@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import orjson
 import pytest
-from engine_harness import BackgroundServer
+from engine_harness import spec_and_plain
 from gateway_harness import GatewayServer
 from sqlalchemy import select
 from waiting import wait_for
@@ -24,8 +24,6 @@ from collector.db import make_engine, upgrade
 from collector.models import Request
 from collector.store import Store
 from common.procs import free_port, start_collector, stop_process
-from engine.policy import PolicyConfig
-from engine.scheduler import SchedulerConfig
 from gateway.routing import RoutingConfig
 from telemetry.client import TelemetryClient
 from telemetry.schema import IngestBatch
@@ -37,10 +35,8 @@ TOKEN = {"authorization": "Bearer gw-token"}
 @pytest.fixture(scope="module")
 def upstreams(bundled_engine):
     """(spec engine, plain engine) over the one bundled model."""
-    spec = BackgroundServer(bundled_engine, SchedulerConfig(slots=4, max_queue=64), PolicyConfig(min_acceptance=0.0))
-    plain = BackgroundServer(bundled_engine, SchedulerConfig(slots=4, max_queue=64), default_drafter="none")
-    with spec, plain:
-        yield spec, plain
+    with spec_and_plain(bundled_engine) as pair:
+        yield pair
 
 
 def pools(upstreams) -> list[str]:
