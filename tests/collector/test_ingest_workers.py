@@ -96,6 +96,11 @@ def test_killed_workers_fail_the_batch_with_503_and_are_replaced(client):
 
 # Timing-sensitive in the full suite (failed in some full runs on 2026-12-01, passes alone and under
 # synthetic load): run with -m slow until its cause is found (see the closing note of that stop).
+# Issue 30 found its failure's signature but not its trigger: a lifespan cancelled while "Waiting for
+# application shutdown" is what uvicorn's force exit leaves (a SIGINT it sees after an earlier SIGINT or
+# SIGTERM, before the lifespan shutdown starts): `killpg(SIGINT)`, 0.12 s, `kill(SIGINT)` reproduces it
+# every time. This test sends SIGINT then SIGTERM, which uvicorn takes as one graceful exit (20 of 20
+# passed here under two busy loops); what sends a second SIGINT in a full run is still unknown.
 @pytest.mark.slow
 def test_ctrl_c_stops_the_service_and_its_workers_cleanly(tmp_path):
     """Ctrl-C in a terminal signals the whole process group, workers included; `specwatch up`
