@@ -32,7 +32,9 @@ class DriftSettings(_Strict):
     min_stddev: float = Field(default=0.02, gt=0)  # floor of a series' stddev (a drafter at exactly 1.0)
     max_series: int = Field(default=500, ge=1)  # bounds the series (and the gauge's label sets)
     initial_lookback: Duration = Field(default=6 * 3600.0, gt=0)  # how far back a fresh store starts
-    max_rows_per_cycle: int = Field(default=200_000, ge=1)
+    # rows the drift and anomaly passes step per cycle (~16 us each in Python): 50,000 keeps a cycle near a
+    # second, so a collector stops promptly and ingest is not starved; 3,300 requests/s at a 15 s interval
+    max_rows_per_cycle: int = Field(default=50_000, ge=1)
 
 
 class RegressionSettings(_Strict):

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 import httpx
 from sqlalchemy import Engine
@@ -29,6 +31,7 @@ from alerts.rules import AlertConfig, Rule
 from alerts.signals import StoreSignals
 from alerts.store import load_alerts, save_rule
 from collector.db import write_transaction
+from collector.maintenance import in_turn
 
 log = logging.getLogger("specwatch.alerts")
 FALLBACK = "fallback_autoregressive"
@@ -132,10 +135,11 @@ class AlertRunner:
     def deliver(self, now: float | None = None) -> int:
         return notify.deliver_due(self.engine, self.config, self.http, now)
 
-    async def run(self) -> None:
-        """Evaluate and deliver forever (cancel the task to stop)."""
+    async def run(self, turn: threading.Lock | None = None) -> None:
+        """Evaluate and deliver forever (cancel the task to stop). `turn`: held by each evaluation, as by
+        the leader's other background passes (collector.maintenance.in_turn says why)."""
         await asyncio.gather(
-            self._loop(self._cycle_logged, self.config.evaluation.interval),
+            self._loop(partial(in_turn, turn, self._cycle_logged), self.config.evaluation.interval),
             self._loop(self.deliver, DELIVERY_INTERVAL_S),
         )
 

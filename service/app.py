@@ -9,6 +9,7 @@ the replicas on PostgreSQL); route modules reach those through `deps.py`.
 from __future__ import annotations
 
 import asyncio
+import threading
 from contextlib import asynccontextmanager
 from functools import partial
 
@@ -89,14 +90,15 @@ def create_app(settings: Settings | None = None, registry: CollectorRegistry | N
 async def _background_work(store: Store, settings: Settings, alert_config) -> None:
     """The leader's jobs (roll-ups and retention, vLLM scrapes, alerts, the monthly report), until cancelled."""
     engine = store.engine
-    tasks = [asyncio.create_task(maintenance_loop(store, settings), name="maintenance")]
+    turn = threading.Lock()  # roll-ups and alert cycles one at a time (collector.maintenance.in_turn)
+    tasks = [asyncio.create_task(maintenance_loop(store, settings, turn), name="maintenance")]
     tasks += [
         asyncio.create_task(Scraper(url, engine, settings.scrape_interval_s).run(), name=f"scrape {url}")
         for url in settings.scrape_vllm
     ]
     runner = _alert_runner(settings, engine, alert_config)
     if runner is not None:
-        tasks.append(asyncio.create_task(runner.run(), name="alerts"))
+        tasks.append(asyncio.create_task(runner.run(turn), name="alerts"))
     if settings.report_dir is not None:
         from report.schedule import report_loop
 
