@@ -24,9 +24,9 @@ from sqlalchemy import Engine, func, select, text
 
 from collector.models import DeviceSampleRow, EngineEventRow, Request
 from collector.queries import Filters, Window
+from telemetry.schema import GATEWAY_TAG
 
 STRADDLE_S = 3600.0  # how far before the window a request may have started and still be read
-GATEWAY_TAG = "gateway"  # the tag a gateway names itself with (gateway.records.GATEWAY_TAG)
 GATEWAY_SOURCE = "processor_sharing"  # the device_s_source of a gateway's records
 _GATEWAY = Request.tags[GATEWAY_TAG].as_string()
 _REQUEST_COLUMNS = {

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cost.sharing import in_flight, running_virtual
+
 
 @dataclass(frozen=True)
 class Spans:
@@ -136,11 +138,8 @@ def _sweep(start: np.ndarray, end: np.ndarray, recorded: np.ndarray, curve: _Pow
     if len(times) == 0:
         return recorded, np.ones(0), np.full(0, np.nan)
     live = end > start
-    in_flight = np.searchsorted(np.sort(start[live]), times, "right") - np.searchsorted(
-        np.sort(end[live]), times, "right"
-    )
-    dt, n = np.diff(times), in_flight[:-1]
-    virtual = np.concatenate([[0.0], np.cumsum(np.where(n > 0, dt / np.maximum(n, 1), 0.0))])
+    dt, n = np.diff(times), in_flight(times, start, end)[:-1]
+    virtual = running_virtual(times, n)
     weighted = np.concatenate([[0.0], np.cumsum(dt * n)])
     watts = np.nan_to_num(curve.power_at(times[1:]))
     joules = np.concatenate([[0.0], np.cumsum(watts * dt)])

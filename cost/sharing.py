@@ -60,9 +60,17 @@ def merged_device_s(lives: Lives, instance: np.ndarray, start: np.ndarray, end: 
 def virtual_time(busy_start: np.ndarray, busy_end: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     """V(end) - V(start) per span, V(t) = integral of dt / n over the time n > 0 busy intervals overlap."""
     times = np.unique(np.concatenate([busy_start, busy_end, start, end]))
-    live = busy_end > busy_start
-    in_flight = np.searchsorted(np.sort(busy_start[live]), times, "right")
-    in_flight -= np.searchsorted(np.sort(busy_end[live]), times, "right")
-    n = in_flight[:-1]  # in flight during [times[i], times[i + 1])
-    virtual = np.concatenate([[0.0], np.cumsum(np.where(n > 0, np.diff(times) / np.maximum(n, 1), 0.0))])
+    virtual = running_virtual(times, in_flight(times, busy_start, busy_end)[:-1])
     return virtual[np.searchsorted(times, end)] - virtual[np.searchsorted(times, start)]
+
+
+def in_flight(times: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """How many spans (start < end; empty ones left out) are in flight at each of the sorted `times`."""
+    live = end > start
+    return np.searchsorted(np.sort(start[live]), times, "right") - np.searchsorted(np.sort(end[live]), times, "right")
+
+
+def running_virtual(times: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """V at each of `times`: the integral of dt / n over the intervals with n > 0 (n[i]: in flight during
+    [times[i], times[i + 1]))."""
+    return np.concatenate([[0.0], np.cumsum(np.where(n > 0, np.diff(times) / np.maximum(n, 1), 0.0))])

@@ -15,8 +15,7 @@ from starlette.requests import ClientDisconnect, Request
 
 from common.bodies import TooLarge, read_capped
 from common.http import OpenAIError, incoming_request_id
-from gateway.records import GATEWAY_TAG
-from telemetry.schema import MAX_TAGS, TagKey, TagValue
+from telemetry.schema import GATEWAY_TAG, MAX_TAGS, TagKey, TagValue
 
 TAGS = TypeAdapter(dict[TagKey, TagValue])
 

@@ -26,12 +26,9 @@ import orjson
 from pydantic import ValidationError
 
 from common.http import error_body
-from telemetry.schema import MAX_GAMMA, RequestRecord
+from telemetry.schema import GATEWAY_TAG, MAX_GAMMA, RequestRecord
 
 log = logging.getLogger("specwatch.gateway")
-# The tag naming the gateway that proxied a request (its --name): the cost model shares an upstream's time
-# among all gateways' requests in flight there (cost.sharing). collector.usage reads the same key.
-GATEWAY_TAG = "gateway"
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,9 @@ MIN_EPOCH_S = 946_684_800.0
 MAX_EPOCH_S = 4_102_444_800.0
 MAX_GAMMA = 64
 MAX_TAGS = 16
+# The tag naming the gateway that proxied a request (its --name): the cost model shares an upstream's
+# time among all gateways' requests in flight there (cost.sharing).
+GATEWAY_TAG = "gateway"
 # An event's free-form `detail`: at most this deep (objects and lists) and this large (its repr).
 MAX_DETAIL_DEPTH = 16
 MAX_DETAIL_CHARS = 4096
