@@ -1,9 +1,9 @@
 """The gateway's shared state, which every route reads: its upstreams and their health, the router,
 the HTTP clients to the upstreams, its /metrics registry and its telemetry sink.
 
-Two clients, one per job. Proxied requests go through `session` (aiohttp): its C HTTP parser costs a
-quarter of httpx's CPU per request, measured side by side against one upstream (whole answers 0.22 vs
-1.10 ms, 16-chunk streams 0.27 vs 1.26 ms), and that CPU is the gateway's whole overhead at low load.
+Two clients, one per job. Proxied requests go through `session` (aiohttp): with its C HTTP parser a
+request costs a third (whole answers) to a half (16-chunk streams) of httpx's CPU, measured side by side
+against one upstream (`bench/http_clients.py`), and that CPU is the gateway's overhead at low load.
 Health checks, /metrics scrapes, markers and /v1/models (a few requests a second) use `http` (httpx).
 
 Records and events leave through one `TelemetrySink` (as the engine's do): the collector's client,
