@@ -32,9 +32,13 @@ import orjson
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import create_engine
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from alerts import baselines  # noqa: E402
+from alerts.detector_settings import DriftSettings  # noqa: E402
+from alerts.detector_store import cursor  # noqa: E402
 from collector.metrics import CollectorMetrics  # noqa: E402
 from collector.settings import Settings  # noqa: E402
 from collector.store import IngestCounts  # noqa: E402
@@ -164,7 +168,29 @@ def leader_series(batch: list[RequestRecord], devices: list[DeviceSample]) -> in
             }
             json_type = {"content-type": "application/json"}
             client.post("/v1/ingest", content=orjson.dumps(body), headers=json_type).raise_for_status()
+            drift_pass_after_ingest(settings.database_url)
             return text_series(client.get("/metrics").text)
+
+
+def drift_pass_after_ingest(database_url: str, timeout_s: float = 30.0) -> None:
+    """The leader's /metrics one alert cycle after the batch: its drift gauges included.
+
+    The runner's first cycle starts with the app and races the ingest (it may save its cursor before
+    the batch lands; the next cycle is `evaluation.interval` away), so wait for that cycle's cursor,
+    then run the same drift pass once more: every drafted request of the batch is then in a series."""
+    engine = create_engine(database_url)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            with engine.connect() as conn:
+                if cursor(conn, baselines.KIND) is not None:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the leader's first alert cycle did not run within {timeout_s:.0f} s")
+            time.sleep(0.05)
+        baselines.run_pass(engine, DriftSettings(), time.time())
+    finally:
+        engine.dispose()
 
 
 def bill(fleet: Fleet, vllm_text: str, replicas: int) -> Bill:
