@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.decoder import HFDecoder, LlamaDecoder, make_decoder
+from engine.decoder import _FUSED, HFDecoder, LlamaDecoder, cpu_prepack, make_decoder
 from engine.drafters import NgramDrafter, early_exit_drafter, model_drafter, truncated_copy
 from engine.engine import GenerateRequest
 from engine.sampling import SamplingParams
@@ -83,8 +83,10 @@ def test_generic_transformers_path_matches(target):
 
 def test_fast_decoder_is_used_and_shares_weights(target):
     first, second = LlamaDecoder(target), LlamaDecoder(target)
-    assert first.layers[0].wqkv.data_ptr() == second.layers[0].wqkv.data_ptr()
-    assert target.model.layers[0].self_attn.q_proj.weight.data_ptr() == first.layers[0].wqkv.data_ptr()
+    assert first.layers[0].wqkv is second.layers[0].wqkv and first.lm_head is second.lm_head  # packed once
+    fused = _FUSED[target.model.layers[0].self_attn.q_proj]["weight"]
+    assert target.model.layers[0].self_attn.q_proj.weight.data_ptr() == fused.data_ptr()  # fused in place
+    assert first.packed == cpu_prepack(torch.float32) and first.layers[0].wqkv.is_mkldnn == first.packed
 
 
 BUNDLED_PROMPTS = [
