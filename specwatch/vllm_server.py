@@ -145,6 +145,8 @@ class VllmServer:
     max_num_seqs: int = 8
     # per-request timing metrics in each response's `metrics`, and (with speculation) its acceptance summary
     per_request_metrics: bool = False
+    compiled: bool = False  # torch.compile its model (vLLM's default; slower start), else --enforce-eager
+    prefix_caching: bool = True  # vLLM's default; off: every prompt is prefilled (a benchmark's repeats)
     process: subprocess.Popen | None = field(default=None, repr=False)
 
     @property
@@ -168,7 +170,6 @@ class VllmServer:
             "127.0.0.1",
             "--port",
             str(self.port),
-            "--enforce-eager",
             "--dtype",
             self.dtype,
             "--max-model-len",
@@ -177,6 +178,10 @@ class VllmServer:
             str(self.max_num_seqs),
             "--disable-uvicorn-access-log",
         ]
+        if not self.compiled:
+            cmd.append("--enforce-eager")
+        if not self.prefix_caching:
+            cmd.append("--no-enable-prefix-caching")
         if self.speculative:
             cmd += ["--speculative-config", json.dumps(self.speculative)]
         if self.per_request_metrics:
