@@ -127,7 +127,12 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--dtype", default="auto", help="auto | bfloat16 | float32 | float16")
     parser.add_argument("--device", default="cpu", help="cpu | cuda | auto")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (default: all cores)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch threads (default: physical cores less one; engine/threads.py)",
+    )
     parser.add_argument(
         "--memory-fraction",
         type=float,

@@ -216,8 +216,8 @@ class LlamaDecoder:
             k_cache, v_cache = seq.decoder.k_cache[i], seq.decoder.v_cache[i]
             k_cache[:, :, seq.start : seq.end] = k[:, :, seq.rows]
             v_cache[:, :, seq.start : seq.end] = v[:, :, seq.rows]
-            causal = seq.start == 0 and seq.end > 1
-            outs.append(_attend(q[:, :, seq.rows], k_cache[:, :, : seq.end], v_cache[:, :, : seq.end], seq.mask, causal))
+            keys, values = k_cache[:, :, : seq.end], v_cache[:, :, : seq.end]
+            outs.append(_attend(q[:, :, seq.rows], keys, values, seq.mask, causal=seq.start == 0 and seq.end > 1))
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
         return _linear(out.transpose(1, 2).reshape(1, rows, q_size), layer.wo)
 

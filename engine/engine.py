@@ -6,7 +6,6 @@ telemetry record; `Engine.generate(request)` collects it all.
 
 from __future__ import annotations
 
-import os
 import socket
 import threading
 import time
@@ -27,6 +26,7 @@ from engine.sampling import SamplingParams
 from engine.speculative import DEFAULT_LOOKAHEAD, LOOKAHEAD_MODES, DecodeStats, SpeculativeDecoder
 from engine.suffix import MODEL_FREE, SuffixCache, SuffixConfig, SuffixDrafter
 from engine.text import TextStream
+from engine.threads import default_threads
 from telemetry.schema import RequestRecord
 
 
@@ -35,7 +35,7 @@ class EngineConfig:
     model: str = BUNDLED
     dtype: str = "auto"
     device: str = "cpu"
-    threads: int = 0  # 0: every core
+    threads: int = 0  # 0: engine.threads.default_threads() (physical cores less one)
     cache_dir: Path | None = None
     instance: str = field(default_factory=socket.gethostname)
     ngram: NgramConfig = NgramConfig()
@@ -109,7 +109,7 @@ class Slot:
 class Engine:
     def __init__(self, config: EngineConfig = EngineConfig()) -> None:
         self.config = config
-        torch.set_num_threads(config.threads or os.cpu_count() or 1)
+        torch.set_num_threads(config.threads or default_threads())
         # before the weights land, so they count against the cap; on a CPU: not applicable (recorded)
         self.memory_fraction = apply_memory_fraction(resolve_device(config.device), config.memory_fraction)
         self.target: LoadedModel = load_model(config.model, config.dtype, config.device, config.cache_dir)
