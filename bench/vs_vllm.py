@@ -12,6 +12,12 @@ traced once; --vllm-eager: --enforce-eager), with its prefix cache off: every pr
 per repeat, so from repeat 1 on vLLM would serve the prompt from that cache (prefill ~free) where
 real traffic reuses only shared prefixes, and the bundled engine has no prefix cache. --prompt-file F
 adds the text of F as one more prompt (named after the file), e.g. one nobody tuned for.
+
+--concurrency C ...: then, per level C, both sides serve C clients at once over HTTP (our engine
+through its OpenAI server with C slots, its scheduler batching them; vLLM as above), plain
+decoding on both and --method on both (ours under its default policy, which drafts less or not
+at all under load), each client sending --batched-requests requests cycling over the prompts;
+tokens/s = all output tokens / wall time, median of the repeats, ratio ours / vLLM's.
 Requests go one at a time, so each side has the machine to
 itself; configurations are interleaved within each repeat (repeat 0 warms up and is dropped)
 and the median tokens/s per configuration is reported. tokens/s = output tokens / wall time
@@ -33,6 +39,7 @@ draft_s, verify_s per target forward); for vLLM, from its own /metrics over the 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 import json
 import signal
@@ -174,6 +181,64 @@ def _settled(url: str, requests: float, timeout_s: float = 5.0) -> dict[str, flo
         time.sleep(0.02)
 
 
+def batched(engine, servers: dict, prompts: dict, args) -> list[dict]:
+    """Aggregate output tokens/s per level, both sides over HTTP (see the module docstring)."""
+    sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))  # engine_harness
+    from engine_harness import BackgroundServer
+
+    from engine.scheduler import SchedulerConfig
+
+    top = max(args.concurrency)
+    own_server = BackgroundServer(engine, SchedulerConfig(slots=top, max_queue=2 * top))
+    with own_server:
+        targets = {
+            "own plain": (own_server.url, {"model": engine.target.name, "drafter": "none"}),
+            f"own {args.method}": (own_server.url, {"model": engine.target.name, "drafter": args.method}),
+        }
+        targets |= {name: (server.url, {"model": server.served_name}) for name, server in servers.items()}
+        rows = []
+        for level in args.concurrency:
+            runs: dict[str, list[float]] = {name: [] for name in targets}
+            for repeat in range(args.repeats + 1):  # repeat 0 warms up and is discarded
+                for name, (url, extra) in targets.items():
+                    time.sleep(args.settle)
+                    tokens_per_s = asyncio.run(_load(url, extra, list(prompts.values()), level, args))
+                    if repeat:
+                        runs[name].append(tokens_per_s)
+            rows.append({"concurrency": level} | {name: statistics.median(v) for name, v in runs.items()})
+            print(f"  concurrency {level} done", file=sys.stderr, flush=True)
+    print(f"\n{'clients':>7} " + " ".join(f"{name:>12}" for name in targets) + "  plain ratio  spec ratio  (tok/s)")
+    for row in rows:
+        plain = row["own plain"] / row["vllm plain"] if "vllm plain" in row else None
+        spec = row[f"own {args.method}"] / row[f"vllm {args.method}"]
+        row |= {"ratio_plain": plain, f"ratio_{args.method}": spec}
+        print(
+            f"{row['concurrency']:>7} "
+            + " ".join(f"{row[name]:12.1f}" for name in targets)
+            + f"  {_f(plain, 'x'):>11} {spec:10.2f}x"
+        )
+    return rows
+
+
+async def _load(url: str, extra: dict, prompts: list, clients: int, args) -> float:
+    """`clients` concurrent clients, --batched-requests each, prompts cycling: output tokens / wall s."""
+    async with httpx.AsyncClient(base_url=url, timeout=600) as http:
+
+        async def client(index: int) -> int:
+            tokens = 0
+            for n in range(args.batched_requests):
+                messages = prompts[(index + n * clients) % len(prompts)]
+                body = {**extra, "messages": messages, "max_tokens": args.max_tokens, "temperature": 0.0}
+                response = await http.post("/v1/chat/completions", json=body)
+                response.raise_for_status()
+                tokens += response.json()["usage"]["completion_tokens"]
+            return tokens
+
+        started = time.perf_counter()
+        tokens = sum(await asyncio.gather(*(client(i) for i in range(clients))))
+        return tokens / (time.perf_counter() - started)
+
+
 def vllm_spec(args) -> dict:
     """vLLM's speculative config for --method, at most --gamma tokens per draft."""
     if args.method == "suffix":
@@ -197,6 +262,7 @@ def start_servers(args, dtype: str, model_dir: Path, log_dir: Path) -> dict:
             dtype=dtype,
             compiled=not args.vllm_eager,
             prefix_caching=False,
+            max_num_seqs=max([8, *args.concurrency]),
         )
         print(
             f"starting {name} on {server.url} ({dtype}, {args.threads} threads, "
@@ -219,9 +285,13 @@ def configurations(engine, servers: dict, args) -> dict:
     return configs
 
 
-def measure(configs: dict, args) -> dict[str, dict[str, Runs]]:
+def all_prompts(args) -> dict[str, list[dict]]:
     prompts = {kind: chat(kind) for kind in args.prompts}
-    prompts |= {path.stem: [{"role": "user", "content": path.read_text()}] for path in args.prompt_file}
+    return prompts | {path.stem: [{"role": "user", "content": path.read_text()}] for path in args.prompt_file}
+
+
+def measure(configs: dict, args) -> dict[str, dict[str, Runs]]:
+    prompts = all_prompts(args)
     results = {kind: {name: Runs() for name in configs} for kind in prompts}
     for repeat in range(args.repeats + 1):  # repeat 0 warms up every shape and is discarded
         for kind, messages in prompts.items():
@@ -344,6 +414,11 @@ def main() -> int:
     parser.add_argument(
         "--prompt-file", type=Path, nargs="+", default=[], metavar="F", help="one more prompt per file (its text)"
     )
+    parser.add_argument(
+        "--concurrency", type=int, nargs="+", default=[], metavar="C", help="also measure C clients at once, per C"
+    )
+    parser.add_argument("--batched-requests", type=int, default=3, help="requests per client per level (default 3)")
+    parser.add_argument("--single", action=argparse.BooleanOptionalAction, default=True, help="the one-at-a-time part")
     parser.add_argument("--vllm-eager", action="store_true", help="vLLM with --enforce-eager (not compiled)")
     parser.add_argument("--no-vllm-plain", action="store_true", help="skip vLLM without speculation (one server less)")
     parser.add_argument(
@@ -357,6 +432,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.suffix_cached_requests is not None and not 0 <= args.suffix_cached_requests <= 100_000:
         parser.error("--suffix-cached-requests must be in [0, 100000]")
+    if any(c < 1 or c > 64 for c in args.concurrency) or args.batched_requests < 1:
+        parser.error("--concurrency must be in [1, 64] and --batched-requests >= 1")
     for path in args.prompt_file:
         if not path.is_file() or not path.read_text().strip():
             parser.error(f"--prompt-file {path}: not a readable, non-empty text file")
@@ -386,12 +463,17 @@ def main() -> int:
     signal.signal(signal.SIGTERM, _interrupt)  # a killed bench still stops its vLLM servers
     try:
         servers = start_servers(args, dtype, model_dir, args.data_dir)
-        results = measure(configurations(engine, servers, args), args)
+        results = measure(configurations(engine, servers, args), args) if args.single else {}
+        batched_rows = batched(engine, servers, all_prompts(args), args) if args.concurrency else []
     finally:
         for server in servers.values():
             server.stop()
-    rows = report(results, args.method)
-    profile(results)
+    rows = []
+    if results:
+        rows = report(results, args.method)
+        profile(results)
+    if batched_rows:
+        rows.append({"batched": batched_rows})
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return 0

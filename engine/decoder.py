@@ -6,8 +6,12 @@ values, and can `crop` its cache back to a prefix after a rejected draft.
 - `LlamaDecoder` is the fast path for Llama-architecture models (SmolLM2, Llama,
   Mistral without sliding window): fused QKV and gate/up projections, a KV cache
   pre-allocated once per request, torch's fused attention, no per-step Python
-  objects. It reads its weights from the HF model (shared, not copied) and can run
-  only the first `k` layers, which is what the early-exit drafter is.
+  objects. It reads its weights from the HF model (fused in place, not copied) and can
+  run only the first `k` layers, which is what the early-exit drafter is. On a CPU
+  whose torch build has oneDNN it multiplies by a copy of the linear weights packed
+  once into oneDNN's layout (`cpu_prepack`; shared by every decoder over the model)
+  and attends in float32 over a float32 cache (`_attend`): a bf16 decode step of
+  SmolLM2-135M went from 58 to 19.5 ms on one thread of the 2-core machine.
 - `HFDecoder` runs any other causal LM through transformers with a `DynamicCache`.
 """
 
