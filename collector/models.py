@@ -84,6 +84,7 @@ class Request(Base):
     num_accepted_tokens: Mapped[int] = mapped_column(BigInteger)
     accepted_per_position: Mapped[list[int]]
     gamma: Mapped[int] = mapped_column(Integer)
+    drafts_per_position: Mapped[list[int]] = mapped_column(server_default="[]")  # empty: each draft reached gamma
     draft_s: Mapped[float]
     verify_s: Mapped[float]
     retries: Mapped[int] = mapped_column(Integer)

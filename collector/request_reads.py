@@ -210,14 +210,22 @@ class RequestDetail:
     record: dict
     acceptance: float | None
     mean_acceptance_length: float | None
-    position_acceptance: tuple[float, ...]  # position i: share of drafts whose tokens 0..i were accepted
+    # position i: share of the drafts that reached it (drafts_per_position[i]; every draft when the producer
+    # did not count them) whose tokens 0..i were all accepted
+    position_acceptance: tuple[float, ...]
     tpot_s: float | None
     flags: tuple[FlagDetail, ...]
 
 
 def _detail(record: dict, flags: tuple[FlagDetail, ...]) -> RequestDetail:
     drafts, drafted, accepted = record["num_drafts"], record["num_draft_tokens"], record["num_accepted_tokens"]
-    per_position = tuple(n / drafts for n in record["accepted_per_position"] or ()) if drafts else ()
+    accepted_at, reached = record["accepted_per_position"] or (), record.get("drafts_per_position") or ()
+    if not drafts:
+        per_position = ()
+    elif reached:  # positions no draft reached (a zero tail: the list is non-increasing) have no rate
+        per_position = tuple(n / r for n, r in zip(accepted_at, reached) if r)
+    else:
+        per_position = tuple(n / drafts for n in accepted_at)
     ttft, out = record["ttft_s"], record["output_tokens"]
     tpot = (record["e2e_s"] - ttft) / (out - 1) if ttft is not None and out > 1 else None
     length = 1 + accepted / drafts if drafts else None

@@ -1,7 +1,8 @@
 """What the speculation tuner (`cost.tuner_data`) reads from the store, as frozen numpy columns.
 
     tuning_rows(engine, window, filters)     ok requests that started in the window: timings, draft
-                                             counts and per-position acceptance (a K-wide matrix)
+                                             counts, per-position acceptance and the drafts that
+                                             reached each position (K-wide matrices)
     version_markers(engine, window, filters) `config` events that name a version: (instance, at, version)
 
 Requests whose draft counts the producer could not see (`draft_counts_known` false) keep their timings
@@ -25,7 +26,7 @@ _COLUMNS = (
     Request.instance, Request.mode, Request.drafter, Request.started_at, Request.queue_s, Request.ttft_s,
     Request.e2e_s, Request.output_tokens, Request.num_drafts, Request.num_draft_tokens,
     Request.num_accepted_tokens, Request.gamma, Request.verify_s, Request.draft_s, Request.draft_counts_known,
-    Request.accepted_per_position,
+    Request.accepted_per_position, Request.drafts_per_position,
 )  # fmt: skip
 
 
@@ -49,6 +50,10 @@ class TuningRows:
     draft_s: np.ndarray
     counts_known: np.ndarray  # bool
     per_position: np.ndarray  # float, n x K
+    # drafts that reached each position, n x K: the producer's count (`drafts_per_position`) where it sent
+    # one (`reach_counted`), else every draft taken to reach the request's gamma
+    reach: np.ndarray
+    reach_counted: np.ndarray  # bool
 
     def __len__(self) -> int:
         return len(self.started_at)
@@ -72,13 +77,16 @@ def rows_from_tuples(rows: list[tuple]) -> TuningRows:
 
     positions = [list(p or ()) for p in cols[15]]
     width = max((len(p) for p in positions), default=0)
-    matrix = np.zeros((len(positions), width))
-    for i, p in enumerate(positions):
+    matrix, reach = np.zeros((len(positions), width)), np.zeros((len(positions), width))
+    counted = np.array([bool(r) for r in cols[16]], dtype=bool)
+    for i, (p, reached) in enumerate(zip(positions, cols[16])):
         matrix[i, : len(p)] = p
+        reach[i, : len(p)] = reached if reached else [cols[8][i]] * len(p)
     return TuningRows(
         np.asarray(cols[0], dtype=object), np.asarray(cols[2], dtype=object),
         np.asarray([m == "speculative" for m in cols[1]], dtype=bool), *(floats(i) for i in range(3, 11)),
-        np.asarray(cols[11], dtype=int), floats(12), floats(13), np.asarray(cols[14], dtype=bool), matrix,
+        np.asarray(cols[11], dtype=int), floats(12), floats(13), np.asarray(cols[14], dtype=bool), matrix, reach,
+        counted,
     )  # fmt: skip
 
 

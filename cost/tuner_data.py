@@ -4,10 +4,11 @@ Buckets are the cost model's concurrency levels: each request's life is split ov
 at, time-weighted (`cost.attribution.level_fractions`, as the cost-against-concurrency table does),
 and its counts go to each level in that proportion (weight w).
 
-    acceptance   a_i = Σ w·accepted_per_position[i] / Σ w·drafts reaching i, a draft taken to reach
-                 every position below the request's gamma; q = Σ w·drafts / Σ w·steps, steps =
-                 output_tokens - 1 - accepted (the forwards after the first token). Source: the
-                 records' accepted_per_position (vLLM: its per-request acceptance_histogram).
+    acceptance   a_i = Σ w·accepted_per_position[i] / Σ w·drafts reaching i: the record's
+                 drafts_per_position[i] where the producer counted it (vLLM `detailed`: its per-step
+                 drafted counts), else every draft taken to reach the request's gamma (vLLM `summary`:
+                 its acceptance_histogram); the source names which. q = Σ w·drafts / Σ w·steps, steps =
+                 output_tokens - 1 - accepted (the forwards after the first token).
     step cost    per level, one point per (mode, gamma): x = Σ w·draft_tokens / Σ w·steps (draft tokens
                  verified per step), y = Σ w·decode seconds / Σ w·steps. Decode seconds are the
                  producer's recorded forward time (verify_s + draft_s: the bundled engine) when it has
@@ -35,10 +36,12 @@ from cost.tuner import Acceptance, Interval, Schedule, StepCurve, TuneRules, mar
 
 MIN_SPREAD = 0.25  # draft tokens per step between a level's two most distant points
 MIN_STEPS = 20.0  # decoding steps behind a step-cost point
+PER_STEP = "accepted_per_position / drafts_per_position (per-step drafts: vLLM detailed)"
+SUMMARY = "accepted_per_position, each draft taken to reach gamma (vLLM summary)"
 UNDERCOUNT = (
-    "per-position acceptance takes every draft to reach its request's gamma: under a varying k (a schedule, "
-    "the engine's cost-aware lookahead) later positions are undercounted; vLLM's per-step lists "
-    "(--per-request-spec-decode-metrics detailed) would fix that, and the gateway does not record them yet"
+    "requests without drafts_per_position (vLLM at --per-request-spec-decode-metrics summary) take every draft "
+    "to reach their gamma: under a varying k (a schedule, drafts cut short near max_tokens) that undercounts "
+    "later positions; start vLLM with `detailed` for exact per-position acceptance"
 )
 
 
@@ -50,6 +53,7 @@ class Profile:
     acceptance: dict[int, Acceptance] = field(default_factory=dict)
     made_at: float | None = None
     version: str | None = None
+    measured: dict[int, dict[int, float]] = field(default_factory=dict)  # {level: {k: end-to-end tokens/s}}
 
 
 def weights(rows: TuningRows) -> tuple[np.ndarray, np.ndarray]:
@@ -65,9 +69,7 @@ def steps(rows: TuningRows) -> np.ndarray:
 
 def _parts(rows: TuningRows, picked: np.ndarray) -> tuple[np.ndarray, ...]:
     """Per picked request: (accepted per position, drafts reaching each position, drafts, steps)."""
-    width = rows.per_position.shape[1]
-    reach = rows.drafts[picked, None] * (np.arange(width)[None, :] < rows.gamma[picked, None])
-    return rows.per_position[picked], reach, rows.drafts[picked], steps(rows)[picked]
+    return rows.per_position[picked], rows.reach[picked], rows.drafts[picked], steps(rows)[picked]
 
 
 def _acceptance_of(parts, w: np.ndarray, axis_sum) -> tuple[np.ndarray, np.ndarray]:
@@ -88,8 +90,17 @@ def acceptance(rows: TuningRows, w: np.ndarray) -> Acceptance | None:
     top = int(reached.sum()) if reached.all() else int(np.argmin(reached))
     rates, q = _acceptance_of(parts, w[picked], lambda x: x.sum(axis=0))
     drafts = float((rows.drafts[picked] * w[picked]).sum())
-    source = "records: accepted_per_position"
+    source = reach_source(rows.reach_counted[picked])
     return Acceptance(tuple(float(r) for r in rates[:top]), float(q), float(w[picked].sum()), drafts, source)
+
+
+def reach_source(counted: np.ndarray) -> str:
+    """Where per-position acceptance's denominators came from, for the requests behind it."""
+    if counted.all():
+        return f"records: {PER_STEP}"
+    if not counted.any():
+        return f"records: {SUMMARY}"
+    return f"records: {PER_STEP} for {int(counted.sum())} of {len(counted)} requests, else {SUMMARY}"
 
 
 def interval(rows: TuningRows, w: np.ndarray, level: int, cost: StepCurve, top: int, resamples: int):
@@ -168,7 +179,8 @@ def _profile_acceptance(levels, source: str) -> dict[int, Acceptance]:
             raise ValueError(f"profile acceptance {batch!r}: want rates, draft_rate, requests and drafts") from None
         if level < 1 or not all(0 <= a <= 1 for a in (*rates, numbers[0])) or min(numbers[1:]) < 0:
             raise ValueError(f"profile acceptance {batch!r}: batch >= 1, rates and draft_rate in [0, 1]")
-        found[level] = Acceptance(rates, *numbers, source=f"{source}: accepted_per_position")
+        counts = entry.get("from") if isinstance(entry.get("from"), str) else "accepted_per_position"
+        found[level] = Acceptance(rates, *numbers, source=f"{source}: {counts[:200]}")
     return found
 
 
@@ -181,7 +193,24 @@ def read_profile(profile: dict) -> Profile:
     made_at, version = profile.get("made_at"), profile.get("upstream_version")
     if made_at is not None and (type(made_at) not in (int, float) or made_at < 0):
         raise ValueError(f'profile "made_at": want epoch seconds, got {made_at!r}')
-    return Profile(curves, acceptance, made_at, None if version is None else str(version))
+    measured = _profile_measured(profile.get("measured") or [])
+    return Profile(curves, acceptance, made_at, None if version is None else str(version), measured)
+
+
+def _profile_measured(rows) -> dict[int, dict[int, float]]:
+    """`specwatch tune profile`'s "measured" rows ({"level", "k", "tokens_per_s", ...}) as {level: {k: tokens/s}}
+    (the best server per k, should two share one)."""
+    if not isinstance(rows, list):
+        raise ValueError('profile "measured": want a list of {"level", "k", "tokens_per_s"} rows')
+    found: dict[int, dict[int, float]] = {}
+    for row in rows:
+        try:
+            level, k, tps = int(row["level"]), int(row["k"]), row["tokens_per_s"]
+        except (TypeError, ValueError, KeyError):
+            raise ValueError(f'profile "measured" row {row!r}: want level, k and tokens_per_s') from None
+        if tps is not None and type(tps) in (int, float) and tps > 0 and level >= 1 and k >= 0:
+            found.setdefault(level, {})[k] = max(float(tps), found.get(level, {}).get(k, 0.0))
+    return found
 
 
 def today_k(rows: TuningRows) -> int:
@@ -214,7 +243,7 @@ def recommend(
             intervals[level] = interval(rows, w, level, costs[level], top, rules.resamples)
     k_now = today_k(rows) if current_k is None else current_k
     plan = schedule(k_now, {lv: a for lv, a in found_acceptance.items() if a}, costs, rules,
-                    {lv: i for lv, i in intervals.items() if i}, today)  # fmt: skip
+                    {lv: i for lv, i in intervals.items() if i}, today, profile.measured)  # fmt: skip
     return _dated(plan, rows, markers, profile)
 
 
@@ -236,7 +265,9 @@ def _dated(plan: Schedule, rows: TuningRows, markers, profile: Profile) -> Sched
         if version != current:
             break
         since = at
-    plan = replace(plan, made_at=made_at, drafter=drafter, upstream_version=made_for, notes=(UNDERCOUNT,))
+    undercount = bool((rows.speculative & rows.counts_known & ~rows.reach_counted).any())
+    notes = (UNDERCOUNT,) if undercount else ()
+    plan = replace(plan, made_at=made_at, drafter=drafter, upstream_version=made_for, notes=notes)
     return mark_stale(plan, current, since)
 
 

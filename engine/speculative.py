@@ -46,6 +46,7 @@ class DecodeStats:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
+    drafts_per_position: list[int] = field(default_factory=list)  # drafts that proposed a token at position i
     target_forwards: int = 0
     draft_s: float = 0.0
     verify_s: float = 0.0
@@ -59,6 +60,7 @@ class DecodeStats:
 
     def __post_init__(self) -> None:
         self.accepted_per_position = [0] * self.gamma
+        self.drafts_per_position = [0] * self.gamma
 
     def record_round(self, drafted: int, accepted: int) -> None:
         self.target_forwards += 1
@@ -68,6 +70,8 @@ class DecodeStats:
             self.num_accepted_tokens += accepted
             for position in range(accepted):
                 self.accepted_per_position[position] += 1
+            for position in range(drafted):
+                self.drafts_per_position[position] += 1
 
 
 LOOKAHEAD_MODES = ("cost", "heuristic", "fixed")

@@ -14,12 +14,16 @@ position i (0-based) was accepted in every step with more than i accepted:
 `vllm:spec_decode_num_accepted_tokens_per_pos` counter adds up over all requests.
 A speculative upstream's response without `speculative_decoding` is recorded with
 `draft_counts_known = False` (timings and tokens only), so acceptance queries skip it.
+With `--per-request-spec-decode-metrics detailed`, vLLM adds `per_step_drafted` (and
+`per_step_accepted`): the drafts that reached each position are counted from it
+(`drafts_per_position`), the denominators of per-position acceptance when drafts vary in length.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from operator import gt
 from typing import Any
 
 import orjson
@@ -37,6 +41,7 @@ class DraftCounts:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted_per_position: tuple[int, ...] = ()
+    drafts_per_position: tuple[int, ...] = ()  # from `detailed` per_step_drafted; () at `summary`
 
     @property
     def gamma(self) -> int:
@@ -61,7 +66,18 @@ def draft_counts(spec: Any) -> DraftCounts | None:
         tail += count
         per_position.append(tail)
     per_position.reverse()
-    return DraftCounts(sum(histogram), drafted, sum(per_position), tuple(per_position))
+    reached = drafts_reaching(spec.get("per_step_drafted"), len(per_position))
+    if reached and (sum(reached) != drafted or reached[0] > sum(histogram) or any(map(gt, per_position, reached))):
+        reached = ()  # lists that disagree with the summary: keep the summary's counts, drop only them
+    return DraftCounts(sum(histogram), drafted, sum(per_position), tuple(per_position), reached)
+
+
+def drafts_reaching(per_step_drafted: Any, gamma: int) -> tuple[int, ...]:
+    """Drafts that proposed a token at each position 0..gamma-1, from vLLM's `detailed` per-step drafted
+    counts (a step drafting d tokens reached positions 0..d-1); () when absent or unreadable."""
+    if not isinstance(per_step_drafted, list) or not all(type(d) is int and 0 <= d <= gamma for d in per_step_drafted):
+        return ()
+    return tuple(sum(1 for d in per_step_drafted if d > i) for i in range(gamma)) if per_step_drafted else ()
 
 
 @dataclass
@@ -151,6 +167,7 @@ def _counts_fields(counts: DraftCounts | None) -> dict:
         "num_accepted_tokens": counts.num_accepted_tokens,
         "accepted_per_position": list(counts.accepted_per_position),
         "gamma": counts.gamma,
+        "drafts_per_position": list(counts.drafts_per_position),
     }
 
 

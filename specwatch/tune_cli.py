@@ -40,6 +40,16 @@ def _batch(value: str) -> int:
     return int(value)
 
 
+def _share(value: str) -> float:
+    try:
+        share = float(value)
+    except ValueError:
+        share = -1.0
+    if not 0.0 <= share <= 1.0:
+        raise argparse.ArgumentTypeError(f"want a share from 0 to 1 (0.05: 5%), got {value!r}")
+    return share
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     tune = subparsers.add_parser("tune", help="choose the speculation length k per batch size from the store")
     actions = tune.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -58,6 +68,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     recommend.add_argument("--max-batch", type=_batch, default=TuneRules.max_batch, help="the server's max_num_seqs")
     recommend.add_argument("--min-requests", type=positive, default=TuneRules.min_requests)
     recommend.add_argument("--min-drafts", type=positive, default=TuneRules.min_drafts)
+    recommend.add_argument(
+        "--min-gain",
+        type=_share,
+        default=TuneRules.min_gain,
+        help="where --profile measured plain and speculation end to end at a level, speculation must make this "
+        f"much more tokens/s there, else plain (default {TuneRules.min_gain:g}: 5%%)",
+    )
     recommend.add_argument("--profile", metavar="FILE.json", type=Path, default=None, help="step costs per batch & k")
     recommend.add_argument("--method", default=None, help="vLLM method for the config (default: the records')")
     recommend.add_argument("--json", action="store_true", help="print the recommendation as JSON")
@@ -109,7 +126,7 @@ def recommend_command(args: argparse.Namespace) -> int:
     from collector.db import is_current, make_engine
     from cost.tuner_data import recommend_from_store
 
-    rules = TuneRules(args.min_requests, args.min_drafts, args.max_k, args.max_batch)
+    rules = TuneRules(args.min_requests, args.min_drafts, args.max_k, args.max_batch, min_gain=args.min_gain)
     window, profile, today = window_of(args), profile_of(args.profile), today_of(args)
     filters = Filters(instance=args.instance, model=args.model, drafter=args.drafter)
     engine = make_engine(settings_from(args).database_url_resolved)

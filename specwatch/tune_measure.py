@@ -81,18 +81,21 @@ def _row(answer: Answer) -> tuple:
     mode = "speculative" if answer.counts else "autoregressive"
     return (answer.url, mode, "profiled" if answer.counts else None, answer.started_at, 0.0, 0.0,
             answer.generation_s, answer.output_tokens, c.num_drafts, c.num_draft_tokens, c.num_accepted_tokens,
-            c.gamma, 0.0, 0.0, answer.counts is not None, list(c.accepted_per_position))  # fmt: skip
+            c.gamma, 0.0, 0.0, answer.counts is not None, list(c.accepted_per_position),
+            list(c.drafts_per_position))  # fmt: skip
 
 
 def acceptances(answers: list[Answer]) -> dict[str, dict]:
-    """{"<level>": {"rates", "draft_rate", "requests", "drafts"}} from the speculative answers at each level."""
+    """{"<level>": {"rates", "draft_rate", "requests", "drafts", "from"}} from the speculative answers at each
+    level ("from": which counts the rates divide, as `cost.tuner_data.reach_source` names them)."""
     found = {}
     for level in sorted({a.level for a in answers}):
         picked = [a for a in answers if a.level == level and a.counts is not None]
         measured = acceptance(rows_from_tuples([_row(a) for a in picked]), np.ones(len(picked))) if picked else None
         if measured is not None:
             found[str(level)] = {"rates": [round(r, 6) for r in measured.rates], "draft_rate": measured.draft_rate,
-                                 "requests": measured.requests, "drafts": measured.drafts}  # fmt: skip
+                                 "requests": measured.requests, "drafts": measured.drafts,
+                                 "from": measured.source.removeprefix("records: ")}  # fmt: skip
     return found
 
 

@@ -128,12 +128,13 @@ def profile_command(args: argparse.Namespace) -> int:
     return 0
 
 
-async def profile(config: ProfileConfig, progress=sys.stderr) -> dict:
+async def profile(config: ProfileConfig, progress=None) -> dict:
     """Identify every server, run the sweep, and return the profile JSON (`specwatch.tune_measure`)."""
     headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
     async with httpx.AsyncClient(headers=headers, timeout=config.timeout_s) as client:
         servers = [await identify(client, url, config.model) for url in config.upstreams]
-        bar = Bar(len(servers) * len(config.concurrency) * (config.requests + config.warmups), progress)
+        total = len(servers) * len(config.concurrency) * (config.requests + config.warmups)
+        bar = Bar(total, progress or sys.stderr)  # looked up now: a default bound at import outlives a swap
         answers: list[Answer] = []
         for turn, level in enumerate(config.concurrency):
             for part, numbers in enumerate(passes(config.requests, config.passes)):

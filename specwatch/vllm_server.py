@@ -145,6 +145,9 @@ class VllmServer:
     max_num_seqs: int = 8
     # per-request timing metrics in each response's `metrics`, and (with speculation) its acceptance summary
     per_request_metrics: bool = False
+    # with speculation: vLLM's per-request acceptance at `summary` (its histogram) or `detailed` (plus each
+    # step's drafted and accepted counts: the drafts that reached each position, when drafts vary in length)
+    spec_decode_metrics: str = "summary"
     compiled: bool = False  # torch.compile its model (vLLM's default; slower start), else --enforce-eager
     prefix_caching: bool = True  # vLLM's default; off: every prompt is prefilled (a benchmark's repeats)
     process: subprocess.Popen | None = field(default=None, repr=False)
@@ -187,7 +190,7 @@ class VllmServer:
         if self.per_request_metrics:
             cmd.append("--enable-per-request-metrics")
             if self.speculative:  # vLLM refuses to start with spec-decode metrics but no speculation
-                cmd += ["--per-request-spec-decode-metrics", "summary"]
+                cmd += ["--per-request-spec-decode-metrics", self.spec_decode_metrics]
         return cmd
 
     def env(self) -> dict[str, str]:

@@ -109,6 +109,10 @@ class RequestRecord(_Strict):
     num_accepted_tokens: Count = 0
     accepted_per_position: list[Count] = Field(default_factory=list, max_length=MAX_GAMMA)
     gamma: Annotated[int, Field(ge=0, le=MAX_GAMMA)] = 0
+    # Drafts that proposed a token at position i (the denominators of per-position acceptance), when the
+    # producer saw each draft's length (vLLM's `detailed` per_step_drafted; the engine's own drafts);
+    # empty: not reported, and every draft is taken to reach gamma.
+    drafts_per_position: list[Count] = Field(default_factory=list, max_length=MAX_GAMMA)
     draft_s: Seconds = 0.0
     verify_s: Seconds = 0.0
     retries: Annotated[int, Field(ge=0, le=1000)] = 0
@@ -150,6 +154,8 @@ class RequestRecord(_Strict):
             or not all(map(ge, per_position, per_position[1:]))
         ):
             _explain_per_position(per_position, drafts, accepted)
+        if self.drafts_per_position:
+            _check_drafts_per_position(self.drafts_per_position, per_position, drafts, drafted)
         if not self.draft_counts_known and (drafted or drafts or per_position):
             raise FieldError("draft_counts_known", "draft counts must be 0 when draft_counts_known is false")
         if (self.energy_j is None) != (self.energy_source is None):
@@ -179,6 +185,21 @@ def _explain_per_position(per_position: list[int], num_drafts: int, num_accepted
         raise FieldError(field, "accepted_per_position[0] must be <= num_drafts")
     if sum(per_position) != num_accepted:
         raise FieldError(field, "accepted_per_position must sum to num_accepted_tokens")
+
+
+def _check_drafts_per_position(reached: list[int], accepted: list[int], num_drafts: int, num_drafted: int) -> None:
+    """Position i counts drafts that proposed a token there: raise what is violated."""
+    field = "drafts_per_position"
+    if len(reached) != len(accepted):
+        raise FieldError(field, f"drafts_per_position has {len(reached)} entries, gamma is {len(accepted)}")
+    if any(later > earlier for earlier, later in zip(reached, reached[1:])):
+        raise FieldError(field, "drafts_per_position must be non-increasing")
+    if reached[0] > num_drafts:
+        raise FieldError(field, "drafts_per_position[0] must be <= num_drafts")
+    if sum(reached) != num_drafted:
+        raise FieldError(field, "drafts_per_position must sum to num_draft_tokens")
+    if any(a > r for a, r in zip(accepted, reached)):
+        raise FieldError(field, "accepted_per_position[i] must be <= drafts_per_position[i]")
 
 
 class DeviceSample(_Strict):

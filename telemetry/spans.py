@@ -108,6 +108,7 @@ def _spec_attributes(record: RequestRecord) -> dict[str, Any]:
         "mean_acceptance_length": record.mean_acceptance_length,  # 1 + accepted / drafts
         "gamma": record.gamma,
         "accepted_per_position": list(record.accepted_per_position) or None,  # an empty list: no attribute
+        "drafts_per_position": list(record.drafts_per_position) or None,
         "mean_lookahead": record.mean_lookahead,
         "draft_s": record.draft_s,
         "verify_s": record.verify_s,

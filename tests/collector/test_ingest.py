@@ -42,6 +42,14 @@ def test_device_time_is_stored_as_sent_and_left_null_when_not_sent(client, make_
     assert [tuple(row) for row in rows] == [("req-1", 0.625, "processor_sharing"), ("req-2", None, None)]
 
 
+def test_drafts_per_position_is_stored_as_sent_and_empty_when_not_sent(client, make_request):
+    payload = {"requests": [make_request(1, num_draft_tokens=13, drafts_per_position=[4, 4, 3, 2]), make_request(2)]}
+    assert post(client, payload).status_code == 200
+    with client.app.state.store.engine.connect() as conn:
+        rows = conn.execute(select(Request.request_id, Request.drafts_per_position).order_by(Request.request_id))
+        assert [tuple(row) for row in rows] == [("req-1", [4, 4, 3, 2]), ("req-2", [])]
+
+
 def test_duplicates_are_counted_and_skipped(client, make_request):
     assert post(client, {"requests": [make_request(1), make_request(2)]}).json()["accepted"] == 2
     body = post(client, {"requests": [make_request(2), make_request(3), make_request(3)]}).json()
@@ -65,6 +73,11 @@ def test_duplicates_are_counted_and_skipped(client, make_request):
         ({"accepted_per_position": [5, 3, 2, 1], "num_accepted_tokens": 11}, "accepted_per_position"),  # > num_drafts
         ({"accepted_per_position": [4, 3, 2, 2]}, "accepted_per_position"),  # sum != num_accepted_tokens
         ({"gamma": 3}, "gamma"),  # len(accepted_per_position) != gamma
+        ({"drafts_per_position": [4, 4, 4]}, "drafts_per_position"),  # len != gamma
+        ({"drafts_per_position": [3, 4, 4, 5]}, "drafts_per_position"),  # increasing
+        ({"drafts_per_position": [4, 4, 4, 3]}, "drafts_per_position"),  # sum != num_draft_tokens
+        ({"drafts_per_position": [5, 4, 4, 3]}, "drafts_per_position"),  # > num_drafts
+        ({"num_draft_tokens": 10, "drafts_per_position": [4, 2, 2, 2]}, "drafts_per_position"),  # accepted > reached
         ({"energy_j": 3.0}, "energy_source"),
         ({"device_s": 0.5}, "device_s_source"),  # device time without its source
         ({"device_s_source": "engine"}, "device_s"),

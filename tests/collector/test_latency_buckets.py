@@ -153,7 +153,7 @@ def _write_as_before_0005(engine: Engine, records: list[dict], pass_at: float) -
         # the columns revision 0004 had: later columns (server defaults) are left out of the insert
         known = [
             RequestRecord.model_validate(r).model_dump(
-                exclude={"draft_counts_known", "mean_lookahead", "device_s", "device_s_source"}
+                exclude={"draft_counts_known", "mean_lookahead", "device_s", "device_s_source", "drafts_per_position"}
             )
             for r in records
         ]

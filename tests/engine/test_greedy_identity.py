@@ -69,6 +69,7 @@ def test_self_drafting_accepts_everything(target):
     assert stats.num_accepted_tokens == stats.num_draft_tokens > 0
     # every draft is accepted in full; only the last one is shortened to fit max_new_tokens (40 = 1 + 7 * 5 + 4)
     assert stats.accepted_per_position == [stats.num_drafts] * 3 + [stats.num_drafts - 1]
+    assert stats.drafts_per_position == stats.accepted_per_position  # the short last draft never reached 3
 
 
 def test_generic_transformers_path_matches(target):

@@ -81,6 +81,9 @@ def test_accounting_invariants_on_the_bundled_model(bundled_engine, drafter, gam
     assert record.num_accepted_tokens <= record.num_draft_tokens
     assert record.accepted_per_position == sorted(record.accepted_per_position, reverse=True)
     assert sum(record.accepted_per_position) == record.num_accepted_tokens
+    if record.num_drafts:  # the drafts' own lengths: the adaptive lookahead and max_tokens cut some short
+        assert sum(record.drafts_per_position) == record.num_draft_tokens
+        assert all(a <= r for a, r in zip(record.accepted_per_position, record.drafts_per_position, strict=True))
     forwards = record.output_tokens - record.num_accepted_tokens
     assert 1 <= forwards <= record.output_tokens and record.num_drafts <= forwards
     assert record.mode == ("speculative" if drafter else "autoregressive") and record.drafter == drafter

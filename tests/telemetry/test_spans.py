@@ -34,6 +34,7 @@ def record(**fields) -> RequestRecord:
         num_draft_tokens=24,
         num_accepted_tokens=12,
         accepted_per_position=[5, 4, 2, 1],
+        drafts_per_position=[6, 6, 6, 6],
         gamma=4,
         device_s=0.9,
         device_s_source="engine",
@@ -50,6 +51,7 @@ def test_record_attributes_follow_gen_ai_and_put_speculation_under_one_namespace
     assert attributes["specwatch.spec.acceptance_rate"] == 0.5  # 12 / 24
     assert attributes["specwatch.spec.mean_acceptance_length"] == 3.0  # 1 + 12 / 6
     assert attributes["specwatch.spec.accepted_per_position"] == [5, 4, 2, 1]
+    assert attributes["specwatch.spec.drafts_per_position"] == [6, 6, 6, 6]
     assert (attributes["specwatch.spec.drafter"], attributes["specwatch.spec.arm"]) == ("ngram", "spec")
     assert (attributes["specwatch.spec.mode_reason"], attributes["specwatch.spec.device_s"]) == ("canary", 0.9)
     assert attributes["specwatch.tag.tenant"] == "acme"
@@ -59,6 +61,7 @@ def test_record_attributes_follow_gen_ai_and_put_speculation_under_one_namespace
 
 def test_a_plain_request_has_no_ratio_and_no_none_value():
     drafts = dict(num_drafts=0, num_draft_tokens=0, num_accepted_tokens=0, accepted_per_position=[], gamma=0)
+    drafts |= dict(drafts_per_position=[])
     attributes = spans.record_attributes(record(drafter=None, mode="autoregressive", arm=None, **drafts))
     assert "specwatch.spec.acceptance_rate" not in attributes and "specwatch.spec.drafter" not in attributes
     assert "specwatch.spec.accepted_per_position" not in attributes
