@@ -75,6 +75,13 @@ class StepCurve:
     level: int
     points: tuple[tuple[float, float], ...]  # (k, seconds), k ascending
     source: str  # e.g. "profile", "records: recorded forward time", "records: decode wall time"
+    # the x of the points: the server's k (a profile, one server per k), or the draft tokens verified per
+    # step (records: a drafter that drafts in a share q of the steps verifies about q * k of them at k)
+    per_step: bool = False
+
+    def at_k(self, k: int, draft_rate: float) -> float:
+        """t at speculation length k for a drafter that drafts in `draft_rate` (q) of the steps."""
+        return self.seconds(draft_rate * k if self.per_step else k)
 
     def seconds(self, k: float) -> float:
         ks, ts = np.array([p[0] for p in self.points]), np.array([p[1] for p in self.points])
@@ -156,7 +163,7 @@ def bucket_ranges(max_batch: int = MAX_BATCH) -> tuple[tuple[int, int, int], ...
 
 def predicted(level: int, acceptance: Acceptance, cost: StepCurve, top: int) -> tuple[float, ...]:
     """tokens/s of the batch for k = 0..top."""
-    return tuple(level * acceptance.tokens_per_step(k) / cost.seconds(k) for k in range(top + 1))
+    return tuple(level * acceptance.tokens_per_step(k) / cost.at_k(k, acceptance.draft_rate) for k in range(top + 1))
 
 
 def choose_k(curve: tuple[float, ...], interval: Interval | None = None) -> tuple[int, str]:

@@ -103,15 +103,18 @@ def reach_source(counted: np.ndarray) -> str:
     return f"records: {PER_STEP} for {int(counted.sum())} of {len(counted)} requests, else {SUMMARY}"
 
 
-def interval(rows: TuningRows, w: np.ndarray, level: int, cost: StepCurve, top: int, resamples: int):
-    """95% bootstrap bounds of tokens/s for k = 0..top, resampling the level's speculative requests."""
+def interval(
+    rows: TuningRows, w: np.ndarray, level: int, cost: StepCurve, top: int, resamples: int, draft_rate: float = 1.0
+):
+    """95% bootstrap bounds of tokens/s for k = 0..top, resampling the level's speculative requests (the step
+    cost at each k read at the bucket's own draft rate q, `StepCurve.at_k`)."""
     picked = np.flatnonzero(rows.speculative & rows.counts_known & (w > 0) & (rows.drafts > 0))
     if resamples <= 0 or len(picked) < 2:
         return None
     from scipy.stats import bootstrap
 
     parts, weight = _parts(rows, picked), w[picked]
-    seconds = np.array([cost.seconds(k) for k in range(top + 1)])
+    seconds = np.array([cost.at_k(k, draft_rate) for k in range(top + 1)])
 
     def tokens_per_s(index, axis=-1):
         i = index.astype(int)
@@ -143,7 +146,7 @@ def step_curve(rows: TuningRows, w: np.ndarray, level: int) -> StepCurve | None:
     if len(points) < 2 or max(p[0] for p in points) - min(p[0] for p in points) < MIN_SPREAD:
         return None
     kinds = {"recorded forward time" if r else "decode wall time (e2e - ttft)" for r in recorded[timed]}
-    return StepCurve(level, tuple(sorted(points)), "records: " + " + ".join(sorted(kinds)))
+    return StepCurve(level, tuple(sorted(points)), "records: " + " + ".join(sorted(kinds)), per_step=True)
 
 
 def profile_curves(profile: dict) -> dict[int, StepCurve]:
@@ -240,7 +243,8 @@ def recommend(
         costs[level] = costs.get(level) or step_curve(rows, w, level)
         if found_acceptance[level] and costs[level] and found_acceptance[level] is not profile.acceptance.get(level):
             top = min(rules.max_k, len(found_acceptance[level].rates))
-            intervals[level] = interval(rows, w, level, costs[level], top, rules.resamples)
+            q = found_acceptance[level].draft_rate
+            intervals[level] = interval(rows, w, level, costs[level], top, rules.resamples, q)
     k_now = today_k(rows) if current_k is None else current_k
     plan = schedule(k_now, {lv: a for lv, a in found_acceptance.items() if a}, costs, rules,
                     {lv: i for lv, i in intervals.items() if i}, today, profile.measured)  # fmt: skip
@@ -265,7 +269,7 @@ def _dated(plan: Schedule, rows: TuningRows, markers, profile: Profile) -> Sched
         if version != current:
             break
         since = at
-    undercount = bool((rows.speculative & rows.counts_known & ~rows.reach_counted).any())
+    undercount = bool((rows.speculative & rows.counts_known & (rows.drafts > 0) & ~rows.reach_counted).any())
     notes = (UNDERCOUNT,) if undercount else ()
     plan = replace(plan, made_at=made_at, drafter=drafter, upstream_version=made_for, notes=notes)
     return mark_stale(plan, current, since)

@@ -182,3 +182,15 @@ def test_speculation_that_the_profile_measured_below_min_gain_end_to_end_is_plai
     assert measured_guard(chosen, None, 0.05) is chosen
     plan = schedule(8, {8: acc}, {8: cost}, TuneRules(max_batch=8), measured={8: {0: 113.0, 8: 115.9}})
     assert plan.ranges[-1] == (6, 8, 0)
+
+
+def test_a_records_curve_is_read_at_the_draft_tokens_a_step_verifies():
+    """Records put their points at draft tokens verified per step: an n-gram drafter drafting in a quarter of
+    the steps verifies about k/4 of them a step at k, not k (which made k = 8 look 4x dearer than it ran)."""
+    acc = Acceptance((0.3, 0.2, 0.1, 0.05), draft_rate=0.25)
+    by_step = StepCurve(1, ((0.0, 0.040), (1.0, 0.044)), "records: decode wall time", per_step=True)
+    assert by_step.at_k(4, 0.25) == pytest.approx(0.044)
+    plan = plan_bucket((1, 1, 1), 0, acc, by_step)
+    assert plan.k == 4 and plan.predicted(4) == pytest.approx(1.1625 / 0.044)
+    by_k = StepCurve(1, by_step.points, "profile")  # the same points read as a server's k: k = 4 costs 0.056
+    assert plan_bucket((1, 1, 1), 0, acc, by_k).k == 0
