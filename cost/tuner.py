@@ -210,8 +210,8 @@ def plan_bucket(
 def measured_guard(plan: BucketPlan, measured: dict[int, float] | None, min_gain: float) -> BucketPlan:
     """k = 0 where the level's end-to-end measurements ({k: tokens/s}, a profile's) show no k > 0 beating
     plain by `min_gain`; the plan unchanged where speculation was not chosen or not measured beside plain."""
-    spec = [tps for k, tps in (measured or {}).items() if k > 0]
-    plain = (measured or {}).get(0)
+    measured = measured or {}
+    spec, plain = [tps for k, tps in measured.items() if k > 0], measured.get(0)
     if plan.k == 0 or not plan.enough or not spec or not plain:
         return plan
     ratio = max(spec) / plain

@@ -365,7 +365,7 @@ class Run:
             num_draft_tokens=stats.num_draft_tokens,
             num_accepted_tokens=stats.num_accepted_tokens,
             accepted_per_position=stats.accepted_per_position,
-            drafts_per_position=stats.drafts_per_position if stats.num_drafts else [],
+            drafts_per_position=stats.drafts_per_position,
             gamma=stats.gamma,
             draft_s=stats.draft_s,
             verify_s=stats.verify_s,
