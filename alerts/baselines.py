@@ -41,14 +41,14 @@ def to_row(labels: Labels, state: SeriesState, settings: DriftSettings) -> Serie
         "baseline": f"{state.mean:.3f}",
         "ewma": f"{state.ewma:.3f}" if state.ewma is not None else "",
         "change": f"{state.relative_change():+.1%}",
-        "stddev": f"{state.stddev(settings):.3f}",
+        "stddev": f"{state.stddev():.3f}",
     }
     warm = state.warmed_up(settings)
     return SeriesRow(KIND, labels, state.score(settings), state.n, warm, annotations, asdict(state), state.last_at)
 
 
 def load_states(engine: Engine) -> dict[Labels, SeriesState]:
-    return {row.labels: SeriesState(**row.state) for row in series_rows(engine, KIND)}
+    return {row.labels: SeriesState.load(row.state) for row in series_rows(engine, KIND)}
 
 
 def feed(
@@ -63,7 +63,7 @@ def feed(
         if labels not in states and len(states) >= settings.max_series:
             untracked += 1
             continue
-        states[labels] = step(states.get(labels, SeriesState()), r.acceptance, r.started_at, settings)
+        states[labels] = step(states.get(labels, SeriesState()), r.acceptance, r.drafted, r.started_at, settings)
         changed.add(labels)
         fed += 1
     return changed, fed, untracked

@@ -26,10 +26,10 @@ class DriftSettings(_Strict):
     baseline_memory: int = Field(default=20_000, ge=100)  # requests the baseline learns from, then its EWMA span
     learn_below_score: float = Field(default=0.5, ge=0, le=1)  # in control: the baseline learns (0: warmup only)
     relative_shift: float = Field(default=0.15, gt=0, lt=1)  # the drop the CUSUM is tuned to detect
-    decision_interval: float = Field(default=37.0, gt=0)  # h, in baseline stddevs: score = CUSUM / h
+    decision_interval: float = Field(default=35.0, gt=0)  # h, in baseline spreads of the statistic: score = CUSUM / h
     ewma_halflife: int = Field(default=200, ge=1)  # requests: the level reported beside the baseline
     rebaseline_after: int = Field(default=5000, ge=0)  # requests past an alarm before a new baseline (0: never)
-    min_stddev: float = Field(default=0.02, gt=0)  # floor of a series' stddev (a drafter at exactly 1.0)
+    min_stddev: float = Field(default=0.02, gt=0)  # floor of the statistic's spread per √drafted (a drafter at 1.0)
     max_series: int = Field(default=500, ge=1)  # bounds the series (and the gauge's label sets)
     initial_lookback: Duration = Field(default=6 * 3600.0, gt=0)  # how far back a fresh store starts
     # rows the drift and anomaly passes step per cycle (~16 us each in Python): 50,000 keeps a cycle near a

@@ -52,23 +52,23 @@ STEP_GOAL_REQUESTS = 300
 FALSE_ALARMS_GOAL = 1.0
 
 
-def stream(pool: Pool, factors: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Per-request acceptance of len(factors) requests, each resampled and thinned by its factor."""
+def stream(pool: Pool, factors: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """(acceptance, drafted tokens) of len(factors) requests, each resampled and thinned by its factor."""
     pick = rng.integers(0, len(pool.drafted), size=len(factors))
     accepted = rng.binomial(pool.accepted[pick], factors)
-    return accepted / pool.drafted[pick]
+    return accepted / pool.drafted[pick], pool.drafted[pick]
 
 
 def arrivals(n: int, rate: float, rng: np.random.Generator) -> np.ndarray:
     return np.cumsum(rng.exponential(1.0 / rate, size=n))
 
 
-def alarm_onsets(xs: np.ndarray, settings: DriftSettings) -> list[int]:
+def alarm_onsets(requests: tuple[np.ndarray, np.ndarray], settings: DriftSettings) -> list[int]:
     """Indexes at which an alarm starts (the score reaches 1 with no alarm standing)."""
     state, onsets = SeriesState(), []
-    for i, x in enumerate(xs):
+    for i, (x, drafted) in enumerate(zip(*requests)):
         before = state.alarm_n
-        state = step(state, float(x), float(i), settings)
+        state = step(state, float(x), int(drafted), float(i), settings)
         if state.alarm_n is not None and before is None:
             onsets.append(i)
     return onsets

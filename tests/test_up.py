@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from processes import children, running
 from waiting import wait_for
@@ -64,7 +65,11 @@ def test_ctrl_c_stops_up_in_order_with_one_line_and_no_child_left(tmp_path):
         wait_for(lambda: _stored(tmp_path / "specwatch.db") >= 2, lambda: log.read_text(), timeout=300)
         family = _descendants(up.pid)
         os.killpg(up.pid, signal.SIGINT)
-        assert up.wait(timeout=120) == 0, log.read_text()
+        try:
+            code = up.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"up still runs 120 s after SIGINT: {_stuck(up.pid, family, tmp_path)}")
+        assert code == 0, log.read_text()
     finally:
         if up.poll() is None:
             os.killpg(up.pid, signal.SIGKILL)
@@ -104,6 +109,13 @@ def _up_loading_the_model(tmp_path: Path) -> tuple[subprocess.Popen, list[int]]:
     wait_for(lambda: "loading the model" in up.stdout.readline(), "the engine to start loading", timeout=120)
     wait_for(lambda: len(children(up.pid)) >= 2, "the engine process", timeout=30)
     return up, _descendants(up.pid)
+
+
+def _stuck(pid: int, family: list[int], data_dir: Path) -> str:
+    """What a hung stop leaves to read: which processes still run, and the tail of every log."""
+    alive = [p for p in [pid, *family] if running(p)]
+    logs = [f"--- {p.name} ---\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(data_dir.glob("*.log"))]
+    return "\n".join([f"still running: {alive}", f"--- up.out ---\n{(data_dir / 'up.out').read_text()[-3000:]}", *logs])
 
 
 def _stored(db: Path) -> int:

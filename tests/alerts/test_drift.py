@@ -7,6 +7,8 @@ tables step through (t, value, expected state) without sleeps.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from collector_payloads import T0, event_dict, request_dict
 from prometheus_client import CollectorRegistry, generate_latest
@@ -74,15 +76,25 @@ def ingest(engine, records=(), events=()) -> None:
     Store(engine).insert(IngestBatch.model_validate({"requests": list(records), "samples": [], "events": list(events)}))
 
 
+def increment(baseline: float, x: float, drafted: int = 16) -> float:
+    """By hand: one request's CUSUM step after a constant baseline. z = √d·asin√x; the baseline's spread is
+    0, so s is floored at min_stddev (0.02) · √d; the slack is half the mean change of z a -15% drop makes."""
+    w, y0 = math.sqrt(drafted), math.asin(math.sqrt(baseline))
+    s = 0.02 * w
+    slack = w * (y0 - math.asin(math.sqrt(0.85 * baseline))) / (2 * s)
+    return w * (y0 - math.asin(math.sqrt(x))) / s - slack
+
+
 @pytest.mark.parametrize(
     ("xs", "expected"),
     [
         ([0.5] * 30, 0.0),  # stationary: the CUSUM stays at 0
-        ([0.5] * 20 + [0.3] * 3, pytest.approx(3 * (0.2 / 0.02 - 0.15 * 0.5 / 0.04) / 5)),  # sd floored at 0.02
-        ([0.5] * 20 + [0.3, 0.6], pytest.approx(max(0.0, (0.2 / 0.02 - 1.875) - (0.1 / 0.02 + 1.875)) / 5)),
+        ([0.5] * 20 + [0.3] * 3, pytest.approx(3 * increment(0.5, 0.3) / 5)),
+        ([0.5] * 20 + [0.3, 0.6], pytest.approx(max(0.0, increment(0.5, 0.3) + increment(0.5, 0.6)) / 5)),
     ],
 )
 def test_cusum_score_by_hand(xs, expected):
+    assert increment(0.5, 0.6) < 0 < increment(0.5, 0.3)
     assert run(xs, DriftSettings(**SMALL))[-1] == expected
 
 
@@ -90,13 +102,14 @@ def test_alarm_then_recovery_then_rebaseline():
     settings = DriftSettings(**{**SMALL, "rebaseline_after": 5})  # baseline learning off: the table is by hand
     state = SeriesState()
     for i, x in enumerate([0.5, 0.7] * 10):  # baseline mean 0.6, sd ~0.1
-        state = step(state, x, i, settings)
+        state = step(state, x, 16, i, settings)
     assert state.warmed_up(settings) is False and state.n == 20
-    # each 0.2 adds (0.6 - 0.2) / 0.1026 - 0.15 * 0.6 / (2 * 0.1026) = 3.46 to the CUSUM, over h = 5: the alarm
-    # comes with the second; 5 requests after it the series starts a new baseline (no alarm standing)
+    # each 0.2 adds 4 (0.888 - asin√0.2) / 0.422 - 0.373 / (2 · 0.422) = 3.58 to the CUSUM (m = 0.888 and s = 0.422
+    # from asin√0.5 and asin√0.7, 16 drafted), over h = 5: the alarm comes with the second; 5 requests after it
+    # the series starts a new baseline (no alarm standing)
     table = [(0.2, False), (0.2, True), (0.2, True), (0.2, True), (0.2, True), (0.2, True), (0.2, False)]
     for x, alarm in table:
-        state = step(state, x, 0, settings)
+        state = step(state, x, 16, 0, settings)
         assert (state.alarm_n is not None) == alarm
     assert state.n == 0
 
@@ -144,7 +157,7 @@ def test_drift_score_on_metrics(engine):
     text = generate_latest(registry).decode()
     line = 'specwatch_acceptance_drift_score{drafter="ngram",instance="gpu-0",model="smollm2-135m",tag="chat"}'
     value = float(next(x for x in text.splitlines() if x.startswith(line)).split()[-1])
-    assert value == pytest.approx(3 * (0.375 / 0.02 - 0.15 * 0.75 / 0.04) / 5)
+    assert value == pytest.approx(3 * increment(0.75, 0.375) / 5)
 
 
 def test_untracked_series_past_max_series(engine):

@@ -1,6 +1,7 @@
 """The drift detector's baseline keeps learning while the series is in control (alerts.drift `learn`):
-Welford up to `baseline_memory` requests, then an exponentially weighted mean and variance; a drop is
-still detected, the baseline does not follow it, and state rows from before the learning still load."""
+plain means up to `baseline_memory` requests, then an exponentially weighted mean; a drop is still
+detected, the baseline does not follow it, requests that draft more weigh more without biasing it, and
+state rows from before its statistic start a new baseline."""
 
 from __future__ import annotations
 
@@ -21,10 +22,10 @@ from telemetry.schema import IngestBatch
 SETTINGS = DriftSettings(warmup=50, decision_interval=20.0, rebaseline_after=0, baseline_memory=400)
 
 
-def feed(xs, settings=SETTINGS, state=None):
+def feed(xs, settings=SETTINGS, state=None, drafted=None):
     state = state or SeriesState()
     for i, x in enumerate(xs):
-        state = step(state, float(x), float(i), settings)
+        state = step(state, float(x), 16 if drafted is None else int(drafted[i]), float(i), settings)
     return state
 
 
@@ -36,13 +37,19 @@ def bimodal(n: int, rng: np.random.Generator, factor: float = 1.0) -> np.ndarray
 
 def test_learning_is_welford_then_an_exponential_window():
     xs = np.random.default_rng(1).random(1000)
+    drafted = np.random.default_rng(5).integers(8, 200, size=1000)
+    z = np.sqrt(drafted) * np.arcsin(np.sqrt(xs))
     state = SeriesState()
-    for x in xs[:400]:
-        state = learn(state, float(x), SETTINGS)
+    for x, d in zip(xs[:400], drafted[:400]):
+        state = learn(state, float(x), int(d), SETTINGS)
     assert state.nb == 400 and state.mean == pytest.approx(xs[:400].mean())
-    assert state.stddev(SETTINGS) == pytest.approx(xs[:400].std(ddof=1))
-    for x in xs[400:]:
-        state = learn(state, float(x), SETTINGS)
+    assert state.stddev() == pytest.approx(xs[:400].std(ddof=1))
+    centre = z[:400].sum() / np.sqrt(drafted[:400]).sum()  # the √d-weighted mean of asin√x
+    assert state.centre() == pytest.approx(centre)
+    spread = (z[:400] - np.sqrt(drafted[:400]) * centre).std(ddof=1)
+    assert state.spread(SETTINGS) == pytest.approx(spread)
+    for x, d in zip(xs[400:], drafted[400:]):
+        state = learn(state, float(x), int(d), SETTINGS)
     weights = (1 - 1 / 400) ** np.arange(600)[::-1]  # the last 600 values, newest weighted 1
     ew_mean = (1 - 1 / 400) ** 600 * xs[:400].mean() + (weights * xs[400:]).sum() / 400
     assert state.nb == 400 and state.mean == pytest.approx(ew_mean)
@@ -63,7 +70,7 @@ def test_a_step_is_detected_and_the_baseline_does_not_follow_it():
     before = feed(bimodal(3000, rng))
     after = before
     for i, x in enumerate(bimodal(2000, rng, factor=0.7)):
-        after = step(after, float(x), float(i), SETTINGS)
+        after = step(after, float(x), 16, float(i), SETTINGS)
         if after.alarm_n is not None:
             break
     assert after.alarm_n is not None and after.n - before.n < 300
@@ -77,13 +84,30 @@ def test_learning_off_keeps_the_warmup_baseline():
     assert state.nb == 50 and state.mean == pytest.approx(xs[:50].mean())
 
 
-def test_a_row_saved_before_the_baseline_learned_still_loads_and_steps():
-    """Rows of the state table written before `nb` existed: the baseline is the warmup's (m2 over `warmup`)."""
-    old = {"n": 80, "mean": 0.5, "m2": 49 * 0.01, "ewma": 0.5, "cusum": 0.0, "alarm_n": None, "last_at": 1.0}
-    state = SeriesState(**old)
-    assert state.baseline_count(SETTINGS) == 50 and state.stddev(SETTINGS) == pytest.approx(0.1)
-    state = step(state, 0.5, 2.0, SETTINGS)
-    assert state.nb == 51 and state.n == 81 and state.mean == pytest.approx(0.5)
+def test_longer_requests_weigh_more_without_biasing_the_baseline():
+    """Copy prompts draft ~6x the tokens of chat and accept more: the √d-weighted centre keeps the
+    statistic at 0 in control (an unweighted one would drift up by the covariance and alarm)."""
+    rng = np.random.default_rng(6)
+    settings = DriftSettings(baseline_memory=2000, rebaseline_after=0)
+    copy = rng.random(30_000) < 0.4
+    xs = np.clip(np.where(copy, rng.normal(0.7, 0.15, copy.size), rng.normal(0.15, 0.08, copy.size)), 0, 1)
+    drafted = np.where(copy, rng.integers(60, 140, copy.size), rng.integers(8, 30, copy.size))
+    assert max(run(xs, settings, drafted=drafted)) < 1.0
+    dropped = feed(xs[:3000], settings, drafted=drafted)
+    for i in range(3000, 6000):  # then -15%
+        dropped = step(dropped, 0.85 * float(xs[i]), int(drafted[i]), float(i), settings)
+        if dropped.alarm_n is not None:
+            break
+    assert dropped.alarm_n is not None and dropped.n - 3000 < 600
+
+
+def test_a_row_saved_before_the_statistic_starts_a_new_baseline():
+    """Rows written by the detector on plain acceptance (no `moments`): their baseline is on another scale."""
+    old = {"n": 80, "mean": 0.5, "m2": 49 * 0.01, "ewma": 0.5, "cusum": 3.0, "alarm_n": None, "last_at": 1.0}
+    state = SeriesState.load(old)
+    assert (state.n, state.nb, state.cusum, state.last_at) == (0, 0, 0.0, 1.0)
+    state = step(state, 0.5, 16, 2.0, SETTINGS)
+    assert state.nb == 1 and state.n == 1 and state.mean == pytest.approx(0.5)
 
 
 def records(start: int, count: int, accepted: list[int]) -> list[dict]:
@@ -98,8 +122,8 @@ def ingest(engine, batch: list[dict]) -> None:
     Store(engine).insert(IngestBatch.model_validate({"requests": batch, "samples": [], "events": []}))
 
 
-def test_the_leaders_pass_persists_the_learned_baseline_and_reads_an_old_row(engine):
-    """Through the store: the pass saves `nb`, and a row written before it existed steps on."""
+def test_the_leaders_pass_persists_the_learned_baseline_and_restarts_an_old_row(engine):
+    """Through the store: the pass saves the baseline, and a row written before `moments` starts a new one."""
     settings = DriftSettings(warmup=20, decision_interval=5.0, rebaseline_after=0)
     batch = records(0, 30, [4, 4, 2, 0]) + records(30, 30, [4, 4, 4, 0])  # acceptance 0.625 then 0.75
     ingest(engine, batch)
@@ -107,10 +131,13 @@ def test_the_leaders_pass_persists_the_learned_baseline_and_reads_an_old_row(eng
     [(labels, state)] = load_states(engine).items()
     assert state.n == 60 and state.nb == 60  # a rise keeps the score at 0: every request was learned
     assert state.mean == pytest.approx((30 * 0.625 + 30 * 0.75) / 60)
-    old = {k: v for k, v in asdict(state).items() if k != "nb"}  # as the pass wrote rows before `nb`
+    y = np.arcsin(np.sqrt([0.625, 0.75]))
+    assert state.centre() == pytest.approx(y.mean()) and state.moments[0] == pytest.approx(4.0)
+    assert load_states(engine)[labels] == state  # the JSON row round-trips
+    old = {k: v for k, v in asdict(state).items() if k != "moments"}  # as the pass wrote rows before `moments`
     with write_transaction(engine) as conn:
         save_rows(conn, [replace(to_row(labels, state, settings), state=old)])
-    assert load_states(engine)[labels].nb is None
+    assert load_states(engine)[labels].nb == 0
     ingest(engine, records(60, 5, [4, 4, 4, 0]))
     run_pass(engine, settings, T0 + 200)
-    assert load_states(engine)[labels].nb == 20 + 5  # the old row's baseline was its warmup's
+    assert load_states(engine)[labels].nb == 5  # a new baseline from the next requests

@@ -87,11 +87,18 @@ def test_the_halves_are_disjoint_cover_the_pool_and_repeat_for_a_seed():
 
 
 def test_the_split_bench_chooses_the_smallest_h_quiet_on_every_tune_half():
-    def results(step, alarms):
-        return {"step -15%": {"median_requests": step}, "stationary 24 h": {"false_alarms_per_day": alarms}}
+    """Quiet: the 95% upper bound of the false-alarm rate over the runs' days is below 1 a day."""
 
-    assert drift_split.choose({30: [results(200, 2.0)], 40: [results(280, 0.5)], 50: [results(350, 0.1)]}) == 40
-    assert drift_split.choose({30: [results(200, 0.5), results(200, 1.0)], 40: [results(350, 0.1)] * 2}) == 40
+    def results(step, alarms, runs=20):
+        stationary = {"false_alarms_per_day": alarms, "runs": runs}
+        return {"step -15%": {"median_requests": step}, "stationary 24 h": stationary}
+
+    assert drift_split.upper_bound(0, 20) == pytest.approx(-np.log(0.05) / 20)  # 0 events: -ln(0.05) / days
+    assert drift_split.upper_bound(15, 20) > 1 > drift_split.upper_bound(8, 20)
+    assert drift_split.choose({30: [results(200, 2.0)], 40: [results(280, 0.4)], 50: [results(350, 0.1)]}) == 40
+    assert drift_split.choose({30: [results(200, 0.75)], 40: [results(280, 0.4)]}) == 40  # 0.75 over 20 days
+    assert drift_split.choose({30: [results(200, 0.75, runs=200)], 40: [results(280, 0.4)]}) == 30  # over 200
+    assert drift_split.choose({30: [results(200, 0.3), results(200, 1.0)], 40: [results(350, 0.1)] * 2}) == 40
     assert drift_split.choose({30: [results(400, 2.0)], 40: [results(500, 1.5)]}) == 40
 
 
@@ -99,6 +106,8 @@ def test_the_information_table_per_statistic():
     pool = vllm_pool(VLLM_RECORDS, 8)
     got = drift_information.statistics(pool, 0.15)
     assert got["request"] == pytest.approx(0.15 * pool.mean / pool.stddev)
+    # the detector's statistic carries more of the drop than acceptance itself on this pool
+    assert got["√d·asin"] > got["asin"] > got["request"]
     assert 0 < drift_information.overdispersion(pool) < 1
     # one request of 8 drafted tokens repeated: no spread between requests, binomial noise only
     flat = drift_pools.Pool("flat", "", 4, np.array([8, 8, 8, 8]), np.array([2, 4, 4, 6]))
