@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import secrets
 import signal
 import subprocess
@@ -235,10 +236,10 @@ async def send_traffic(
 
 def run_phases(args: argparse.Namespace, stack: Stack) -> int:
     """Phase after phase until Ctrl-C; 1 once a child has exited on its own."""
-    print(
-        f"\ntraffic phases of {args.phase_seconds:.0f} s each; watch the dashboard. Ctrl-C stops everything.",
-        flush=True,
-    )
+    # a shell without job control starts background commands with SIGINT ignored, and Python keeps it so
+    ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    stop = f"SIGTERM (kill {os.getpid()}) stops everything" if ignored else "Ctrl-C stops everything"
+    print(f"\ntraffic phases of {args.phase_seconds:.0f} s each; watch the dashboard. {stop}.", flush=True)
     while True:
         for phase in PHASES:
             print(f"traffic    phase: {phase[0]} ...", flush=True)
