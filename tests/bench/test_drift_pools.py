@@ -90,7 +90,7 @@ def test_the_split_bench_chooses_the_smallest_h_quiet_on_every_tune_half():
     """Quiet: the 95% upper bound of the false-alarm rate over the runs' days is below 1 a day."""
 
     def results(step, alarms, runs=20):
-        stationary = {"false_alarms_per_day": alarms, "runs": runs}
+        stationary = {"false_alarms_per_day": alarms, "false_alarms": round(alarms * runs), "runs": runs}
         return {"step -15%": {"median_requests": step}, "stationary 24 h": stationary}
 
     assert drift_split.upper_bound(0, 20) == pytest.approx(-np.log(0.05) / 20)  # 0 events: -ln(0.05) / days
