@@ -11,7 +11,9 @@ values, and can `crop` its cache back to a prefix after a rejected draft.
   whose torch build has oneDNN it multiplies by a copy of the linear weights packed
   once into oneDNN's layout (`cpu_prepack`; shared by every decoder over the model)
   and attends in float32 over a float32 cache (`_attend`): a bf16 decode step of
-  SmolLM2-135M went from 58 to 19.5 ms on one thread of the 2-core machine.
+  SmolLM2-135M went from 58 to 19.5 ms on one thread of the 2-core machine. In float32 a
+  single row multiplies by the weight stored input-major instead (`_Matrix`): faster than
+  the packed kernel on an AVX2 CPU without native bf16.
 - `HFDecoder` runs any other causal LM through transformers with a `DynamicCache`.
 """
 
@@ -50,28 +52,56 @@ def make_decoder(model: PreTrainedModel, num_layers: int | None = None) -> Decod
 class _Layer:
     __slots__ = ("attn_norm", "wqkv", "bqkv", "wo", "mlp_norm", "w_gate_up", "w_down")
 
-    def __init__(self, layer: torch.nn.Module, pack: bool) -> None:
+    def __init__(self, layer: torch.nn.Module, pack: bool, columns: bool) -> None:
         attn, mlp = layer.self_attn, layer.mlp
         self.attn_norm = layer.input_layernorm.weight
-        self.wqkv = _weights([attn.q_proj, attn.k_proj, attn.v_proj], pack)
+        self.wqkv = _matrix([attn.q_proj, attn.k_proj, attn.v_proj], pack, columns)
         self.bqkv = _fuse([attn.q_proj, attn.k_proj, attn.v_proj], "bias") if attn.q_proj.bias is not None else None
-        self.wo = _weights([attn.o_proj], pack)
+        self.wo = _matrix([attn.o_proj], pack, columns)
         self.mlp_norm = layer.post_attention_layernorm.weight
-        self.w_gate_up = _weights([mlp.gate_proj, mlp.up_proj], pack)
-        self.w_down = _weights([mlp.down_proj], pack)
+        self.w_gate_up = _matrix([mlp.gate_proj, mlp.up_proj], pack, columns)
+        self.w_down = _matrix([mlp.down_proj], pack, columns)
 
 
-# first module of a fused group -> {"weight" | "bias" | "packed": tensor}; a second decoder reuses them
-_FUSED: weakref.WeakKeyDictionary[torch.nn.Module, dict[str, torch.Tensor]] = weakref.WeakKeyDictionary()
+class _Matrix:
+    """A linear layer's weight in the layouts its products run fastest in: `packed` (oneDNN's
+    blocked layout, a second copy made once) for several rows, and, where `by_columns` is set,
+    one row times the weight stored input-major ([in, out] contiguous: the HF module's weight
+    becomes a transposed view of it, so no copy). On the 2-core AVX2 machine (fp32, one thread)
+    a decode step went from 129 to 97 ms with that (`x @ W` streams the weight in the order
+    it lies; oneDNN's packed kernel and F.linear were slower for a single row); for four and
+    more rows the packed kernel was as fast or faster."""
+
+    __slots__ = ("weight", "packed", "by_columns")
+
+    def __init__(self, weight: torch.Tensor, packed: torch.Tensor | None, by_columns: torch.Tensor | None) -> None:
+        self.weight, self.packed, self.by_columns = weight, packed, by_columns
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x @ weight.T (+ bias)."""
+        if x.shape[-2] == 1 and self.by_columns is not None:
+            out = torch.matmul(x, self.by_columns)
+        elif self.packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
+        elif x.shape[-2] == 1 and x.device.type == "cpu":  # matrix-vector: 2x faster than GEMM in bf16 on CPU
+            out = torch.mv(self.weight, x.reshape(-1)).view(1, 1, -1)
+        else:
+            return F.linear(x, self.weight, bias)
+        return out if bias is None else out + bias
 
 
-def _fuse(linears: list[torch.nn.Linear], attr: str) -> torch.Tensor:
-    """Concatenate parameters into one tensor and make the modules views of it (no second copy)."""
-    if len(linears) == 1:
-        return getattr(linears[0], attr)
+# first module of a fused group -> {"weight" | "bias" | "matrix": ...}; a second decoder reuses them
+_FUSED: weakref.WeakKeyDictionary[torch.nn.Module, dict] = weakref.WeakKeyDictionary()
+
+
+def _fuse(linears: list[torch.nn.Linear], attr: str, by_columns: bool = False) -> torch.Tensor:
+    """Concatenate parameters into one tensor and make the modules views of it (no second copy).
+    `by_columns`: the fused weight is stored input-major ([in, out] contiguous) and returned as
+    its transposed view, so `.t()` of the result is the contiguous input-major matrix."""
     fused_of = _FUSED.setdefault(linears[0], {})
     if attr not in fused_of:
-        fused = torch.cat([getattr(linear, attr).detach() for linear in linears]).contiguous()
+        parts = [getattr(linear, attr).detach() for linear in linears]
+        fused = torch.cat(parts).t().contiguous().t() if by_columns else _cat(parts).contiguous()
         start = 0
         for linear in linears:
             rows = getattr(linear, attr).shape[0]
@@ -81,17 +111,14 @@ def _fuse(linears: list[torch.nn.Linear], attr: str) -> torch.Tensor:
     return fused_of[attr]
 
 
-def _weights(linears: list[torch.nn.Linear], pack: bool) -> torch.Tensor:
-    """The matrix `_linear` multiplies by: the modules' weights fused into one, and, when `pack`,
-    reordered once into oneDNN's blocked layout (a second copy of the weights, shared by every
-    decoder over these modules)."""
-    dense = _fuse(linears, "weight")
-    if not pack:
-        return dense
+def _matrix(linears: list[torch.nn.Linear], pack: bool, by_columns: bool) -> _Matrix:
+    """The modules' weights fused into one `_Matrix` (shared by every decoder over these modules)."""
     cached = _FUSED.setdefault(linears[0], {})
-    if "packed" not in cached:
-        cached["packed"] = torch.ops.mkldnn._reorder_linear_weight(dense.detach(), 1)
-    return cached["packed"]
+    if "matrix" not in cached:
+        dense = _fuse(linears, "weight", by_columns)
+        packed = torch.ops.mkldnn._reorder_linear_weight(dense.detach(), 1) if pack else None
+        cached["matrix"] = _Matrix(dense, packed, dense.t() if by_columns else None)
+    return cached["matrix"]
 
 
 @functools.cache
@@ -133,10 +160,12 @@ class LlamaDecoder:
             raise ValueError(f"early exit after {num_layers} layers: the model has {total}")
         inner = model.model
         self.embed = inner.embed_tokens.weight
-        self.packed = self.embed.device.type == "cpu" and cpu_prepack(self.embed.dtype)
-        self.layers = [_Layer(layer, self.packed) for layer in inner.layers[: num_layers or total]]
+        on_cpu = self.embed.device.type == "cpu"
+        self.packed = on_cpu and cpu_prepack(self.embed.dtype)
+        by_columns = on_cpu and self.embed.dtype == torch.float32  # one row times an input-major weight
+        self.layers = [_Layer(layer, self.packed, by_columns) for layer in inner.layers[: num_layers or total]]
         self.final_norm = inner.norm.weight
-        self.lm_head = _weights([model.lm_head], self.packed)
+        self.lm_head = _matrix([model.lm_head], self.packed, by_columns)
         self.eps = cfg.rms_norm_eps
         self.n_heads = cfg.num_attention_heads
         self.n_kv = cfg.num_key_value_heads
@@ -203,13 +232,15 @@ class LlamaDecoder:
         return keys <= queries
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # one call instead of two (41 against 60 us a call here, 61 calls a step)
+            return F.rms_norm(x, (x.shape[-1],), weight, eps=self.eps)
         # normalise in float32, scale in the model dtype: transformers' LlamaRMSNorm order
         return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
     def _attention(self, layer: _Layer, x: torch.Tensor, i: int, batch: _Batch) -> torch.Tensor:
         """Projections for all rows at once; attention per sequence, each against its own cache."""
         rows = x.shape[1]
-        qkv = _linear(x, layer.wqkv, layer.bqkv)
+        qkv = layer.wqkv(x, layer.bqkv)
         q_size, kv_size = self.n_heads * self.head_dim, self.n_kv * self.head_dim
         qk, v = qkv.split([q_size + kv_size, kv_size], dim=-1)
         # queries and keys are rotated together: one set of rotary ops per layer
@@ -224,11 +255,11 @@ class LlamaDecoder:
             keys, values = k_cache[:, :, : seq.end], v_cache[:, :, : seq.end]
             outs.append(_attend(q[:, :, seq.rows], keys, values, seq.mask, causal=seq.causal))
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
-        return _linear(out.transpose(1, 2).reshape(1, rows, q_size), layer.wo)
+        return layer.wo(out.transpose(1, 2).reshape(1, rows, q_size))
 
     def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
-        gate, up = _linear(x, layer.w_gate_up).chunk(2, dim=-1)
-        return _linear(F.silu(gate) * up, layer.w_down)
+        gate, up = layer.w_gate_up(x).chunk(2, dim=-1)
+        return layer.w_down(F.silu(gate) * up)
 
 
 @dataclass(frozen=True)
@@ -293,7 +324,7 @@ def forward_batch(
         sizes = [k or s.end - s.start for s, k in zip(seqs, keep)]
     else:
         sizes = [s.end - s.start for s in seqs]
-    logits = _linear(lead._rms_norm(x, lead.final_norm), lead.lm_head)[0]
+    logits = lead.lm_head(lead._rms_norm(x, lead.final_norm))[0]
     for seq in seqs:
         seq.decoder._len = seq.end
     return list(logits.split(sizes))
@@ -312,17 +343,6 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=gqa)
     out = F.scaled_dot_product_attention(q.to(k.dtype), k, v, attn_mask=mask, is_causal=causal, enable_gqa=gqa)
     return out.to(q.dtype)
-
-
-def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ weight.T: through oneDNN when the weight was pre-packed (`cpu_prepack`); else one row
-    goes through matrix-vector (2x faster than GEMM in bf16 on CPU)."""
-    if weight.is_mkldnn:
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-    if x.shape[-2] != 1 or x.device.type != "cpu":
-        return F.linear(x, weight, bias)
-    out = torch.mv(weight, x.reshape(-1))
-    return (out if bias is None else out + bias).view(1, 1, -1)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -87,7 +87,8 @@ def test_fast_decoder_is_used_and_shares_weights(target):
     assert first.layers[0].wqkv is second.layers[0].wqkv and first.lm_head is second.lm_head  # packed once
     fused = _FUSED[target.model.layers[0].self_attn.q_proj]["weight"]
     assert target.model.layers[0].self_attn.q_proj.weight.data_ptr() == fused.data_ptr()  # fused in place
-    assert first.packed == cpu_prepack(torch.float32) and first.layers[0].wqkv.is_mkldnn == first.packed
+    assert first.packed == cpu_prepack(torch.float32) and (first.layers[0].wqkv.packed is not None) == first.packed
+    assert first.layers[0].wqkv.by_columns.is_contiguous()  # fp32 on CPU: one row times the input-major weight
 
 
 BUNDLED_PROMPTS = [
