@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
@@ -42,3 +44,13 @@ def target() -> LlamaForCausalLM:
 @pytest.fixture(scope="session")
 def draft() -> LlamaForCausalLM:
     return tiny_llama(seed=1, layers=2)
+
+
+@pytest.fixture
+def drafting_engine(bundled_engine, monkeypatch):
+    """The bundled engine with lookahead 'fixed': every round drafts its gamma. Under the default 'cost'
+    lookahead a round drafts only where the step-cost curve that earlier tests measured says extra verify
+    rows pay for themselves; on a CPU where a several-row forward costs far more than a one-row one (the
+    AVX2 machine: ~2x) that can be never, and a test about what happens when a draft fails needs drafts."""
+    monkeypatch.setattr(bundled_engine, "config", dataclasses.replace(bundled_engine.config, lookahead="fixed"))
+    return bundled_engine

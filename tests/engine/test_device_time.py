@@ -228,7 +228,8 @@ class OutOfMemoryOnThirdDraft(NgramDrafter):
         return super().propose(tokens, k, params, generator)
 
 
-def test_a_speculative_failure_retried_plainly_is_recorded_as_speculative_work_with_a_retry(bundled_engine):
+def test_a_speculative_failure_retried_plainly_is_recorded_as_speculative_work_with_a_retry(drafting_engine):
+    bundled_engine = drafting_engine
     canary = PolicyConfig(load_off=100.0, load_on=99.0, min_acceptance=0.0, canary_fraction=0.99)
     scheduler = Scheduler(bundled_engine, SchedulerConfig(slots=2), Policy(canary, seed=0))
     for slot in scheduler.slots:

@@ -169,8 +169,8 @@ class ExplodingDrafter:
         pass
 
 
-def test_oom_during_speculation_is_retried_plain_and_recorded(bundled_engine):
-    with Server(bundled_engine, slots=2) as small:  # one request in two slots: load 0.5, so the policy speculates
+def test_oom_during_speculation_is_retried_plain_and_recorded(drafting_engine):
+    with Server(drafting_engine, slots=2) as small:  # one request in two slots: load 0.5, so the policy speculates
         for slot in small.scheduler.slots:
             slot.drafters["ngram"] = ExplodingDrafter()
         client = small.client()
