@@ -229,9 +229,8 @@ class OutOfMemoryOnThirdDraft(NgramDrafter):
 
 
 def test_a_speculative_failure_retried_plainly_is_recorded_as_speculative_work_with_a_retry(drafting_engine):
-    bundled_engine = drafting_engine
     canary = PolicyConfig(load_off=100.0, load_on=99.0, min_acceptance=0.0, canary_fraction=0.99)
-    scheduler = Scheduler(bundled_engine, SchedulerConfig(slots=2), Policy(canary, seed=0))
+    scheduler = Scheduler(drafting_engine, SchedulerConfig(slots=2), Policy(canary, seed=0))
     for slot in scheduler.slots:
         slot.drafters["ngram"] = OutOfMemoryOnThirdDraft()
     (result,) = serve(scheduler, [GenerateRequest(prompt=REPEATING, max_tokens=24, drafter="ngram", gamma=4)])
@@ -240,5 +239,5 @@ def test_a_speculative_failure_retried_plainly_is_recorded_as_speculative_work_w
     assert (record.mode, record.drafter, record.arm, record.mode_reason) == ("speculative", "ngram", "spec", "canary")
     # both attempts' device time is the request's: the records still add up to busy time
     assert record.device_s == pytest.approx(scheduler.busy.target_s + scheduler.busy.draft_s, rel=1e-9)
-    plain = bundled_engine.generate(GenerateRequest(prompt=REPEATING, max_tokens=24, drafter=None))
+    plain = drafting_engine.generate(GenerateRequest(prompt=REPEATING, max_tokens=24, drafter=None))
     assert result.text == plain.text
