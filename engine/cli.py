@@ -134,6 +134,12 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         help="torch threads (default: physical cores less one; engine/threads.py)",
     )
     parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="float32 on a CPU: run the plain decode step through torch.compile (minutes on the first start, "
+        "seconds later: Inductor's on-disk cache; README 'Engine speed')",
+    )
+    parser.add_argument(
         "--memory-fraction",
         type=float,
         default=0.8,

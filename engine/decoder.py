@@ -20,6 +20,9 @@ values, and can `crop` its cache back to a prefix after a rejected draft.
 from __future__ import annotations
 
 import functools
+import os
+import sys
+import time
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -181,6 +184,8 @@ class LlamaDecoder:
             "rope_theta", getattr(cfg, "rope_theta", 10000.0)
         )
         self._len = 0
+        self.steps_alone = self.lm_head.by_columns is not None  # a single row has its own step (`_step`)
+        self.compiled = False  # ...run through torch.compile (set by the engine: EngineConfig.compile)
         self.k_cache: list[torch.Tensor] = []
         self.v_cache: list[torch.Tensor] = []
 
@@ -200,7 +205,9 @@ class LlamaDecoder:
         )
         freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1).to(self.device)
-        return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+        half = self.head_dim // 2
+        signed_sin = torch.cat((-emb[:, :half].sin(), emb[:, half:].sin()), dim=-1)  # see `_rotate`
+        return emb.cos().to(self.dtype), signed_sin.to(self.dtype)
 
     @property
     def length(self) -> int:
@@ -259,7 +266,74 @@ class LlamaDecoder:
 
     def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
         gate, up = layer.w_gate_up(x).chunk(2, dim=-1)
-        return layer.w_down(F.silu(gate) * up)
+        return layer.w_down(F.silu(gate).mul_(up))
+
+    def _step(self, token: torch.Tensor) -> torch.Tensor:
+        """Logits [1, vocab] for one token after the cached prefix, on the input-major weights
+        (float32 on CPU): the plain decode step with the fewest kernels a layer (`_step_layers`),
+        compiled into one graph where `compile_steps` asked for it."""
+        pos = self._len
+        if pos + 1 > self.k_cache[0].shape[2]:
+            raise RuntimeError(f"KV cache holds {self.k_cache[0].shape[2]} tokens, asked for {pos + 1}")
+        step = _compiled_step() if self.compiled else LlamaDecoder._step_layers
+        logits = step(self, token, pos)
+        self._len = pos + 1
+        return logits
+
+    def _step_layers(self, token: torch.Tensor, pos: int) -> torch.Tensor:
+        """The weights are streamed as in `forward_batch`; what goes is per-kernel overhead (a
+        third of a 60 ms step on the 2-core AVX2 machine): residual adds folded into addmm, no
+        layout changes between the products, one roll for the rotary embedding."""
+        heads, kv, dim = self.n_heads, self.n_kv, self.head_dim
+        cos, signed_sin = self.cos[pos : pos + 1], self.sin[pos : pos + 1]  # slices: `pos` stays symbolic
+        x = self.embed[token]  # [1, hidden]
+        for i, layer in enumerate(self.layers):
+            qkv = torch.mm(self._rms_norm(x, layer.attn_norm), layer.wqkv.by_columns)[0]
+            if layer.bqkv is not None:
+                qkv = qkv + layer.bqkv
+            qk = _rotate(qkv[: (heads + kv) * dim].view(heads + kv, dim), cos, signed_sin)
+            keys, values = self.k_cache[i], self.v_cache[i]  # [1, kv, max_len, dim]
+            keys[0, :, pos : pos + 1] = qk[heads:].unsqueeze(1)
+            values[0, :, pos : pos + 1] = qkv[(heads + kv) * dim :].view(kv, 1, dim)
+            out = F.scaled_dot_product_attention(
+                qk[:heads].view(1, heads, 1, dim), keys[:, :, : pos + 1], values[:, :, : pos + 1], enable_gqa=True
+            )
+            x = torch.addmm(x, out.view(1, heads * dim), layer.wo.by_columns)
+            gate, up = torch.mm(self._rms_norm(x, layer.mlp_norm), layer.w_gate_up.by_columns).chunk(2, dim=-1)
+            x = torch.addmm(x, F.silu(gate).mul_(up), layer.w_down.by_columns)
+        return torch.mm(self._rms_norm(x, self.final_norm), self.lm_head.by_columns)
+
+
+@functools.cache
+def _compiled_step():
+    """`LlamaDecoder._step_layers` through torch.compile (Inductor): one graph for the whole step,
+    its position and cache size symbolic, so that it is compiled once and serves every request.
+    Inductor keeps what it compiled on disk (TORCHINDUCTOR_CACHE_DIR, default: the engine's cache
+    directory), so only the first start on a machine pays the compile."""
+    from engine.loading import default_cache_dir
+
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(default_cache_dir() / "inductor"))
+    return torch.compile(LlamaDecoder._step_layers, dynamic=True)
+
+
+def warm_up(decoder: LlamaDecoder) -> float:
+    """Compile `decoder`'s decode step now, on a scratch request (its cache is reset): seconds taken.
+    Minutes on a 2-core machine the first time, seconds once Inductor's disk cache holds it."""
+    _compiled_step()  # sets the cache directory
+    print(
+        "compiling the decode step (torch.compile: minutes on the first start on this machine, "
+        f"seconds later; cache {os.environ['TORCHINDUCTOR_CACHE_DIR']}) ...",
+        file=sys.stderr,
+        flush=True,
+    )
+    started = time.monotonic()
+    decoder.reset(8)
+    decoder.forward(torch.zeros(3, dtype=torch.long, device=decoder.device))  # positions 0-2 (0 and 1 specialise)
+    decoder.forward(torch.zeros(1, dtype=torch.long, device=decoder.device))  # the compiled step, at position 3
+    decoder.reset(8)
+    seconds = time.monotonic() - started
+    print(f"decode step compiled in {seconds:.1f} s", file=sys.stderr, flush=True)
+    return seconds
 
 
 @dataclass(frozen=True)
@@ -306,6 +380,8 @@ def forward_batch(
     attention runs per sequence against its own KV cache. Logits [n_i, vocab] per sequence
     (its last keep_i rows if keep_i > 0). A cache is only advanced once the whole pass succeeded."""
     lead, seqs, offset = decoders[0], [], 0
+    if len(decoders) == 1 and tokens[0].shape[0] == 1 and lead.steps_alone:
+        return [lead._step(tokens[0])]
     for decoder, ids in zip(decoders, tokens):
         start, n = decoder._len, ids.shape[0]
         if start + n > decoder.k_cache[0].shape[2]:
@@ -345,10 +421,11 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
     return out.to(q.dtype)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding: transformers' x * cos + rotate_half(x) * sin, where rotate_half(x) =
+    (-x2, x1) = roll(x) * (-1, 1); the sign lives in the table (signed_sin = (-sin1, sin2)), so
+    one roll instead of a negation and a concatenation, and the same products, rounded alike."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
 
 class HFDecoder:

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from engine.cuda import Streams, apply_memory_fraction, check_memory_fraction
-from engine.decoder import make_decoder
+from engine.decoder import make_decoder, warm_up
 from engine.device_time import record_source
 from engine.drafters import Drafter, NgramConfig, NgramDrafter, early_exit_drafter, model_drafter
 from engine.loading import BUNDLED, LoadedModel, load_model, resolve_device
@@ -43,6 +43,7 @@ class EngineConfig:
     memory_fraction: float = 0.8  # CUDA: cap of the caching allocator (set_per_process_memory_fraction)
     max_prompt_tokens: int | None = None  # None: what the model's context leaves after max_tokens
     lookahead: str = DEFAULT_LOOKAHEAD  # how each round's draft length is chosen (engine/speculative.py)
+    compile: bool = False  # float32 on a CPU: the plain decode step through torch.compile (engine/decoder.py)
 
     def __post_init__(self) -> None:
         check_memory_fraction(self.memory_fraction)
@@ -103,6 +104,8 @@ class Slot:
 
     def __init__(self, engine: Engine) -> None:
         self.decoder = make_decoder(engine.target.model)
+        if engine.config.compile and getattr(self.decoder, "steps_alone", False):
+            self.decoder.compiled = True
         self.drafters: dict[str, Drafter] = {}
 
 
@@ -121,12 +124,22 @@ class Engine:
         self._draft_models: dict[str, LoadedModel] = {}
         self.streams = Streams(self.target.device)  # target high, draft low priority (CUDA; CPU: no-ops)
         self.default_slot = Slot(self)
+        # seconds spent compiling the decode step at start (None: not compiled); see engine/decoder.py
+        self.compile_s = self._compile() if config.compile else None
         # seconds per target forward against batch size and rows: its slots' lookaheads read it, the
         # scheduler shares batched forwards' time out by it (engine/device_time.py)
         self.step_costs = CostCurve()
         # the `suffix` drafter's memory of finished outputs, shared by every slot; fed once one is built
         self.suffix_cache = SuffixCache(config.suffix)
         self._suffix_learns = False
+
+    def _compile(self) -> float:
+        if not getattr(self.default_slot.decoder, "compiled", False):
+            raise ValueError(
+                "compile: the compiled decode step is the Llama fast path's float32 CPU step; this engine runs "
+                f"{self.target.dtype} on {self.target.device} with {type(self.default_slot.decoder).__name__}"
+            )
+        return warm_up(self.default_slot.decoder)
 
     def drafter(self, spec: str | None, slot: Slot | None = None) -> Drafter | None:
         """The drafter named by `spec` for `slot`, built once per slot (draft weights are loaded once)."""

@@ -1,0 +1,61 @@
+"""The plain decode step through torch.compile (`EngineConfig.compile`): same logits as the eager step,
+compiled once for every position, cache size and decoder over the same model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo
+
+from engine.decoder import LlamaDecoder, warm_up
+from tests.engine.conftest import tiny_llama
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_llama(seed=7, layers=2)
+
+
+def greedy(decoder: LlamaDecoder, prompt: torch.Tensor, steps: int) -> tuple[list[int], list[torch.Tensor]]:
+    logits = decoder.forward(prompt, keep=1)
+    tokens, rows = [], []
+    for _ in range(steps):
+        token = logits[-1].argmax().view(1)
+        tokens.append(token.item())
+        logits = decoder.forward(token)
+        rows.append(logits)
+    return tokens, rows
+
+
+def test_compiled_step_matches_eager_and_compiles_once(model):
+    eager, compiled = LlamaDecoder(model), LlamaDecoder(model)
+    assert compiled.steps_alone  # float32 on a CPU: the single-row step exists
+    compiled.compiled = True
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    warm_up(compiled)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs + 1  # the step went through dynamo
+    prompt = torch.randint(0, 256, (5,), generator=torch.Generator().manual_seed(3))
+    eager.reset(64), compiled.reset(64)
+    with torch._dynamo.config.patch(error_on_recompile=True):  # every later position, cache and decoder: no recompile
+        want, want_rows = greedy(eager, prompt, 40)
+        got, got_rows = greedy(compiled, prompt, 40)
+        assert got == want
+        for a, b in zip(got_rows, want_rows):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+        other = LlamaDecoder(model)
+        other.compiled = True
+        other.reset(300)
+        eager.reset(300)
+        long_prompt = torch.randint(0, 256, (150,), generator=torch.Generator().manual_seed(4))
+        assert greedy(other, long_prompt, 20)[0] == greedy(eager, long_prompt, 20)[0]
+    assert compiled.length == 5 + 40
+
+
+def test_compiled_step_refuses_a_full_cache(model):
+    decoder = LlamaDecoder(model)
+    decoder.compiled = True
+    decoder.reset(4)
+    decoder.forward(torch.zeros(4, dtype=torch.long))
+    with pytest.raises(RuntimeError, match="KV cache holds 4 tokens"):
+        decoder.forward(torch.zeros(1, dtype=torch.long))
+    assert decoder.length == 4
