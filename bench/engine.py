@@ -2,7 +2,7 @@
 transformers generate(), on the bundled SmolLM2-135M-Instruct, greedy, side by side in one run.
 
     python bench/engine.py [--dtype auto] [--max-tokens 128] [--repeats 3] [--configs SUBSTR ...]
-                           [--repeated 20] [--json out.json]
+                           [--repeated 20] [--compile] [--json out.json]
 
 Configurations are interleaved within each repeat, so machine noise hits them alike;
 the median per configuration is reported. Speed-ups are against own plain decoding
@@ -291,11 +291,13 @@ def main() -> None:
         "--repeated", type=int, default=20, help="templated requests sent twice after the single prompts (0: skip)"
     )
     parser.add_argument("--repeated-lookahead", choices=("cost", "heuristic", "fixed"), default="cost")
+    parser.add_argument("--compile", action="store_true", help="our decode step through torch.compile")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
     args = parser.parse_args()
-    engine = Engine(EngineConfig(dtype=args.dtype, threads=args.threads, instance="bench"))
+    engine = Engine(EngineConfig(dtype=args.dtype, threads=args.threads, instance="bench", compile=args.compile))
     print(
         f"model {engine.target.name} dtype {engine.target.dtype} threads {torch.get_num_threads()} "
+        f"decode step {'eager' if engine.compile_s is None else 'compiled'} "
         f"cold start {engine.target.cold_start_s:.2f}s (cached copy: {engine.target.from_cache})",
         file=sys.stderr,
     )

@@ -12,8 +12,10 @@ values, and can `crop` its cache back to a prefix after a rejected draft.
   once into oneDNN's layout (`cpu_prepack`; shared by every decoder over the model)
   and attends in float32 over a float32 cache (`_attend`): a bf16 decode step of
   SmolLM2-135M went from 58 to 19.5 ms on one thread of the 2-core machine. In float32 a
-  single row multiplies by the weight stored input-major instead (`_Matrix`): faster than
-  the packed kernel on an AVX2 CPU without native bf16.
+  single row (a plain decode step) has its own step (`LlamaDecoder._step`): it multiplies by
+  the weight stored input-major (`_Matrix`; faster than the packed kernel on an AVX2 CPU without
+  native bf16) with the fewest kernels a layer, and can run through torch.compile as one graph
+  (`EngineConfig.compile`).
 - `HFDecoder` runs any other causal LM through transformers with a `DynamicCache`.
 """
 
@@ -271,7 +273,7 @@ class LlamaDecoder:
     def _step(self, token: torch.Tensor) -> torch.Tensor:
         """Logits [1, vocab] for one token after the cached prefix, on the input-major weights
         (float32 on CPU): the plain decode step with the fewest kernels a layer (`_step_layers`),
-        compiled into one graph where `compile_steps` asked for it."""
+        through torch.compile as one graph where `compiled` is set (EngineConfig.compile, `warm_up`)."""
         pos = self._len
         if pos + 1 > self.k_cache[0].shape[2]:
             raise RuntimeError(f"KV cache holds {self.k_cache[0].shape[2]} tokens, asked for {pos + 1}")
@@ -310,19 +312,24 @@ def _compiled_step():
     its position and cache size symbolic, so that it is compiled once and serves every request.
     Inductor keeps what it compiled on disk (TORCHINDUCTOR_CACHE_DIR, default: the engine's cache
     directory), so only the first start on a machine pays the compile."""
+    from torch._inductor.runtime import cache_dir_utils
+
     from engine.loading import default_cache_dir
 
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(default_cache_dir() / "inductor"))
+    # imports may already have set torch's default (/tmp/torchinductor_$USER, gone after a reboot)
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, cache_dir_utils.default_cache_dir()):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(default_cache_dir() / "inductor")
     return torch.compile(LlamaDecoder._step_layers, dynamic=True)
 
 
 def warm_up(decoder: LlamaDecoder) -> float:
     """Compile `decoder`'s decode step now, on a scratch request (its cache is reset): seconds taken.
-    Minutes on a 2-core machine the first time, seconds once Inductor's disk cache holds it."""
+    On the 2-core AVX2 machine 108-138 s the first time, 54 s once Inductor's disk cache holds the
+    kernels (Dynamo still traces the step on every start)."""
     _compiled_step()  # sets the cache directory
     print(
-        "compiling the decode step (torch.compile: minutes on the first start on this machine, "
-        f"seconds later; cache {os.environ['TORCHINDUCTOR_CACHE_DIR']}) ...",
+        "compiling the decode step (torch.compile: ~2 min on the first start on a 2-core machine, "
+        f"~1 min on later ones; cache {os.environ['TORCHINDUCTOR_CACHE_DIR']}) ...",
         file=sys.stderr,
         flush=True,
     )

@@ -139,7 +139,10 @@ class Engine:
                 "compile: the compiled decode step is the Llama fast path's float32 CPU step; this engine runs "
                 f"{self.target.dtype} on {self.target.device} with {type(self.default_slot.decoder).__name__}"
             )
-        return warm_up(self.default_slot.decoder)
+        try:
+            return warm_up(self.default_slot.decoder)
+        except torch._dynamo.exc.TorchDynamoException as exc:  # e.g. no C++ compiler for Inductor's CPU kernels
+            raise ValueError(f"compile: torch.compile failed ({type(exc).__name__}: {str(exc)[:300]})") from exc
 
     def drafter(self, spec: str | None, slot: Slot | None = None) -> Drafter | None:
         """The drafter named by `spec` for `slot`, built once per slot (draft weights are loaded once)."""
