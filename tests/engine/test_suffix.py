@@ -121,22 +121,25 @@ def test_suffix_is_a_builtin_drafter_of_the_engine_and_server(bundled_engine):
         bundled_engine.check_drafter("suffix:3")
 
 
-def test_second_identical_request_drafts_from_the_first_ones_output(bundled_engine):
+def test_second_identical_request_drafts_from_the_first_ones_output(drafting_engine):
     """The answer is not in the prompt: the first request can only draft from its own repeats, the second
-    drafts the first's output from the shared cache; both produce the same greedy tokens."""
+    drafts the first's output from the shared cache; both produce the same greedy tokens. Lookahead
+    'fixed' (`drafting_engine`): under 'cost' how much the second request drafts depends on the step-cost
+    curve earlier tests measured on this CPU (one run drafted 9 tokens in all and the ratio below hung on
+    one of them)."""
     request = GenerateRequest(
         messages=[{"role": "user", "content": "Write two sentences about a lighthouse keeper named Ilse."}],
         max_tokens=48,
         drafter="suffix",
         gamma=8,
     )
-    first = bundled_engine.generate(request)
-    drafter = bundled_engine.drafter("suffix")
+    first = drafting_engine.generate(request)
+    drafter = drafting_engine.drafter("suffix")
     drafter.begin(0)
-    context = [*bundled_engine.encode(request), first.token_ids[0]]
+    context = [*drafting_engine.encode(request), first.token_ids[0]]
     # right after the first token, the shared cache drafts the first request's answer (k as asked)
     assert propose(drafter, context, k=8) == first.token_ids[1:9]
-    second = bundled_engine.generate(request)
+    second = drafting_engine.generate(request)
     assert second.token_ids == first.token_ids
     assert first.record.drafter == second.record.drafter == "suffix"
     # how much of it is drafted depends on the lookahead the loop asks for; more than the first, always
