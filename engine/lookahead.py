@@ -14,6 +14,13 @@ drafter's recent acceptance (a `shared` estimate over the rounds of every reques
 it), not from a fixed prior, so a drafter that keeps failing is not re-tried at length by
 every new request.
 
+A drafter that sizes its own drafts from its own estimates (suffix decoding: it drafts while the
+continuation's frequency in its trie stays >= min_prob) is asked for gamma tokens instead, and
+`LookaheadModel.trim` keeps the prefix with the most expected tokens per second, reading its
+per-token estimates scaled by how well they have matched verification so far (`Calibration`):
+a confident match is verified whole even after a run of rejected guesses, which the averaged
+per-position acceptance would have cut to nothing.
+
 Pure bookkeeping: no torch, no clocks; the decoder feeds it measured seconds.
 """
 
@@ -45,10 +52,14 @@ class CostCurve:
         if tokens < 1 or seconds < 0:
             raise ValueError(f"need tokens >= 1 and seconds >= 0, got {tokens}, {seconds}")
         curve = self.seconds.setdefault(batch_bucket(batch), {})
-        old = curve.get(tokens)
-        curve[tokens] = seconds if old is None else old + self.alpha * (seconds - old)
         counted = self.counts.setdefault(batch_bucket(batch), {})
-        counted[tokens] = counted.get(tokens, 0) + 1
+        old, seen = curve.get(tokens), counted.get(tokens, 0)
+        # a shape's first forward carries one-off kernel set-up (oneDNN builds its primitives: 86
+        # against 54 ms for 2 rows on the AVX2 machine), and a rarely chosen length would keep that
+        # stale price for long: a faster second forward replaces it
+        provisional = old is None or (seen == 1 and seconds < old)
+        curve[tokens] = seconds if provisional else old + self.alpha * (seconds - old)
+        counted[tokens] = seen + 1
 
     def slope(self) -> float:
         """Relative cost per extra token (cost(n) / cost(1) = 1 + slope * (n - 1)), from the measured curves."""
@@ -141,6 +152,25 @@ class Acceptance:
         return out
 
 
+@dataclass
+class Calibration:
+    """Accepted tokens over the drafts' own expected accepted length (the sum of their prefix
+    probabilities), exponentially weighted per round; 1 (trust the drafter) before evidence."""
+
+    decay: float = 0.9
+    prior_weight: float = 2.0  # expected tokens' worth of the prior factor 1
+    predicted: float = 0.0
+    accepted: float = 0.0
+
+    def observe(self, predicted: float, accepted: int) -> None:
+        self.predicted = self.predicted * self.decay + predicted
+        self.accepted = self.accepted * self.decay + accepted
+
+    @property
+    def factor(self) -> float:
+        return (self.accepted + self.prior_weight) / (self.predicted + self.prior_weight)
+
+
 def expected_accepted(p: list[float], k: int) -> float:
     """E[accepted | k drafted] = sum_{i<k} prod_{j<=i} p_j."""
     total, run = 0.0, 1.0
@@ -162,6 +192,7 @@ class LookaheadModel:
     probe: int = 2
     draft_alpha: float = 0.2
     acceptance: Acceptance = field(init=False)
+    calibration: Calibration = field(default_factory=Calibration)  # of a drafter's own estimates (`trim`)
     draft_s_per_token: float = 0.0  # exponentially weighted drafting seconds per drafted token
     idle_rounds: int = 0
     probing: bool = False  # this round is a probe
@@ -173,13 +204,18 @@ class LookaheadModel:
         self.acceptance = Acceptance(self.gamma)
         self.wait = self.probe_every
 
-    def observe_round(self, drafted: int, accepted: int, batch: int, forward_s: float, draft_s: float) -> None:
-        """One verified round: `drafted` tokens proposed (the forward saw drafted + 1), `accepted` of them kept."""
+    def observe_round(
+        self, drafted: int, accepted: int, batch: int, forward_s: float, draft_s: float, predicted: float | None = None
+    ) -> None:
+        """One verified round: `drafted` tokens proposed (the forward saw drafted + 1), `accepted` of them kept;
+        `predicted`: the drafter's own expected accepted length for them (a `trim`med draft)."""
         if forward_s > 0:  # 0: a caller that does not time its forwards (the curve keeps its prior)
             self.costs.observe(batch, drafted + 1, forward_s)
         self.acceptance.observe(drafted, accepted)
         if self.shared is not None and drafted <= self.shared.gamma:
             self.shared.observe(drafted, accepted)
+        if predicted is not None and drafted:
+            self.calibration.observe(predicted, accepted)
         if self.probing:
             self.probing = False
             self.wait = min(2 * self.wait, self.max_probe_every) if accepted == 0 else self.probe_every
@@ -189,13 +225,16 @@ class LookaheadModel:
             self.draft_s_per_token = per_token if old == 0.0 else old + self.draft_alpha * (per_token - old)
 
     def rate(self, k: int, batch: int, p: list[float] | None = None) -> float:
-        """Expected committed tokens per second when drafting k (relative units before measurements).
-        The other requests in the batch are taken to feed one row each: drafting k adds k rows to `batch`."""
+        """Expected committed tokens per second when drafting k (relative units before measurements)."""
         p = self.probabilities() if p is None else p
-        seconds = self.costs.cost(batch, (batch + k) / batch)
+        seconds = self._verify_s(k, batch)
         if self.costs.seconds:  # drafting time is in seconds: comparable once the curve is too
             seconds += k * self.draft_s_per_token
         return (expected_accepted(p, k) + 1) / max(seconds, 1e-12)
+
+    def _verify_s(self, k: int, batch: int) -> float:
+        """The verify forward with k drafted tokens; the other requests in the batch feed one row each."""
+        return self.costs.cost(batch, (batch + k) / batch)
 
     def best(self, gamma: int, batch: int) -> int:
         """argmax over k in 0..gamma of rate(k); ties go to the shorter draft."""
@@ -208,12 +247,25 @@ class LookaheadModel:
 
     def choose(self, gamma: int, batch: int = 1) -> int:
         """This round's lookahead (at most `gamma`), re-probing after `wait` idle rounds; recorded."""
-        k = self.best(gamma, batch)
-        if k == 0 and gamma > 0:
+        return self._probe_or(self.best(gamma, batch), gamma)
+
+    def trim(self, probs: list[float], batch: int = 1) -> int:
+        """How many tokens of a drafter-sized draft to verify: the prefix with the most expected tokens
+        per second, where probs[i] is the drafter's estimate that its first i + 1 tokens are all accepted
+        (scaled by `calibration`); drafting is already paid. Re-probes like `choose`; recorded."""
+        factor, expected = self.calibration.factor, [0.0]
+        for p in probs:
+            expected.append(expected[-1] + min(1.0, factor * p))
+        k = max(range(len(probs) + 1), key=lambda k: ((expected[k] + 1) / max(self._verify_s(k, batch), 1e-12), -k))
+        return self._probe_or(k, len(probs))
+
+    def _probe_or(self, k: int, limit: int) -> int:
+        """`k`, or a probe of min(probe, limit) tokens after `wait` rounds in a row that chose 0 of `limit` > 0."""
+        if k == 0 and limit > 0:
             self.idle_rounds += 1
             if self.idle_rounds >= self.wait:
-                self.idle_rounds, k, self.probing = 0, min(self.probe, gamma), True
-        else:
+                self.idle_rounds, k, self.probing = 0, min(self.probe, limit), True
+        elif k > 0:
             self.idle_rounds = 0
         self.chosen.append(k)
         return k

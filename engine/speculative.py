@@ -175,6 +175,10 @@ class SpeculativeDecoder:
         self._draft_tokens, self._draft_probs = self._draft(self._next_lookahead())
         return torch.tensor([self.tokens[-1], *self._draft_tokens], device=self.device)
 
+    def _sizes_drafts(self) -> bool:
+        """The drafter sizes its drafts from its own estimates, and the lookahead trims them (`LookaheadModel.trim`)."""
+        return self.adaptive == "cost" and getattr(self.drafter, "sizes_drafts", False)
+
     def accept(self, logits: torch.Tensor, forward_s: float, shared: bool = False) -> list[int]:
         """A round's second half: verify the draft against the target's `logits` for the proposal, commit.
         `shared`: the forward also verified other requests; its caller adds it to the cost curve, once."""
@@ -187,7 +191,7 @@ class SpeculativeDecoder:
             self.drafter.rollback(len(self.tokens) + accepted)
             self._adapt_lookahead(len(draft), accepted)
         alone = 0.0 if shared else forward_s  # a forward of this request alone: batch 1 on the curve
-        self.model.observe_round(len(draft), accepted, 1, alone, self._round_draft_s)
+        self.model.observe_round(len(draft), accepted, 1, alone, self._round_draft_s, self._predicted)
         return self._commit([*draft[:accepted], next_token], drafted=len(draft), accepted=accepted)
 
     def _next_lookahead(self) -> int:
@@ -195,10 +199,15 @@ class SpeculativeDecoder:
         cap = min(self.gamma, self.max_new - self.generated - 1)
         if self.drafter is None or cap <= 0:
             return 0
+        if self._sizes_drafts():
+            return cap  # recorded once trimmed (`_draft`)
         k = self.model.choose(cap, self.batch) if self.adaptive == "cost" else min(self.lookahead, cap)
+        self._record_lookahead(k)
+        return k
+
+    def _record_lookahead(self, k: int) -> None:
         self.stats.lookahead_sum += k
         self.stats.lookahead_rounds += 1
-        return k
 
     def _adapt_lookahead(self, drafted: int, accepted: int) -> None:
         # A rejected draft token still costs a verify slot: draft longer after a fully
@@ -211,7 +220,7 @@ class SpeculativeDecoder:
             self.lookahead = max(1, self.lookahead - 1)
 
     def _draft(self, k: int) -> tuple[list[int], torch.Tensor | None]:
-        self._round_draft_s = 0.0
+        self._round_draft_s, self._predicted = 0.0, None
         if k <= 0 or self.drafter is None:
             return [], None
         start = time.monotonic()
@@ -221,6 +230,12 @@ class SpeculativeDecoder:
             raise StageError("draft", exc) from exc
         self._round_draft_s = time.monotonic() - start
         self.stats.draft_s += self._round_draft_s
+        if self._sizes_drafts():
+            confidence = self.drafter.confidence[: len(draft)]
+            kept = self.model.trim(confidence, self.batch)
+            self._record_lookahead(kept)
+            self._predicted = sum(confidence[:kept])
+            draft, draft_probs = draft[:kept], draft_probs[:kept] if draft_probs is not None else None
         return draft, draft_probs
 
     def _verify(self, logits: torch.Tensor, draft: list[int], draft_probs) -> tuple[int, int]:

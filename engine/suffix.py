@@ -17,6 +17,7 @@ import math
 import threading
 from collections import deque
 from dataclasses import dataclass
+from typing import NamedTuple
 
 ROOT = 0
 MODEL_FREE = ("ngram", "suffix")  # the drafters that hold no weights: nothing to unload, no memory pressure
@@ -40,6 +41,17 @@ class SuffixConfig:
             raise ValueError(f"suffix max_spec_factor must be in (0, 64], got {self.max_spec_factor}")
         if not 0 <= self.min_prob <= 1:
             raise ValueError(f"suffix min_prob must be in [0, 1], got {self.min_prob}")
+
+
+class Draft(NamedTuple):
+    tokens: list[int]
+    probs: list[float]  # probs[i]: the trie's estimate that tokens[: i + 1] are all accepted
+    match: int  # length of the context suffix it continues
+
+    @property
+    def score(self) -> float:
+        """Expected accepted length."""
+        return sum(self.probs)
 
 
 class SuffixTrie:
@@ -109,11 +121,12 @@ class SuffixTrie:
                 return None
         return node
 
-    def draft(self, node: int, limit: int, min_prob: float) -> tuple[list[int], float]:
+    def draft(self, node: int, limit: int, min_prob: float) -> tuple[list[int], list[float]]:
         """Follow the most frequent continuation from `node` while its probability >= min_prob;
-        returns the draft and its expected accepted length (sum of the prefix probabilities)."""
+        returns the draft and each prefix's probability (their sum: its expected accepted length)."""
         draft: list[int] = []
-        prob, score = 1.0, 0.0
+        probs: list[float] = []
+        prob = 1.0
         while len(draft) < limit and self.out[node] > 0:
             token = self.best[node]
             child = self.kids[node][token]
@@ -121,9 +134,9 @@ class SuffixTrie:
             if prob < min_prob:
                 break
             draft.append(token)
-            score += prob
+            probs.append(prob)
             node = child
-        return draft, score
+        return draft, probs
 
     def _new(self) -> int:
         if self._free:
@@ -173,7 +186,7 @@ class SuffixCache:
             while len(self._stored) > self.config.max_requests:
                 self.trie.remove(self._stored.popleft())
 
-    def best_draft(self, context: list[int], k: int) -> tuple[list[int], float, int]:
+    def best_draft(self, context: list[int], k: int) -> Draft:
         with self._lock:
             return best_draft(self.trie, _matches(self.trie, context), k, self.config)
 
@@ -189,19 +202,20 @@ def _matches(trie: SuffixTrie, context: list[int]) -> list[int]:
     return nodes
 
 
-def best_draft(trie: SuffixTrie, nodes: list[int], k: int, config: SuffixConfig) -> tuple[list[int], float, int]:
-    """The best draft from the matched suffixes `nodes` (nodes[i]: length i): (draft, score, match length)."""
-    best: tuple[list[int], float, int] = ([], 0.0, 0)
+def best_draft(trie: SuffixTrie, nodes: list[int], k: int, config: SuffixConfig) -> Draft:
+    """The best draft from the matched suffixes `nodes` (nodes[i]: length i): the highest expected
+    accepted length, the longer match on a tie (arctic-inference's choice)."""
+    best = Draft([], [], 0)
     for length in range(len(nodes) - 1, 0, -1):
         node = nodes[length]
         if trie.out[node] == 0:
             continue
-        limit = min(k, math.ceil(config.max_spec_factor * length), trie.depth - length)
-        if min(k, math.ceil(config.max_spec_factor * length)) <= len(best[0]):
-            break  # a shorter match allows no longer draft: keep the longer match's
-        draft, score = trie.draft(node, limit, config.min_prob)
-        if score > best[1]:
-            best = (draft, score, length)
+        cap = min(k, math.ceil(config.max_spec_factor * length))
+        if cap <= best.score:
+            break  # a shorter match drafts at most `cap` tokens: it cannot score higher
+        tokens, probs = trie.draft(node, min(cap, trie.depth - length), config.min_prob)
+        if sum(probs) > best.score:
+            best = Draft(tokens, probs, length)
     return best
 
 
@@ -209,6 +223,7 @@ class SuffixDrafter:
     """Suffix decoding for one slot: a trie of this request's tokens, and the engine's shared `SuffixCache`."""
 
     name = "suffix"
+    sizes_drafts = True  # each draft's length follows its own estimates (`confidence`): see LookaheadModel.trim
 
     def __init__(self, cache: SuffixCache | None = None, config: SuffixConfig | None = None) -> None:
         self.config = config or (cache.config if cache else SuffixConfig())
@@ -218,6 +233,7 @@ class SuffixDrafter:
     def begin(self, max_len: int) -> None:
         self.trie = SuffixTrie(self.config.max_depth)
         self._active = [ROOT]  # nodes of the context's suffixes, lengths 0 .. depth
+        self.confidence: list[float] = []  # the last draft's prefix probabilities (Draft.probs)
         self._indexed = 0
 
     def propose(self, tokens, k, params, generator):
@@ -227,8 +243,10 @@ class SuffixDrafter:
             self._active = self.trie.extend(self._active, token)
         self._indexed = len(tokens)
         local = best_draft(self.trie, self._active, k, self.config)
-        shared = self.cache.best_draft(tokens, k) if self.cache is not None and len(self.cache) else ([], 0.0, 0)
-        return (shared if shared[1] > local[1] else local)[0], None
+        shared = self.cache.best_draft(tokens, k) if self.cache is not None and len(self.cache) else None
+        draft = shared if shared is not None and shared.score > local.score else local
+        self.confidence = draft.probs
+        return draft.tokens, None
 
     def rollback(self, committed: int) -> None:
         pass  # the trie only ever holds committed tokens: nothing to undo

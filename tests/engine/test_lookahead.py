@@ -122,6 +122,10 @@ def test_cost_curve_interpolates_extrapolates_and_scales_the_prior():
     assert curve.slope() == pytest.approx(0.001 / 0.010)
     curve.observe(1, 1, 0.020)  # exponentially weighted
     assert curve.seconds[1][1] == pytest.approx(0.010 + 0.2 * 0.010)
+    curve.observe(1, 7, 0.050)  # a shape's first forward (kernel set-up) ...
+    curve.observe(1, 7, 0.016)  # ... is replaced by a faster second one,
+    curve.observe(1, 7, 0.026)  # then the weighting resumes
+    assert curve.seconds[1][7] == pytest.approx(0.016 + 0.2 * 0.010)
     assert curve.cost(3, 1) == curve.cost(1, 1)  # an unmeasured batch bucket borrows the nearest
     assert [batch_bucket(b) for b in (1, 2, 3, 4, 5, 9)] == [1, 2, 4, 4, 8, 16]
     with pytest.raises(ValueError):
@@ -178,3 +182,30 @@ def test_in_a_batch_drafting_k_costs_what_k_more_rows_add_to_the_batchs_forward(
     p = model.probabilities()
     assert model.rate(4, 8) == pytest.approx((expected_accepted(p, 4) + 1) / 0.104)
     assert model.best(8, 8) > 0
+
+
+def test_a_drafter_sized_draft_is_trimmed_where_its_calibrated_estimates_stop_paying():
+    model = LookaheadModel(8)
+    model.costs.seconds[1] = {1: 0.040, 2: 0.050, 9: 0.080}  # a row costs 25% of a step, then ~4%
+    sure, doubtful = [1.0, 1.0, 1.0], [0.2, 0.15]
+    assert model.trim(sure) == 3  # certain tokens pay their rows
+    assert model.trim(doubtful) == 0  # (1 + 0.2) / 0.050 < 1 / 0.040: a plain step is faster
+    assert model.trim([1.0, 0.9, 0.15]) == 2  # the third row would cost more than its 0.15 token
+    for _ in range(20):  # the drafter's estimates turn out 3x too high: they are scaled down
+        model.observe_round(3, 1, 1, 0.0, 0.0, predicted=3.0)
+    assert 0.3 < model.calibration.factor < 0.4
+    assert model.trim([1.0]) == 1  # 1 + 1/3 tokens for 0.050 s still beats 1 for 0.040
+    assert model.trim([0.6, 0.3]) == 0  # 0.23 and 0.11: no longer worth a row
+    assert model.trim([]) == 0  # nothing matched: a plain step, not a round the lookahead chose idle
+    assert model.idle_rounds == 1
+
+
+def test_suffix_rounds_ask_gamma_and_verify_what_the_lookahead_keeps(bundled_engine):
+    text = "alpha beta gamma delta epsilon zeta eta theta iota kappa " * 6
+    repeat = [{"role": "user", "content": f"Repeat the following text exactly, then stop.\n\n{text}"}]
+    run = _run(bundled_engine, repeat, "cost", "suffix", 64)
+    stats, trimmed = run.loop.stats, run.loop.model.chosen
+    assert len(trimmed) == stats.lookahead_rounds and sum(trimmed) == stats.lookahead_sum
+    assert stats.num_draft_tokens == sum(trimmed)  # what was verified is what the lookahead kept
+    assert max(trimmed) >= 4 and stats.num_accepted_tokens / stats.num_draft_tokens > 0.8
+    assert run.loop.model.calibration.predicted > 0

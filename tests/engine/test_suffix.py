@@ -37,15 +37,15 @@ def test_trie_best_child_is_the_most_frequent():
     trie.add([7, 1, 7, 2, 7, 2, 7])
     seven = trie.follow([7])
     assert trie.best[seven] == 2
-    draft, score = trie.draft(seven, 3, min_prob=0.0)
+    draft, probs = trie.draft(seven, 3, min_prob=0.0)
     assert draft == [2, 7, 2]  # '7' -> 2 (2 of 3), '7 2' -> 7 (2 of 2), '7 2 7' -> 2 (its one continuation)
-    assert score == pytest.approx(3 * 2 / 3)  # the sum of the prefix probabilities
+    assert probs == pytest.approx([2 / 3] * 3)  # each prefix's probability: the product of the steps
 
 
 def test_probability_floor_stops_the_draft():
     trie = SuffixTrie(depth=8)
     trie.add([5, 1, 5, 2, 5, 3, 5, 4])  # after '5': four different tokens, 1/4 each
-    assert trie.draft(trie.follow([5]), 4, min_prob=0.3) == ([], 0.0)
+    assert trie.draft(trie.follow([5]), 4, min_prob=0.3) == ([], [])
     assert len(trie.draft(trie.follow([5]), 4, min_prob=0.2)[0]) == 4  # then each step is certain: stays 1/4
     trie = SuffixTrie(depth=8)
     trie.add([9, 5, 1, 9, 5, 2, 9, 5, 1])  # '9' -> 5 always, '9 5' -> 1 twice of 3
@@ -72,6 +72,20 @@ def test_drafter_follows_the_longest_earlier_match_in_the_request():
     assert propose(drafter, [1, 3, 4, 9, 9, 9, 8, 3, 4, 5, 6, 1, 3, 4], k=3) == [9, 9, 9]
     # a 4-token match ('1 3 4 9') drafts at most 4 tokens (max_spec_factor 1.0)
     assert propose(drafter, [1, 3, 4, 9, 9, 9, 8, 3, 4, 5, 6, 1, 3, 4, 9], k=8) == [9, 9, 8, 3]
+
+
+def test_a_shorter_match_with_a_surer_draft_wins():
+    """The longest match's draft is not the best when its continuation is uncertain: a shorter
+    match that nearly always continued the same way scores higher, although its draft is shorter
+    (the search stops only once no shorter match can draft more than the best score)."""
+    long, run = [1, 2, 3, 4, 5, 6], [50, 51, 52, 53, 54]
+    # after '1 .. 6': 7 + a fixed run twice, and three other tokens: 6 tokens at 2/5 each (score 2.4)
+    history = [*long, 7, *run, 100, *long, 7, *run, 101, *long, 8, 102, *long, 10, 103, *long, 11, 104]
+    # after '4 5 6' alone (as '0 4 5 6'): 9 9 9, forty times: 3 tokens at 40/45 each (score 2.67)
+    history += [0, 4, 5, 6, 9, 9, 9, 105] * 40
+    drafter = SuffixDrafter(config=SuffixConfig(min_prob=0.3))
+    assert propose(drafter, [*history, *long], k=8) == [9, 9, 9]
+    assert drafter.confidence == pytest.approx([40 / 45] * 3)
 
 
 def test_draft_length_grows_with_the_match_length():
