@@ -23,6 +23,10 @@ from engine.sampling import SamplingParams, probabilities, sample
 
 
 class Drafter(Protocol):
+    """A draft source. One that sizes its drafts from its own estimates (suffix decoding) also sets
+    `sizes_drafts = True` and, after each `propose`, `confidence`: for each draft prefix, its estimate
+    that the prefix is accepted whole; the 'cost' lookahead then trims the draft (LookaheadModel.trim)."""
+
     name: str
 
     def begin(self, max_len: int) -> None:
