@@ -227,14 +227,14 @@ class LookaheadModel:
     def rate(self, k: int, batch: int, p: list[float] | None = None) -> float:
         """Expected committed tokens per second when drafting k (relative units before measurements)."""
         p = self.probabilities() if p is None else p
-        seconds = self._verify_s(k, batch)
-        if self.costs.seconds:  # drafting time is in seconds: comparable once the curve is too
-            seconds += k * self.draft_s_per_token
-        return (expected_accepted(p, k) + 1) / max(seconds, 1e-12)
+        # drafting time is in seconds: comparable once the curve is too
+        drafting = k * self.draft_s_per_token if self.costs.seconds else 0.0
+        return self._per_second(expected_accepted(p, k), k, batch, drafting)
 
-    def _verify_s(self, k: int, batch: int) -> float:
-        """The verify forward with k drafted tokens; the other requests in the batch feed one row each."""
-        return self.costs.cost(batch, (batch + k) / batch)
+    def _per_second(self, expected: float, k: int, batch: int, drafting_s: float = 0.0) -> float:
+        """Committed tokens per second of a round verifying k drafted tokens of which `expected` are
+        accepted; the other requests in the batch feed one row each."""
+        return (expected + 1) / max(self.costs.cost(batch, (batch + k) / batch) + drafting_s, 1e-12)
 
     def best(self, gamma: int, batch: int) -> int:
         """argmax over k in 0..gamma of rate(k); ties go to the shorter draft."""
@@ -256,7 +256,7 @@ class LookaheadModel:
         factor, expected = self.calibration.factor, [0.0]
         for p in probs:
             expected.append(expected[-1] + min(1.0, factor * p))
-        k = max(range(len(probs) + 1), key=lambda k: ((expected[k] + 1) / max(self._verify_s(k, batch), 1e-12), -k))
+        k = max(range(len(probs) + 1), key=lambda k: (self._per_second(expected[k], k, batch), -k))
         return self._probe_or(k, len(probs))
 
     def _probe_or(self, k: int, limit: int) -> int:

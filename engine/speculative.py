@@ -153,6 +153,8 @@ class SpeculativeDecoder:
         self.lookahead = self.gamma  # adapted per round, at most gamma (see _adapt_lookahead)
         shared = drafter_acceptance(self.drafter, self.gamma) if self.drafter is not None else None
         self.model = LookaheadModel(self.gamma, costs=self.costs, shared=shared)
+        # a drafter that sizes its drafts from its own estimates: asked for the cap, trimmed (LookaheadModel.trim)
+        self.trims_drafts = self.adaptive == "cost" and getattr(self.drafter, "sizes_drafts", False)
         self.params, self.stop_ids, self.max_new = params, stop_ids, max_new_tokens
         self.generator = torch.Generator(device="cpu").manual_seed(seed) if seed is not None else None
         self.stats = DecodeStats(gamma=self.gamma)
@@ -175,10 +177,6 @@ class SpeculativeDecoder:
         self._draft_tokens, self._draft_probs = self._draft(self._next_lookahead())
         return torch.tensor([self.tokens[-1], *self._draft_tokens], device=self.device)
 
-    def _sizes_drafts(self) -> bool:
-        """The drafter sizes its drafts from its own estimates, and the lookahead trims them (`LookaheadModel.trim`)."""
-        return self.adaptive == "cost" and getattr(self.drafter, "sizes_drafts", False)
-
     def accept(self, logits: torch.Tensor, forward_s: float, shared: bool = False) -> list[int]:
         """A round's second half: verify the draft against the target's `logits` for the proposal, commit.
         `shared`: the forward also verified other requests; its caller adds it to the cost curve, once."""
@@ -191,7 +189,8 @@ class SpeculativeDecoder:
             self.drafter.rollback(len(self.tokens) + accepted)
             self._adapt_lookahead(len(draft), accepted)
         alone = 0.0 if shared else forward_s  # a forward of this request alone: batch 1 on the curve
-        self.model.observe_round(len(draft), accepted, 1, alone, self._round_draft_s, self._predicted)
+        predicted = sum(self.drafter.confidence[: len(draft)]) if self.trims_drafts else None
+        self.model.observe_round(len(draft), accepted, 1, alone, self._round_draft_s, predicted)
         return self._commit([*draft[:accepted], next_token], drafted=len(draft), accepted=accepted)
 
     def _next_lookahead(self) -> int:
@@ -199,7 +198,7 @@ class SpeculativeDecoder:
         cap = min(self.gamma, self.max_new - self.generated - 1)
         if self.drafter is None or cap <= 0:
             return 0
-        if self._sizes_drafts():
+        if self.trims_drafts:
             return cap  # recorded once trimmed (`_draft`)
         k = self.model.choose(cap, self.batch) if self.adaptive == "cost" else min(self.lookahead, cap)
         self._record_lookahead(k)
@@ -220,7 +219,7 @@ class SpeculativeDecoder:
             self.lookahead = max(1, self.lookahead - 1)
 
     def _draft(self, k: int) -> tuple[list[int], torch.Tensor | None]:
-        self._round_draft_s, self._predicted = 0.0, None
+        self._round_draft_s = 0.0
         if k <= 0 or self.drafter is None:
             return [], None
         start = time.monotonic()
@@ -230,11 +229,9 @@ class SpeculativeDecoder:
             raise StageError("draft", exc) from exc
         self._round_draft_s = time.monotonic() - start
         self.stats.draft_s += self._round_draft_s
-        if self._sizes_drafts():
-            confidence = self.drafter.confidence[: len(draft)]
-            kept = self.model.trim(confidence, self.batch)
+        if self.trims_drafts:
+            kept = self.model.trim(self.drafter.confidence[: len(draft)], self.batch)
             self._record_lookahead(kept)
-            self._predicted = sum(confidence[:kept])
             draft, draft_probs = draft[:kept], draft_probs[:kept] if draft_probs is not None else None
         return draft, draft_probs
 

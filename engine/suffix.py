@@ -213,9 +213,9 @@ def best_draft(trie: SuffixTrie, nodes: list[int], k: int, config: SuffixConfig)
         cap = min(k, math.ceil(config.max_spec_factor * length))
         if cap <= best.score:
             break  # a shorter match drafts at most `cap` tokens: it cannot score higher
-        tokens, probs = trie.draft(node, min(cap, trie.depth - length), config.min_prob)
-        if sum(probs) > best.score:
-            best = Draft(tokens, probs, length)
+        draft = Draft(*trie.draft(node, min(cap, trie.depth - length), config.min_prob), length)
+        if draft.score > best.score:
+            best = draft
     return best
 
 
