@@ -43,7 +43,7 @@ class EngineConfig:
     memory_fraction: float = 0.8  # CUDA: cap of the caching allocator (set_per_process_memory_fraction)
     max_prompt_tokens: int | None = None  # None: what the model's context leaves after max_tokens
     lookahead: str = DEFAULT_LOOKAHEAD  # how each round's draft length is chosen (engine/speculative.py)
-    compile: bool = False  # float32 on a CPU: the plain decode step through torch.compile (engine/decoder.py)
+    compile: bool = False  # float32 on a CPU: decode step and verification through torch.compile (engine/decoder.py)
 
     def __post_init__(self) -> None:
         check_memory_fraction(self.memory_fraction)

@@ -1,5 +1,6 @@
-"""The plain decode step through torch.compile (`EngineConfig.compile`): same logits as the eager step,
-compiled once for every position, cache size and decoder over the same model."""
+"""The plain decode step and the several-row verification through torch.compile (`EngineConfig.compile`):
+same logits as the eager forwards, each compiled once for every position, row count, cache size and
+decoder over the same model."""
 
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ def test_compiled_step_matches_eager_and_compiles_once(model):
     compiled.compiled = True
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     warm_up(compiled)
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs + 1  # the step went through dynamo
+    assert compiled.packed  # so the verification rows have their graph too
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs + 2  # the step and the rows
     prompt = torch.randint(0, 256, (5,), generator=torch.Generator().manual_seed(3))
     eager.reset(64), compiled.reset(64)
     with torch._dynamo.config.patch(error_on_recompile=True):  # every later position, cache and decoder: no recompile
@@ -58,4 +60,38 @@ def test_compiled_step_refuses_a_full_cache(model):
     decoder.forward(torch.zeros(4, dtype=torch.long))
     with pytest.raises(RuntimeError, match="KV cache holds 4 tokens"):
         decoder.forward(torch.zeros(1, dtype=torch.long))
+    assert decoder.length == 4
+
+
+def test_compiled_verification_rows_match_eager_for_every_count_without_recompiling(model):
+    eager, compiled = LlamaDecoder(model), LlamaDecoder(model)
+    compiled.compiled = True
+    warm_up(compiled)
+    draws = torch.Generator().manual_seed(5)
+    prompt = torch.randint(0, 256, (7,), generator=draws)
+    for decoder in (eager, compiled):
+        decoder.reset(128)
+        decoder.forward(prompt, keep=1)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for rows in (2, 3, 9, 4, 1, 16, 5):  # 2: as many rows as the model has KV heads
+            draft = torch.randint(0, 256, (rows,), generator=draws)
+            want, got = eager.forward(draft), compiled.forward(draft)
+            assert got.shape == (rows, model.config.vocab_size)
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+            assert torch.equal(got.argmax(-1), want.argmax(-1))
+            accepted = rows // 2
+            for decoder in (eager, compiled):  # a rejection: both caches back to the accepted prefix
+                decoder.crop(decoder.length - rows + accepted + 1)
+            assert compiled.length == eager.length
+    final = torch.tensor([1, 2, 3])
+    torch.testing.assert_close(compiled.forward(final), eager.forward(final), rtol=1e-4, atol=1e-4)
+
+
+def test_compiled_verification_refuses_a_full_cache(model):
+    decoder = LlamaDecoder(model)
+    decoder.compiled = True
+    decoder.reset(6)
+    decoder.forward(torch.zeros(4, dtype=torch.long))
+    with pytest.raises(RuntimeError, match="KV cache holds 6 tokens, asked for 7"):
+        decoder.forward(torch.zeros(3, dtype=torch.long))
     assert decoder.length == 4
