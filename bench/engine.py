@@ -291,13 +291,13 @@ def main() -> None:
         "--repeated", type=int, default=20, help="templated requests sent twice after the single prompts (0: skip)"
     )
     parser.add_argument("--repeated-lookahead", choices=("cost", "heuristic", "fixed"), default="cost")
-    parser.add_argument("--compile", action="store_true", help="our decode step through torch.compile")
+    parser.add_argument("--compile", action="store_true", help="our decode step and verification through torch.compile")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
     args = parser.parse_args()
     engine = Engine(EngineConfig(dtype=args.dtype, threads=args.threads, instance="bench", compile=args.compile))
     print(
         f"model {engine.target.name} dtype {engine.target.dtype} threads {torch.get_num_threads()} "
-        f"decode step {'eager' if engine.compile_s is None else 'compiled'} "
+        f"decode step and verification {'eager' if engine.compile_s is None else 'compiled'} "
         f"cold start {engine.target.cold_start_s:.2f}s (cached copy: {engine.target.from_cache})",
         file=sys.stderr,
     )

@@ -421,7 +421,7 @@ def main() -> int:
     parser.add_argument("--batched-requests", type=int, default=3, help="requests per client per level (default 3)")
     parser.add_argument("--single", action=argparse.BooleanOptionalAction, default=True, help="the one-at-a-time part")
     parser.add_argument("--vllm-eager", action="store_true", help="vLLM with --enforce-eager (not compiled)")
-    parser.add_argument("--compile", action="store_true", help="our decode step through torch.compile")
+    parser.add_argument("--compile", action="store_true", help="our decode step and verification through torch.compile")
     parser.add_argument("--no-vllm-plain", action="store_true", help="skip vLLM without speculation (one server less)")
     parser.add_argument(
         "--settle",
@@ -458,7 +458,7 @@ def main() -> int:
         return 2
     dtype = str(engine.target.dtype).removeprefix("torch.")
     print(
-        f"bundled: {engine.target.name} {dtype}, torch threads {torch.get_num_threads()}, decode step "
+        f"bundled: {engine.target.name} {dtype}, torch threads {torch.get_num_threads()}, decode step and verification "
         + ("eager" if engine.compile_s is None else f"compiled ({engine.compile_s:.0f} s)"),
         file=sys.stderr,
         flush=True,
