@@ -53,13 +53,14 @@ def test_compiled_step_matches_eager_and_compiles_once(model):
     assert compiled.length == 5 + 40
 
 
-def test_compiled_step_refuses_a_full_cache(model):
+@pytest.mark.parametrize("rows", [1, 3], ids=["step", "verification"])
+def test_compiled_forwards_refuse_a_full_cache(model, rows):
     decoder = LlamaDecoder(model)
     decoder.compiled = True
     decoder.reset(4)
     decoder.forward(torch.zeros(4, dtype=torch.long))
-    with pytest.raises(RuntimeError, match="KV cache holds 4 tokens"):
-        decoder.forward(torch.zeros(1, dtype=torch.long))
+    with pytest.raises(RuntimeError, match=f"KV cache holds 4 tokens, asked for {4 + rows}"):
+        decoder.forward(torch.zeros(rows, dtype=torch.long))
     assert decoder.length == 4
 
 
@@ -85,13 +86,3 @@ def test_compiled_verification_rows_match_eager_for_every_count_without_recompil
             assert compiled.length == eager.length
     final = torch.tensor([1, 2, 3])
     torch.testing.assert_close(compiled.forward(final), eager.forward(final), rtol=1e-4, atol=1e-4)
-
-
-def test_compiled_verification_refuses_a_full_cache(model):
-    decoder = LlamaDecoder(model)
-    decoder.compiled = True
-    decoder.reset(6)
-    decoder.forward(torch.zeros(4, dtype=torch.long))
-    with pytest.raises(RuntimeError, match="KV cache holds 6 tokens, asked for 7"):
-        decoder.forward(torch.zeros(3, dtype=torch.long))
-    assert decoder.length == 4
