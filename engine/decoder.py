@@ -343,12 +343,13 @@ class LlamaDecoder:
         Inductor (eager, the norms, rotary, residual and mask kernels cost a third of a 9-row forward
         on the 2-core AVX2 machine)."""
         heads, kv, dim, n = self.n_heads, self.n_kv, self.head_dim, tokens.shape[0]
+        linear = torch.ops.specwatch.packed_linear
         cos, signed_sin = self.cos[pos : pos + n], self.sin[pos : pos + n]
         positions = torch.arange(pos + n, device=self.device)
         mask = positions <= positions[pos:].unsqueeze(1)  # query pos + i sees keys 0 .. pos + i
         x = self.embed[tokens]  # [n, hidden]
         for i, layer in enumerate(self.layers):
-            qkv = torch.ops.specwatch.packed_linear(self._rms_norm(x, layer.attn_norm), layer.wqkv.packed)
+            qkv = linear(self._rms_norm(x, layer.attn_norm), layer.wqkv.packed)
             if layer.bqkv is not None:
                 qkv = qkv + layer.bqkv
             qk = _rotate(qkv[:, : (heads + kv) * dim].view(n, heads + kv, dim).transpose(0, 1), cos, signed_sin)
@@ -358,11 +359,11 @@ class LlamaDecoder:
             out = F.scaled_dot_product_attention(
                 qk[:heads].unsqueeze(0), keys[:, :, : pos + n], values[:, :, : pos + n], attn_mask=mask, enable_gqa=True
             )
-            x = x + torch.ops.specwatch.packed_linear(out[0].transpose(0, 1).reshape(n, heads * dim), layer.wo.packed)
-            gate_up = torch.ops.specwatch.packed_linear(self._rms_norm(x, layer.mlp_norm), layer.w_gate_up.packed)
+            x = x + linear(out[0].transpose(0, 1).reshape(n, heads * dim), layer.wo.packed)
+            gate_up = linear(self._rms_norm(x, layer.mlp_norm), layer.w_gate_up.packed)
             gate, up = gate_up.chunk(2, dim=-1)
-            x = x + torch.ops.specwatch.packed_linear(F.silu(gate) * up, layer.w_down.packed)
-        return torch.ops.specwatch.packed_linear(self._rms_norm(x, self.final_norm), self.lm_head.packed)
+            x = x + linear(F.silu(gate) * up, layer.w_down.packed)
+        return linear(self._rms_norm(x, self.final_norm), self.lm_head.packed)
 
 
 def _compiled(layers) -> object:
