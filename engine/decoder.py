@@ -23,6 +23,7 @@ values, and can `crop` its cache back to a prefix after a rejected draft.
 
 from __future__ import annotations
 
+import copy
 import functools
 import os
 import sys
@@ -214,11 +215,15 @@ class LlamaDecoder:
         self.compiled = False  # ...run through torch.compile (set by the engine: EngineConfig.compile)
         self.k_cache: list[torch.Tensor] = []
         self.v_cache: list[torch.Tensor] = []
+        self.pool: CachePool | None = None  # where its cache is a lane of a pool shared with other slots
+        self.lane = 0
 
     def reset(self, max_len: int) -> None:
         """Allocate the KV cache and rotary tables for a request of up to `max_len` tokens."""
         shape = (1, self.n_kv, max_len, self.head_dim)
-        if not self.k_cache or self.k_cache[0].shape[2] < max_len:
+        if self.pool is not None:
+            self.pool.reserve(max_len)
+        elif not self.k_cache or self.k_cache[0].shape[2] < max_len:
             self.k_cache = [torch.empty(shape, dtype=self.cache_dtype, device=self.device) for _ in self.layers]
             self.v_cache = [torch.empty(shape, dtype=self.cache_dtype, device=self.device) for _ in self.layers]
             self.cos, self.sin = self._rope_tables(max_len)
@@ -365,6 +370,121 @@ class LlamaDecoder:
             x = x + linear(F.silu(gate) * up, layer.w_down.packed)
         return linear(self._rms_norm(x, self.final_norm), self.lm_head.packed)
 
+    def _batch_layers(
+        self,
+        tokens: torch.Tensor,
+        lanes: torch.Tensor,
+        local: torch.Tensor,
+        starts: torch.Tensor,
+        width: int,
+        length: int,
+    ) -> torch.Tensor:
+        """`_rows_layers` for the rows of several sequences, each in its own lane of `self.pool`: row r
+        is row local[r] of lane lanes[r], whose pass starts at cache position starts[lane] (one entry
+        per lane up to the highest in the batch, 0 for a lane not in it). The products take every
+        row at once; attention runs for all lanes in one call, each lane's queries padded to `width`
+        rows and its keys to `length`, masked to its own prefix (padding rows are computed and dropped)."""
+        heads, kv, dim, n = self.n_heads, self.n_kv, self.head_dim, tokens.shape[0]
+        linear, pool, spanned = torch.ops.specwatch.packed_linear, self.pool, starts.shape[0]
+        positions = starts[lanes] + local
+        cos, signed_sin = pool.cos[positions].unsqueeze(1), pool.sin[positions].unsqueeze(1)
+        reach = starts.unsqueeze(1) + torch.arange(width, device=self.device)  # [lane, row]: its last visible key
+        mask = (torch.arange(length, device=self.device) <= reach.unsqueeze(-1)).unsqueeze(1)
+        x = self.embed[tokens]  # [n, hidden]
+        for i, layer in enumerate(self.layers):
+            qkv = linear(self._rms_norm(x, layer.attn_norm), layer.wqkv.packed)
+            if layer.bqkv is not None:
+                qkv = qkv + layer.bqkv
+            qk = _rotate(qkv[:, : (heads + kv) * dim].view(n, heads + kv, dim), cos, signed_sin)
+            pool.k[i][lanes, :, positions] = qk[:, heads:]
+            pool.v[i][lanes, :, positions] = qkv[:, (heads + kv) * dim :].view(n, kv, dim)
+            queries = qk.new_zeros(spanned, width, heads, dim)
+            queries[lanes, local] = qk[:, :heads]
+            out = F.scaled_dot_product_attention(
+                queries.transpose(1, 2),
+                pool.k[i][:spanned, :, :length],
+                pool.v[i][:spanned, :, :length],
+                attn_mask=mask,
+                enable_gqa=True,
+            )
+            x = x + linear(out.transpose(1, 2)[lanes, local].reshape(n, heads * dim), layer.wo.packed)
+            gate, up = linear(self._rms_norm(x, layer.mlp_norm), layer.w_gate_up.packed).chunk(2, dim=-1)
+            x = x + linear(F.silu(gate) * up, layer.w_down.packed)
+        return linear(self._rms_norm(x, self.final_norm), self.lm_head.packed)
+
+
+class CachePool:
+    """The KV caches of a server's slots as one tensor per layer [lane, kv head, position, head dim],
+    so that one compiled forward (`LlamaDecoder._batch_layers`) verifies every slot's rows together,
+    its attention included. Each slot's decoder keeps its lane as tensors over the pool's storage
+    (not views: torch.compile rebuilds a view input from its base on every call). Lanes grow
+    together, to the longest request any of them has held."""
+
+    def __init__(self, decoders: Sequence[LlamaDecoder]) -> None:
+        if len({id(d) for d in decoders}) != len(decoders) or not all(decoders[0].shares_weights(d) for d in decoders):
+            raise ValueError("a cache pool's decoders are distinct and share one model's weights")
+        self.decoders = list(decoders)
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+        self.max_len = 0
+        for lane, decoder in enumerate(self.decoders):
+            decoder.pool, decoder.lane = self, lane
+
+    def reserve(self, max_len: int) -> None:
+        """Room for `max_len` positions in every lane: a longer pool, what the lanes hold copied over."""
+        if max_len <= self.max_len:
+            return
+        lead, held = self.decoders[0], self.max_len
+        shape = (len(self.decoders), lead.n_kv, max_len, lead.head_dim)
+
+        def grown(old: torch.Tensor | None) -> torch.Tensor:
+            # zeros, not empty: a lane's padding rows read keys past its prefix (masked, but NaN * 0 is NaN)
+            new = torch.zeros(shape, dtype=lead.cache_dtype, device=lead.device)
+            if old is not None:
+                new[:, :, :held] = old
+            return new
+
+        self.k = [grown(old) for old in self.k or [None] * len(lead.layers)]
+        self.v = [grown(old) for old in self.v or [None] * len(lead.layers)]
+        self.cos, self.sin = lead._rope_tables(max_len)
+        self.max_len = max_len
+        for decoder in self.decoders:
+            decoder.k_cache = [_lane(t, decoder.lane) for t in self.k]
+            decoder.v_cache = [_lane(t, decoder.lane) for t in self.v]
+            decoder.cos, decoder.sin = self.cos, self.sin
+
+    def holds(self, decoders: Sequence[LlamaDecoder]) -> bool:
+        """Whether `decoders` are distinct lanes of this pool."""
+        return all(d.pool is self for d in decoders) and len({d.lane for d in decoders}) == len(decoders)
+
+    def forward(self, decoders: Sequence[LlamaDecoder], tokens: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """`forward_batch` (no `keep`, every sequence after a prefix) in one compiled graph."""
+        starts = [0] * (max(d.lane for d in decoders) + 1)
+        lanes, local = [], []
+        for decoder, ids in zip(decoders, tokens):
+            n = ids.shape[0]
+            if decoder._len + n > self.max_len:
+                raise RuntimeError(f"KV cache holds {self.max_len} tokens, asked for {decoder._len + n}")
+            starts[decoder.lane] = decoder._len
+            lanes += [decoder.lane] * n
+            local += range(n)
+        index = functools.partial(torch.tensor, dtype=torch.long, device=decoders[0].device)
+        width = max(ids.shape[0] for ids in tokens)
+        length = max(d._len + ids.shape[0] for d, ids in zip(decoders, tokens))
+        with torch.inference_mode():
+            logits = _compiled_batch()(
+                decoders[0], torch.cat(list(tokens)), index(lanes), index(local), index(starts), width, length
+            )
+        for decoder, ids in zip(decoders, tokens):
+            decoder._len += ids.shape[0]
+        return list(logits.split([ids.shape[0] for ids in tokens]))
+
+
+def _lane(pool: torch.Tensor, lane: int) -> torch.Tensor:
+    """pool[lane : lane + 1] as a tensor of its own over the same storage."""
+    offset = pool.storage_offset() + lane * pool.stride(0)
+    return pool.new_empty(0).set_(pool.untyped_storage(), offset, (1, *pool.shape[1:]), pool.stride())
+
 
 def _compiled(layers) -> object:
     """`layers` through torch.compile (Inductor): one graph for the whole forward, its position,
@@ -391,6 +511,11 @@ def _compiled_rows():
     return _compiled(LlamaDecoder._rows_layers)
 
 
+@functools.cache
+def _compiled_batch():
+    return _compiled(LlamaDecoder._batch_layers)
+
+
 def warm_up(decoder: LlamaDecoder) -> float:
     """Compile `decoder`'s decode step and, where it multiplies by packed weights, its several-row
     verification now, on a scratch request (its cache is reset): seconds taken. On the 2-core AVX2
@@ -415,6 +540,36 @@ def warm_up(decoder: LlamaDecoder) -> float:
     decoder.reset(24)
     seconds = time.monotonic() - started
     print(f"{what} compiled in {seconds:.1f} s", file=sys.stderr, flush=True)
+    return seconds
+
+
+def pool_caches(decoders: Sequence[LlamaDecoder]) -> float:
+    """Put the caches of compiled decoders (a server's slots) in one `CachePool` and compile its
+    batched forward now, on scratch lanes: seconds taken (0 where there is nothing to batch)."""
+    if len(decoders) < 2 or not all(d.compiled and d.packed for d in decoders):
+        return 0.0
+    CachePool(decoders)
+    print(
+        f"compiling the batched verification for {len(decoders)} slots (torch.compile: ~5 min on the first "
+        "start on a 2-core machine, ~80 s on later ones) ...",
+        file=sys.stderr,
+        flush=True,
+    )
+    started = time.monotonic()
+    # scratch lanes and sizes unlike each other and any model's head counts, so that no size is
+    # specialised (see `warm_up`): 7 of 13 lanes (up to lane 10) one row each over 31 keys (one
+    # row each has its own graph: 1 is always specialised), then 29 rows, up to 17 a lane, over 46
+    scratch = [copy.copy(decoders[0]) for _ in range(13)]
+    CachePool(scratch)
+    zeros = functools.partial(torch.zeros, dtype=torch.long, device=decoders[0].device)
+    lanes = [scratch[i] for i in (0, 2, 3, 5, 7, 8, 10)]
+    for lane in lanes:
+        lane.reset(53)
+        lane.forward(zeros(20 + lane.lane), keep=1)
+    forward_batch(lanes, [zeros(1)] * len(lanes), [0] * len(lanes))
+    forward_batch(lanes, [zeros(n) for n in (1, 2, 3, 1, 2, 17, 3)], [0] * len(lanes))
+    seconds = time.monotonic() - started
+    print(f"batched verification compiled in {seconds:.1f} s", file=sys.stderr, flush=True)
     return seconds
 
 
@@ -464,8 +619,11 @@ def forward_batch(
     lead, seqs, offset = decoders[0], [], 0
     if len(decoders) == 1 and tokens[0].shape[0] == 1 and lead.steps_alone:
         return [lead._step(tokens[0])]
-    if len(decoders) == 1 and lead.compiled and lead.packed and lead._len > 0 and not keep[0]:
-        return [lead._rows(tokens[0])]  # a verification: several rows after a prefix
+    if lead.compiled and lead.packed and all(d._len > 0 for d in decoders) and not any(keep):
+        if len(decoders) == 1:
+            return [lead._rows(tokens[0])]  # a verification: several rows after a prefix
+        if lead.pool is not None and lead.pool.holds(decoders):
+            return lead.pool.forward(decoders, tokens)
     for decoder, ids in zip(decoders, tokens):
         start, n = decoder._len, ids.shape[0]
         if start + n > decoder.k_cache[0].shape[2]:

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from engine.cuda import Streams, apply_memory_fraction, check_memory_fraction
-from engine.decoder import make_decoder, warm_up
+from engine.decoder import make_decoder, pool_caches, warm_up
 from engine.device_time import record_source
 from engine.drafters import Drafter, NgramConfig, NgramDrafter, early_exit_drafter, model_drafter
 from engine.loading import BUNDLED, LoadedModel, load_model, resolve_device
@@ -132,6 +132,14 @@ class Engine:
         # the `suffix` drafter's memory of finished outputs, shared by every slot; fed once one is built
         self.suffix_cache = SuffixCache(config.suffix)
         self._suffix_learns = False
+
+    def make_slots(self, count: int, batch: bool = True) -> list[Slot]:
+        """`count` decoding lanes for a scheduler. Compiled and batching, their target caches share
+        one pool, so that a round verifies every lane's rows in one compiled forward (`CachePool`)."""
+        slots = [Slot(self) for _ in range(count)]
+        if batch and self.compile_s is not None:
+            self.compile_s += pool_caches([slot.decoder for slot in slots])
+        return slots
 
     def _compile(self) -> float:
         if not getattr(self.default_slot.decoder, "compiled", False):

@@ -24,7 +24,7 @@ from typing import Any
 
 from engine.decoder import forward_many
 from engine.device_time import split_forward
-from engine.engine import Engine, GenerateRequest, GenerateResult, Run, Slot
+from engine.engine import Engine, GenerateRequest, GenerateResult, Run
 from engine.policy import Policy
 from engine.speculative import StageError
 from telemetry.sink import TelemetrySink
@@ -86,7 +86,7 @@ class Scheduler:
     ) -> None:
         self.engine, self.config, self.policy = engine, config, policy
         self.telemetry = telemetry or TelemetrySink(engine.config.instance)  # gets every finished request's record
-        self.slots = [Slot(engine) for _ in range(config.slots)]
+        self.slots = engine.make_slots(config.slots, config.batch)
         self.busy = BusyTime()
         self._queue: deque[Ticket] = deque()
         self._active: dict[int, tuple[Ticket, Run]] = {}

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch._dynamo
 
-from engine.decoder import LlamaDecoder, warm_up
+from engine.decoder import LlamaDecoder, forward_batch, pool_caches, warm_up
 from tests.engine.conftest import tiny_llama
 
 
@@ -86,3 +86,62 @@ def test_compiled_verification_rows_match_eager_for_every_count_without_recompil
             assert compiled.length == eager.length
     final = torch.tensor([1, 2, 3])
     torch.testing.assert_close(compiled.forward(final), eager.forward(final), rtol=1e-4, atol=1e-4)
+
+
+def compiled_slots(model, count: int) -> list[LlamaDecoder]:
+    slots = [LlamaDecoder(model) for _ in range(count)]
+    for slot in slots:
+        slot.compiled = True
+    return slots
+
+
+def test_pooled_slots_verify_together_as_eager_does_without_recompiling(model):
+    """A server's slots in one cache pool: every round's rows (any lanes, any row counts, after
+    rejections, across a pool that grows mid-request) in one compiled forward, per sequence the
+    logits of the eager ragged batch over caches of their own."""
+    slots, eager = compiled_slots(model, 4), [LlamaDecoder(model) for _ in range(4)]
+    warm_up(slots[0])
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    assert pool_caches(slots) > 0
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs + 2  # one row each, several
+    draws = torch.Generator().manual_seed(11)
+    for lane, (pooled, plain) in enumerate(zip(slots, eager)):
+        prompt = torch.randint(0, 256, (5 + 3 * lane,), generator=draws)
+        for decoder in (pooled, plain):
+            decoder.reset(48)
+            decoder.forward(prompt, keep=1)
+    rounds = [(0, 1, 2, 3), (0, 1, 2, 3), (1, 3), (0, 2, 3), (0, 1, 2, 3), (2, 3), (0, 1)]
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for number, lanes in enumerate(rounds):
+            if number == 4:  # a new request on lane 1 needs a longer cache: the pool grows, lanes keep theirs
+                prompt = torch.randint(0, 256, (60,), generator=draws)
+                for decoder in (slots[1], eager[1]):
+                    decoder.reset(120)
+                    decoder.forward(prompt, keep=1)
+                assert slots[0].pool.max_len == 120
+            rows = [1 if number % 2 else 1 + (lane * 5 + number) % 7 for lane in lanes]
+            fed = [torch.randint(0, 256, (n,), generator=draws) for n in rows]
+            want = forward_batch([eager[i] for i in lanes], fed, [0] * len(lanes))
+            got = forward_batch([slots[i] for i in lanes], fed, [0] * len(lanes))
+            for a, b, n in zip(got, want, rows):
+                assert a.shape == (n, model.config.vocab_size)
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+                assert torch.equal(a.argmax(-1), b.argmax(-1))
+            for i, n in zip(lanes, rows):  # a rejection keeps about half of each lane's rows
+                for decoder in (slots[i], eager[i]):
+                    decoder.crop(decoder.length - n + (n + 1) // 2)
+            assert [d.length for d in slots] == [d.length for d in eager]
+        # a lane on its own still takes the compiled step and rows, over its share of the pool
+        torch.testing.assert_close(slots[2].forward(fed[0][:1]), eager[2].forward(fed[0][:1]), rtol=1e-4, atol=1e-4)
+
+
+def test_a_pooled_forward_past_a_lanes_room_fails_whole(model):
+    slots = compiled_slots(model, 3)
+    warm_up(slots[0])
+    pool_caches(slots)
+    for slot in slots:
+        slot.reset(10)
+        slot.forward(torch.zeros(8, dtype=torch.long))
+    with pytest.raises(RuntimeError, match="KV cache holds 10 tokens, asked for 11"):
+        forward_batch(slots, [torch.zeros(n, dtype=torch.long) for n in (1, 2, 3)], [0] * 3)
+    assert [slot.length for slot in slots] == [8, 8, 8]  # no cache advanced
