@@ -5,7 +5,8 @@ into free slots (policy decision + prefill), then advances every active request
 by one speculative round, so a long generation never holds back another
 request's first token. In a round each request drafts on its own, then one
 target forward verifies every request's proposal together (ragged batching: the
-weights are read once for all of them; see `decoder.forward_batch`). Text deltas and the final result are handed to the
+weights are read once for all of them; see `decoder.forward_batch`; compiled, the slots' caches
+share one `decoder.CachePool` and that forward is one graph). Text deltas and the final result are handed to the
 waiting client through its asyncio loop; a client that goes away cancels its
 request at the next round. Every finished request becomes one telemetry record.
 """
