@@ -589,8 +589,8 @@ def pool_caches(decoders: Sequence[LlamaDecoder]) -> float:
         return 0.0
     CachePool(decoders)
     print(
-        f"compiling the batched verification for {len(decoders)} slots (torch.compile: ~5 min on the first "
-        "start on a 2-core machine, ~80 s on later ones) ...",
+        f"compiling the batched verification for {len(decoders)} slots (torch.compile: ~1.5 min on the first "
+        "start on a 2-core machine, ~15 s on later ones) ...",
         file=sys.stderr,
         flush=True,
     )
