@@ -170,10 +170,10 @@ def _packed_linear_shape(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
 
 # Several sequences' rows through one compiled graph (`LlamaDecoder._batch_layers`) attend through this
 # op, so that how it attends can follow the lengths at hand: in one call, each sequence's queries padded
-# to the most rows and its keys to the longest prefix, while that wastes little (one call instead of
-# one a sequence: 2-row, 8-sequence plain rounds 1.33x faster than eager against 1.14x one call each,
-# 2-core AVX2 machine); one call a sequence once padding would attend far past the short ones' keys
-# (one lane at 1,300 tokens beside three at 300: padded, 1.6x slower than eager).
+# to the most rows and its keys to the longest prefix, while that wastes little (no Python loop of one
+# call a sequence and layer); one call a sequence once padding would attend far past the short ones'
+# keys (one lane at 1,300 tokens beside three at 300: padded, 1.6x slower than eager on the 2-core AVX2
+# machine).
 _LIBRARY.define("lane_attention(Tensor q, Tensor keys, Tensor values, Tensor bounds) -> Tensor")
 
 
@@ -187,15 +187,12 @@ def _lane_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, b
         return _padded_attention(q, keys[:spanned, :, :length], values[:spanned, :, :length], seqs, width)
     outs, offset = [], 0
     for lane, start, n in seqs:
-        mask = None
-        if n > 1:
-            mask = torch.arange(start + n, device=q.device) <= torch.arange(start, start + n, device=q.device)[:, None]
-        out = F.scaled_dot_product_attention(
+        out = _attend(
             q[offset : offset + n].transpose(0, 1).unsqueeze(0),
             keys[lane : lane + 1, :, : start + n],
             values[lane : lane + 1, :, : start + n],
-            attn_mask=mask,
-            enable_gqa=True,
+            _causal_mask(start, n, q.device),
+            causal=start == 0 and n > 1,
         )
         outs.append(out[0].transpose(0, 1))
         offset += n
@@ -319,16 +316,6 @@ class LlamaDecoder:
             and len(other.layers) == len(self.layers)
         )
 
-    def _causal_mask(self, start: int, n: int) -> torch.Tensor | None:
-        """Query i sits at position start + i and sees keys 0 .. start + i. None where no mask is
-        needed: one query sees every key, and from position 0 the kernel's own causal flag is
-        exact (and skips the masked half of the work)."""
-        if n == 1 or start == 0:
-            return None
-        keys = torch.arange(start + n, device=self.device)
-        queries = torch.arange(start, start + n, device=self.device).unsqueeze(1)
-        return keys <= queries
-
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:  # one call instead of two (41 against 60 us a call here, 61 calls a step)
             return F.rms_norm(x, (x.shape[-1],), weight, eps=self.eps)
@@ -414,9 +401,7 @@ class LlamaDecoder:
         mask = positions <= positions[pos:].unsqueeze(1)  # query pos + i sees keys 0 .. pos + i
         x = self.embed[tokens]  # [n, hidden]
         for i, layer in enumerate(self.layers):
-            qkv = linear(self._rms_norm(x, layer.attn_norm), layer.wqkv.packed)
-            if layer.bqkv is not None:
-                qkv = qkv + layer.bqkv
+            qkv = self._packed_qkv(layer, x)
             qk = _rotate(qkv[:, : (heads + kv) * dim].view(n, heads + kv, dim).transpose(0, 1), cos, signed_sin)
             keys, values = self.k_cache[i], self.v_cache[i]  # [1, kv, max_len, dim]
             keys[0, :, pos : pos + n] = qk[heads:]
@@ -424,11 +409,18 @@ class LlamaDecoder:
             out = F.scaled_dot_product_attention(
                 qk[:heads].unsqueeze(0), keys[:, :, : pos + n], values[:, :, : pos + n], attn_mask=mask, enable_gqa=True
             )
-            x = x + linear(out[0].transpose(0, 1).reshape(n, heads * dim), layer.wo.packed)
-            gate_up = linear(self._rms_norm(x, layer.mlp_norm), layer.w_gate_up.packed)
-            gate, up = gate_up.chunk(2, dim=-1)
-            x = x + linear(F.silu(gate) * up, layer.w_down.packed)
+            x = self._packed_mlp(layer, x + linear(out[0].transpose(0, 1).reshape(n, heads * dim), layer.wo.packed))
         return linear(self._rms_norm(x, self.final_norm), self.lm_head.packed)
+
+    def _packed_qkv(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
+        qkv = torch.ops.specwatch.packed_linear(self._rms_norm(x, layer.attn_norm), layer.wqkv.packed)
+        return qkv if layer.bqkv is None else qkv + layer.bqkv
+
+    def _packed_mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
+        """x plus the MLP of x, on the packed weights (the compiled several-row forwards)."""
+        linear = torch.ops.specwatch.packed_linear
+        gate, up = linear(self._rms_norm(x, layer.mlp_norm), layer.w_gate_up.packed).chunk(2, dim=-1)
+        return x + linear(F.silu(gate) * up, layer.w_down.packed)
 
     def _batch_layers(
         self, tokens: torch.Tensor, lanes: torch.Tensor, positions: torch.Tensor, bounds: torch.Tensor
@@ -442,16 +434,12 @@ class LlamaDecoder:
         cos, signed_sin = pool.cos[positions].unsqueeze(1), pool.sin[positions].unsqueeze(1)
         x = self.embed[tokens]  # [n, hidden]
         for i, layer in enumerate(self.layers):
-            qkv = linear(self._rms_norm(x, layer.attn_norm), layer.wqkv.packed)
-            if layer.bqkv is not None:
-                qkv = qkv + layer.bqkv
+            qkv = self._packed_qkv(layer, x)
             qk = _rotate(qkv[:, : (heads + kv) * dim].view(n, heads + kv, dim), cos, signed_sin)
             pool.k[i][lanes, :, positions] = qk[:, heads:]
             pool.v[i][lanes, :, positions] = qkv[:, (heads + kv) * dim :].view(n, kv, dim)
             out = attention(qk[:, :heads], pool.k[i], pool.v[i], bounds)
-            x = x + linear(out.reshape(n, heads * dim), layer.wo.packed)
-            gate, up = linear(self._rms_norm(x, layer.mlp_norm), layer.w_gate_up.packed).chunk(2, dim=-1)
-            x = x + linear(F.silu(gate) * up, layer.w_down.packed)
+            x = self._packed_mlp(layer, x + linear(out.reshape(n, heads * dim), layer.wo.packed))
         return linear(self._rms_norm(x, self.final_norm), self.lm_head.packed)
 
 
@@ -667,7 +655,7 @@ def forward_batch(
         start, n = decoder._len, ids.shape[0]
         if start + n > decoder.k_cache[0].shape[2]:
             raise RuntimeError(f"KV cache holds {decoder.k_cache[0].shape[2]} tokens, asked for {start + n}")
-        seqs.append(_Seq(decoder, start, start + n, offset, decoder._causal_mask(start, n)))
+        seqs.append(_Seq(decoder, start, start + n, offset, _causal_mask(start, n, decoder.device)))
         offset += n
     batch = _Batch(
         seqs, _cat([s.decoder.cos[s.start : s.end] for s in seqs]), _cat([s.decoder.sin[s.start : s.end] for s in seqs])
@@ -685,6 +673,17 @@ def forward_batch(
     for seq in seqs:
         seq.decoder._len = seq.end
     return list(logits.split(sizes))
+
+
+def _causal_mask(start: int, n: int, device: torch.device) -> torch.Tensor | None:
+    """Query i sits at position start + i and sees keys 0 .. start + i. None where no mask is
+    needed: one query sees every key, and from position 0 the kernel's own causal flag is
+    exact (and skips the masked half of the work)."""
+    if n == 1 or start == 0:
+        return None
+    keys = torch.arange(start + n, device=device)
+    queries = torch.arange(start, start + n, device=device).unsqueeze(1)
+    return keys <= queries
 
 
 def _cat(tensors: list[torch.Tensor], dim: int = 0) -> torch.Tensor:
