@@ -111,6 +111,12 @@ def _add_selector_and_memory_arguments(serve: argparse.ArgumentParser) -> None:
         help="verify each request in its own target forward (default: one batched forward per round)",
     )
     serve.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=256,
+        help="batched: prompt tokens a round feeds beside requests that decode (default 256; 0: whole prompts)",
+    )
+    serve.add_argument(
         "--memory-high",
         type=float,
         default=0.90,
@@ -331,7 +337,9 @@ def _serve_configs(args: argparse.Namespace) -> tuple:
     from engine.scheduler import SchedulerConfig
 
     policy = _options_for(PolicyConfig, args, candidates=tuple(args.candidates))
-    scheduler = SchedulerConfig(slots=args.slots, max_queue=args.max_queue, batch=args.batch)
+    scheduler = SchedulerConfig(
+        slots=args.slots, max_queue=args.max_queue, batch=args.batch, prefill_chunk=args.prefill_chunk
+    )
     guard = MemoryGuardConfig(high=args.memory_high, low=args.memory_low)
     return policy, scheduler, guard, engine_config(args)
 

@@ -11,7 +11,8 @@ cost they add, each request for the extra rows it fed. The shares add up to T, s
 time adds up to the scheduler's busy time. The curve is the engine's measured step-cost curve
 (`engine.lookahead.CostCurve`: seconds per forward against rows per request, per batch size), the one
 the cost-aware lookahead reads. Until it has measured two row counts at a batch size, a forward with
-draft rows is split by token rows instead (`split_by_rows`), and the record says so:
+draft rows is split by token rows instead (`split_by_rows`), as is a forward that also fed a new request's
+prompt chunk (the curve prices verifications, not prompts), and the record says so:
 
     device_s_source = 'engine_step_curve'  every shared forward of the request split by the curve
                       'engine'             row shares in at least one of them, or no shared forward
@@ -51,9 +52,12 @@ def split_by_step_curve(seconds: float, rows: Sequence[int], curve: CostCurve) -
     return [seconds * (base / b + marginal * (n - 1) / extra) / (base + marginal) for n in rows]
 
 
-def split_forward(seconds: float, rows: Sequence[int], curve: CostCurve) -> tuple[list[float], str]:
-    """(shares, rule): by the step-cost curve where it has measurements, else by token rows."""
-    shares = split_by_step_curve(seconds, rows, curve)
+def split_forward(
+    seconds: float, rows: Sequence[int], curve: CostCurve, prompt: bool = False
+) -> tuple[list[float], str]:
+    """(shares, rule): by the step-cost curve where it has measurements, else by token rows; by token
+    rows too where a prompt chunk was among the rows (`prompt`: the curve prices verifications only)."""
+    shares = None if prompt else split_by_step_curve(seconds, rows, curve)
     return (shares, STEP_CURVE) if shares is not None else (split_by_rows(seconds, rows), ROW_SHARES)
 
 

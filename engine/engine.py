@@ -307,25 +307,37 @@ class Run:
         return self.loop.tokens[len(self.prompt_ids) :]
 
     def prefill(self) -> str:
-        request = self.request
+        """The whole prompt in one forward, then the first token."""
         with self.engine.streams.target():
-            self.loop.prefill(
-                self.prompt_ids, request.max_tokens, request.gamma, request.sampling, self.engine.stop_ids, request.seed
-            )
-        self.ttft = time.monotonic() - self.started
-        return self._delta()
+            self.loop.prefill(self.prompt_ids, *self._loop_args())
+        return self._first_delta()
+
+    def begin(self) -> str:
+        """Start the request without a forward: the scheduler's rounds feed its prompt (`propose`)."""
+        with self.engine.streams.target():  # the target's cache is allocated (and, on CUDA, zeroed) there
+            self.loop.begin(self.prompt_ids, *self._loop_args())
+        return ""
+
+    def _loop_args(self) -> tuple:
+        request = self.request
+        return request.max_tokens, request.gamma, request.sampling, self.engine.stop_ids, request.seed
 
     def advance(self) -> str:
         """One round: draft on the draft stream, verify on the target stream (CUDA; CPU: one thread)."""
         return self.verify(self.propose())
 
     # A round split in two, so the scheduler can verify several requests in one target forward.
-    def propose(self) -> torch.Tensor:
+    def propose(self, prompt_chunk: int | None = None) -> torch.Tensor:
+        """The next prompt chunk (at most `prompt_chunk` tokens) while the prompt is not all fed, else a draft."""
         with self.engine.streams.draft():
-            return self.loop.propose()
+            return self.loop.propose(prompt_chunk)
 
     def accept(self, logits: torch.Tensor, forward_s: float, shared: bool = False) -> str:
         self.loop.accept(logits, forward_s, shared)
+        return self._first_delta() if self.ttft is None and self.loop.generated else self._delta()
+
+    def _first_delta(self) -> str:
+        self.ttft = time.monotonic() - self.started
         return self._delta()
 
     def retry_of(self, failed: Run, error: str) -> None:
@@ -344,7 +356,7 @@ class Run:
         """The target forward for this request alone, then `accept`."""
         started = time.monotonic()
         with self.engine.streams.target():
-            logits = self.slot.decoder.forward(fed)
+            logits = self.slot.decoder.forward(fed, keep=self.loop.keep)
         return self.accept(logits, time.monotonic() - started)
 
     def timed(self, step) -> str:

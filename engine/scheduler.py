@@ -1,12 +1,15 @@
 """Admission queue + N decoding slots, scheduled one round at a time.
 
 A single worker thread owns the model. Each iteration it admits queued requests
-into free slots (policy decision + prefill), then advances every active request
-by one speculative round, so a long generation never holds back another
-request's first token. In a round each request drafts on its own, then one
-target forward verifies every request's proposal together (ragged batching: the
-weights are read once for all of them; see `decoder.forward_batch`; compiled, the slots' caches
-share one `decoder.CachePool` and that forward is one graph). Text deltas and the final result are handed to the
+into free slots (policy decision), then advances every active request by one
+round, so a long generation never holds back another request's first token. In a
+round each request drafts on its own, then one target forward verifies every
+request's proposal together (ragged batching: the weights are read once for all of
+them; see `decoder.forward_batch`; compiled, the slots' caches share one
+`decoder.CachePool` and that forward is one graph). A new request's prompt rides in
+the same forward, in chunks of at most `prefill_chunk` tokens a round while other
+requests decode (whole while none does), so a long prompt does not stall their
+tokens for its whole prefill. Text deltas and the final result are handed to the
 waiting client through its asyncio loop; a client that goes away cancels its
 request at the next round. Every finished request becomes one telemetry record.
 """
@@ -38,10 +41,11 @@ class SchedulerConfig:
     slots: int = 4
     max_queue: int = 64
     batch: bool = True  # one target forward per round for all active requests (False: one each)
+    prefill_chunk: int = 256  # with batch: prompt tokens a round feeds while others decode (0: whole prompts)
 
     def __post_init__(self) -> None:
-        if self.slots < 1 or self.max_queue < 0:
-            raise ValueError("slots must be >= 1 and max_queue >= 0")
+        if self.slots < 1 or self.max_queue < 0 or self.prefill_chunk < 0:
+            raise ValueError("slots must be >= 1, max_queue >= 0 and prefill_chunk >= 0")
 
 
 class Overloaded(Exception):
@@ -196,40 +200,58 @@ class Scheduler:
             ticket.send(exc)
             return
         self._active[index] = (ticket, run)
-        self._step(index, run.prefill)
+        self._step(index, run.begin if self.config.batch else run.prefill)  # batched: rounds feed the prompt
 
     def _round(self) -> None:
-        """Every active request drafts, then one target forward verifies all the proposals."""
+        """Every active request drafts (or takes its next prompt chunk), then one target forward
+        verifies all the proposals."""
         proposals = []
         together = len(self._active) if self.config.batch else 1  # requests sharing the verify forward
+        budget = self._prompt_budget()
         for index in list(self._active):
             ticket, run = self._active[index]
             run.loop.batch = together  # the lookahead's cost curve is per batch size
             if ticket.cancelled.is_set():
                 self._finish(index, "cancelled")
-            elif (fed := self._guarded(index, "draft", run.propose)) is not None:
+                continue
+            chunk = None  # the whole prompt, or a draft
+            if run.loop.prompt_left and budget is not None:
+                if not budget:
+                    continue  # its prompt waits for a round with room
+                chunk = min(budget, run.loop.prompt_left)
+                budget -= chunk
+            if (fed := self._guarded(index, "draft", run.propose, chunk)) is not None:
                 proposals.append((index, run, fed))
         if self.config.batch and len(proposals) > 1 and self._verify_together(proposals):
             return
         for index, run, fed in proposals:  # one at a time, so a failure stays with its own request
             self._step(index, run.verify, fed)
 
+    def _prompt_budget(self) -> int | None:
+        """Prompt tokens this round may feed: all while no request decodes, else `prefill_chunk`."""
+        decoding = any(not run.loop.prompt_left for _, run in self._active.values())
+        return self.config.prefill_chunk if decoding and self.config.prefill_chunk else None
+
     def _verify_together(self, proposals: list) -> bool:
         started = time.monotonic()
+        keep = [run.loop.keep for _, run, _ in proposals]
         try:
             with self.engine.streams.target():
-                logits = forward_many([run.slot.decoder for _, run, _ in proposals], [fed for _, _, fed in proposals])
+                decoders = [run.slot.decoder for _, run, _ in proposals]
+                logits = forward_many(decoders, [fed for _, _, fed in proposals], keep)
         except Exception as exc:
             log.warning("batched forward of %d requests failed (%s); verifying them one by one", len(proposals), exc)
             return False
         forward_s = time.monotonic() - started
         self.busy.target_s += forward_s
         rows = [len(fed) for _, _, fed in proposals]
-        shares, rule = split_forward(forward_s, rows, self.engine.step_costs)  # the curve as it stood
+        prompt = any(keep)  # a prompt chunk rode along: not a verification the cost curve prices
+        shares, rule = split_forward(forward_s, rows, self.engine.step_costs, prompt)  # the curve as it stood
         for (_, run, _), share in zip(proposals, shares):  # before any accept can finish its request
             run.device_s += share
             run.split_rules.add(rule)
-        self.engine.step_costs.observe(len(rows), sum(rows) / len(rows), forward_s)
+        if not prompt:
+            self.engine.step_costs.observe(len(rows), sum(rows) / len(rows), forward_s)
         for (index, run, _), row_logits in zip(proposals, logits):
             self._step(index, run.accept, row_logits, forward_s, True)
         return True

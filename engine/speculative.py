@@ -133,6 +133,7 @@ class SpeculativeDecoder:
         self.device = torch.device(device)
         self.stats = DecodeStats(gamma=0)
         self.tokens: list[int] = []
+        self.generated = self.prompt_fed = self._chunk = 0  # see `begin`
         self.finished = False
 
     def prefill(
@@ -144,7 +145,23 @@ class SpeculativeDecoder:
         stop_ids: frozenset[int] = frozenset(),
         seed: int | None = None,
     ) -> list[int]:
-        """Process the prompt; returns the first generated token."""
+        """Process the prompt in one forward; returns the first generated token."""
+        self.begin(prompt, max_new_tokens, gamma, params, stop_ids, seed)
+        start = time.monotonic()
+        logits = self.target.forward(self.propose(), keep=1)
+        return self.accept(logits, time.monotonic() - start)
+
+    def begin(
+        self,
+        prompt: list[int],
+        max_new_tokens: int,
+        gamma: int,
+        params: SamplingParams,
+        stop_ids: frozenset[int] = frozenset(),
+        seed: int | None = None,
+    ) -> None:
+        """Start a request: the first rounds then feed its prompt (`propose`, in chunks where asked),
+        the round after the last chunk commits the first generated token."""
         if not prompt:
             raise ValueError("the prompt holds no tokens")
         if max_new_tokens < 1:
@@ -165,21 +182,35 @@ class SpeculativeDecoder:
         self.target.reset(max_len)
         if self.drafter is not None:
             self.drafter.begin(max_len)
-        start = time.monotonic()
-        logits = self.target.forward(torch.tensor(prompt, device=self.device), keep=1)
-        first = self._choose(logits[-1])
-        self.stats.prefill_s = time.monotonic() - start
-        return self._commit([first], drafted=0, accepted=0)
+        self.prompt_fed = 0  # prompt tokens in the target's cache
+        self._chunk = 0  # prompt tokens in the proposal the target is running (0: a draft's proposal)
 
-    def propose(self) -> torch.Tensor:
-        """A round's first half: the tokens the target must see, [last committed, *draft].
+    @property
+    def prompt_left(self) -> int:
+        """Prompt tokens the target has yet to see (the first token comes after the last of them)."""
+        return len(self.tokens) - self.prompt_fed if not self.generated else 0
+
+    @property
+    def keep(self) -> int:
+        """Rows of logits the current proposal needs: the last one for a prompt chunk, else all (0)."""
+        return 1 if self._chunk else 0
+
+    def propose(self, prompt_chunk: int | None = None) -> torch.Tensor:
+        """A round's first half: the tokens the target must see. While the prompt is not all fed,
+        its next `prompt_chunk` tokens (all that are left by default); then [last committed, *draft].
         The scheduler feeds several requests' proposals to one batched target forward."""
+        if self.prompt_left:
+            self._chunk = min(self.prompt_left, prompt_chunk or self.prompt_left)
+            return torch.tensor(self.tokens[self.prompt_fed : self.prompt_fed + self._chunk], device=self.device)
         self._draft_tokens, self._draft_probs = self._draft(self._next_lookahead())
         return torch.tensor([self.tokens[-1], *self._draft_tokens], device=self.device)
 
     def accept(self, logits: torch.Tensor, forward_s: float, shared: bool = False) -> list[int]:
         """A round's second half: verify the draft against the target's `logits` for the proposal, commit.
-        `shared`: the forward also verified other requests; its caller adds it to the cost curve, once."""
+        `shared`: the forward also verified other requests; its caller adds it to the cost curve, once.
+        After a prompt chunk: nothing to commit until the last one, whose last row gives the first token."""
+        if self._chunk:
+            return self._accept_prompt(logits, forward_s)
         draft = self._draft_tokens
         start = time.monotonic()
         accepted, next_token = self._verify(logits, draft, self._draft_probs)
@@ -192,6 +223,17 @@ class SpeculativeDecoder:
         predicted = sum(self.drafter.confidence[: len(draft)]) if self.trims_drafts else None
         self.model.observe_round(len(draft), accepted, 1, alone, self._round_draft_s, predicted)
         return self._commit([*draft[:accepted], next_token], drafted=len(draft), accepted=accepted)
+
+    def _accept_prompt(self, logits: torch.Tensor, forward_s: float) -> list[int]:
+        self.prompt_fed += self._chunk
+        self._chunk = 0
+        self.stats.prefill_s += forward_s
+        if self.prompt_left:
+            return []
+        start = time.monotonic()
+        first = self._choose(logits[-1])
+        self.stats.prefill_s += time.monotonic() - start
+        return self._commit([first], drafted=0, accepted=0)
 
     def _next_lookahead(self) -> int:
         """Tokens to ask the drafter for this round (0: a plain step); recorded in the stats."""

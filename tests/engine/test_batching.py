@@ -30,9 +30,9 @@ def batch_sizes(monkeypatch) -> list[int]:
     sizes: list[int] = []
     real = scheduler_module.forward_many
 
-    def spy(decoders, tokens):
+    def spy(decoders, tokens, keep=None):
         sizes.append(len(decoders))
-        return real(decoders, tokens)
+        return real(decoders, tokens, keep)
 
     monkeypatch.setattr(scheduler_module, "forward_many", spy)
     return sizes
@@ -57,8 +57,8 @@ def run_concurrently(engine, config: SchedulerConfig) -> tuple[list[str], list]:
     return texts, server.records
 
 
-def solo(engine, prompt: str) -> str:
-    return engine.generate(GenerateRequest(prompt=prompt, max_tokens=40, drafter=None)).text
+def solo(engine, prompt: str, max_tokens: int = 40) -> str:
+    return engine.generate(GenerateRequest(prompt=prompt, max_tokens=max_tokens, drafter=None)).text
 
 
 def test_batched_rounds_give_each_request_its_plain_greedy_text(bundled_engine, batch_sizes):
@@ -71,7 +71,7 @@ def test_batched_rounds_give_each_request_its_plain_greedy_text(bundled_engine, 
 def test_a_failed_batched_forward_falls_back_to_one_forward_per_request(bundled_engine, monkeypatch):
     calls = []
 
-    def failing(decoders, tokens):
+    def failing(decoders, tokens, keep=None):
         calls.append(len(decoders))
         raise RuntimeError("simulated failure of the shared forward")
 
@@ -80,6 +80,47 @@ def test_a_failed_batched_forward_falls_back_to_one_forward_per_request(bundled_
     assert calls, "the batched path was never tried"
     assert texts == [solo(bundled_engine, prompt) for prompt, _ in PROMPTS]
     assert all(r.status == "ok" and r.retries == 0 and r.error is None for r in records)
+
+
+LONG_PROMPT = (
+    "Read the notes, then answer. Notes: the collector stores one record per request; rollups run each minute; "
+    "alerts read the rollups; the gateway proxies to vLLM and records what it scraped. Question: which part "
+    "reads the rollups, and how often are they computed?"
+)
+
+
+def test_a_prompt_arriving_mid_generation_rides_in_chunks_beside_the_decoding_request(bundled_engine, monkeypatch):
+    """While one request decodes, a new one's prompt is fed `prefill_chunk` tokens a round in the same
+    forward (its last row's logits kept): both texts stay what each would be alone."""
+    forwards: list[tuple[list[int], list[int]]] = []  # (rows, keep) of every batched forward
+    real = scheduler_module.forward_many
+
+    def spy(decoders, tokens, keep=None):
+        forwards.append(([len(t) for t in tokens], list(keep)))
+        return real(decoders, tokens, keep)
+
+    monkeypatch.setattr(scheduler_module, "forward_many", spy)
+    with BackgroundServer(bundled_engine, SchedulerConfig(slots=2, prefill_chunk=8), ALWAYS_SPECULATE) as server:
+        client = server.client()
+        first = client.completions.create(
+            model=None, prompt=PROMPTS[1][0], max_tokens=48, temperature=0, stream=True, extra_body={"drafter": "none"}
+        )
+        pieces = [next(iter(first)).choices[0].text]  # it decodes now
+        with ThreadPoolExecutor(1) as pool:
+            second = pool.submit(
+                lambda: client.completions.create(
+                    model=None, prompt=LONG_PROMPT, max_tokens=16, temperature=0, extra_body={"drafter": "none"}
+                )
+            )
+            pieces += [chunk.choices[0].text for chunk in first]
+            late = second.result().choices[0].text
+    chunked = [(rows, keep) for rows, keep in forwards if 1 in keep and 0 in keep]
+    assert len(chunked) >= 3, f"the prompt never rode in chunks beside the decoding request: {forwards}"
+    assert all(rows[keep.index(1)] <= 8 for rows, keep in chunked)
+    assert "".join(pieces) == solo(bundled_engine, PROMPTS[1][0], 48)
+    assert late == solo(bundled_engine, LONG_PROMPT, 16)
+    late_record = max(server.records, key=lambda r: r.prompt_tokens)
+    assert late_record.ttft_s is not None and late_record.device_s_source == "engine"  # its chunks split by rows
 
 
 def test_batching_can_be_switched_off(bundled_engine, batch_sizes):

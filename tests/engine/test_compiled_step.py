@@ -135,6 +135,35 @@ def test_pooled_slots_verify_together_as_eager_does_without_recompiling(model):
         torch.testing.assert_close(slots[2].forward(fed[0][:1]), eager[2].forward(fed[0][:1]), rtol=1e-4, atol=1e-4)
 
 
+def test_pooled_rounds_feed_a_prompt_in_chunks_beside_decoding_lanes_as_eager_does(model):
+    """A new request's prompt in chunks (from position 0, then mid-prompt; its last row's logits kept) in
+    the compiled forward of the other lanes' rows: the eager ragged batch's logits, no recompile, and the
+    last chunk's row is what the whole prompt prefilled alone gives."""
+    slots, eager = compiled_slots(model, 3), [LlamaDecoder(model) for _ in range(3)]
+    warm_up(slots[0])
+    pool_caches(slots)
+    draws = torch.Generator().manual_seed(13)
+    for lane in (0, 1):
+        prompt = torch.randint(0, 256, (9 + lane,), generator=draws)
+        for decoder in (slots[lane], eager[lane]):
+            decoder.reset(96)
+            decoder.forward(prompt, keep=1)
+    slots[2].reset(96), eager[2].reset(96)
+    long_prompt = torch.randint(0, 256, (40,), generator=draws)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for chunk in (long_prompt[:16], long_prompt[16:31], long_prompt[31:]):
+            fed = [torch.randint(0, 256, (1,), generator=draws), torch.randint(0, 256, (3,), generator=draws), chunk]
+            want = forward_batch(eager, fed, [0, 0, 1])
+            got = forward_batch(slots, fed, [0, 0, 1])
+            assert [g.shape[0] for g in got] == [1, 3, 1]
+            for a, b in zip(got, want):
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    alone = LlamaDecoder(model)
+    alone.reset(96)
+    torch.testing.assert_close(got[2], alone.forward(long_prompt, keep=1), rtol=1e-4, atol=1e-4)
+    assert [d.length for d in slots] == [9 + 3, 10 + 3 * 3, 40]
+
+
 def test_a_pooled_forward_past_a_lanes_room_fails_whole(model):
     slots = compiled_slots(model, 3)
     warm_up(slots[0])
@@ -149,8 +178,13 @@ def test_a_pooled_forward_past_a_lanes_room_fails_whole(model):
 
 @pytest.mark.parametrize(
     "seqs",
-    [[(0, 30, 1), (1, 28, 1), (2, 31, 1)], [(2, 200, 3), (0, 10, 1), (1, 5, 4)]],
-    ids=["alike-padded-into-one-call", "unlike-one-call-each"],
+    [
+        [(0, 30, 1), (1, 28, 1), (2, 31, 1)],
+        [(2, 200, 3), (0, 10, 1), (1, 5, 4)],
+        [(1, 0, 6), (0, 40, 1), (2, 12, 9)],
+        [(0, 0, 3), (3, 0, 3)],
+    ],
+    ids=["alike-padded-into-one-call", "unlike-one-call-each", "prompt-chunk-beside-rows", "prompts-padded"],
 )
 def test_lane_attention_is_softmax_attention_over_each_rows_own_prefix(seqs):
     heads, kv, dim = 4, 2, 8

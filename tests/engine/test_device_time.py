@@ -139,6 +139,11 @@ def test_draft_rows_are_split_by_rows_until_the_curve_has_measured_them():
     assert rule == ROW_SHARES and shares[0] == pytest.approx(0.5)
 
 
+def test_a_forward_that_fed_a_prompt_chunk_is_split_by_rows_even_where_the_curve_has_measured():
+    shares, rule = split_forward(1.0, [1, 1, 1, 1, 1, 1, 1, 249], measured_at_eight(0.100, 0.110), prompt=True)
+    assert rule == ROW_SHARES and shares == pytest.approx([1 / 256] * 7 + [249 / 256])
+
+
 def test_a_curve_that_reads_draft_rows_as_free_charges_them_nothing():
     shares = split_by_step_curve(0.8, [5, 1, 1, 1, 1, 1, 1, 1], measured_at_eight(0.100, 0.095))  # noise
     assert shares == pytest.approx([0.1] * 8)
@@ -156,6 +161,7 @@ class Split:
     rows: list[int]
     shares: list[float]
     rule: str
+    prompt: bool  # a new request's prompt (chunk) rode in the forward
     base: float  # the curve's seconds for this batch with one row per request
     whole: float  # ... with these rows (at least base)
 
@@ -166,10 +172,10 @@ def splits(monkeypatch) -> list[Split]:
     seen: list[Split] = []
     real = scheduler_module.split_forward
 
-    def spy(seconds, rows, curve):
+    def spy(seconds, rows, curve, prompt=False):
         base, whole = curve.cost(len(rows), 1.0), curve.cost(len(rows), sum(rows) / len(rows))
-        shares, rule = real(seconds, rows, curve)
-        seen.append(Split(seconds, list(rows), shares, rule, base, max(whole, base)))
+        shares, rule = real(seconds, rows, curve, prompt)
+        seen.append(Split(seconds, list(rows), shares, rule, prompt, base, max(whole, base)))
         return shares, rule
 
     monkeypatch.setattr(scheduler_module, "split_forward", spy)
@@ -190,8 +196,10 @@ def test_a_speculative_request_among_seven_plain_pays_its_plain_share_plus_the_m
     splits.clear()
     spec, *plain = [result.record for result in serve(eight_slots(bundled_engine), mix)]
     assert spec.mode == "speculative" and spec.num_accepted_tokens > 0 and {r.mode for r in plain} == {"autoregressive"}
-    mixed = [s for s in splits if max(s.rows) > 1]  # only the speculative request feeds draft rows
-    assert len(mixed) >= 3 and {s.rule for s in mixed} == {STEP_CURVE} and spec.device_s_source == STEP_CURVE
+    # prompts that rode in a shared forward are split by rows; of the rest only the speculative request feeds draft rows
+    assert all(s.rule == ROW_SHARES for s in splits if s.prompt)
+    mixed = [s for s in splits if max(s.rows) > 1 and not s.prompt]
+    assert len(mixed) >= 3 and {s.rule for s in mixed} == {STEP_CURVE}
     by_curve = by_rows = 0.0
     for s in mixed:
         b, i, total = len(s.rows), s.rows.index(max(s.rows)), sum(s.rows)
