@@ -113,8 +113,9 @@ def _add_selector_and_memory_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument(
         "--prefill-chunk",
         type=int,
-        default=256,
-        help="batched: prompt tokens a round feeds beside requests that decode (default 256; 0: whole prompts)",
+        default=0,
+        help="batched: at most N prompt tokens a round beside requests that decode, so that a long prompt "
+        "stalls them for less at a time, at some throughput (default 0: whole prompts)",
     )
     serve.add_argument(
         "--memory-high",

@@ -423,18 +423,12 @@ class LlamaDecoder:
         return x + linear(F.silu(gate) * up, layer.w_down.packed)
 
     def _batch_layers(
-        self,
-        tokens: torch.Tensor,
-        lanes: torch.Tensor,
-        positions: torch.Tensor,
-        bounds: torch.Tensor,
-        kept: torch.Tensor,
+        self, tokens: torch.Tensor, lanes: torch.Tensor, positions: torch.Tensor, bounds: torch.Tensor
     ) -> torch.Tensor:
         """`_rows_layers` for the rows of several sequences, each in its own lane of `self.pool`:
         row r goes to lane lanes[r] at cache position positions[r]; `bounds` holds each sequence's
         (lane, first position, rows), its rows consecutive in that order. The products take every
-        row at once; attention runs per sequence on its own prefix (`specwatch::lane_attention`).
-        Logits for the rows in `kept` only (a prompt chunk needs its last row at most)."""
+        row at once; attention runs per sequence on its own prefix (`specwatch::lane_attention`)."""
         heads, kv, dim, n = self.n_heads, self.n_kv, self.head_dim, tokens.shape[0]
         linear, attention, pool = torch.ops.specwatch.packed_linear, torch.ops.specwatch.lane_attention, self.pool
         cos, signed_sin = pool.cos[positions].unsqueeze(1), pool.sin[positions].unsqueeze(1)
@@ -446,7 +440,7 @@ class LlamaDecoder:
             pool.v[i][lanes, :, positions] = qkv[:, (heads + kv) * dim :].view(n, kv, dim)
             out = attention(qk[:, :heads], pool.k[i], pool.v[i], bounds)
             x = self._packed_mlp(layer, x + linear(out.reshape(n, heads * dim), layer.wo.packed))
-        return linear(self._rms_norm(x[kept], self.final_norm), self.lm_head.packed)
+        return linear(self._rms_norm(x, self.final_norm), self.lm_head.packed)
 
 
 class CachePool:
@@ -493,28 +487,24 @@ class CachePool:
         """Whether `decoders` are distinct lanes of this pool."""
         return all(d.pool is self for d in decoders) and len({d.lane for d in decoders}) == len(decoders)
 
-    def forward(
-        self, decoders: Sequence[LlamaDecoder], tokens: Sequence[torch.Tensor], keep: Sequence[int]
-    ) -> list[torch.Tensor]:
-        """`forward_batch` in one compiled graph."""
-        lanes, positions, bounds, kept, sizes = [], [], [], [], []
-        for decoder, ids, k in zip(decoders, tokens, keep):
+    def forward(self, decoders: Sequence[LlamaDecoder], tokens: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """`forward_batch` (no `keep`, every sequence after a prefix) in one compiled graph."""
+        lanes, positions, bounds = [], [], []
+        for decoder, ids in zip(decoders, tokens):
             start, n = decoder._len, ids.shape[0]
             if start + n > self.max_len:
                 raise RuntimeError(f"KV cache holds {self.max_len} tokens, asked for {start + n}")
-            kept += range(len(lanes) + (n - k if k else 0), len(lanes) + n)
-            sizes.append(k or n)
             lanes += [decoder.lane] * n
             positions += range(start, start + n)
             bounds.append((decoder.lane, start, n))
         index = functools.partial(torch.tensor, dtype=torch.long, device=decoders[0].device)
         with torch.inference_mode():
             logits = _compiled_batch()(
-                decoders[0], torch.cat(list(tokens)), index(lanes), index(positions), torch.tensor(bounds), index(kept)
+                decoders[0], torch.cat(list(tokens)), index(lanes), index(positions), torch.tensor(bounds)
             )
         for decoder, ids in zip(decoders, tokens):
             decoder._len += ids.shape[0]
-        return list(logits.split(sizes))
+        return list(logits.split([ids.shape[0] for ids in tokens]))
 
 
 def _lane(pool: torch.Tensor, lane: int) -> torch.Tensor:
@@ -594,16 +584,15 @@ def pool_caches(decoders: Sequence[LlamaDecoder]) -> float:
     )
     started = time.monotonic()
     # scratch lanes and sizes unlike each other and any model's head counts, so that no size is
-    # specialised (see `warm_up`): 7 sequences in lanes up to 10 of 13, first their prompts (175 rows,
-    # 11 of them kept), then 29 rows after them, then one row each (the same graph: equal sizes still
-    # fit one compiled for unequal ones)
+    # specialised (see `warm_up`): 7 sequences in lanes up to 10 of 13, 29 rows, then one row each
+    # (the same graph: equal sizes still fit one compiled for unequal ones)
     scratch = [copy.copy(decoders[0]) for _ in range(13)]
     CachePool(scratch)
     zeros = functools.partial(torch.zeros, dtype=torch.long, device=decoders[0].device)
     lanes = [scratch[i] for i in (0, 2, 3, 5, 7, 8, 10)]
     for lane in lanes:
         lane.reset(53)
-    forward_batch(lanes, [zeros(20 + lane.lane) for lane in lanes], [1] * 6 + [5])
+        lane.forward(zeros(20 + lane.lane), keep=1)
     forward_batch(lanes, [zeros(n) for n in (1, 2, 3, 1, 2, 17, 3)], [0] * len(lanes))
     forward_batch(lanes, [zeros(1)] * len(lanes), [0] * len(lanes))
     seconds = time.monotonic() - started
@@ -659,11 +648,14 @@ def forward_batch(
     lead, seqs, offset = decoders[0], [], 0
     if len(decoders) == 1 and tokens[0].shape[0] == 1 and lead.steps_alone:
         return [lead._step(tokens[0])]
-    if lead.compiled and lead.packed:
-        if len(decoders) == 1 and lead._len > 0 and not keep[0]:
+    # a prompt (keep > 0) goes eager: from position 0 it takes the kernel's causal flag and other
+    # sequences' rows ride along nearly free (1,254 prompt tokens beside 7 rows: 2.2-2.4 s eager, as
+    # much as the prompt alone, against 2.75 s in the pooled graph on the 2-core AVX2 machine)
+    if lead.compiled and lead.packed and all(d._len > 0 for d in decoders) and not any(keep):
+        if len(decoders) == 1:
             return [lead._rows(tokens[0])]  # a verification: several rows after a prefix
-        if len(decoders) > 1 and lead.pool is not None and lead.pool.holds(decoders):
-            return lead.pool.forward(decoders, tokens, keep)  # prompt chunks among them too
+        if lead.pool is not None and lead.pool.holds(decoders):
+            return lead.pool.forward(decoders, tokens)
     for decoder, ids in zip(decoders, tokens):
         start, n = decoder._len, ids.shape[0]
         if start + n > decoder.k_cache[0].shape[2]:

@@ -1,15 +1,15 @@
 """Admission queue + N decoding slots, scheduled one round at a time.
 
 A single worker thread owns the model. Each iteration it admits queued requests
-into free slots (policy decision), then advances every active request by one
-round, so a long generation never holds back another request's first token. In a
-round each request drafts on its own, then one target forward verifies every
-request's proposal together (ragged batching: the weights are read once for all of
-them; see `decoder.forward_batch`; compiled, the slots' caches share one
-`decoder.CachePool` and that forward is one graph). A new request's prompt rides in
-the same forward, in chunks of at most `prefill_chunk` tokens a round while other
-requests decode (whole while none does), so a long prompt does not stall their
-tokens for its whole prefill. Text deltas and the final result are handed to the
+into free slots (policy decision + prefill), then advances every active request
+by one speculative round, so a long generation never holds back another
+request's first token. In a round each request drafts on its own, then one
+target forward verifies every request's proposal together (ragged batching: the
+weights are read once for all of them; see `decoder.forward_batch`; compiled, the slots' caches
+share one `decoder.CachePool` and that forward is one graph). With `prefill_chunk` N a new
+request's prompt is not prefilled at admission but rides in the rounds' forwards instead, at most
+N tokens a round while other requests decode, so that a long prompt stalls their tokens for less
+at a time (at some throughput: see the field). Text deltas and the final result are handed to the
 waiting client through its asyncio loop; a client that goes away cancels its
 request at the next round. Every finished request becomes one telemetry record.
 """
@@ -41,7 +41,12 @@ class SchedulerConfig:
     slots: int = 4
     max_queue: int = 64
     batch: bool = True  # one target forward per round for all active requests (False: one each)
-    prefill_chunk: int = 256  # with batch: prompt tokens a round feeds while others decode (0: whole prompts)
+    # with batch: prompt tokens a round feeds beside decoding requests (0: each prompt whole, at admission).
+    # On the 2-core AVX2 machine 1,254 prompt tokens beside 7 decoding rows took 2.2-2.4 s in one forward
+    # (the others' longest wait for a token), 0.5-0.7 s a chunk of 256, 2.9-3.0 s in all; in a closed loop
+    # of 4 and 8 clients (bench/vs_vllm.py's prompts, compiled) chunks of 256 gave 0.95x and 0.93x the
+    # tokens/s; whole prompts riding in the round's forward 0.98x and 1.00x the prefill at admission
+    prefill_chunk: int = 0
 
     def __post_init__(self) -> None:
         if self.slots < 1 or self.max_queue < 0 or self.prefill_chunk < 0:
@@ -200,7 +205,8 @@ class Scheduler:
             ticket.send(exc)
             return
         self._active[index] = (ticket, run)
-        self._step(index, run.begin if self.config.batch else run.prefill)  # batched: rounds feed the prompt
+        chunked = self.config.batch and self.config.prefill_chunk
+        self._step(index, run.begin if chunked else run.prefill)  # chunked: the rounds feed its prompt
 
     def _round(self) -> None:
         """Every active request drafts (or takes its next prompt chunk), then one target forward
@@ -228,7 +234,7 @@ class Scheduler:
             self._step(index, run.verify, fed)
 
     def _prompt_budget(self) -> int | None:
-        """Prompt tokens this round may feed: all while no request decodes, else `prefill_chunk`."""
+        """Prompt tokens this round may feed: all (None) while no request decodes, else `prefill_chunk`."""
         decoding = any(not run.loop.prompt_left for _, run in self._active.values())
         return self.config.prefill_chunk if decoding and self.config.prefill_chunk else None
 

@@ -135,10 +135,11 @@ def test_pooled_slots_verify_together_as_eager_does_without_recompiling(model):
         torch.testing.assert_close(slots[2].forward(fed[0][:1]), eager[2].forward(fed[0][:1]), rtol=1e-4, atol=1e-4)
 
 
-def test_pooled_rounds_feed_a_prompt_in_chunks_beside_decoding_lanes_as_eager_does(model):
+def test_a_prompt_fed_in_chunks_beside_pooled_lanes_gives_what_the_whole_prompt_alone_gives(model):
     """A new request's prompt in chunks (from position 0, then mid-prompt; its last row's logits kept) in
-    the compiled forward of the other lanes' rows: the eager ragged batch's logits, no recompile, and the
-    last chunk's row is what the whole prompt prefilled alone gives."""
+    one forward with the rows of other lanes of the pool (eager: a prompt takes the eager ragged batch):
+    the logits of decoders with caches of their own, no recompile, and the last chunk's row is what the
+    whole prompt prefilled alone gives."""
     slots, eager = compiled_slots(model, 3), [LlamaDecoder(model) for _ in range(3)]
     warm_up(slots[0])
     pool_caches(slots)
