@@ -136,17 +136,9 @@ class SpeculativeDecoder:
         self.generated = self.prompt_fed = self._chunk = 0  # see `begin`
         self.finished = False
 
-    def prefill(
-        self,
-        prompt: list[int],
-        max_new_tokens: int,
-        gamma: int,
-        params: SamplingParams,
-        stop_ids: frozenset[int] = frozenset(),
-        seed: int | None = None,
-    ) -> list[int]:
-        """Process the prompt in one forward; returns the first generated token."""
-        self.begin(prompt, max_new_tokens, gamma, params, stop_ids, seed)
+    def prefill(self, *request, **options) -> list[int]:
+        """`begin(*request, **options)`, then the whole prompt in one forward; returns the first generated token."""
+        self.begin(*request, **options)
         start = time.monotonic()
         logits = self.target.forward(self.propose(), keep=1)
         return self.accept(logits, time.monotonic() - start)
