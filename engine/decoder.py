@@ -269,6 +269,9 @@ class LlamaDecoder:
         )
         self._len = 0
         self.steps_alone = self.lm_head.by_columns is not None  # a single row has its own step (`_step`)
+        # torch.compile can take its forwards after a prefix (EngineConfig.compile): float32 on a CPU
+        # (the single-row step) or wherever the weights are packed for oneDNN (the several-row graphs)
+        self.compilable = self.steps_alone or self.packed
         self.compiled = False  # ...run through torch.compile (set by the engine: EngineConfig.compile)
         self.k_cache: list[torch.Tensor] = []
         self.v_cache: list[torch.Tensor] = []
@@ -404,11 +407,15 @@ class LlamaDecoder:
             qkv = self._packed_qkv(layer, x)
             qk = _rotate(qkv[:, : (heads + kv) * dim].view(n, heads + kv, dim).transpose(0, 1), cos, signed_sin)
             keys, values = self.k_cache[i], self.v_cache[i]  # [1, kv, max_len, dim]
-            keys[0, :, pos : pos + n] = qk[heads:]
-            values[0, :, pos : pos + n] = qkv[:, (heads + kv) * dim :].view(n, kv, dim).transpose(0, 1)
+            keys[0, :, pos : pos + n] = qk[heads:].to(keys.dtype)
+            values[0, :, pos : pos + n] = qkv[:, (heads + kv) * dim :].view(n, kv, dim).transpose(0, 1).to(keys.dtype)
             out = F.scaled_dot_product_attention(
-                qk[:heads].unsqueeze(0), keys[:, :, : pos + n], values[:, :, : pos + n], attn_mask=mask, enable_gqa=True
-            )
+                qk[:heads].unsqueeze(0).to(keys.dtype),
+                keys[:, :, : pos + n],
+                values[:, :, : pos + n],
+                attn_mask=mask,
+                enable_gqa=True,
+            ).to(x.dtype)
             x = self._packed_mlp(layer, x + linear(out[0].transpose(0, 1).reshape(n, heads * dim), layer.wo.packed))
         return linear(self._rms_norm(x, self.final_norm), self.lm_head.packed)
 
@@ -436,9 +443,9 @@ class LlamaDecoder:
         for i, layer in enumerate(self.layers):
             qkv = self._packed_qkv(layer, x)
             qk = _rotate(qkv[:, : (heads + kv) * dim].view(n, heads + kv, dim), cos, signed_sin)
-            pool.k[i][lanes, :, positions] = qk[:, heads:]
-            pool.v[i][lanes, :, positions] = qkv[:, (heads + kv) * dim :].view(n, kv, dim)
-            out = attention(qk[:, :heads], pool.k[i], pool.v[i], bounds)
+            pool.k[i][lanes, :, positions] = qk[:, heads:].to(pool.k[i].dtype)
+            pool.v[i][lanes, :, positions] = qkv[:, (heads + kv) * dim :].view(n, kv, dim).to(pool.v[i].dtype)
+            out = attention(qk[:, :heads].to(pool.k[i].dtype), pool.k[i], pool.v[i], bounds).to(x.dtype)
             x = self._packed_mlp(layer, x + linear(out.reshape(n, heads * dim), layer.wo.packed))
         return linear(self._rms_norm(x, self.final_norm), self.lm_head.packed)
 

@@ -43,7 +43,7 @@ class EngineConfig:
     memory_fraction: float = 0.8  # CUDA: cap of the caching allocator (set_per_process_memory_fraction)
     max_prompt_tokens: int | None = None  # None: what the model's context leaves after max_tokens
     lookahead: str = DEFAULT_LOOKAHEAD  # how each round's draft length is chosen (engine/speculative.py)
-    compile: bool = False  # float32 on a CPU: decode step and verification through torch.compile (engine/decoder.py)
+    compile: bool = False  # CPU, float32 or bf16 packed for oneDNN: forwards after a prefix through torch.compile
 
     def __post_init__(self) -> None:
         check_memory_fraction(self.memory_fraction)
@@ -104,7 +104,7 @@ class Slot:
 
     def __init__(self, engine: Engine) -> None:
         self.decoder = make_decoder(engine.target.model)
-        if engine.config.compile and getattr(self.decoder, "steps_alone", False):
+        if engine.config.compile and getattr(self.decoder, "compilable", False):
             self.decoder.compiled = True
         self.drafters: dict[str, Drafter] = {}
 
@@ -144,8 +144,9 @@ class Engine:
     def _compile(self) -> float:
         if not getattr(self.default_slot.decoder, "compiled", False):
             raise ValueError(
-                "compile: the compiled decode step is the Llama fast path's float32 CPU step; this engine runs "
-                f"{self.target.dtype} on {self.target.device} with {type(self.default_slot.decoder).__name__}"
+                "compile: the compiled forwards are the Llama fast path's on a CPU, in float32 or in bfloat16 "
+                f"where oneDNN packs its weights; this engine runs {self.target.dtype} on {self.target.device} "
+                f"with {type(self.default_slot.decoder).__name__}"
             )
         try:
             return warm_up(self.default_slot.decoder)

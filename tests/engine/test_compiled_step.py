@@ -4,11 +4,13 @@ decoder over the same model."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch._dynamo
 
-from engine.decoder import LlamaDecoder, forward_batch, pool_caches, warm_up
+from engine.decoder import LlamaDecoder, cpu_prepack, forward_batch, pool_caches, warm_up
 from tests.engine.conftest import tiny_llama
 
 
@@ -95,11 +97,21 @@ def compiled_slots(model, count: int) -> list[LlamaDecoder]:
     return slots
 
 
-def test_pooled_slots_verify_together_as_eager_does_without_recompiling(model):
+# bf16: the compiled kernels round once where eager rounds after every op, hence the looser bound
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 1e-2}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pooled_slots_verify_together_as_eager_does_without_recompiling(model, dtype):
     """A server's slots in one cache pool: every round's rows (any lanes, any row counts, after
     rejections, across a pool that grows mid-request) in one compiled forward, per sequence the
-    logits of the eager ragged batch over caches of their own."""
+    logits of the eager ragged batch over caches of their own. In bf16 (no single-row step: one row
+    takes the several-row graph) as in float32."""
+    if not cpu_prepack(dtype):
+        pytest.skip(f"this torch build or CPU packs no {dtype} weights for oneDNN (nothing to compile)")
+    model = copy.deepcopy(model).to(dtype)
     slots, eager = compiled_slots(model, 4), [LlamaDecoder(model) for _ in range(4)]
+    assert all(slot.compilable for slot in slots)
     warm_up(slots[0])
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     assert pool_caches(slots) > 0
@@ -125,14 +137,17 @@ def test_pooled_slots_verify_together_as_eager_does_without_recompiling(model):
             got = forward_batch([slots[i] for i in lanes], fed, [0] * len(lanes))
             for a, b, n in zip(got, want, rows):
                 assert a.shape == (n, model.config.vocab_size)
-                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
-                assert torch.equal(a.argmax(-1), b.argmax(-1))
+                torch.testing.assert_close(a, b, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+                assert dtype != torch.float32 or torch.equal(a.argmax(-1), b.argmax(-1))
             for i, n in zip(lanes, rows):  # a rejection keeps about half of each lane's rows
                 for decoder in (slots[i], eager[i]):
                     decoder.crop(decoder.length - n + (n + 1) // 2)
             assert [d.length for d in slots] == [d.length for d in eager]
         # a lane on its own still takes the compiled step and rows, over its share of the pool
-        torch.testing.assert_close(slots[2].forward(fed[0][:1]), eager[2].forward(fed[0][:1]), rtol=1e-4, atol=1e-4)
+        tolerance = TOLERANCE[dtype]
+        torch.testing.assert_close(
+            slots[2].forward(fed[0][:1]), eager[2].forward(fed[0][:1]), rtol=tolerance, atol=tolerance
+        )
 
 
 def test_a_prompt_fed_in_chunks_beside_pooled_lanes_gives_what_the_whole_prompt_alone_gives(model):

@@ -127,7 +127,7 @@ def test_cli_generate_prints_text_and_record(bundled_engine):
         (["--model", "/does/not/exist"], "model not found: /does/not/exist"),
         (["--temperature", "-2"], "temperature"),
         (["--max-tokens", "0"], "max_tokens"),
-        (["--compile", "--dtype", "bfloat16"], "the compiled decode step is the Llama fast path's float32 CPU step"),
+        (["--compile", "--dtype", "float16"], "the compiled forwards are the Llama fast path's on a CPU"),
     ],
 )
 def test_cli_bad_input_exits_2_with_a_message(args, message):
