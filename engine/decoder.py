@@ -17,7 +17,9 @@ values, and can `crop` its cache back to a prefix after a rejected draft.
   native bf16) with the fewest kernels a layer, and can run through torch.compile as one graph
   (`EngineConfig.compile`); so can the several rows of one sequence after its prefix (a
   verification, `LlamaDecoder._rows`), on the packed weights: 1.16-1.27x the eager forward
-  for 2-9 rows at 300 tokens of context (2 threads, A/B in one process).
+  for 2-9 rows at 300 tokens of context (2 threads, A/B in one process), and a whole prompt
+  (`LlamaDecoder._prompt`). In bf16 (weights packed, no single-row step) one row takes the
+  several-row graph too.
 - `HFDecoder` runs any other causal LM through transformers with a `DynamicCache`.
 """
 
@@ -360,6 +362,11 @@ class LlamaDecoder:
         compiled `_rows_layers`."""
         return self._advance(_compiled_rows(), tokens)
 
+    def _prompt(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits [1, vocab] of a prompt's last token, the prompt fed from position 0, through the
+        compiled `_prompt_layers`."""
+        return self._advance(_compiled_prompt(), tokens)
+
     def _advance(self, layers, tokens: torch.Tensor) -> torch.Tensor:
         """`layers(self, tokens, position)`, the cache advanced once it returned."""
         pos, n = self._len, tokens.shape[0]
@@ -397,16 +404,28 @@ class LlamaDecoder:
         the products on the packed weights (`packed_linear`), everything between them fused by
         Inductor (eager, the norms, rotary, residual and mask kernels cost a third of a 9-row forward
         on the 2-core AVX2 machine)."""
+        positions = torch.arange(pos + tokens.shape[0], device=self.device)
+        mask = positions <= positions[pos:].unsqueeze(1)  # query pos + i sees keys 0 .. pos + i
+        x = self._cached_rows(tokens, pos, mask)
+        return torch.ops.specwatch.packed_linear(self._rms_norm(x, self.final_norm), self.lm_head.packed)
+
+    def _prompt_layers(self, tokens: torch.Tensor, pos: int) -> torch.Tensor:
+        """`_rows_layers` for a prompt (pos 0), keeping only its last row's logits: the kernel's causal
+        flag instead of a mask (half the attention), one row through the head instead of all."""
+        x = self._cached_rows(tokens, pos, None)
+        return torch.ops.specwatch.packed_linear(self._rms_norm(x[-1:], self.final_norm), self.lm_head.packed)
+
+    def _cached_rows(self, tokens: torch.Tensor, pos: int, mask: torch.Tensor | None) -> torch.Tensor:
+        """Hidden states of `tokens` at cache positions pos.. after every layer, their keys and values
+        cached; `mask` None: causal from position 0."""
         heads, kv, dim, n = self.n_heads, self.n_kv, self.head_dim, tokens.shape[0]
         linear = torch.ops.specwatch.packed_linear
         cos, signed_sin = self.cos[pos : pos + n], self.sin[pos : pos + n]
-        positions = torch.arange(pos + n, device=self.device)
-        mask = positions <= positions[pos:].unsqueeze(1)  # query pos + i sees keys 0 .. pos + i
         x = self.embed[tokens]  # [n, hidden]
         for i, layer in enumerate(self.layers):
             qkv = self._packed_qkv(layer, x)
             qk = _rotate(qkv[:, : (heads + kv) * dim].view(n, heads + kv, dim).transpose(0, 1), cos, signed_sin)
-            keys, values = self.k_cache[i], self.v_cache[i]  # [1, kv, max_len, dim]
+            keys, values = self.k_cache[i], self.v_cache[i]  # [1, kv, max_len, dim], the cache's dtype
             keys[0, :, pos : pos + n] = qk[heads:].to(keys.dtype)
             values[0, :, pos : pos + n] = qkv[:, (heads + kv) * dim :].view(n, kv, dim).transpose(0, 1).to(keys.dtype)
             out = F.scaled_dot_product_attention(
@@ -414,10 +433,11 @@ class LlamaDecoder:
                 keys[:, :, : pos + n],
                 values[:, :, : pos + n],
                 attn_mask=mask,
+                is_causal=mask is None,
                 enable_gqa=True,
             ).to(x.dtype)
             x = self._packed_mlp(layer, x + linear(out[0].transpose(0, 1).reshape(n, heads * dim), layer.wo.packed))
-        return linear(self._rms_norm(x, self.final_norm), self.lm_head.packed)
+        return x
 
     def _packed_qkv(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
         qkv = torch.ops.specwatch.packed_linear(self._rms_norm(x, layer.attn_norm), layer.wqkv.packed)
@@ -546,6 +566,11 @@ def _compiled_rows():
 
 
 @functools.cache
+def _compiled_prompt():
+    return _compiled(LlamaDecoder._prompt_layers)
+
+
+@functools.cache
 def _compiled_batch():
     return _compiled(LlamaDecoder._batch_layers)
 
@@ -556,7 +581,7 @@ def warm_up(decoder: LlamaDecoder) -> float:
     machine 308 s the first time, 78 s once Inductor's disk cache holds the kernels
     (Dynamo still traces both graphs on every start)."""
     _compiled_step()  # sets the cache directory
-    what = "decode step and verification" if decoder.packed else "decode step"
+    what = "decode step, prompt and verification" if decoder.packed else "decode step"
     print(
         f"compiling the {what} (torch.compile: ~5 min on the first start on a 2-core machine, "
         f"~80 s on later ones; cache {os.environ['TORCHINDUCTOR_CACHE_DIR']}) ...",
@@ -571,6 +596,9 @@ def warm_up(decoder: LlamaDecoder) -> float:
     decoder.forward(zeros(3))  # positions 0-2 (0 and 1 specialise)
     decoder.forward(zeros(1))  # the compiled step, at position 3
     decoder.forward(zeros(11))  # the compiled rows, at 4-14
+    if decoder.packed:
+        decoder.reset(24)
+        decoder.forward(zeros(13), keep=1)  # the compiled prompt
     decoder.reset(24)
     seconds = time.monotonic() - started
     print(f"{what} compiled in {seconds:.1f} s", file=sys.stderr, flush=True)
@@ -658,6 +686,8 @@ def forward_batch(
     # a prompt (keep > 0) goes eager: from position 0 it takes the kernel's causal flag and other
     # sequences' rows ride along nearly free (1,254 prompt tokens beside 7 rows: 2.2-2.4 s eager, as
     # much as the prompt alone, against 2.75 s in the pooled graph on a 2-core Zen 4 EPYC, float32)
+    if lead.compiled and lead.packed and len(decoders) == 1 and lead._len == 0 and keep[0] == 1 < len(tokens[0]):
+        return [lead._prompt(tokens[0])]  # a whole prompt, alone (at admission)
     if lead.compiled and lead.packed and all(d._len > 0 for d in decoders) and not any(keep):
         if len(decoders) == 1:
             return [lead._rows(tokens[0])]  # a verification: several rows after a prefix

@@ -21,7 +21,7 @@ def model():
 
 def greedy(decoder: LlamaDecoder, prompt: torch.Tensor, steps: int) -> tuple[list[int], list[torch.Tensor]]:
     logits = decoder.forward(prompt, keep=1)
-    tokens, rows = [], []
+    tokens, rows = [], [logits]  # the prompt's last row first
     for _ in range(steps):
         token = logits[-1].argmax().view(1)
         tokens.append(token.item())
@@ -37,7 +37,8 @@ def test_compiled_step_matches_eager_and_compiles_once(model):
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     warm_up(compiled)
     assert compiled.packed  # so the verification rows have their graph too
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs + 2  # the step and the rows
+    # the step, the rows and the prompt (its last row through the head)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs + 3
     prompt = torch.randint(0, 256, (5,), generator=torch.Generator().manual_seed(3))
     eager.reset(64), compiled.reset(64)
     with torch._dynamo.config.patch(error_on_recompile=True):  # every later position, cache and decoder: no recompile
