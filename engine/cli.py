@@ -143,8 +143,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--compile",
         action="store_true",
-        help="on a CPU (float32, or bfloat16 where oneDNN packs it): run the decode step and the verification of "
-        "drafts through torch.compile "
+        help="on a CPU (float32, or bfloat16 where oneDNN packs it): run the decode step, a whole prompt and the "
+        "verification of drafts through torch.compile "
         "(~5 min on the first start on a 2-core machine, ~80 s later: Inductor's on-disk cache; README 'Engine speed')",
     )
     parser.add_argument(

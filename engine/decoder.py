@@ -271,9 +271,6 @@ class LlamaDecoder:
         )
         self._len = 0
         self.steps_alone = self.lm_head.by_columns is not None  # a single row has its own step (`_step`)
-        # torch.compile can take its forwards after a prefix (EngineConfig.compile): float32 on a CPU
-        # (the single-row step) or wherever the weights are packed for oneDNN (the several-row graphs)
-        self.compilable = self.steps_alone or self.packed
         self.compiled = False  # ...run through torch.compile (set by the engine: EngineConfig.compile)
         self.k_cache: list[torch.Tensor] = []
         self.v_cache: list[torch.Tensor] = []
@@ -305,6 +302,12 @@ class LlamaDecoder:
     @property
     def length(self) -> int:
         return self._len
+
+    @property
+    def compilable(self) -> bool:
+        """Whether torch.compile can take its forwards (EngineConfig.compile): float32 on a CPU (the
+        single-row step) or wherever the weights are packed for oneDNN (the several-row and prompt graphs)."""
+        return self.steps_alone or self.packed
 
     def crop(self, length: int) -> None:
         self._len = min(self._len, length)  # entries past `length` are overwritten later
@@ -577,7 +580,7 @@ def _compiled_batch():
 
 def warm_up(decoder: LlamaDecoder) -> float:
     """Compile `decoder`'s decode step and, where it multiplies by packed weights, its several-row
-    verification now, on a scratch request (its cache is reset): seconds taken. On the 2-core AVX2
+    verification and its prompt now, on a scratch request (its cache is reset): seconds taken. On the 2-core AVX2
     machine 308 s the first time, 78 s once Inductor's disk cache holds the kernels
     (Dynamo still traces both graphs on every start)."""
     _compiled_step()  # sets the cache directory
@@ -683,16 +686,18 @@ def forward_batch(
     lead, seqs, offset = decoders[0], [], 0
     if len(decoders) == 1 and tokens[0].shape[0] == 1 and lead.steps_alone:
         return [lead._step(tokens[0])]
-    # a prompt (keep > 0) goes eager: from position 0 it takes the kernel's causal flag and other
-    # sequences' rows ride along nearly free (1,254 prompt tokens beside 7 rows: 2.2-2.4 s eager, as
-    # much as the prompt alone, against 2.75 s in the pooled graph on a 2-core Zen 4 EPYC, float32)
-    if lead.compiled and lead.packed and len(decoders) == 1 and lead._len == 0 and keep[0] == 1 < len(tokens[0]):
-        return [lead._prompt(tokens[0])]  # a whole prompt, alone (at admission)
-    if lead.compiled and lead.packed and all(d._len > 0 for d in decoders) and not any(keep):
-        if len(decoders) == 1:
-            return [lead._rows(tokens[0])]  # a verification: several rows after a prefix
-        if lead.pool is not None and lead.pool.holds(decoders):
-            return lead.pool.forward(decoders, tokens)
+    # a prompt beside other sequences (keep > 0) goes eager: from position 0 it takes the kernel's causal
+    # flag and the others' rows ride along nearly free (1,254 prompt tokens beside 7 rows: 2.2-2.4 s eager,
+    # as much as the prompt alone, against 2.75 s in the pooled graph on a 2-core Zen 4 EPYC, float32)
+    if lead.compiled and lead.packed:
+        alone = len(decoders) == 1
+        if alone and lead._len == 0 and keep[0] == 1 and tokens[0].shape[0] > 1:
+            return [lead._prompt(tokens[0])]  # a whole prompt, alone (at admission)
+        if all(d._len > 0 for d in decoders) and not any(keep):
+            if alone:
+                return [lead._rows(tokens[0])]  # a verification: several rows after a prefix
+            if lead.pool is not None and lead.pool.holds(decoders):
+                return lead.pool.forward(decoders, tokens)
     for decoder, ids in zip(decoders, tokens):
         start, n = decoder._len, ids.shape[0]
         if start + n > decoder.k_cache[0].shape[2]:
