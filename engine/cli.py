@@ -141,6 +141,13 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         help="torch threads (default: physical cores less one; engine/threads.py)",
     )
     parser.add_argument(
+        "--batch-threads",
+        type=int,
+        default=0,
+        help="torch threads for a forward that verifies several requests at once (default: --threads, "
+        "at most the physical cores less one; engine/threads.py)",
+    )
+    parser.add_argument(
         "--compile",
         action="store_true",
         help="on a CPU (float32, or bfloat16 where oneDNN packs it): run the decode step, a whole prompt and the "
@@ -171,8 +178,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 def engine_config(args: argparse.Namespace):
     from engine.engine import EngineConfig
 
-    if args.threads < 0:
-        raise UsageError("--threads must be >= 0")
+    if args.threads < 0 or args.batch_threads < 0:
+        raise UsageError("--threads and --batch-threads must be >= 0")
     from engine.suffix import SuffixConfig
 
     try:
@@ -361,7 +368,8 @@ def _config_detail(engine, policy, scheduler_config) -> dict:
         "transformers": transformers.__version__,
         "cuda": torch.version.cuda,
         "dtype": str(engine.target.dtype).removeprefix("torch."),
-        "threads": torch.get_num_threads(),
+        "threads": engine.threads,
+        "batch_threads": engine.batch_threads,
         "slots": scheduler_config.slots,
         "max_queue": scheduler_config.max_queue,
         "policy": dataclasses.asdict(policy.config),

@@ -26,7 +26,7 @@ from engine.sampling import SamplingParams
 from engine.speculative import DEFAULT_LOOKAHEAD, LOOKAHEAD_MODES, DecodeStats, SpeculativeDecoder
 from engine.suffix import MODEL_FREE, SuffixCache, SuffixConfig, SuffixDrafter
 from engine.text import TextStream
-from engine.threads import default_threads
+from engine.threads import batch_threads, default_threads, using
 from telemetry.schema import RequestRecord
 
 
@@ -36,6 +36,7 @@ class EngineConfig:
     dtype: str = "auto"
     device: str = "cpu"
     threads: int = 0  # 0: engine.threads.default_threads() (physical cores less one)
+    batch_threads: int = 0  # a forward of several requests; 0: engine.threads.batch_threads(threads)
     cache_dir: Path | None = None
     instance: str = field(default_factory=socket.gethostname)
     ngram: NgramConfig = NgramConfig()
@@ -49,6 +50,8 @@ class EngineConfig:
         check_memory_fraction(self.memory_fraction)
         if self.lookahead not in LOOKAHEAD_MODES:
             raise ValueError(f"lookahead must be one of {', '.join(LOOKAHEAD_MODES)}, got {self.lookahead!r}")
+        if self.threads < 0 or self.batch_threads < 0:
+            raise ValueError(f"threads and batch_threads must be >= 0, got {self.threads} and {self.batch_threads}")
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
             raise ValueError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
 
@@ -112,7 +115,9 @@ class Slot:
 class Engine:
     def __init__(self, config: EngineConfig = EngineConfig()) -> None:
         self.config = config
-        torch.set_num_threads(config.threads or default_threads())
+        self.threads = config.threads or default_threads()
+        self.batch_threads = config.batch_threads or batch_threads(self.threads)
+        torch.set_num_threads(self.threads)
         # before the weights land, so they count against the cap; on a CPU: not applicable (recorded)
         self.memory_fraction = apply_memory_fraction(resolve_device(config.device), config.memory_fraction)
         self.target: LoadedModel = load_model(config.model, config.dtype, config.device, config.cache_dir)
@@ -138,7 +143,8 @@ class Engine:
         one pool, so that a round verifies every lane's rows in one compiled forward (`CachePool`)."""
         slots = [Slot(self) for _ in range(count)]
         if batch and self.compile_s is not None:
-            self.compile_s += pool_caches([slot.decoder for slot in slots])
+            with using(self.batch_threads):  # Inductor fixes a kernel's thread count when it compiles it
+                self.compile_s += pool_caches([slot.decoder for slot in slots])
         return slots
 
     def _compile(self) -> float:

@@ -6,7 +6,8 @@ by one speculative round, so a long generation never holds back another
 request's first token. In a round each request drafts on its own, then one
 target forward verifies every request's proposal together (ragged batching: the
 weights are read once for all of them; see `decoder.forward_batch`; compiled, the slots' caches
-share one `decoder.CachePool` and that forward is one graph). With `prefill_chunk` N a new
+share one `decoder.CachePool` and that forward is one graph), on at most the cores less one (the
+server's Python needs one then: `engine.threads`). With `prefill_chunk` N a new
 request's prompt is not prefilled at admission but rides in the rounds' forwards instead, at most
 N tokens a round while other requests decode, so that a long prompt stalls their tokens for less
 at a time (at some throughput: see the field). Text deltas and the final result are handed to the
@@ -31,6 +32,7 @@ from engine.device_time import split_forward
 from engine.engine import Engine, GenerateRequest, GenerateResult, Run
 from engine.policy import Policy
 from engine.speculative import StageError
+from engine.threads import using
 from telemetry.sink import TelemetrySink
 
 log = logging.getLogger("specwatch.scheduler")
@@ -241,8 +243,10 @@ class Scheduler:
     def _verify_together(self, proposals: list) -> bool:
         started = time.monotonic()
         keep = [run.loop.keep for _, run, _ in proposals]
+        # verifications only: a core left to the server's Python (engine/threads.py); a prompt riding: all
+        threads = self.engine.threads if any(keep) else self.engine.batch_threads
         try:
-            with self.engine.streams.target():
+            with self.engine.streams.target(), using(threads):
                 decoders = [run.slot.decoder for _, run, _ in proposals]
                 logits = forward_many(decoders, [fed for _, _, fed in proposals], keep)
         except Exception as exc:

@@ -200,6 +200,7 @@ def start_engine(args: argparse.Namespace, stack: Stack, token: str, timeout_s: 
     cmd += ["--min-acceptance", "0"]  # the engine's own low-acceptance fallback off: in this demo the alert reacts
     cmd += ["--canary-fraction", "0.8"]  # 20% plain 'control' arm: the speed-up is measured A/B, not assumed
     cmd += ["--model", args.model, "--dtype", args.dtype, "--device", args.device, "--threads", str(args.threads)]
+    cmd += ["--batch-threads", str(args.batch_threads)]
     print("engine     loading the model (the first run converts the bundled GGUF, ~30 s) ...", flush=True)
     # tokens travel in the environment (the defaults of --collector-token and --control-token), not in `ps`
     env = child_env({ROLE_ENV["ingest"]: stack.tokens.get(ROLE_ENV["ingest"], ""), "SPECWATCH_CONTROL_TOKEN": token})

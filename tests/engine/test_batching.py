@@ -5,6 +5,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import torch
 from engine_harness import BackgroundServer
 
 import engine.scheduler as scheduler_module
@@ -146,3 +147,38 @@ def test_auto_requests_run_what_the_selector_picks_per_scenario(bundled_engine):
     assert ran == [("ngram", 4), ("ngram", 4), ("none", 0), ("none", 0)]
     assert {r.mode_reason for r in server.records} == {"selected"}
     assert {c: s["requests"] for c, s in state["grounded"].items()} == {"none": 2, "ngram@4": 2}
+
+
+def test_verification_rounds_run_on_the_batch_threads_and_a_riding_prompt_on_all(bundled_engine, monkeypatch):
+    """Several requests verified together take `batch_threads` (a core left to the server's Python,
+    engine/threads.py); a forward with a prompt chunk riding in it takes every thread, and the count
+    is restored after each."""
+    threads = bundled_engine.threads
+    monkeypatch.setattr(bundled_engine, "batch_threads", 2 if threads == 1 else 1)
+    seen: list[tuple[list[int], int]] = []  # (keep, threads) of every batched forward
+    real = scheduler_module.forward_many
+
+    def spy(decoders, tokens, keep=None):
+        seen.append((list(keep), torch.get_num_threads()))
+        return real(decoders, tokens, keep)
+
+    monkeypatch.setattr(scheduler_module, "forward_many", spy)
+    with BackgroundServer(bundled_engine, SchedulerConfig(slots=2, prefill_chunk=8), ALWAYS_SPECULATE) as server:
+        client = server.client()
+        first = client.completions.create(
+            model=None, prompt=PROMPTS[1][0], max_tokens=40, temperature=0, stream=True, extra_body={"drafter": "none"}
+        )
+        pieces = [next(iter(first)).choices[0].text]
+        with ThreadPoolExecutor(1) as pool:
+            second = pool.submit(
+                lambda: client.completions.create(
+                    model=None, prompt=LONG_PROMPT, max_tokens=24, temperature=0, extra_body={"drafter": "none"}
+                )
+            )
+            pieces += [chunk.choices[0].text for chunk in first]
+            second.result()
+    riding = [n for keep, n in seen if any(keep)]
+    verifying = [n for keep, n in seen if not any(keep)]
+    assert riding and verifying, f"no forward of both kinds: {seen}"
+    assert set(riding) == {threads} and set(verifying) == {bundled_engine.batch_threads}
+    assert "".join(pieces) == solo(bundled_engine, PROMPTS[1][0], 40)
