@@ -90,6 +90,28 @@ LONG_PROMPT = (
 )
 
 
+def decode_while_a_prompt_arrives(server, first_tokens: int, late_tokens: int) -> tuple[str, str]:
+    """PROMPTS[1] streams; once its first token is out, LONG_PROMPT arrives: both texts (greedy, no drafter)."""
+    client = server.client()
+    first = client.completions.create(
+        model=None,
+        prompt=PROMPTS[1][0],
+        max_tokens=first_tokens,
+        temperature=0,
+        stream=True,
+        extra_body={"drafter": "none"},
+    )
+    pieces = [next(iter(first)).choices[0].text]  # it decodes now
+    with ThreadPoolExecutor(1) as pool:
+        late = pool.submit(
+            lambda: client.completions.create(
+                model=None, prompt=LONG_PROMPT, max_tokens=late_tokens, temperature=0, extra_body={"drafter": "none"}
+            )
+        )
+        pieces += [chunk.choices[0].text for chunk in first]
+        return "".join(pieces), late.result().choices[0].text
+
+
 def test_a_prompt_arriving_mid_generation_rides_in_chunks_beside_the_decoding_request(bundled_engine, monkeypatch):
     """While one request decodes, a new one's prompt is fed `prefill_chunk` tokens a round in the same
     forward (its last row's logits kept): both texts stay what each would be alone."""
@@ -102,23 +124,11 @@ def test_a_prompt_arriving_mid_generation_rides_in_chunks_beside_the_decoding_re
 
     monkeypatch.setattr(scheduler_module, "forward_many", spy)
     with BackgroundServer(bundled_engine, SchedulerConfig(slots=2, prefill_chunk=8), ALWAYS_SPECULATE) as server:
-        client = server.client()
-        first = client.completions.create(
-            model=None, prompt=PROMPTS[1][0], max_tokens=48, temperature=0, stream=True, extra_body={"drafter": "none"}
-        )
-        pieces = [next(iter(first)).choices[0].text]  # it decodes now
-        with ThreadPoolExecutor(1) as pool:
-            second = pool.submit(
-                lambda: client.completions.create(
-                    model=None, prompt=LONG_PROMPT, max_tokens=16, temperature=0, extra_body={"drafter": "none"}
-                )
-            )
-            pieces += [chunk.choices[0].text for chunk in first]
-            late = second.result().choices[0].text
+        first, late = decode_while_a_prompt_arrives(server, 48, 16)
     chunked = [(rows, keep) for rows, keep in forwards if 1 in keep and 0 in keep]
     assert len(chunked) >= 3, f"the prompt never rode in chunks beside the decoding request: {forwards}"
     assert all(rows[keep.index(1)] <= 8 for rows, keep in chunked)
-    assert "".join(pieces) == solo(bundled_engine, PROMPTS[1][0], 48)
+    assert first == solo(bundled_engine, PROMPTS[1][0], 48)
     assert late == solo(bundled_engine, LONG_PROMPT, 16)
     late_record = max(server.records, key=lambda r: r.prompt_tokens)
     assert late_record.ttft_s is not None and late_record.device_s_source == "engine"  # its chunks split by rows
@@ -164,21 +174,9 @@ def test_verification_rounds_run_on_the_batch_threads_and_a_riding_prompt_on_all
 
     monkeypatch.setattr(scheduler_module, "forward_many", spy)
     with BackgroundServer(bundled_engine, SchedulerConfig(slots=2, prefill_chunk=8), ALWAYS_SPECULATE) as server:
-        client = server.client()
-        first = client.completions.create(
-            model=None, prompt=PROMPTS[1][0], max_tokens=40, temperature=0, stream=True, extra_body={"drafter": "none"}
-        )
-        pieces = [next(iter(first)).choices[0].text]
-        with ThreadPoolExecutor(1) as pool:
-            second = pool.submit(
-                lambda: client.completions.create(
-                    model=None, prompt=LONG_PROMPT, max_tokens=24, temperature=0, extra_body={"drafter": "none"}
-                )
-            )
-            pieces += [chunk.choices[0].text for chunk in first]
-            second.result()
+        first, _ = decode_while_a_prompt_arrives(server, 40, 24)
     riding = [n for keep, n in seen if any(keep)]
     verifying = [n for keep, n in seen if not any(keep)]
     assert riding and verifying, f"no forward of both kinds: {seen}"
     assert set(riding) == {threads} and set(verifying) == {bundled_engine.batch_threads}
-    assert "".join(pieces) == solo(bundled_engine, PROMPTS[1][0], 40)
+    assert first == solo(bundled_engine, PROMPTS[1][0], 40)
