@@ -7,7 +7,7 @@ request's first token. In a round each request drafts on its own, then one
 target forward verifies every request's proposal together (ragged batching: the
 weights are read once for all of them; see `decoder.forward_batch`; compiled, the slots' caches
 share one `decoder.CachePool` and that forward is one graph), on at most the cores less one (the
-server's Python needs one then: `engine.threads`). With `prefill_chunk` N a new
+server's Python needs one then: engine/threads.py). With `prefill_chunk` N a new
 request's prompt is not prefilled at admission but rides in the rounds' forwards instead, at most
 N tokens a round while other requests decode, so that a long prompt stalls their tokens for less
 at a time (at some throughput: see the field). Text deltas and the final result are handed to the

@@ -140,6 +140,7 @@ def test_cli_bad_input_exits_2_with_a_message(args, message):
     [
         (["engine", "serve", "--port", "70000"], "not a TCP port"),
         (["engine", "serve", "--slots", "0"], "slots must be >= 1"),
+        (["engine", "serve", "--batch-threads", "-1"], "--threads and --batch-threads must be >= 0"),
         (["engine", "serve", "--prefill-chunk", "-1"], "prefill_chunk >= 0"),
         (["engine", "serve", "--load-on", "0.9", "--load-off", "0.5"], "load_on <= load_off"),
         (["engine", "serve", "--memory-high", "0.5", "--memory-low", "0.7"], "memory guard needs 0 < low < high <= 1"),
