@@ -18,8 +18,8 @@ values, and can `crop` its cache back to a prefix after a rejected draft.
   (`EngineConfig.compile`); so can the several rows of one sequence after its prefix (a
   verification, `LlamaDecoder._rows`), on the packed weights: 1.16-1.27x the eager forward
   for 2-9 rows at 300 tokens of context (2 threads, A/B in one process), and a whole prompt
-  (`LlamaDecoder._prompt`). In bf16 (weights packed, no single-row step) one row takes the
-  several-row graph too.
+  (`LlamaDecoder._prompt`). Compiled in bf16 (weights packed) a single row has a step of its
+  own too, its products reductions that Inductor writes over the [out, in] weights (`_row_times`).
 - `HFDecoder` runs any other causal LM through transformers with a `DynamicCache`.
 """
 
@@ -130,6 +130,18 @@ def _matrix(linears: list[torch.nn.Linear], pack: bool, by_columns: bool) -> _Ma
         packed = torch.ops.mkldnn._reorder_linear_weight(dense.detach(), None if by_columns else 1) if pack else None
         cached["matrix"] = _Matrix(dense, packed, dense.t() if by_columns else None)
     return cached["matrix"]
+
+
+def _row_times(x: torch.Tensor, matrix: _Matrix, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """One row x [1, in] times `matrix` (+ residual), in the single-row step: float32 by the input-major
+    weight (`by_columns`, the residual folded into addmm); otherwise, under torch.compile only, as a
+    reduction over the [out, in] weight with float32 sums that Inductor writes into the step's graph. On
+    the 2-core Zen 4 EPYC (bf16, 2 threads) a token's 121 such products over 269 MB of weights took
+    8.8-10.9 ms against 14.3-17.5 ms for oneDNN's packed kernel, one call a product (microbench)."""
+    if matrix.by_columns is not None:
+        return torch.mm(x, matrix.by_columns) if residual is None else torch.addmm(residual, x, matrix.by_columns)
+    out = (x.float().unsqueeze(-2) * matrix.weight.float()).sum(-1).to(x.dtype)
+    return out if residual is None else residual + out
 
 
 @functools.cache
@@ -270,7 +282,6 @@ class LlamaDecoder:
             "rope_theta", getattr(cfg, "rope_theta", 10000.0)
         )
         self._len = 0
-        self.steps_alone = self.lm_head.by_columns is not None  # a single row has its own step (`_step`)
         self.compiled = False  # ...run through torch.compile (set by the engine: EngineConfig.compile)
         self.k_cache: list[torch.Tensor] = []
         self.v_cache: list[torch.Tensor] = []
@@ -283,8 +294,12 @@ class LlamaDecoder:
         if self.pool is not None:
             self.pool.reserve(max_len)
         elif not self.k_cache or self.k_cache[0].shape[2] < max_len:
-            self.k_cache = [torch.empty(shape, dtype=self.cache_dtype, device=self.device) for _ in self.layers]
-            self.v_cache = [torch.empty(shape, dtype=self.cache_dtype, device=self.device) for _ in self.layers]
+            self.k_cache = [
+                _fixed_heads(torch.empty(shape, dtype=self.cache_dtype, device=self.device)) for _ in self.layers
+            ]
+            self.v_cache = [
+                _fixed_heads(torch.empty(shape, dtype=self.cache_dtype, device=self.device)) for _ in self.layers
+            ]
             self.cos, self.sin = self._rope_tables(max_len)
         self._len = 0
 
@@ -297,17 +312,26 @@ class LlamaDecoder:
         emb = torch.cat((freqs, freqs), dim=-1).to(self.device)
         half = self.head_dim // 2
         signed_sin = torch.cat((-emb[:, :half].sin(), emb[:, half:].sin()), dim=-1)  # see `_rotate`
-        return emb.cos().to(self.dtype), signed_sin.to(self.dtype)
+        cos, signed_sin = emb.cos().to(self.dtype), signed_sin.to(self.dtype)
+        torch._dynamo.mark_static(cos, 1)
+        torch._dynamo.mark_static(signed_sin, 1)
+        return cos, signed_sin
 
     @property
     def length(self) -> int:
         return self._len
 
     @property
+    def steps_alone(self) -> bool:
+        """Whether a single row has its own step (`_step`): float32 on a CPU (input-major weights), or
+        compiled where the weights are packed (products as reductions Inductor writes, see `_row_times`)."""
+        return self.lm_head.by_columns is not None or (self.compiled and self.packed)
+
+    @property
     def compilable(self) -> bool:
         """Whether torch.compile can take its forwards (EngineConfig.compile): float32 on a CPU (the
         single-row step) or wherever the weights are packed for oneDNN (the several-row and prompt graphs)."""
-        return self.steps_alone or self.packed
+        return self.lm_head.by_columns is not None or self.packed
 
     def crop(self, length: int) -> None:
         self._len = min(self._len, length)  # entries past `length` are overwritten later
@@ -355,9 +379,9 @@ class LlamaDecoder:
         return layer.w_down(F.silu(gate).mul_(up))
 
     def _step(self, token: torch.Tensor) -> torch.Tensor:
-        """Logits [1, vocab] for one token after the cached prefix, on the input-major weights
-        (float32 on CPU): the plain decode step with the fewest kernels a layer (`_step_layers`),
-        through torch.compile as one graph where `compiled` is set (EngineConfig.compile, `warm_up`)."""
+        """Logits [1, vocab] for one token after the cached prefix (`steps_alone`): the plain decode
+        step with the fewest kernels a layer (`_step_layers`, products by `_row_times`), through
+        torch.compile as one graph where `compiled` is set (EngineConfig.compile, `warm_up`)."""
         return self._advance(_compiled_step() if self.compiled else LlamaDecoder._step_layers, token)
 
     def _rows(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -381,26 +405,29 @@ class LlamaDecoder:
 
     def _step_layers(self, token: torch.Tensor, pos: int) -> torch.Tensor:
         """The weights are streamed as in `forward_batch`; what goes is per-kernel overhead (a
-        third of a 60 ms step on the 2-core AVX2 machine): residual adds folded into addmm, no
-        layout changes between the products, one roll for the rotary embedding."""
+        third of a 60 ms step on the 2-core AVX2 machine): residual adds folded into the products,
+        no layout changes between them, one roll for the rotary embedding."""
         heads, kv, dim = self.n_heads, self.n_kv, self.head_dim
         cos, signed_sin = self.cos[pos : pos + 1], self.sin[pos : pos + 1]  # slices: `pos` stays symbolic
         x = self.embed[token]  # [1, hidden]
         for i, layer in enumerate(self.layers):
-            qkv = torch.mm(self._rms_norm(x, layer.attn_norm), layer.wqkv.by_columns)[0]
+            qkv = _row_times(self._rms_norm(x, layer.attn_norm), layer.wqkv)[0]
             if layer.bqkv is not None:
                 qkv = qkv + layer.bqkv
             qk = _rotate(qkv[: (heads + kv) * dim].view(heads + kv, dim), cos, signed_sin)
-            keys, values = self.k_cache[i], self.v_cache[i]  # [1, kv, max_len, dim]
-            keys[0, :, pos : pos + 1] = qk[heads:].unsqueeze(1)
-            values[0, :, pos : pos + 1] = qkv[(heads + kv) * dim :].view(kv, 1, dim)
+            keys, values = self.k_cache[i], self.v_cache[i]  # [1, kv, max_len, dim], the cache's dtype
+            keys[0, :, pos : pos + 1] = qk[heads:].unsqueeze(1).to(keys.dtype)
+            values[0, :, pos : pos + 1] = qkv[(heads + kv) * dim :].view(kv, 1, dim).to(keys.dtype)
             out = F.scaled_dot_product_attention(
-                qk[:heads].view(1, heads, 1, dim), keys[:, :, : pos + 1], values[:, :, : pos + 1], enable_gqa=True
-            )
-            x = torch.addmm(x, out.view(1, heads * dim), layer.wo.by_columns)
-            gate, up = torch.mm(self._rms_norm(x, layer.mlp_norm), layer.w_gate_up.by_columns).chunk(2, dim=-1)
-            x = torch.addmm(x, F.silu(gate).mul_(up), layer.w_down.by_columns)
-        return torch.mm(self._rms_norm(x, self.final_norm), self.lm_head.by_columns)
+                qk[:heads].view(1, heads, 1, dim).to(keys.dtype),
+                keys[:, :, : pos + 1],
+                values[:, :, : pos + 1],
+                enable_gqa=True,
+            ).to(x.dtype)
+            x = _row_times(out.view(1, heads * dim), layer.wo, x)
+            gate, up = _row_times(self._rms_norm(x, layer.mlp_norm), layer.w_gate_up).chunk(2, dim=-1)
+            x = _row_times(F.silu(gate).mul_(up), layer.w_down, x)
+        return _row_times(self._rms_norm(x, self.final_norm), self.lm_head)
 
     def _rows_layers(self, tokens: torch.Tensor, pos: int) -> torch.Tensor:
         """`forward_batch` for one sequence's rows at cache positions pos.., written for torch.compile:
@@ -499,7 +526,7 @@ class CachePool:
 
         def grown(old: torch.Tensor | None) -> torch.Tensor:
             # zeros, not empty: a lane's padding rows read keys past its prefix (masked, but NaN * 0 is NaN)
-            new = torch.zeros(shape, dtype=lead.cache_dtype, device=lead.device)
+            new = _fixed_heads(torch.zeros(shape, dtype=lead.cache_dtype, device=lead.device))
             if old is not None:
                 new[:, :, :held] = old
             return new
@@ -540,7 +567,14 @@ class CachePool:
 def _lane(pool: torch.Tensor, lane: int) -> torch.Tensor:
     """pool[lane : lane + 1] as a tensor of its own over the same storage."""
     offset = pool.storage_offset() + lane * pool.stride(0)
-    return pool.new_empty(0).set_(pool.untyped_storage(), offset, (1, *pool.shape[1:]), pool.stride())
+    return _fixed_heads(pool.new_empty(0).set_(pool.untyped_storage(), offset, (1, *pool.shape[1:]), pool.stride()))
+
+
+def _fixed_heads(cache: torch.Tensor) -> torch.Tensor:
+    """A KV cache [lane, kv head, position, head dim] whose head count and size Dynamo takes as
+    constants (see `_mark_static`); its lanes and positions stay symbolic."""
+    torch._dynamo.mark_static(cache, [1, 3])
+    return cache
 
 
 def _compiled(layers) -> object:
@@ -592,6 +626,7 @@ def warm_up(decoder: LlamaDecoder) -> float:
         flush=True,
     )
     started = time.monotonic()
+    _mark_static(decoder)
     zeros = functools.partial(torch.zeros, dtype=torch.long, device=decoder.device)
     # sizes unlike the model's: Dynamo gives equal sizes one symbol, so 3 rows beside 3 KV heads
     # would make a graph for 3 rows only, and the first other count would compile it again mid-request
@@ -606,6 +641,16 @@ def warm_up(decoder: LlamaDecoder) -> float:
     seconds = time.monotonic() - started
     print(f"{what} compiled in {seconds:.1f} s", file=sys.stderr, flush=True)
     return seconds
+
+
+def _mark_static(decoder: LlamaDecoder) -> None:
+    """Give Dynamo the weights' sizes as constants (as the caches' head sizes and the rotary tables'
+    width): the graphs are compiled with every size symbolic, and with the hidden sizes symbolic
+    Inductor wrote the single-row step's products and rotary as scalar loops."""
+    matrices = [m for layer in decoder.layers for m in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)]
+    norms = [t for layer in decoder.layers for t in (layer.attn_norm, layer.mlp_norm, layer.bqkv) if t is not None]
+    for tensor in [decoder.embed, decoder.final_norm, *norms, *[m.weight for m in [*matrices, decoder.lm_head]]]:
+        torch._dynamo.mark_static(tensor)
 
 
 def pool_caches(decoders: Sequence[LlamaDecoder]) -> float:

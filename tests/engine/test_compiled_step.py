@@ -56,6 +56,32 @@ def test_compiled_step_matches_eager_and_compiles_once(model):
     assert compiled.length == 5 + 40
 
 
+def test_compiled_bf16_step_matches_eager_and_compiles_once(model, monkeypatch):
+    """bf16 where oneDNN packs it: compiled, one row after a prefix takes a step of its own (its products
+    reductions Inductor writes over the [out, in] weights, `_row_times`): at every position the eager
+    logits within bf16's rounding, compiled once for every position and cache size."""
+    if not cpu_prepack(torch.bfloat16):
+        pytest.skip("this torch build or CPU packs no bf16 weights for oneDNN (nothing to compile)")
+    model = copy.deepcopy(model).to(torch.bfloat16)
+    eager, compiled = LlamaDecoder(model), LlamaDecoder(model)
+    assert not compiled.steps_alone  # eager bf16: one row takes the ragged batch
+    compiled.compiled = True
+    assert compiled.steps_alone
+    warm_up(compiled)
+    steps, step = [], LlamaDecoder._step
+    monkeypatch.setattr(LlamaDecoder, "_step", lambda self, token: steps.append(self) or step(self, token))
+    prompt = torch.randint(0, 256, (9,), generator=torch.Generator().manual_seed(6))
+    for max_len in (64, 300):  # a second request with a larger cache: no recompile either
+        eager.reset(max_len), compiled.reset(max_len)
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            tokens, want = greedy(eager, prompt, 40)
+            got = [compiled.forward(prompt, keep=1)] + [compiled.forward(torch.tensor([t])) for t in tokens]
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=TOLERANCE[torch.bfloat16], atol=TOLERANCE[torch.bfloat16])
+        assert compiled.length == eager.length == 9 + 40
+    assert steps == [compiled] * 80
+
+
 @pytest.mark.parametrize("rows", [1, 3], ids=["step", "verification"])
 def test_compiled_forwards_refuse_a_full_cache(model, rows):
     decoder = LlamaDecoder(model)
@@ -106,8 +132,8 @@ TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 1e-2}
 def test_pooled_slots_verify_together_as_eager_does_without_recompiling(model, dtype):
     """A server's slots in one cache pool: every round's rows (any lanes, any row counts, after
     rejections, across a pool that grows mid-request) in one compiled forward, per sequence the
-    logits of the eager ragged batch over caches of their own. In bf16 (no single-row step: one row
-    takes the several-row graph) as in float32."""
+    logits of the eager ragged batch over caches of their own. In bf16 (where a lone row
+    takes the single-row step) as in float32."""
     if not cpu_prepack(dtype):
         pytest.skip(f"this torch build or CPU packs no {dtype} weights for oneDNN (nothing to compile)")
     model = copy.deepcopy(model).to(dtype)
