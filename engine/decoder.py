@@ -648,8 +648,8 @@ def _mark_static(decoder: LlamaDecoder) -> None:
     width): the graphs are compiled with every size symbolic, and with the hidden sizes symbolic
     Inductor wrote the single-row step's products and rotary as scalar loops."""
     matrices = [m for layer in decoder.layers for m in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)]
-    norms = [t for layer in decoder.layers for t in (layer.attn_norm, layer.mlp_norm, layer.bqkv) if t is not None]
-    for tensor in [decoder.embed, decoder.final_norm, *norms, *[m.weight for m in [*matrices, decoder.lm_head]]]:
+    vectors = [t for layer in decoder.layers for t in (layer.attn_norm, layer.mlp_norm, layer.bqkv) if t is not None]
+    for tensor in [decoder.embed, decoder.final_norm, *vectors, *[m.weight for m in [*matrices, decoder.lm_head]]]:
         torch._dynamo.mark_static(tensor)
 
 
