@@ -294,12 +294,12 @@ class LlamaDecoder:
         if self.pool is not None:
             self.pool.reserve(max_len)
         elif not self.k_cache or self.k_cache[0].shape[2] < max_len:
-            self.k_cache = [
-                _fixed_heads(torch.empty(shape, dtype=self.cache_dtype, device=self.device)) for _ in self.layers
-            ]
-            self.v_cache = [
-                _fixed_heads(torch.empty(shape, dtype=self.cache_dtype, device=self.device)) for _ in self.layers
-            ]
+
+            def empty() -> torch.Tensor:
+                return _fixed_heads(torch.empty(shape, dtype=self.cache_dtype, device=self.device))
+
+            self.k_cache = [empty() for _ in self.layers]
+            self.v_cache = [empty() for _ in self.layers]
             self.cos, self.sin = self._rope_tables(max_len)
         self._len = 0
 
@@ -331,7 +331,7 @@ class LlamaDecoder:
     def compilable(self) -> bool:
         """Whether torch.compile can take its forwards (EngineConfig.compile): float32 on a CPU (the
         single-row step) or wherever the weights are packed for oneDNN (the several-row and prompt graphs)."""
-        return self.lm_head.by_columns is not None or self.packed
+        return self.steps_alone or self.packed
 
     def crop(self, length: int) -> None:
         self._len = min(self._len, length)  # entries past `length` are overwritten later
