@@ -97,11 +97,15 @@ class Runs:
     tokens: list[int] = field(default_factory=list)
     profile: dict[str, float] = field(default_factory=dict)  # summed over the measured requests
     text: str | None = None
+    ids: tuple[list[int], list[int]] | None = None  # the last request's prompt and output token ids
 
-    def add(self, seconds: float, tokens: int, text: str, **profile: float) -> None:
+    def add(
+        self, seconds: float, tokens: int, text: str, ids: tuple[list[int], list[int]] | None = None, **profile: float
+    ) -> None:
         self.seconds.append(seconds)
         self.tokens.append(tokens)
         self.text = text
+        self.ids = ids
         for key, value in profile.items():
             self.profile[key] = self.profile.get(key, 0.0) + value
 
@@ -132,6 +136,7 @@ def own(engine, messages, drafter: str | None, args, runs: Runs) -> None:
         seconds,
         r.output_tokens,
         engine.target.tokenizer.decode(result.token_ids, skip_special_tokens=True),
+        (engine.encode(request), list(result.token_ids)),
         drafts=r.num_drafts,
         drafted=r.num_draft_tokens,
         accepted=r.num_accepted_tokens,
@@ -156,7 +161,13 @@ def vllm_metrics(url: str) -> dict[str, float]:
 
 def vllm(server, messages, args, runs: Runs) -> None:
     before = vllm_metrics(server.metrics_url)
-    body = {"model": server.served_name, "messages": messages, "max_tokens": args.max_tokens, "temperature": 0.0}
+    body = {
+        "model": server.served_name,
+        "messages": messages,
+        "max_tokens": args.max_tokens,
+        "temperature": 0.0,
+        "return_token_ids": True,
+    }
     started = time.perf_counter()
     response = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=600)
     seconds = time.perf_counter() - started
@@ -164,10 +175,12 @@ def vllm(server, messages, args, runs: Runs) -> None:
     answer = response.json()
     after = _settled(server.metrics_url, before["requests"] + 1)
     delta = {k: after[k] - before[k] for k in VLLM_METRICS if k != "requests"}
+    ids = answer.get("prompt_token_ids"), answer["choices"][0].get("token_ids")
     runs.add(
         seconds,
         answer["usage"]["completion_tokens"],
         answer["choices"][0]["message"]["content"],
+        ids if None not in ids else None,
         e2e_s=seconds,
         **delta,
     )
@@ -364,6 +377,65 @@ def profile(results: dict[str, dict[str, Runs]]) -> None:
             )
 
 
+def replayed_tokens_per_step(drafter, prompt: list[int], output: list[int], gamma: int) -> float | None:
+    """Tokens per target forward had `drafter`, fresh and with no cross-request memory, drafted over this very
+    text at greedy: the prompt's forward gives the first token, then each forward commits its draft up to the
+    first token that differs from the text, plus one of its own. How well it drafts this text, whichever engine
+    wrote it (so two engines' speculative tokens/s can be told apart from the texts they happened to write)."""
+    from engine.sampling import SamplingParams
+
+    if not output:
+        return None
+    drafter.begin(len(prompt) + len(output))
+    params = SamplingParams()
+    done = forwards = 1
+    while done < len(output):
+        draft, _ = drafter.propose(prompt + output[:done], gamma, params, None)
+        accepted = 0
+        for proposed, written in zip(draft, output[done:]):
+            if proposed != written:
+                break
+            accepted += 1
+        drafter.rollback(len(prompt) + done + accepted)
+        done += accepted + 1
+        forwards += 1
+    return len(output) / forwards
+
+
+def fresh_drafter(engine, method: str):
+    """Our drafter for --method with no cross-request memory (a suffix drafter without the engine's shared trie)."""
+    from engine.drafters import NgramDrafter
+    from engine.suffix import SuffixDrafter
+
+    return SuffixDrafter(None, engine.config.suffix) if method == "suffix" else NgramDrafter(engine.config.ngram)
+
+
+def drafting(engine, results: dict[str, dict[str, Runs]], args) -> list[dict]:
+    """Our drafter replayed over each side's speculative output, beside the tokens per step each side measured."""
+    own, theirs = f"own {args.method}", f"vllm {args.method}"
+    print(
+        f"\ndrafting on the same text: our {args.method} drafter replayed (greedy, --gamma {args.gamma}, no "
+        "cross-request memory, no lookahead trim) over each side's last output; measured = that side's tokens "
+        "per target forward over the run (with its own memory and draft sizing)"
+    )
+    print(f"{'prompt':<14} {'own: measured':>14} {'replayed':>9} {'vllm: measured':>15} {'ours replayed':>14}")
+    rows = []
+    for kind, configs in results.items():
+        row = {"prompt": kind}
+        for side, name in (("own", own), ("vllm", theirs)):
+            runs = configs[name]
+            steps = runs.profile.get("steps", 0.0)
+            row[f"{side}_measured"] = sum(runs.tokens) / steps if steps else None
+            replayed = runs.ids and replayed_tokens_per_step(fresh_drafter(engine, args.method), *runs.ids, args.gamma)
+            row[f"{side}_replayed"] = replayed or None
+        print(
+            f"{kind:<14} {_f(row['own_measured']):>14} {_f(row['own_replayed']):>9} "
+            f"{_f(row['vllm_measured']):>15} {_f(row['vllm_replayed']):>14}"
+        )
+        rows.append({"drafting": row})
+    return rows
+
+
 def engine_config(args):
     """The bundled engine's config; with --suffix-cached-requests, its suffix drafter remembers that many responses."""
     from engine.engine import EngineConfig
@@ -478,6 +550,7 @@ def main() -> int:
     if results:
         rows = report(results, args.method)
         profile(results)
+        rows += drafting(engine, results, args)
     if batched_rows:
         rows.append({"batched": batched_rows})
     if args.json:
