@@ -32,7 +32,7 @@ from engine.device_time import split_forward
 from engine.engine import Engine, GenerateRequest, GenerateResult, Run
 from engine.policy import Policy
 from engine.speculative import StageError
-from engine.threads import using
+from engine.threads import release_openmp_workers, using
 from telemetry.sink import TelemetrySink
 
 log = logging.getLogger("specwatch.scheduler")
@@ -105,6 +105,9 @@ class Scheduler:
         self._wake = threading.Condition()
         self._stopped = False
         self._thread = threading.Thread(target=self._work, name="specwatch-scheduler", daemon=True)
+        # the forwards move to the scheduler's thread: the OpenMP workers this thread started loading and
+        # compiling the model would make libgomp spin-wait too briefly at every kernel (engine/threads.py)
+        release_openmp_workers()
 
     def start(self) -> None:
         self._thread.start()
