@@ -144,8 +144,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "--batch-threads",
         type=int,
         default=0,
-        help="torch threads for a forward that verifies several requests at once (default: --threads, "
-        "at most the physical cores less one; engine/threads.py)",
+        help="torch threads for a forward that verifies several requests at once (default: --threads; "
+        "engine/threads.py)",
     )
     parser.add_argument(
         "--compile",

@@ -26,7 +26,7 @@ from engine.sampling import SamplingParams
 from engine.speculative import DEFAULT_LOOKAHEAD, LOOKAHEAD_MODES, DecodeStats, SpeculativeDecoder
 from engine.suffix import MODEL_FREE, SuffixCache, SuffixConfig, SuffixDrafter
 from engine.text import TextStream
-from engine.threads import batch_threads, default_threads, using
+from engine.threads import default_threads, using
 from telemetry.schema import RequestRecord
 
 
@@ -36,7 +36,7 @@ class EngineConfig:
     dtype: str = "auto"
     device: str = "cpu"
     threads: int = 0  # 0: engine.threads.default_threads() (physical cores less one)
-    batch_threads: int = 0  # a forward of several requests; 0: engine.threads.batch_threads(threads)
+    batch_threads: int = 0  # a forward of several requests; 0: `threads` (engine/threads.py)
     cache_dir: Path | None = None
     instance: str = field(default_factory=socket.gethostname)
     ngram: NgramConfig = NgramConfig()
@@ -116,7 +116,7 @@ class Engine:
     def __init__(self, config: EngineConfig = EngineConfig()) -> None:
         self.config = config
         self.threads = config.threads or default_threads()
-        self.batch_threads = config.batch_threads or batch_threads(self.threads)
+        self.batch_threads = config.batch_threads or self.threads
         torch.set_num_threads(self.threads)
         # before the weights land, so they count against the cap; on a CPU: not applicable (recorded)
         self.memory_fraction = apply_memory_fraction(resolve_device(config.device), config.memory_fraction)

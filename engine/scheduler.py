@@ -246,7 +246,7 @@ class Scheduler:
     def _verify_together(self, proposals: list) -> bool:
         started = time.monotonic()
         keep = [run.loop.keep for _, run, _ in proposals]
-        # verifications only: a core left to the server's Python (engine/threads.py); a prompt riding: all
+        # verifications only: --batch-threads (engine/threads.py); a prompt riding: --threads
         threads = self.engine.threads if any(keep) else self.engine.batch_threads
         try:
             with self.engine.streams.target(), using(threads):

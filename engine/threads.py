@@ -8,14 +8,16 @@ from 19.1 to 40.0 ms a decode step (2.1x) while 1 thread went from 18.3 to 25.0 
 as fast when the machine was quiet. So: one thread per physical core this process may run on,
 less one core left to the server's Python threads; at least one. `--threads N` overrides it.
 
-A scheduler round that verifies several requests in one forward runs on `batch_threads` (at most
-the cores less one, whatever `--threads` says): while several clients are served the server's
-event loop and the scheduler's per-request Python are busy too, and a team on every core stalls on
-them. With --threads 2 on the 2-core Zen 4 EPYC (bf16, compiled, 8 clients, bench/vs_vllm.py's
-prompts) a batched round of 8 took 87.7-88.4 ms on 2 threads and 61.7-68.9 ms on 1 (prompts
-still on 2: 390-420 ms each): 54 against 62-68 tok/s. A prompt alone, or a single request's
-forward, keeps `--threads`: nothing else is busy then, and a lone row or a prompt is faster on
-every core (22.5 against 29.6 ms a bf16 step, 2 against 1 thread).
+A scheduler round that verifies several requests in one forward runs on `batch_threads`, by
+default `threads` too (`--batch-threads N` overrides). Rounds once ran on the cores less one: on
+the scheduler's thread a team of 2 was slower than 1 (87.7-88.4 against 61.7-68.9 ms a round of 8,
+compiled bf16, 2-core Zen 4 EPYC). The cause was not the server's Python but libgomp, which spins
+too briefly at its barriers once it manages more threads than there are CPUs: the thread that had
+loaded and compiled the model kept its own idle team (see `release_openmp_workers`, which a
+scheduler now calls). With that team freed, on that machine (8 clients x 2 requests of
+bench/vs_vllm.py's prompts over HTTP to an in-process server, `--threads 2`): rounds of 8 took
+33-35 ms on 2 threads and 46-47 ms on 1 (100-105 against 87-89 tok/s); one client at a time, a
+decode step took 14.7 ms against 23.7-26.8 before (51.5 against 31-35 tok/s).
 """
 
 from __future__ import annotations
@@ -49,11 +51,6 @@ def physical_cores(cpus: set[int] | None = None, sysfs: Path = SYSFS_CPUS) -> in
 
 def default_threads() -> int:
     return max(1, physical_cores() - 1)
-
-
-def batch_threads(threads: int) -> int:
-    """Threads for a forward of several requests at once, the engine's forwards taking `threads`."""
-    return min(threads, default_threads())
 
 
 @contextlib.contextmanager

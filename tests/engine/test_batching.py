@@ -160,9 +160,8 @@ def test_auto_requests_run_what_the_selector_picks_per_scenario(bundled_engine):
 
 
 def test_verification_rounds_run_on_the_batch_threads_and_a_riding_prompt_on_all(bundled_engine, monkeypatch):
-    """Several requests verified together take `batch_threads` (a core left to the server's Python,
-    engine/threads.py); a forward with a prompt chunk riding in it takes every thread, and the count
-    is restored after each."""
+    """Several requests verified together take `batch_threads` (--batch-threads, engine/threads.py); a
+    forward with a prompt chunk riding in it takes `threads`, and the count is restored after each."""
     threads = bundled_engine.threads
     monkeypatch.setattr(bundled_engine, "batch_threads", 2 if threads == 1 else 1)
     seen: list[tuple[list[int], int]] = []  # (keep, threads) of every batched forward
