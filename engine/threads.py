@@ -76,9 +76,9 @@ def loaded_libgomp(maps: Path = PROC_MAPS) -> str | None:
     except OSError:  # no procfs (macOS)
         return None
     for line in lines:
-        path = line.split()[-1] if len(line.split()) >= 6 else ""
-        if Path(path).name.startswith("libgomp"):
-            return path
+        fields = line.split(maxsplit=5)  # address, perms, offset, device, inode, path (which may hold spaces)
+        if len(fields) == 6 and Path(fields[5]).name.startswith("libgomp"):
+            return fields[5]
     return None
 
 
