@@ -116,6 +116,11 @@ class Runs:
         drafted = self.profile.get("drafted", 0)
         return self.profile.get("accepted", 0) / drafted if drafted else None
 
+    def tokens_per_step(self) -> float | None:
+        """Output tokens per target forward (ours) or engine step (vLLM), over the measured requests."""
+        steps = self.profile.get("steps", 0.0)
+        return sum(self.tokens) / steps if steps else None
+
     def mean_length(self) -> float | None:
         drafts = self.profile.get("drafts", 0)
         return 1 + self.profile.get("accepted", 0) / drafts if drafts else None
@@ -373,7 +378,7 @@ def profile(results: dict[str, dict[str, Runs]]) -> None:
             print(
                 f"{kind:<10} {name:<12} {e2e:7.0f} {prefill:8.1f} {decode:8.0f} {steps:6.1f} {per_step:8.1f} "
                 f"{draft} {verify} "
-                f"{sum(runs.tokens) / n / steps if steps else float('nan'):11.2f}"
+                f"{_f(runs.tokens_per_step()):>11}"
             )
 
 
@@ -424,10 +429,9 @@ def drafting(engine, results: dict[str, dict[str, Runs]], args) -> list[dict]:
         row = {"prompt": kind}
         for side, name in (("own", own), ("vllm", theirs)):
             runs = configs[name]
-            steps = runs.profile.get("steps", 0.0)
-            row[f"{side}_measured"] = sum(runs.tokens) / steps if steps else None
-            replayed = runs.ids and replayed_tokens_per_step(fresh_drafter(engine, args.method), *runs.ids, args.gamma)
-            row[f"{side}_replayed"] = replayed or None
+            row[f"{side}_measured"] = runs.tokens_per_step()
+            drafter = fresh_drafter(engine, args.method)
+            row[f"{side}_replayed"] = replayed_tokens_per_step(drafter, *runs.ids, args.gamma) if runs.ids else None
         print(
             f"{kind:<14} {_f(row['own_measured']):>14} {_f(row['own_replayed']):>9} "
             f"{_f(row['vllm_measured']):>15} {_f(row['vllm_replayed']):>14}"
