@@ -1,9 +1,10 @@
 """Torch threads against contention: the bundled model's decode step, quiet and beside busy processes.
 
-    python bench/threads.py [--threads 1 2] [--busy 1] [--rounds 4] [--steps 40] [--context 300]
+    python bench/threads.py [--threads 1 2] [--busy 1] [--rounds 4] [--steps 40] [--context 300] [--compile]
 
 For each thread count, one worker process holds the model (bf16 by default) and times --steps
-decode steps (one token each, after a --context token prefill); the rounds alternate a quiet
+decode steps (one token each, after a --context token prefill; --compile: the compiled step,
+EngineConfig.compile); the rounds alternate a quiet
 machine with one where --busy processes spin on the CPU (each a plain Python loop), so the
 machine's own drift hits every configuration alike. Printed: median ms per step, quiet and
 contended, and contended / quiet, per thread count. Why it matters: OpenMP threads that wait on
@@ -29,46 +30,66 @@ def _spin(stop) -> None:
         pass
 
 
-def _worker(threads: int, dtype: str, context: int, steps: int, jobs, results) -> None:
+def _worker(threads: int, dtype: str, context: int, steps: int, compiled: bool, jobs, results) -> None:
     import torch
 
-    from engine.decoder import make_decoder
+    from engine.decoder import make_decoder, warm_up
     from engine.loading import load_model
+    from engine.threads import CpuShare, physical_cores, using
 
-    torch.set_num_threads(threads)
+    share = None if threads else CpuShare()  # 0: the engine's default, per forward
+    torch.set_num_threads(threads or physical_cores())
     decoder = make_decoder(load_model(dtype=dtype).model)
+    if compiled:
+        if not getattr(decoder, "compilable", False):
+            raise SystemExit(f"--compile: no compiled forwards for {dtype} on this machine (engine/decoder.py)")
+        decoder.compiled = True
+        warm_up(decoder)
     token = torch.tensor([42])
     while (job := jobs.get()) is not None:
         decoder.reset(context + steps + 1)
         decoder.forward(torch.randint(0, 1000, (context,)), keep=1)
-        times = []
+        times, used = [], []
         for _ in range(steps):
+            used.append(share.threads() if share else threads)
             started = time.perf_counter()
-            decoder.forward(token)
+            with using(used[-1]):
+                decoder.forward(token)
             times.append(time.perf_counter() - started)
-        results.put((job, statistics.median(times) * 1000))
+        results.put((job, statistics.median(times) * 1000, statistics.mean(used)))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--threads", type=int, nargs="+", default=[1, os.cpu_count() or 1])
+    parser.add_argument(
+        "--threads",
+        type=int,
+        nargs="+",
+        default=[1, os.cpu_count() or 1, 0],
+        help="counts to compare; 0: the engine's default (engine.threads.CpuShare, chosen per step)",
+    )
     parser.add_argument("--busy", type=int, default=1, help="spinning processes in the contended rounds")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--context", type=int, default=300)
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--compile", action="store_true", help="time the compiled decode step (EngineConfig.compile)")
     args = parser.parse_args()
-    if min(args.threads) < 1 or args.busy < 1 or args.rounds < 1 or args.steps < 1 or args.context < 1:
-        parser.error("--threads, --busy, --rounds, --steps and --context must be >= 1")
+    if min(args.threads) < 0 or args.busy < 1 or args.rounds < 1 or args.steps < 1 or args.context < 1:
+        parser.error("--threads must be >= 0; --busy, --rounds, --steps and --context >= 1")
     print(f"load average before: {os.getloadavg()[0]:.2f} ({os.cpu_count()} cores)", file=sys.stderr)
     ctx = mp.get_context("spawn")
     workers = {}
     for threads in args.threads:
         jobs, results = ctx.Queue(), ctx.Queue()
-        process = ctx.Process(target=_worker, args=(threads, args.dtype, args.context, args.steps, jobs, results))
+        process = ctx.Process(
+            target=_worker,
+            args=(threads, args.dtype, args.context, args.steps, args.compile, jobs, results),
+        )
         process.start()
         workers[threads] = (process, jobs, results)
     times: dict[tuple[int, bool], list[float]] = {(t, c): [] for t in args.threads for c in (False, True)}
+    used: dict[tuple[int, bool], list[float]] = {key: [] for key in times}
     try:
         for round_ in range(args.rounds + 1):  # round 0 warms up and is dropped
             for contended in (False, True):
@@ -78,9 +99,10 @@ def main() -> int:
                     spinner.start()
                 for threads, (_, jobs, results) in workers.items():
                     jobs.put(round_)
-                    _, ms = results.get(timeout=600)
+                    _, ms, mean_threads = results.get(timeout=600)
                     if round_:
                         times[(threads, contended)].append(ms)
+                        used[(threads, contended)].append(mean_threads)
                 stop.set()
                 for spinner in spinners:
                     spinner.join()
@@ -89,11 +111,13 @@ def main() -> int:
         for process, jobs, _ in workers.values():
             jobs.put(None)
             process.join(timeout=30)
-    print(f"\n{'threads':>7} {'quiet ms/step':>14} {'contended ms/step':>18} {'contended/quiet':>16}")
+    print(f"\n{'threads':>7} {'quiet ms/step':>14} {'contended ms/step':>18} {'contended/quiet':>16}  threads used")
     for threads in args.threads:
         quiet, busy = (statistics.median(times[(threads, c)]) for c in (False, True))
-        print(f"{threads:>7} {quiet:14.2f} {busy:18.2f} {busy / quiet:15.2f}x")
-    print(f"(--busy {args.busy} spinning process(es), {args.dtype}, {args.context} tokens of context)")
+        took = " / ".join(f"{statistics.mean(used[(threads, c)]):.2f}" for c in (False, True))
+        print(f"{threads or 'auto':>7} {quiet:14.2f} {busy:18.2f} {busy / quiet:15.2f}x  {took}")
+    how = "compiled" if args.compile else "eager"
+    print(f"(--busy {args.busy} spinning process(es), {args.dtype}, {how}, {args.context} tokens of context)")
     return 0
 
 

@@ -138,7 +138,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "--threads",
         type=int,
         default=0,
-        help="torch threads (default: physical cores less one; engine/threads.py)",
+        help="torch threads, fixed (default: per forward, the physical cores other processes leave free; "
+        "engine/threads.py)",
     )
     parser.add_argument(
         "--batch-threads",

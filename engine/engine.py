@@ -26,7 +26,7 @@ from engine.sampling import SamplingParams
 from engine.speculative import DEFAULT_LOOKAHEAD, LOOKAHEAD_MODES, DecodeStats, SpeculativeDecoder
 from engine.suffix import MODEL_FREE, SuffixCache, SuffixConfig, SuffixDrafter
 from engine.text import TextStream
-from engine.threads import default_threads, using
+from engine.threads import CpuShare, physical_cores, using
 from telemetry.schema import RequestRecord
 
 
@@ -35,8 +35,8 @@ class EngineConfig:
     model: str = BUNDLED
     dtype: str = "auto"
     device: str = "cpu"
-    threads: int = 0  # 0: engine.threads.default_threads() (physical cores less one)
-    batch_threads: int = 0  # a forward of several requests; 0: `threads` (engine/threads.py)
+    threads: int = 0  # 0: the physical cores other processes leave free, per forward (engine/threads.py)
+    batch_threads: int = 0  # a forward of several requests; 0: as `threads`
     cache_dir: Path | None = None
     instance: str = field(default_factory=socket.gethostname)
     ngram: NgramConfig = NgramConfig()
@@ -115,8 +115,9 @@ class Slot:
 class Engine:
     def __init__(self, config: EngineConfig = EngineConfig()) -> None:
         self.config = config
-        self.threads = config.threads or default_threads()
+        self.threads = config.threads or physical_cores()  # the most a forward takes
         self.batch_threads = config.batch_threads or self.threads
+        self.cpu_share = None if config.threads else CpuShare()  # None: the counts are fixed
         torch.set_num_threads(self.threads)
         # before the weights land, so they count against the cap; on a CPU: not applicable (recorded)
         self.memory_fraction = apply_memory_fraction(resolve_device(config.device), config.memory_fraction)
@@ -137,6 +138,14 @@ class Engine:
         # the `suffix` drafter's memory of finished outputs, shared by every slot; fed once one is built
         self.suffix_cache = SuffixCache(config.suffix)
         self._suffix_learns = False
+
+    def forward_threads(self, batched: bool = False) -> int:
+        """Torch threads for the next forward (of several requests verified at once: `batched`):
+        --threads / --batch-threads where set, else the cores other processes leave free."""
+        most = self.batch_threads if batched else self.threads
+        if self.cpu_share is None or (batched and self.config.batch_threads):
+            return most
+        return min(most, self.cpu_share.threads())
 
     def make_slots(self, count: int, batch: bool = True) -> list[Slot]:
         """`count` decoding lanes for a scheduler. Compiled and batching, their target caches share
@@ -256,10 +265,14 @@ class Engine:
     def stream(self, request: GenerateRequest) -> Iterator[str | GenerateResult]:
         """Yield text deltas as tokens are committed, then the GenerateResult."""
         run = Run(self, request, self.default_slot)
-        if delta := run.timed(run.prefill):
+        with using(self.forward_threads()):
+            delta = run.timed(run.prefill)
+        if delta:
             yield delta
         while not run.finished:
-            if delta := run.timed(run.advance):
+            with using(self.forward_threads()):
+                delta = run.timed(run.advance)
+            if delta:
                 yield delta
         yield run.result()
 

@@ -6,8 +6,8 @@ by one speculative round, so a long generation never holds back another
 request's first token. In a round each request drafts on its own, then one
 target forward verifies every request's proposal together (ragged batching: the
 weights are read once for all of them; see `decoder.forward_batch`; compiled, the slots' caches
-share one `decoder.CachePool` and that forward is one graph), on at most the cores less one (the
-server's Python needs one then: engine/threads.py). With `prefill_chunk` N a new
+share one `decoder.CachePool` and that forward is one graph), on the cores other processes leave
+free (engine/threads.py). With `prefill_chunk` N a new
 request's prompt is not prefilled at admission but rides in the rounds' forwards instead, at most
 N tokens a round while other requests decode, so that a long prompt stalls their tokens for less
 at a time (at some throughput: see the field). Text deltas and the final result are handed to the
@@ -247,7 +247,7 @@ class Scheduler:
         started = time.monotonic()
         keep = [run.loop.keep for _, run, _ in proposals]
         # verifications only: --batch-threads (engine/threads.py); a prompt riding: --threads
-        threads = self.engine.threads if any(keep) else self.engine.batch_threads
+        threads = self.engine.forward_threads(batched=not any(keep))
         try:
             with self.engine.streams.target(), using(threads):
                 decoders = [run.slot.decoder for _, run, _ in proposals]
@@ -286,7 +286,8 @@ class Scheduler:
         run = self._active[index][1]
         started = time.monotonic()
         try:
-            result = step(*args)
+            with using(self.engine.forward_threads()):
+                result = step(*args)
         except Exception as exc:  # a failed request must not take the engine down
             self._charge(run, busy, started)
             log.warning("request %s failed: %s", run.request.request_id, exc)

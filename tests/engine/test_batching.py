@@ -164,6 +164,7 @@ def test_verification_rounds_run_on_the_batch_threads_and_a_riding_prompt_on_all
     forward with a prompt chunk riding in it takes `threads`, and the count is restored after each."""
     threads = bundled_engine.threads
     monkeypatch.setattr(bundled_engine, "batch_threads", 2 if threads == 1 else 1)
+    monkeypatch.setattr(bundled_engine, "cpu_share", None)  # fixed counts (no CpuShare): as with --threads
     seen: list[tuple[list[int], int]] = []  # (keep, threads) of every batched forward
     real = scheduler_module.forward_many
 

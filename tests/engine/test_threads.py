@@ -1,6 +1,6 @@
-"""The default torch thread count: physical cores this process may use, less one, at least one; a batched
-round's: the same unless told. Freeing a thread's OpenMP workers (libgomp) before another thread runs the
-forwards."""
+"""The default torch thread count: per forward, the physical cores this process may use less the CPUs
+other processes keep busy, at least one; a batched round's: the same unless told. Freeing a thread's
+OpenMP workers (libgomp) before another thread runs the forwards."""
 
 from __future__ import annotations
 
@@ -9,7 +9,15 @@ import os
 import pytest
 import torch
 
-from engine.threads import default_threads, loaded_libgomp, physical_cores, release_openmp_workers, using
+from engine.threads import (
+    TICKS_PER_S,
+    CpuShare,
+    busy_ticks,
+    loaded_libgomp,
+    physical_cores,
+    release_openmp_workers,
+    using,
+)
 
 
 def _sysfs(tmp_path, siblings: dict[int, str]):
@@ -31,9 +39,69 @@ def test_without_sysfs_each_cpu_counts_and_never_below_one(tmp_path):
     assert physical_cores(set(), tmp_path) == 1
 
 
-def test_the_default_leaves_a_core_to_the_server():
-    assert default_threads() == max(1, physical_cores() - 1)
-    assert 1 <= default_threads() <= len(os.sched_getaffinity(0))
+def _stat(path, ticks: dict[int, tuple[int, ...]]):
+    """A /proc/stat with `ticks` per CPU: user nice system idle iowait irq softirq steal guest guest_nice."""
+    lines = ["cpu  " + " ".join(["1"] * 10)] + [f"cpu{cpu} " + " ".join(map(str, t)) for cpu, t in ticks.items()]
+    path.write_text("\n".join(lines + ["intr 5 0 0", "ctxt 77"]) + "\n")
+    return path
+
+
+def test_busy_ticks_sum_our_cpus_busy_fields_steal_included_guest_not_twice(tmp_path):
+    stat = _stat(tmp_path / "stat", {0: (10, 1, 2, 500, 7, 3, 4, 5, 6, 1), 1: (100, 0, 0, 0, 0, 0, 0, 0, 0, 0)})
+    assert busy_ticks({0}, stat) == 10 + 1 + 2 + 3 + 4 + 5  # idle and iowait out; guest is inside user
+    assert busy_ticks({0, 1}, stat) == 125
+    assert busy_ticks({0}, tmp_path / "absent") is None  # no procfs (macOS)
+
+
+def test_the_share_leaves_out_the_cpus_others_keep_busy():
+    share = CpuShare()
+    cores, tick = share.cores, 1 / TICKS_PER_S
+    quiet = share.choose((1.0, 0 + int(cores * TICKS_PER_S), 1.0 + cores), (0.0, 0, 1.0))  # all of it ours
+    assert quiet == cores
+    one_busy = share.choose((2.0, 2 * TICKS_PER_S, 0.0), (0.0, 0, 0.0))  # 2 s of others' CPU over 2 s
+    assert one_busy == max(1, cores - 1)
+    assert share.choose((1.0, int(0.4 / tick), 0.0), (0.0, 0, 0.0)) == cores  # under half a CPU: not counted
+    assert share.choose((1.0, 1000 * TICKS_PER_S, 0.0), (0.0, 0, 0.0)) == 1  # never below one
+
+
+def test_the_share_reads_proc_stat_at_most_once_an_interval_and_follows_it(tmp_path):
+    now = [0.0]
+    stat = _stat(tmp_path / "stat", {cpu: (0,) * 10 for cpu in os.sched_getaffinity(0)})
+    share = CpuShare(interval_s=0.25, stat=stat, clock=lambda: now[0])
+    assert share.threads() == share.cores  # nothing measured yet: all of them
+    cpu = min(share.cpus)
+    others = int(100 * TICKS_PER_S)  # far more than this process's own CPU time since the last sample
+    _stat(stat, {c: ((others if c == cpu else 0),) + (0,) * 9 for c in share.cpus})
+    now[0] = 0.1
+    assert share.threads() == share.cores  # within the interval: not read again
+    now[0] = 200.0
+    assert share.threads() == max(1, share.cores - 1)  # one CPU kept busy over the 200 s
+    assert CpuShare(stat=tmp_path / "absent").threads() == CpuShare().cores  # no procfs: all of them
+
+
+def _spin() -> None:
+    while True:
+        pass
+
+
+@pytest.mark.skipif(
+    not os.path.exists("/proc/stat") or physical_cores() < 2, reason="needs /proc/stat and two physical cores"
+)
+def test_a_busy_process_on_one_of_our_cores_takes_a_thread_off():
+    """A real spinning process, pinned to one of our CPUs: within a second the share leaves it that core."""
+    import multiprocessing
+    import time
+
+    share = CpuShare(interval_s=0.5)
+    spinner = multiprocessing.get_context("spawn").Process(target=_spin, daemon=True)
+    spinner.start()
+    try:
+        os.sched_setaffinity(spinner.pid, {min(share.cpus)})
+        time.sleep(1.0)  # it runs: the interval since CpuShare() began is mostly its
+        assert share.threads() <= share.cores - 1
+    finally:
+        spinner.kill()
+        spinner.join()
 
 
 def test_using_sets_the_threads_for_the_block_and_restores_them():
