@@ -106,7 +106,7 @@ class Slot:
     """A decoding lane: its own KV caches (target and drafters); the weights are shared."""
 
     def __init__(self, engine: Engine) -> None:
-        self.decoder = make_decoder(engine.target.model)
+        self.decoder = make_decoder(engine.target.model, for_compile=engine.config.compile)
         if engine.config.compile and getattr(self.decoder, "compilable", False):
             self.decoder.compiled = True
         self.drafters: dict[str, Drafter] = {}

@@ -56,6 +56,28 @@ def test_compiled_step_matches_eager_and_compiles_once(model):
     assert compiled.length == 5 + 40
 
 
+@pytest.mark.skipif(not cpu_prepack(torch.float32), reason="needs oneDNN (the packed float32 weights)")
+def test_a_float32_decoder_built_for_compile_steps_by_reductions_and_matches_eager():
+    """Built `for_compile`, float32 keeps its weights [out, in] (no input-major copy) and its compiled
+    single-row step multiplies by Inductor's reductions over them, as bf16 does; same greedy tokens and
+    logits as the eager forward."""
+    fresh = tiny_llama(seed=11, layers=2)  # a model no decoder has fused yet: this one picks the layout
+    compiled = LlamaDecoder(fresh, for_compile=True)
+    eager = LlamaDecoder(fresh)
+    assert compiled.lm_head.by_columns is None and eager.lm_head is compiled.lm_head  # one layout, shared
+    compiled.compiled = True
+    assert compiled.steps_alone
+    warm_up(compiled)
+    prompt = torch.randint(0, 256, (7,), generator=torch.Generator().manual_seed(5))
+    eager.reset(64), compiled.reset(64)
+    want, want_rows = greedy(eager, prompt, 30)
+    got, got_rows = greedy(compiled, prompt, 30)
+    assert got == want
+    for a, b in zip(got_rows, want_rows):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    assert LlamaDecoder(tiny_llama(seed=12, layers=2)).lm_head.by_columns is not None  # eager: input-major
+
+
 def test_compiled_bf16_step_matches_eager_and_compiles_once(model, monkeypatch):
     """bf16 where oneDNN packs it: compiled, one row after a prefix takes a step of its own (its products
     reductions Inductor writes over the [out, in] weights, `_row_times`): at every position the eager
