@@ -66,8 +66,8 @@ def busy_ticks(cpus: set[int], stat: Path = PROC_STAT) -> int | None:
         return None
     total = 0
     for line in lines:
-        name, *fields = line.split()
-        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+        name, *fields = line.split() or [""]
+        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus and len(fields) >= 8:
             user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
             total += user + nice + system + irq + softirq + steal  # guest time is inside user and nice
     return total
