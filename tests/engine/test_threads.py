@@ -79,29 +79,25 @@ def test_the_share_reads_proc_stat_at_most_once_an_interval_and_follows_it(tmp_p
     assert CpuShare(stat=tmp_path / "absent").threads() == CpuShare().cores  # no procfs: all of them
 
 
-def _spin() -> None:
-    while True:
-        pass
-
-
 @pytest.mark.skipif(
     not os.path.exists("/proc/stat") or physical_cores() < 2, reason="needs /proc/stat and two physical cores"
 )
 def test_a_busy_process_on_one_of_our_cores_takes_a_thread_off():
-    """A real spinning process, pinned to one of our CPUs: within a second the share leaves it that core."""
-    import multiprocessing
+    """A real spinning process, pinned to one of our CPUs: over the next interval the share leaves it that core."""
+    import subprocess
+    import sys
     import time
 
-    share = CpuShare(interval_s=0.5)
-    spinner = multiprocessing.get_context("spawn").Process(target=_spin, daemon=True)
-    spinner.start()
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        os.sched_setaffinity(spinner.pid, {min(share.cpus)})
-        time.sleep(1.0)  # it runs: the interval since CpuShare() began is mostly its
+        os.sched_setaffinity(spinner.pid, {min(os.sched_getaffinity(0))})
+        time.sleep(0.3)  # it runs
+        share = CpuShare(interval_s=0.5)
+        time.sleep(1.0)  # an interval that is all its
         assert share.threads() <= share.cores - 1
     finally:
         spinner.kill()
-        spinner.join()
+        spinner.wait()
 
 
 def test_using_sets_the_threads_for_the_block_and_restores_them():
