@@ -70,7 +70,7 @@ def test_the_share_reads_proc_stat_at_most_once_an_interval_and_follows_it(tmp_p
     share = CpuShare(interval_s=0.25, stat=stat, clock=lambda: now[0])
     assert share.threads() == share.cores  # nothing measured yet: all of them
     cpu = min(share.cpus)
-    others = int(100 * TICKS_PER_S)  # far more than this process's own CPU time since the last sample
+    others = int(200 * TICKS_PER_S)  # one CPU busy all of the 200 s (this process's own few ms aside)
     _stat(stat, {c: ((others if c == cpu else 0),) + (0,) * 9 for c in share.cpus})
     now[0] = 0.1
     assert share.threads() == share.cores  # within the interval: not read again
