@@ -20,7 +20,8 @@ values, and can `crop` its cache back to a prefix after a rejected draft.
   for 2-9 rows at 300 tokens of context (2 threads, A/B in one process), and a whole prompt
   (`LlamaDecoder._prompt`). Compiled in bf16 (weights packed) a single row has a step of its
   own too, its products reductions that Inductor writes over the [out, in] weights (`_row_times`).
-  Where torch's attention kernel runs bf16 on AMX tiles, a bf16 prompt attends in bf16 (`amx_attention`).
+  Where torch's attention kernel runs bf16 on AMX tiles, a bf16 model's cache and attention stay bf16
+  (`amx_attention`).
 - `HFDecoder` runs any other causal LM through transformers with a `DynamicCache`.
 """
 
@@ -283,11 +284,11 @@ class LlamaDecoder:
         self.dtype = self.embed.dtype
         self.device = self.embed.device
         # attention runs in float32 on CPU (`_attend`), so the cache is kept there in float32: no
-        # per-step conversion of the whole cache (3 ms a step at 1k tokens), for 2x its bf16 size
+        # per-step conversion of the whole cache (3 ms a step at 1k tokens), for 2x its bf16 size;
+        # except where torch's kernel runs bf16 on AMX tiles (`amx_attention`): there it stays bf16
         reduced = self.device.type == "cpu" and self.dtype != torch.float32
-        self.cache_dtype = torch.float32 if reduced else self.dtype
-        # ...except a prompt's, from position 0, where torch's kernel multiplies bf16 on AMX tiles
-        self.prompt_attention_dtype = torch.bfloat16 if self.dtype == torch.bfloat16 and amx_attention() else None
+        in_bf16 = self.dtype == torch.bfloat16 and amx_attention()
+        self.cache_dtype = torch.float32 if reduced and not in_bf16 else self.dtype
         self.rope_theta = (getattr(cfg, "rope_parameters", None) or {}).get(
             "rope_theta", getattr(cfg, "rope_theta", 10000.0)
         )
@@ -379,9 +380,6 @@ class LlamaDecoder:
             k_cache, v_cache = seq.decoder.k_cache[i], seq.decoder.v_cache[i]
             k_cache[:, :, seq.start : seq.end] = k[:, :, seq.rows]
             v_cache[:, :, seq.start : seq.end] = v[:, :, seq.rows]
-            if seq.causal and self.prompt_attention_dtype is not None:
-                outs.append(_prompt_attention(q[0, :, seq.rows], k[0, :, seq.rows], v[0, :, seq.rows]))
-                continue
             keys, values = k_cache[:, :, : seq.end], v_cache[:, :, : seq.end]
             outs.append(_attend(q[:, :, seq.rows], keys, values, seq.mask, causal=seq.causal))
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
@@ -468,21 +466,17 @@ class LlamaDecoder:
         for i, layer in enumerate(self.layers):
             qkv = self._packed_qkv(layer, x)
             qk = _rotate(qkv[:, : (heads + kv) * dim].view(n, heads + kv, dim).transpose(0, 1), cos, signed_sin)
-            v = qkv[:, (heads + kv) * dim :].view(n, kv, dim).transpose(0, 1)
             keys, values = self.k_cache[i], self.v_cache[i]  # [1, kv, max_len, dim], the cache's dtype
             keys[0, :, pos : pos + n] = qk[heads:].to(keys.dtype)
-            values[0, :, pos : pos + n] = v.to(keys.dtype)
-            if mask is None and self.prompt_attention_dtype is not None:  # the prompt's own keys, unconverted
-                out = _prompt_attention(qk[:heads], qk[heads:], v)
-            else:
-                out = F.scaled_dot_product_attention(
-                    qk[:heads].unsqueeze(0).to(keys.dtype),
-                    keys[:, :, : pos + n],
-                    values[:, :, : pos + n],
-                    attn_mask=mask,
-                    is_causal=mask is None,
-                    enable_gqa=True,
-                ).to(x.dtype)
+            values[0, :, pos : pos + n] = qkv[:, (heads + kv) * dim :].view(n, kv, dim).transpose(0, 1).to(keys.dtype)
+            out = F.scaled_dot_product_attention(
+                qk[:heads].unsqueeze(0).to(keys.dtype),
+                keys[:, :, : pos + n],
+                values[:, :, : pos + n],
+                attn_mask=mask,
+                is_causal=mask is None,
+                enable_gqa=True,
+            ).to(x.dtype)
             x = self._packed_mlp(layer, x + linear(out[0].transpose(0, 1).reshape(n, heads * dim), layer.wo.packed))
         return x
 
@@ -807,7 +801,8 @@ def _cat(tensors: list[torch.Tensor], dim: int = 0) -> torch.Tensor:
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
     """Fused attention in the cache's dtype: float32 on CPU whatever the model's (torch's CPU kernel
     is several times slower in bf16 than in float32, conversions included: 275 against 39 us for
-    one query over 200 keys; and float32 is the more exact of the two)."""
+    one query over 200 keys on an AVX2 CPU; and float32 is the more exact of the two), but where
+    `amx_attention` holds."""
     gqa = q.shape[1] != k.shape[1]
     if q.dtype == k.dtype:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=gqa)
@@ -818,19 +813,13 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
 @functools.cache
 def amx_attention() -> bool:
     """Whether torch's CPU attention kernel multiplies bf16 on AMX tiles here (its flash kernel packs
-    bf16 for oneDNN's brgemm where the CPU has AMX). There a prompt attends in bf16: 1,237 tokens
-    causal, 9 query and 3 key heads, 3.2 against 8.4 ms a layer in float32 (2-core Xeon with AMX, 2
-    threads); without AMX bf16 was no faster (Zen 4) or slower (AVX2)."""
+    bf16 for oneDNN's brgemm where the CPU has AMX). There a bf16 model attends in bf16 over a bf16
+    cache (2-core Xeon with AMX, 2 threads, against float32: a prompt of 1,237 tokens 3.2 against
+    8.4 ms a layer; one query over a cold cache of 400 tokens 32 against 50 us, of 1,300 tokens 101
+    against 185; 9 queries 86 against 115 and 278 against 368; 2 queries slower, 75 against 55 us at
+    400); without AMX bf16 was no faster (Zen 4) or several times slower (AVX2)."""
     supported = getattr(torch.cpu, "_is_amx_tile_supported", None)
     return bool(supported and supported())
-
-
-def _prompt_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Causal attention of a prompt over its own keys, in their dtype: q [heads, n, dim], k and v
-    [kv heads, n, dim] -> [1, heads, n, dim]. The model's q, k and v are bf16 before the float32
-    cache holds them, so its inputs lose nothing; the kernel sums in float32 and rounds the
-    probabilities to bf16 (transformers' own bf16 forward attends so too)."""
-    return F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True, enable_gqa=True)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
