@@ -16,7 +16,7 @@ no prefix cache. --prompt-file F adds the text of F as one more prompt (named af
 nobody tuned for.
 
 --concurrency C ...: then, per level C, both sides serve C clients at once over HTTP (our engine
-through its OpenAI server with C slots, its scheduler batching them; vLLM as above), plain
+as `specwatch engine serve` in a process of its own with C slots, its scheduler batching them; vLLM as above), plain
 decoding on both and --method on both (ours under its default policy, which drafts less or not
 at all under load), each client sending --batched-requests requests cycling over the prompts;
 tokens/s = all output tokens / wall time, median of the repeats, ratio ours / vLLM's.
@@ -46,6 +46,7 @@ import dataclasses
 import json
 import signal
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -56,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import httpx  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from common.procs import free_port  # noqa: E402
+from common.procs import child_env, free_port, specwatch_command, start_service, stop_process  # noqa: E402
 from specwatch import vllm_server  # noqa: E402
 from specwatch.workload import PROMPTS, chat  # noqa: E402
 
@@ -201,19 +202,30 @@ def _settled(url: str, requests: float, timeout_s: float = 5.0) -> dict[str, flo
         time.sleep(0.02)
 
 
+def serve_own(engine, args, slots: int) -> tuple[subprocess.Popen, str]:
+    """`specwatch engine serve` with `slots` slots in a process of its own, as deployed and as vLLM runs (the
+    clients here would otherwise share its interpreter lock), with this bench's model, dtype, threads,
+    compile and suffix settings; returns the process and its URL once /v1/models answers."""
+    url = f"http://127.0.0.1:{free_port()}"
+    dtype = str(engine.target.dtype).removeprefix("torch.")
+    cmd = specwatch_command("engine", "serve", "--port", url.rsplit(":", 1)[1], "--slots", str(slots))
+    cmd += ["--max-queue", str(2 * slots), "--dtype", dtype, "--threads", str(args.threads), "--shutdown-timeout", "5"]
+    cmd += ["--spool-dir", str(args.data_dir / "own-spool")] + (["--compile"] if args.compile else [])
+    if args.method == "suffix" and args.suffix_cached_requests is not None:
+        cmd += ["--suffix-requests", str(args.suffix_cached_requests)]
+    log = args.data_dir / "own-serve.log"
+    print(f"starting own engine serve on {url} ({slots} slots; log {log}) ...", file=sys.stderr, flush=True)
+    return start_service("engine", cmd, child_env(), log, f"{url}/v1/models", timeout_s=1200), url
+
+
 def batched(engine, servers: dict, prompts: dict, args) -> list[dict]:
     """Aggregate output tokens/s per level, both sides over HTTP (see the module docstring)."""
-    sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))  # engine_harness
-    from engine_harness import BackgroundServer
-
-    from engine.scheduler import SchedulerConfig
-
     top = max(args.concurrency)
-    own_server = BackgroundServer(engine, SchedulerConfig(slots=top, max_queue=2 * top))
-    with own_server:
+    process, own_url = serve_own(engine, args, top)
+    try:
         targets = {
-            "own plain": (own_server.url, {"model": engine.target.name, "drafter": "none"}),
-            f"own {args.method}": (own_server.url, {"model": engine.target.name, "drafter": args.method}),
+            "own plain": (own_url, {"model": engine.target.name, "drafter": "none"}),
+            f"own {args.method}": (own_url, {"model": engine.target.name, "drafter": args.method}),
         }
         targets |= {name: (server.url, {"model": server.served_name}) for name, server in servers.items()}
         rows = []
@@ -227,6 +239,8 @@ def batched(engine, servers: dict, prompts: dict, args) -> list[dict]:
                         runs[name].append(tokens_per_s)
             rows.append({"concurrency": level} | {name: statistics.median(v) for name, v in runs.items()})
             print(f"  concurrency {level} done", file=sys.stderr, flush=True)
+    finally:
+        stop_process(process)
     print(f"\n{'clients':>7} " + " ".join(f"{name:>12}" for name in targets) + "  plain ratio  spec ratio  (tok/s)")
     for row in rows:
         plain = row["own plain"] / row["vllm plain"] if "vllm plain" in row else None
