@@ -206,9 +206,10 @@ def serve_own(engine, args, slots: int) -> tuple[subprocess.Popen, str]:
     """`specwatch engine serve` with `slots` slots in a process of its own, as deployed and as vLLM runs (the
     clients here would otherwise share its interpreter lock), with this bench's model, dtype, threads,
     compile and suffix settings; returns the process and its URL once /v1/models answers."""
-    url = f"http://127.0.0.1:{free_port()}"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
     dtype = str(engine.target.dtype).removeprefix("torch.")
-    cmd = specwatch_command("engine", "serve", "--port", url.rsplit(":", 1)[1], "--slots", str(slots))
+    cmd = specwatch_command("engine", "serve", "--port", str(port), "--slots", str(slots))
     cmd += ["--max-queue", str(2 * slots), "--dtype", dtype, "--threads", str(args.threads), "--shutdown-timeout", "5"]
     cmd += ["--spool-dir", str(args.data_dir / "own-spool")] + (["--compile"] if args.compile else [])
     if args.method == "suffix" and args.suffix_cached_requests is not None:

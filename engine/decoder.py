@@ -286,9 +286,8 @@ class LlamaDecoder:
         # attention runs in float32 on CPU (`_attend`), so the cache is kept there in float32: no
         # per-step conversion of the whole cache (3 ms a step at 1k tokens), for 2x its bf16 size;
         # except where torch's kernel runs bf16 on AMX tiles (`amx_attention`): there it stays bf16
-        reduced = self.device.type == "cpu" and self.dtype != torch.float32
-        in_bf16 = self.dtype == torch.bfloat16 and amx_attention()
-        self.cache_dtype = torch.float32 if reduced and not in_bf16 else self.dtype
+        amx_bf16 = self.dtype == torch.bfloat16 and amx_attention()
+        self.cache_dtype = torch.float32 if on_cpu and not amx_bf16 else self.dtype
         self.rope_theta = (getattr(cfg, "rope_parameters", None) or {}).get(
             "rope_theta", getattr(cfg, "rope_theta", 10000.0)
         )
