@@ -214,6 +214,8 @@ def serve_own(engine, args, slots: int) -> tuple[subprocess.Popen, str]:
     cmd += ["--spool-dir", str(args.data_dir / "own-spool")] + (["--compile"] if args.compile else [])
     if args.method == "suffix" and args.suffix_cached_requests is not None:
         cmd += ["--suffix-requests", str(args.suffix_cached_requests)]
+    if args.prefill_chunk is not None:
+        cmd += ["--prefill-chunk", str(args.prefill_chunk)]
     log = args.data_dir / "own-serve.log"
     print(f"starting own engine serve on {url} ({slots} slots; log {log}) ...", file=sys.stderr, flush=True)
     return start_service("engine", cmd, child_env(), log, f"{url}/v1/models", timeout_s=1200), url
@@ -511,6 +513,9 @@ def main() -> int:
         "--concurrency", type=int, nargs="+", default=[], metavar="C", help="also measure C clients at once, per C"
     )
     parser.add_argument("--batched-requests", type=int, default=3, help="requests per client per level (default 3)")
+    parser.add_argument(
+        "--prefill-chunk", type=int, default=None, metavar="N", help="our server's --prefill-chunk (default: its own)"
+    )
     parser.add_argument("--single", action=argparse.BooleanOptionalAction, default=True, help="the one-at-a-time part")
     parser.add_argument("--vllm-eager", action="store_true", help="vLLM with --enforce-eager (not compiled)")
     parser.add_argument("--compile", action="store_true", help="our decode step and verification through torch.compile")

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import itertools
 import os
 import sys
 import time
@@ -186,52 +187,119 @@ def _packed_linear_shape(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
 
 
 # Several sequences' rows through one compiled graph (`LlamaDecoder._batch_layers`) attend through this
-# op, so that how it attends can follow the lengths at hand: in one call, each sequence's queries padded
-# to the most rows and its keys to the longest prefix, while that wastes little (no Python loop of one
-# call a sequence and layer); one call a sequence once padding would attend far past the short ones'
-# keys (one lane at 1,300 tokens beside three at 300: padded, 1.6x slower than eager on the 2-core AVX2
-# machine).
+# op, so that how it attends can follow the lengths at hand (`_attention_plan`): lanes next to each other
+# whose prefixes are alike attend in one call, padded to the group's most rows and longest prefix; a lane
+# far longer or shorter than its neighbours gets a call of its own.
 _LIBRARY.define("lane_attention(Tensor q, Tensor keys, Tensor values, Tensor bounds) -> Tensor")
+
+
+@dataclass(frozen=True)
+class _Group:
+    """One attention call over lanes lo .. hi - 1: `width` query rows each, keys 0 .. `length` - 1.
+    `block`: q's rows that the call takes as they lie (one lane, or one row in every lane), else `rows`
+    (q's rows) go to `slots` (lane-major places in the call)."""
+
+    lo: int
+    hi: int
+    width: int
+    length: int
+    mask: torch.Tensor | None
+    causal: bool
+    block: slice | None
+    rows: torch.Tensor | None
+    slots: torch.Tensor | None
+
+
+# microseconds of one attention call, and per lane and key for one query row, and for w > 1 rows
+# _KEY_US_ROWS + w * _KEY_US_ROW (torch's fused CPU kernel in bf16 on the AMX Xeon, 2 threads, Python
+# included: one row is 2-3x cheaper a key than two to nine)
+_CALL_US, _KEY_US, _KEY_US_ROWS, _KEY_US_ROW = 30.0, 0.05, 0.1, 0.006
+_last_plan: tuple[tuple, list[_Group]] | None = None  # every layer of a forward attends with the same plan
 
 
 def _lane_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bounds: torch.Tensor) -> torch.Tensor:
     """q [rows, heads, dim]; keys, values [lane, kv head, position, dim]; bounds: (lane, start, n) per
     sequence, its n rows next in q, at positions start.., each seeing keys 0 .. its own position."""
-    seqs = bounds.tolist()
-    spanned, width = max(lane for lane, _, _ in seqs) + 1, max(n for _, _, n in seqs)
-    length = max(start + n for _, start, n in seqs)
-    if spanned * width * length <= 1.5 * sum(n * (start + n) for _, start, n in seqs):
-        return _padded_attention(q, keys[:spanned, :, :length], values[:spanned, :, :length], seqs, width)
-    outs, offset = [], 0
-    for lane, start, n in seqs:
-        out = _attend(
-            q[offset : offset + n].transpose(0, 1).unsqueeze(0),
-            keys[lane : lane + 1, :, : start + n],
-            values[lane : lane + 1, :, : start + n],
-            _causal_mask(start, n, q.device),
-            causal=start == 0 and n > 1,
-        )
-        outs.append(out[0].transpose(0, 1))
-        offset += n
-    return torch.cat(outs)
+    groups = _attention_plan(tuple(map(tuple, bounds.tolist())), q.device)
+    if len(groups) == 1 and groups[0].block == slice(0, q.shape[0]):
+        return _attend_group(q, keys, values, groups[0])
+    out = torch.empty_like(q)
+    for group in groups:
+        if group.block is not None:
+            out[group.block] = _attend_group(q[group.block], keys, values, group)
+        else:
+            queries = q.new_zeros((group.hi - group.lo) * group.width, *q.shape[1:])
+            queries[group.slots] = q[group.rows]
+            out[group.rows] = _attend_group(queries, keys, values, group)[group.slots]
+    return out
 
 
-def _padded_attention(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, seqs: list, width: int
-) -> torch.Tensor:
-    """`_lane_attention` in one call over lanes 0 .. the highest, `width` query rows each (padding rows,
-    and lanes not in `seqs`, see key 0 on: computed, then dropped)."""
-    spanned, length, device = keys.shape[0], keys.shape[2], q.device
-    lanes = torch.tensor([lane for lane, _, n in seqs for _ in range(n)], device=device)
-    local = torch.tensor([row for _, _, n in seqs for row in range(n)], device=device)
-    starts = torch.zeros(spanned, dtype=torch.long, device=device)
-    starts[[lane for lane, _, _ in seqs]] = torch.tensor([start for _, start, _ in seqs], device=device)
-    reach = starts[:, None] + torch.arange(width, device=device)  # [lane, row]: its last visible key
-    mask = (torch.arange(length, device=device) <= reach[..., None]).unsqueeze(1)
-    queries = q.new_zeros(spanned, width, *q.shape[1:])
-    queries[lanes, local] = q
-    out = F.scaled_dot_product_attention(queries.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=True)
-    return out.transpose(1, 2)[lanes, local]
+def _attend_group(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, group: _Group) -> torch.Tensor:
+    """Attention of `queries` [lanes * width, heads, dim] (lane-major) over the group's lanes and keys."""
+    lanes = group.hi - group.lo
+    out = F.scaled_dot_product_attention(
+        queries.view(lanes, group.width, *queries.shape[1:]).transpose(1, 2),
+        keys[group.lo : group.hi, :, : group.length],
+        values[group.lo : group.hi, :, : group.length],
+        attn_mask=group.mask,
+        is_causal=group.causal,
+        enable_gqa=queries.shape[1] != keys.shape[1],
+    )
+    return out.transpose(1, 2).reshape(queries.shape)
+
+
+def _attention_plan(seqs: tuple[tuple[int, int, int], ...], device: torch.device) -> list[_Group]:
+    """The calls `_lane_attention` makes for `seqs` (lane, start, n): lanes split into runs of
+    neighbouring lanes, the split that costs least by `_CALL_US` and `_KEY_US` (a run pads its lanes to
+    its most rows and longest prefix; a lane in the run that attends nothing this time costs its padding)."""
+    global _last_plan
+    plan = _last_plan
+    if plan is not None and plan[0] == (seqs, device):
+        return plan[1]
+    by_lane = {lane: (start, n) for lane, start, n in seqs}
+    order = sorted(by_lane)
+
+    def cost(i: int, j: int) -> float:  # one call over lanes order[i] .. order[j - 1]
+        width = max(by_lane[lane][1] for lane in order[i:j])
+        length = max(sum(by_lane[lane]) for lane in order[i:j])
+        per_key = _KEY_US if width == 1 else _KEY_US_ROWS + width * _KEY_US_ROW
+        return _CALL_US + (order[j - 1] - order[i] + 1) * length * per_key
+
+    best, cut = [0.0] + [float("inf")] * len(order), [0] * (len(order) + 1)
+    for j in range(1, len(order) + 1):
+        for i in range(j):
+            if best[i] + cost(i, j) < best[j]:
+                best[j], cut[j] = best[i] + cost(i, j), i
+    runs, j = [], len(order)
+    while j:
+        runs.append(order[cut[j] : j])
+        j = cut[j]
+    offsets = dict(zip([lane for lane, _, _ in seqs], itertools.accumulate([n for *_, n in seqs], initial=0)))
+    groups = [_group(run, by_lane, offsets, device) for run in reversed(runs)]
+    _last_plan = ((seqs, device), groups)
+    return groups
+
+
+def _group(run: list[int], by_lane: dict, offsets: dict, device: torch.device) -> _Group:
+    """The call over lanes run[0] .. run[-1] (see `_Group`)."""
+    lo, hi = run[0], run[-1] + 1
+    width, length = max(by_lane[lane][1] for lane in run), max(sum(by_lane[lane]) for lane in run)
+    if len(run) == 1:  # one sequence: its own causal mask, or the kernel's causal flag from position 0
+        start, n = by_lane[lo]
+        rows = slice(offsets[lo], offsets[lo] + n)
+        return _Group(lo, hi, n, length, _causal_mask(start, n, device), start == 0 and n > 1, rows, None, None)
+    starts = torch.zeros(hi - lo, dtype=torch.long)  # a lane not in the run sees key 0 on (computed, dropped)
+    starts[[lane - lo for lane in run]] = torch.tensor([by_lane[lane][0] for lane in run])
+    reach = starts[:, None] + torch.arange(width)  # [lane, row]: its last visible key
+    mask = (torch.arange(length) <= reach[..., None]).unsqueeze(1).to(device)
+    if width == 1 and bool((reach == length - 1).all()):
+        mask = None  # every row sees every key: one row a lane, all as long
+    rows = [offsets[lane] + r for lane in run for r in range(by_lane[lane][1])]
+    slots = [(lane - lo) * width + r for lane in run for r in range(by_lane[lane][1])]
+    if rows == list(range(rows[0], rows[0] + len(rows))) and slots == list(range((hi - lo) * width)):
+        return _Group(lo, hi, width, length, mask, False, slice(rows[0], rows[-1] + 1), None, None)
+    index = functools.partial(torch.tensor, dtype=torch.long, device=device)
+    return _Group(lo, hi, width, length, mask, False, None, index(rows), index(slots))
 
 
 _LIBRARY.impl("lane_attention", _lane_attention, "CPU")
@@ -490,12 +558,19 @@ class LlamaDecoder:
         return x + linear(F.silu(gate) * up, layer.w_down.packed)
 
     def _batch_layers(
-        self, tokens: torch.Tensor, lanes: torch.Tensor, positions: torch.Tensor, bounds: torch.Tensor
+        self,
+        tokens: torch.Tensor,
+        lanes: torch.Tensor,
+        positions: torch.Tensor,
+        bounds: torch.Tensor,
+        kept: torch.Tensor,
     ) -> torch.Tensor:
         """`_rows_layers` for the rows of several sequences, each in its own lane of `self.pool`:
         row r goes to lane lanes[r] at cache position positions[r]; `bounds` holds each sequence's
         (lane, first position, rows), its rows consecutive in that order. The products take every
-        row at once; attention runs per sequence on its own prefix (`specwatch::lane_attention`)."""
+        row at once; attention runs per sequence on its own prefix (`specwatch::lane_attention`).
+        Logits of the rows `kept` only (a prompt needs its last row's: the head of all 300 rows of a
+        prompt would cost as much as their layers)."""
         heads, kv, dim, n = self.n_heads, self.n_kv, self.head_dim, tokens.shape[0]
         linear, attention, pool = torch.ops.specwatch.packed_linear, torch.ops.specwatch.lane_attention, self.pool
         cos, signed_sin = pool.cos[positions].unsqueeze(1), pool.sin[positions].unsqueeze(1)
@@ -507,7 +582,7 @@ class LlamaDecoder:
             pool.v[i][lanes, :, positions] = qkv[:, (heads + kv) * dim :].view(n, kv, dim).to(pool.v[i].dtype)
             out = attention(qk[:, :heads].to(pool.k[i].dtype), pool.k[i], pool.v[i], bounds).to(x.dtype)
             x = self._packed_mlp(layer, x + linear(out.reshape(n, heads * dim), layer.wo.packed))
-        return linear(self._rms_norm(x, self.final_norm), self.lm_head.packed)
+        return linear(self._rms_norm(x[kept], self.final_norm), self.lm_head.packed)
 
 
 class CachePool:
@@ -554,24 +629,27 @@ class CachePool:
         """Whether `decoders` are distinct lanes of this pool."""
         return all(d.pool is self for d in decoders) and len({d.lane for d in decoders}) == len(decoders)
 
-    def forward(self, decoders: Sequence[LlamaDecoder], tokens: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """`forward_batch` (no `keep`, every sequence after a prefix) in one compiled graph."""
-        lanes, positions, bounds = [], [], []
-        for decoder, ids in zip(decoders, tokens):
+    def forward(
+        self, decoders: Sequence[LlamaDecoder], tokens: Sequence[torch.Tensor], keep: Sequence[int]
+    ) -> list[torch.Tensor]:
+        """`forward_batch` in one compiled graph; only the rows whose logits are kept go through the head."""
+        lanes, positions, bounds, kept = [], [], [], []
+        for decoder, ids, keep_n in zip(decoders, tokens, keep):
             start, n = decoder._len, ids.shape[0]
             if start + n > self.max_len:
                 raise RuntimeError(f"KV cache holds {self.max_len} tokens, asked for {start + n}")
+            kept += range(len(lanes) + n - (keep_n or n), len(lanes) + n)
             lanes += [decoder.lane] * n
             positions += range(start, start + n)
             bounds.append((decoder.lane, start, n))
         index = functools.partial(torch.tensor, dtype=torch.long, device=decoders[0].device)
         with torch.inference_mode():
             logits = _compiled_batch()(
-                decoders[0], torch.cat(list(tokens)), index(lanes), index(positions), torch.tensor(bounds)
+                decoders[0], torch.cat(list(tokens)), index(lanes), index(positions), torch.tensor(bounds), index(kept)
             )
         for decoder, ids in zip(decoders, tokens):
             decoder._len += ids.shape[0]
-        return list(logits.split([ids.shape[0] for ids in tokens]))
+        return list(logits.split([keep_n or ids.shape[0] for ids, keep_n in zip(tokens, keep)]))
 
 
 def _lane(pool: torch.Tensor, lane: int) -> torch.Tensor:
@@ -682,8 +760,8 @@ def pool_caches(decoders: Sequence[LlamaDecoder]) -> float:
     )
     started = time.monotonic()
     # scratch lanes and sizes unlike each other and any model's head counts, so that no size is
-    # specialised (see `warm_up`): 7 sequences in lanes up to 10 of 13, 29 rows, then one row each
-    # (the same graph: equal sizes still fit one compiled for unequal ones)
+    # specialised (see `warm_up`): 7 sequences in lanes up to 10 of 13, 29 rows of which 16 go through
+    # the head, then one row each (the same graph: equal sizes still fit one compiled for unequal ones)
     scratch = [copy.copy(decoders[0]) for _ in range(13)]
     CachePool(scratch)
     zeros = functools.partial(torch.zeros, dtype=torch.long, device=decoders[0].device)
@@ -691,7 +769,7 @@ def pool_caches(decoders: Sequence[LlamaDecoder]) -> float:
     for lane in lanes:
         lane.reset(53)
         lane.forward(zeros(20 + lane.lane), keep=1)
-    forward_batch(lanes, [zeros(n) for n in (1, 2, 3, 1, 2, 17, 3)], [0] * len(lanes))
+    forward_batch(lanes, [zeros(n) for n in (1, 2, 3, 1, 2, 17, 3)], [0, 0, 0, 0, 0, 4, 0])
     forward_batch(lanes, [zeros(1)] * len(lanes), [0] * len(lanes))
     seconds = time.monotonic() - started
     print(f"batched verification compiled in {seconds:.1f} s", file=sys.stderr, flush=True)
@@ -746,18 +824,14 @@ def forward_batch(
     lead, seqs, offset = decoders[0], [], 0
     if len(decoders) == 1 and tokens[0].shape[0] == 1 and lead.steps_alone:
         return [lead._step(tokens[0])]
-    # a prompt beside other sequences (keep > 0) goes eager: from position 0 it takes the kernel's causal
-    # flag and the others' rows ride along nearly free (1,254 prompt tokens beside 7 rows: 2.2-2.4 s eager,
-    # as much as the prompt alone, against 2.75 s in the pooled graph on a 2-core Zen 4 EPYC, float32)
     if lead.compiled and lead.packed:
         alone = len(decoders) == 1
         if alone and lead._len == 0 and keep[0] == 1 and tokens[0].shape[0] > 1:
             return [lead._prompt(tokens[0])]  # a whole prompt, alone (at admission)
-        if all(d._len > 0 for d in decoders) and not any(keep):
-            if alone:
-                return [lead._rows(tokens[0])]  # a verification: several rows after a prefix
-            if lead.pool is not None and lead.pool.holds(decoders):
-                return lead.pool.forward(decoders, tokens)
+        if alone and lead._len > 0 and not keep[0]:
+            return [lead._rows(tokens[0])]  # a verification: several rows after a prefix
+        if not alone and lead.pool is not None and lead.pool.holds(decoders):
+            return lead.pool.forward(decoders, tokens, keep)  # verifications, a prompt (chunk) riding along
     for decoder, ids in zip(decoders, tokens):
         start, n = decoder._len, ids.shape[0]
         if start + n > decoder.k_cache[0].shape[2]:

@@ -10,8 +10,18 @@ import pytest
 import torch
 import torch._dynamo
 
-from engine.decoder import LlamaDecoder, cpu_prepack, forward_batch, pool_caches, warm_up
+from engine.decoder import (
+    CachePool,
+    LlamaDecoder,
+    _attention_plan,
+    cpu_prepack,
+    forward_batch,
+    pool_caches,
+    warm_up,
+)
 from tests.engine.conftest import tiny_llama
+
+pool_forward = CachePool.forward
 
 
 @pytest.fixture(scope="module")
@@ -199,11 +209,13 @@ def test_pooled_slots_verify_together_as_eager_does_without_recompiling(model, d
         )
 
 
-def test_a_prompt_fed_in_chunks_beside_pooled_lanes_gives_what_the_whole_prompt_alone_gives(model):
+def test_a_prompt_fed_in_chunks_beside_pooled_lanes_gives_what_the_whole_prompt_alone_gives(model, monkeypatch):
     """A new request's prompt in chunks (from position 0, then mid-prompt; its last row's logits kept) in
-    one forward with the rows of other lanes of the pool (eager: a prompt takes the eager ragged batch):
-    the logits of decoders with caches of their own, no recompile, and the last chunk's row is what the
-    whole prompt prefilled alone gives."""
+    one forward with the rows of other lanes of the pool, through the pool's compiled graph: the logits of
+    decoders with caches of their own, no recompile, and the last chunk's row is what the whole prompt
+    prefilled alone gives."""
+    pooled = []
+    monkeypatch.setattr(CachePool, "forward", lambda pool, *args: pooled.append(args) or pool_forward(pool, *args))
     slots, eager = compiled_slots(model, 3), [LlamaDecoder(model) for _ in range(3)]
     warm_up(slots[0])
     pool_caches(slots)
@@ -227,6 +239,7 @@ def test_a_prompt_fed_in_chunks_beside_pooled_lanes_gives_what_the_whole_prompt_
     alone.reset(96)
     torch.testing.assert_close(got[2], alone.forward(long_prompt, keep=1), rtol=1e-4, atol=1e-4)
     assert [d.length for d in slots] == [9 + 3, 10 + 3 * 3, 40]
+    assert [keep for *_, keep in pooled[-3:]] == [[0, 0, 1]] * 3  # the chunks rode in the pool's graph
 
 
 def test_a_pooled_forward_past_a_lanes_room_fails_whole(model):
@@ -242,16 +255,32 @@ def test_a_pooled_forward_past_a_lanes_room_fails_whole(model):
 
 
 @pytest.mark.parametrize(
-    "seqs",
+    "seqs, calls",
     [
-        [(0, 30, 1), (1, 28, 1), (2, 31, 1)],
-        [(2, 200, 3), (0, 10, 1), (1, 5, 4)],
-        [(1, 0, 6), (0, 40, 1), (2, 12, 9)],
-        [(0, 0, 3), (3, 0, 3)],
+        ([(0, 30, 1), (1, 28, 1), (2, 31, 1)], 1),
+        ([(0, 30, 1), (1, 30, 1), (2, 30, 1), (3, 30, 1)], 1),
+        ([(0, 250, 1), (1, 5, 1), (2, 6, 1), (3, 4, 1)], 2),
+        ([(2, 22, 1), (0, 20, 1)], 1),
+        ([(2, 200, 3), (0, 10, 1), (1, 5, 4)], 2),
+        ([(1, 0, 6), (0, 40, 1), (2, 12, 9)], 1),
+        ([(0, 0, 90), (3, 0, 90)], 2),
+        ([(0, 0, 3), (1, 0, 3)], 1),
+        ([(0, 10, 7), (1, 20, 5)], 1),
     ],
-    ids=["alike-padded-into-one-call", "unlike-one-call-each", "prompt-chunk-beside-rows", "prompts-padded"],
+    ids=[
+        "alike-padded-into-one-call",
+        "as-long-one-call-unmasked",
+        "a-long-lane-on-its-own",
+        "an-idle-lane-padded-over-out-of-order",
+        "unlike-rows-apart",
+        "prompt-chunk-beside-rows",
+        "prompts-apart",
+        "prompts-padded",
+        "unequal-rows-padded",
+    ],
 )
-def test_lane_attention_is_softmax_attention_over_each_rows_own_prefix(seqs):
+def test_lane_attention_is_softmax_attention_over_each_rows_own_prefix(seqs, calls):
+    assert len(_attention_plan(tuple(seqs), torch.device("cpu"))) == calls  # the case the id names
     heads, kv, dim = 4, 2, 8
     draws = torch.Generator().manual_seed(2)
     keys, values = (torch.randn(4, kv, 256, dim, generator=draws) for _ in range(2))
