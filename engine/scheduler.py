@@ -47,7 +47,8 @@ class SchedulerConfig:
     # On a 2-core Zen 4 EPYC (float32, compiled) 1,254 prompt tokens beside 7 decoding rows took 2.2-2.4 s
     # in one forward (the others' longest wait for a token), 0.5-0.7 s a chunk of 256, 2.9-3.0 s in all;
     # in a closed loop of 4 and 8 clients (bench/vs_vllm.py's prompts) chunks of 256 gave 0.95x and 0.93x
-    # the tokens/s of prefill at admission, whole prompts riding in the round's forward 0.98x and 1.00x
+    # the tokens/s of prefill at admission, whole prompts riding in the round's forward 0.98x and 1.00x; on a
+    # 2-core AMX Xeon (bf16, riding in the pool's compiled graph) whole prompts riding 0.98x and 1.04x
     prefill_chunk: int = 0
 
     def __post_init__(self) -> None:
