@@ -686,8 +686,11 @@ def _compiled_step():
     # norm's output lands in memory before the products read it: by default it inlined the norm into each
     # product's loop, recomputed for every output row.
     # 2-core Zen 4 EPYC, bf16, 2 threads, 300 tokens of context, A/B in separate processes: 15.7 -> 11.9 and
-    # 17.9 -> 14.4 ms a step (float32 within noise, 19.5 -> 21.1 and 18.0 -> 15.4)
-    return _compiled(LlamaDecoder._step_layers, realize_acc_reads_threshold=1)
+    # 17.9 -> 14.4 ms a step (float32 within noise, 19.5 -> 21.1 and 18.0 -> 15.4).
+    # cpp_wrapper: the graph's kernels are called from C++, not from Inductor's Python wrapper (1.6 ms a step of
+    # Python in the profile); 2-core AMX Xeon, 2 threads, A/B in separate processes, two pairs each: bf16
+    # 17.2-17.7 -> 16.4-16.8 ms a step, float32 24.2-24.6 -> 23.0-23.8 (medians)
+    return _compiled(LlamaDecoder._step_layers, realize_acc_reads_threshold=1, cpp_wrapper=True)
 
 
 @functools.cache
