@@ -533,6 +533,8 @@ def main() -> int:
         parser.error("--suffix-cached-requests must be in [0, 100000]")
     if any(c < 1 or c > 64 for c in args.concurrency) or args.batched_requests < 1:
         parser.error("--concurrency must be in [1, 64] and --batched-requests >= 1")
+    if args.prefill_chunk is not None and args.prefill_chunk < 0:
+        parser.error("--prefill-chunk must be >= 0")
     for path in args.prompt_file:
         if not path.is_file() or not path.read_text().strip():
             parser.error(f"--prompt-file {path}: not a readable, non-empty text file")

@@ -260,8 +260,7 @@ def _attention_plan(seqs: tuple[tuple[int, int, int], ...], device: torch.device
     order = sorted(by_lane)
 
     def cost(i: int, j: int) -> float:  # one call over lanes order[i] .. order[j - 1]
-        width = max(by_lane[lane][1] for lane in order[i:j])
-        length = max(sum(by_lane[lane]) for lane in order[i:j])
+        width, length = _extent(order[i:j], by_lane)
         per_key = _KEY_US if width == 1 else _KEY_US_ROWS + width * _KEY_US_ROW
         return _CALL_US + (order[j - 1] - order[i] + 1) * length * per_key
 
@@ -280,10 +279,15 @@ def _attention_plan(seqs: tuple[tuple[int, int, int], ...], device: torch.device
     return groups
 
 
+def _extent(run: list[int], by_lane: dict) -> tuple[int, int]:
+    """A call's query rows a lane and keys: the run's most rows and longest prefix (by_lane: lane -> (start, n))."""
+    return max(by_lane[lane][1] for lane in run), max(sum(by_lane[lane]) for lane in run)
+
+
 def _group(run: list[int], by_lane: dict, offsets: dict, device: torch.device) -> _Group:
     """The call over lanes run[0] .. run[-1] (see `_Group`)."""
     lo, hi = run[0], run[-1] + 1
-    width, length = max(by_lane[lane][1] for lane in run), max(sum(by_lane[lane]) for lane in run)
+    width, length = _extent(run, by_lane)
     if len(run) == 1:  # one sequence: its own causal mask, or the kernel's causal flag from position 0
         start, n = by_lane[lo]
         rows = slice(offsets[lo], offsets[lo] + n)
@@ -688,8 +692,8 @@ def _compiled_step():
     # 2-core Zen 4 EPYC, bf16, 2 threads, 300 tokens of context, A/B in separate processes: 15.7 -> 11.9 and
     # 17.9 -> 14.4 ms a step (float32 within noise, 19.5 -> 21.1 and 18.0 -> 15.4).
     # cpp_wrapper: the graph's kernels are called from C++, not from Inductor's Python wrapper (1.6 ms a step of
-    # Python in the profile); 2-core AMX Xeon, 2 threads, A/B in separate processes, two pairs each: bf16
-    # 17.2-17.7 -> 16.4-16.8 ms a step, float32 24.2-24.6 -> 23.0-23.8 (medians)
+    # Python in the profile); 2-core AMX Xeon, 2 threads, both variants alternating request by request in one
+    # process: bf16 18.4-19.2 -> 15.7-18.6 ms a step, float32 25.3-26.9 -> 24.6-26.2
     return _compiled(LlamaDecoder._step_layers, realize_acc_reads_threshold=1, cpp_wrapper=True)
 
 

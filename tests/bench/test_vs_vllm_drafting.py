@@ -4,6 +4,10 @@ prefix plus one token)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 from bench.vs_vllm import replayed_tokens_per_step
 from engine.drafters import NgramConfig, NgramDrafter
 from engine.suffix import SuffixConfig, SuffixDrafter
@@ -55,3 +59,11 @@ def test_real_drafters_copy_a_repeated_passage():
     # suffix: drafts are capped by the match's length (spec factor 1): 200 | 201 (+1) | 203-205 (+1) | 207-213 (+1)
     # | 215-219 of 8 drafted, then the text ends. Five forwards.
     assert suffix == 20 / 5
+
+
+def test_a_negative_prefill_chunk_is_refused_before_anything_starts():
+    bench = Path(__file__).resolve().parents[2] / "bench" / "vs_vllm.py"
+    argv = [sys.executable, str(bench), "--prefill-chunk", "-1"]
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    assert "--prefill-chunk must be >= 0" in run.stderr and "Traceback" not in run.stderr
