@@ -139,14 +139,30 @@ def test_bad_mode_is_refused(target):
         SpeculativeDecoder(make_decoder(target), None, adaptive="sometimes")
 
 
-def _run(engine, messages, adaptive: str, drafter: str | None, max_tokens: int):
+def _run(engine, messages, adaptive: str, drafter: str | None, max_tokens: int, steady: bool = False):
+    """`steady`: the rounds are priced by a fixed CPU curve, not by this machine's clock (see `_steady`)."""
     request = GenerateRequest(messages=messages, max_tokens=max_tokens, drafter=drafter, gamma=8)
     run = Run(engine, request, engine.default_slot)
     run.loop.adaptive = adaptive
     run.prefill()
+    if steady:
+        _steady(run.loop.model)
     while not run.finished:
         run.advance()
     return run
+
+
+def _steady(model: LookaheadModel, step_s: float = 0.020) -> None:
+    """Price `model`'s rounds by a fixed curve measured on a quiet CPU (a plain step `step_s`, each verified
+    row 5% more, drafting 0.3 of a step a token), on a curve of its own: the choices then follow the drafts'
+    acceptance alone, not the timing noise of a loaded machine or the shared curve of earlier requests."""
+    model.costs = CostCurve()
+    observe = model.observe_round
+
+    def priced(drafted, accepted, batch, forward_s, draft_s, predicted=None):
+        observe(drafted, accepted, batch, step_s * (1 + 0.05 * drafted), 0.3 * step_s * drafted, predicted)
+
+    model.observe_round = priced
 
 
 def test_open_chat_stops_drafting_and_stays_exact(bundled_engine):
@@ -156,7 +172,7 @@ def test_open_chat_stops_drafting_and_stays_exact(bundled_engine):
     plain = _run(bundled_engine, chat, "cost", None, 48)
     assert plain.result().record.mean_lookahead is None
     for drafter in ("ngram", "early-exit:4"):  # n-gram finds no match here: it stays a plain step anyway
-        run = _run(bundled_engine, chat, "cost", drafter, 48)
+        run = _run(bundled_engine, chat, "cost", drafter, 48, steady=True)
         assert run.generated == plain.generated, drafter
     chosen = run.loop.model.chosen  # early exit after 4 of 30 layers: its drafts are wrong on open chat
     late = chosen[len(chosen) // 2 :]
