@@ -42,6 +42,8 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedModel
 
+from engine.kernels import row_times_kernel
+
 
 class Decoder(Protocol):
     vocab_size: int
@@ -136,15 +138,25 @@ def _matrix(linears: list[torch.nn.Linear], pack: bool, by_columns: bool) -> _Ma
     return cached["matrix"]
 
 
-def _row_times(x: torch.Tensor, matrix: _Matrix, residual: torch.Tensor | None = None) -> torch.Tensor:
+def _row_times(
+    x: torch.Tensor, matrix: _Matrix, residual: torch.Tensor | None = None, kernel: bool = False
+) -> torch.Tensor:
     """One row x [1, in] times `matrix` (+ residual), in the single-row step: float32 by the input-major
-    weight (`by_columns`, the residual folded into addmm); otherwise, under torch.compile only, as a
-    reduction over the [out, in] weight with float32 sums that Inductor writes into the step's graph. On
-    the 2-core Zen 4 EPYC (bf16, 2 threads) a token's 121 such products over 269 MB of weights took
-    8.8-10.9 ms against 14.3-17.5 ms for oneDNN's packed kernel, one call a product (microbench)."""
+    weight (`by_columns`, the residual folded into addmm); else, under torch.compile only, over the
+    [out, in] weight with float32 sums: in bf16 by the engine's C++ kernel where `kernel` (`engine.kernels`:
+    four weight rows a pass, the CPU's bf16 dot product), otherwise as a reduction that Inductor writes
+    into the step's graph. On the 2-core Zen 4 EPYC (bf16, 2 threads) a token's 121 such products over
+    269 MB of weights took 8.8-10.9 ms as the reduction against 14.3-17.5 ms for oneDNN's packed kernel,
+    one call a product (microbench). On a 2-core AVX512-BF16 EPYC, 2 threads, 300 tokens of context, the
+    whole compiled bf16 step: 11.5-11.9 ms with the kernel against 21.4-23.4 by the reduction (medians
+    of 30 steps, three runs each, separate processes); float32 14.0-17.3 by the reduction against
+    17.1-17.4 with a float32 path of the kernel, which was dropped."""
     if matrix.by_columns is not None:
         return torch.mm(x, matrix.by_columns) if residual is None else torch.addmm(residual, x, matrix.by_columns)
-    out = (x.float().unsqueeze(-2) * matrix.weight.float()).sum(-1).to(x.dtype)
+    if kernel:
+        out = torch.ops.specwatch_cpu.row_times(x, matrix.weight)
+    else:
+        out = (x.float().unsqueeze(-2) * matrix.weight.float()).sum(-1).to(x.dtype)
     return out if residual is None else residual + out
 
 
@@ -365,6 +377,8 @@ class LlamaDecoder:
         )
         self._len = 0
         self.compiled = False  # ...run through torch.compile (set by the engine: EngineConfig.compile)
+        # the compiled step multiplies by the engine's C++ kernel (`_row_times`), built now if need be
+        self.row_kernel = for_compile and self.packed and self.embed.dtype == torch.bfloat16 and row_times_kernel()
         self.k_cache: list[torch.Tensor] = []
         self.v_cache: list[torch.Tensor] = []
         self.pool: CachePool | None = None  # where its cache is a lane of a pool shared with other slots
@@ -491,9 +505,10 @@ class LlamaDecoder:
         no layout changes between them, one roll for the rotary embedding."""
         heads, kv, dim = self.n_heads, self.n_kv, self.head_dim
         cos, signed_sin = self.cos[pos : pos + 1], self.sin[pos : pos + 1]  # slices: `pos` stays symbolic
+        times = functools.partial(_row_times, kernel=self.row_kernel)
         x = self.embed[token]  # [1, hidden]
         for i, layer in enumerate(self.layers):
-            qkv = _row_times(self._rms_norm(x, layer.attn_norm), layer.wqkv)[0]
+            qkv = times(self._rms_norm(x, layer.attn_norm), layer.wqkv)[0]
             if layer.bqkv is not None:
                 qkv = qkv + layer.bqkv
             qk = _rotate(qkv[: (heads + kv) * dim].view(heads + kv, dim), cos, signed_sin)
@@ -506,10 +521,10 @@ class LlamaDecoder:
                 values[:, :, : pos + 1],
                 enable_gqa=True,
             ).to(x.dtype)
-            x = _row_times(out.view(1, heads * dim), layer.wo, x)
-            gate, up = _row_times(self._rms_norm(x, layer.mlp_norm), layer.w_gate_up).chunk(2, dim=-1)
-            x = _row_times(F.silu(gate).mul_(up), layer.w_down, x)
-        return _row_times(self._rms_norm(x, self.final_norm), self.lm_head)
+            x = times(out.view(1, heads * dim), layer.wo, x)
+            gate, up = times(self._rms_norm(x, layer.mlp_norm), layer.w_gate_up).chunk(2, dim=-1)
+            x = times(F.silu(gate).mul_(up), layer.w_down, x)
+        return times(self._rms_norm(x, self.final_norm), self.lm_head)
 
     def _rows_layers(self, tokens: torch.Tensor, pos: int) -> torch.Tensor:
         """`forward_batch` for one sequence's rows at cache positions pos.., written for torch.compile:

@@ -19,6 +19,7 @@ from engine.decoder import (
     pool_caches,
     warm_up,
 )
+from engine.kernels import row_times_kernel
 from tests.engine.conftest import tiny_llama
 
 pool_forward = CachePool.forward
@@ -88,14 +89,19 @@ def test_a_float32_decoder_built_for_compile_steps_by_reductions_and_matches_eag
     assert LlamaDecoder(tiny_llama(seed=12, layers=2)).lm_head.by_columns is not None  # eager: input-major
 
 
-def test_compiled_bf16_step_matches_eager_and_compiles_once(model, monkeypatch):
+@pytest.mark.parametrize("kernel", [False, True], ids=["inductor-reduction", "row-kernel"])
+def test_compiled_bf16_step_matches_eager_and_compiles_once(model, monkeypatch, kernel):
     """bf16 where oneDNN packs it: compiled, one row after a prefix takes a step of its own (its products
-    reductions Inductor writes over the [out, in] weights, `_row_times`): at every position the eager
-    logits within bf16's rounding, compiled once for every position and cache size."""
+    by the engine's C++ kernel or as reductions Inductor writes over the [out, in] weights, `_row_times`):
+    at every position the eager logits within bf16's rounding, compiled once for every position and cache size."""
     if not cpu_prepack(torch.bfloat16):
         pytest.skip("this torch build or CPU packs no bf16 weights for oneDNN (nothing to compile)")
+    if kernel and not row_times_kernel():
+        pytest.skip("the row-times kernel could not be built here (see stderr: compiler or ninja)")
     model = copy.deepcopy(model).to(torch.bfloat16)
-    eager, compiled = LlamaDecoder(model), LlamaDecoder(model)
+    eager, compiled = LlamaDecoder(model), LlamaDecoder(model, for_compile=True)
+    assert not eager.row_kernel and compiled.row_kernel == kernel or not kernel
+    compiled.row_kernel = kernel
     assert not compiled.steps_alone  # eager bf16: one row takes the ragged batch
     compiled.compiled = True
     assert compiled.steps_alone
