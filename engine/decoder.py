@@ -148,9 +148,9 @@ def _row_times(
     into the step's graph. On the 2-core Zen 4 EPYC (bf16, 2 threads) a token's 121 such products over
     269 MB of weights took 8.8-10.9 ms as the reduction against 14.3-17.5 ms for oneDNN's packed kernel,
     one call a product (microbench). On a 2-core AVX512-BF16 EPYC, 2 threads, 300 tokens of context, the
-    whole compiled bf16 step: 11.5-11.9 ms with the kernel against 21.4-23.4 by the reduction (medians
-    of 30 steps, three runs each, separate processes); float32 14.0-17.3 by the reduction against
-    17.1-17.4 with a float32 path of the kernel, which was dropped."""
+    whole compiled bf16 step: 8.2-10.2 ms with the kernel against 22.6-23.4 by the reduction (medians of
+    30 steps, three runs each, separate processes, /tmp script); float32 keeps the reduction (14.0-17.3 ms
+    against 17.1-17.4 with a float32 path of the kernel, since dropped)."""
     if matrix.by_columns is not None:
         return torch.mm(x, matrix.by_columns) if residual is None else torch.addmm(residual, x, matrix.by_columns)
     if kernel:

@@ -2,8 +2,8 @@
 plain decode step's products, built once per machine by torch's extension builder for this CPU (-march=native)
 and kept on disk beside Inductor's kernels; later starts load the built library.
 
-Where it cannot be built (no C++ compiler, no ninja) or disagrees with torch on a check, the decode
-step keeps Inductor's reduction (`engine.decoder._row_times`): `row_times_kernel()` says which, and why
+Where the CPU has no bf16 dot product (AVX512-BF16), it cannot be built (no C++ compiler, no ninja) or
+it disagrees with torch on a check, the decode step keeps Inductor's reduction (`engine.decoder._row_times`): `row_times_kernel()` says which, and why
 on stderr."""
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ FLAGS = ["-O3", "-march=native", "-fopenmp"]
 @functools.cache
 def row_times_kernel() -> bool:
     """Whether `torch.ops.specwatch_cpu.row_times` is loaded and agrees with torch here (built on
-    first use; SPECWATCH_ROW_KERNEL=0 keeps Inductor's reduction)."""
-    if os.environ.get("SPECWATCH_ROW_KERNEL") == "0":
-        return False
+    first use where the CPU has AVX512-BF16; SPECWATCH_ROW_KERNEL=0 keeps Inductor's reduction)."""
+    if os.environ.get("SPECWATCH_ROW_KERNEL") == "0" or not torch.cpu._is_avx512_bf16_supported():
+        return False  # without the CPU's bf16 dot product it was not measured faster than the reduction
     try:
         _build()
     except (RuntimeError, OSError, ImportError) as error:  # cpp_extension raises these for a failed build
