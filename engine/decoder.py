@@ -144,7 +144,7 @@ def _row_times(
     """One row x [1, in] times `matrix` (+ residual), in the single-row step: float32 by the input-major
     weight (`by_columns`, the residual folded into addmm); else, under torch.compile only, over the
     [out, in] weight with float32 sums: in bf16 by the engine's C++ kernel where `kernel` (`engine.kernels`:
-    four weight rows a pass, the CPU's bf16 dot product), otherwise as a reduction that Inductor writes
+    the CPU's bf16 dot product, each weight row streamed in order), otherwise as a reduction that Inductor writes
     into the step's graph. On the 2-core Zen 4 EPYC (bf16, 2 threads) a token's 121 such products over
     269 MB of weights took 8.8-10.9 ms as the reduction against 14.3-17.5 ms for oneDNN's packed kernel,
     one call a product (microbench). On a 2-core AVX512-BF16 EPYC, 2 threads, 300 tokens of context, the

@@ -1,10 +1,10 @@
 """The engine's own C++ kernel (`row_times.cpp`): one bf16 row times a bf16 weight matrix, the compiled
-plain decode step's products, built once per machine by torch's extension builder for this CPU (-march=native)
-and kept on disk beside Inductor's kernels; later starts load the built library.
+plain decode step's products, built once per machine by torch's extension builder for this CPU
+(-march=native) and kept on disk beside Inductor's kernels; later starts load the built library.
 
-Where the CPU has no bf16 dot product (AVX512-BF16), it cannot be built (no C++ compiler, no ninja) or
-it disagrees with torch on a check, the decode step keeps Inductor's reduction (`engine.decoder._row_times`): `row_times_kernel()` says which, and why
-on stderr."""
+Where the CPU has no bf16 dot product (AVX512-BF16), the kernel cannot be built (no C++ compiler, no
+ninja) or it disagrees with torch on a check, the decode step keeps Inductor's reduction
+(`engine.decoder._row_times`): `row_times_kernel()` says which, and why on stderr."""
 
 from __future__ import annotations
 
