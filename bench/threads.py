@@ -39,7 +39,7 @@ def _worker(threads: int, dtype: str, context: int, steps: int, compiled: bool, 
 
     share = None if threads else CpuShare()  # 0: the engine's default, per forward
     torch.set_num_threads(threads or physical_cores())
-    decoder = make_decoder(load_model(dtype=dtype).model)
+    decoder = make_decoder(load_model(dtype=dtype).model, for_compile=compiled)  # as the engine builds it
     if compiled:
         if not getattr(decoder, "compilable", False):
             raise SystemExit(f"--compile: no compiled forwards for {dtype} on this machine (engine/decoder.py)")
