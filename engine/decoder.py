@@ -19,7 +19,8 @@ values, and can `crop` its cache back to a prefix after a rejected draft.
   verification, `LlamaDecoder._rows`), on the packed weights: 1.16-1.27x the eager forward
   for 2-9 rows at 300 tokens of context (2 threads, A/B in one process), and a whole prompt
   (`LlamaDecoder._prompt`). Compiled in bf16 (weights packed) a single row has a step of its
-  own too, its products reductions that Inductor writes over the [out, in] weights (`_row_times`).
+  own too, its products by the engine's C++ kernel where the CPU has AVX512-BF16 (`engine.kernels`),
+  else reductions that Inductor writes over the [out, in] weights (`_row_times`).
   Where torch's attention kernel runs bf16 on AMX tiles, a bf16 model's cache and attention stay bf16
   (`amx_attention`).
 - `HFDecoder` runs any other causal LM through transformers with a `DynamicCache`.
