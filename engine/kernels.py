@@ -47,24 +47,26 @@ def _build() -> None:
 
     build = default_cache_dir() / "kernels"
     build.mkdir(parents=True, exist_ok=True)
-    # the venv's ninja (a dependency) where the venv is not on PATH
-    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    path = os.environ.get("PATH", "")
+    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{path}"  # the venv's ninja, venv not activated
     started = time.monotonic()
-    cpp_extension.load(
-        name="specwatch_row_times",
-        sources=[str(SOURCE)],
-        extra_cflags=FLAGS,
-        build_directory=str(build),
-        is_python_module=False,
-        verbose=False,
-    )
+    try:
+        cpp_extension.load(
+            name="specwatch_row_times",
+            sources=[str(SOURCE)],
+            extra_cflags=FLAGS,
+            build_directory=str(build),
+            is_python_module=False,
+            verbose=False,
+        )
+    finally:
+        os.environ["PATH"] = path
     if (seconds := time.monotonic() - started) > 2:
         print(f"engine: row-times kernel built in {seconds:.0f} s ({build})", file=sys.stderr)
 
 
 def _agrees() -> bool:
-    """The kernel against torch's float32 product, on sizes with and without a tail (rows not a multiple of
-    four, columns not of 32)."""
+    """The kernel against torch's float32 product, on rows with and without a tail beyond a multiple of 32."""
     generator = torch.Generator().manual_seed(0)
     for out_features, in_features in ((37, 96), (64, 1000)):
         weight = torch.randn(out_features, in_features, generator=generator).bfloat16()

@@ -18,7 +18,6 @@
 
 #include <cstdint>
 #include <cstring>
-#include <vector>
 #include <immintrin.h>
 #if !defined(__AVX512BF16__)
 #error "row_times needs AVX512-BF16 (engine/kernels.py builds it only where the CPU has it)"
@@ -34,10 +33,9 @@ inline float widen(uint16_t bf16) {
 }
 
 // x[from..in) . w[from..in), the tail of a row beyond a multiple of 32
-float dot_rest(const uint16_t* w, const float* x, int64_t from, int64_t in) {
+float dot_rest(const uint16_t* w, const uint16_t* x, int64_t from, int64_t in) {
   float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t i = from; i < in; ++i) sum += x[i] * widen(w[i]);
+  for (int64_t i = from; i < in; ++i) sum += widen(x[i]) * widen(w[i]);
   return sum;
 }
 
@@ -47,23 +45,22 @@ inline __m512 dot32(__m512 acc, const uint16_t* w, const uint16_t* x) {
 }
 
 // one weight row, four sums in flight along it: the row streams in order
-float dot_row(const uint16_t* w, const float* x, const uint16_t* x_bf16, int64_t in) {
+float dot_row(const uint16_t* w, const uint16_t* x, int64_t in) {
   __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   int64_t i = 0;
   for (; i + 128 <= in; i += 128) {
-    a0 = dot32(a0, w + i, x_bf16 + i);
-    a1 = dot32(a1, w + i + 32, x_bf16 + i + 32);
-    a2 = dot32(a2, w + i + 64, x_bf16 + i + 64);
-    a3 = dot32(a3, w + i + 96, x_bf16 + i + 96);
+    a0 = dot32(a0, w + i, x + i);
+    a1 = dot32(a1, w + i + 32, x + i + 32);
+    a2 = dot32(a2, w + i + 64, x + i + 64);
+    a3 = dot32(a3, w + i + 96, x + i + 96);
   }
-  for (; i + 32 <= in; i += 32) a0 = dot32(a0, w + i, x_bf16 + i);
+  for (; i + 32 <= in; i += 32) a0 = dot32(a0, w + i, x + i);
   return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3))) + dot_rest(w, x, i, in);
 }
 
-void row_times_into(const uint16_t* w, const float* x, const uint16_t* x_bf16, int64_t in, int64_t out_features,
-                    c10::BFloat16* out) {
+void row_times_into(const uint16_t* w, const uint16_t* x, int64_t in, int64_t out_features, c10::BFloat16* out) {
   at::parallel_for(0, out_features, 64, [&](int64_t first, int64_t last) {
-    for (int64_t row = first; row < last; ++row) out[row] = c10::BFloat16(dot_row(w + row * in, x, x_bf16, in));
+    for (int64_t row = first; row < last; ++row) out[row] = c10::BFloat16(dot_row(w + row * in, x, in));
   });
 }
 
@@ -74,12 +71,10 @@ at::Tensor row_times(const at::Tensor& x, const at::Tensor& weight) {
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.size(0) == 1 && x.size(1) == in,
               "row_times: x must be bfloat16 [1, in]");
   const at::Tensor row = x.contiguous();
-  const auto* x_bf16 = reinterpret_cast<const uint16_t*>(row.const_data_ptr());
-  std::vector<float> x_float(in);
-  for (int64_t i = 0; i < in; ++i) x_float[i] = widen(x_bf16[i]);
   at::Tensor out = at::empty({1, weight.size(0)}, row.options());
-  row_times_into(reinterpret_cast<const uint16_t*>(weight.const_data_ptr()), x_float.data(), x_bf16, in,
-                 weight.size(0), out.mutable_data_ptr<c10::BFloat16>());
+  row_times_into(reinterpret_cast<const uint16_t*>(weight.const_data_ptr()),
+                 reinterpret_cast<const uint16_t*>(row.const_data_ptr()), in, weight.size(0),
+                 out.mutable_data_ptr<c10::BFloat16>());
   return out;
 }
 

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(
     [(1, 32), (3, 7), (4, 64), (37, 96), (960, 576), (577, 1536), (5, 1000)],
 )
 def test_row_times_is_the_float32_product_rounded_to_bf16(out_features, in_features):
-    """Rows beyond a multiple of four and columns beyond a multiple of 32 (the vector paths' tails) included."""
+    """Rows shorter than, a multiple of, and beyond a multiple of 32 columns (the vector path's tail) included."""
     generator = torch.Generator().manual_seed(out_features * 7919 + in_features)
     weight = torch.randn(out_features, in_features, generator=generator).bfloat16()
     x = torch.randn(1, in_features, generator=generator).bfloat16()
