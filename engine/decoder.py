@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedModel
 
-from engine.kernels import row_times_kernel
+from engine.kernels import prefill_attention_kernel, row_times_kernel
 
 
 class Decoder(Protocol):
@@ -380,6 +380,11 @@ class LlamaDecoder:
         self.compiled = False  # ...run through torch.compile (set by the engine: EngineConfig.compile)
         # the compiled step multiplies by the engine's C++ kernel (`_row_times`), built now if need be
         self.row_kernel = for_compile and self.packed and self.embed.dtype == torch.bfloat16 and row_times_kernel()
+        # a whole prompt attends by the engine's C++ kernel (`_prompt_attention`) where it is built, but where
+        # torch's own kernel runs bf16 on AMX tiles (measured there at 3.2 ms a layer, about the same)
+        self.prefill_kernel = (
+            on_cpu and not amx_bf16 and self.dtype == torch.bfloat16 and self.head_dim in (64, 128)
+        ) and prefill_attention_kernel()
         self.k_cache: list[torch.Tensor] = []
         self.v_cache: list[torch.Tensor] = []
         self.pool: CachePool | None = None  # where its cache is a lane of a pool shared with other slots
@@ -466,6 +471,9 @@ class LlamaDecoder:
             k_cache, v_cache = seq.decoder.k_cache[i], seq.decoder.v_cache[i]
             k_cache[:, :, seq.start : seq.end] = k[:, :, seq.rows]
             v_cache[:, :, seq.start : seq.end] = v[:, :, seq.rows]
+            if seq.causal and self.prefill_kernel:
+                outs.append(self._prompt_attention(q[0, :, seq.rows], k[0, :, seq.rows], v[0, :, seq.rows])[None])
+                continue
             keys, values = k_cache[:, :, : seq.end], v_cache[:, :, : seq.end]
             outs.append(_attend(q[:, :, seq.rows], keys, values, seq.mask, causal=seq.causal))
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
@@ -553,19 +561,30 @@ class LlamaDecoder:
         for i, layer in enumerate(self.layers):
             qkv = self._packed_qkv(layer, x)
             qk = _rotate(qkv[:, : (heads + kv) * dim].view(n, heads + kv, dim).transpose(0, 1), cos, signed_sin)
+            new_values = qkv[:, (heads + kv) * dim :].view(n, kv, dim).transpose(0, 1)
             keys, values = self.k_cache[i], self.v_cache[i]  # [1, kv, max_len, dim], the cache's dtype
             keys[0, :, pos : pos + n] = qk[heads:].to(keys.dtype)
-            values[0, :, pos : pos + n] = qkv[:, (heads + kv) * dim :].view(n, kv, dim).transpose(0, 1).to(keys.dtype)
-            out = F.scaled_dot_product_attention(
-                qk[:heads].unsqueeze(0).to(keys.dtype),
-                keys[:, :, : pos + n],
-                values[:, :, : pos + n],
-                attn_mask=mask,
-                is_causal=mask is None,
-                enable_gqa=True,
-            ).to(x.dtype)
-            x = self._packed_mlp(layer, x + linear(out[0].transpose(0, 1).reshape(n, heads * dim), layer.wo.packed))
+            values[0, :, pos : pos + n] = new_values.to(keys.dtype)
+            if mask is None and self.prefill_kernel:
+                out = self._prompt_attention(qk[:heads], qk[heads:], new_values)
+            else:
+                out = F.scaled_dot_product_attention(
+                    qk[:heads].unsqueeze(0).to(keys.dtype),
+                    keys[:, :, : pos + n],
+                    values[:, :, : pos + n],
+                    attn_mask=mask,
+                    is_causal=mask is None,
+                    enable_gqa=True,
+                )[0].to(x.dtype)
+            x = self._packed_mlp(layer, x + linear(out.transpose(0, 1).reshape(n, heads * dim), layer.wo.packed))
         return x
+
+    def _prompt_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal attention [heads, n, dim] of a prompt's queries [heads, n, dim] over its own keys and values
+        [kv heads, n, dim], from position 0, in bf16 by the engine's C++ kernel (`prefill_kernel`). On the 2-core
+        AVX512-BF16 EPYC, 2 threads, 9 heads over 3: 1,207 tokens 2.96 against 13.1 ms a layer for torch's
+        float32 kernel (torch's bf16 one, without AMX, is no faster), 300 tokens 0.26 against 1.59 ms."""
+        return torch.ops.specwatch_cpu.prefill_attention(q.contiguous(), k.contiguous(), v.contiguous(), self.head_dim**-0.5)
 
     def _packed_qkv(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
         qkv = torch.ops.specwatch.packed_linear(self._rms_norm(x, layer.attn_norm), layer.wqkv.packed)

@@ -1,10 +1,13 @@
-"""The engine's own C++ kernel (`row_times.cpp`): one bf16 row times a bf16 weight matrix, the compiled
-plain decode step's products, built once per machine by torch's extension builder for this CPU
-(-march=native) and kept on disk beside Inductor's kernels; later starts load the built library.
+"""The engine's own C++ kernels, built once per machine by torch's extension builder for this CPU
+(-march=native) into one library kept on disk beside Inductor's kernels; later starts load it:
 
-Where the CPU has no bf16 dot product (AVX512-BF16), the kernel cannot be built (no C++ compiler, no
-ninja) or it disagrees with torch on a check, the decode step keeps Inductor's reduction
-(`engine.decoder._row_times`): `row_times_kernel()` says which, and why on stderr."""
+- `row_times.cpp`: one bf16 row times a bf16 weight matrix, the compiled plain decode step's products;
+- `prefill_attention.cpp`: causal attention over a whole bf16 prompt, the prompt forward's attention.
+
+Both need the CPU's bf16 dot product (AVX512-BF16). Where it is missing, the library cannot be built (no
+C++ compiler, no ninja) or a kernel disagrees with torch on a check, the engine keeps torch's own path
+(Inductor's reduction, torch's attention kernel): `row_times_kernel()` and `prefill_attention_kernel()`
+say which, and why on stderr."""
 
 from __future__ import annotations
 
@@ -15,29 +18,53 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
-SOURCE = Path(__file__).with_name("row_times.cpp")
+SOURCES = [Path(__file__).with_name(name) for name in ("row_times.cpp", "prefill_attention.cpp")]
 FLAGS = ["-O3", "-march=native", "-fopenmp"]
 
 
 @functools.cache
 def row_times_kernel() -> bool:
-    """Whether `torch.ops.specwatch_cpu.row_times` is loaded and agrees with torch here (built on
-    first use where the CPU has AVX512-BF16; SPECWATCH_ROW_KERNEL=0 keeps Inductor's reduction)."""
-    if os.environ.get("SPECWATCH_ROW_KERNEL") == "0" or not torch.cpu._is_avx512_bf16_supported():
-        return False  # without the CPU's bf16 dot product it was not measured faster than the reduction
-    try:
-        _build()
-    except (RuntimeError, OSError, ImportError) as error:  # cpp_extension raises these for a failed build
-        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
-        print(f"engine: row-times kernel not built, the step keeps Inductor's products ({first_line})", file=sys.stderr)
+    """Whether `torch.ops.specwatch_cpu.row_times` is loaded and agrees with torch here (SPECWATCH_ROW_KERNEL=0
+    keeps Inductor's reduction)."""
+    if os.environ.get("SPECWATCH_ROW_KERNEL") == "0" or not _built():
         return False
     torch.library.register_fake("specwatch_cpu::row_times", _row_times_shape)
-    return _agrees()
+    return _row_times_agrees()
+
+
+@functools.cache
+def prefill_attention_kernel() -> bool:
+    """Whether `torch.ops.specwatch_cpu.prefill_attention` is loaded and agrees with torch here
+    (SPECWATCH_PREFILL_KERNEL=0 keeps torch's attention kernel for prompts)."""
+    if os.environ.get("SPECWATCH_PREFILL_KERNEL") == "0" or not _built():
+        return False
+    torch.library.register_fake("specwatch_cpu::prefill_attention", _prefill_attention_shape)
+    return _prefill_attention_agrees()
 
 
 def _row_times_shape(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return x.new_empty((1, weight.shape[0]))
+
+
+def _prefill_attention_shape(q: torch.Tensor, *_) -> torch.Tensor:
+    return q.new_empty(q.shape)
+
+
+@functools.cache
+def _built() -> bool:
+    """Build (or load) the library, where the CPU has AVX512-BF16 (without the CPU's bf16 dot product
+    neither kernel was measured faster than torch's path)."""
+    if not torch.cpu._is_avx512_bf16_supported():
+        return False
+    try:
+        _build()
+    except (RuntimeError, OSError, ImportError) as error:  # cpp_extension raises these for a failed build
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+        print(f"engine: C++ kernels not built, the engine keeps torch's own path ({first_line})", file=sys.stderr)
+        return False
+    return True
 
 
 def _build() -> None:
@@ -52,8 +79,8 @@ def _build() -> None:
     started = time.monotonic()
     try:
         cpp_extension.load(
-            name="specwatch_row_times",
-            sources=[str(SOURCE)],
+            name="specwatch_cpu",
+            sources=[str(source) for source in SOURCES],
             extra_cflags=FLAGS,
             build_directory=str(build),
             is_python_module=False,
@@ -62,10 +89,10 @@ def _build() -> None:
     finally:
         os.environ["PATH"] = path
     if (seconds := time.monotonic() - started) > 2:
-        print(f"engine: row-times kernel built in {seconds:.0f} s ({build})", file=sys.stderr)
+        print(f"engine: C++ kernels built in {seconds:.0f} s ({build})", file=sys.stderr)
 
 
-def _agrees() -> bool:
+def _row_times_agrees() -> bool:
     """The kernel against torch's float32 product, on rows with and without a tail beyond a multiple of 32."""
     generator = torch.Generator().manual_seed(0)
     for out_features, in_features in ((37, 96), (64, 1000)):
@@ -75,5 +102,18 @@ def _agrees() -> bool:
         got = torch.ops.specwatch_cpu.row_times(x, weight)
         if got.shape != want.shape or not torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-2):
             print("engine: row-times kernel disagrees with torch here; keeping Inductor's products", file=sys.stderr)
+            return False
+    return True
+
+
+def _prefill_attention_agrees() -> bool:
+    """The kernel against torch's float32 attention, for both head sizes it takes, over a block and a half of keys."""
+    generator = torch.Generator().manual_seed(0)
+    for heads, kv_heads, n, dim in ((6, 2, 97, 64), (4, 1, 70, 128)):
+        q, k, v = (torch.randn(h, n, dim, generator=generator).bfloat16() for h in (heads, kv_heads, kv_heads))
+        want = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True, enable_gqa=True)
+        got = torch.ops.specwatch_cpu.prefill_attention(q, k, v, dim**-0.5)
+        if got.shape != want.shape or not torch.allclose(got.float(), want, rtol=2e-2, atol=2e-2):
+            print("engine: prefill-attention kernel disagrees with torch here; keeping torch's", file=sys.stderr)
             return False
     return True
