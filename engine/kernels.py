@@ -1,13 +1,15 @@
 """The engine's own C++ kernels, built once per machine by torch's extension builder for this CPU
 (-march=native) into one library kept on disk beside Inductor's kernels; later starts load it:
 
-- `row_times.cpp`: one bf16 row times a bf16 weight matrix, the compiled plain decode step's products;
-- `prefill_attention.cpp`: causal attention over a whole bf16 prompt, the prompt forward's attention.
+- `row` (`row_times.cpp`): one bf16 row times a bf16 weight matrix, the compiled plain decode step's products;
+- `prefill` (`prefill_attention.cpp`): causal attention over a whole bf16 prompt, the prompt forward's attention;
+- `lane` (`lane_attention.cpp`): a batched round's attention, each sequence over its own lane of the
+  slots' float32 cache pool.
 
-Both need the CPU's bf16 dot product (AVX512-BF16). Where it is missing, the library cannot be built (no
-C++ compiler, no ninja) or a kernel disagrees with torch on a check, the engine keeps torch's own path
-(Inductor's reduction, torch's attention kernel): `row_times_kernel()` and `prefill_attention_kernel()`
-say which, and why on stderr."""
+They are built only where the CPU has the bf16 dot product (AVX512-BF16). Where it is missing, the library
+cannot be built (no C++ compiler, no ninja), a kernel disagrees with torch on a check or SPECWATCH_CPU_KERNELS
+leaves it out, the engine keeps torch's own path for it (Inductor's reduction, torch's attention kernel):
+`row_times_kernel()`, `prefill_attention_kernel()` and `lane_attention_kernel()` say which, and why on stderr."""
 
 from __future__ import annotations
 
@@ -20,15 +22,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-SOURCES = [Path(__file__).with_name(name) for name in ("row_times.cpp", "prefill_attention.cpp")]
+SOURCES = [Path(__file__).with_name(f"{name}.cpp") for name in ("row_times", "prefill_attention", "lane_attention")]
+KERNELS = ("row", "prefill", "lane")
 FLAGS = ["-O3", "-march=native", "-fopenmp"]
 
 
 @functools.cache
 def row_times_kernel() -> bool:
-    """Whether `torch.ops.specwatch_cpu.row_times` is loaded and agrees with torch here (SPECWATCH_ROW_KERNEL=0
-    keeps Inductor's reduction)."""
-    if os.environ.get("SPECWATCH_ROW_KERNEL") == "0" or not _built():
+    """Whether `torch.ops.specwatch_cpu.row_times` is loaded and agrees with torch here."""
+    if not _wanted("row"):
         return False
     torch.library.register_fake("specwatch_cpu::row_times", _row_times_shape)
     return _row_times_agrees()
@@ -36,12 +38,30 @@ def row_times_kernel() -> bool:
 
 @functools.cache
 def prefill_attention_kernel() -> bool:
-    """Whether `torch.ops.specwatch_cpu.prefill_attention` is loaded and agrees with torch here
-    (SPECWATCH_PREFILL_KERNEL=0 keeps torch's attention kernel for prompts)."""
-    if os.environ.get("SPECWATCH_PREFILL_KERNEL") == "0" or not _built():
+    """Whether `torch.ops.specwatch_cpu.prefill_attention` is loaded and agrees with torch here."""
+    if not _wanted("prefill"):
         return False
     torch.library.register_fake("specwatch_cpu::prefill_attention", _prefill_attention_shape)
     return _prefill_attention_agrees()
+
+
+@functools.cache
+def lane_attention_kernel() -> bool:
+    """Whether `torch.ops.specwatch_cpu.lane_attention` is loaded and agrees with torch here."""
+    if not _wanted("lane"):
+        return False
+    torch.library.register_fake("specwatch_cpu::lane_attention", _prefill_attention_shape)
+    return _lane_attention_agrees()
+
+
+def _wanted(kernel: str) -> bool:
+    """`kernel` is left in by SPECWATCH_CPU_KERNELS (default: all; `none`, or a comma-separated subset of
+    row, prefill, lane) and the library is built."""
+    chosen = os.environ.get("SPECWATCH_CPU_KERNELS", ",".join(KERNELS)).replace(" ", "").lower()
+    names = set() if chosen == "none" else set(chosen.split(","))
+    if unknown := names - set(KERNELS):
+        raise ValueError(f"SPECWATCH_CPU_KERNELS: unknown kernel(s) {', '.join(sorted(unknown))} (row, prefill, lane or none)")
+    return kernel in names and _built()
 
 
 def _row_times_shape(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -115,5 +135,22 @@ def _prefill_attention_agrees() -> bool:
         got = torch.ops.specwatch_cpu.prefill_attention(q, k, v, dim**-0.5)
         if got.shape != want.shape or not torch.allclose(got.float(), want, rtol=2e-2, atol=2e-2):
             print("engine: prefill-attention kernel disagrees with torch here; keeping torch's", file=sys.stderr)
+            return False
+    return True
+
+
+def _lane_attention_agrees() -> bool:
+    """The kernel against torch's float32 attention: sequences of 1 and of several rows, in lanes out of order."""
+    from engine.decoder import _lane_attention_by_torch
+
+    generator = torch.Generator().manual_seed(0)
+    for heads, kv_heads, dim in ((6, 2, 64), (4, 1, 128)):
+        keys, values = (torch.randn(4, kv_heads, 40, dim, generator=generator) for _ in range(2))
+        bounds = torch.tensor([[2, 17, 1], [0, 0, 5], [3, 30, 3]])
+        q = torch.randn(9, heads, dim, generator=generator)
+        want = _lane_attention_by_torch(q, keys, values, bounds)
+        got = torch.ops.specwatch_cpu.lane_attention(q, keys, values, bounds)
+        if got.shape != want.shape or not torch.allclose(got, want, rtol=1e-4, atol=1e-5):
+            print("engine: lane-attention kernel disagrees with torch here; keeping torch's", file=sys.stderr)
             return False
     return True
