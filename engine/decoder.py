@@ -595,7 +595,8 @@ class LlamaDecoder:
         [kv heads, n, dim], from position 0, in bf16 by the engine's C++ kernel (`prefill_kernel`). On the 2-core
         AVX512-BF16 EPYC, 2 threads, 9 heads over 3: 1,207 tokens 2.96 against 13.1 ms a layer for torch's
         float32 kernel (torch's bf16 one, without AMX, is no faster), 300 tokens 0.26 against 1.59 ms."""
-        return torch.ops.specwatch_cpu.prefill_attention(q.contiguous(), k.contiguous(), v.contiguous(), self.head_dim**-0.5)
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        return torch.ops.specwatch_cpu.prefill_attention(q, k, v, self.head_dim**-0.5)
 
     def _packed_qkv(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
         qkv = torch.ops.specwatch.packed_linear(self._rms_norm(x, layer.attn_norm), layer.wqkv.packed)

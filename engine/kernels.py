@@ -60,7 +60,8 @@ def _wanted(kernel: str) -> bool:
     chosen = os.environ.get("SPECWATCH_CPU_KERNELS", ",".join(KERNELS)).replace(" ", "").lower()
     names = set() if chosen == "none" else set(chosen.split(","))
     if unknown := names - set(KERNELS):
-        raise ValueError(f"SPECWATCH_CPU_KERNELS: unknown kernel(s) {', '.join(sorted(unknown))} (row, prefill, lane or none)")
+        unknown_names = ", ".join(sorted(unknown))
+        raise ValueError(f"SPECWATCH_CPU_KERNELS: unknown kernel(s) {unknown_names} (row, prefill, lane or none)")
     return kernel in names and _built()
 
 

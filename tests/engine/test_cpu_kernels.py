@@ -57,7 +57,8 @@ def test_prefill_attention_is_as_close_to_exact_as_torchs_bf16_attention(heads, 
 def test_prefill_attention_takes_its_scale():
     q, k, v = qkv(6, 2, 50, 64, seed=1)
     got = torch.ops.specwatch_cpu.prefill_attention(q, k, v, 0.3)
-    want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True, enable_gqa=True, scale=0.3)
+    q64, k64, v64 = q.double(), k.double(), v.double()
+    want = F.scaled_dot_product_attention(q64, k64, v64, is_causal=True, enable_gqa=True, scale=0.3)
     torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=2e-2)
 
 
@@ -145,7 +146,7 @@ def pool(lanes: int, kv_heads: int, length: int, dim: int, seed: int) -> list[to
 @pytest.mark.parametrize(
     ("heads", "kv_heads", "dim", "seqs"),
     [
-        (9, 3, 64, [(l, 10 + 37 * l, 1) for l in range(8)]),  # a decode round: one row each, unlike lengths
+        (9, 3, 64, [(lane, 10 + 37 * lane, 1) for lane in range(8)]),  # a decode round: one row each, unlike lengths
         (9, 3, 64, [(3, 200, 9), (0, 0, 1), (1, 5, 4), (6, 0, 30)]),  # verifications, a first row, a prompt chunk
         (4, 4, 64, [(2, 17, 2), (1, 99, 1)]),  # no grouping, lanes out of order
         (8, 1, 128, [(0, 64, 5), (5, 250, 1)]),  # the other head size, one key head for eight
@@ -164,7 +165,7 @@ def test_lane_attention_kernel_is_torchs_attention_over_each_sequences_own_prefi
 
 def test_lane_attention_kernel_runs_on_several_threads_as_on_one():
     keys, values = pool(6, 3, 700, 64, seed=4)
-    seqs = torch.tensor([(l, 100 * l, 1 + l % 3) for l in range(6)])
+    seqs = torch.tensor([(lane, 100 * lane, 1 + lane % 3) for lane in range(6)])
     q = torch.randn(int(seqs[:, 2].sum()), 9, 64)
     threads = torch.get_num_threads()
     try:
