@@ -235,9 +235,44 @@ def _lane_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, b
     sequence, its n rows next in q, at positions start.., each seeing keys 0 .. its own position. By the
     engine's C++ kernel over a float32 pool where it is built (8 slots of 150-1,250 tokens, one row each:
     100 against 353 us a layer on the 2-core AVX512-BF16 EPYC, 2 threads, warm cache), else by torch's."""
-    if keys.dtype == torch.float32 and keys.shape[-1] in (64, 128) and lane_attention_kernel():
+    if _by_lane_kernel(keys, int(bounds[:, 2].max())):
         return torch.ops.specwatch_cpu.lane_attention(q.contiguous(), keys, values, bounds)
     return _lane_attention_by_torch(q, keys, values, bounds)
+
+
+KERNEL_ROWS = 16  # a sequence's rows up to which the lane kernel attends (it reads the prefix once a row)
+
+
+def _by_lane_kernel(keys: torch.Tensor, most_rows: int) -> bool:
+    """Whether the lane kernel attends over this cache: a float32 one with heads it takes, sequences of
+    decode or verification rows (a prompt chunk of hundreds of rows goes to torch's flash kernel, which
+    reads each block of keys once for a block of rows)."""
+    return (
+        keys.dtype == torch.float32
+        and keys.shape[-1] in (64, 128)
+        and keys.is_contiguous()
+        and most_rows <= KERNEL_ROWS
+        and lane_attention_kernel()
+    )
+
+
+def _cache_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
+    """q [n, heads, dim]: one sequence's rows at positions start.., its cache keys, values [1, kv head, position,
+    dim] written through start + n; each row over keys 0 .. its own position (`_lane_attention` for one lane).
+    The single-row step's and a verification's attention: by the lane kernel where it runs (one row over 300
+    keys 8 against 28 us, 9 rows over 1,000 keys 155 against 242 us, 2-core AVX512-BF16 EPYC), else torch's."""
+    n = q.shape[0]
+    if _by_lane_kernel(keys, n):
+        return torch.ops.specwatch_cpu.lane_attention(q.contiguous(), keys, values, torch.tensor([[0, start, n]]))
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0),
+        keys[:, :, : start + n],
+        values[:, :, : start + n],
+        attn_mask=_causal_mask(start, n, q.device),
+        is_causal=start == 0 and n > 1,
+        enable_gqa=q.shape[1] != keys.shape[1],
+    )
+    return out[0].transpose(0, 1)
 
 
 def _lane_attention_by_torch(
@@ -331,10 +366,13 @@ def _group(run: list[int], by_lane: dict, offsets: dict, device: torch.device) -
 
 
 _LIBRARY.impl("lane_attention", _lane_attention, "CPU")
+_LIBRARY.define("cache_attention(Tensor q, Tensor keys, Tensor values, SymInt start) -> Tensor")
+_LIBRARY.impl("cache_attention", _cache_attention, "CPU")
 
 
 @torch.library.register_fake("specwatch::lane_attention")
-def _lane_attention_shape(q: torch.Tensor, *_: torch.Tensor) -> torch.Tensor:
+@torch.library.register_fake("specwatch::cache_attention")
+def _lane_attention_shape(q: torch.Tensor, *_) -> torch.Tensor:
     return q.new_empty(q.shape)
 
 
@@ -535,13 +573,8 @@ class LlamaDecoder:
             keys, values = self.k_cache[i], self.v_cache[i]  # [1, kv, max_len, dim], the cache's dtype
             keys[0, :, pos : pos + 1] = qk[heads:].unsqueeze(1).to(keys.dtype)
             values[0, :, pos : pos + 1] = qkv[(heads + kv) * dim :].view(kv, 1, dim).to(keys.dtype)
-            out = F.scaled_dot_product_attention(
-                qk[:heads].view(1, heads, 1, dim).to(keys.dtype),
-                keys[:, :, : pos + 1],
-                values[:, :, : pos + 1],
-                enable_gqa=True,
-            ).to(x.dtype)
-            x = times(out.view(1, heads * dim), layer.wo, x)
+            out = torch.ops.specwatch.cache_attention(qk[:heads].view(1, heads, dim).to(keys.dtype), keys, values, pos)
+            x = times(out.to(x.dtype).view(1, heads * dim), layer.wo, x)
             gate, up = times(self._rms_norm(x, layer.mlp_norm), layer.w_gate_up).chunk(2, dim=-1)
             x = times(F.silu(gate).mul_(up), layer.w_down, x)
         return times(self._rms_norm(x, self.final_norm), self.lm_head)
@@ -550,21 +583,19 @@ class LlamaDecoder:
         """`forward_batch` for one sequence's rows at cache positions pos.., written for torch.compile:
         the products on the packed weights (`packed_linear`), everything between them fused by
         Inductor (eager, the norms, rotary, residual and mask kernels cost a third of a 9-row forward
-        on the 2-core AVX2 machine)."""
-        positions = torch.arange(pos + tokens.shape[0], device=self.device)
-        mask = positions <= positions[pos:].unsqueeze(1)  # query pos + i sees keys 0 .. pos + i
-        x = self._cached_rows(tokens, pos, mask)
+        on the 2-core AVX2 machine); attention by `specwatch::cache_attention`."""
+        x = self._cached_rows(tokens, pos, prompt=False)
         return torch.ops.specwatch.packed_linear(self._rms_norm(x, self.final_norm), self.lm_head.packed)
 
     def _prompt_layers(self, tokens: torch.Tensor, pos: int) -> torch.Tensor:
-        """`_rows_layers` for a prompt (pos 0), keeping only its last row's logits: the kernel's causal
-        flag instead of a mask (half the attention), one row through the head instead of all."""
-        x = self._cached_rows(tokens, pos, None)
+        """`_rows_layers` for a prompt (pos 0), keeping only its last row's logits: attention by the engine's
+        prompt kernel where it runs (`_prompt_attention`), one row through the head instead of all."""
+        x = self._cached_rows(tokens, pos, prompt=True)
         return torch.ops.specwatch.packed_linear(self._rms_norm(x[-1:], self.final_norm), self.lm_head.packed)
 
-    def _cached_rows(self, tokens: torch.Tensor, pos: int, mask: torch.Tensor | None) -> torch.Tensor:
+    def _cached_rows(self, tokens: torch.Tensor, pos: int, prompt: bool) -> torch.Tensor:
         """Hidden states of `tokens` at cache positions pos.. after every layer, their keys and values
-        cached; `mask` None: causal from position 0."""
+        cached; `prompt`: a whole prompt from position 0."""
         heads, kv, dim, n = self.n_heads, self.n_kv, self.head_dim, tokens.shape[0]
         linear = torch.ops.specwatch.packed_linear
         cos, signed_sin = self.cos[pos : pos + n], self.sin[pos : pos + n]
@@ -576,18 +607,11 @@ class LlamaDecoder:
             keys, values = self.k_cache[i], self.v_cache[i]  # [1, kv, max_len, dim], the cache's dtype
             keys[0, :, pos : pos + n] = qk[heads:].to(keys.dtype)
             values[0, :, pos : pos + n] = new_values.to(keys.dtype)
-            if mask is None and self.prefill_kernel:
-                out = self._prompt_attention(qk[:heads], qk[heads:], new_values)
+            if prompt and self.prefill_kernel:
+                out = self._prompt_attention(qk[:heads], qk[heads:], new_values).transpose(0, 1)
             else:
-                out = F.scaled_dot_product_attention(
-                    qk[:heads].unsqueeze(0).to(keys.dtype),
-                    keys[:, :, : pos + n],
-                    values[:, :, : pos + n],
-                    attn_mask=mask,
-                    is_causal=mask is None,
-                    enable_gqa=True,
-                )[0].to(x.dtype)
-            x = self._packed_mlp(layer, x + linear(out.transpose(0, 1).reshape(n, heads * dim), layer.wo.packed))
+                out = torch.ops.specwatch.cache_attention(qk[:heads].transpose(0, 1).to(keys.dtype), keys, values, pos)
+            x = self._packed_mlp(layer, x + linear(out.to(x.dtype).reshape(n, heads * dim), layer.wo.packed))
         return x
 
     def _prompt_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

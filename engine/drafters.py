@@ -19,7 +19,7 @@ import torch
 from transformers import PreTrainedModel
 
 from engine.decoder import Decoder, LlamaDecoder, make_decoder
-from engine.sampling import SamplingParams, probabilities, sample
+from engine.sampling import SamplingParams, greedy, probabilities, sample
 
 
 class Drafter(Protocol):
@@ -105,7 +105,7 @@ class ModelDrafter:
         logits = self.decoder.forward(torch.tensor(pending, device=self.device), keep=1)[-1]
         while True:
             if params.greedy:
-                token = int(logits.argmax())
+                token = int(greedy(logits))
             else:
                 step_probs.append(probabilities(logits, params))
                 token = sample(step_probs[-1], generator)

@@ -52,6 +52,13 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    """argmax over the last dim, taken on a float32 copy: the same token (bf16 values widen exactly, ties go to
+    the first either way), but torch's bf16 argmax on a CPU took 156 against 33 us over 49,152 logits (2-core
+    EPYC, 2 threads), every decoded token."""
+    return logits.float().argmax(-1)
+
+
 def verify_greedy(target_logits: torch.Tensor, draft: list[int]) -> tuple[int, int]:
     """Accept the longest draft prefix the target's argmax agrees with.
 
@@ -59,7 +66,7 @@ def verify_greedy(target_logits: torch.Tensor, draft: list[int]) -> tuple[int, i
     next token): the target's own choice at the first disagreement, or the bonus
     token after a fully accepted draft.
     """
-    choices = target_logits.argmax(-1).tolist()
+    choices = greedy(target_logits).tolist()
     accepted = 0
     while accepted < len(draft) and choices[accepted] == draft[accepted]:
         accepted += 1

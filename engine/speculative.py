@@ -21,7 +21,7 @@ import torch
 from engine.decoder import Decoder
 from engine.drafters import Drafter
 from engine.lookahead import Acceptance, CostCurve, LookaheadModel
-from engine.sampling import SamplingParams, probabilities, sample, verify_greedy, verify_stochastic
+from engine.sampling import SamplingParams, greedy, probabilities, sample, verify_greedy, verify_stochastic
 
 
 class StageError(RuntimeError):
@@ -276,7 +276,7 @@ class SpeculativeDecoder:
 
     def _choose(self, logits: torch.Tensor) -> int:
         if self.params.greedy:
-            return int(logits.argmax())
+            return int(greedy(logits))
         return sample(probabilities(logits, self.params), self.generator)
 
     def _commit(self, new: list[int], drafted: int, accepted: int) -> list[int]:
