@@ -10,7 +10,7 @@ values, and can `crop` its cache back to a prefix after a rejected draft.
   run only the first `k` layers, which is what the early-exit drafter is. On a CPU
   whose torch build has oneDNN it multiplies by a copy of the linear weights packed
   once into oneDNN's layout (`cpu_prepack`; shared by every decoder over the model)
-  and attends in float32 over a float32 cache (`_attend`): a bf16 decode step of
+  and attends in float32 over a float32 cache (`_cache_attention`): a bf16 decode step of
   SmolLM2-135M went from 58 to 19.5 ms on one thread of the 2-core machine. In float32 a
   single row (a plain decode step) has its own step (`LlamaDecoder._step`): it multiplies by
   the weight stored input-major (`_Matrix`; faster than the packed kernel on an AVX2 CPU without
@@ -259,8 +259,11 @@ def _by_lane_kernel(keys: torch.Tensor, most_rows: int) -> bool:
 def _cache_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
     """q [n, heads, dim]: one sequence's rows at positions start.., its cache keys, values [1, kv head, position,
     dim] written through start + n; each row over keys 0 .. its own position (`_lane_attention` for one lane).
-    The single-row step's and a verification's attention: by the lane kernel where it runs (one row over 300
-    keys 8 against 28 us, 9 rows over 1,000 keys 155 against 242 us, 2-core AVX512-BF16 EPYC), else torch's."""
+    In the cache's dtype: float32 on CPU whatever the model's (torch's CPU kernel is several times slower in bf16
+    than in float32, conversions included: 275 against 39 us for one query over 200 keys on an AVX2 CPU; and
+    float32 is the more exact of the two), but where `amx_attention` holds. Decode and verification rows by the
+    lane kernel where it runs (one row over 300 keys 8 against 28 us, 9 rows over 1,000 keys 155 against 242 us,
+    2-core AVX512-BF16 EPYC; each row alike however many come along), else and for prompts by torch's."""
     n = q.shape[0]
     if _by_lane_kernel(keys, n):
         return torch.ops.specwatch_cpu.lane_attention(q.contiguous(), keys, values, torch.tensor([[0, start, n]]))
@@ -417,7 +420,7 @@ class LlamaDecoder:
         self.vocab_size = model.lm_head.weight.shape[0]
         self.dtype = self.embed.dtype
         self.device = self.embed.device
-        # attention runs in float32 on CPU (`_attend`), so the cache is kept there in float32: no
+        # attention runs in float32 on CPU (`_cache_attention`), so the cache is kept there in float32: no
         # per-step conversion of the whole cache (3 ms a step at 1k tokens), for 2x its bf16 size;
         # except where torch's kernel runs bf16 on AMX tiles (`amx_attention`): there it stays bf16
         amx_bf16 = self.dtype == torch.bfloat16 and amx_attention()
@@ -523,8 +526,8 @@ class LlamaDecoder:
             if seq.causal and self.prefill_kernel:
                 outs.append(self._prompt_attention(q[0, :, seq.rows], k[0, :, seq.rows], v[0, :, seq.rows])[None])
                 continue
-            keys, values = k_cache[:, :, : seq.end], v_cache[:, :, : seq.end]
-            outs.append(_attend(q[:, :, seq.rows], keys, values, seq.mask, causal=seq.causal))
+            out = _cache_attention(q[0, :, seq.rows].transpose(0, 1).to(k_cache.dtype), k_cache, v_cache, seq.start)
+            outs.append(out.to(q.dtype).transpose(0, 1).unsqueeze(0))
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
         return layer.wo(out.transpose(1, 2).reshape(1, rows, q_size))
 
@@ -860,11 +863,10 @@ class _Seq:
     start: int  # cache positions this pass writes: start .. end
     end: int
     offset: int  # its first row in the batch
-    mask: torch.Tensor | None
 
     @property
     def causal(self) -> bool:
-        """Several queries from position 0: the kernel's causal flag stands in for the mask."""
+        """Several queries from position 0: a whole prompt (`LlamaDecoder._prompt_attention` where it runs)."""
         return self.start == 0 and self.end > 1
 
     @property
@@ -914,7 +916,7 @@ def forward_batch(
         start, n = decoder._len, ids.shape[0]
         if start + n > decoder.k_cache[0].shape[2]:
             raise RuntimeError(f"KV cache holds {decoder.k_cache[0].shape[2]} tokens, asked for {start + n}")
-        seqs.append(_Seq(decoder, start, start + n, offset, _causal_mask(start, n, decoder.device)))
+        seqs.append(_Seq(decoder, start, start + n, offset))
         offset += n
     batch = _Batch(
         seqs, _cat([s.decoder.cos[s.start : s.end] for s in seqs]), _cat([s.decoder.sin[s.start : s.end] for s in seqs])
@@ -947,18 +949,6 @@ def _causal_mask(start: int, n: int, device: torch.device) -> torch.Tensor | Non
 
 def _cat(tensors: list[torch.Tensor], dim: int = 0) -> torch.Tensor:
     return tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=dim)
-
-
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
-    """Fused attention in the cache's dtype: float32 on CPU whatever the model's (torch's CPU kernel
-    is several times slower in bf16 than in float32, conversions included: 275 against 39 us for
-    one query over 200 keys on an AVX2 CPU; and float32 is the more exact of the two), but where
-    `amx_attention` holds."""
-    gqa = q.shape[1] != k.shape[1]
-    if q.dtype == k.dtype:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=gqa)
-    out = F.scaled_dot_product_attention(q.to(k.dtype), k, v, attn_mask=mask, is_causal=causal, enable_gqa=gqa)
-    return out.to(q.dtype)
 
 
 @functools.cache
