@@ -244,11 +244,12 @@ KERNEL_ROWS = 16  # a sequence's rows up to which the lane kernel attends (it re
 
 
 def _by_lane_kernel(keys: torch.Tensor, most_rows: int) -> bool:
-    """Whether the lane kernel attends over this cache: a float32 one with heads it takes, sequences of
-    decode or verification rows (a prompt chunk of hundreds of rows goes to torch's flash kernel, which
-    reads each block of keys once for a block of rows)."""
+    """Whether the lane kernel attends over this cache: a float32 one in CPU memory with heads it takes,
+    sequences of decode or verification rows (a prompt chunk of hundreds of rows goes to torch's flash kernel,
+    which reads each block of keys once for a block of rows)."""
     return (
-        keys.dtype == torch.float32
+        keys.device.type == "cpu"
+        and keys.dtype == torch.float32
         and keys.shape[-1] in (64, 128)
         and keys.is_contiguous()
         and most_rows <= KERNEL_ROWS
