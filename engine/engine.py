@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from engine import kernels
 from engine.cuda import Streams, apply_memory_fraction, check_memory_fraction
 from engine.decoder import make_decoder, pool_caches, warm_up
 from engine.device_time import record_source
@@ -114,6 +115,7 @@ class Slot:
 
 class Engine:
     def __init__(self, config: EngineConfig = EngineConfig()) -> None:
+        kernels.chosen()  # SPECWATCH_CPU_KERNELS names kernels that exist (ValueError: a usage error at start)
         self.config = config
         self.threads = config.threads or physical_cores()  # the most a forward takes
         self.batch_threads = config.batch_threads or self.threads

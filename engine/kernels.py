@@ -54,15 +54,20 @@ def lane_attention_kernel() -> bool:
     return _lane_attention_agrees()
 
 
-def _wanted(kernel: str) -> bool:
-    """`kernel` is left in by SPECWATCH_CPU_KERNELS (default: all; `none`, or a comma-separated subset of
-    row, prefill, lane) and the library is built."""
-    chosen = os.environ.get("SPECWATCH_CPU_KERNELS", ",".join(KERNELS)).replace(" ", "").lower()
-    names = set() if chosen == "none" else set(chosen.split(","))
+def chosen() -> frozenset[str]:
+    """The kernels SPECWATCH_CPU_KERNELS leaves in (default: all; `none`, or a comma-separated subset of row,
+    prefill, lane); ValueError for a name that is none of them (`EngineConfig` checks it at start)."""
+    value = os.environ.get("SPECWATCH_CPU_KERNELS", ",".join(KERNELS)).replace(" ", "").lower()
+    names = frozenset() if value == "none" else frozenset(filter(None, value.split(",")))
     if unknown := names - set(KERNELS):
         unknown_names = ", ".join(sorted(unknown))
         raise ValueError(f"SPECWATCH_CPU_KERNELS: unknown kernel(s) {unknown_names} (row, prefill, lane or none)")
-    return kernel in names and _built()
+    return names
+
+
+def _wanted(kernel: str) -> bool:
+    """`kernel` is chosen and the library is built."""
+    return kernel in chosen() and _built()
 
 
 def _row_times_shape(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

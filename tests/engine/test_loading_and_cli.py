@@ -165,6 +165,13 @@ def test_serve_and_traffic_bad_input_exits_2_with_a_message(args, message):
     assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
 
 
+def test_an_unknown_cpu_kernel_is_a_usage_error_at_start(monkeypatch):
+    monkeypatch.setenv("SPECWATCH_CPU_KERNELS", "row,lanes")
+    done = run_cli("generate", "--prompt", "hi", "--max-tokens", "1")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "SPECWATCH_CPU_KERNELS: unknown kernel(s) lanes (row, prefill, lane or none)" in done.stderr
+
+
 def test_cli_lookahead_rule_reaches_the_decoder(bundled_engine):
     """--lookahead fixed asks the drafter for --gamma tokens every round (but the last ones, capped by max tokens)."""
     args = ("generate", "--prompt", "Repeat: red green blue red green blue", "--max-tokens", "24", "--json")
