@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+# the attention kernels include vector_math.h beside them
 SOURCES = [Path(__file__).with_name(f"{name}.cpp") for name in ("row_times", "prefill_attention", "lane_attention")]
 KERNELS = ("row", "prefill", "lane")
 FLAGS = ["-O3", "-march=native", "-fopenmp"]
@@ -30,28 +31,27 @@ FLAGS = ["-O3", "-march=native", "-fopenmp"]
 @functools.cache
 def row_times_kernel() -> bool:
     """Whether `torch.ops.specwatch_cpu.row_times` is loaded and agrees with torch here."""
-    if not _wanted("row"):
-        return False
-    torch.library.register_fake("specwatch_cpu::row_times", _row_times_shape)
-    return _row_times_agrees()
+    return _ready("row", "row_times", _row_times_shape, _row_times_agrees)
 
 
 @functools.cache
 def prefill_attention_kernel() -> bool:
     """Whether `torch.ops.specwatch_cpu.prefill_attention` is loaded and agrees with torch here."""
-    if not _wanted("prefill"):
-        return False
-    torch.library.register_fake("specwatch_cpu::prefill_attention", _prefill_attention_shape)
-    return _prefill_attention_agrees()
+    return _ready("prefill", "prefill_attention", _same_shape_as_q, _prefill_attention_agrees)
 
 
 @functools.cache
 def lane_attention_kernel() -> bool:
     """Whether `torch.ops.specwatch_cpu.lane_attention` is loaded and agrees with torch here."""
-    if not _wanted("lane"):
+    return _ready("lane", "lane_attention", _same_shape_as_q, _lane_attention_agrees)
+
+
+def _ready(kernel: str, op: str, shape, agrees) -> bool:
+    """`kernel` chosen, the library built, its op given a shape function for torch.compile, and checked."""
+    if kernel not in chosen() or not _built():
         return False
-    torch.library.register_fake("specwatch_cpu::lane_attention", _prefill_attention_shape)
-    return _lane_attention_agrees()
+    torch.library.register_fake(f"specwatch_cpu::{op}", shape)
+    return agrees()
 
 
 def chosen() -> frozenset[str]:
@@ -65,16 +65,11 @@ def chosen() -> frozenset[str]:
     return names
 
 
-def _wanted(kernel: str) -> bool:
-    """`kernel` is chosen and the library is built."""
-    return kernel in chosen() and _built()
-
-
 def _row_times_shape(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return x.new_empty((1, weight.shape[0]))
 
 
-def _prefill_attention_shape(q: torch.Tensor, *_) -> torch.Tensor:
+def _same_shape_as_q(q: torch.Tensor, *_) -> torch.Tensor:
     return q.new_empty(q.shape)
 
 
