@@ -141,17 +141,22 @@ def _prefill_attention_agrees() -> bool:
 
 
 def _lane_attention_agrees() -> bool:
-    """The kernel against torch's float32 attention: sequences of 1 and of several rows, in lanes out of order."""
-    from engine.decoder import _lane_attention_by_torch
-
+    """The kernel against torch's float32 attention, sequence by sequence: sequences of 1 and of several rows,
+    in lanes out of order."""
     generator = torch.Generator().manual_seed(0)
     for heads, kv_heads, dim in ((6, 2, 64), (4, 1, 128)):
         keys, values = (torch.randn(4, kv_heads, 40, dim, generator=generator) for _ in range(2))
-        bounds = torch.tensor([[2, 17, 1], [0, 0, 5], [3, 30, 3]])
+        bounds = [(2, 17, 1), (0, 0, 5), (3, 30, 3)]
         q = torch.randn(9, heads, dim, generator=generator)
-        want = _lane_attention_by_torch(q, keys, values, bounds)
-        got = torch.ops.specwatch_cpu.lane_attention(q, keys, values, bounds)
-        if got.shape != want.shape or not torch.allclose(got, want, rtol=1e-4, atol=1e-5):
-            print("engine: lane-attention kernel disagrees with torch here; keeping torch's", file=sys.stderr)
-            return False
+        got = torch.ops.specwatch_cpu.lane_attention(q, keys, values, torch.tensor(bounds))
+        row = 0
+        for lane, start, n in bounds:
+            sees = torch.arange(start + n) <= torch.arange(start, start + n)[:, None]  # row i: keys 0 .. start + i
+            k, v = keys[lane : lane + 1, :, : start + n], values[lane : lane + 1, :, : start + n]
+            rows = q[row : row + n].transpose(0, 1).unsqueeze(0)
+            want = F.scaled_dot_product_attention(rows, k, v, attn_mask=sees, enable_gqa=True)[0].transpose(0, 1)
+            if not torch.allclose(got[row : row + n], want, rtol=1e-4, atol=1e-5):
+                print("engine: lane-attention kernel disagrees with torch here; keeping torch's", file=sys.stderr)
+                return False
+            row += n
     return True
