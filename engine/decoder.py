@@ -438,6 +438,8 @@ class LlamaDecoder:
         self.prefill_kernel = (
             on_cpu and not amx_bf16 and self.dtype == torch.bfloat16 and self.head_dim in (64, 128)
         ) and prefill_attention_kernel()
+        if on_cpu and self.cache_dtype == torch.float32 and self.head_dim in (64, 128):
+            lane_attention_kernel()  # built or loaded now, not inside the first request's timed forward
         self.k_cache: list[torch.Tensor] = []
         self.v_cache: list[torch.Tensor] = []
         self.pool: CachePool | None = None  # where its cache is a lane of a pool shared with other slots

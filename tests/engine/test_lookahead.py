@@ -219,7 +219,7 @@ def test_a_drafter_sized_draft_is_trimmed_where_its_calibrated_estimates_stop_pa
 def test_suffix_rounds_ask_gamma_and_verify_what_the_lookahead_keeps(bundled_engine):
     text = "alpha beta gamma delta epsilon zeta eta theta iota kappa " * 6
     repeat = [{"role": "user", "content": f"Repeat the following text exactly, then stop.\n\n{text}"}]
-    run = _run(bundled_engine, repeat, "cost", "suffix", 64)
+    run = _run(bundled_engine, repeat, "cost", "suffix", 64, steady=True)  # choices by acceptance, not clock noise
     stats, trimmed = run.loop.stats, run.loop.model.chosen
     assert len(trimmed) == stats.lookahead_rounds and sum(trimmed) == stats.lookahead_sum
     assert stats.num_draft_tokens == sum(trimmed)  # what was verified is what the lookahead kept
