@@ -248,13 +248,16 @@ def _by_lane_kernel(keys: torch.Tensor, most_rows: int) -> bool:
     sequences of decode or verification rows (a prompt chunk of hundreds of rows goes to torch's flash kernel,
     which reads each block of keys once for a block of rows)."""
     return (
-        keys.device.type == "cpu"
-        and keys.dtype == torch.float32
-        and keys.shape[-1] in (64, 128)
+        _lane_kernel_takes(keys.device, keys.dtype, keys.shape[-1])
         and keys.is_contiguous()
         and most_rows <= KERNEL_ROWS
         and lane_attention_kernel()
     )
+
+
+def _lane_kernel_takes(device: torch.device, cache_dtype: torch.dtype, head_dim: int) -> bool:
+    """Caches the lane kernel attends over: float32, in CPU memory, heads of 64 or 128."""
+    return device.type == "cpu" and cache_dtype == torch.float32 and head_dim in (64, 128)
 
 
 def _cache_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
@@ -438,7 +441,7 @@ class LlamaDecoder:
         self.prefill_kernel = (
             on_cpu and not amx_bf16 and self.dtype == torch.bfloat16 and self.head_dim in (64, 128)
         ) and prefill_attention_kernel()
-        if on_cpu and self.cache_dtype == torch.float32 and self.head_dim in (64, 128):
+        if _lane_kernel_takes(self.device, self.cache_dtype, self.head_dim):
             lane_attention_kernel()  # built or loaded now, not inside the first request's timed forward
         self.k_cache: list[torch.Tensor] = []
         self.v_cache: list[torch.Tensor] = []
