@@ -25,10 +25,10 @@ from dataclasses import asdict, dataclass
 import httpx
 from sqlalchemy import Engine, func, insert, select
 
-from alerts.evaluator import Alert
-from alerts.rules import Remediation
-from alerts.tables import alert_actions
-from collector.db import write_transaction
+from specwatch.alerts.evaluator import Alert
+from specwatch.alerts.rules import Remediation
+from specwatch.alerts.tables import alert_actions
+from specwatch.collector.db import write_transaction
 
 ENGINE_CALLS: dict[str, tuple[str, dict | None]] = {
     "fallback_autoregressive": ("/v1/control/mode", {"mode": "autoregressive", "reason": "alert"}),

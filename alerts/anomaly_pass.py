@@ -17,16 +17,16 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, Engine, delete, insert
 
-from alerts.anomalies import Flag, MarkerBaseline, flag, marker_baseline, new_drafter_collapse
-from alerts.baselines import series_labels
-from alerts.detector_settings import DetectorSettings
-from alerts.detector_store import Labels, cursor, save_cursor
-from alerts.regression import latest_markers
-from alerts.tables import request_flags
-from collector.db import write_transaction
-from collector.detector_reads import DraftedRequest, Marker, cursor_start, drafted_since, instance_drafted
-from collector.queries import Window
-from collector.request_reads import recent_drafted
+from specwatch.alerts.anomalies import Flag, MarkerBaseline, flag, marker_baseline, new_drafter_collapse
+from specwatch.alerts.baselines import series_labels
+from specwatch.alerts.detector_settings import DetectorSettings
+from specwatch.alerts.detector_store import Labels, cursor, save_cursor
+from specwatch.alerts.regression import latest_markers
+from specwatch.alerts.tables import request_flags
+from specwatch.collector.db import write_transaction
+from specwatch.collector.detector_reads import DraftedRequest, Marker, cursor_start, drafted_since, instance_drafted
+from specwatch.collector.queries import Window
+from specwatch.collector.request_reads import recent_drafted
 
 KIND = "anomalies"
 

@@ -20,13 +20,13 @@ from dataclasses import asdict
 
 from sqlalchemy import Connection, Engine, insert, select
 
-from alerts import notify
-from alerts.evaluator import Alert, State, Transition, fingerprint
-from alerts.rules import AlertConfig
-from alerts.tables import alert_actions, alert_transitions
-from collector.db import write_transaction
-from collector.queries import Window
-from collector.series import EventRecord, engine_events
+from specwatch.alerts import notify
+from specwatch.alerts.evaluator import Alert, State, Transition, fingerprint
+from specwatch.alerts.rules import AlertConfig
+from specwatch.alerts.tables import alert_actions, alert_transitions
+from specwatch.collector.db import write_transaction
+from specwatch.collector.queries import Window
+from specwatch.collector.series import EventRecord, engine_events
 
 RULE = "CanaryVerdict"
 KIND = "canary_verdict"

@@ -6,8 +6,8 @@ import argparse
 import asyncio
 from pathlib import Path
 
-from alerts.rules import AlertConfig, RulesError, format_duration, load_config
-from common.errors import UsageError
+from specwatch.alerts.rules import AlertConfig, RulesError, format_duration, load_config
+from specwatch.common.errors import UsageError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -52,8 +52,8 @@ def check_command(args: argparse.Namespace) -> int:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from alerts.runner import AlertRunner
-    from collector.cli import migrated_engine, settings_from
+    from specwatch.alerts.runner import AlertRunner
+    from specwatch.collector.cli import migrated_engine, settings_from
 
     config = _config(args.rules)
     settings = settings_from(args)
@@ -80,7 +80,7 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def export_command(args: argparse.Namespace) -> int:
-    from alerts.prometheus import export
+    from specwatch.alerts.prometheus import export
 
     config = _config(args.rules)
     try:

@@ -18,8 +18,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from alerts.detector_store import series_rows
-from alerts.signals import DRIFT_LABELS
+from specwatch.alerts.detector_store import series_rows
+from specwatch.alerts.signals import DRIFT_LABELS
 
 log = logging.getLogger("specwatch.alerts")
 DRIFT = ("specwatch_acceptance_drift_score", "Acceptance drop detector (CUSUM / decision interval; >= 1: a drop).")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from alerts.durations import Duration
+from specwatch.alerts.durations import Duration
 
 
 class _Strict(BaseModel):

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 
 from sqlalchemy import Connection, Engine, delete, insert, select
 
-from alerts.tables import alert_detector_cursors, alert_detector_series
+from specwatch.alerts.tables import alert_detector_cursors, alert_detector_series
 
 Labels = tuple[tuple[str, str], ...]  # sorted (name, value) pairs
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from alerts.detector_settings import DriftSettings
+from specwatch.alerts.detector_settings import DriftSettings
 
 # the baseline's means, in this order, of: w, w·y, w², w²·y, w²·y², w·(y − y at the drop), with
 # w = √drafted and y = asin√acceptance; the weighted mean and spread of w·y follow from them

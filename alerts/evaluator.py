@@ -22,8 +22,8 @@ import re
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from alerts.rules import Rule
-from alerts.signals import Labels, Sample
+from specwatch.alerts.rules import Rule
+from specwatch.alerts.signals import Labels, Sample
 
 
 class State(StrEnum):

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 import numpy as np
 from sqlalchemy import Engine
 
-from alerts.detector_store import series_rows
-from collector import reads, sketch
-from collector.queries import Window
-from collector.vllm import vllm_signals
-from collector.window_signals import WindowReader
-from cost.signals import excess_ratio
+from specwatch.alerts.detector_store import series_rows
+from specwatch.collector import reads, sketch
+from specwatch.collector.queries import Window
+from specwatch.collector.vllm import vllm_signals
+from specwatch.collector.window_signals import WindowReader
+from specwatch.cost.signals import excess_ratio
 
 Labels = tuple[tuple[str, str], ...]  # sorted (name, value) pairs
 

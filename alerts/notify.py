@@ -28,10 +28,10 @@ import httpx
 import orjson
 from sqlalchemy import Connection, Engine, insert, select, update
 
-from alerts.evaluator import Alert, State
-from alerts.rules import AlertConfig, Receiver
-from alerts.tables import alert_notifications
-from collector.db import write_transaction
+from specwatch.alerts.evaluator import Alert, State
+from specwatch.alerts.rules import AlertConfig, Receiver
+from specwatch.alerts.tables import alert_notifications
+from specwatch.collector.db import write_transaction
 
 log = logging.getLogger("specwatch.alerts")
 SIGNATURE_HEADER = "X-Specwatch-Signature"

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import yaml
 
-from alerts.promql import AS_VLLM, PromQL, Series, num
-from alerts.rules import AlertConfig, Rule, RulesError, format_duration
-from alerts.signals import SIGNALS
+from specwatch.alerts.promql import AS_VLLM, PromQL, Series, num
+from specwatch.alerts.rules import AlertConfig, Rule, RulesError, format_duration
+from specwatch.alerts.signals import SIGNALS
 
 RULES_FILE = "specwatch-rules.yaml"
 TESTS_FILE = "specwatch-rules.test.yaml"

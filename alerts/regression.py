@@ -17,11 +17,11 @@ from datetime import UTC, datetime
 import numpy as np
 from sqlalchemy import Engine
 
-from alerts.detector_settings import RegressionSettings
-from alerts.detector_store import SeriesRow, save_rows
-from collector.db import write_transaction
-from collector.detector_reads import DraftedRequest, Marker, config_markers, instance_drafted
-from collector.queries import Window
+from specwatch.alerts.detector_settings import RegressionSettings
+from specwatch.alerts.detector_store import SeriesRow, save_rows
+from specwatch.collector.db import write_transaction
+from specwatch.collector.detector_reads import DraftedRequest, Marker, config_markers, instance_drafted
+from specwatch.collector.queries import Window
 
 KIND = "regression"
 _SHOWN = ("version", "model", "model_hash", "drafter", "default_drafter", "speculative_config", "role")

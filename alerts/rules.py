@@ -15,9 +15,9 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from alerts.detector_settings import DetectorSettings
-from alerts.durations import Duration, format_duration, parse_duration
-from alerts.signals import SIGNALS
+from specwatch.alerts.detector_settings import DetectorSettings
+from specwatch.alerts.durations import Duration, format_duration, parse_duration
+from specwatch.alerts.signals import SIGNALS
 
 __all__ = ["Duration", "RulesError", "format_duration", "parse_duration"]
 

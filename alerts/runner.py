@@ -24,14 +24,14 @@ from functools import partial
 import httpx
 from sqlalchemy import Engine
 
-from alerts import anomaly_pass, baselines, canary, notify, regression
-from alerts.actions import ActionResult, Remediator
-from alerts.evaluator import Alert, State, Transition, evaluate, needs_sending
-from alerts.rules import AlertConfig, Rule
-from alerts.signals import StoreSignals
-from alerts.store import load_alerts, save_rule
-from collector.db import write_transaction
-from collector.maintenance import in_turn
+from specwatch.alerts import anomaly_pass, baselines, canary, notify, regression
+from specwatch.alerts.actions import ActionResult, Remediator
+from specwatch.alerts.evaluator import Alert, State, Transition, evaluate, needs_sending
+from specwatch.alerts.rules import AlertConfig, Rule
+from specwatch.alerts.signals import StoreSignals
+from specwatch.alerts.store import load_alerts, save_rule
+from specwatch.collector.db import write_transaction
+from specwatch.collector.maintenance import in_turn
 
 log = logging.getLogger("specwatch.alerts")
 FALLBACK = "fallback_autoregressive"

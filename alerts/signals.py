@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine
 
-from alerts import measures as m
-from alerts import promql as q
-from alerts.measures import Labels, Sample
-from collector.queries import Window
-from collector.window_signals import WindowReader
+from specwatch.alerts import measures as m
+from specwatch.alerts import promql as q
+from specwatch.alerts.measures import Labels, Sample
+from specwatch.collector.queries import Window
+from specwatch.collector.window_signals import WindowReader
 
 __all__ = ["SIGNALS", "Labels", "Sample", "Signal", "StoreSignals"]
 

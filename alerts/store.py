@@ -14,9 +14,15 @@ from dataclasses import asdict, dataclass
 
 from sqlalchemy import Connection, Engine, Table, delete, func, insert, select
 
-from alerts.evaluator import Alert, State, Transition
-from alerts.tables import alert_actions, alert_notifications, alert_rule_health, alert_states, alert_transitions
-from collector.queries import Window
+from specwatch.alerts.evaluator import Alert, State, Transition
+from specwatch.alerts.tables import (
+    alert_actions,
+    alert_notifications,
+    alert_rule_health,
+    alert_states,
+    alert_transitions,
+)
+from specwatch.collector.queries import Window
 
 _ALERT_FIELDS = tuple(Alert.__dataclass_fields__)
 

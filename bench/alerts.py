@@ -24,11 +24,11 @@ import numpy as np  # noqa: E402
 from query import DAY, load  # noqa: E402
 from sqlalchemy import func, insert, select  # noqa: E402
 
-from alerts.rules import load_config  # noqa: E402
-from alerts.runner import AlertRunner  # noqa: E402
-from alerts.tables import alert_rule_health  # noqa: E402
-from collector.db import make_engine, upgrade  # noqa: E402
-from collector.models import DeviceSampleRow, Request  # noqa: E402
+from specwatch.alerts.rules import load_config  # noqa: E402
+from specwatch.alerts.runner import AlertRunner  # noqa: E402
+from specwatch.alerts.tables import alert_rule_health  # noqa: E402
+from specwatch.collector.db import make_engine, upgrade  # noqa: E402
+from specwatch.collector.models import DeviceSampleRow, Request  # noqa: E402
 
 GOAL_S = 0.2
 

@@ -29,10 +29,10 @@ from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 
 from engine_harness import BackgroundServer  # noqa: E402
 
-import engine.scheduler as scheduler_module  # noqa: E402
-from engine.engine import Engine, EngineConfig  # noqa: E402
-from engine.policy import PolicyConfig  # noqa: E402
-from engine.scheduler import SchedulerConfig  # noqa: E402
+import specwatch.engine.scheduler as scheduler_module  # noqa: E402
+from specwatch.engine.engine import Engine, EngineConfig  # noqa: E402
+from specwatch.engine.policy import PolicyConfig  # noqa: E402
+from specwatch.engine.scheduler import SchedulerConfig  # noqa: E402
 from specwatch.traffic import TrafficConfig, run_traffic, summary  # noqa: E402
 from specwatch.workload import COPY, LONG_ANSWERS  # noqa: E402
 

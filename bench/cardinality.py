@@ -36,18 +36,18 @@ from sqlalchemy import create_engine
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from alerts import baselines  # noqa: E402
-from alerts.detector_settings import DriftSettings  # noqa: E402
-from alerts.detector_store import cursor  # noqa: E402
-from collector.metrics import CollectorMetrics  # noqa: E402
-from collector.settings import Settings  # noqa: E402
-from collector.store import IngestCounts  # noqa: E402
-from engine.metrics import EngineMetrics  # noqa: E402
-from gateway.metrics import GatewayMetrics  # noqa: E402
-from gateway.upstreams import Upstream, UpstreamState  # noqa: E402
-from service.app import create_app  # noqa: E402
-from telemetry.schema import DeviceSample, RequestRecord  # noqa: E402
-from telemetry.sink import TelemetrySink  # noqa: E402
+from specwatch.alerts import baselines  # noqa: E402
+from specwatch.alerts.detector_settings import DriftSettings  # noqa: E402
+from specwatch.alerts.detector_store import cursor  # noqa: E402
+from specwatch.collector.metrics import CollectorMetrics  # noqa: E402
+from specwatch.collector.settings import Settings  # noqa: E402
+from specwatch.collector.store import IngestCounts  # noqa: E402
+from specwatch.engine.metrics import EngineMetrics  # noqa: E402
+from specwatch.gateway.metrics import GatewayMetrics  # noqa: E402
+from specwatch.gateway.upstreams import Upstream, UpstreamState  # noqa: E402
+from specwatch.service.app import create_app  # noqa: E402
+from specwatch.telemetry.schema import DeviceSample, RequestRecord  # noqa: E402
+from specwatch.telemetry.sink import TelemetrySink  # noqa: E402
 
 VLLM_METRICS = Path(__file__).resolve().parent / "data" / "vllm-0.32-ngram-metrics.txt"
 DRAFTERS = ("ngram", "suffix", "eagle", "eagle3", "mtp", "medusa")

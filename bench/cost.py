@@ -36,15 +36,15 @@ sys.path.append(str(REPO / "tests"))  # engine_harness
 from engine_harness import BackgroundServer  # noqa: E402
 from load import MODES, SCENARIOS  # noqa: E402
 
-from collector.db import make_engine, upgrade  # noqa: E402
-from collector.queries import Filters, Window  # noqa: E402
-from collector.store import Store  # noqa: E402
-from cost.concurrency import ConcurrencyCosts, concurrency_costs_at  # noqa: E402
-from cost.inputs import load_prices  # noqa: E402
-from engine.engine import Engine, EngineConfig  # noqa: E402
-from engine.scheduler import SchedulerConfig  # noqa: E402
+from specwatch.collector.db import make_engine, upgrade  # noqa: E402
+from specwatch.collector.queries import Filters, Window  # noqa: E402
+from specwatch.collector.store import Store  # noqa: E402
+from specwatch.cost.concurrency import ConcurrencyCosts, concurrency_costs_at  # noqa: E402
+from specwatch.cost.inputs import load_prices  # noqa: E402
+from specwatch.engine.engine import Engine, EngineConfig  # noqa: E402
+from specwatch.engine.scheduler import SchedulerConfig  # noqa: E402
+from specwatch.telemetry.schema import IngestBatch  # noqa: E402
 from specwatch.traffic import Tally, TrafficConfig, run_traffic  # noqa: E402
-from telemetry.schema import IngestBatch  # noqa: E402
 
 INSTANCE = "bench-cost"
 ARMS = {"speculative": "on", "autoregressive": "off"}  # record mode -> bench/load.py's mode

@@ -29,11 +29,11 @@ import httpx  # noqa: E402
 from query import load  # noqa: E402
 from sqlalchemy import func, select, update  # noqa: E402
 
-from collector import aggregates  # noqa: E402
-from collector.db import make_engine, upgrade  # noqa: E402
-from collector.models import Request  # noqa: E402
-from collector.rollups import roll_up  # noqa: E402
-from common.procs import free_port, start_collector  # noqa: E402
+from specwatch.collector import aggregates  # noqa: E402
+from specwatch.collector.db import make_engine, upgrade  # noqa: E402
+from specwatch.collector.models import Request  # noqa: E402
+from specwatch.collector.rollups import roll_up  # noqa: E402
+from specwatch.common.procs import free_port, start_collector  # noqa: E402
 
 GOAL_S = 1.5
 WINDOW_S = 900  # the dashboard's default window (dashboard.api.View.seconds)
@@ -107,7 +107,7 @@ def timed_get(url: str, path: str, params: dict) -> None:
 def render_overview(url: str) -> float:
     from streamlit.testing.v1 import AppTest
 
-    from dashboard.state import clear_cache
+    from specwatch.dashboard.state import clear_cache
 
     clear_cache()
     started = time.perf_counter()

@@ -34,9 +34,6 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from alerts.detector_settings import DriftSettings  # noqa: E402
-from alerts.drift import SeriesState, step  # noqa: E402
-from alerts.rules import load_config  # noqa: E402
 from bench.drift_pools import (  # noqa: E402
     ENGINE_RECORDS,
     VLLM_RECORDS,
@@ -46,6 +43,9 @@ from bench.drift_pools import (  # noqa: E402
     split,
     vllm_pool,
 )
+from specwatch.alerts.detector_settings import DriftSettings  # noqa: E402
+from specwatch.alerts.drift import SeriesState, step  # noqa: E402
+from specwatch.alerts.rules import load_config  # noqa: E402
 
 BASELINE_S = 2 * 3600.0
 STEP_GOAL_REQUESTS = 300

@@ -19,8 +19,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.engine import templated_requests  # noqa: E402
-from engine.engine import Engine, EngineConfig, GenerateRequest  # noqa: E402
-from engine.sampling import SamplingParams  # noqa: E402
+from specwatch.engine.engine import Engine, EngineConfig, GenerateRequest  # noqa: E402
+from specwatch.engine.sampling import SamplingParams  # noqa: E402
 from specwatch.workload import PROMPTS, chat  # noqa: E402
 
 OUT = Path(__file__).with_name("data") / "engine_acceptance.jsonl"

@@ -30,8 +30,8 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.drift_prompts import plan  # noqa: E402
-from common.procs import free_port  # noqa: E402
 from specwatch import vllm_server  # noqa: E402
+from specwatch.common.procs import free_port  # noqa: E402
 from specwatch.vllm_prepare import prepare  # noqa: E402
 
 OUT = Path(__file__).with_name("data") / "vllm_acceptance.json"

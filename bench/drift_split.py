@@ -22,9 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from scipy.stats import chi2  # noqa: E402
 
-from alerts.rules import load_config  # noqa: E402
 from bench import drift  # noqa: E402
 from bench.drift_pools import ENGINE_RECORDS, VLLM_RECORDS, engine_pool, split, vllm_pool  # noqa: E402
+from specwatch.alerts.rules import load_config  # noqa: E402
 
 
 def upper_bound(alarms: int, days: float, confidence: float = 0.95) -> float:

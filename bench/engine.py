@@ -27,9 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from engine.drafters import model_drafter, truncated_copy  # noqa: E402
-from engine.engine import Engine, EngineConfig, GenerateRequest  # noqa: E402
-from engine.suffix import SuffixCache  # noqa: E402
+from specwatch.engine.drafters import model_drafter, truncated_copy  # noqa: E402
+from specwatch.engine.engine import Engine, EngineConfig, GenerateRequest  # noqa: E402
+from specwatch.engine.suffix import SuffixCache  # noqa: E402
 from specwatch.workload import PROMPTS, chat  # noqa: E402
 
 NAMES = ("Dana", "Luis", "Mei", "Omar", "Priya", "Tom", "Ana", "Kofi", "Sara", "Ivan")

@@ -54,7 +54,7 @@ sys.path.insert(0, str(REPO))
 import httpx  # noqa: E402
 import orjson  # noqa: E402
 
-from common import procs  # noqa: E402
+from specwatch.common import procs  # noqa: E402
 
 GOAL_OVERHEAD_MS = 2.0
 GOAL_THROUGHPUT = 0.95

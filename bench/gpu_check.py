@@ -51,14 +51,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from engine import control  # noqa: E402
-from engine.cuda import apply_memory_fraction  # noqa: E402
-from engine.device import DeviceSampler, PowerMeter, cpu_heap_memory, nvml_handle  # noqa: E402
-from engine.engine import Engine, EngineConfig, GenerateRequest, GenerateResult  # noqa: E402
-from engine.policy import Policy, PolicyConfig  # noqa: E402
-from engine.scheduler import Scheduler, SchedulerConfig  # noqa: E402
+from specwatch.engine import control  # noqa: E402
+from specwatch.engine.cuda import apply_memory_fraction  # noqa: E402
+from specwatch.engine.device import DeviceSampler, PowerMeter, cpu_heap_memory, nvml_handle  # noqa: E402
+from specwatch.engine.engine import Engine, EngineConfig, GenerateRequest, GenerateResult  # noqa: E402
+from specwatch.engine.policy import Policy, PolicyConfig  # noqa: E402
+from specwatch.engine.scheduler import Scheduler, SchedulerConfig  # noqa: E402
+from specwatch.telemetry.sink import TelemetrySink  # noqa: E402
 from specwatch.workload import chat  # noqa: E402
-from telemetry.sink import TelemetrySink  # noqa: E402
 
 PROMPT_KINDS = ("grounded", "code-edit", "chat")
 MiB = 2**20
@@ -435,8 +435,11 @@ def _streams_during_speculation(engine: Engine) -> dict[str, list[tuple[int, int
 
     seen: dict[str, list[tuple[int, int]]] = {"draft": [], "target": [], "draft_forward": []}
     layers = engine.target.model.config.num_hidden_layers
-    modules = [importlib.import_module(f"engine.{name}") for name in ("decoder", "speculative", "scheduler", "engine")]
-    original = importlib.import_module("engine.decoder").forward_batch
+    modules = [
+        importlib.import_module(f"specwatch.engine.{name}")
+        for name in ("decoder", "speculative", "scheduler", "engine")
+    ]
+    original = importlib.import_module("specwatch.engine.decoder").forward_batch
 
     def current() -> tuple[int, int]:
         if engine.target.device.type != "cuda":

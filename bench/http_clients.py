@@ -29,7 +29,7 @@ import aiohttp  # noqa: E402
 import httpx  # noqa: E402
 import orjson  # noqa: E402
 
-from common import procs  # noqa: E402
+from specwatch.common import procs  # noqa: E402
 
 HEADERS = {"content-type": "application/json"}
 

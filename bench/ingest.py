@@ -49,10 +49,10 @@ sys.path.insert(0, str(REPO))
 import httpx  # noqa: E402
 import orjson  # noqa: E402
 
-from collector.db import make_engine, upgrade  # noqa: E402
-from collector.store import REQUESTS  # noqa: E402
-from common import procs as children  # noqa: E402
-from telemetry.schema import RequestRecord  # noqa: E402
+from specwatch.collector.db import make_engine, upgrade  # noqa: E402
+from specwatch.collector.store import REQUESTS  # noqa: E402
+from specwatch.common import procs as children  # noqa: E402
+from specwatch.telemetry.schema import RequestRecord  # noqa: E402
 
 T0 = time.time() - 3600.0  # recent, so the collector's retention keeps it
 
@@ -221,7 +221,7 @@ def latency_line(clients: int) -> str:
 
 def producer_cost_us(port: int, n: int = 20_000) -> float:
     """What a producer (the engine) pays per submitted record while the client ships them."""
-    from telemetry.client import TelemetryClient
+    from specwatch.telemetry.client import TelemetryClient
 
     records = [RequestRecord.model_validate(r) for r in payloads(n, "producer")]
     client = TelemetryClient(f"http://127.0.0.1:{port}", batch_size=1000, flush_interval_s=0.05)

@@ -26,9 +26,9 @@ sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))  # engine_ha
 
 from engine_harness import BackgroundServer  # noqa: E402
 
-from engine.engine import Engine, EngineConfig  # noqa: E402
-from engine.policy import Policy, PolicyConfig  # noqa: E402
-from engine.scheduler import SchedulerConfig  # noqa: E402
+from specwatch.engine.engine import Engine, EngineConfig  # noqa: E402
+from specwatch.engine.policy import Policy, PolicyConfig  # noqa: E402
+from specwatch.engine.scheduler import SchedulerConfig  # noqa: E402
 from specwatch.traffic import TrafficConfig, run_traffic, summary  # noqa: E402
 
 MODES = {

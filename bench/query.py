@@ -24,13 +24,20 @@ sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
 
-from collector.db import make_engine, upgrade  # noqa: E402
-from collector.history import errors_by_hour_long, long_series  # noqa: E402
-from collector.long_signals import long_signals  # noqa: E402
-from collector.queries import Filters, Window, acceptance_vs_length, errors_by_hour, per_position_acceptance, signals  # noqa: E402
-from collector.rollups import roll_up  # noqa: E402
-from collector.series import latest_device_samples, series  # noqa: E402
-from collector.store import REQUESTS  # noqa: E402
+from specwatch.collector.db import make_engine, upgrade  # noqa: E402
+from specwatch.collector.history import errors_by_hour_long, long_series  # noqa: E402
+from specwatch.collector.long_signals import long_signals  # noqa: E402
+from specwatch.collector.queries import (  # noqa: E402
+    Filters,
+    Window,
+    acceptance_vs_length,
+    errors_by_hour,
+    per_position_acceptance,
+    signals,
+)
+from specwatch.collector.rollups import roll_up  # noqa: E402
+from specwatch.collector.series import latest_device_samples, series  # noqa: E402
+from specwatch.collector.store import REQUESTS  # noqa: E402
 
 DAY = 86400.0
 

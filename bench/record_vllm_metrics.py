@@ -18,8 +18,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common.procs import free_port  # noqa: E402
 from specwatch import vllm_server  # noqa: E402
+from specwatch.common.procs import free_port  # noqa: E402
 from specwatch.vllm_prepare import prepare  # noqa: E402
 from specwatch.workload import chat  # noqa: E402
 

@@ -24,10 +24,10 @@ sys.path[:0] = [str(REPO), str(REPO / "bench")]
 from query import load, timed  # noqa: E402
 from sqlalchemy import func, select  # noqa: E402
 
-from collector.db import make_engine, upgrade  # noqa: E402
-from collector.models import Request  # noqa: E402
-from collector.queries import Filters, Window  # noqa: E402
-from collector.request_reads import RequestQuery, list_requests  # noqa: E402
+from specwatch.collector.db import make_engine, upgrade  # noqa: E402
+from specwatch.collector.models import Request  # noqa: E402
+from specwatch.collector.queries import Filters, Window  # noqa: E402
+from specwatch.collector.request_reads import RequestQuery, list_requests  # noqa: E402
 
 GOAL_S = 0.3
 PAGES = 6  # each listing's first pages, timed one by one

@@ -12,8 +12,8 @@ import random
 import statistics
 import time
 
-from engine.sampling import SamplingParams
-from engine.suffix import SuffixCache, SuffixConfig, SuffixDrafter
+from specwatch.engine.sampling import SamplingParams
+from specwatch.engine.suffix import SuffixCache, SuffixConfig, SuffixDrafter
 
 _PHRASES = random.Random(0)
 PHRASES = [[_PHRASES.randrange(32_000) for _ in range(_PHRASES.randint(3, 12))] for _ in range(200)]

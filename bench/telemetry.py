@@ -28,15 +28,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from prometheus_client import CollectorRegistry  # noqa: E402
 
-from common.procs import free_port, start_collector  # noqa: E402
-from engine.engine import Engine, EngineConfig, GenerateRequest  # noqa: E402
-from engine.metrics import EngineMetrics  # noqa: E402
-from engine.policy import Policy  # noqa: E402
-from engine.scheduler import Scheduler, SchedulerConfig  # noqa: E402
+from specwatch.common.procs import free_port, start_collector  # noqa: E402
+from specwatch.engine.engine import Engine, EngineConfig, GenerateRequest  # noqa: E402
+from specwatch.engine.metrics import EngineMetrics  # noqa: E402
+from specwatch.engine.policy import Policy  # noqa: E402
+from specwatch.engine.scheduler import Scheduler, SchedulerConfig  # noqa: E402
+from specwatch.telemetry.client import TelemetryClient  # noqa: E402
+from specwatch.telemetry.schema import RequestRecord  # noqa: E402
+from specwatch.telemetry.sink import TelemetrySink  # noqa: E402
 from specwatch.workload import chat  # noqa: E402
-from telemetry.client import TelemetryClient  # noqa: E402
-from telemetry.schema import RequestRecord  # noqa: E402
-from telemetry.sink import TelemetrySink  # noqa: E402
 
 SCENARIOS = ("grounded", "code-edit", "chat")
 

@@ -33,9 +33,9 @@ def _spin(stop) -> None:
 def _worker(threads: int, dtype: str, context: int, steps: int, compiled: bool, jobs, results) -> None:
     import torch
 
-    from engine.decoder import make_decoder, warm_up
-    from engine.loading import load_model
-    from engine.threads import CpuShare, physical_cores, using
+    from specwatch.engine.decoder import make_decoder, warm_up
+    from specwatch.engine.loading import load_model
+    from specwatch.engine.threads import CpuShare, physical_cores, using
 
     share = None if threads else CpuShare()  # 0: the engine's default, per forward
     torch.set_num_threads(threads or physical_cores())

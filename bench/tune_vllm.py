@@ -45,8 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx  # noqa: E402
 
-from common.procs import child_env, free_port, specwatch_command, start_collector, start_service, stop_process  # noqa: E402
 from specwatch import vllm_server  # noqa: E402
+from specwatch.common.procs import child_env, free_port, specwatch_command, start_collector, start_service, stop_process  # noqa: E402
 from specwatch.tune_measure import measured_rows  # noqa: E402
 from specwatch.tune_profile import Bar, ProfileConfig, identify, run_level  # noqa: E402
 

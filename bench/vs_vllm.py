@@ -57,8 +57,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import httpx  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from common.procs import child_env, free_port, specwatch_command, start_service, stop_process  # noqa: E402
 from specwatch import vllm_server  # noqa: E402
+from specwatch.common.procs import child_env, free_port, specwatch_command, start_service, stop_process  # noqa: E402
 from specwatch.workload import PROMPTS, chat  # noqa: E402
 
 
@@ -128,7 +128,7 @@ class Runs:
 
 
 def own(engine, messages, drafter: str | None, args, runs: Runs) -> None:
-    from engine.engine import GenerateRequest
+    from specwatch.engine.engine import GenerateRequest
 
     request = GenerateRequest(
         messages=messages, max_tokens=args.max_tokens, drafter=drafter, gamma=args.gamma if drafter else 0
@@ -404,7 +404,7 @@ def replayed_tokens_per_step(drafter, prompt: list[int], output: list[int], gamm
     text at greedy: the prompt's forward gives the first token, then each forward commits its draft up to the
     first token that differs from the text, plus one of its own. How well it drafts this text, whichever engine
     wrote it (so two engines' speculative tokens/s can be told apart from the texts they happened to write)."""
-    from engine.sampling import SamplingParams
+    from specwatch.engine.sampling import SamplingParams
 
     if not output:
         return None
@@ -426,8 +426,8 @@ def replayed_tokens_per_step(drafter, prompt: list[int], output: list[int], gamm
 
 def fresh_drafter(engine, method: str):
     """Our drafter for --method with no cross-request memory (a suffix drafter without the engine's shared trie)."""
-    from engine.drafters import NgramDrafter
-    from engine.suffix import SuffixDrafter
+    from specwatch.engine.drafters import NgramDrafter
+    from specwatch.engine.suffix import SuffixDrafter
 
     return SuffixDrafter(None, engine.config.suffix) if method == "suffix" else NgramDrafter(engine.config.ngram)
 
@@ -459,7 +459,7 @@ def drafting(engine, results: dict[str, dict[str, Runs]], args) -> list[dict]:
 
 def engine_config(args):
     """The bundled engine's config; with --suffix-cached-requests, its suffix drafter remembers that many responses."""
-    from engine.engine import EngineConfig
+    from specwatch.engine.engine import EngineConfig
 
     config = EngineConfig(dtype=args.dtype, threads=args.threads, instance="bench-vs-vllm", compile=args.compile)
     if args.method == "suffix" and args.suffix_cached_requests is not None:
@@ -545,7 +545,7 @@ def main() -> int:
         print(f"bench/vs_vllm.py: {suffix_not_installed_reason()}", file=sys.stderr)
         return 2
 
-    from engine.engine import Engine
+    from specwatch.engine.engine import Engine
     from specwatch.vllm_prepare import prepare
 
     engine = Engine(engine_config(args))

@@ -30,14 +30,14 @@ sys.path[:0] = [str(REPO), str(REPO / "bench")]
 from query import generate, timed  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
-from alerts.rules import load_config  # noqa: E402
-from alerts.runner import AlertRunner  # noqa: E402
-from alerts.signals import StoreSignals  # noqa: E402
-from collector import aggregates  # noqa: E402
-from collector.db import make_engine, upgrade  # noqa: E402
-from collector.long_signals import auto_signals  # noqa: E402
-from collector.queries import Window, signals  # noqa: E402
-from collector.store import REQUESTS  # noqa: E402
+from specwatch.alerts.rules import load_config  # noqa: E402
+from specwatch.alerts.runner import AlertRunner  # noqa: E402
+from specwatch.alerts.signals import StoreSignals  # noqa: E402
+from specwatch.collector import aggregates  # noqa: E402
+from specwatch.collector.db import make_engine, upgrade  # noqa: E402
+from specwatch.collector.long_signals import auto_signals  # noqa: E402
+from specwatch.collector.queries import Window, signals  # noqa: E402
+from specwatch.collector.store import REQUESTS  # noqa: E402
 
 GOAL_S = 0.2
 WINDOW_S = 300.0

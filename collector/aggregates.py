@@ -33,8 +33,8 @@ import numpy as np
 from sqlalchemy import BigInteger, Connection, Double, Index, LargeBinary, String, delete
 from sqlalchemy.orm import Mapped, mapped_column
 
-from collector import sketch
-from collector.models import Base, BigId, MaintenanceState
+from specwatch.collector import sketch
+from specwatch.collector.models import Base, BigId, MaintenanceState
 
 PERIOD_S = 1
 COVERED_FROM = "window_aggregates_from"

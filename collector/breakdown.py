@@ -16,10 +16,10 @@ import numpy as np
 from scipy.stats import mannwhitneyu  # imported at start: not on a dashboard's first render
 from sqlalchemy import Engine, and_, func, select
 
-from collector import reader, sketch
-from collector.aggregates import LABELS
-from collector.models import DeviceSampleRow, EngineEventRow, Request, VllmScrape
-from collector.queries import (
+from specwatch.collector import reader, sketch
+from specwatch.collector.aggregates import LABELS
+from specwatch.collector.models import DeviceSampleRow, EngineEventRow, Request, VllmScrape
+from specwatch.collector.queries import (
     LATENCY_AND_DRAFT_COLUMNS,
     Filters,
     Percentiles,
@@ -29,8 +29,8 @@ from collector.queries import (
     percentiles,
     sample_rows,
 )
-from collector.series import DeviceSnapshot
-from collector.totals import Totals, ratio
+from specwatch.collector.series import DeviceSnapshot
+from specwatch.collector.totals import Totals, ratio
 
 GROUP_COLUMNS = ("mode", "arm", "drafter", "instance", "model", "mode_reason")
 CDF_POINTS = (0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)

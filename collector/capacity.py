@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine, select
 
-from collector.models import Request
+from specwatch.collector.models import Request
 
 TAU_S = 360.0
 

@@ -9,8 +9,8 @@ from pydantic import ValidationError
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from collector.settings import Settings
-from common.errors import UsageError
+from specwatch.collector.settings import Settings
+from specwatch.common.errors import UsageError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -63,7 +63,7 @@ def migrated_engine(settings: Settings):
     """An Engine on the configured database at the newest schema; an unreachable one is a UsageError."""
     from sqlalchemy.exc import OperationalError
 
-    from collector.db import make_engine, upgrade
+    from specwatch.collector.db import make_engine, upgrade
 
     engine = make_engine(settings.database_url_resolved)
     try:

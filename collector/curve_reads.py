@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine, and_, func, select
 
-from collector.models import EngineEventRow
-from collector.queries import Window
+from specwatch.collector.models import EngineEventRow
+from specwatch.collector.queries import Window
 
 KIND = "step_costs"
 

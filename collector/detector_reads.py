@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine, func, select
 
-from collector.models import EngineEventRow, Request
-from collector.queries import Window
+from specwatch.collector.models import EngineEventRow, Request
+from specwatch.collector.queries import Window
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,10 @@ import math
 import numpy as np
 from sqlalchemy import Engine, and_, func, select
 
-from collector import sketch
-from collector.models import Request, RequestRollup, RequestRollupHourly
-from collector.queries import Filters, HourOfDay, Window, errors_by_hour
-from collector.rollups import (
+from specwatch.collector import sketch
+from specwatch.collector.models import Request, RequestRollup, RequestRollupHourly
+from specwatch.collector.queries import Filters, HourOfDay, Window, errors_by_hour
+from specwatch.collector.rollups import (
     E2E_COLUMNS,
     FLOAT_COLUMNS,
     INT_COLUMNS,
@@ -34,8 +34,8 @@ from collector.rollups import (
     histogram_of,
     legacy_rows,
 )
-from collector.series import SeriesPoint, rate_moments, series
-from telemetry.schema import LATENCY_BUCKETS
+from specwatch.collector.series import SeriesPoint, rate_moments, series
+from specwatch.telemetry.schema import LATENCY_BUCKETS
 
 RAW_WINDOW_LIMIT_S = 6 * 3600.0
 # Requests finish after they start: minutes this close to the last roll-up pass may still

@@ -30,10 +30,10 @@ import orjson
 from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 
-from collector.metrics import RequestTotals
-from collector.store import DataRejected, IngestCounts, Store, StoreUnavailable
-from common.auth import Grant
-from telemetry.schema import IngestBatch
+from specwatch.collector.metrics import RequestTotals
+from specwatch.collector.store import DataRejected, IngestCounts, Store, StoreUnavailable
+from specwatch.common.auth import Grant
+from specwatch.telemetry.schema import IngestBatch
 
 MAX_REPORTED_ERRORS = 20
 
@@ -230,7 +230,7 @@ _worker_store: Store | None = None
 def _start_worker(database_url: str, all_started: threading.Barrier | None) -> None:
     """Worker process start-up: its own engine, connected; the service's GC settings."""
     global _worker_store
-    from collector.db import make_engine
+    from specwatch.collector.db import make_engine
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the service stops the workers
     threading.Thread(target=_exit_with_service, name="exit-with-service", daemon=True).start()

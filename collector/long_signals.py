@@ -22,12 +22,12 @@ import math
 import numpy as np
 from sqlalchemy import Engine, and_, func, select
 
-from collector import rollups, sketch, window_signals
-from collector.aggregates import COUNTS, SUMS
-from collector.history import GRACE_S, RAW_WINDOW_LIMIT_S, histogram_quantile, rollup_conditions
-from collector.models import Request, RequestRollup, RequestRollupHourly
-from collector.queries import Filters, Percentiles, Signals, Window, signals
-from collector.totals import SKETCH_NAMES, Totals, signals_from
+from specwatch.collector import rollups, sketch, window_signals
+from specwatch.collector.aggregates import COUNTS, SUMS
+from specwatch.collector.history import GRACE_S, RAW_WINDOW_LIMIT_S, histogram_quantile, rollup_conditions
+from specwatch.collector.models import Request, RequestRollup, RequestRollupHourly
+from specwatch.collector.queries import Filters, Percentiles, Signals, Window, signals
+from specwatch.collector.totals import SKETCH_NAMES, Totals, signals_from
 
 _COLUMNS = (
     *rollups.INT_COLUMNS,

@@ -11,11 +11,11 @@ import time
 from collections.abc import Callable
 from functools import partial
 
-from collector import partitions
-from collector.db import write_transaction
-from collector.rollups import apply_retention, roll_up
-from collector.settings import Settings
-from collector.store import Store
+from specwatch.collector import partitions
+from specwatch.collector.db import write_transaction
+from specwatch.collector.rollups import apply_retention, roll_up
+from specwatch.collector.settings import Settings
+from specwatch.collector.store import Store
 
 log = logging.getLogger("specwatch.collector")
 DAY_S = 86400.0

@@ -37,9 +37,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from sqlalchemy.exc import SQLAlchemyError
 
-from collector.capacity import Capacity, CapacityRules, upstream_capacity
-from collector.store import IngestCounts
-from telemetry.schema import LATENCY_BUCKETS, DeviceSample, RequestRecord
+from specwatch.collector.capacity import Capacity, CapacityRules, upstream_capacity
+from specwatch.collector.store import IngestCounts
+from specwatch.telemetry.schema import LATENCY_BUCKETS, DeviceSample, RequestRecord
 
 REQUEST_LABELS = ("instance", "model", "mode", "drafter")
 ARM_LABELS = ("instance", "model", "arm")

@@ -26,7 +26,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from telemetry.schema import LATENCY_BUCKETS
+from specwatch.telemetry.schema import LATENCY_BUCKETS
 
 # SQLite only aliases rowid for INTEGER PRIMARY KEY, so BIGINT becomes INTEGER there.
 BigId = BigInteger().with_variant(Integer(), "sqlite")

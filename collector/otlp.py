@@ -46,8 +46,8 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 from pydantic import ValidationError
 
-from collector.ingest import BatchRejected
-from telemetry.schema import RequestRecord
+from specwatch.collector.ingest import BatchRejected
+from specwatch.telemetry.schema import RequestRecord
 
 SPAN_NAME = "llm_request"
 PROTOBUF = "application/x-protobuf"

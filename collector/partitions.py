@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, text
 
-from collector.models import OTHER_PACKAGES_TABLES
+from specwatch.collector.models import OTHER_PACKAGES_TABLES
 
 DAY_S = 86400
 AHEAD_DAYS = 3

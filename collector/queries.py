@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from sqlalchemy import Engine, Select, and_, func, select, union_all
 
-from collector.models import Request
+from specwatch.collector.models import Request
 
 QUANTILES = (0.5, 0.9, 0.95, 0.99)
 

@@ -27,12 +27,12 @@ from collections.abc import Iterable, Sequence
 
 from sqlalchemy import Engine, func, select
 
-from collector import history, long_signals, queries, window_signals
-from collector.aggregates import LABELS
-from collector.models import Request
-from collector.queries import Filters, Signals, Window
-from collector.series import SeriesPoint
-from collector.totals import EMPTY, Totals, draft_fields
+from specwatch.collector import history, long_signals, queries, window_signals
+from specwatch.collector.aggregates import LABELS
+from specwatch.collector.models import Request
+from specwatch.collector.queries import Filters, Signals, Window
+from specwatch.collector.series import SeriesPoint
+from specwatch.collector.totals import EMPTY, Totals, draft_fields
 
 
 def tier(window: Window, filters: Filters) -> str:

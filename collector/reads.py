@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 from sqlalchemy import Engine, func, select
 
-from collector.models import DeviceSampleRow, EngineEventRow, Request, RequestRollupHourly, VllmScrape
-from collector.queries import Filters, Window
+from specwatch.collector.models import DeviceSampleRow, EngineEventRow, Request, RequestRollupHourly, VllmScrape
+from specwatch.collector.queries import Filters, Window
 
 ARMS = ("spec", "control")
 

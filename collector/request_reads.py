@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 from sqlalchemy import JSON, Connection, Engine, Select, column, func, literal_column, select, table, tuple_
 
-from collector.detector_reads import _DRAFTED_COLUMNS, DraftedRequest, _drafted
-from collector.models import ACCEPTANCE_SQL, Request
-from collector.queries import Filters, Window
+from specwatch.collector.detector_reads import _DRAFTED_COLUMNS, DraftedRequest, _drafted
+from specwatch.collector.models import ACCEPTANCE_SQL, Request
+from specwatch.collector.queries import Filters, Window
 
 
 def recent_drafted(

@@ -39,9 +39,9 @@ from sqlalchemy import table as sql_table
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from collector import aggregates, partitions, sketch
-from collector.db import write_transaction
-from collector.models import (
+from specwatch.collector import aggregates, partitions, sketch
+from specwatch.collector.db import write_transaction
+from specwatch.collector.models import (
     ADDED_BUCKETS,
     LEGACY_LATENCY_BUCKETS,
     DeviceSampleRow,
@@ -53,7 +53,7 @@ from collector.models import (
     VllmScrape,
     bucket_column_names,
 )
-from telemetry.schema import LATENCY_BUCKETS
+from specwatch.telemetry.schema import LATENCY_BUCKETS
 
 # Raw rows folded per transaction. Each transaction holds the write lock (SQLite's; on PostgreSQL a SHARE
 # lock on `requests`), so ingest waits for it: 200,000 held it 2-3 s on a loaded 2-core machine (ingest's

@@ -13,7 +13,7 @@ from typing import Annotated
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from common.auth import ROLE_ENV, TokenTable
+from specwatch.common.auth import ROLE_ENV, TokenTable
 
 
 class Settings(BaseSettings):
@@ -73,7 +73,7 @@ class Settings(BaseSettings):
 
     @cached_property
     def replica_name(self) -> str:
-        from collector.leader import default_replica_id
+        from specwatch.collector.leader import default_replica_id
 
         return self.replica_id or default_replica_id()
 

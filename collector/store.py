@@ -23,10 +23,10 @@ from sqlalchemy import Engine, Table
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.types import JSON, BigInteger, Boolean, Double, Integer, String
 
-from collector import aggregates
-from collector.db import INGEST_BUSY_S, write_transaction
-from collector.models import DeviceSampleRow, EngineEventRow, Request
-from telemetry.schema import DeviceSample, IngestBatch, RequestRecord
+from specwatch.collector import aggregates
+from specwatch.collector.db import INGEST_BUSY_S, write_transaction
+from specwatch.collector.models import DeviceSampleRow, EngineEventRow, Request
+from specwatch.telemetry.schema import DeviceSample, IngestBatch, RequestRecord
 
 
 def _classify(exc: Exception, dbapi: Any) -> Exception:

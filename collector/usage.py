@@ -22,9 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 from sqlalchemy import Engine, func, select, text
 
-from collector.models import DeviceSampleRow, EngineEventRow, Request
-from collector.queries import Filters, Window
-from telemetry.schema import GATEWAY_TAG
+from specwatch.collector.models import DeviceSampleRow, EngineEventRow, Request
+from specwatch.collector.queries import Filters, Window
+from specwatch.telemetry.schema import GATEWAY_TAG
 
 STRADDLE_S = 3600.0  # how far before the window a request may have started and still be read
 GATEWAY_SOURCE = "processor_sharing"  # the device_s_source of a gateway's records

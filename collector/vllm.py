@@ -23,10 +23,10 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, insert, select
 
-from collector.db import write_transaction
-from collector.history import histogram_quantile
-from collector.models import VllmScrape
-from collector.queries import Percentiles, Window
+from specwatch.collector.db import write_transaction
+from specwatch.collector.history import histogram_quantile
+from specwatch.collector.models import VllmScrape
+from specwatch.collector.queries import Percentiles, Window
 
 log = logging.getLogger("specwatch.collector")
 COUNTERS = {

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.errors import UsageError
+from specwatch.common.errors import UsageError
 
 
 def listed_tokens(tokens: str | None) -> list[str]:

@@ -8,8 +8,8 @@ import os
 import sys
 from pathlib import Path
 
-from common.auth import first_token, listed_tokens
-from common.errors import UsageError  # noqa: F401 (the CLI helpers' error, re-exported)
+from specwatch.common.auth import first_token, listed_tokens
+from specwatch.common.errors import UsageError  # noqa: F401 (the CLI helpers' error, re-exported)
 
 
 def tcp_port(value: str) -> int:

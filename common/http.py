@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from common.auth import Grant, TokenTable, listed_tokens
+from specwatch.common.auth import Grant, TokenTable, listed_tokens
 
 ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 429: "rate_limit_error"}
 REQUEST_ID_HEADER = "x-request-id"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from common.auth import first_token
+from specwatch.common.auth import first_token
 
 SOURCE_ROOT = Path(__file__).resolve().parents[1]
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from cost.terms import J_PER_KWH, CostInputs, InstanceUse
+from specwatch.cost.terms import J_PER_KWH, CostInputs, InstanceUse
 
 KINDS = ("arm", "retries", "idle", "other_tenants")
 

@@ -7,8 +7,17 @@ never measured), "estimate" (derived, not metered: e.g. CPU power from CPU-secon
 
 from __future__ import annotations
 
-from cost.sharing import derived_in
-from cost.terms import GB, HIDDEN_FIELDS, HIDDEN_UNITS, SEED, Assumption, CostInputs, monthly_volume, needs_training
+from specwatch.cost.sharing import derived_in
+from specwatch.cost.terms import (
+    GB,
+    HIDDEN_FIELDS,
+    HIDDEN_UNITS,
+    SEED,
+    Assumption,
+    CostInputs,
+    monthly_volume,
+    needs_training,
+)
 
 
 def assumptions(inputs: CostInputs) -> tuple[Assumption, ...]:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cost.sharing import in_flight, running_virtual
+from specwatch.cost.sharing import in_flight, running_virtual
 
 
 @dataclass(frozen=True)

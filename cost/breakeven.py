@@ -40,10 +40,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 from scipy.optimize import brentq
 
-from collector.curve_reads import CurvePoint
-from cost.model import CostInputs, ModeMeasure, monthly_volume, net_benefit, primary_key
-from cost.step_curve import CurveTimes
-from cost.step_inputs import NOT_MEASURED, RECORDS, STEP_CURVE, StepInputs, per_forward, step_inputs
+from specwatch.collector.curve_reads import CurvePoint
+from specwatch.cost.model import CostInputs, ModeMeasure, monthly_volume, net_benefit, primary_key
+from specwatch.cost.step_curve import CurveTimes
+from specwatch.cost.step_inputs import NOT_MEASURED, RECORDS, STEP_CURVE, StepInputs, per_forward, step_inputs
 
 __all__ = ["NOT_MEASURED", "RECORDS", "STEP_CURVE", "StepInputs", "step_inputs"]  # re-exported
 

@@ -30,11 +30,11 @@ from dataclasses import dataclass
 import numpy as np
 from sqlalchemy import Engine
 
-from collector.queries import Filters, Window
-from cost.allocation import Allocation, allocate
-from cost.attribution import Spans, level_fractions
-from cost.measured import Usage, read_usage
-from cost.model import MTOK, CostInputs
+from specwatch.collector.queries import Filters, Window
+from specwatch.cost.allocation import Allocation, allocate
+from specwatch.cost.attribution import Spans, level_fractions
+from specwatch.cost.measured import Usage, read_usage
+from specwatch.cost.model import MTOK, CostInputs
 
 
 @dataclass(frozen=True)
@@ -228,7 +228,7 @@ def concurrency_costs_at(
     engine: Engine, window: Window, prices, *, gpu_type: str, gpu_count: int = 1, filters: Filters = Filters()
 ) -> ConcurrencyCosts:
     """`concurrency_costs` of the store's `window` measured and priced on `gpu_type` (bench/cost.py)."""
-    from cost.measured import measured_inputs
+    from specwatch.cost.measured import measured_inputs
 
     usage = read_usage(engine, window, filters)
     priced = dict(gpu_type=gpu_type, gpu_count=gpu_count, filters=filters, measure_storage=False, usage=usage)

@@ -20,9 +20,9 @@ from collections.abc import Callable
 
 from sqlalchemy import Engine
 
-from collector.queries import Filters, Window
-from cost.allocation import Line, allocate
-from cost.terms import CostInputs
+from specwatch.collector.queries import Filters, Window
+from specwatch.cost.allocation import Line, allocate
+from specwatch.cost.terms import CostInputs
 
 DAY_S = 86400
 PRICING_CATEGORY = {"on-demand": "Standard", "spot": "Dynamic", "reserved": "Committed", "on-prem": "Other"}
@@ -143,9 +143,9 @@ def measured_focus(
     engine: Engine, window: Window, prices, *, gpu_type: str, overrides=None, hidden=None, filters: Filters = Filters()
 ) -> list[dict]:
     """FOCUS rows of the store's `window`, each UTC day measured and priced like `measured_summary`."""
-    from cost.inputs import Overrides, apply_overrides
-    from cost.measured import measured_inputs
-    from cost.terms import HiddenCosts
+    from specwatch.cost.inputs import Overrides, apply_overrides
+    from specwatch.cost.measured import measured_inputs
+    from specwatch.cost.terms import HiddenCosts
 
     def inputs_for(engine: Engine, day: Window) -> CostInputs:
         hidden_costs = hidden or HiddenCosts()

@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cost.terms import SECONDS_PER_MONTH, WEEKS_PER_MONTH, CostInputs, HiddenCosts, ModeMeasure, Prices, needs_training
+from specwatch.cost.terms import (
+    SECONDS_PER_MONTH,
+    WEEKS_PER_MONTH,
+    CostInputs,
+    HiddenCosts,
+    ModeMeasure,
+    Prices,
+    needs_training,
+)
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from cost.measured import incident_days, infer_gpu_type, measured_inputs, storage_gb_per_day
-from cost.model import GB, Accelerator, CostInputs, HiddenCosts, ModeMeasure, Prices
+from specwatch.cost.measured import incident_days, infer_gpu_type, measured_inputs, storage_gb_per_day
+from specwatch.cost.model import GB, Accelerator, CostInputs, HiddenCosts, ModeMeasure, Prices
 
 # the store's side lives in cost.measured; these names stay importable from here
 __all__ = ["incident_days", "infer_gpu_type", "measured_inputs", "storage_gb_per_day"]

@@ -34,9 +34,9 @@ from typing import Protocol
 import numpy as np
 from sqlalchemy import Engine
 
-from collector.curve_reads import step_curves
-from collector.queries import Filters, Window
-from collector.usage import (
+from specwatch.collector.curve_reads import step_curves
+from specwatch.collector.queries import Filters, Window
+from specwatch.collector.usage import (
     GATEWAY_SOURCE,
     RequestColumns,
     device_counts,
@@ -47,9 +47,19 @@ from collector.usage import (
     request_usage,
     store_growth,
 )
-from cost.attribution import Attribution, PowerSample, Spans, attribute, levels
-from cost.sharing import MERGED_SOURCE, Lives, merged_device_s
-from cost.terms import GB, ArmUse, CostInputs, HiddenCosts, IdleTime, InstanceUse, ModeMeasure, Prices, StepTime
+from specwatch.cost.attribution import Attribution, PowerSample, Spans, attribute, levels
+from specwatch.cost.sharing import MERGED_SOURCE, Lives, merged_device_s
+from specwatch.cost.terms import (
+    GB,
+    ArmUse,
+    CostInputs,
+    HiddenCosts,
+    IdleTime,
+    InstanceUse,
+    ModeMeasure,
+    Prices,
+    StepTime,
+)
 
 
 @dataclass(frozen=True)

@@ -28,10 +28,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cost.allocation import Allocation, allocate
-from cost.assumptions import assumptions, estimated_from, notes
-from cost.hidden import HiddenMonthly, draft_fraction, draft_memory_monthly, hidden_monthly, training_run_usd
-from cost.terms import (
+from specwatch.cost.allocation import Allocation, allocate
+from specwatch.cost.assumptions import assumptions, estimated_from, notes
+from specwatch.cost.hidden import HiddenMonthly, draft_fraction, draft_memory_monthly, hidden_monthly, training_run_usd
+from specwatch.cost.terms import (
     DAYS_PER_MONTH,
     GB,
     HIDDEN_FIELDS,

@@ -7,8 +7,8 @@ import argparse
 import math
 from pathlib import Path
 
-from cost.inputs import Overrides, load_hidden_costs
-from cost.model import PRICINGS, HiddenCosts
+from specwatch.cost.inputs import Overrides, load_hidden_costs
+from specwatch.cost.model import PRICINGS, HiddenCosts
 
 
 def positive(value: str) -> float:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from collector.curve_reads import StoredCurve
-from cost.model import CostInputs, ModeMeasure
-from cost.step_curve import CurveTimes, curve_times, lacking
+from specwatch.collector.curve_reads import StoredCurve
+from specwatch.cost.model import CostInputs, ModeMeasure
+from specwatch.cost.step_curve import CurveTimes, curve_times, lacking
 
 STEP_CURVE, RECORDS, NOT_MEASURED = "step_curve", "records", "not measured"  # where t_plain and t_verify came from
 

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine
 
-from collector.queries import Filters, Window
-from cost.advisor import Recommendation, advise
-from cost.breakeven import BreakEven, TornadoRow, break_even, sensitivity
-from cost.concurrency import ConcurrencyCosts, concurrency_costs
-from cost.inputs import Overrides, apply_overrides
-from cost.measured import IncidentHistory, infer_gpu_type, measured_inputs, read_usage
-from cost.model import CostInputs, HiddenCosts, Prices, Tco, tco
+from specwatch.collector.queries import Filters, Window
+from specwatch.cost.advisor import Recommendation, advise
+from specwatch.cost.breakeven import BreakEven, TornadoRow, break_even, sensitivity
+from specwatch.cost.concurrency import ConcurrencyCosts, concurrency_costs
+from specwatch.cost.inputs import Overrides, apply_overrides
+from specwatch.cost.measured import IncidentHistory, infer_gpu_type, measured_inputs, read_usage
+from specwatch.cost.model import CostInputs, HiddenCosts, Prices, Tco, tco
 
 DEFAULT_GPU = "H100-SXM"
 MONTH_S = 30 * 86400

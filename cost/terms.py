@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from collector.curve_reads import StoredCurve
-from cost.instances import ArmUse, InstanceUse, StepTime
+from specwatch.collector.curve_reads import StoredCurve
+from specwatch.cost.instances import ArmUse, InstanceUse, StepTime
 
 SECONDS_PER_MONTH = 730 * 3600  # 365 x 24 / 12 hours
 DAYS_PER_MONTH = 365 / 12

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from cost.attribution import levels
+from specwatch.cost.attribution import levels
 
 MAX_BATCH = 256  # vLLM's default max_num_seqs: the last range ends here
 

@@ -30,9 +30,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from collector.tuning_reads import TuningRows
-from cost.attribution import Spans, level_fractions
-from cost.tuner import Acceptance, Interval, Schedule, StepCurve, TuneRules, mark_stale, schedule
+from specwatch.collector.tuning_reads import TuningRows
+from specwatch.cost.attribution import Spans, level_fractions
+from specwatch.cost.tuner import Acceptance, Interval, Schedule, StepCurve, TuneRules, mark_stale, schedule
 
 MIN_SPREAD = 0.25  # draft tokens per step between a level's two most distant points
 MIN_STEPS = 20.0  # decoding steps behind a step-cost point
@@ -277,8 +277,8 @@ def _dated(plan: Schedule, rows: TuningRows, markers, profile: Profile) -> Sched
 
 def recommend_from_store(engine, window, filters=None, **options) -> Schedule:
     """`recommend` over the store's `window` (collector.tuning_reads), version markers included."""
-    from collector.queries import Filters
-    from collector.tuning_reads import tuning_rows, version_markers
+    from specwatch.collector.queries import Filters
+    from specwatch.collector.tuning_reads import tuning_rows, version_markers
 
     filters = filters or Filters()
     rows = tuning_rows(engine, window, filters)

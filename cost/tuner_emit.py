@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from cost.tuner import MAX_BATCH, BucketPlan, Schedule, bucket_ranges
+from specwatch.cost.tuner import MAX_BATCH, BucketPlan, Schedule, bucket_ranges
 
 DRAFTERS = {"ngram": {"prompt_lookup_max": 3, "prompt_lookup_min": 2}}  # vLLM's n-gram needs its window
 

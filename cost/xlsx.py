@@ -19,9 +19,9 @@ from openpyxl import Workbook
 from openpyxl.styles import Font
 from openpyxl.utils import get_column_letter
 
-from cost.allocation import Allocation, allocate
-from cost.concurrency import ConcurrencyCosts
-from cost.model import (
+from specwatch.cost.allocation import Allocation, allocate
+from specwatch.cost.concurrency import ConcurrencyCosts
+from specwatch.cost.model import (
     GB,
     HIDDEN_FIELDS,
     CostInputs,
@@ -33,7 +33,7 @@ from cost.model import (
     needs_training,
     tco,
 )
-from cost.xlsx_sheets import break_even_sheet, concurrency_sheet, lines_sheet
+from specwatch.cost.xlsx_sheets import break_even_sheet, concurrency_sheet, lines_sheet
 
 # name -> (unit, note); values come from the inputs.
 GLOBAL_INPUTS = {

@@ -13,10 +13,10 @@ from collections.abc import Callable
 
 from openpyxl.styles import Font
 
-from cost.allocation import Allocation
-from cost.breakeven import break_even
-from cost.concurrency import ConcurrencyCosts
-from cost.model import CostInputs
+from specwatch.cost.allocation import Allocation
+from specwatch.cost.breakeven import break_even
+from specwatch.cost.concurrency import ConcurrencyCosts
+from specwatch.cost.model import CostInputs
 
 LINE_HEADER = ["instance", "kind", "arm", "instance_s", "share", "kwh", "usd", "estimate"]
 

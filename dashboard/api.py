@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import httpx
 import pandas as pd
 
-from common.auth import ROLE_ENV
+from specwatch.common.auth import ROLE_ENV
 
 DEFAULT_URL = "http://127.0.0.1:8087"
 

@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `streamlit run` 
 
 import streamlit as st  # noqa: E402
 
-from dashboard.state import sidebar  # noqa: E402
+from specwatch.dashboard.state import sidebar  # noqa: E402
 
 PAGES = (
     Path(__file__).resolve().parent / "views"

@@ -11,7 +11,7 @@ import altair as alt
 import pandas as pd
 
 if TYPE_CHECKING:
-    from dashboard.formats import Threshold
+    from specwatch.dashboard.formats import Threshold
 
 HEIGHT = 220
 DAY = pd.Timedelta(days=1)

@@ -6,7 +6,7 @@ import argparse
 import os
 import subprocess
 
-from common.cli import tcp_port
+from specwatch.common.cli import tcp_port
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -20,8 +20,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_dashboard(args: argparse.Namespace) -> int:
-    from dashboard.api import collector_url
-    from dashboard.launch import command
+    from specwatch.dashboard.api import collector_url
+    from specwatch.dashboard.launch import command
 
     env = {**os.environ, "SPECWATCH_COLLECTOR_URL": args.collector or collector_url()}
     print(f"dashboard on http://{args.host}:{args.port} reading {env['SPECWATCH_COLLECTOR_URL']}", flush=True)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from dashboard.api import View, get, get_bytes
+from specwatch.dashboard.api import View, get, get_bytes
 
 
 @dataclass(frozen=True)

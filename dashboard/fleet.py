@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from dashboard.api import CollectorRefused, View, get, times
+from specwatch.dashboard.api import CollectorRefused, View, get, times
 
 ENGINE_COLUMNS = ["kind", "name", "last_seen", "records_in_window", "per_s"]
 MIB = 2**20

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from common.procs import child_env, start_service
+from specwatch.common.procs import child_env, start_service
 
 APP = Path(__file__).resolve().parent / "app.py"
 

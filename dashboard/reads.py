@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from dashboard import cost_service, fleet, requests_service, services, tuning_service
-from dashboard.state import cached
+from specwatch.dashboard import cost_service, fleet, requests_service, services, tuning_service
+from specwatch.dashboard.state import cached
 
 overview = cached(services.overview)
 series = cached(services.series)

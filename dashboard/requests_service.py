@@ -12,7 +12,7 @@ from urllib.parse import quote
 
 import pandas as pd
 
-from dashboard.api import View, get, times
+from specwatch.dashboard.api import View, get, times
 
 SORTS = {"newest first": ("time", "desc"), "oldest first": ("time", "asc")} | {
     f"{label} {way}": (key, order)

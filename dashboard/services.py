@@ -12,8 +12,8 @@ from dataclasses import dataclass, fields
 
 import pandas as pd
 
-from dashboard import formats
-from dashboard.api import View, get, times
+from specwatch.dashboard import formats
+from specwatch.dashboard.api import View, get, times
 
 
 def _ms(seconds: float | None) -> float | None:

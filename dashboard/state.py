@@ -14,8 +14,8 @@ from typing import ParamSpec, TypeVar
 import pandas as pd
 import streamlit as st
 
-from dashboard import formats, services
-from dashboard.api import CollectorRefused, CollectorUnavailable, View, collector_url
+from specwatch.dashboard import formats, services
+from specwatch.dashboard.api import CollectorRefused, CollectorUnavailable, View, collector_url
 
 P = ParamSpec("P")
 T = TypeVar("T")

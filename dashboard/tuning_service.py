@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from dashboard.api import View, get
+from specwatch.dashboard.api import View, get
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ import socket
 import sys
 from pathlib import Path
 
-from common.cli import add_exposure_arguments, add_producer_arguments, check_exposure, tcp_port
-from common.errors import UsageError
-from engine.policy import PolicyConfig
+from specwatch.common.cli import add_exposure_arguments, add_producer_arguments, check_exposure, tcp_port
+from specwatch.common.errors import UsageError
+from specwatch.engine.policy import PolicyConfig
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -177,11 +177,11 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def engine_config(args: argparse.Namespace):
-    from engine.engine import EngineConfig
+    from specwatch.engine.engine import EngineConfig
 
     if args.threads < 0 or args.batch_threads < 0:
         raise UsageError("--threads and --batch-threads must be >= 0")
-    from engine.suffix import SuffixConfig
+    from specwatch.engine.suffix import SuffixConfig
 
     try:
         suffix = SuffixConfig(max_requests=getattr(args, "suffix_requests", 64))
@@ -195,9 +195,9 @@ def engine_config(args: argparse.Namespace):
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from engine.engine import Engine, GenerateRequest
-    from engine.loading import ModelLoadError
-    from engine.sampling import SamplingParams
+    from specwatch.engine.engine import Engine, GenerateRequest
+    from specwatch.engine.loading import ModelLoadError
+    from specwatch.engine.sampling import SamplingParams
 
     try:
         sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
@@ -221,7 +221,7 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def _print_stream(engine, request, as_json: bool) -> int:
-    from engine.engine import GenerateResult
+    from specwatch.engine.engine import GenerateResult
 
     for piece in engine.stream(request):
         if isinstance(piece, GenerateResult):
@@ -255,19 +255,19 @@ def summary_line(record) -> str:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from engine import markers
-    from engine.device import DeviceSampler
-    from engine.engine import Engine
-    from engine.loading import ModelLoadError
-    from engine.memory_guard import MemoryGuard
-    from engine.policy import Policy
-    from engine.scheduler import Scheduler
-    from engine.server import create_app
-    from engine.shutdown import serve_until_signal
-    from engine.step_cost_events import StepCostEvents
-    from telemetry import spans
-    from telemetry.client import TelemetryClient
-    from telemetry.sink import TelemetrySink
+    from specwatch.engine import markers
+    from specwatch.engine.device import DeviceSampler
+    from specwatch.engine.engine import Engine
+    from specwatch.engine.loading import ModelLoadError
+    from specwatch.engine.memory_guard import MemoryGuard
+    from specwatch.engine.policy import Policy
+    from specwatch.engine.scheduler import Scheduler
+    from specwatch.engine.server import create_app
+    from specwatch.engine.shutdown import serve_until_signal
+    from specwatch.engine.step_cost_events import StepCostEvents
+    from specwatch.telemetry import spans
+    from specwatch.telemetry.client import TelemetryClient
+    from specwatch.telemetry.sink import TelemetrySink
 
     check_exposure("engine", args)  # before the model loads
     if not 0 <= args.shutdown_timeout <= 86_400:
@@ -326,7 +326,7 @@ def register_drafters(engine, items: list[str]) -> dict[str, str]:
     """{name: spec} from `--drafters NAME=model:PATH ...`, each draft model loaded now (ValueError when bad)."""
     import re
 
-    from engine.server import BUILTIN_DRAFTERS
+    from specwatch.engine.server import BUILTIN_DRAFTERS
 
     drafters = {}
     for item in items:
@@ -343,8 +343,8 @@ def register_drafters(engine, items: list[str]) -> dict[str, str]:
 
 def _serve_configs(args: argparse.Namespace) -> tuple:
     """Policy, scheduler, memory guard and engine configs from `engine serve`'s options (ValueError when bad)."""
-    from engine.memory_guard import MemoryGuardConfig
-    from engine.scheduler import SchedulerConfig
+    from specwatch.engine.memory_guard import MemoryGuardConfig
+    from specwatch.engine.scheduler import SchedulerConfig
 
     policy = _options_for(PolicyConfig, args, candidates=tuple(args.candidates))
     scheduler = SchedulerConfig(

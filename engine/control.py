@@ -15,8 +15,8 @@ from dataclasses import asdict
 
 import torch
 
-from engine.device import cpu_heap_memory, cuda_memory
-from engine.suffix import MODEL_FREE
+from specwatch.engine.device import cpu_heap_memory, cuda_memory
+from specwatch.engine.suffix import MODEL_FREE
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 

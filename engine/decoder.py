@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedModel
 
-from engine.kernels import lane_attention_kernel, prefill_attention_kernel, row_times_kernel
+from specwatch.engine.kernels import lane_attention_kernel, prefill_attention_kernel, row_times_kernel
 
 
 class Decoder(Protocol):
@@ -756,7 +756,7 @@ def _compiled(layers, **options) -> object:
     directory), so only the first start on a machine pays the compile."""
     from torch._inductor.runtime import cache_dir_utils
 
-    from engine.loading import default_cache_dir
+    from specwatch.engine.loading import default_cache_dir
 
     # imports may already have set torch's default (/tmp/torchinductor_$USER, gone after a reboot)
     if os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, cache_dir_utils.default_cache_dir()):

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from telemetry.schema import DeviceSample
-from telemetry.sink import TelemetrySink
+from specwatch.telemetry.schema import DeviceSample
+from specwatch.telemetry.sink import TelemetrySink
 
 RAPL_ENERGY = Path("/sys/class/powercap/intel-rapl:0/energy_uj")
 

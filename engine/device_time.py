@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from engine.lookahead import CostCurve
+from specwatch.engine.lookahead import CostCurve
 
 STEP_CURVE, ROW_SHARES = "engine_step_curve", "engine"  # telemetry.schema DeviceSource values
 

@@ -18,8 +18,8 @@ from typing import Protocol
 import torch
 from transformers import PreTrainedModel
 
-from engine.decoder import Decoder, LlamaDecoder, make_decoder
-from engine.sampling import SamplingParams, greedy, probabilities, sample
+from specwatch.engine.decoder import Decoder, LlamaDecoder, make_decoder
+from specwatch.engine.sampling import SamplingParams, greedy, probabilities, sample
 
 
 class Drafter(Protocol):

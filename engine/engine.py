@@ -16,19 +16,19 @@ from pathlib import Path
 
 import torch
 
-from engine import kernels
-from engine.cuda import Streams, apply_memory_fraction, check_memory_fraction
-from engine.decoder import make_decoder, pool_caches, warm_up
-from engine.device_time import record_source
-from engine.drafters import Drafter, NgramConfig, NgramDrafter, early_exit_drafter, model_drafter
-from engine.loading import BUNDLED, LoadedModel, load_model, resolve_device
-from engine.lookahead import CostCurve
-from engine.sampling import SamplingParams
-from engine.speculative import DEFAULT_LOOKAHEAD, LOOKAHEAD_MODES, DecodeStats, SpeculativeDecoder
-from engine.suffix import MODEL_FREE, SuffixCache, SuffixConfig, SuffixDrafter
-from engine.text import TextStream
-from engine.threads import CpuShare, physical_cores, using
-from telemetry.schema import RequestRecord
+from specwatch.engine import kernels
+from specwatch.engine.cuda import Streams, apply_memory_fraction, check_memory_fraction
+from specwatch.engine.decoder import make_decoder, pool_caches, warm_up
+from specwatch.engine.device_time import record_source
+from specwatch.engine.drafters import Drafter, NgramConfig, NgramDrafter, early_exit_drafter, model_drafter
+from specwatch.engine.loading import BUNDLED, LoadedModel, load_model, resolve_device
+from specwatch.engine.lookahead import CostCurve
+from specwatch.engine.sampling import SamplingParams
+from specwatch.engine.speculative import DEFAULT_LOOKAHEAD, LOOKAHEAD_MODES, DecodeStats, SpeculativeDecoder
+from specwatch.engine.suffix import MODEL_FREE, SuffixCache, SuffixConfig, SuffixDrafter
+from specwatch.engine.text import TextStream
+from specwatch.engine.threads import CpuShare, physical_cores, using
+from specwatch.telemetry.schema import RequestRecord
 
 
 @dataclass(frozen=True)

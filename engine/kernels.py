@@ -91,7 +91,7 @@ def _built() -> bool:
 def _build() -> None:
     from torch.utils import cpp_extension
 
-    from engine.loading import default_cache_dir
+    from specwatch.engine.loading import default_cache_dir
 
     build = default_cache_dir() / "kernels"
     build.mkdir(parents=True, exist_ok=True)

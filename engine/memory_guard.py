@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from engine import control
-from engine.device import Periodic
+from specwatch.engine import control
+from specwatch.engine.device import Periodic
 
 MEMINFO = Path("/proc/meminfo")
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from telemetry.client import TelemetryClient
-from telemetry.schema import LATENCY_BUCKETS, RequestRecord
+from specwatch.telemetry.client import TelemetryClient
+from specwatch.telemetry.schema import LATENCY_BUCKETS, RequestRecord
 
 TPOT_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
 

@@ -13,7 +13,7 @@ Each is None where the record lacks what it needs (no first token).
 
 from __future__ import annotations
 
-from telemetry.schema import RequestRecord
+from specwatch.telemetry.schema import RequestRecord
 
 
 def vllm_metrics(record: RequestRecord) -> dict:

@@ -35,10 +35,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Literal
 
-from common.policy import LoadSwitch
-from engine.suffix import MODEL_FREE
-from telemetry.schema import RequestRecord
-from telemetry.sink import TelemetrySink
+from specwatch.common.policy import LoadSwitch
+from specwatch.engine.suffix import MODEL_FREE
+from specwatch.telemetry.schema import RequestRecord
+from specwatch.telemetry.sink import TelemetrySink
 
 Override = Literal["auto", "speculative", "autoregressive"]
 

@@ -27,13 +27,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.decoder import forward_many
-from engine.device_time import split_forward
-from engine.engine import Engine, GenerateRequest, GenerateResult, Run
-from engine.policy import Policy
-from engine.speculative import StageError
-from engine.threads import release_openmp_workers, using
-from telemetry.sink import TelemetrySink
+from specwatch.engine.decoder import forward_many
+from specwatch.engine.device_time import split_forward
+from specwatch.engine.engine import Engine, GenerateRequest, GenerateResult, Run
+from specwatch.engine.policy import Policy
+from specwatch.engine.speculative import StageError
+from specwatch.engine.threads import release_openmp_workers, using
+from specwatch.telemetry.sink import TelemetrySink
 
 log = logging.getLogger("specwatch.scheduler")
 

@@ -38,7 +38,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
-from common.http import (
+from specwatch.common.http import (
     ERROR_HANDLERS,
     ApiKeyMiddleware,
     ControlGuard,
@@ -48,14 +48,14 @@ from common.http import (
     incoming_started_at,
     openai_error,
 )
-from engine import control, markers
-from engine.cuda import NoCudaStreams
-from engine.engine import SEED_RANGE, GenerateRequest, GenerateResult, RequestError
-from engine.metrics import EngineMetrics
-from engine.openai_metrics import vllm_metrics
-from engine.sampling import SamplingParams
-from engine.scheduler import Overloaded, Scheduler, ShuttingDown, Ticket
-from telemetry.schema import MAX_TAGS, RequestRecord, TagKey, TagValue
+from specwatch.engine import control, markers
+from specwatch.engine.cuda import NoCudaStreams
+from specwatch.engine.engine import SEED_RANGE, GenerateRequest, GenerateResult, RequestError
+from specwatch.engine.metrics import EngineMetrics
+from specwatch.engine.openai_metrics import vllm_metrics
+from specwatch.engine.sampling import SamplingParams
+from specwatch.engine.scheduler import Overloaded, Scheduler, ShuttingDown, Ticket
+from specwatch.telemetry.schema import MAX_TAGS, RequestRecord, TagKey, TagValue
 
 
 class _Common(BaseModel):

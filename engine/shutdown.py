@@ -13,7 +13,7 @@ import signal
 
 import uvicorn
 
-from common import serving
+from specwatch.common import serving
 
 BACKSTOP_S = 5.0  # after the deadline, for the scheduler's last round and the 503 answers
 

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.decoder import Decoder
-from engine.drafters import Drafter
-from engine.lookahead import Acceptance, CostCurve, LookaheadModel
-from engine.sampling import SamplingParams, greedy, probabilities, sample, verify_greedy, verify_stochastic
+from specwatch.engine.decoder import Decoder
+from specwatch.engine.drafters import Drafter
+from specwatch.engine.lookahead import Acceptance, CostCurve, LookaheadModel
+from specwatch.engine.sampling import SamplingParams, greedy, probabilities, sample, verify_greedy, verify_stochastic
 
 
 class StageError(RuntimeError):

@@ -22,8 +22,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.device import Periodic
-from engine.lookahead import CostCurve
+from specwatch.engine.device import Periodic
+from specwatch.engine.lookahead import CostCurve
 
 KIND = "step_costs"
 MAX_POINTS = 96  # ~30 characters each in the detail's repr: well inside 4096

@@ -15,10 +15,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from common.http import ERROR_HANDLERS, ApiKeyMiddleware, openai_error
-from gateway import control
-from gateway.core import Gateway
-from gateway.proxy import proxy
+from specwatch.common.http import ERROR_HANDLERS, ApiKeyMiddleware, openai_error
+from specwatch.gateway import control
+from specwatch.gateway.core import Gateway
+from specwatch.gateway.proxy import proxy
 
 # An idle upstream connection is dropped after this: under uvicorn's 5 s keep-alive (vLLM's, our engine's),
 # so the gateway rarely sends on a connection the upstream is closing (gateway.proxy retries that once).

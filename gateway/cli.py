@@ -6,8 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from common.cli import add_exposure_arguments, add_producer_arguments, check_exposure, tcp_port
-from common.errors import UsageError
+from specwatch.common.cli import add_exposure_arguments, add_producer_arguments, check_exposure, tcp_port
+from specwatch.common.errors import UsageError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -51,14 +51,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from common import serving
-    from gateway.app import create_app
-    from gateway.core import Gateway, GatewaySettings
-    from gateway.routing import Router, RoutingConfig
-    from gateway.upstreams import check_upstreams, parse_upstream
-    from telemetry import spans
-    from telemetry.client import TelemetryClient
-    from telemetry.sink import TelemetrySink
+    from specwatch.common import serving
+    from specwatch.gateway.app import create_app
+    from specwatch.gateway.core import Gateway, GatewaySettings
+    from specwatch.gateway.routing import Router, RoutingConfig
+    from specwatch.gateway.upstreams import check_upstreams, parse_upstream
+    from specwatch.telemetry import spans
+    from specwatch.telemetry.client import TelemetryClient
+    from specwatch.telemetry.sink import TelemetrySink
 
     check_exposure("gateway", args)
     upstreams = [parse_upstream(text) for text in args.upstream]

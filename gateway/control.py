@@ -16,9 +16,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from common.http import OpenAIError
-from gateway.core import Gateway
-from gateway.parsing import json_object, read_body
+from specwatch.common.http import OpenAIError
+from specwatch.gateway.core import Gateway
+from specwatch.gateway.parsing import json_object, read_body
 
 MODES = ("auto", "speculative", "autoregressive")
 REASONS = ("manual", "alert")

@@ -21,14 +21,14 @@ import aiohttp
 import httpx
 from prometheus_client import CollectorRegistry
 
-from common.http import ControlGuard
-from gateway.markers import UpstreamMarkers
-from gateway.metrics import GatewayMetrics
-from gateway.records import Outcome
-from gateway.routing import Router
-from gateway.upstreams import Upstream, UpstreamState
-from telemetry.schema import RequestRecord
-from telemetry.sink import TelemetrySink
+from specwatch.common.http import ControlGuard
+from specwatch.gateway.markers import UpstreamMarkers
+from specwatch.gateway.metrics import GatewayMetrics
+from specwatch.gateway.records import Outcome
+from specwatch.gateway.routing import Router
+from specwatch.gateway.upstreams import Upstream, UpstreamState
+from specwatch.telemetry.schema import RequestRecord
+from specwatch.telemetry.sink import TelemetrySink
 
 MAX_REPORTED_UPSTREAMS = 16  # an event's detail holds at most 4 KiB
 FAILED_CHECKS_DOWN = 3  # health checks failing in a row (refused connections aside) before an upstream is down

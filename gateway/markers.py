@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import httpx
 
-from telemetry.schema import EngineEvent
-from telemetry.sink import TelemetrySink
+from specwatch.telemetry.schema import EngineEvent
+from specwatch.telemetry.sink import TelemetrySink
 
 log = logging.getLogger("specwatch.gateway")
 RECHECK_S = 60.0

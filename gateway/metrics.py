@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
-from gateway.upstreams import UpstreamState
-from telemetry.schema import LATENCY_BUCKETS, RequestRecord
+from specwatch.gateway.upstreams import UpstreamState
+from specwatch.telemetry.schema import LATENCY_BUCKETS, RequestRecord
 
 
 class GatewayMetrics:

@@ -13,9 +13,9 @@ import orjson
 from pydantic import TypeAdapter, ValidationError
 from starlette.requests import ClientDisconnect, Request
 
-from common.bodies import TooLarge, read_capped
-from common.http import OpenAIError, incoming_request_id
-from telemetry.schema import GATEWAY_TAG, MAX_TAGS, TagKey, TagValue
+from specwatch.common.bodies import TooLarge, read_capped
+from specwatch.common.http import OpenAIError, incoming_request_id
+from specwatch.telemetry.schema import GATEWAY_TAG, MAX_TAGS, TagKey, TagValue
 
 TAGS = TypeAdapter(dict[TagKey, TagValue])
 

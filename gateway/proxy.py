@@ -26,13 +26,13 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from common.bodies import TooLarge
-from common.http import REQUEST_ID_HEADER, STARTED_AT_HEADER, openai_error
-from gateway import parsing
-from gateway.core import Gateway
-from gateway.records import Outcome, SseReader
-from gateway.upstreams import UpstreamState
-from gateway.whole import WholeReader
+from specwatch.common.bodies import TooLarge
+from specwatch.common.http import REQUEST_ID_HEADER, STARTED_AT_HEADER, openai_error
+from specwatch.gateway import parsing
+from specwatch.gateway.core import Gateway
+from specwatch.gateway.records import Outcome, SseReader
+from specwatch.gateway.upstreams import UpstreamState
+from specwatch.gateway.whole import WholeReader
 
 # The client's headers every upstream gets; its Authorization only an upstream started with `auth=forward`
 # (a client's key is for the gateway's operator, not for every server behind it: docs/security.md).

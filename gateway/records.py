@@ -29,8 +29,8 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from common.http import error_body
-from telemetry.schema import GATEWAY_TAG, MAX_GAMMA, RequestRecord
+from specwatch.common.http import error_body
+from specwatch.telemetry.schema import GATEWAY_TAG, MAX_GAMMA, RequestRecord
 
 log = logging.getLogger("specwatch.gateway")
 

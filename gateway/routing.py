@@ -31,8 +31,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Literal
 
-from common.policy import LoadSwitch
-from telemetry.schema import RequestRecord
+from specwatch.common.policy import LoadSwitch
+from specwatch.telemetry.schema import RequestRecord
 
 Override = Literal["auto", "speculative", "autoregressive"]
 

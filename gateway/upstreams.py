@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from common.errors import UsageError
-from telemetry.schema import DRAFTER_PATTERN
+from specwatch.common.errors import UsageError
+from specwatch.telemetry.schema import DRAFTER_PATTERN
 
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}"
 OPTIONS = ("drafter", "gamma", "capacity", "pool", "auth")

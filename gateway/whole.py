@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 
-from common.bodies import TooLarge
+from specwatch.common.bodies import TooLarge
 
 TAIL_BYTES = 64 * 1024  # usage + metrics (the acceptance histogram included) are a few KB
 _DECODER = json.JSONDecoder()

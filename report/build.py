@@ -38,17 +38,17 @@ from datetime import UTC, datetime
 
 from sqlalchemy import Engine
 
-from alerts.store import history, incident_history
-from collector.breakdown import Comparison, LoadBucket, compare, throughput_by_load
-from collector.history import auto_series, errors_by_hour_long
-from collector.long_signals import auto_signals
-from collector.queries import Filters, HourOfDay, LengthCorrelation, Signals, Window, acceptance_vs_length
-from collector.reads import raw_request_count, request_label_values
-from cost.advisor import AdvisorRules
-from cost.inputs import Overrides
-from cost.model import HiddenCosts, Prices
-from cost.summary import CostSummary, measured_summary
-from report.delivery import REPORT_STATUS
+from specwatch.alerts.store import history, incident_history
+from specwatch.collector.breakdown import Comparison, LoadBucket, compare, throughput_by_load
+from specwatch.collector.history import auto_series, errors_by_hour_long
+from specwatch.collector.long_signals import auto_signals
+from specwatch.collector.queries import Filters, HourOfDay, LengthCorrelation, Signals, Window, acceptance_vs_length
+from specwatch.collector.reads import raw_request_count, request_label_values
+from specwatch.cost.advisor import AdvisorRules
+from specwatch.cost.inputs import Overrides
+from specwatch.cost.model import HiddenCosts, Prices
+from specwatch.cost.summary import CostSummary, measured_summary
+from specwatch.report.delivery import REPORT_STATUS
 
 _MONTH = re.compile(r"(\d{4})-(0[1-9]|1[0-2])")
 KNEE_DROP = 0.8  # the knee: per-request decode speed below 80% of the lightest load's

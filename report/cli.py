@@ -14,9 +14,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from collector.cli import add_db_option
-from common.errors import UsageError
-from cost.options import add_model_options, add_price_options
+from specwatch.collector.cli import add_db_option
+from specwatch.common.errors import UsageError
+from specwatch.cost.options import add_model_options, add_price_options
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -32,7 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def report_command(args: argparse.Namespace) -> int:
-    from report.build import last_month, month_window
+    from specwatch.report.build import last_month, month_window
 
     month = args.month or last_month()
     try:
@@ -48,12 +48,12 @@ def report_command(args: argparse.Namespace) -> int:
 def _write(args: argparse.Namespace, month: str) -> tuple[Path, Path]:
     from sqlalchemy.exc import OperationalError
 
-    from collector.cli import settings_from
-    from collector.db import is_current, make_engine
-    from cost.inputs import load_prices
-    from cost.options import model_overrides
-    from report.build import build_report
-    from report.html import write_report
+    from specwatch.collector.cli import settings_from
+    from specwatch.collector.db import is_current, make_engine
+    from specwatch.cost.inputs import load_prices
+    from specwatch.cost.options import model_overrides
+    from specwatch.report.build import build_report
+    from specwatch.report.html import write_report
 
     try:
         prices = load_prices(args.prices)

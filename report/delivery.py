@@ -14,8 +14,8 @@ import time
 
 from sqlalchemy import Connection
 
-from alerts.notify import add_to_outbox, outbox_keys, outbox_row
-from alerts.rules import AlertConfig
+from specwatch.alerts.notify import add_to_outbox, outbox_keys, outbox_row
+from specwatch.alerts.rules import AlertConfig
 
 REPORT_RULE = "SpecwatchMonthlyReport"
 REPORT_LABELS = {"alertname": REPORT_RULE, "severity": "info"}  # what receivers' `match` sees for reports

@@ -17,12 +17,12 @@ from html import escape
 from pathlib import Path
 from string import Template
 
-from collector.breakdown import Group
-from cost.concurrency import ConcurrencyCosts
-from cost.model import SEED, Assumption, Benefit, Tco
-from cost.summary import CostSummary
-from report import plots
-from report.build import Headline, Report, report_names, to_json
+from specwatch.collector.breakdown import Group
+from specwatch.cost.concurrency import ConcurrencyCosts
+from specwatch.cost.model import SEED, Assumption, Benefit, Tco
+from specwatch.cost.summary import CostSummary
+from specwatch.report import plots
+from specwatch.report.build import Headline, Report, report_names, to_json
 
 TEMPLATE = Path(__file__).with_name("template.html")
 ESTIMATE = '<span class="estimate" title="not metered: CPU-seconds x watts per busy core">estimate</span>'

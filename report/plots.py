@@ -17,10 +17,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from collector.breakdown import Comparison, LoadBucket  # noqa: E402
-from collector.queries import HourOfDay, LengthBucket  # noqa: E402
-from cost.breakeven import BreakEven, TornadoRow  # noqa: E402
-from cost.concurrency import ConcurrencyCosts  # noqa: E402
+from specwatch.collector.breakdown import Comparison, LoadBucket  # noqa: E402
+from specwatch.collector.queries import HourOfDay, LengthBucket  # noqa: E402
+from specwatch.cost.breakeven import BreakEven, TornadoRow  # noqa: E402
+from specwatch.cost.concurrency import ConcurrencyCosts  # noqa: E402
 
 SPEC, PLAIN, ACCENT, GREY = "#1f77b4", "#ff7f0e", "#d62728", "#7f7f7f"
 _STYLE = {

@@ -20,12 +20,12 @@ from pathlib import Path
 
 from sqlalchemy import Engine
 
-from collector.db import write_transaction
-from collector.settings import Settings
-from cost.model import HiddenCosts
-from report.build import Report, build_report, last_month, report_names
-from report.delivery import enqueue_report
-from report.html import write_report
+from specwatch.collector.db import write_transaction
+from specwatch.collector.settings import Settings
+from specwatch.cost.model import HiddenCosts
+from specwatch.report.build import Report, build_report, last_month, report_names
+from specwatch.report.delivery import enqueue_report
+from specwatch.report.html import write_report
 
 log = logging.getLogger("specwatch.collector")
 CHECK_INTERVAL_S = 3600.0
@@ -51,7 +51,7 @@ def run_once(engine: Engine, settings: Settings, config=None, now: float | None 
     """Write last month's report unless its HTML file exists, then enqueue its link for the
     receivers of `config` (an `alerts.rules.AlertConfig`; None: no delivery) that have not had it.
     Returns the HTML path when a report was written."""
-    from cost.inputs import load_prices
+    from specwatch.cost.inputs import load_prices
 
     now = time.time() if now is None else now
     month, report_dir = last_month(now), Path(settings.report_dir)
@@ -72,7 +72,7 @@ def run_once(engine: Engine, settings: Settings, config=None, now: float | None 
 def hidden_costs(settings: Settings) -> HiddenCosts | None:
     """The hidden-cost overrides of `SPECWATCH_REPORT_HIDDEN_COSTS` (None: not set); ValueError, one line,
     for a bad file."""
-    from cost.inputs import load_hidden_costs
+    from specwatch.cost.inputs import load_hidden_costs
 
     if settings.report_hidden_costs is None:
         return None
@@ -111,6 +111,6 @@ def _alert_config(settings: Settings):
     """The receivers come from the rules file, delivered by the alert runner: none without it."""
     if not settings.alerts_enabled:
         return None
-    from alerts.rules import load_config
+    from specwatch.alerts.rules import load_config
 
     return load_config(settings.alert_rules)

@@ -16,15 +16,15 @@ from functools import partial
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
-from collector.db import make_engine, upgrade
-from collector.ingest import IngestWorkers
-from collector.leader import LeaderMetrics, Leadership
-from collector.maintenance import maintenance_loop
-from collector.metrics import CapacityGauge, CollectorMetrics
-from collector.settings import Settings
-from collector.store import Store
-from collector.vllm import Scraper
-from service import (
+from specwatch.collector.db import make_engine, upgrade
+from specwatch.collector.ingest import IngestWorkers
+from specwatch.collector.leader import LeaderMetrics, Leadership
+from specwatch.collector.maintenance import maintenance_loop
+from specwatch.collector.metrics import CapacityGauge, CollectorMetrics
+from specwatch.collector.settings import Settings
+from specwatch.collector.store import Store
+from specwatch.collector.vllm import Scraper
+from specwatch.service import (
     routes_alerts,
     routes_cost,
     routes_docs,
@@ -35,7 +35,7 @@ from service import (
     routes_requests,
     routes_tune,
 )
-from service.cost_signals import CostGauge, DailyCosts
+from specwatch.service.cost_signals import CostGauge, DailyCosts
 
 
 def create_app(settings: Settings | None = None, registry: CollectorRegistry | None = None) -> FastAPI:
@@ -100,7 +100,7 @@ async def _background_work(store: Store, settings: Settings, alert_config) -> No
     if runner is not None:
         tasks.append(asyncio.create_task(runner.run(turn), name="alerts"))
     if settings.report_dir is not None:
-        from report.schedule import report_loop
+        from specwatch.report.schedule import report_loop
 
         tasks.append(asyncio.create_task(report_loop(engine, settings), name="monthly report"))
     try:
@@ -124,7 +124,7 @@ def _alert_config(settings: Settings):
     The runner and `GET /v1/rules` share it. Rules were validated by `launch`/the CLI before start."""
     if not settings.alerts_enabled:
         return None
-    from alerts.rules import load_config
+    from specwatch.alerts.rules import load_config
 
     return load_config(settings.alert_rules)
 
@@ -132,7 +132,7 @@ def _alert_config(settings: Settings):
 def _detector_gauges(engine, config, registry: CollectorRegistry) -> None:
     """specwatch_acceptance_drift_score and _regression_drop, where this process runs the detectors."""
     if config is not None:
-        from alerts.detector_gauges import DetectorGauges
+        from specwatch.alerts.detector_gauges import DetectorGauges
 
         DetectorGauges(engine, registry=registry)
 
@@ -140,6 +140,6 @@ def _detector_gauges(engine, config, registry: CollectorRegistry) -> None:
 def _alert_runner(settings: Settings, engine, config):
     if config is None:
         return None
-    from alerts.runner import AlertRunner
+    from specwatch.alerts.runner import AlertRunner
 
     return AlertRunner(engine, config, external_url=settings.external_url)

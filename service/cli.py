@@ -6,10 +6,10 @@ import argparse
 import signal
 import sys
 
-from collector.cli import add_db_option, settings_from
-from common.auth import ROLES
-from common.cli import is_loopback, tcp_port
-from common.errors import UsageError
+from specwatch.collector.cli import add_db_option, settings_from
+from specwatch.common.auth import ROLES
+from specwatch.common.cli import is_loopback, tcp_port
+from specwatch.common.errors import UsageError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -42,10 +42,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def serve_command(args: argparse.Namespace) -> int:
-    from alerts.rules import RulesError, load_config
-    from collector.ingest import tune_gc_for_ingest
-    from common import serving
-    from service.app import create_app
+    from specwatch.alerts.rules import RulesError, load_config
+    from specwatch.collector.ingest import tune_gc_for_ingest
+    from specwatch.common import serving
+    from specwatch.service.app import create_app
 
     settings = settings_from(args)
     check_exposure(args.host, settings.tokens.enabled, args.insecure)
@@ -70,7 +70,7 @@ def check_report_settings(settings) -> None:
     """A UsageError, one line, for a bad SPECWATCH_REPORT_HIDDEN_COSTS file (the scheduled report reads it)."""
     if settings.report_hidden_costs is None:
         return
-    from report.schedule import hidden_costs
+    from specwatch.report.schedule import hidden_costs
 
     try:
         hidden_costs(settings)

@@ -26,11 +26,11 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from collector.queries import Window
-from cost.inputs import infer_gpu_type, measured_inputs
-from cost.model import ArmCost, Prices, tco
-from cost.sharing import derived_in
-from cost.summary import DEFAULT_GPU
+from specwatch.collector.queries import Window
+from specwatch.cost.inputs import infer_gpu_type, measured_inputs
+from specwatch.cost.model import ArmCost, Prices, tco
+from specwatch.cost.sharing import derived_in
+from specwatch.cost.summary import DEFAULT_GPU
 
 log = logging.getLogger(__name__)
 DAY_S = 86400

@@ -10,9 +10,9 @@ import orjson
 from fastapi import Depends, HTTPException, Request, Response
 from sqlalchemy import Engine
 
-from collector.metrics import CollectorMetrics
-from collector.settings import Settings
-from common.auth import Grant, TokenTable
+from specwatch.collector.metrics import CollectorMetrics
+from specwatch.collector.settings import Settings
+from specwatch.common.auth import Grant, TokenTable
 
 
 async def get_settings(request: Request) -> Settings:

@@ -6,11 +6,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 
-from alerts.rules import AlertConfig, Rule
-from alerts.signals import SIGNALS
-from alerts.store import active_alerts, history
-from service.deps import EngineDep, json_response, read_access, read_all_tenants
-from service.routes_query import WindowDep
+from specwatch.alerts.rules import AlertConfig, Rule
+from specwatch.alerts.signals import SIGNALS
+from specwatch.alerts.store import active_alerts, history
+from specwatch.service.deps import EngineDep, json_response, read_access, read_all_tenants
+from specwatch.service.routes_query import WindowDep
 
 # Alerts span every tenant; the rules are configuration, no tenant's data.
 router = APIRouter(prefix="/v1/alerts", dependencies=[Depends(read_all_tenants)])

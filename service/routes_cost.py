@@ -32,16 +32,16 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 
-from alerts.store import incident_history
-from collector.queries import Window
-from cost.focus import measured_focus, write_focus
-from cost.inputs import Overrides, load_prices
-from cost.measured import infer_gpu_type
-from cost.model import Prices
-from cost.summary import DEFAULT_GPU, MONTH_S, measured_summary
-from service.cost_signals import MAX_DAYS, DailyCosts
-from service.deps import EngineDep, json_response, read_all_tenants
-from service.routes_query import FiltersDep, window_param
+from specwatch.alerts.store import incident_history
+from specwatch.collector.queries import Window
+from specwatch.cost.focus import measured_focus, write_focus
+from specwatch.cost.inputs import Overrides, load_prices
+from specwatch.cost.measured import infer_gpu_type
+from specwatch.cost.model import Prices
+from specwatch.cost.summary import DEFAULT_GPU, MONTH_S, measured_summary
+from specwatch.service.cost_signals import MAX_DAYS, DailyCosts
+from specwatch.service.deps import EngineDep, json_response, read_all_tenants
+from specwatch.service.routes_query import FiltersDep, window_param
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(read_all_tenants)])  # energy is per device
 NonNegative = Annotated[float | None, Query(ge=0, allow_inf_nan=False)]

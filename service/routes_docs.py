@@ -9,7 +9,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 
-from service.deps import json_response, read_access
+from specwatch.service.deps import json_response, read_access
 
 router = APIRouter(dependencies=[Depends(read_access)], include_in_schema=False)
 OPENAPI_URL = "/openapi.json"

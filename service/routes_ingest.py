@@ -12,12 +12,12 @@ from sqlalchemy.exc import SQLAlchemyError
 from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect
 
-from collector.db import is_current
-from collector.ingest import BatchRejected, gunzip
-from collector.settings import Settings
-from collector.store import IngestCounts
-from common.bodies import TooLarge, read_capped
-from service.deps import EngineDep, IngestGrantDep, MetricsDep, SettingsDep, json_response, metrics_access
+from specwatch.collector.db import is_current
+from specwatch.collector.ingest import BatchRejected, gunzip
+from specwatch.collector.settings import Settings
+from specwatch.collector.store import IngestCounts
+from specwatch.common.bodies import TooLarge, read_capped
+from specwatch.service.deps import EngineDep, IngestGrantDep, MetricsDep, SettingsDep, json_response, metrics_access
 
 router = APIRouter()
 log = logging.getLogger("specwatch.collector")

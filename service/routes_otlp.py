@@ -11,10 +11,10 @@ import asyncio
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import Response
 
-from collector import otlp
-from collector.ingest import BatchRejected, gunzip
-from service.deps import IngestGrantDep, MetricsDep, SettingsDep
-from service.routes_ingest import _read_body
+from specwatch.collector import otlp
+from specwatch.collector.ingest import BatchRejected, gunzip
+from specwatch.service.deps import IngestGrantDep, MetricsDep, SettingsDep
+from specwatch.service.routes_ingest import _read_body
 
 router = APIRouter()
 

@@ -15,9 +15,9 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Response
 
-from collector import breakdown, reader, series, vllm
-from collector.queries import Filters, Window
-from service.deps import EngineDep, ReadGrantDep, json_response, read_access, read_all_tenants
+from specwatch.collector import breakdown, reader, series, vllm
+from specwatch.collector.queries import Filters, Window
+from specwatch.service.deps import EngineDep, ReadGrantDep, json_response, read_access, read_all_tenants
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(read_access)])
 MAX_WINDOW_S = 400 * 86400

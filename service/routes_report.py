@@ -10,7 +10,7 @@ import re
 from fastapi import APIRouter, Depends, HTTPException, Response
 from fastapi.responses import FileResponse
 
-from service.deps import EngineDep, SettingsDep, admin_access, json_response, read_all_tenants
+from specwatch.service.deps import EngineDep, SettingsDep, admin_access, json_response, read_all_tenants
 
 router = APIRouter(prefix="/v1/reports", dependencies=[Depends(read_all_tenants)])
 on_demand = APIRouter(prefix="/v1", dependencies=[Depends(admin_access)])  # builds a report: costly
@@ -34,9 +34,9 @@ def get_report(name: str, settings: SettingsDep) -> FileResponse:
 
 @on_demand.get("/report")
 def build_html_report(engine: EngineDep, month: str, gpu: str | None = None) -> Response:
-    from cost.inputs import load_prices
-    from report.build import build_report
-    from report.html import render_html
+    from specwatch.cost.inputs import load_prices
+    from specwatch.report.build import build_report
+    from specwatch.report.html import render_html
 
     try:
         report = build_report(engine, month, load_prices(), gpu_type=gpu)

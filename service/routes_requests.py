@@ -14,10 +14,10 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Response
 
-from collector import request_reads
-from collector.request_reads import BadCursor, RequestQuery
-from service.deps import EngineDep, ReadGrantDep, json_response, read_access
-from service.routes_query import FiltersDep, WindowDep
+from specwatch.collector import request_reads
+from specwatch.collector.request_reads import BadCursor, RequestQuery
+from specwatch.service.deps import EngineDep, ReadGrantDep, json_response, read_access
+from specwatch.service.routes_query import FiltersDep, WindowDep
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(read_access)])
 

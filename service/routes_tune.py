@@ -16,12 +16,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Response
 
-from collector.queries import Window
-from cost.tuner import TuneRules
-from cost.tuner_data import recommend_from_store
-from cost.tuner_emit import plan_json, todays_ks
-from service.deps import EngineDep, json_response, read_all_tenants
-from service.routes_query import FiltersDep, window_param
+from specwatch.collector.queries import Window
+from specwatch.cost.tuner import TuneRules
+from specwatch.cost.tuner_data import recommend_from_store
+from specwatch.cost.tuner_emit import plan_json, todays_ks
+from specwatch.service.deps import EngineDep, json_response, read_all_tenants
+from specwatch.service.routes_query import FiltersDep, window_param
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(read_all_tenants)])  # a schedule is per server
 

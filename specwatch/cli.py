@@ -10,20 +10,20 @@ import argparse
 import importlib
 import sys
 
-from common.errors import UsageError
+from specwatch.common.errors import UsageError
 
 # command -> module that defines `register(subparsers)`; each handler returns an exit code.
 COMMANDS = {
-    "generate": "engine.cli",
-    "engine": "engine.cli",
-    "gateway": "gateway.cli",
+    "generate": "specwatch.engine.cli",
+    "engine": "specwatch.engine.cli",
+    "gateway": "specwatch.gateway.cli",
     "traffic": "specwatch.traffic_cli",
-    "collector": "service.cli",
-    "db": "collector.cli",
+    "collector": "specwatch.service.cli",
+    "db": "specwatch.collector.cli",
     "cost": "specwatch.cost_cli",
-    "report": "report.cli",
-    "alerts": "alerts.cli",
-    "dashboard": "dashboard.cli",
+    "report": "specwatch.report.cli",
+    "alerts": "specwatch.alerts.cli",
+    "dashboard": "specwatch.dashboard.cli",
     "up": "specwatch.up",
     "vllm": "specwatch.vllm_check",
     "tune": "specwatch.tune_cli",

@@ -17,14 +17,14 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from alerts.store import incident_history
-from collector.cli import add_db_option
-from collector.queries import Window
-from common.errors import UsageError
-from cost.inputs import Overrides, apply_overrides, load_hidden_costs, load_prices, what_if_inputs
-from cost.model import HiddenCosts
-from cost.options import add_model_options, add_price_options, model_overrides, positive
-from cost.summary import MONTH_S, CostSummary, measured_summary, render_text, summarize
+from specwatch.alerts.store import incident_history
+from specwatch.collector.cli import add_db_option
+from specwatch.collector.queries import Window
+from specwatch.common.errors import UsageError
+from specwatch.cost.inputs import Overrides, apply_overrides, load_hidden_costs, load_prices, what_if_inputs
+from specwatch.cost.model import HiddenCosts
+from specwatch.cost.options import add_model_options, add_price_options, model_overrides, positive
+from specwatch.cost.summary import MONTH_S, CostSummary, measured_summary, render_text, summarize
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -80,7 +80,7 @@ def cost_command(args: argparse.Namespace) -> int:
     if args.xlsx is not None:
         _write_xlsx(summary, args.xlsx)
     if args.focus is not None and summary.window is None:
-        from cost.focus import focus_rows_of
+        from specwatch.cost.focus import focus_rows_of
 
         _write_focus(args.focus, focus_rows_of(summary.inputs, Window.last(MONTH_S)))
     if args.json:
@@ -109,8 +109,8 @@ def _summary(args: argparse.Namespace) -> CostSummary:
 def _measured(args: argparse.Namespace, prices, overrides: Overrides, hidden: HiddenCosts) -> CostSummary:
     from sqlalchemy.exc import OperationalError
 
-    from collector.cli import settings_from
-    from collector.db import is_current, make_engine
+    from specwatch.collector.cli import settings_from
+    from specwatch.collector.db import is_current, make_engine
 
     engine = make_engine(settings_from(args).database_url_resolved)
     window = Window.last(args.last or MONTH_S)
@@ -127,7 +127,7 @@ def _measured(args: argparse.Namespace, prices, overrides: Overrides, hidden: Hi
             incidents=incident_history(engine, window) if args.incidents == "alerts" else None,
         )
         if args.focus is not None:
-            from cost.focus import measured_focus
+            from specwatch.cost.focus import measured_focus
 
             i = summary.inputs
             rows = measured_focus(
@@ -142,7 +142,7 @@ def _measured(args: argparse.Namespace, prices, overrides: Overrides, hidden: Hi
 
 
 def _write_xlsx(summary: CostSummary, path: Path) -> None:
-    from cost.xlsx import write_workbook
+    from specwatch.cost.xlsx import write_workbook
 
     try:
         write_workbook(summary.inputs, path)
@@ -151,7 +151,7 @@ def _write_xlsx(summary: CostSummary, path: Path) -> None:
 
 
 def _write_focus(path: Path, rows: list[dict]) -> None:
-    from cost.focus import write_focus
+    from specwatch.cost.focus import write_focus
 
     try:
         write_focus(rows, path)

@@ -8,8 +8,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from alerts.rules import RulesError, load_config
-from dashboard.grafana.build import HERE, write
+from specwatch.alerts.rules import RulesError, load_config
+from specwatch.dashboard.grafana.build import HERE, write
 
 
 def main(argv: list[str] | None = None) -> int:

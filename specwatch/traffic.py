@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 import httpx
 import numpy as np
 
-from common.auth import first_token
-from common.cli import API_KEY_ENV
+from specwatch.common.auth import first_token
+from specwatch.common.cli import API_KEY_ENV
 from specwatch.workload import PROMPTS
 
 

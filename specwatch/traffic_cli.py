@@ -9,7 +9,7 @@ import json
 
 import httpx
 
-from common.errors import UsageError
+from specwatch.common.errors import UsageError
 from specwatch.traffic import TrafficConfig, print_summary, run_traffic, summary
 from specwatch.workload import PROMPTS
 

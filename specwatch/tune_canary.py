@@ -27,9 +27,9 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from common.auth import first_token
-from common.errors import UsageError
 from specwatch.canary_verdict import Arm, CanaryRules, Verdict, decide
+from specwatch.common.auth import first_token
+from specwatch.common.errors import UsageError
 
 REASON = "specwatch tune canary"
 ARMS = {"spec": "candidate", "control": "control"}

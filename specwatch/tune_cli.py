@@ -16,12 +16,12 @@ import json
 import sys
 from pathlib import Path
 
-from collector.cli import add_db_option
-from collector.queries import Filters, Window
-from common.errors import UsageError
-from cost.options import positive
-from cost.tuner import TuneRules
-from cost.tuner_emit import plan_json, plan_table
+from specwatch.collector.cli import add_db_option
+from specwatch.collector.queries import Filters, Window
+from specwatch.common.errors import UsageError
+from specwatch.cost.options import positive
+from specwatch.cost.tuner import TuneRules
+from specwatch.cost.tuner_emit import plan_json, plan_table
 from specwatch.tune_canary import register_canary
 from specwatch.tune_profile import register_profile
 
@@ -94,7 +94,7 @@ def window_of(args: argparse.Namespace) -> Window:
 
 def profile_of(path: Path | None):
     """The --profile file as `cost.tuner_data.Profile` (None without one)."""
-    from cost.tuner_data import read_profile
+    from specwatch.cost.tuner_data import read_profile
 
     if path is None:
         return None
@@ -106,7 +106,7 @@ def profile_of(path: Path | None):
 
 def today_of(args: argparse.Namespace) -> dict:
     """current_k (and today's k per level) from --current-k or --current-config."""
-    from cost.tuner_emit import todays_ks
+    from specwatch.cost.tuner_emit import todays_ks
 
     if args.current_config is None:
         return {"current_k": args.current_k}
@@ -122,9 +122,9 @@ def today_of(args: argparse.Namespace) -> dict:
 def recommend_command(args: argparse.Namespace) -> int:
     from sqlalchemy.exc import OperationalError
 
-    from collector.cli import settings_from
-    from collector.db import is_current, make_engine
-    from cost.tuner_data import recommend_from_store
+    from specwatch.collector.cli import settings_from
+    from specwatch.collector.db import is_current, make_engine
+    from specwatch.cost.tuner_data import recommend_from_store
 
     rules = TuneRules(args.min_requests, args.min_drafts, args.max_k, args.max_batch, min_gain=args.min_gain)
     window, profile, today = window_of(args), profile_of(args.profile), today_of(args)

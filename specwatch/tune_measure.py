@@ -20,10 +20,10 @@ from datetime import UTC, datetime
 
 import numpy as np
 
-from collector.tuning_reads import rows_from_tuples
-from cost.attribution import levels
-from cost.tuner_data import acceptance
-from gateway.records import DraftCounts
+from specwatch.collector.tuning_reads import rows_from_tuples
+from specwatch.cost.attribution import levels
+from specwatch.cost.tuner_data import acceptance
+from specwatch.gateway.records import DraftCounts
 from specwatch.workload import PROMPTS
 
 

@@ -40,9 +40,9 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from common.errors import UsageError
-from gateway.markers import draft_positions, speculative_settings
-from gateway.records import DraftCounts, draft_counts
+from specwatch.common.errors import UsageError
+from specwatch.gateway.markers import draft_positions, speculative_settings
+from specwatch.gateway.records import DraftCounts, draft_counts
 from specwatch.tune_measure import Answer, Server, profile_json, summary_lines
 from specwatch.workload import PROMPTS, chat
 
@@ -67,7 +67,7 @@ class ProfileConfig:
 
 def concurrency_list(value: str) -> tuple[int, ...]:
     """'1,4,8' -> (1, 4, 8): distinct whole numbers 1..256, each in its own bucket level."""
-    from cost.attribution import levels
+    from specwatch.cost.attribution import levels
 
     parts = [p.strip() for p in value.split(",") if p.strip()]
     if not parts or not all(p.isdigit() and 1 <= int(p) <= 256 for p in parts):

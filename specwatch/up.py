@@ -26,10 +26,17 @@ from pathlib import Path
 import httpx
 import yaml
 
-from common.auth import ROLE_ENV
-from common.cli import tcp_port
-from common.errors import UsageError
-from common.procs import StartError, child_env, specwatch_command, start_collector, start_service, stop_process
+from specwatch.common.auth import ROLE_ENV
+from specwatch.common.cli import tcp_port
+from specwatch.common.errors import UsageError
+from specwatch.common.procs import (
+    StartError,
+    child_env,
+    specwatch_command,
+    start_collector,
+    start_service,
+    stop_process,
+)
 
 # (name, scenarios, drafter): the traffic phases `up` cycles through
 PHASES = (
@@ -51,7 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("--max-tokens", type=int, default=64, help="tokens per sample request (default: 64)")
     up.add_argument("--once", action="store_true", help="send --requests requests, print the result, stop everything")
     up.add_argument("--requests", type=int, default=8, help="requests sent with --once (default: 8)")
-    from engine.cli import add_model_arguments
+    from specwatch.engine.cli import add_model_arguments
 
     add_model_arguments(up)
     up.set_defaults(handler=run_up)
@@ -156,7 +163,7 @@ def _start_children(args: argparse.Namespace, stack: Stack) -> None:
     stack.processes.append(start_engine(args, stack, token))
     print(f"engine     {stack.engine}/v1   (OpenAI-compatible; log {args.data_dir}/engine.log)", flush=True)
     if not args.no_dashboard:
-        from dashboard.launch import start_dashboard
+        from specwatch.dashboard.launch import start_dashboard
 
         readers = {ROLE_ENV[role]: stack.tokens[ROLE_ENV[role]] for role in ("read", "admin")}
         dashboard = start_dashboard(
@@ -174,7 +181,7 @@ def write_rules(data_dir: Path, engine_url: str, on_cpu: bool) -> Path:
     """The shipped alert rules, with remediation pointed at this engine. On a CPU the 300 ms
     TTFT SLO of GPU serving is out of reach in either mode (prefill alone takes ~0.2 s here), and
     its fallback to plain decoding would stop all drafting; the demo raises it to 1 s, and says so."""
-    from alerts.rules import DEFAULT_RULES
+    from specwatch.alerts.rules import DEFAULT_RULES
 
     rules = yaml.safe_load(DEFAULT_RULES.read_text())
     rules["remediation"]["engines"] = {"*": engine_url}

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from common.errors import UsageError
+from specwatch.common.errors import UsageError
 
 SCENARIOS = ("grounded", "code-edit", "chat")
 
@@ -63,7 +63,7 @@ class AbRun:
         return f"http://127.0.0.1:{self.args.gateway_port}"
 
     def stop(self) -> None:
-        from common.procs import stop_process
+        from specwatch.common.procs import stop_process
 
         for process in (self.gateway, self.collector):  # the gateway first: it flushes its telemetry
             if process is not None:
@@ -125,7 +125,7 @@ def _ab(run: AbRun) -> int:
 
 
 def _start_collector(run: AbRun) -> None:
-    from common.procs import start_collector
+    from specwatch.common.procs import start_collector
 
     log = run.data / "collector.log"
     run.collector = start_collector(run.args.collector_port, log, db_url=f"sqlite:///{run.data / 'specwatch.db'}")
@@ -164,7 +164,7 @@ def server_spec(server) -> str:
 
 
 def _start_gateway(run: AbRun) -> None:
-    from common.procs import child_env, specwatch_command, start_service
+    from specwatch.common.procs import child_env, specwatch_command, start_service
 
     args = run.args
     cmd = specwatch_command("gateway", "serve", "--port", str(args.gateway_port), "--canary", str(args.canary))

@@ -34,8 +34,8 @@ from pathlib import Path
 
 import httpx
 
-from common.cli import tcp_port
-from common.errors import UsageError
+from specwatch.common.cli import tcp_port
+from specwatch.common.errors import UsageError
 from specwatch.vllm_ab import SCENARIOS, Progress, install_and_prepare, run_ab, say
 
 SCRAPE_S = 2.0
@@ -198,7 +198,7 @@ def _check(run: Run, data: Path) -> None:
 
 
 def _start_collector(run: Run, data: Path) -> None:
-    from common.procs import StartError, start_collector
+    from specwatch.common.procs import StartError, start_collector
 
     rules = _rules_file(data)
     env = {
@@ -221,7 +221,7 @@ def _rules_file(data: Path) -> Path:
     """The shipped rules, evaluated every 5 s so a minute-long check sees them move."""
     import yaml
 
-    from alerts.rules import DEFAULT_RULES
+    from specwatch.alerts.rules import DEFAULT_RULES
 
     rules = yaml.safe_load(DEFAULT_RULES.read_text())
     rules["evaluation"]["interval"] = "5s"

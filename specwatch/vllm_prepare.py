@@ -31,7 +31,7 @@ class PrepareError(Exception):
 
 def prepare(out: Path, source: str = "bundled") -> Path:
     """Write the HF directory for `source` (bundled | FILE.gguf | HF dir) to `out`; returns `out`."""
-    from engine.loading import ModelLoadError, load_model
+    from specwatch.engine.loading import ModelLoadError, load_model
 
     try:
         loaded = load_model(source, dtype="float32", device="cpu")
@@ -96,7 +96,7 @@ def _link_or_copy(source: Path, target: Path) -> None:
 
 
 def run_prepare(args) -> int:
-    from common.errors import UsageError
+    from specwatch.common.errors import UsageError
 
     try:
         out = prepare(args.out, args.model)

@@ -95,7 +95,7 @@ def _phase(run, phase, end: float | None) -> bool:
 
 def _timeline(run) -> None:
     """Every stored scrape row: quiet ones folded, gaps and resets spelled out."""
-    from collector.reads import vllm_scrapes
+    from specwatch.collector.reads import vllm_scrapes
 
     engine = create_engine(run.db_url)
     rows = vllm_scrapes(engine)
@@ -179,9 +179,9 @@ def _alerts(run) -> None:
 
 def _tco(run) -> None:
     """The cost model over the vLLM phases: n-gram speculation vs plain decoding on the same server."""
-    from cost.inputs import load_prices
-    from cost.model import CostInputs, ModeMeasure
-    from cost.summary import render_text, summarize
+    from specwatch.cost.inputs import load_prices
+    from specwatch.cost.model import CostInputs, ModeMeasure
+    from specwatch.cost.summary import render_text, summarize
 
     arms = []
     ends = [p.started for p in run.phases[1:]] + [None]

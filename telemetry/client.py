@@ -38,8 +38,8 @@ from typing import Any
 import httpx
 import orjson
 
-from telemetry.schema import DeviceSample, EngineEvent, RequestRecord
-from telemetry.spool import Spool
+from specwatch.telemetry.schema import DeviceSample, EngineEvent, RequestRecord
+from specwatch.telemetry.spool import Spool
 
 log = logging.getLogger("specwatch.telemetry")
 _KINDS = {RequestRecord: "requests", DeviceSample: "samples", EngineEvent: "events"}

@@ -17,9 +17,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
-from telemetry.client import TelemetryClient
-from telemetry.schema import DeviceSample, EngineEvent, RequestRecord
-from telemetry.spans import RequestSpans, operation, request_attributes
+from specwatch.telemetry.client import TelemetryClient
+from specwatch.telemetry.schema import DeviceSample, EngineEvent, RequestRecord
+from specwatch.telemetry.spans import RequestSpans, operation, request_attributes
 
 log = logging.getLogger("specwatch.telemetry")
 

@@ -23,7 +23,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from telemetry.schema import RequestRecord
+from specwatch.telemetry.schema import RequestRecord
 
 log = logging.getLogger("specwatch.telemetry")
 

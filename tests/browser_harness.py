@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from common.procs import free_port
+from specwatch.common.procs import free_port
 
 CHROMIUM = Path("/usr/bin/chromium")
 VIEWPORT = {"width": 1440, "height": 900}
@@ -42,7 +42,7 @@ def chromium() -> Iterator:
 @contextmanager
 def dashboard(collector_url: str, log: Path) -> Iterator[str]:
     """A Streamlit dashboard over `collector_url`: its base URL."""
-    from dashboard.launch import start_dashboard
+    from specwatch.dashboard.launch import start_dashboard
 
     port = free_port()
     process = start_dashboard(port, collector_url, log)

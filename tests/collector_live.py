@@ -9,8 +9,8 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 from waiting import wait_for
 
-from collector.settings import Settings
-from service.app import create_app
+from specwatch.collector.settings import Settings
+from specwatch.service.app import create_app
 
 
 @contextmanager

@@ -31,10 +31,10 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine, text
 from waiting import wait_for
 
-from collector.db import make_engine, upgrade
-from collector.settings import Settings
-from common.procs import SOURCE_ROOT, free_port, specwatch_command, start_collector
-from service.app import create_app
+from specwatch.collector.db import make_engine, upgrade
+from specwatch.collector.settings import Settings
+from specwatch.common.procs import SOURCE_ROOT, free_port, specwatch_command, start_collector
+from specwatch.service.app import create_app
 
 _postgres: EphemeralPostgres | None = None  # the server this session started
 _postgres_failed = ""  # why it did not start, where binaries were found
@@ -132,7 +132,7 @@ def client(settings: Settings, registry: CollectorRegistry) -> TestClient:
 @pytest.fixture(scope="session")
 def bundled_engine():
     """The bundled SmolLM2-135M-Instruct in float32 (exactness is a float32 property)."""
-    from engine.engine import Engine, EngineConfig
+    from specwatch.engine.engine import Engine, EngineConfig
 
     return Engine(EngineConfig(dtype="float32", instance="test"))
 

@@ -7,11 +7,11 @@ import contextlib
 
 from thread_server import ThreadServer
 
-from engine.policy import Policy, PolicyConfig
-from engine.scheduler import Scheduler, SchedulerConfig
-from engine.server import create_app
-from telemetry.schema import RequestRecord
-from telemetry.sink import TelemetrySink
+from specwatch.engine.policy import Policy, PolicyConfig
+from specwatch.engine.scheduler import Scheduler, SchedulerConfig
+from specwatch.engine.server import create_app
+from specwatch.telemetry.schema import RequestRecord
+from specwatch.telemetry.sink import TelemetrySink
 
 
 class BackgroundServer(ThreadServer):

@@ -3,11 +3,11 @@ Sources tests: gateway "edge" with upstreams vllm-a (spec, ngram) and vllm-b (pl
 
 from __future__ import annotations
 
-from gateway.core import Gateway, GatewaySettings
-from gateway.routing import Router, RoutingConfig
-from gateway.upstreams import Upstream
-from telemetry.schema import EngineEvent
-from telemetry.sink import TelemetrySink
+from specwatch.gateway.core import Gateway, GatewaySettings
+from specwatch.gateway.routing import Router, RoutingConfig
+from specwatch.gateway.upstreams import Upstream
+from specwatch.telemetry.schema import EngineEvent
+from specwatch.telemetry.sink import TelemetrySink
 
 
 def upstream_snapshots(ats: list[float]) -> list[EngineEvent]:

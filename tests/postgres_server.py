@@ -27,7 +27,7 @@ from pathlib import Path
 
 import psycopg
 
-from common.procs import free_port
+from specwatch.common.procs import free_port
 
 ENV = "SPECWATCH_TEST_POSTGRES_URL"
 MISSING = f"PostgreSQL server binaries not found: apt-get install postgresql (or set {ENV})"

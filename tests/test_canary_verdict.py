@@ -6,8 +6,8 @@ import subprocess
 
 import pytest
 
-from common.procs import specwatch_command
 from specwatch.canary_verdict import Arm, CanaryRules, decide
+from specwatch.common.procs import specwatch_command
 from specwatch.tune_canary import Loads, arms_of
 
 RULES = CanaryRules(alpha=0.05, min_requests=20, max_load_gap=0.25, max_error_gap=0.02)

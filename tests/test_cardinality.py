@@ -9,13 +9,13 @@ from types import SimpleNamespace
 from collector_payloads import request_dict
 from prometheus_client import CollectorRegistry
 
-from collector.metrics import CollectorMetrics
-from collector.store import IngestCounts
-from engine.metrics import EngineMetrics
-from gateway.metrics import GatewayMetrics
-from gateway.upstreams import Upstream, UpstreamState
-from telemetry.schema import RequestRecord
-from telemetry.sink import TelemetrySink
+from specwatch.collector.metrics import CollectorMetrics
+from specwatch.collector.store import IngestCounts
+from specwatch.engine.metrics import EngineMetrics
+from specwatch.gateway.metrics import GatewayMetrics
+from specwatch.gateway.upstreams import Upstream, UpstreamState
+from specwatch.telemetry.schema import RequestRecord
+from specwatch.telemetry.sink import TelemetrySink
 
 INSTANCES = ("vllm-a", "vllm-b")
 

@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 from cardinality import VLLM_METRICS, Fleet, bill, text_series  # noqa: E402
 
-from alerts.detector_settings import DriftSettings  # noqa: E402
+from specwatch.alerts.detector_settings import DriftSettings  # noqa: E402
 
 
 def test_the_bill_grows_with_instances_and_drafters_never_with_tags():

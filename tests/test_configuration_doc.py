@@ -6,7 +6,7 @@ import re
 
 from test_layout import PACKAGES, REPO
 
-from collector.settings import Settings
+from specwatch.collector.settings import Settings
 
 TABLE = (REPO / "docs" / "configuration.md").read_text()
 

@@ -47,12 +47,22 @@ ALLOWED = {
     "specwatch": set(PACKAGES),
 }
 # ORM rows never leave the collector: only it (its migrations included) imports its models
-ORM_MODULE = "collector.models"
+ORM_MODULE = "specwatch.collector.models"
 
 
 def module_name(path: Path) -> str:
+    """`collector/store.py` -> `specwatch.collector.store`; `specwatch/cli.py` -> `specwatch.cli`."""
     parts = path.relative_to(REPO).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    parts = parts[:-1] if parts[-1] == "__init__" else parts
+    return ".".join(parts if parts[0] == "specwatch" else ("specwatch", *parts))
+
+
+def package_of(module: str) -> str | None:
+    """The layer a module of ours belongs to (`specwatch.cost.model` -> `cost`, `specwatch.up` -> `specwatch`)."""
+    parts = module.split(".")
+    if parts[0] != "specwatch":
+        return None
+    return parts[1] if len(parts) > 1 and parts[1] in PACKAGES else "specwatch"
 
 
 def source_modules() -> dict[str, Path]:
@@ -76,7 +86,7 @@ def imported_modules(name: str, path: Path, known: set[str]) -> set[str]:
             if node.level:
                 base = ".".join([*package.split(".")[: len(package.split(".")) - node.level + 1], base]).strip(".")
             found |= {f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names}
-    return {module for module in found if module.split(".")[0] in PACKAGES}
+    return {module for module in found if package_of(module)}
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -85,7 +95,7 @@ def import_graph() -> dict[str, set[str]]:
 
 
 def allowed(importer: str, imported: str) -> bool:
-    source, target = importer.split(".")[0], imported.split(".")[0]
+    source, target = package_of(importer), package_of(imported)
     return source == target or target in ALLOWED[source]
 
 
@@ -129,7 +139,7 @@ def test_orm_models_stay_in_the_collector():
     leaks = sorted(
         importer
         for importer, imports in import_graph().items()
-        if ORM_MODULE in imports and not importer.startswith("collector.")
+        if ORM_MODULE in imports and package_of(importer) != "collector"
     )
     assert not leaks, f"{ORM_MODULE} imported outside the collector: {leaks}"
 
@@ -141,14 +151,20 @@ def test_no_wheels_are_tracked():
 
 def test_the_checks_catch_what_they_guard(tmp_path):
     """The edge table refuses an upward import and the cycle finder finds a cycle."""
-    assert not allowed("collector.queries", "alerts.rules")
-    assert not allowed("cost.measured", "alerts.store") and allowed("alerts.measures", "cost.signals")
-    assert not allowed("engine.server", "collector.store")
-    assert not allowed("gateway.app", "collector.schema")
-    assert not allowed("common.auth", "telemetry.schema")
-    assert not allowed("telemetry.client", "specwatch.cli")
-    assert allowed("engine.server", "telemetry.schema") and allowed("report.html", "report.build")
-    assert allowed("specwatch.up", "engine.cli") and allowed("collector.store", "common.auth")
+    assert not allowed("specwatch.collector.queries", "specwatch.alerts.rules")
+    assert not allowed("specwatch.cost.measured", "specwatch.alerts.store") and allowed(
+        "specwatch.alerts.measures", "specwatch.cost.signals"
+    )
+    assert not allowed("specwatch.engine.server", "specwatch.collector.store")
+    assert not allowed("specwatch.gateway.app", "specwatch.collector.schema")
+    assert not allowed("specwatch.common.auth", "specwatch.telemetry.schema")
+    assert not allowed("specwatch.telemetry.client", "specwatch.cli")
+    assert allowed("specwatch.engine.server", "specwatch.telemetry.schema") and allowed(
+        "specwatch.report.html", "specwatch.report.build"
+    )
+    assert allowed("specwatch.up", "specwatch.engine.cli") and allowed(
+        "specwatch.collector.store", "specwatch.common.auth"
+    )
     assert find_cycle({"a.x": {"a.y"}, "a.y": {"a.z"}, "a.z": {"a.x"}}) == ["a.x", "a.y", "a.z", "a.x"]
     assert find_cycle({"a.x": {"a.y"}, "a.y": set()}) is None
 

@@ -10,7 +10,7 @@ import time
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from common.procs import free_port
+from specwatch.common.procs import free_port
 from specwatch.traffic import TrafficConfig, run_traffic
 
 

@@ -15,7 +15,7 @@ import yaml
 from processes import children, running
 from waiting import wait_for
 
-from common.procs import child_env, free_port, specwatch_command
+from specwatch.common.procs import child_env, free_port, specwatch_command
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -8,7 +8,7 @@ import time
 
 import uvicorn
 
-from common.procs import free_port
+from specwatch.common.procs import free_port
 
 
 class ThreadServer:

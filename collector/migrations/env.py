@@ -6,8 +6,8 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine
 
-from collector import partitions
-from collector.models import Base
+from specwatch.collector import partitions
+from specwatch.collector.models import Base
 
 config = context.config
 

@@ -2,8 +2,8 @@
 
 import streamlit as st
 
-from dashboard import reads
-from dashboard.state import table, view
+from specwatch.dashboard import reads
+from specwatch.dashboard.state import table, view
 
 v = view()
 st.title("Alerts")

@@ -2,9 +2,9 @@
 
 import streamlit as st
 
-from dashboard import charts, cost_service, reads
-from dashboard.formats import usd
-from dashboard.state import empty_state, fmt, table, this_month, view
+from specwatch.dashboard import charts, cost_service, reads
+from specwatch.dashboard.formats import usd
+from specwatch.dashboard.state import empty_state, fmt, table, this_month, view
 
 v = view()
 st.title("Cost")

@@ -2,8 +2,8 @@
 
 import streamlit as st
 
-from dashboard import charts, reads
-from dashboard.state import empty_state, fmt, table, view
+from specwatch.dashboard import charts, reads
+from specwatch.dashboard.state import empty_state, fmt, table, view
 
 v = view()
 st.title("Memory & power")

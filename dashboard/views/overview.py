@@ -2,9 +2,9 @@
 
 import streamlit as st
 
-from dashboard import charts, reads
-from dashboard.formats import duration
-from dashboard.state import empty_state, fmt, table, view
+from specwatch.dashboard import charts, reads
+from specwatch.dashboard.formats import duration
+from specwatch.dashboard.state import empty_state, fmt, table, view
 
 v = view()
 st.title("Overview")

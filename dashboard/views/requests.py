@@ -3,9 +3,9 @@ device time, tags, anomaly flags)."""
 
 import streamlit as st
 
-from dashboard import charts, paging, reads
-from dashboard.requests_service import FLAGS, SORTS, STATUSES, RequestFilter
-from dashboard.state import empty_state, fmt, table, view
+from specwatch.dashboard import charts, paging, reads
+from specwatch.dashboard.requests_service import FLAGS, SORTS, STATUSES, RequestFilter
+from specwatch.dashboard.state import empty_state, fmt, table, view
 
 v = view()
 st.title("Requests")

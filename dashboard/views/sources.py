@@ -2,8 +2,8 @@
 
 import streamlit as st
 
-from dashboard import reads
-from dashboard.state import empty_state, fmt, table, view
+from specwatch.dashboard import reads
+from specwatch.dashboard.state import empty_state, fmt, table, view
 
 NO_GATEWAY = (
     "No gateway has reported; start one with `specwatch gateway serve --upstream URL --collector "

@@ -2,9 +2,9 @@
 
 import streamlit as st
 
-from dashboard import reads
-from dashboard.state import empty_state, table, view
-from dashboard.tuning_charts import tuning_curves
+from specwatch.dashboard import reads
+from specwatch.dashboard.state import empty_state, table, view
+from specwatch.dashboard.tuning_charts import tuning_curves
 
 v = view()
 st.title("Speculation tuning")

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from alerts.evaluator import State, evaluate, fingerprint, needs_sending, render
-from alerts.rules import parse_config
-from alerts.signals import Sample
+from specwatch.alerts.evaluator import State, evaluate, fingerprint, needs_sending, render
+from specwatch.alerts.rules import parse_config
+from specwatch.alerts.signals import Sample
 
 LABELS = (("instance", "a"),)
 

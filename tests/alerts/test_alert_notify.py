@@ -9,12 +9,12 @@ import pytest
 from sqlalchemy import select
 from webhook_receiver import Receiver
 
-from alerts.evaluator import Alert, State
-from alerts.notify import backoff_s, deliver_due, enqueue
-from alerts.rules import parse_config
-from alerts.tables import alert_notifications
-from collector.db import write_transaction
-from common.procs import free_port
+from specwatch.alerts.evaluator import Alert, State
+from specwatch.alerts.notify import backoff_s, deliver_due, enqueue
+from specwatch.alerts.rules import parse_config
+from specwatch.alerts.tables import alert_notifications
+from specwatch.collector.db import write_transaction
+from specwatch.common.procs import free_port
 
 
 def alert(fp: str, severity: str, state: State = State.FIRING) -> Alert:

@@ -13,15 +13,15 @@ from engine_harness import BackgroundServer
 from rule_dicts import acceptance_rule
 from sqlalchemy import select
 
-from alerts.evaluator import Alert, State
-from alerts.rules import parse_config
-from alerts.runner import AlertRunner
-from alerts.tables import alert_actions
-from collector.db import make_engine, upgrade
-from collector.store import Store
-from engine.policy import PolicyConfig
-from engine.scheduler import SchedulerConfig
-from telemetry.schema import IngestBatch
+from specwatch.alerts.evaluator import Alert, State
+from specwatch.alerts.rules import parse_config
+from specwatch.alerts.runner import AlertRunner
+from specwatch.alerts.tables import alert_actions
+from specwatch.collector.db import make_engine, upgrade
+from specwatch.collector.store import Store
+from specwatch.engine.policy import PolicyConfig
+from specwatch.engine.scheduler import SchedulerConfig
+from specwatch.telemetry.schema import IngestBatch
 
 TOKEN_ENV = "SPECWATCH_TEST_CONTROL_TOKEN"
 
@@ -150,7 +150,7 @@ def test_rebalance_streams_on_a_cpu_engine_is_recorded_not_applicable(bundled_en
 
 
 def test_rebalance_streams_asks_for_target_high_draft_low(db):
-    from alerts.actions import Remediator
+    from specwatch.alerts.actions import Remediator
 
     sent = []
 

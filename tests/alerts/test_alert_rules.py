@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from alerts.rules import DEFAULT_RULES, RulesError, format_duration, load_config, parse_duration
+from specwatch.alerts.rules import DEFAULT_RULES, RulesError, format_duration, load_config, parse_duration
 from specwatch.cli import main
 
 GOOD = {"name": "R", "signal": "ttft_p99", "op": ">", "threshold": 0.3, "window": "5m"}

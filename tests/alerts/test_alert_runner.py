@@ -11,14 +11,14 @@ from collector_payloads import T0, event_dict, request_dict, sample_dict
 from rule_dicts import acceptance_rule
 from sqlalchemy import select
 
-from alerts.rules import parse_config
-from alerts.runner import AlertRunner
-from alerts.signals import StoreSignals
-from alerts.store import active_alerts, history
-from alerts.tables import alert_notifications, alert_rule_health
-from collector.queries import Window
-from collector.store import Store
-from telemetry.schema import IngestBatch
+from specwatch.alerts.rules import parse_config
+from specwatch.alerts.runner import AlertRunner
+from specwatch.alerts.signals import StoreSignals
+from specwatch.alerts.store import active_alerts, history
+from specwatch.alerts.tables import alert_notifications, alert_rule_health
+from specwatch.collector.queries import Window
+from specwatch.collector.store import Store
+from specwatch.telemetry.schema import IngestBatch
 
 
 def store(engine, requests=(), samples=(), events=()) -> None:
@@ -164,7 +164,7 @@ def test_a_failing_signal_records_its_error_and_the_others_go_on(engine):
 
 
 def test_old_alert_history_expires_with_the_rollups_but_undelivered_notifications_stay(engine):
-    from collector.rollups import apply_retention
+    from specwatch.collector.rollups import apply_retention
 
     store(engine, [drafted(i, 4) for i in range(10)])
     runner = AlertRunner(engine, parse_config({**RULES, "rules": [RULES["rules"][0] | {"for": "0s"}]}))
@@ -179,7 +179,7 @@ def test_old_alert_history_expires_with_the_rollups_but_undelivered_notification
 def test_vllm_signals_per_source_from_real_scrapes(engine):
     from fake_vllm import FakeVllm
 
-    from collector.vllm import Scraper
+    from specwatch.collector.vllm import Scraper
 
     rng = np.random.default_rng(3)
     for source, (low, high) in (("http://good:8000/metrics", (2, 4)), ("http://bad:8000/metrics", (0, 2))):

@@ -3,11 +3,11 @@ the cost model reads."""
 
 from __future__ import annotations
 
-from alerts.evaluator import Alert, State, Transition
-from alerts.store import active_alerts, incident_history, save_rule
-from alerts.tables import alert_actions
-from collector.db import write_transaction
-from collector.queries import Window
+from specwatch.alerts.evaluator import Alert, State, Transition
+from specwatch.alerts.store import active_alerts, incident_history, save_rule
+from specwatch.alerts.tables import alert_actions
+from specwatch.collector.db import write_transaction
+from specwatch.collector.queries import Window
 
 
 def _alert(fp: str, state: State, at: float) -> Alert:

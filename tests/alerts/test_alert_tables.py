@@ -7,8 +7,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect
 
-from alerts.tables import metadata
-from collector.models import OTHER_PACKAGES_TABLES, Base
+from specwatch.alerts.tables import metadata
+from specwatch.collector.models import OTHER_PACKAGES_TABLES, Base
 
 
 def only_alert_tables(name: str | None, type_: str, parent_names: dict) -> bool:

@@ -16,14 +16,14 @@ from collector_payloads import request_dict
 from rule_dicts import acceptance_rule
 from webhook_receiver import Receiver
 
-from alerts.notify import SIGNATURE_HEADER, sign
-from alerts.rules import AlertConfig, parse_config
-from alerts.runner import AlertRunner
-from collector.db import make_engine
-from common import procs
-from common.procs import free_port
-from telemetry.client import TelemetryClient
-from telemetry.schema import RequestRecord
+from specwatch.alerts.notify import SIGNATURE_HEADER, sign
+from specwatch.alerts.rules import AlertConfig, parse_config
+from specwatch.alerts.runner import AlertRunner
+from specwatch.collector.db import make_engine
+from specwatch.common import procs
+from specwatch.common.procs import free_port
+from specwatch.telemetry.client import TelemetryClient
+from specwatch.telemetry.schema import RequestRecord
 
 SECRET = "webhook-s3cret"
 RECEIVER_UP_AT = 1.7

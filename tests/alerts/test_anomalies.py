@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from alerts.anomalies import MarkerBaseline, flag, marker_baseline, new_drafter_collapse
-from alerts.detector_settings import AnomalySettings
-from collector.detector_reads import DraftedRequest
+from specwatch.alerts.anomalies import MarkerBaseline, flag, marker_baseline, new_drafter_collapse
+from specwatch.alerts.detector_settings import AnomalySettings
+from specwatch.collector.detector_reads import DraftedRequest
 
 SETTINGS = AnomalySettings(min_drafted_tokens=16, min_series_requests=50)
 

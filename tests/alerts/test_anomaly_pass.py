@@ -7,12 +7,12 @@ import pytest
 from collector_payloads import T0, event_dict, request_dict
 from sqlalchemy import select
 
-from alerts.anomaly_pass import run_pass
-from alerts.rules import parse_config
-from alerts.runner import AlertRunner
-from alerts.tables import request_flags
-from collector.store import Store
-from telemetry.schema import IngestBatch
+from specwatch.alerts.anomaly_pass import run_pass
+from specwatch.alerts.rules import parse_config
+from specwatch.alerts.runner import AlertRunner
+from specwatch.alerts.tables import request_flags
+from specwatch.collector.store import Store
+from specwatch.telemetry.schema import IngestBatch
 
 CONFIG = parse_config({"rules": [], "receivers": [], "detectors": {"anomalies": {"min_series_requests": 20}}})
 

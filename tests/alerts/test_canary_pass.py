@@ -6,14 +6,14 @@ from __future__ import annotations
 from collector_payloads import T0
 from sqlalchemy import select
 
-from alerts import canary
-from alerts.rules import parse_config
-from alerts.runner import AlertRunner
-from alerts.store import history
-from alerts.tables import alert_notifications
-from collector.queries import Window
-from collector.store import Store
-from telemetry.schema import IngestBatch
+from specwatch.alerts import canary
+from specwatch.alerts.rules import parse_config
+from specwatch.alerts.runner import AlertRunner
+from specwatch.alerts.store import history
+from specwatch.alerts.tables import alert_notifications
+from specwatch.collector.queries import Window
+from specwatch.collector.store import Store
+from specwatch.telemetry.schema import IngestBatch
 
 CONFIG = parse_config(
     {

@@ -11,11 +11,11 @@ import pytest
 from collector_payloads import T0, plain_request_dict, request_dict
 from test_alert_evaluator import run_table
 
-from alerts.evaluator import State, evaluate
-from alerts.rules import DEFAULT_RULES, load_config
-from alerts.signals import StoreSignals
-from collector.store import Store
-from telemetry.schema import IngestBatch
+from specwatch.alerts.evaluator import State, evaluate
+from specwatch.alerts.rules import DEFAULT_RULES, load_config
+from specwatch.alerts.signals import StoreSignals
+from specwatch.collector.store import Store
+from specwatch.telemetry.schema import IngestBatch
 
 HOUR = 3600.0
 NOW = T0 + HOUR

@@ -14,15 +14,15 @@ from collector_payloads import T0, event_dict, request_dict
 from prometheus_client import CollectorRegistry, generate_latest
 from sqlalchemy import select
 
-from alerts.detector_gauges import DetectorGauges
-from alerts.detector_settings import DriftSettings
-from alerts.drift import SeriesState, run, step
-from alerts.rules import parse_config
-from alerts.runner import AlertRunner
-from alerts.store import active_alerts
-from alerts.tables import alert_notifications
-from collector.store import Store
-from telemetry.schema import IngestBatch
+from specwatch.alerts.detector_gauges import DetectorGauges
+from specwatch.alerts.detector_settings import DriftSettings
+from specwatch.alerts.drift import SeriesState, run, step
+from specwatch.alerts.rules import parse_config
+from specwatch.alerts.runner import AlertRunner
+from specwatch.alerts.store import active_alerts
+from specwatch.alerts.tables import alert_notifications
+from specwatch.collector.store import Store
+from specwatch.telemetry.schema import IngestBatch
 
 # the by-hand tables keep the warmup's baseline (learn_below_score 0); tests/alerts/test_drift_baseline.py learns
 SMALL = {"warmup": 20, "decision_interval": 5.0, "min_drafted_tokens": 8, "rebaseline_after": 0, "learn_below_score": 0}
@@ -164,7 +164,7 @@ def test_untracked_series_past_max_series(engine):
     cfg = config(DRIFT_RULE, drift={**SMALL, "max_series": 1})
     other = [{**r, "request_id": f"x{i}", "instance": "gpu-1"} for i, r in enumerate(requests(100, 5, accepted=8))]
     ingest(engine, requests(0, 5, accepted=8) + other)
-    from alerts.baselines import run_pass
+    from specwatch.alerts.baselines import run_pass
 
     done = run_pass(engine, cfg.detectors.drift, T0 + 200)
     assert (done.read, done.fed, done.series, done.untracked) == (10, 5, 1, 5)

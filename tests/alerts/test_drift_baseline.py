@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from collector_payloads import T0, request_dict
 
-from alerts.baselines import load_states, run_pass, to_row
-from alerts.detector_settings import DriftSettings
-from alerts.detector_store import save_rows
-from alerts.drift import SeriesState, learn, run, step
-from collector.db import write_transaction
-from collector.store import Store
-from telemetry.schema import IngestBatch
+from specwatch.alerts.baselines import load_states, run_pass, to_row
+from specwatch.alerts.detector_settings import DriftSettings
+from specwatch.alerts.detector_store import save_rows
+from specwatch.alerts.drift import SeriesState, learn, run, step
+from specwatch.collector.db import write_transaction
+from specwatch.collector.store import Store
+from specwatch.telemetry.schema import IngestBatch
 
 SETTINGS = DriftSettings(warmup=50, decision_interval=20.0, rebaseline_after=0, baseline_memory=400)
 

@@ -13,14 +13,14 @@ import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from alerts.detector_gauges import DetectorGauges
-from alerts.detector_store import SeriesRow, save_rows
-from alerts.prometheus import GROUP, VLLM_GROUP, export, rule_groups, unit_tests
-from alerts.rules import DEFAULT_RULES, RulesError, load_config, parse_config
-from collector.db import make_engine, upgrade, write_transaction
-from collector.metrics import CollectorMetrics
-from collector.store import IngestCounts
-from telemetry.schema import DeviceSample, RequestRecord
+from specwatch.alerts.detector_gauges import DetectorGauges
+from specwatch.alerts.detector_store import SeriesRow, save_rows
+from specwatch.alerts.prometheus import GROUP, VLLM_GROUP, export, rule_groups, unit_tests
+from specwatch.alerts.rules import DEFAULT_RULES, RulesError, load_config, parse_config
+from specwatch.collector.db import make_engine, upgrade, write_transaction
+from specwatch.collector.metrics import CollectorMetrics
+from specwatch.collector.store import IngestCounts
+from specwatch.telemetry.schema import DeviceSample, RequestRecord
 
 VLLM_FIXTURE = Path(__file__).parents[1] / "collector" / "fixtures" / "vllm_metrics.txt"
 USER_RULES = {

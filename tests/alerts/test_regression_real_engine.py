@@ -20,16 +20,16 @@ from browser_harness import VIEWPORT, browser_missing, chromium, dashboard, full
 from engine_harness import BackgroundServer
 from sqlalchemy import text
 
-from alerts.rules import parse_config
-from alerts.runner import AlertRunner
-from alerts.store import active_alerts
-from collector.db import make_engine, upgrade
-from collector.store import Store
-from common.procs import free_port, start_collector, stop_process
-from engine.policy import PolicyConfig
-from engine.scheduler import SchedulerConfig
+from specwatch.alerts.rules import parse_config
+from specwatch.alerts.runner import AlertRunner
+from specwatch.alerts.store import active_alerts
+from specwatch.collector.db import make_engine, upgrade
+from specwatch.collector.store import Store
+from specwatch.common.procs import free_port, start_collector, stop_process
+from specwatch.engine.policy import PolicyConfig
+from specwatch.engine.scheduler import SchedulerConfig
+from specwatch.telemetry.schema import EngineEvent, IngestBatch, RequestRecord
 from specwatch.workload import chat
-from telemetry.schema import EngineEvent, IngestBatch, RequestRecord
 
 pytestmark = pytest.mark.slow
 TOKEN = {"authorization": "Bearer s3cret"}

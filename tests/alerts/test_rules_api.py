@@ -7,8 +7,8 @@ from pathlib import Path
 import yaml
 from fastapi.testclient import TestClient
 
-from alerts.rules import DEFAULT_RULES, load_config
-from service.app import create_app
+from specwatch.alerts.rules import DEFAULT_RULES, load_config
+from specwatch.service.app import create_app
 
 
 def rules_file(folder: Path, **thresholds: float) -> Path:

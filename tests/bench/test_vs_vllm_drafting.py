@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 from bench.vs_vllm import replayed_tokens_per_step
-from engine.drafters import NgramConfig, NgramDrafter
-from engine.suffix import SuffixConfig, SuffixDrafter
+from specwatch.engine.drafters import NgramConfig, NgramDrafter
+from specwatch.engine.suffix import SuffixConfig, SuffixDrafter
 
 
 class Scripted:

@@ -13,10 +13,10 @@ from fastapi.routing import iter_route_contexts
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from collector.models import Request
-from collector.settings import Settings
-from service.app import create_app
 from specwatch.cli import main
+from specwatch.collector.models import Request
+from specwatch.collector.settings import Settings
+from specwatch.service.app import create_app
 
 OPEN = {"/healthz", "/readyz"}
 ADMIN = {"/v1/report"}

@@ -11,10 +11,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from waiting import wait_for
 
-from collector.capacity import CapacityRules, Served, estimate, upstream_capacity
-from collector.metrics import CAPACITY, CapacityGauge
-from collector.store import Store
-from telemetry.schema import IngestBatch
+from specwatch.collector.capacity import CapacityRules, Served, estimate, upstream_capacity
+from specwatch.collector.metrics import CAPACITY, CapacityGauge
+from specwatch.collector.store import Store
+from specwatch.telemetry.schema import IngestBatch
 
 RULES = CapacityRules()
 SPEC_TPS, PLAIN_TPS = 300.0, 120.0  # tokens per device-second with speculation on, then off

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from sqlalchemy import inspect
 
-from collector.db import make_engine
-from collector.settings import Settings
 from specwatch.cli import main
+from specwatch.collector.db import make_engine
+from specwatch.collector.settings import Settings
 
 
 def test_db_upgrade_creates_the_schema(db_url, capsys):

@@ -12,10 +12,10 @@ from processes import children, running
 from sqlalchemy import create_engine, text
 from waiting import wait_for
 
-from common import procs
-from common.procs import free_port
-from telemetry.client import TelemetryClient
-from telemetry.schema import RequestRecord
+from specwatch.common import procs
+from specwatch.common.procs import free_port
+from specwatch.telemetry.client import TelemetryClient
+from specwatch.telemetry.schema import RequestRecord
 
 REPO = Path(__file__).resolve().parents[2]
 WAVES, PER_WAVE, KILL_AT, RESTART_AT = 30, 100, 8, 18

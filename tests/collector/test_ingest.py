@@ -7,9 +7,9 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select, text
 
-from collector.models import DeviceSampleRow, EngineEventRow, Request
-from collector.settings import Settings
-from service.app import create_app
+from specwatch.collector.models import DeviceSampleRow, EngineEventRow, Request
+from specwatch.collector.settings import Settings
+from specwatch.service.app import create_app
 
 
 def post(client, payload, **kwargs):

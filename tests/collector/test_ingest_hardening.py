@@ -22,10 +22,10 @@ from sqlalchemy.engine import make_url
 from test_metrics import scrape, total
 from waiting import wait_for
 
-from collector.models import Request
-from collector.settings import Settings
-from common.procs import free_port, start_collector
-from service.app import create_app
+from specwatch.collector.models import Request
+from specwatch.collector.settings import Settings
+from specwatch.common.procs import free_port, start_collector
+from specwatch.service.app import create_app
 
 JSON = {"content-type": "application/json"}
 

@@ -10,7 +10,7 @@ import orjson
 import pytest
 from collector_payloads import event_dict, request_dict, sample_dict
 
-from telemetry.schema import MAX_DETAIL_DEPTH
+from specwatch.telemetry.schema import MAX_DETAIL_DEPTH
 
 JSON = {"content-type": "application/json"}
 TABLES = ("requests", "device_samples", "engine_events")

@@ -13,11 +13,11 @@ import orjson
 import pytest
 from collector_payloads import request_dict
 
-from collector.db import INGEST_BUSY_S, make_engine, upgrade
-from collector.ingest import BatchRejected, ingest_body
-from collector.rollups import roll_up
-from collector.store import Store
-from telemetry.client import TelemetryClient
+from specwatch.collector.db import INGEST_BUSY_S, make_engine, upgrade
+from specwatch.collector.ingest import BatchRejected, ingest_body
+from specwatch.collector.rollups import roll_up
+from specwatch.collector.store import Store
+from specwatch.telemetry.client import TelemetryClient
 
 
 def test_ingest_under_a_held_lock_is_a_503_before_the_client_gives_up(tmp_path):

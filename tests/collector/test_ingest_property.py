@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, select
 
-from collector.models import DeviceSampleRow, EngineEventRow, Request
+from specwatch.collector.models import DeviceSampleRow, EngineEventRow, Request
 
 TEXT = st.text(max_size=40) | st.text(alphabet="a-:\x00\u2028é\U0001f600", max_size=8)
 JSON_SCALARS = st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70) | st.floats() | TEXT

@@ -18,10 +18,10 @@ from sqlalchemy import func, select, text
 from test_metrics import scrape, total
 from waiting import wait_for
 
-from collector.models import DeviceSampleRow, Request
-from collector.settings import Settings
-from common.procs import child_env, free_port, specwatch_command
-from service.app import create_app
+from specwatch.collector.models import DeviceSampleRow, Request
+from specwatch.collector.settings import Settings
+from specwatch.common.procs import child_env, free_port, specwatch_command
+from specwatch.service.app import create_app
 
 
 @pytest.fixture

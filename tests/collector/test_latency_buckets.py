@@ -15,18 +15,18 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, column, func, insert, inspect, select, table
 
-from alerts.rules import load_config
-from collector.db import alembic_config, make_engine, upgrade
-from collector.history import histogram_quantile, long_series
-from collector.long_signals import long_signals
-from collector.metrics import CollectorMetrics
-from collector.models import ADDED_BUCKETS, LEGACY_LATENCY_BUCKETS, Request
-from collector.queries import Percentiles, Window
-from collector.rollups import LAST_ID, LAST_PASS_AT, roll_up
-from collector.store import IngestCounts, Store
-from engine.metrics import EngineMetrics
-from telemetry.schema import LATENCY_BUCKETS, IngestBatch, RequestRecord
-from telemetry.sink import TelemetrySink
+from specwatch.alerts.rules import load_config
+from specwatch.collector.db import alembic_config, make_engine, upgrade
+from specwatch.collector.history import histogram_quantile, long_series
+from specwatch.collector.long_signals import long_signals
+from specwatch.collector.metrics import CollectorMetrics
+from specwatch.collector.models import ADDED_BUCKETS, LEGACY_LATENCY_BUCKETS, Request
+from specwatch.collector.queries import Percentiles, Window
+from specwatch.collector.rollups import LAST_ID, LAST_PASS_AT, roll_up
+from specwatch.collector.store import IngestCounts, Store
+from specwatch.engine.metrics import EngineMetrics
+from specwatch.telemetry.schema import LATENCY_BUCKETS, IngestBatch, RequestRecord
+from specwatch.telemetry.sink import TelemetrySink
 
 OLD, NEW = LEGACY_LATENCY_BUCKETS, LATENCY_BUCKETS
 HOUR0 = T0 - T0 % 3600  # the old rows' hour; the new ones come an hour later

@@ -22,18 +22,18 @@ from sqlalchemy import func, select, text
 from waiting import wait_for
 from webhook_receiver import Receiver
 
-from alerts.evaluator import Alert, State
-from alerts.notify import deliver_due, enqueue
-from alerts.rules import parse_config
-from collector.db import is_current, make_engine, upgrade
-from collector.leader import LeaderMetrics, Leadership
-from collector.models import RequestRollup, RequestRollupHourly
-from collector.rollups import roll_up
-from collector.settings import Settings
-from collector.store import Store
-from common.procs import free_port
-from service.app import create_app
-from telemetry.schema import IngestBatch, RequestRecord
+from specwatch.alerts.evaluator import Alert, State
+from specwatch.alerts.notify import deliver_due, enqueue
+from specwatch.alerts.rules import parse_config
+from specwatch.collector.db import is_current, make_engine, upgrade
+from specwatch.collector.leader import LeaderMetrics, Leadership
+from specwatch.collector.models import RequestRollup, RequestRollupHourly
+from specwatch.collector.rollups import roll_up
+from specwatch.collector.settings import Settings
+from specwatch.collector.store import Store
+from specwatch.common.procs import free_port
+from specwatch.service.app import create_app
+from specwatch.telemetry.schema import IngestBatch, RequestRecord
 
 POSTGRES_URL = os.environ.get("SPECWATCH_TEST_POSTGRES_URL")
 needs_postgres = pytest.mark.skipif(

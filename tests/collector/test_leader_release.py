@@ -15,9 +15,9 @@ from sqlalchemy import event, text
 from test_leader import _lead_until, needs_postgres
 from waiting import wait_for
 
-import collector.leader
-from collector.db import make_engine
-from collector.leader import Leadership
+import specwatch.collector.leader as leader_module
+from specwatch.collector.db import make_engine
+from specwatch.collector.leader import Leadership
 
 pytestmark = needs_postgres
 
@@ -62,7 +62,7 @@ def test_a_lead_cancelled_while_connecting_leaves_no_lock_behind(empty_postgres)
 def test_a_hung_check_ends_its_session_and_the_next_replica_leads(empty_postgres, monkeypatch):
     """The leader's check hangs (held back before it reaches the server): it stops its work, ends its
     lock session from a second connection, and the follower takes over while the check still hangs."""
-    monkeypatch.setattr(collector.leader, "CHECK_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(leader_module, "CHECK_TIMEOUT_S", 0.5)
     engines = [make_engine(empty_postgres) for _ in range(2)]
     leaders = [Leadership(e, f"r{i}", retry_s=0.1) for i, e in enumerate(engines)]
     hung: dict[str, Leadership] = {}

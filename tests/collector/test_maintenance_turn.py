@@ -7,8 +7,8 @@ import asyncio
 import threading
 import time
 
-from collector import maintenance
-from collector.settings import Settings
+from specwatch.collector import maintenance
+from specwatch.collector.settings import Settings
 
 
 def test_roll_ups_and_alert_cycles_never_overlap(monkeypatch):

@@ -11,9 +11,9 @@ from collector_payloads import plain_request_dict, request_dict, sample_dict
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from collector.metrics import CollectorMetrics
-from collector.store import IngestCounts
-from telemetry.schema import DeviceSample, RequestRecord
+from specwatch.collector.metrics import CollectorMetrics
+from specwatch.collector.store import IngestCounts
+from specwatch.telemetry.schema import DeviceSample, RequestRecord
 
 
 def scrape(client) -> dict[tuple[str, tuple], float]:

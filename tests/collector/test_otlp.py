@@ -13,8 +13,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 from otlp_payloads import TRACE_ID, as_json, export, span
 
-from collector.settings import Settings
-from service.app import create_app
+from specwatch.collector.settings import Settings
+from specwatch.service.app import create_app
 
 PROTOBUF = {"content-type": "application/x-protobuf"}
 JSON = {"content-type": "application/json"}

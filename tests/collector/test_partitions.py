@@ -8,12 +8,12 @@ from alembic import command
 from collector_payloads import T0, event_dict, request_dict, sample_dict
 from sqlalchemy import Engine, inspect, text
 
-from collector import partitions
-from collector.db import alembic_config, make_engine, upgrade
-from collector.models import DeviceSampleRow, EngineEventRow, Request, VllmScrape
-from collector.rollups import apply_retention, roll_up
-from collector.store import Store
-from telemetry.schema import IngestBatch
+from specwatch.collector import partitions
+from specwatch.collector.db import alembic_config, make_engine, upgrade
+from specwatch.collector.models import DeviceSampleRow, EngineEventRow, Request, VllmScrape
+from specwatch.collector.rollups import apply_retention, roll_up
+from specwatch.collector.store import Store
+from specwatch.telemetry.schema import IngestBatch
 
 DAY = 86400
 DAY0 = partitions.day_start(T0)  # the midnight before T0

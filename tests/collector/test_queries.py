@@ -6,10 +6,17 @@ import numpy as np
 import pytest
 from collector_payloads import T0, sample_dict, varied_request
 
-from collector.queries import Filters, Window, acceptance_vs_length, errors_by_hour, per_position_acceptance, signals
-from collector.series import engine_events, latest_device_samples, series
-from collector.store import Store
-from telemetry.schema import IngestBatch
+from specwatch.collector.queries import (
+    Filters,
+    Window,
+    acceptance_vs_length,
+    errors_by_hour,
+    per_position_acceptance,
+    signals,
+)
+from specwatch.collector.series import engine_events, latest_device_samples, series
+from specwatch.collector.store import Store
+from specwatch.telemetry.schema import IngestBatch
 
 N = 400
 

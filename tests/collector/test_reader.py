@@ -12,11 +12,11 @@ from collector_payloads import T0
 from sqlalchemy import delete, select, update
 from test_window_aggregates import store_in_batches, workload
 
-from collector import aggregates, breakdown, queries, reader, window_signals
-from collector.aggregates import WindowAggregate
-from collector.models import MaintenanceState, Request
-from collector.queries import Filters, Window, signals
-from collector.series import series
+from specwatch.collector import aggregates, breakdown, queries, reader, window_signals
+from specwatch.collector.aggregates import WindowAggregate
+from specwatch.collector.models import MaintenanceState, Request
+from specwatch.collector.queries import Filters, Window, signals
+from specwatch.collector.series import series
 
 LATENCY_REL = 0.011  # sketch percentiles: within 1% of the exact value at their rank (and the interpolation)
 

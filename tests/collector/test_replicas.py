@@ -32,8 +32,8 @@ from sqlalchemy import text
 from waiting import wait_for
 from webhook_receiver import Receiver
 
-from collector.db import make_engine
-from common.procs import child_env, free_port, specwatch_command
+from specwatch.collector.db import make_engine
+from specwatch.common.procs import child_env, free_port, specwatch_command
 
 POSTGRES_URL = os.environ.get("SPECWATCH_TEST_POSTGRES_URL")
 pytestmark = pytest.mark.skipif(

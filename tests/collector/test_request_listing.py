@@ -7,11 +7,11 @@ import pytest
 from collector_payloads import T0, plain_request_dict, request_dict
 from sqlalchemy import insert
 
-from alerts.tables import request_flags
-from collector import request_reads
-from collector.queries import Filters
-from collector.store import Store
-from telemetry.schema import IngestBatch
+from specwatch.alerts.tables import request_flags
+from specwatch.collector import request_reads
+from specwatch.collector.queries import Filters
+from specwatch.collector.store import Store
+from specwatch.telemetry.schema import IngestBatch
 
 WINDOW = {"start": T0 - 10, "end": T0 + 3600}
 N = 23

@@ -11,17 +11,17 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select, update
 from waiting import wait_for
 
-from collector import reader
-from collector.history import errors_by_hour_long, histogram_quantile, long_series
-from collector.long_signals import long_signals
-from collector.models import LATENCY_BUCKETS, Request, RequestRollup, RequestRollupHourly
-from collector.queries import Filters, Window, errors_by_hour, signals
-from collector.rollups import apply_retention, roll_up
-from collector.series import series
-from collector.settings import Settings
-from collector.store import Store
-from service.app import create_app
-from telemetry.schema import IngestBatch
+from specwatch.collector import reader
+from specwatch.collector.history import errors_by_hour_long, histogram_quantile, long_series
+from specwatch.collector.long_signals import long_signals
+from specwatch.collector.models import LATENCY_BUCKETS, Request, RequestRollup, RequestRollupHourly
+from specwatch.collector.queries import Filters, Window, errors_by_hour, signals
+from specwatch.collector.rollups import apply_retention, roll_up
+from specwatch.collector.series import series
+from specwatch.collector.settings import Settings
+from specwatch.collector.store import Store
+from specwatch.service.app import create_app
+from specwatch.telemetry.schema import IngestBatch
 
 DAY = 86400.0
 HOUR0 = T0 - T0 % 3600  # 20:00 UTC, the hour the data starts in
@@ -84,7 +84,7 @@ def test_long_series_from_rollups_matches_raw_series(engine, stored):
 
 
 def test_late_records_are_folded_into_their_minute(engine, stored, monkeypatch):
-    monkeypatch.setattr("collector.rollups.CHUNK_ROWS", 150)  # several transactions per pass
+    monkeypatch.setattr("specwatch.collector.rollups.CHUNK_ROWS", 150)  # several transactions per pass
     assert roll_up(engine, now=T0 + DAY).rows_folded == N
     late = request_dict(10_000, started_at=T0 + 30.5)  # a minute rolled up long ago
     Store(engine).insert(IngestBatch.model_validate({"requests": [late]}))

@@ -8,11 +8,11 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import func, inspect, select, text
 from sqlalchemy.orm import Session
 
-from collector import partitions
-from collector.db import is_current
-from collector.models import Base, DeviceSampleRow, EngineEventRow, Request
-from collector.store import Store, StoreUnavailable
-from telemetry.schema import IngestBatch
+from specwatch.collector import partitions
+from specwatch.collector.db import is_current
+from specwatch.collector.models import Base, DeviceSampleRow, EngineEventRow, Request
+from specwatch.collector.store import Store, StoreUnavailable
+from specwatch.telemetry.schema import IngestBatch
 
 
 def batch(requests=(), samples=(), events=()) -> IngestBatch:

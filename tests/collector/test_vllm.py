@@ -12,12 +12,12 @@ from fastapi.testclient import TestClient
 from prometheus_client import start_http_server
 from waiting import wait_for
 
-from collector.history import histogram_quantile
-from collector.queries import Window
-from collector.settings import Settings
-from collector.vllm import Scraper, parse, vllm_signals
-from common.procs import free_port
-from service.app import create_app
+from specwatch.collector.history import histogram_quantile
+from specwatch.collector.queries import Window
+from specwatch.collector.settings import Settings
+from specwatch.collector.vllm import Scraper, parse, vllm_signals
+from specwatch.common.procs import free_port
+from specwatch.service.app import create_app
 
 FIXTURE = Path(__file__).parent / "fixtures" / "vllm_metrics.txt"
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"

@@ -11,16 +11,16 @@ from collector_payloads import T0, request_dict
 from ddsketch import DDSketch
 from sqlalchemy import event, func, insert, select
 
-from alerts.rules import load_config
-from alerts.runner import AlertRunner
-from alerts.signals import SIGNALS, StoreSignals
-from collector import aggregates, sketch, window_signals
-from collector.aggregates import WindowAggregate
-from collector.db import make_engine, upgrade
-from collector.models import Request
-from collector.queries import Filters, Window, signals
-from collector.store import REQUESTS, Store
-from telemetry.schema import IngestBatch, RequestRecord
+from specwatch.alerts.rules import load_config
+from specwatch.alerts.runner import AlertRunner
+from specwatch.alerts.signals import SIGNALS, StoreSignals
+from specwatch.collector import aggregates, sketch, window_signals
+from specwatch.collector.aggregates import WindowAggregate
+from specwatch.collector.db import make_engine, upgrade
+from specwatch.collector.models import Request
+from specwatch.collector.queries import Filters, Window, signals
+from specwatch.collector.store import REQUESTS, Store
+from specwatch.telemetry.schema import IngestBatch, RequestRecord
 
 QUANTILES = (0.5, 0.9, 0.95, 0.99)
 REQUEST_SIGNALS = {name for name, signal in SIGNALS.items() if signal.aggregated is not None}

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from common.cli import add_exposure_arguments, check_exposure, is_loopback
-from common.errors import UsageError
-from common.procs import child_env, specwatch_command
+from specwatch.common.cli import add_exposure_arguments, check_exposure, is_loopback
+from specwatch.common.errors import UsageError
+from specwatch.common.procs import child_env, specwatch_command
 
 
 def options(*argv: str, env_key: str | None = None) -> argparse.Namespace:

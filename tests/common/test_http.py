@@ -10,7 +10,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from common.http import (
+from specwatch.common.http import (
     ERROR_HANDLERS,
     MAX_CLOCK_SKEW_S,
     ApiKeyMiddleware,

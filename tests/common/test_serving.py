@@ -17,8 +17,8 @@ from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from common.procs import free_port
-from common.serving import header_deadline
+from specwatch.common.procs import free_port
+from specwatch.common.serving import header_deadline
 
 DEADLINE_S = 0.3
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from collector_payloads import T0, plain_request_dict, request_dict, sample_dict
 
-from collector.queries import Window
-from collector.store import Store
-from cost.advisor import GIB, ScenarioEvidence, advise, recommend, scenario_evidence
-from telemetry.schema import IngestBatch
+from specwatch.collector.queries import Window
+from specwatch.collector.store import Store
+from specwatch.cost.advisor import GIB, ScenarioEvidence, advise, recommend, scenario_evidence
+from specwatch.telemetry.schema import IngestBatch
 
 BASE = ScenarioEvidence(
     scenario="summary",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cost.attribution import PowerSample, Spans, attribute, levels
+from specwatch.cost.attribution import PowerSample, Spans, attribute, levels
 
 
 def spans(*lives: tuple[float, float], device_s=None, instance="a") -> Spans:

@@ -11,14 +11,14 @@ import pytest
 from collector_payloads import T0, plain_request_dict, request_dict, sample_dict
 from openpyxl import load_workbook
 
-from collector.db import make_engine, upgrade
-from collector.store import Store
-from cost.breakeven import break_even_alpha
-from cost.inputs import load_prices, what_if_inputs
-from cost.model import IdleTime, tco
-from cost.xlsx import ARM_ROWS, BENEFIT_ROWS, IDLE_ROW, MODEL_ROW, write_workbook
 from specwatch.cli import main
-from telemetry.schema import IngestBatch
+from specwatch.collector.db import make_engine, upgrade
+from specwatch.collector.store import Store
+from specwatch.cost.breakeven import break_even_alpha
+from specwatch.cost.inputs import load_prices, what_if_inputs
+from specwatch.cost.model import IdleTime, tco
+from specwatch.cost.xlsx import ARM_ROWS, BENEFIT_ROWS, IDLE_ROW, MODEL_ROW, write_workbook
+from specwatch.telemetry.schema import IngestBatch
 
 EXAMPLE = Path(__file__).parents[2] / "cost" / "cost_example.toml"
 

@@ -13,9 +13,9 @@ from collector_payloads import T0, plain_request_dict, request_dict, sample_dict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collector.queries import Window
-from collector.store import Store
-from cost.breakeven import (
+from specwatch.collector.queries import Window
+from specwatch.collector.store import Store
+from specwatch.cost.breakeven import (
     alpha_from_mean_acceptance_length,
     at_acceptance,
     benefit_break_even_alpha,
@@ -26,8 +26,8 @@ from cost.breakeven import (
     sensitivity,
     tokens_per_round,
 )
-from cost.inputs import load_prices, measured_inputs, storage_gb_per_day, what_if_inputs
-from cost.model import (
+from specwatch.cost.inputs import load_prices, measured_inputs, storage_gb_per_day, what_if_inputs
+from specwatch.cost.model import (
     GB,
     Accelerator,
     CostInputs,
@@ -40,7 +40,7 @@ from cost.model import (
     net_benefit,
     tco,
 )
-from telemetry.schema import IngestBatch
+from specwatch.telemetry.schema import IngestBatch
 
 PRICES = Prices(
     {"X": Accelerator("X", 4.0, 80.0, spot_usd_per_hour=1.5, onprem_usd_per_hour=4.0)},

@@ -11,11 +11,11 @@ from collector_payloads import T0, plain_request_dict, request_dict
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from collector.queries import Window
-from collector.store import Store
-from cost.inputs import load_prices
-from service.cost_signals import DAY_S, GAUGE, CostGauge, DailyCosts, arm_costs
-from telemetry.schema import IngestBatch
+from specwatch.collector.queries import Window
+from specwatch.collector.store import Store
+from specwatch.cost.inputs import load_prices
+from specwatch.service.cost_signals import DAY_S, GAUGE, CostGauge, DailyCosts, arm_costs
+from specwatch.telemetry.schema import IngestBatch
 
 TIMED = {"device_s_source": "engine", "output_tokens": 64, "queue_s": 0.0}
 

@@ -20,18 +20,18 @@ import pytest
 from collector_payloads import T0, plain_request_dict, request_dict, sample_dict
 from openpyxl import load_workbook
 
-from collector.db import make_engine, upgrade
-from collector.queries import Window
-from collector.store import Store
-from cost.allocation import allocate
-from cost.breakeven import break_even_alpha, expected_speedup, speedup_from_times
-from cost.concurrency import ConcurrencyRow, crossover
-from cost.inputs import load_prices
-from cost.measured import measured_inputs
-from cost.model import CostInputs, HiddenCosts, ModeMeasure, tco
-from cost.summary import measured_summary
 from specwatch.cli import main
-from telemetry.schema import IngestBatch
+from specwatch.collector.db import make_engine, upgrade
+from specwatch.collector.queries import Window
+from specwatch.collector.store import Store
+from specwatch.cost.allocation import allocate
+from specwatch.cost.breakeven import break_even_alpha, expected_speedup, speedup_from_times
+from specwatch.cost.concurrency import ConcurrencyRow, crossover
+from specwatch.cost.inputs import load_prices
+from specwatch.cost.measured import measured_inputs
+from specwatch.cost.model import CostInputs, HiddenCosts, ModeMeasure, tco
+from specwatch.cost.summary import measured_summary
+from specwatch.telemetry.schema import IngestBatch
 
 H100 = "NVIDIA H100 80GB HBM3"
 WINDOW = {"start": T0, "end": T0 + 150}
@@ -181,7 +181,7 @@ def test_break_even_in_one_unit():
 
 
 def test_break_even_without_plain_arm_says_not_measured():
-    from cost.breakeven import break_even
+    from specwatch.cost.breakeven import break_even
 
     spec = _arm("speculative", 118.0, drafts=100, draft_tokens=400, accepted_tokens=200, draft_s=4.0, verify_s=10.0)
     (found,) = break_even(CostInputs((spec,), load_prices(), "H100-SXM"))
@@ -246,7 +246,7 @@ def test_focus_export_passes_focus_validator(store_url, tmp_path):
 
 
 def test_excess_ratio_is_the_alerts_cost_formula():
-    from cost.signals import excess_ratio
+    from specwatch.cost.signals import excess_ratio
 
     assert excess_ratio(11.0, 100, 10.0, 100) == pytest.approx(0.1)
     assert excess_ratio(1.0, 0, 1.0, 1) is None and excess_ratio(1.0, 1, 0.0, 1) is None

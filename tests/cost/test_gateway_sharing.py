@@ -15,15 +15,15 @@ import numpy as np
 from collector_payloads import T0, plain_request_dict, sample_dict
 from thread_server import ThreadServer
 
-from collector.db import make_engine, upgrade
-from collector.queries import Filters, Window
-from collector.store import Store
-from cost.allocation import allocate
-from cost.assumptions import estimated_from
-from cost.inputs import load_prices
-from cost.measured import measured_inputs, read_usage
-from cost.sharing import Lives, merged_device_s, virtual_time
-from telemetry.schema import MAX_TAGS, IngestBatch, RequestRecord
+from specwatch.collector.db import make_engine, upgrade
+from specwatch.collector.queries import Filters, Window
+from specwatch.collector.store import Store
+from specwatch.cost.allocation import allocate
+from specwatch.cost.assumptions import estimated_from
+from specwatch.cost.inputs import load_prices
+from specwatch.cost.measured import measured_inputs, read_usage
+from specwatch.cost.sharing import Lives, merged_device_s, virtual_time
+from specwatch.telemetry.schema import MAX_TAGS, IngestBatch, RequestRecord
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gateway"))
 from gateway_harness import GatewayServer  # noqa: E402

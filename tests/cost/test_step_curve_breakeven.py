@@ -11,11 +11,11 @@ import pytest
 from collector_payloads import T0, plain_request_dict, request_dict
 from scipy.optimize import brentq
 
-from collector.curve_reads import CurvePoint, StoredCurve, parse_points
-from cost.breakeven import RECORDS, STEP_CURVE, break_even, break_even_alpha, speedup_from_times
-from cost.inputs import load_prices
-from cost.model import CostInputs, ModeMeasure
-from cost.summary import render_text, summarize
+from specwatch.collector.curve_reads import CurvePoint, StoredCurve, parse_points
+from specwatch.cost.breakeven import RECORDS, STEP_CURVE, break_even, break_even_alpha, speedup_from_times
+from specwatch.cost.inputs import load_prices
+from specwatch.cost.model import CostInputs, ModeMeasure
+from specwatch.cost.summary import render_text, summarize
 
 WINDOW = {"start": T0, "end": T0 + 120}
 

@@ -12,19 +12,19 @@ import time
 
 import pytest
 
-from collector.curve_reads import step_curves
-from collector.db import make_engine
-from collector.queries import Window
-from common.procs import free_port, start_collector
-from cost.breakeven import RECORDS, STEP_CURVE, BreakEven
-from cost.inputs import load_prices
-from cost.step_curve import seconds_at
-from cost.summary import measured_summary
-from engine.policy import PolicyConfig
-from engine.step_cost_events import StepCostEvents, curve_points
+from specwatch.collector.curve_reads import step_curves
+from specwatch.collector.db import make_engine
+from specwatch.collector.queries import Window
+from specwatch.common.procs import free_port, start_collector
+from specwatch.cost.breakeven import RECORDS, STEP_CURVE, BreakEven
+from specwatch.cost.inputs import load_prices
+from specwatch.cost.step_curve import seconds_at
+from specwatch.cost.summary import measured_summary
+from specwatch.engine.policy import PolicyConfig
+from specwatch.engine.step_cost_events import StepCostEvents, curve_points
+from specwatch.telemetry.client import TelemetryClient
+from specwatch.telemetry.sink import TelemetrySink
 from specwatch.workload import chat
-from telemetry.client import TelemetryClient
-from telemetry.sink import TelemetrySink
 from tests.engine.test_server import Server
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cost.tuner import (
+from specwatch.cost.tuner import (
     Acceptance,
     Interval,
     StepCurve,
@@ -19,7 +19,7 @@ from cost.tuner import (
     schedule,
     staleness,
 )
-from cost.tuner_emit import plan_json, plan_table, trtllm_schedule, vllm_config
+from specwatch.cost.tuner_emit import plan_json, plan_table, trtllm_schedule, vllm_config
 
 HIGH = Acceptance((0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2))
 LOW = Acceptance((0.2, 0.05, 0.01, 0.0))
@@ -156,7 +156,7 @@ def test_all_plain_emits_no_speculative_config():
 
 
 def test_todays_ks_from_a_vllm_config():
-    from cost.tuner_emit import todays_ks
+    from specwatch.cost.tuner_emit import todays_ks
 
     assert todays_ks({"num_speculative_tokens": 8}, 16) == (8, {1: 8, 2: 8, 4: 8, 8: 8, 16: 8})
     config = {"num_speculative_tokens": 6, "num_speculative_tokens_per_batch_size": [[1, 2, 9], [4, 6, 3], [12, 16, 0]]}

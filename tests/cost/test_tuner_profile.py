@@ -10,9 +10,9 @@ import json
 import pytest
 from engine_harness import spec_and_plain
 
-from common.procs import free_port
-from cost.tuner_data import read_profile
 from specwatch.cli import main
+from specwatch.common.procs import free_port
+from specwatch.cost.tuner_data import read_profile
 
 PROFILE = ["--concurrency", "1,2", "--requests", "4", "--max-tokens", "10"]
 

@@ -10,13 +10,13 @@ import pytest
 from collector_payloads import T0, event_dict
 from tuning_payloads import records, spec
 
-from collector.queries import Window
-from collector.store import Store
-from collector.tuning_reads import tuning_rows
-from cost.tuner import TuneRules
-from cost.tuner_data import recommend, recommend_from_store
 from specwatch.cli import main
-from telemetry.schema import IngestBatch
+from specwatch.collector.queries import Window
+from specwatch.collector.store import Store
+from specwatch.collector.tuning_reads import tuning_rows
+from specwatch.cost.tuner import TuneRules
+from specwatch.cost.tuner_data import recommend, recommend_from_store
+from specwatch.telemetry.schema import IngestBatch
 
 WINDOW = Window(T0 - 10, T0 + 5000)
 RULES = TuneRules(max_batch=16)
@@ -55,7 +55,7 @@ def test_a_newer_upstream_version_marks_it_stale(engine):
 def test_profile_and_current_k(engine):
     fill(engine)
     flat = {lv: {"0": 0.04, "4": 0.04} for lv in (1, 2, 4, 8)}
-    from cost.tuner_data import profile_curves
+    from specwatch.cost.tuner_data import profile_curves
 
     plan = recommend(tuning_rows(engine, WINDOW), rules=RULES, current_k=2, profile=profile_curves({"levels": flat}))
     eight = next(b for b in plan.buckets if b.level == 8)

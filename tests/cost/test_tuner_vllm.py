@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from cost.tuner import Acceptance, TuneRules, line, schedule
-from cost.tuner_emit import vllm_config
+from specwatch.cost.tuner import Acceptance, TuneRules, line, schedule
+from specwatch.cost.tuner_emit import vllm_config
 from specwatch.vllm_server import installed, not_installed_reason, venv_python
 
 CHECK = """

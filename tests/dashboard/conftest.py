@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from common.procs import free_port, start_collector
+from specwatch.common.procs import free_port, start_collector
 
 
 @pytest.fixture

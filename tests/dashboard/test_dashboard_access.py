@@ -13,7 +13,7 @@ import pytest
 from collector_payloads import request_dict
 from streamlit.testing.v1 import AppTest
 
-from common.procs import free_port, start_collector
+from specwatch.common.procs import free_port, start_collector
 
 APP = str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py")
 READ, INGEST = "read-token-7f3a", "ingest-token-c21b"
@@ -49,7 +49,7 @@ def overview(url: str, monkeypatch, token: str | None) -> AppTest:
         monkeypatch.delenv("SPECWATCH_READ_TOKEN", raising=False)
     else:
         monkeypatch.setenv("SPECWATCH_READ_TOKEN", token)
-    from dashboard.state import clear_cache
+    from specwatch.dashboard.state import clear_cache
 
     clear_cache()
     app = AppTest.from_file(APP, default_timeout=60)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from dashboard import charts, formats
-from dashboard.formats import Threshold
+from specwatch.dashboard import charts, formats
+from specwatch.dashboard.formats import Threshold
 
 
 @pytest.mark.parametrize(

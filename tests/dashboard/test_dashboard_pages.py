@@ -33,7 +33,7 @@ def dashboard_over(url: str, monkeypatch) -> AppTest:
     """The dashboard over the collector at `url`, showing the last hour (the session's telemetry
     may be older than the default window by the time a test runs)."""
     monkeypatch.setenv("SPECWATCH_COLLECTOR_URL", url)
-    from dashboard.state import clear_cache
+    from specwatch.dashboard.state import clear_cache
 
     clear_cache()
     app = AppTest.from_file(APP, default_timeout=60)
@@ -135,8 +135,8 @@ def test_sources_page_lists_the_engine(app):
 
 
 def test_unreachable_collector_is_a_banner_not_a_traceback(monkeypatch):
-    from common.procs import free_port
-    from dashboard.state import clear_cache
+    from specwatch.common.procs import free_port
+    from specwatch.dashboard.state import clear_cache
 
     monkeypatch.setenv("SPECWATCH_COLLECTOR_URL", f"http://127.0.0.1:{free_port()}")
     clear_cache()
@@ -146,7 +146,7 @@ def test_unreachable_collector_is_a_banner_not_a_traceback(monkeypatch):
 
 
 def test_cost_page_shows_the_collectors_cost_model(app, live_collector):
-    from dashboard.formats import usd
+    from specwatch.dashboard.formats import usd
 
     page = open_page(app, "views/cost.py")
     shown = metrics(page)
@@ -172,7 +172,7 @@ def test_cost_page_builds_the_monthly_report_for_download(app, live_collector):
     build = next(b for b in page.button if b.label == "Build the report")
     build.click().run()
     assert not page.exception and not page.error
-    from dashboard.cost_service import report_html
+    from specwatch.dashboard.cost_service import report_html
 
     html = report_html(time.strftime("%Y-%m", time.gmtime())).decode()
     assert html.startswith("<!DOCTYPE html>") and "speculative" in html.lower()
@@ -184,8 +184,8 @@ def custom_rules_collector(live_collector, tmp_path_factory):
     1.5 s and the acceptance line to 0.45, and drops the fragmentation rule."""
     import yaml
 
-    from alerts.rules import DEFAULT_RULES
-    from common.procs import free_port, start_collector
+    from specwatch.alerts.rules import DEFAULT_RULES
+    from specwatch.common.procs import free_port, start_collector
 
     data = tmp_path_factory.mktemp("custom-rules")
     with sqlite3.connect(live_collector["db"]) as source, sqlite3.connect(data / "specwatch.db") as copy:

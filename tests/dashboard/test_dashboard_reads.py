@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from dashboard import cost_service, fleet, reads, services
-from dashboard.services import Signals
+from specwatch.dashboard import cost_service, fleet, reads, services
+from specwatch.dashboard.services import Signals
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "dashboard"
 VIEWS = sorted((DASHBOARD / "views").glob("*.py"))

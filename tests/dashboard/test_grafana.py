@@ -17,11 +17,11 @@ from fake_vllm import FakeVllm
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from alerts.rules import DEFAULT_RULES, load_config, parse_config
-from collector.metrics import CollectorMetrics
-from collector.store import IngestCounts
-from dashboard.grafana.build import SOURCES, dashboard, rule_thresholds
-from telemetry.schema import DeviceSample, RequestRecord
+from specwatch.alerts.rules import DEFAULT_RULES, load_config, parse_config
+from specwatch.collector.metrics import CollectorMetrics
+from specwatch.collector.store import IngestCounts
+from specwatch.dashboard.grafana.build import SOURCES, dashboard, rule_thresholds
+from specwatch.telemetry.schema import DeviceSample, RequestRecord
 
 GRAFANA = Path(__file__).resolve().parents[2] / "dashboard" / "grafana"
 FILES = ("specwatch.json", "specwatch-vllm.json")

@@ -41,7 +41,7 @@ def filled(collector, tmp_path):
 @pytest.fixture
 def app(filled, monkeypatch):
     monkeypatch.setenv("SPECWATCH_COLLECTOR_URL", filled)
-    from dashboard.state import clear_cache
+    from specwatch.dashboard.state import clear_cache
 
     clear_cache()
     return AppTest.from_file(APP, default_timeout=60)

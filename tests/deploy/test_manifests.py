@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from collector.metrics import CAPACITY
+from specwatch.collector.metrics import CAPACITY
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = sorted((ROOT / "deploy" / "kubernetes").glob("*.yaml"))

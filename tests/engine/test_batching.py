@@ -8,10 +8,10 @@ import pytest
 import torch
 from engine_harness import BackgroundServer
 
-import engine.scheduler as scheduler_module
-from engine.engine import GenerateRequest
-from engine.policy import PolicyConfig
-from engine.scheduler import SchedulerConfig
+import specwatch.engine.scheduler as scheduler_module
+from specwatch.engine.engine import GenerateRequest
+from specwatch.engine.policy import PolicyConfig
+from specwatch.engine.scheduler import SchedulerConfig
 
 ALWAYS_SPECULATE = PolicyConfig(load_off=100.0, load_on=99.0, min_acceptance=0.0)
 PROMPTS = [

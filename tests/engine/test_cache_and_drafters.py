@@ -7,9 +7,9 @@ import random
 import pytest
 import torch
 
-from engine.decoder import HFDecoder, LlamaDecoder, forward_many
-from engine.drafters import NgramConfig, NgramDrafter, early_exit_drafter, model_drafter
-from engine.sampling import SamplingParams
+from specwatch.engine.decoder import HFDecoder, LlamaDecoder, forward_many
+from specwatch.engine.drafters import NgramConfig, NgramDrafter, early_exit_drafter, model_drafter
+from specwatch.engine.sampling import SamplingParams
 from tests.engine.conftest import tiny_gpt2, tiny_llama
 
 GREEDY = SamplingParams()

@@ -19,7 +19,7 @@ import orjson
 import pytest
 from waiting import wait_for
 
-from common.procs import child_env, free_port, specwatch_command, start_collector
+from specwatch.common.procs import child_env, free_port, specwatch_command, start_collector
 from tests.engine.test_server import Server
 
 COUNTING = {"prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": 2000, "temperature": 0, "drafter": "none"}

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch._dynamo
 
-from engine.decoder import (
+from specwatch.engine.decoder import (
     CachePool,
     LlamaDecoder,
     _attention_plan,
@@ -19,7 +19,7 @@ from engine.decoder import (
     pool_caches,
     warm_up,
 )
-from engine.kernels import row_times_kernel
+from specwatch.engine.kernels import row_times_kernel
 from tests.engine.conftest import tiny_llama
 
 pool_forward = CachePool.forward

@@ -14,9 +14,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine import decoder as decoders
-from engine.decoder import LlamaDecoder, _lane_attention_by_torch, forward_batch, pool_caches, warm_up
-from engine.kernels import lane_attention_kernel, prefill_attention_kernel
+from specwatch.engine import decoder as decoders
+from specwatch.engine.decoder import LlamaDecoder, _lane_attention_by_torch, forward_batch, pool_caches, warm_up
+from specwatch.engine.kernels import lane_attention_kernel, prefill_attention_kernel
 from tests.engine.conftest import tiny_llama
 
 NOT_BUILT = "the engine's C++ kernels could not be built here (no AVX512-BF16, C++ compiler or ninja)"

@@ -16,13 +16,13 @@ import pytest
 import torch
 from engine_harness import BackgroundServer
 
-from engine import control
-from engine.cuda import NoCudaStreams, Streams, apply_memory_fraction, check_memory_fraction
-from engine.engine import EngineConfig
-from engine.policy import PolicyConfig
-from engine.scheduler import SchedulerConfig
-from telemetry.schema import EngineEvent
-from telemetry.sink import TelemetrySink
+from specwatch.engine import control
+from specwatch.engine.cuda import NoCudaStreams, Streams, apply_memory_fraction, check_memory_fraction
+from specwatch.engine.engine import EngineConfig
+from specwatch.engine.policy import PolicyConfig
+from specwatch.engine.scheduler import SchedulerConfig
+from specwatch.telemetry.schema import EngineEvent
+from specwatch.telemetry.sink import TelemetrySink
 
 HAS_CUDA = torch.cuda.is_available()
 _no_cuda = pytest.mark.skipif(
@@ -177,7 +177,7 @@ def test_memory_fraction_is_honoured(restore_fraction):
 
 @needs_cuda
 def test_used_fraction_counts_against_the_cap(restore_fraction):
-    from engine.memory_guard import used_fraction
+    from specwatch.engine.memory_guard import used_fraction
 
     block = torch.empty(512 * 2**20, dtype=torch.uint8, device="cuda")
     apply_memory_fraction(
@@ -213,7 +213,7 @@ def test_defragment_releases_cached_blocks():
 
 @needs_cuda
 def test_device_sample_matches_torch_memory_stats():
-    from engine.device import DeviceSampler
+    from specwatch.engine.device import DeviceSampler
 
     block = torch.empty(100 * 2**20, dtype=torch.uint8, device="cuda")
     sampler = DeviceSampler(_stub_scheduler(torch.device("cuda")), TelemetrySink("gpu-test"), 1.0)
@@ -233,7 +233,7 @@ def test_device_sample_matches_torch_memory_stats():
 def test_power_comes_from_nvml():
     import time
 
-    from engine.device import PowerMeter
+    from specwatch.engine.device import PowerMeter
 
     meter = PowerMeter(torch.device("cuda"))
     assert meter.source == "nvml"
@@ -249,9 +249,9 @@ def test_power_comes_from_nvml():
 @needs_cuda
 def test_a_draft_oom_under_the_memory_fraction_is_retried_plain(restore_fraction):
     """A real torch.OutOfMemoryError in the draft stage (an allocation beyond the process's cap)."""
-    from engine.engine import Engine, GenerateRequest, GenerateResult
-    from engine.policy import Policy
-    from engine.scheduler import Scheduler
+    from specwatch.engine.engine import Engine, GenerateRequest, GenerateResult
+    from specwatch.engine.policy import Policy
+    from specwatch.engine.scheduler import Scheduler
 
     engine = Engine(EngineConfig(dtype="float32", device="cuda", instance="cuda-test"))
     scheduler = Scheduler(engine, SchedulerConfig(slots=2, max_queue=2), Policy(PolicyConfig()))
@@ -285,7 +285,7 @@ class _Greedy:
     """An n-gram drafter whose first proposal allocates 2 GiB: beyond a small memory fraction."""
 
     def __init__(self, config) -> None:
-        from engine.drafters import NgramDrafter
+        from specwatch.engine.drafters import NgramDrafter
 
         self.inner, self.calls, self.name = NgramDrafter(config), 0, "ngram"
 
@@ -306,7 +306,7 @@ class _Greedy:
 
 
 def test_device_sample_reports_whether_the_drafts_are_loaded():
-    from engine.device import DeviceSampler
+    from specwatch.engine.device import DeviceSampler
 
     scheduler = _stub_scheduler(torch.device("cpu"))
     scheduler.policy.state["draft_loaded"] = False

@@ -10,13 +10,13 @@ from dataclasses import dataclass
 
 import pytest
 
-import engine.scheduler as scheduler_module
-from engine.device_time import ROW_SHARES, STEP_CURVE, split_by_rows, split_by_step_curve, split_forward
-from engine.drafters import NgramDrafter
-from engine.engine import GenerateRequest, GenerateResult
-from engine.lookahead import CostCurve
-from engine.policy import Policy, PolicyConfig
-from engine.scheduler import Scheduler, SchedulerConfig
+import specwatch.engine.scheduler as scheduler_module
+from specwatch.engine.device_time import ROW_SHARES, STEP_CURVE, split_by_rows, split_by_step_curve, split_forward
+from specwatch.engine.drafters import NgramDrafter
+from specwatch.engine.engine import GenerateRequest, GenerateResult
+from specwatch.engine.lookahead import CostCurve
+from specwatch.engine.policy import Policy, PolicyConfig
+from specwatch.engine.scheduler import Scheduler, SchedulerConfig
 from specwatch.workload import COPY, LONG_ANSWERS
 
 ALWAYS_SPECULATE = PolicyConfig(load_off=100.0, load_on=99.0, min_acceptance=0.0)

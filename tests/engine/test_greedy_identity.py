@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.decoder import _FUSED, HFDecoder, LlamaDecoder, cpu_prepack, make_decoder
-from engine.drafters import NgramDrafter, early_exit_drafter, model_drafter, truncated_copy
-from engine.engine import GenerateRequest
-from engine.sampling import SamplingParams
-from engine.speculative import SpeculativeDecoder
-from engine.suffix import SuffixDrafter
+from specwatch.engine.decoder import _FUSED, HFDecoder, LlamaDecoder, cpu_prepack, make_decoder
+from specwatch.engine.drafters import NgramDrafter, early_exit_drafter, model_drafter, truncated_copy
+from specwatch.engine.engine import GenerateRequest
+from specwatch.engine.sampling import SamplingParams
+from specwatch.engine.speculative import SpeculativeDecoder
+from specwatch.engine.suffix import SuffixDrafter
 from tests.engine.conftest import tiny_gpt2
 
 GREEDY = SamplingParams()

@@ -12,9 +12,9 @@ import pytest
 import torch
 from transformers import DistilBertConfig, DistilBertModel
 
-from engine.engine import GenerateRequest
-from engine.loading import ModelLoadError, bundled_model_path, load_model, resolve_dtype
-from telemetry.schema import RequestRecord
+from specwatch.engine.engine import GenerateRequest
+from specwatch.engine.loading import ModelLoadError, bundled_model_path, load_model, resolve_dtype
+from specwatch.telemetry.schema import RequestRecord
 from tests.engine.conftest import tiny_llama
 
 REPO = Path(__file__).resolve().parents[2]

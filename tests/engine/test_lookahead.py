@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.engine import GenerateRequest, Run
-from engine.lookahead import Acceptance, CostCurve, LookaheadModel, batch_bucket, expected_accepted
-from engine.speculative import SpeculativeDecoder
+from specwatch.engine.engine import GenerateRequest, Run
+from specwatch.engine.lookahead import Acceptance, CostCurve, LookaheadModel, batch_bucket, expected_accepted
+from specwatch.engine.speculative import SpeculativeDecoder
 
 
 def model_with(p: float, seconds: dict[int, float], gamma: int = 8, positions: int = 200) -> LookaheadModel:
@@ -133,7 +133,7 @@ def test_cost_curve_interpolates_extrapolates_and_scales_the_prior():
 
 
 def test_bad_mode_is_refused(target):
-    from engine.decoder import make_decoder
+    from specwatch.engine.decoder import make_decoder
 
     with pytest.raises(ValueError, match="adaptive must be one of"):
         SpeculativeDecoder(make_decoder(target), None, adaptive="sometimes")

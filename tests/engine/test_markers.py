@@ -9,10 +9,10 @@ import httpx
 import pytest
 from engine_harness import BackgroundServer
 
-from engine.markers import identity, model_hash, specwatch_version
-from engine.policy import PolicyConfig
-from engine.scheduler import SchedulerConfig
-from telemetry.schema import EngineEvent
+from specwatch.engine.markers import identity, model_hash, specwatch_version
+from specwatch.engine.policy import PolicyConfig
+from specwatch.engine.scheduler import SchedulerConfig
+from specwatch.telemetry.schema import EngineEvent
 
 TOKEN = {"authorization": "Bearer s3cret"}
 

@@ -9,10 +9,10 @@ import httpx
 import pytest
 from engine_harness import BackgroundServer
 
-from engine.memory_guard import MemoryGuard, MemoryGuardConfig, used_fraction
-from engine.policy import PolicyConfig
-from engine.scheduler import SchedulerConfig
-from telemetry.schema import EngineEvent
+from specwatch.engine.memory_guard import MemoryGuard, MemoryGuardConfig, used_fraction
+from specwatch.engine.policy import PolicyConfig
+from specwatch.engine.scheduler import SchedulerConfig
+from specwatch.telemetry.schema import EngineEvent
 
 DRAFTER = "early-exit:4"
 

@@ -8,9 +8,9 @@ import orjson
 import pytest
 from engine_harness import BackgroundServer
 
-from engine.openai_metrics import acceptance_histogram, vllm_metrics
-from engine.scheduler import SchedulerConfig
-from telemetry.schema import RequestRecord
+from specwatch.engine.openai_metrics import acceptance_histogram, vllm_metrics
+from specwatch.engine.scheduler import SchedulerConfig
+from specwatch.telemetry.schema import RequestRecord
 
 KEYS = {
     "time_to_first_token_ms",

@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from engine.policy import Choice, Decision, Policy, PolicyConfig
-from telemetry.schema import EngineEvent, RequestRecord
-from telemetry.sink import TelemetrySink
+from specwatch.engine.policy import Choice, Decision, Policy, PolicyConfig
+from specwatch.telemetry.schema import EngineEvent, RequestRecord
+from specwatch.telemetry.sink import TelemetrySink
 
 
 def record(drafter: str, drafted: int, accepted: int) -> RequestRecord:

@@ -12,8 +12,8 @@ from engine_harness import BackgroundServer
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from engine.policy import PolicyConfig
-from engine.scheduler import SchedulerConfig
+from specwatch.engine.policy import PolicyConfig
+from specwatch.engine.scheduler import SchedulerConfig
 
 TEXT = st.text(max_size=40) | st.text(alphabet="a-:\x00\u2028é\U0001f600<|>", max_size=8)
 LONG_TEXT = st.sampled_from(["x" * 100_000, "word " * 30_000, "é" * 3_000_000, ""])

@@ -15,13 +15,13 @@ import pytest
 from engine_harness import BackgroundServer
 from waiting import wait_for
 
-import engine.engine
-from common.procs import SOURCE_ROOT
-from engine.cli import register_drafters
-from engine.lookahead import CostCurve
-from engine.policy import PolicyConfig
-from engine.scheduler import SchedulerConfig
-from telemetry.schema import RequestRecord
+import specwatch.engine.engine as engine_module
+from specwatch.common.procs import SOURCE_ROOT
+from specwatch.engine.cli import register_drafters
+from specwatch.engine.lookahead import CostCurve
+from specwatch.engine.policy import PolicyConfig
+from specwatch.engine.scheduler import SchedulerConfig
+from specwatch.telemetry.schema import RequestRecord
 from tests.engine.conftest import tiny_llama
 
 TOKEN = "s3cret"
@@ -165,7 +165,7 @@ def tripwire(tmp_path, monkeypatch):
     trap = tmp_path / "trap.gguf"
     trap.write_bytes(b"GGUF but not really")
     touched: list[str] = []
-    real_stat, real_load = os.stat, engine.engine.load_model
+    real_stat, real_load = os.stat, engine_module.load_model
 
     def stat(path, *args, **kwargs):
         if str(trap) in os.fsdecode(path) if isinstance(path, (str, bytes, os.PathLike)) else False:
@@ -181,7 +181,7 @@ def tripwire(tmp_path, monkeypatch):
             touched.append(event)
 
     monkeypatch.setattr(os, "stat", stat)
-    monkeypatch.setattr(engine.engine, "load_model", load_model)
+    monkeypatch.setattr(engine_module, "load_model", load_model)
     _AUDITS.append(audit)
     yield trap, touched
     _AUDITS.remove(audit)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kernels import row_times_kernel
+from specwatch.engine.kernels import row_times_kernel
 
 pytestmark = pytest.mark.skipif(
     not row_times_kernel(), reason="the row-times kernel could not be built here (C++ compiler or ninja missing)"

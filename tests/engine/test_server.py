@@ -12,9 +12,9 @@ import pytest
 from engine_harness import BackgroundServer
 from waiting import wait_for
 
-from engine.policy import PolicyConfig
-from engine.scheduler import SchedulerConfig
-from telemetry.schema import EngineEvent
+from specwatch.engine.policy import PolicyConfig
+from specwatch.engine.scheduler import SchedulerConfig
+from specwatch.telemetry.schema import EngineEvent
 
 
 def Server(
@@ -259,7 +259,7 @@ def test_metrics_count_what_was_served(bundled_engine):
 def test_a_request_whose_record_fails_does_not_stop_the_scheduler(server):
     """A request the server did not validate (here: a tag the telemetry contract refuses, submitted to the
     scheduler directly) gets its error, and the engine goes on serving: its scheduler thread survives."""
-    from engine.engine import GenerateRequest
+    from specwatch.engine.engine import GenerateRequest
 
     async def submit() -> object:
         request = GenerateRequest(prompt="Hi", max_tokens=2, drafter=None, tags={"bad\x00": "x"})

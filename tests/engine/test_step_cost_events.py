@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from engine.lookahead import CostCurve
-from engine.step_cost_events import KIND, StepCostEvents, StepCostEventsConfig, curve_points, event_detail
-from telemetry.schema import MAX_DETAIL_CHARS, EngineEvent
+from specwatch.engine.lookahead import CostCurve
+from specwatch.engine.step_cost_events import KIND, StepCostEvents, StepCostEventsConfig, curve_points, event_detail
+from specwatch.telemetry.schema import MAX_DETAIL_CHARS, EngineEvent
 
 
 class Clock:

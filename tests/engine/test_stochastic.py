@@ -7,11 +7,11 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from engine.decoder import make_decoder
-from engine.drafters import NgramDrafter, model_drafter
-from engine.sampling import SamplingParams, probabilities, verify_stochastic
-from engine.speculative import SpeculativeDecoder
-from engine.suffix import SuffixDrafter
+from specwatch.engine.decoder import make_decoder
+from specwatch.engine.drafters import NgramDrafter, model_drafter
+from specwatch.engine.sampling import SamplingParams, probabilities, verify_stochastic
+from specwatch.engine.speculative import SpeculativeDecoder
+from specwatch.engine.suffix import SuffixDrafter
 from tests.engine.conftest import tiny_llama
 
 VOCAB = 6

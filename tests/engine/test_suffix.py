@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 from engine_harness import BackgroundServer
 
-from engine.engine import GenerateRequest, RequestError
-from engine.policy import PolicyConfig
-from engine.sampling import SamplingParams
-from engine.scheduler import SchedulerConfig
-from engine.server import request_drafter
-from engine.suffix import SuffixCache, SuffixConfig, SuffixDrafter, SuffixTrie
+from specwatch.engine.engine import GenerateRequest, RequestError
+from specwatch.engine.policy import PolicyConfig
+from specwatch.engine.sampling import SamplingParams
+from specwatch.engine.scheduler import SchedulerConfig
+from specwatch.engine.server import request_drafter
+from specwatch.engine.suffix import SuffixCache, SuffixConfig, SuffixDrafter, SuffixTrie
 
 GREEDY = SamplingParams()
 

@@ -12,10 +12,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import create_engine, text
 from waiting import wait_for
 
-from common.procs import child_env, free_port, specwatch_command, start_collector, start_service, stop_process
-from engine.device import DeviceSampler, cpu_heap_memory
-from telemetry.client import TelemetryClient
-from telemetry.sink import TelemetrySink
+from specwatch.common.procs import child_env, free_port, specwatch_command, start_collector, start_service, stop_process
+from specwatch.engine.device import DeviceSampler, cpu_heap_memory
+from specwatch.telemetry.client import TelemetryClient
+from specwatch.telemetry.sink import TelemetrySink
 from tests.engine.test_server import Server
 
 REPO = Path(__file__).resolve().parents[2]
@@ -137,7 +137,7 @@ def test_cpu_heap_reading_is_sane():
 
 
 def test_power_without_a_counter_is_labelled_estimate():
-    from engine.device import RAPL_ENERGY, PowerMeter
+    from specwatch.engine.device import RAPL_ENERGY, PowerMeter
 
     meter = PowerMeter(torch.device("cpu"))
     sum(i * i for i in range(300_000))  # burn some CPU

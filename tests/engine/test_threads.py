@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from engine.threads import (
+from specwatch.engine.threads import (
     TICKS_PER_S,
     CpuShare,
     busy_ticks,
@@ -112,7 +112,7 @@ def test_using_sets_the_threads_for_the_block_and_restores_them():
 
 
 def test_engine_config_refuses_negative_threads():
-    from engine.engine import EngineConfig
+    from specwatch.engine.engine import EngineConfig
 
     with pytest.raises(ValueError, match="batch_threads"):
         EngineConfig(batch_threads=-1)
@@ -135,7 +135,7 @@ def test_the_loaded_libgomp_is_found_in_the_process_maps(tmp_path):
 
 RELEASE = """
 import os, torch
-from engine.threads import loaded_libgomp, release_openmp_workers
+from specwatch.engine.threads import loaded_libgomp, release_openmp_workers
 torch.set_num_threads(2)
 x = torch.arange(1 << 24, dtype=torch.float64)
 total = x.sum().item()  # a parallel region: this thread's team of 2 exists from here on

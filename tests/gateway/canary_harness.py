@@ -15,8 +15,8 @@ from gateway_harness import GatewayServer
 from waiting import wait_for
 from webhook_receiver import Receiver
 
-from common.procs import free_port, specwatch_command, start_collector, stop_process
-from telemetry.client import TelemetryClient
+from specwatch.common.procs import free_port, specwatch_command, start_collector, stop_process
+from specwatch.telemetry.client import TelemetryClient
 
 TOKEN = "gw-token"
 RULES = """

@@ -15,15 +15,15 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from thread_server import ThreadServer
 
-from gateway.app import create_app
-from gateway.core import Gateway, GatewaySettings
-from gateway.records import Outcome
-from gateway.routing import Router, RoutingConfig
-from gateway.upstreams import parse_upstream
-from telemetry.client import TelemetryClient
-from telemetry.schema import RequestRecord
-from telemetry.sink import TelemetrySink
-from telemetry.spans import RequestSpans
+from specwatch.gateway.app import create_app
+from specwatch.gateway.core import Gateway, GatewaySettings
+from specwatch.gateway.records import Outcome
+from specwatch.gateway.routing import Router, RoutingConfig
+from specwatch.gateway.upstreams import parse_upstream
+from specwatch.telemetry.client import TelemetryClient
+from specwatch.telemetry.schema import RequestRecord
+from specwatch.telemetry.sink import TelemetrySink
+from specwatch.telemetry.spans import RequestSpans
 
 
 class GatewayServer(ThreadServer):

@@ -7,9 +7,9 @@ import httpx
 import pytest
 from gateway_harness import GatewayServer
 
-from common.procs import free_port
-from gateway.routing import Router, RoutingConfig
-from telemetry.schema import EngineEvent
+from specwatch.common.procs import free_port
+from specwatch.gateway.routing import Router, RoutingConfig
+from specwatch.telemetry.schema import EngineEvent
 
 TOKEN = {"authorization": "Bearer gw-token"}
 

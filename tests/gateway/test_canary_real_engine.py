@@ -21,9 +21,9 @@ import pytest
 from canary_harness import collector_with_receiver, run_canary, verdict_alerts
 from engine_harness import BackgroundServer
 
-from engine.lookahead import CostCurve
-from engine.policy import PolicyConfig
-from engine.scheduler import SchedulerConfig
+from specwatch.engine.lookahead import CostCurve
+from specwatch.engine.policy import PolicyConfig
+from specwatch.engine.scheduler import SchedulerConfig
 from specwatch.workload import COPY, chat
 
 pytestmark = pytest.mark.slow

@@ -17,8 +17,8 @@ from __future__ import annotations
 import pytest
 from canary_harness import collector_with_receiver, run_canary, verdict_alerts
 
-from common.procs import free_port
 from specwatch import vllm_server
+from specwatch.common.procs import free_port
 from specwatch.workload import COPY, chat
 
 pytestmark = [

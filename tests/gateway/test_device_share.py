@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from thread_server import ThreadServer
 
-from gateway.upstreams import ProcessorSharing
+from specwatch.gateway.upstreams import ProcessorSharing
 
 
 class Clock:

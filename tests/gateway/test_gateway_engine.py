@@ -17,16 +17,16 @@ from gateway_harness import GatewayServer
 from sqlalchemy import select
 from waiting import wait_for
 
-from alerts.rules import parse_config
-from alerts.runner import AlertRunner
-from alerts.tables import alert_actions
-from collector.db import make_engine, upgrade
-from collector.models import Request
-from collector.store import Store
-from common.procs import free_port, start_collector, stop_process
-from gateway.routing import RoutingConfig
-from telemetry.client import TelemetryClient
-from telemetry.schema import IngestBatch
+from specwatch.alerts.rules import parse_config
+from specwatch.alerts.runner import AlertRunner
+from specwatch.alerts.tables import alert_actions
+from specwatch.collector.db import make_engine, upgrade
+from specwatch.collector.models import Request
+from specwatch.collector.store import Store
+from specwatch.common.procs import free_port, start_collector, stop_process
+from specwatch.gateway.routing import RoutingConfig
+from specwatch.telemetry.client import TelemetryClient
+from specwatch.telemetry.schema import IngestBatch
 
 REPEAT = "Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox jumps over the lazy dog."
 TOKEN = {"authorization": "Bearer gw-token"}

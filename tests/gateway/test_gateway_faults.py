@@ -13,8 +13,8 @@ import pytest
 from gateway_harness import DroppingUpstream, GatewayServer, ThreadServer, faulty_upstream
 from waiting import wait_for
 
-from common.procs import free_port, specwatch_command
-from gateway.routing import RoutingConfig
+from specwatch.common.procs import free_port, specwatch_command
+from specwatch.gateway.routing import RoutingConfig
 
 
 @pytest.fixture(scope="module")
@@ -251,7 +251,7 @@ def test_a_body_that_trickles_in_is_a_408_and_a_huge_answer_a_502(upstream):
 
 
 def test_an_upstream_stream_without_event_framing_is_passed_on_not_hoarded():
-    from gateway.records import MAX_EVENT_BYTES, SseReader
+    from specwatch.gateway.records import MAX_EVENT_BYTES, SseReader
 
     reader = SseReader(drop_usage_chunk=False)
     blob = b"x" * (MAX_EVENT_BYTES // 4)
@@ -277,7 +277,7 @@ def test_gateway_serve_refuses_bad_options_with_exit_2(args, message):
 
 def test_a_stream_the_engine_cut_off_at_shutdown_is_recorded_as_an_error():
     """Issue 30 #4: the engine's stream cut short by its shutdown ends with 'abort' and an in-band error."""
-    from gateway.records import Outcome, SseReader
+    from specwatch.gateway.records import Outcome, SseReader
 
     reader = SseReader(drop_usage_chunk=False)
     final = {"choices": [{"index": 0, "text": "", "finish_reason": "abort"}], "usage": {"completion_tokens": 3}}

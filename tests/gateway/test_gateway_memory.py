@@ -14,8 +14,8 @@ import orjson
 import pytest
 from gateway_harness import DECOY, LARGE_USAGE, GatewayServer, ThreadServer, faulty_upstream
 
-from common.procs import child_env, free_port, specwatch_command, start_service, stop_process
-from gateway.whole import top_level_object
+from specwatch.common.procs import child_env, free_port, specwatch_command, start_service, stop_process
+from specwatch.gateway.whole import top_level_object
 
 MIB = 1 << 20
 

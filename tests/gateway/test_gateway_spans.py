@@ -17,11 +17,11 @@ from gateway_harness import GatewayServer
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from waiting import wait_for
 
-from common.procs import free_port, start_service, stop_process
-from engine.policy import PolicyConfig
-from engine.scheduler import SchedulerConfig
-from telemetry.sink import TelemetrySink
-from telemetry.spans import RequestSpans
+from specwatch.common.procs import free_port, start_service, stop_process
+from specwatch.engine.policy import PolicyConfig
+from specwatch.engine.scheduler import SchedulerConfig
+from specwatch.telemetry.sink import TelemetrySink
+from specwatch.telemetry.spans import RequestSpans
 
 CLIENT_TRACE, CLIENT_SPAN = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 HEADERS = {"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"}

@@ -11,10 +11,10 @@ import orjson
 import pytest
 from gateway_harness import outcome
 
-from common.errors import UsageError
-from gateway.records import SseReader, draft_counts
-from gateway.routing import Router, RoutingConfig, session_share
-from gateway.upstreams import Upstream, UpstreamState, parse_upstream
+from specwatch.common.errors import UsageError
+from specwatch.gateway.records import SseReader, draft_counts
+from specwatch.gateway.routing import Router, RoutingConfig, session_share
+from specwatch.gateway.upstreams import Upstream, UpstreamState, parse_upstream
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

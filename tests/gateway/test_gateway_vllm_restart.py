@@ -15,12 +15,12 @@ import pytest
 from sqlalchemy import select
 from waiting import wait_for
 
-from alerts.detector_settings import RegressionSettings
-from alerts.regression import run_pass
-from collector.db import make_engine
-from collector.models import EngineEventRow, Request
-from common.procs import child_env, free_port, specwatch_command, start_collector, start_service, stop_process
 from specwatch import vllm_server
+from specwatch.alerts.detector_settings import RegressionSettings
+from specwatch.alerts.regression import run_pass
+from specwatch.collector.db import make_engine
+from specwatch.collector.models import EngineEventRow, Request
+from specwatch.common.procs import child_env, free_port, specwatch_command, start_collector, start_service, stop_process
 from specwatch.workload import chat
 
 pytestmark = [

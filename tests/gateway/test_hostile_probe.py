@@ -10,8 +10,8 @@ import pytest
 from engine_harness import BackgroundServer
 from gateway_harness import GatewayServer
 
-from engine.policy import PolicyConfig
-from engine.scheduler import SchedulerConfig
+from specwatch.engine.policy import PolicyConfig
+from specwatch.engine.scheduler import SchedulerConfig
 
 JSON = {"content-type": "application/json"}
 OK = {"prompt": "Hi", "max_tokens": 2}

@@ -12,11 +12,11 @@ from gateway_harness import GatewayServer
 from sqlalchemy import select
 from waiting import wait_for
 
-from collector.models import Request
-from collector.store import Store
-from engine.policy import PolicyConfig
-from engine.scheduler import SchedulerConfig
-from telemetry.schema import IngestBatch, RequestRecord
+from specwatch.collector.models import Request
+from specwatch.collector.store import Store
+from specwatch.engine.policy import PolicyConfig
+from specwatch.engine.scheduler import SchedulerConfig
+from specwatch.telemetry.schema import IngestBatch, RequestRecord
 
 BODY = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4, "temperature": 0}
 

@@ -13,8 +13,8 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from thread_server import ThreadServer
 
-from gateway.markers import draft_positions, speculative_settings
-from telemetry.schema import EngineEvent
+from specwatch.gateway.markers import draft_positions, speculative_settings
+from specwatch.telemetry.schema import EngineEvent
 
 
 def fake_vllm_app() -> Starlette:

@@ -13,12 +13,12 @@ from collector_payloads import sample_dict, varied_request
 from report_checks import check_html
 from sqlalchemy import func, insert, select
 
-from alerts.tables import alert_actions, alert_transitions
-from collector.models import Request
-from collector.rollups import roll_up
-from collector.store import Store
-from cost.inputs import load_prices
-from report.build import (
+from specwatch.alerts.tables import alert_actions, alert_transitions
+from specwatch.collector.models import Request
+from specwatch.collector.rollups import roll_up
+from specwatch.collector.store import Store
+from specwatch.cost.inputs import load_prices
+from specwatch.report.build import (
     Headline,
     LoadBucket,
     build_report,
@@ -28,8 +28,8 @@ from report.build import (
     previous_month,
     recommend,
 )
-from report.html import write_report
-from telemetry.schema import IngestBatch
+from specwatch.report.html import write_report
+from specwatch.telemetry.schema import IngestBatch
 
 MAY, JUNE = datetime(2026, 5, 3, tzinfo=UTC).timestamp(), datetime(2026, 6, 2, tzinfo=UTC).timestamp()
 AFTER_JUNE = datetime(2026, 7, 1, 3, tzinfo=UTC).timestamp()
@@ -272,9 +272,9 @@ def test_the_report_names_a_decision_table_that_exists():
     import re
     from pathlib import Path
 
-    import report.html
+    import specwatch.report.html as report_html
 
-    html = Path(report.html.__file__).resolve()
+    html = Path(report_html.__file__).resolve()
     named = re.search(r"decision table is <code>(\w+)</code> in <code>([\w/.]+)</code>", html.read_text())
     assert named, "the report no longer names its decision table"
     assert f"def {named[1]}(" in (html.parents[1] / named[2]).read_text()

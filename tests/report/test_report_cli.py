@@ -11,11 +11,11 @@ from datetime import UTC, datetime
 import pytest
 from collector_payloads import request_dict
 
-from collector.db import make_engine, upgrade
-from collector.store import Store
-from common.procs import SOURCE_ROOT
 from specwatch.cli import main
-from telemetry.schema import IngestBatch
+from specwatch.collector.db import make_engine, upgrade
+from specwatch.collector.store import Store
+from specwatch.common.procs import SOURCE_ROOT
+from specwatch.telemetry.schema import IngestBatch
 
 
 @pytest.fixture

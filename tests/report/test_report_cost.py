@@ -18,15 +18,15 @@ import pytest
 from collector_payloads import plain_request_dict, request_dict, sample_dict
 from report_checks import check_html
 
-from collector.db import make_engine, upgrade
-from collector.settings import Settings
-from collector.store import Store
-from cost.inputs import load_prices
-from report.build import build_report
-from report.html import render_html, write_report
-from report.schedule import run_once
 from specwatch.cli import main
-from telemetry.schema import IngestBatch
+from specwatch.collector.db import make_engine, upgrade
+from specwatch.collector.settings import Settings
+from specwatch.collector.store import Store
+from specwatch.cost.inputs import load_prices
+from specwatch.report.build import build_report
+from specwatch.report.html import render_html, write_report
+from specwatch.report.schedule import run_once
+from specwatch.telemetry.schema import IngestBatch
 
 JUNE = datetime(2026, 6, 2, tzinfo=UTC).timestamp()
 AFTER_JUNE = datetime(2026, 7, 1, 3, tzinfo=UTC).timestamp()

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from report_checks import check_html
 
-from collector.db import make_engine
-from cost.inputs import load_prices
-from report.build import build_report, month_window
-from report.html import write_report
+from specwatch.collector.db import make_engine
+from specwatch.cost.inputs import load_prices
+from specwatch.report.build import build_report, month_window
+from specwatch.report.html import write_report
 
 CHROMIUM = Path("/usr/bin/chromium")
 SCREENSHOTS = Path(__file__).resolve().parents[1] / "artifacts" / "screenshots"

@@ -14,18 +14,18 @@ from sqlalchemy import select
 from waiting import wait_for
 from webhook_receiver import Receiver  # noqa: E402
 
-from alerts.notify import SIGNATURE_HEADER, deliver_due, sign
-from alerts.rules import parse_config
-from alerts.tables import alert_notifications
-from collector.db import make_engine, upgrade
-from collector.settings import Settings
-from collector.store import Store
-from common import procs
-from common.procs import free_port
-from report.build import last_month, month_window
-from report.delivery import REPORT_RULE
-from report.schedule import run_once
-from telemetry.schema import IngestBatch
+from specwatch.alerts.notify import SIGNATURE_HEADER, deliver_due, sign
+from specwatch.alerts.rules import parse_config
+from specwatch.alerts.tables import alert_notifications
+from specwatch.collector.db import make_engine, upgrade
+from specwatch.collector.settings import Settings
+from specwatch.collector.store import Store
+from specwatch.common import procs
+from specwatch.common.procs import free_port
+from specwatch.report.build import last_month, month_window
+from specwatch.report.delivery import REPORT_RULE
+from specwatch.report.schedule import run_once
+from specwatch.telemetry.schema import IngestBatch
 
 SECRET = "report-s3cret"
 NOW = datetime(2026, 7, 1, 3, tzinfo=UTC).timestamp()  # June is last month

@@ -10,10 +10,10 @@ from collector_payloads import event_dict, request_dict, sample_dict
 from sqlalchemy import create_engine, text
 from waiting import wait_for
 
-from collector.settings import Settings
-from common.procs import free_port
-from telemetry.client import TelemetryClient
-from telemetry.schema import DeviceSample, EngineEvent, RequestRecord
+from specwatch.collector.settings import Settings
+from specwatch.common.procs import free_port
+from specwatch.telemetry.client import TelemetryClient
+from specwatch.telemetry.schema import DeviceSample, EngineEvent, RequestRecord
 
 
 def records(start: int, n: int) -> list[RequestRecord]:

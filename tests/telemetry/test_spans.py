@@ -7,9 +7,9 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from telemetry import spans
-from telemetry.schema import RequestRecord
-from telemetry.sink import TelemetrySink
+from specwatch.telemetry import spans
+from specwatch.telemetry.schema import RequestRecord
+from specwatch.telemetry.sink import TelemetrySink
 
 CLIENT_TRACE, CLIENT_SPAN = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 TRACEPARENT = f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"

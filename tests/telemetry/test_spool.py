@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from telemetry import spool as spool_module
-from telemetry.spool import Spool
+from specwatch.telemetry import spool as spool_module
+from specwatch.telemetry.spool import Spool
 
 
 def drain(spool: Spool) -> list[bytes]:

@@ -13,11 +13,11 @@ import pytest
 from fastapi.testclient import TestClient
 from waiting import wait_for
 
-from collector.settings import Settings
-from collector.vllm import Scraper
-from common.procs import free_port
-from service.app import create_app
 from specwatch import vllm_server
+from specwatch.collector.settings import Settings
+from specwatch.collector.vllm import Scraper
+from specwatch.common.procs import free_port
+from specwatch.service.app import create_app
 from specwatch.workload import chat
 
 pytestmark = pytest.mark.skipif(not vllm_server.installed(), reason=vllm_server.not_installed_reason())

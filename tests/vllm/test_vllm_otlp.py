@@ -14,10 +14,10 @@ import pytest
 from thread_server import ThreadServer
 from waiting import wait_for
 
-from collector.settings import Settings
-from common.procs import free_port
-from service.app import create_app
 from specwatch import vllm_server
+from specwatch.collector.settings import Settings
+from specwatch.common.procs import free_port
+from specwatch.service.app import create_app
 from specwatch.workload import chat
 
 # what vllm/tracing/otel.py imports (its tracing is off when one fails), without importing vLLM itself

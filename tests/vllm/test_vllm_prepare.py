@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-import engine.loading  # noqa: F401  (forces offline mode before transformers loads)
+import specwatch.engine.loading  # noqa: F401  (forces offline mode before transformers loads)
 from specwatch.cli import main
 from specwatch.vllm_prepare import compatible_config, prepare
 
@@ -40,7 +40,7 @@ def test_same_greedy_tokens_as_the_gguf_model(prepared):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from engine.loading import load_model
+    from specwatch.engine.loading import load_model
 
     reference = load_model("bundled", dtype="float32")
     model = AutoModelForCausalLM.from_pretrained(prepared, dtype=torch.float32, local_files_only=True).eval()

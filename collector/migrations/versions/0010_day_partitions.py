@@ -29,7 +29,7 @@ import time
 import sqlalchemy as sa
 from alembic import op
 
-from collector import partitions
+from specwatch.collector import partitions
 
 revision = "0010"
 down_revision = "0009"
