@@ -51,8 +51,8 @@ class ActionResult:
 
 
 class Remediator:
-    def __init__(self, engine: Engine, config: Remediation, http: httpx.Client) -> None:
-        self.engine, self.config, self.http = engine, config, http
+    def __init__(self, db: Engine, config: Remediation, http: httpx.Client) -> None:
+        self.db, self.config, self.http = db, config, http
 
     def run(self, action: str, alert: Alert, now: float) -> ActionResult:
         """Carry out (or recommend, or skip in cool-down) one action for one alert, and record it."""
@@ -67,7 +67,7 @@ class Remediator:
             )
         else:
             result = self._call(action, instance, url)
-        with write_transaction(self.engine) as conn:
+        with write_transaction(self.db) as conn:
             conn.execute(
                 insert(alert_actions).values(at=now, rule=alert.rule, fingerprint=alert.fingerprint, **asdict(result))
             )
@@ -78,7 +78,7 @@ class Remediator:
         stmt = select(func.max(c.at)).where(
             c.action == action, c.outcome == "ok", c.instance.is_(None) if instance is None else c.instance == instance
         )
-        with self.engine.connect() as conn:
+        with self.db.connect() as conn:
             return conn.execute(stmt).scalar()
 
     def _call(self, action: str, instance: str | None, base_url: str) -> ActionResult:

@@ -46,27 +46,27 @@ def group(requests: tuple[DraftedRequest, ...], settings: DetectorSettings) -> d
     return series
 
 
-def with_history(engine: Engine, labels: Labels, new: list[DraftedRequest], settings: DetectorSettings) -> list:
+def with_history(db: Engine, labels: Labels, new: list[DraftedRequest], settings: DetectorSettings) -> list:
     """The series' last `history` requests before its first new one, then the new ones."""
     s, first = settings.anomalies, new[0]
     if s.history == 0:
         return new
     key = (first.instance, first.model, first.drafter)
-    older = recent_drafted(engine, key, first.id, s.history, s.min_drafted_tokens)
+    older = recent_drafted(db, key, first.id, s.history, s.min_drafted_tokens)
     return [r for r in older if series_labels(r, settings.drift) == labels] + new
 
 
-def read_baseline(engine: Engine, marker: Marker, model: str, settings: DetectorSettings) -> MarkerBaseline | None:
+def read_baseline(db: Engine, marker: Marker, model: str, settings: DetectorSettings) -> MarkerBaseline | None:
     """The instance and model's drafted requests in the `side` before the marker."""
     side, floor = settings.regression.side, settings.anomalies.min_drafted_tokens
-    before = instance_drafted(engine, marker.instance, Window(marker.at - side, marker.at), floor)
+    before = instance_drafted(db, marker.instance, Window(marker.at - side, marker.at), floor)
     return marker_baseline(marker.at, side, [r for r in before if r.model == model])
 
 
-def marker_flags(engine: Engine, new: list[DraftedRequest], done: list[Flag], settings, now: float) -> list[Flag]:
+def marker_flags(db: Engine, new: list[DraftedRequest], done: list[Flag], settings, now: float) -> list[Flag]:
     """`collapse` of new requests whose drafter is new since their instance's latest marker."""
     collapsed = {f.request.request_id for f in done if f.flag == "collapse"}
-    markers = {m.instance: m for m, _ in latest_markers(engine, settings.regression, now)} if new else {}
+    markers = {m.instance: m for m, _ in latest_markers(db, settings.regression, now)} if new else {}
     candidates = [
         r
         for r in new
@@ -76,7 +76,7 @@ def marker_flags(engine: Engine, new: list[DraftedRequest], done: list[Flag], se
     for r in candidates:
         key = (r.instance, r.model)
         if key not in baselines:
-            baselines[key] = read_baseline(engine, markers[r.instance], r.model, settings)
+            baselines[key] = read_baseline(db, markers[r.instance], r.model, settings)
         hit = baselines[key] and new_drafter_collapse(r, baselines[key], settings.anomalies)
         found += [hit] if hit else []
     return found
@@ -108,19 +108,19 @@ def save_flags(conn: Connection, rows: list[dict]) -> None:
         conn.execute(insert(request_flags), rows)
 
 
-def run_pass(engine: Engine, settings: DetectorSettings, now: float) -> AnomalyPass:
+def run_pass(db: Engine, settings: DetectorSettings, now: float) -> AnomalyPass:
     """Read the drafted requests after the cursor, flag them against their series, save flags and cursor."""
-    with engine.connect() as conn:
+    with db.connect() as conn:
         position = cursor(conn, KIND)
     if position is None:
-        position = cursor_start(engine, now - settings.drift.initial_lookback)
-    requests, last = drafted_since(engine, position, settings.drift.max_rows_per_cycle)
+        position = cursor_start(db, now - settings.drift.initial_lookback)
+    requests, last = drafted_since(db, position, settings.drift.max_rows_per_cycle)
     series, flags = group(requests, settings), []
     for labels, new in series.items():
-        population = {labels: with_history(engine, labels, new, settings)}
+        population = {labels: with_history(db, labels, new, settings)}
         flags += flag(population, {r.request_id for r in new}, settings.anomalies)
-    flags += marker_flags(engine, [r for new in series.values() for r in new], flags, settings, now)
-    with write_transaction(engine) as conn:
+    flags += marker_flags(db, [r for new in series.values() for r in new], flags, settings, now)
+    with write_transaction(db) as conn:
         save_flags(conn, flag_rows(flags, now))
         save_cursor(conn, KIND, last)
     return AnomalyPass(len(requests), sum(len(v) for v in series.values()), len(flags))

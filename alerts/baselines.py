@@ -47,8 +47,8 @@ def to_row(labels: Labels, state: SeriesState, settings: DriftSettings) -> Serie
     return SeriesRow(KIND, labels, state.score(settings), state.n, warm, annotations, asdict(state), state.last_at)
 
 
-def load_states(engine: Engine) -> dict[Labels, SeriesState]:
-    return {row.labels: SeriesState.load(row.state) for row in series_rows(engine, KIND)}
+def load_states(db: Engine) -> dict[Labels, SeriesState]:
+    return {row.labels: SeriesState.load(row.state) for row in series_rows(db, KIND)}
 
 
 def feed(
@@ -69,16 +69,16 @@ def feed(
     return changed, fed, untracked
 
 
-def run_pass(engine: Engine, settings: DriftSettings, now: float) -> DriftPass:
+def run_pass(db: Engine, settings: DriftSettings, now: float) -> DriftPass:
     """Read the requests after the cursor, step their series, save the changed ones and the cursor."""
-    with engine.connect() as conn:
+    with db.connect() as conn:
         position = cursor(conn, KIND)
     if position is None:
-        position = cursor_start(engine, now - settings.initial_lookback)
-    requests, last = drafted_since(engine, position, settings.max_rows_per_cycle)
-    states = load_states(engine)
+        position = cursor_start(db, now - settings.initial_lookback)
+    requests, last = drafted_since(db, position, settings.max_rows_per_cycle)
+    states = load_states(db)
     changed, fed, untracked = feed(states, requests, settings)
-    with write_transaction(engine) as conn:
+    with write_transaction(db) as conn:
         save_rows(conn, [to_row(labels, states[labels], settings) for labels in changed])
         save_cursor(conn, KIND, last)
     if untracked:

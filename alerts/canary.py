@@ -98,17 +98,17 @@ def _record(conn: Connection, config: AlertConfig, alert: Alert, detail: dict, n
     notify.enqueue(conn, config, RULE, [alert], now, url)
 
 
-def run_pass(engine: Engine, config: AlertConfig, now: float, external_url: str = "") -> int:
+def run_pass(db: Engine, config: AlertConfig, now: float, external_url: str = "") -> int:
     """Turn the new verdicts of the last LOOKBACK_S into history, actions and notifications; how many."""
-    verdicts = engine_events(engine, Window(now - LOOKBACK_S, now + 60.0), kind=KIND)
+    verdicts = engine_events(db, Window(now - LOOKBACK_S, now + 60.0), kind=KIND)
     if not verdicts:
         return 0
-    with engine.connect() as conn:  # most cycles find nothing new: no write lock taken for them
+    with db.connect() as conn:  # most cycles find nothing new: no write lock taken for them
         known = _known(conn, verdicts[0].at)
     fresh = [(verdict_alert(v), v.detail) for v in verdicts]
     fresh = [(a, d) for a, d in fresh if a.fingerprint not in known]
     if fresh:
-        with write_transaction(engine) as conn:
+        with write_transaction(db) as conn:
             for alert, detail in fresh:
                 _record(conn, config, alert, detail, now, external_url)
     return len(fresh)

@@ -53,12 +53,12 @@ def check_command(args: argparse.Namespace) -> int:
 
 def run_command(args: argparse.Namespace) -> int:
     from specwatch.alerts.runner import AlertRunner
-    from specwatch.collector.cli import migrated_engine, settings_from
+    from specwatch.collector.cli import migrated_db, settings_from
 
     config = _config(args.rules)
     settings = settings_from(args)
-    engine = migrated_engine(settings)
-    runner = AlertRunner(engine, config, external_url=settings.external_url)
+    db = migrated_db(settings)
+    runner = AlertRunner(db, config, external_url=settings.external_url)
     try:
         if args.once:
             report = runner.cycle()
@@ -75,7 +75,7 @@ def run_command(args: argparse.Namespace) -> int:
             asyncio.run(runner.run())
     finally:
         runner.close()
-        engine.dispose()
+        db.dispose()
     return 0
 
 

@@ -31,8 +31,8 @@ REGRESSION_LABELS = ("instance", "model", "marker")
 
 
 class DetectorGauges:
-    def __init__(self, engine: Engine, *, registry: CollectorRegistry) -> None:
-        self._engine = engine
+    def __init__(self, db: Engine, *, registry: CollectorRegistry) -> None:
+        self._engine = db
         registry.register(self)
 
     def describe(self) -> Iterator[Metric]:

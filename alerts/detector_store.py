@@ -41,13 +41,13 @@ def _row(record) -> SeriesRow:
     return SeriesRow(record.kind, labels, **{f: getattr(record, f) for f in fields})
 
 
-def series_rows(engine: Engine, kind: str, since: float | None = None) -> list[SeriesRow]:
+def series_rows(db: Engine, kind: str, since: float | None = None) -> list[SeriesRow]:
     """The kind's rows, those updated at or after `since` when given."""
     t = alert_detector_series.c
     stmt = select(alert_detector_series).where(t.kind == kind)
     if since is not None:
         stmt = stmt.where(t.updated_at >= since)
-    with engine.connect() as conn:
+    with db.connect() as conn:
         return [_row(r) for r in conn.execute(stmt)]
 
 

@@ -39,30 +39,30 @@ def _labels(names: Sequence[str], values: Sequence[object]) -> Labels:
     return tuple(sorted((n, "none" if v is None else str(v)) for n, v in zip(names, values)))
 
 
-def _per_drafting_group(engine: Engine, window: Window, group_by: Sequence[str], reduce) -> list[Sample]:
+def _per_drafting_group(db: Engine, window: Window, group_by: Sequence[str], reduce) -> list[Sample]:
     """`reduce(drafted, accepted)` per label set, over the requests that drafted."""
     samples = []
-    for g in reads.request_values(engine, window, group_by, ("num_draft_tokens", "num_accepted_tokens")):
+    for g in reads.request_values(db, window, group_by, ("num_draft_tokens", "num_accepted_tokens")):
         drafted = g.values[g.values[:, 0] > 0]
         if len(drafted):
             samples.append(Sample(_labels(group_by, g.key), float(reduce(drafted[:, 0], drafted[:, 1])), len(drafted)))
     return samples
 
 
-def acceptance_rate(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+def acceptance_rate(db: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
     """Accepted / drafted tokens over the window (vLLM's definition), requests that drafted."""
-    return _per_drafting_group(engine, window, group_by, lambda drafted, accepted: accepted.sum() / drafted.sum())
+    return _per_drafting_group(db, window, group_by, lambda drafted, accepted: accepted.sum() / drafted.sum())
 
 
-def acceptance_stddev(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+def acceptance_stddev(db: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
     """Standard deviation across requests of each request's acceptance rate."""
-    return _per_drafting_group(engine, window, group_by, lambda drafted, accepted: np.std(accepted / drafted))
+    return _per_drafting_group(db, window, group_by, lambda drafted, accepted: np.std(accepted / drafted))
 
 
-def ttft_p99(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+def ttft_p99(db: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
     """99th percentile of time to first token (seconds), exact over the window's requests."""
     samples = []
-    for g in reads.request_values(engine, window, group_by, ("ttft_s",)):
+    for g in reads.request_values(db, window, group_by, ("ttft_s",)):
         ttft = g.values[:, 0][~np.isnan(g.values[:, 0])]
         if len(ttft):
             samples.append(Sample(_labels(group_by, g.key), float(np.quantile(ttft, 0.99)), len(ttft)))
@@ -99,13 +99,13 @@ def ttft_p99_aggregated(reader: WindowReader, window: Window, group_by: Sequence
     ]
 
 
-def spec_latency_regression(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+def spec_latency_regression(db: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
     """Relative excess of the spec arm's mean e2e latency per output token over the control
     arm's (0.1 = 10% slower), significant when a one-sided Mann-Whitney U gives p < 0.05."""
     from scipy.stats import mannwhitneyu
 
     samples = []
-    for g in reads.arm_latency(engine, window, group_by):
+    for g in reads.arm_latency(db, window, group_by):
         spec, control = g.spec, g.control
         if len(spec) and len(control):
             p = mannwhitneyu(spec, control, alternative="greater").pvalue if min(len(spec), len(control)) > 1 else 1.0
@@ -120,13 +120,13 @@ def spec_latency_regression_aggregated(reader: WindowReader, window: Window, gro
     arms = reader.totals(window.start, ("arm",), with_sketches=())
     if all(arm is None for (arm,) in arms):
         return []
-    return spec_latency_regression(reader.engine, window, group_by)
+    return spec_latency_regression(reader.db, window, group_by)
 
 
 Modes = dict[tuple, dict[str, tuple[float, float, int]]]  # label values -> mode -> (device s, output tokens, requests)
 
 
-def spec_cost_excess(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+def spec_cost_excess(db: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
     """Relative extra compute cost of speculative decoding: the speculative mode's device seconds
     per output token over plain (autoregressive) decoding's, minus 1 (0.1 = 10% dearer).
 
@@ -137,7 +137,7 @@ def spec_cost_excess(engine: Engine, window: Window, group_by: Sequence[str]) ->
     the smaller mode's request count, so `min_samples` asks for enough requests in both.
     """
     modes: Modes = defaultdict(dict)
-    for m in reads.device_time_by_mode(engine, window, group_by):
+    for m in reads.device_time_by_mode(db, window, group_by):
         modes[m.key][m.mode] = (m.device_s, m.output_tokens, m.requests)
     return _cost_samples(group_by, modes)
 
@@ -164,10 +164,10 @@ def _cost_samples(group_by: Sequence[str], modes: Modes) -> list[Sample]:
     return samples
 
 
-def oom_count(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+def oom_count(db: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
     """Out-of-memory failures: requests that failed with an OOM or `oom` engine events, whichever
     count is larger (the engine may report one OOM both ways)."""
-    found = reads.oom_counts(engine, window)
+    found = reads.oom_counts(db, window)
     return _oom_samples(group_by, found.from_requests, found.from_events)
 
 
@@ -175,7 +175,7 @@ def oom_count_aggregated(reader: WindowReader, window: Window, group_by: Sequenc
     """`oom_count` with the requests' OOM counts from the aggregates (engine events stay raw: few)."""
     totals = reader.totals(window.start, ("instance",), with_sketches=())
     from_requests = {key[0]: int(t.sums["ooms"]) for key, t in totals.items() if t.sums["ooms"]}
-    return _oom_samples(group_by, from_requests, reads.oom_events(reader.engine, window))
+    return _oom_samples(group_by, from_requests, reads.oom_events(reader.db, window))
 
 
 def _oom_samples(group_by: Sequence[str], from_requests: dict, from_events: dict) -> list[Sample]:
@@ -186,28 +186,28 @@ def _oom_samples(group_by: Sequence[str], from_requests: dict, from_events: dict
     return [Sample(_labels(group_by, key), float(n), n) for key, n in counts.items()]
 
 
-def _per_device(engine: Engine, window: Window, group_by: Sequence[str], column: str, reduce) -> list[Sample]:
-    groups = reads.device_values(engine, window, group_by, column)
+def _per_device(db: Engine, window: Window, group_by: Sequence[str], column: str, reduce) -> list[Sample]:
+    groups = reads.device_values(db, window, group_by, column)
     return [Sample(_labels(group_by, g.key), float(reduce(g.values[:, 0])), len(g.values)) for g in groups]
 
 
-def fragmentation(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+def fragmentation(db: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
     """Mean fragmentation index (reserved / allocated memory) of the window's device samples."""
-    return _per_device(engine, window, group_by, "fragmentation", np.mean)
+    return _per_device(db, window, group_by, "fragmentation", np.mean)
 
 
-def draft_util_swing(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+def draft_util_swing(db: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
     """Max - min of the draft's busy fraction over the window, in percentage points."""
-    return _per_device(engine, window, group_by, "util_draft", lambda v: np.ptp(v) * 100.0)
+    return _per_device(db, window, group_by, "util_draft", lambda v: np.ptp(v) * 100.0)
 
 
 def vllm(pick: Callable) -> Callable[[Engine, Window, Sequence[str]], list[Sample]]:
     """A signal over scraped vLLM metrics: `pick(VllmSignals)` per (source, model) scraped in the window."""
 
-    def compute(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+    def compute(db: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
         samples = []
-        for key in reads.vllm_keys(engine, window, group_by):
-            found = vllm_signals(engine, window, **dict(zip(group_by, key)))
+        for key in reads.vllm_keys(db, window, group_by):
+            found = vllm_signals(db, window, **dict(zip(group_by, key)))
             if (value := pick(found)) is not None:
                 samples.append(Sample(_labels(group_by, key), float(value), found.e2e.count))
         return samples
@@ -219,9 +219,9 @@ def detector(kind: str) -> Callable[[Engine, Window, Sequence[str]], list[Sample
     """A change detector's output (`alerts.baselines`, `alerts.regression`): per label set, the largest
     value among its significant series updated in the window, with that series' annotations."""
 
-    def compute(engine: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+    def compute(db: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
         groups: dict[tuple, list] = defaultdict(list)
-        for row in series_rows(engine, kind, since=window.start):
+        for row in series_rows(db, kind, since=window.start):
             if row.significant and row.updated_at < window.end:
                 groups[tuple(dict(row.labels).get(g, "none") for g in group_by)].append(row)
         return [_detector_sample(group_by, key, rows) for key, rows in groups.items()]

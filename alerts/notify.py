@@ -147,9 +147,7 @@ def backoff_s(first_s: float, attempts: int) -> float:
     return min(BACKOFF_MAX_S, first_s * 2 ** max(0, attempts - 1))
 
 
-def deliver_due(
-    engine: Engine, config: AlertConfig, http: httpx.Client, now: float | None = None, limit: int = 100
-) -> int:
+def deliver_due(db: Engine, config: AlertConfig, http: httpx.Client, now: float | None = None, limit: int = 100) -> int:
     """POST every notification that is due (at most `limit`); returns how many were delivered.
 
     On PostgreSQL each row is claimed with `FOR UPDATE SKIP LOCKED` in its own transaction, held
@@ -159,23 +157,23 @@ def deliver_due(
     first and posted outside any transaction, so a slow receiver never holds the write lock."""
     now = time.time() if now is None else now
     receivers = {r.name: r for r in config.receivers}
-    if engine.dialect.name == "postgresql":
-        return _deliver_claimed(engine, receivers, http, now, limit)
-    with engine.connect() as conn:
+    if db.dialect.name == "postgresql":
+        return _deliver_claimed(db, receivers, http, now, limit)
+    with db.connect() as conn:
         due = conn.execute(_due(now).limit(limit)).mappings().all()
     delivered = 0
     for row in due:
         error = _attempt(http, receivers.get(row["receiver"]), row)
-        with write_transaction(engine) as conn:
+        with write_transaction(db) as conn:
             _record(conn, row, error, receivers.get(row["receiver"]), now)
         delivered += error is None
     return delivered
 
 
-def _deliver_claimed(engine: Engine, receivers: dict[str, Receiver], http: httpx.Client, now: float, limit: int) -> int:
+def _deliver_claimed(db: Engine, receivers: dict[str, Receiver], http: httpx.Client, now: float, limit: int) -> int:
     delivered = 0
     for _ in range(limit):
-        with write_transaction(engine) as conn:
+        with write_transaction(db) as conn:
             row = conn.execute(_due(now).limit(1).with_for_update(skip_locked=True)).mappings().first()
             if row is None:
                 break

@@ -78,30 +78,30 @@ def _by_model(requests) -> dict[str, list[DraftedRequest]]:
     return found
 
 
-def compare_marker(engine: Engine, marker: Marker, previous: Marker | None, settings, now: float) -> list[SeriesRow]:
+def compare_marker(db: Engine, marker: Marker, previous: Marker | None, settings, now: float) -> list[SeriesRow]:
     if now <= marker.at:
         return []
     at, side, floor = marker.at, settings.side, settings.min_drafted_tokens
-    before = _by_model(instance_drafted(engine, marker.instance, Window(at - side, at), floor))
-    after = _by_model(instance_drafted(engine, marker.instance, Window(at, min(now, at + side)), floor))
+    before = _by_model(instance_drafted(db, marker.instance, Window(at - side, at), floor))
+    after = _by_model(instance_drafted(db, marker.instance, Window(at, min(now, at + side)), floor))
     return [compare(marker, previous, before[m], after[m], settings) for m in after if before.get(m)]
 
 
-def latest_markers(engine: Engine, settings: RegressionSettings, now: float) -> list[tuple[Marker, Marker | None]]:
+def latest_markers(db: Engine, settings: RegressionSettings, now: float) -> list[tuple[Marker, Marker | None]]:
     """Each instance's latest marker in the lookback, with the one before it (within 30 days) if any."""
     found: dict[str, list[Marker]] = defaultdict(list)
-    for marker in config_markers(engine, Window(now - settings.lookback - 30 * 86400, now)):
+    for marker in config_markers(db, Window(now - settings.lookback - 30 * 86400, now)):
         found[marker.instance].append(marker)
     latest = [(ms[-1], ms[-2] if len(ms) > 1 else None) for ms in found.values()]
     return [(m, prev) for m, prev in latest if m.at >= now - settings.lookback]
 
 
-def run_pass(engine: Engine, settings: RegressionSettings, now: float) -> list[SeriesRow]:
+def run_pass(db: Engine, settings: RegressionSettings, now: float) -> list[SeriesRow]:
     rows = [
         row
-        for marker, prev in latest_markers(engine, settings, now)
-        for row in compare_marker(engine, marker, prev, settings, now)
+        for marker, prev in latest_markers(db, settings, now)
+        for row in compare_marker(db, marker, prev, settings, now)
     ]
-    with write_transaction(engine) as conn:
+    with write_transaction(db) as conn:
         save_rows(conn, rows, replace_kind=KIND)
     return rows

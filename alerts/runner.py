@@ -50,20 +50,20 @@ class CycleReport:
 
 class AlertRunner:
     def __init__(
-        self, engine: Engine, config: AlertConfig, source=None, external_url: str = "", http: httpx.Client | None = None
+        self, db: Engine, config: AlertConfig, source=None, external_url: str = "", http: httpx.Client | None = None
     ) -> None:
-        self.engine, self.config = engine, config
-        self.source = source or StoreSignals(engine)
+        self.db, self.config = db, config
+        self.source = source or StoreSignals(db)
         self.external_url = external_url
         self.http = http or httpx.Client()
-        self.remediator = Remediator(engine, config.remediation, self.http)
+        self.remediator = Remediator(db, config.remediation, self.http)
 
     def cycle(self, now: float | None = None) -> CycleReport:
         """Evaluate every rule once at `now`."""
         now = time.time() if now is None else now
         report, started = CycleReport(now), time.perf_counter()
         self._detect(now, report)
-        stored = load_alerts(self.engine)
+        stored = load_alerts(self.db)
         source = self.source.cycle(now) if isinstance(self.source, StoreSignals) else self.source
         current: dict[str, dict[str, Alert]] = {}
         for rule in self.config.rules:
@@ -77,10 +77,10 @@ class AlertRunner:
         the acceptance_drift and acceptance_regression signals)."""
         settings = self.config.detectors
         passes = {
-            "drift": lambda: baselines.run_pass(self.engine, settings.drift, now),
-            "regression": lambda: regression.run_pass(self.engine, settings.regression, now),
-            "anomalies": lambda: anomaly_pass.run_pass(self.engine, settings, now),
-            "canary": lambda: canary.run_pass(self.engine, self.config, now, self.external_url),
+            "drift": lambda: baselines.run_pass(self.db, settings.drift, now),
+            "regression": lambda: regression.run_pass(self.db, settings.regression, now),
+            "anomalies": lambda: anomaly_pass.run_pass(self.db, settings, now),
+            "canary": lambda: canary.run_pass(self.db, self.config, now, self.external_url),
         }
         for name, run in passes.items():
             try:
@@ -101,7 +101,7 @@ class AlertRunner:
         outcome = evaluate(now, rule, samples, previous, self.config.evaluation.resolved_retention)
         due = [a for a in outcome.alerts.values() if needs_sending(a, now, self.config.evaluation.repeat_interval)]
         alerts = {**outcome.alerts, **{a.fingerprint: replace(a, last_sent_at=now) for a in due}}
-        with write_transaction(self.engine) as conn:
+        with write_transaction(self.db) as conn:
             save_rule(conn, rule.name, alerts, outcome.transitions, now, time.perf_counter() - started, outcome.error)
             if due:
                 report.notifications += notify.enqueue(conn, self.config, rule.name, due, now, self.external_url)
@@ -133,7 +133,7 @@ class AlertRunner:
         )
 
     def deliver(self, now: float | None = None) -> int:
-        return notify.deliver_due(self.engine, self.config, self.http, now)
+        return notify.deliver_due(self.db, self.config, self.http, now)
 
     async def run(self, turn: threading.Lock | None = None) -> None:
         """Evaluate and deliver forever (cancel the task to stop). `turn`: held by each evaluation, as by

@@ -229,17 +229,17 @@ class StoreSignals:
     as of those first reads).
     """
 
-    def __init__(self, engine: Engine, raw: bool = False, reader: WindowReader | None = None) -> None:
-        self.engine = engine
+    def __init__(self, db: Engine, raw: bool = False, reader: WindowReader | None = None) -> None:
+        self.db = db
         self.raw = raw
         self.reader = reader
 
     def cycle(self, now: float) -> StoreSignals:
-        return StoreSignals(self.engine, self.raw, WindowReader(self.engine, now))
+        return StoreSignals(self.db, self.raw, WindowReader(self.db, now))
 
     def query(self, signal: str, window_s: float, group_by: Sequence[str], now: float) -> list[Sample]:
         spec, window = SIGNALS[signal], Window(now - window_s, now)
         if self.raw or spec.aggregated is None:
-            return spec.compute(self.engine, window, group_by)
+            return spec.compute(self.db, window, group_by)
         shared = self.reader is not None and self.reader.end == now
-        return spec.aggregated(self.reader if shared else WindowReader(self.engine, now), window, group_by)
+        return spec.aggregated(self.reader if shared else WindowReader(self.db, now), window, group_by)

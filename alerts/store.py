@@ -36,10 +36,10 @@ def _read_alerts(conn: Connection) -> list[Alert]:
     return [_from_row(row) for row in conn.execute(select(alert_states))]
 
 
-def load_alerts(engine: Engine) -> dict[str, dict[str, Alert]]:
+def load_alerts(db: Engine) -> dict[str, dict[str, Alert]]:
     """rule name -> fingerprint -> alert."""
     alerts: dict[str, dict[str, Alert]] = defaultdict(dict)
-    with engine.connect() as conn:
+    with db.connect() as conn:
         for alert in _read_alerts(conn):
             alerts[alert.rule][alert.fingerprint] = alert
     return alerts
@@ -72,9 +72,9 @@ class RuleHealth:
     error: str | None
 
 
-def active_alerts(engine: Engine, include_resolved: bool = False) -> tuple[list[Alert], list[RuleHealth]]:
+def active_alerts(db: Engine, include_resolved: bool = False) -> tuple[list[Alert], list[RuleHealth]]:
     """Pending and firing alerts (and recently resolved ones when asked), most severe state first."""
-    with engine.connect() as conn:
+    with db.connect() as conn:
         alerts = _read_alerts(conn)
         health = [RuleHealth(*r) for r in conn.execute(select(alert_rule_health).order_by(alert_rule_health.c.rule))]
     shown = [a for a in alerts if include_resolved or a.state != State.INACTIVE]
@@ -88,9 +88,9 @@ def _rows(conn: Connection, table: Table, window: Window, time_column: str, limi
     return [{str(k): v for k, v in row.items()} for row in rows]  # str: `key` comes back as a quoted_name
 
 
-def history(engine: Engine, window: Window, limit: int = 1000) -> dict[str, list[dict]]:
+def history(db: Engine, window: Window, limit: int = 1000) -> dict[str, list[dict]]:
     """Transitions, remediation actions and webhook notifications in the window, newest first."""
-    with engine.connect() as conn:
+    with db.connect() as conn:
         return {
             "transitions": _rows(conn, alert_transitions, window, "at", limit),
             "actions": _rows(conn, alert_actions, window, "at", limit),
@@ -108,9 +108,9 @@ class IncidentHistory:
     actions: int
 
 
-def incident_history(engine: Engine, window: Window) -> IncidentHistory:
+def incident_history(db: Engine, window: Window) -> IncidentHistory:
     t, a = alert_transitions.c, alert_actions.c
-    with engine.connect() as conn:
+    with db.connect() as conn:
         changes = conn.execute(select(t.fingerprint, t.at, t.to_state).where(t.at < window.end).order_by(t.at))
         found = tuple((str(fp), float(at), str(to)) for fp, at, to in changes)
         actions = conn.scalar(select(func.count()).where(a.at >= window.start, a.at < window.end))

@@ -27,13 +27,13 @@ from sqlalchemy import func, insert, select  # noqa: E402
 from specwatch.alerts.rules import load_config  # noqa: E402
 from specwatch.alerts.runner import AlertRunner  # noqa: E402
 from specwatch.alerts.tables import alert_rule_health  # noqa: E402
-from specwatch.collector.db import make_engine, upgrade  # noqa: E402
+from specwatch.collector.db import make_db, upgrade  # noqa: E402
 from specwatch.collector.models import DeviceSampleRow, Request  # noqa: E402
 
 GOAL_S = 0.2
 
 
-def add_device_samples(engine, start: float, end: float, instances: int = 4) -> int:
+def add_device_samples(db, start: float, end: float, instances: int = 4) -> int:
     rng = np.random.default_rng(7)
     at = np.arange(start, end, 5.0)
     rows = [
@@ -57,7 +57,7 @@ def add_device_samples(engine, start: float, end: float, instances: int = 4) -> 
         for k in range(instances)
         for t, f, u in zip(at, rng.uniform(1.0, 1.4, len(at)), rng.uniform(0, 0.5, len(at)))
     ]
-    with engine.begin() as conn:
+    with db.begin() as conn:
         for first in range(0, len(rows), 50_000):
             conn.execute(insert(DeviceSampleRow), rows[first : first + 50_000])
     return len(rows)
@@ -72,32 +72,32 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="specwatch-alerts-") as tmp:
         path = args.db or Path(tmp) / "bench.db"
-        engine = make_engine(f"sqlite:///{path}")
-        upgrade(engine)
-        with engine.connect() as conn:
+        db = make_db(f"sqlite:///{path}")
+        upgrade(db)
+        with db.connect() as conn:
             have, newest = conn.execute(select(func.count(), func.max(Request.started_at))).one()
         now = newest if have else time.time()
         if not have:
             seconds = load(path, args.rows, args.days, now)
             print(f"loading {args.rows:,} requests over {args.days:g} days ... {seconds:.1f} s")
-            print(f"adding {add_device_samples(engine, now - args.days * DAY, now):,} device samples")
-        run(engine, now, args.repeat)
-        engine.dispose()
+            print(f"adding {add_device_samples(db, now - args.days * DAY, now):,} device samples")
+        run(db, now, args.repeat)
+        db.dispose()
 
 
-def run(engine, now: float, repeat: int) -> None:
-    with engine.connect() as conn:
+def run(db, now: float, repeat: int) -> None:
+    with db.connect() as conn:
         stored = conn.scalar(select(func.count()).select_from(Request))
         in_window = conn.scalar(select(func.count()).where(Request.started_at >= now - 300))
     config = load_config()
-    runner = AlertRunner(engine, config)
+    runner = AlertRunner(db, config)
     runner.cycle(now)  # warm-up: imports, page cache
     times = []
     for i in range(repeat):
         report = runner.cycle(now + 1e-3 * (i + 1))
         times.append(report.duration_s)
     runner.close()
-    with engine.connect() as conn:
+    with db.connect() as conn:
         per_rule = conn.execute(
             select(alert_rule_health.c.rule, alert_rule_health.c.duration_s, alert_rule_health.c.error)
         ).all()

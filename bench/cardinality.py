@@ -65,7 +65,7 @@ class Fleet:
 @dataclass(frozen=True)
 class Bill:
     fleet: Fleet
-    engine: int  # one specwatch engine's /metrics (serving every drafter)
+    db: int  # one specwatch engine's /metrics (serving every drafter)
     gateway: int  # one gateway over the fleet's upstreams
     replica: int  # one collector replica
     leader: int  # the leader replica's whole /metrics
@@ -178,19 +178,19 @@ def drift_pass_after_ingest(database_url: str, timeout_s: float = 30.0) -> None:
     The runner's first cycle starts with the app and races the ingest (it may save its cursor before
     the batch lands; the next cycle is `evaluation.interval` away), so wait for that cycle's cursor,
     then run the same drift pass once more: every drafted request of the batch is then in a series."""
-    engine = create_engine(database_url)
+    db = create_engine(database_url)
     deadline = time.monotonic() + timeout_s
     try:
         while True:
-            with engine.connect() as conn:
+            with db.connect() as conn:
                 if cursor(conn, baselines.KIND) is not None:
                     break
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the leader's first alert cycle did not run within {timeout_s:.0f} s")
             time.sleep(0.05)
-        baselines.run_pass(engine, DriftSettings(), time.time())
+        baselines.run_pass(db, DriftSettings(), time.time())
     finally:
-        engine.dispose()
+        db.dispose()
 
 
 def bill(fleet: Fleet, vllm_text: str, replicas: int) -> Bill:

@@ -36,7 +36,7 @@ sys.path.append(str(REPO / "tests"))  # engine_harness
 from engine_harness import BackgroundServer  # noqa: E402
 from load import MODES, SCENARIOS  # noqa: E402
 
-from specwatch.collector.db import make_engine, upgrade  # noqa: E402
+from specwatch.collector.db import make_db, upgrade  # noqa: E402
 from specwatch.collector.queries import Filters, Window  # noqa: E402
 from specwatch.collector.store import Store  # noqa: E402
 from specwatch.cost.concurrency import ConcurrencyCosts, concurrency_costs_at  # noqa: E402
@@ -216,7 +216,7 @@ def main() -> None:
         parser.error("--slots must be >= the highest level (queued requests are not concurrency)")
     engine, prices = Engine(EngineConfig(instance=INSTANCE)), load_prices()
     with tempfile.TemporaryDirectory() as tmp:
-        db = make_engine(f"sqlite:///{Path(tmp) / 'cost.db'}")
+        db = make_db(f"sqlite:///{Path(tmp) / 'cost.db'}")
         upgrade(db)
         runs, window = sweep(engine, Store(db), args)
         rows = [run_row(db, run, prices, args.gpu_type) for run in runs]

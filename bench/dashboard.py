@@ -30,7 +30,7 @@ from query import load  # noqa: E402
 from sqlalchemy import func, select, update  # noqa: E402
 
 from specwatch.collector import aggregates  # noqa: E402
-from specwatch.collector.db import make_engine, upgrade  # noqa: E402
+from specwatch.collector.db import make_db, upgrade  # noqa: E402
 from specwatch.collector.models import Request  # noqa: E402
 from specwatch.collector.rollups import roll_up  # noqa: E402
 from specwatch.common.procs import free_port, start_collector  # noqa: E402
@@ -62,9 +62,9 @@ PAGE_CALLS = [
 
 
 def prepare(path: Path, rows: int, days: float) -> None:
-    engine = make_engine(f"sqlite:///{path}")
-    upgrade(engine)
-    with engine.connect() as conn:
+    db = make_db(f"sqlite:///{path}")
+    upgrade(db)
+    with db.connect() as conn:
         have, newest = conn.execute(select(func.count(), func.max(Request.started_at))).one()
     if not have:
         now = time.time()
@@ -72,14 +72,14 @@ def prepare(path: Path, rows: int, days: float) -> None:
         started = time.perf_counter()
         written = write_aggregates(path)
         print(f"per-second aggregates as ingest writes them: {written:,} rows, {time.perf_counter() - started:.1f} s")
-        roll_up(engine, now=now)
+        roll_up(db, now=now)
     elif time.time() - newest > 60:  # a reused file: move its requests (and aggregates) up to now
         shift = math.floor(time.time() - newest)
-        with engine.begin() as conn:
+        with db.begin() as conn:
             conn.execute(update(Request).values(started_at=Request.started_at + shift))
             agg = aggregates.WindowAggregate
             conn.execute(update(agg).values(period_start=agg.period_start + shift))
-    engine.dispose()
+    db.dispose()
 
 
 def write_aggregates(path: Path) -> int:

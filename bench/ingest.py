@@ -49,7 +49,7 @@ sys.path.insert(0, str(REPO))
 import httpx  # noqa: E402
 import orjson  # noqa: E402
 
-from specwatch.collector.db import make_engine, upgrade  # noqa: E402
+from specwatch.collector.db import make_db, upgrade  # noqa: E402
 from specwatch.collector.store import REQUESTS  # noqa: E402
 from specwatch.common import procs as children  # noqa: E402
 from specwatch.telemetry.schema import RequestRecord  # noqa: E402
@@ -96,9 +96,9 @@ def payloads(n: int, prefix: str) -> list[dict]:
 
 def fresh_sqlite(directory: Path, name: str) -> Path:
     path = directory / name
-    engine = make_engine(f"sqlite:///{path}")
-    upgrade(engine)
-    engine.dispose()
+    db = make_db(f"sqlite:///{path}")
+    upgrade(db)
+    db.dispose()
     return path
 
 
@@ -139,12 +139,12 @@ def raw_postgres_rate(url: str, rows: list[dict], batch: int) -> float:
 def reset_postgres(url: str) -> None:
     from sqlalchemy import text
 
-    engine = make_engine(url)
-    with engine.begin() as conn:
+    db = make_db(url)
+    with db.begin() as conn:
         conn.execute(text("DROP SCHEMA public CASCADE"))
         conn.execute(text("CREATE SCHEMA public"))
-    upgrade(engine)
-    engine.dispose()
+    upgrade(db)
+    db.dispose()
 
 
 def http_rate(url: str | list[str], bodies: list[bytes], per_body: int, clients: int) -> float:
@@ -418,14 +418,14 @@ def _timed_run(urls: list[str], pids: list[int], bodies: list[bytes], args) -> t
 def _print_bytes_per_record(url: str) -> None:
     from sqlalchemy import text
 
-    engine = make_engine(url)
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+    db = make_db(url)
+    with db.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(text("VACUUM ANALYZE requests"))
         rows = conn.scalar(text("SELECT count(*) FROM requests"))
         total, table = conn.execute(
             text("SELECT pg_total_relation_size('requests'), pg_relation_size('requests')")
         ).one()
-    engine.dispose()
+    db.dispose()
     print(
         f"bytes per stored request (last run, {rows:,} rows): {total / rows:,.0f} with indexes and TOAST "
         f"({table / rows:,.0f} heap only)"

@@ -24,7 +24,7 @@ sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
 
-from specwatch.collector.db import make_engine, upgrade  # noqa: E402
+from specwatch.collector.db import make_db, upgrade  # noqa: E402
 from specwatch.collector.history import errors_by_hour_long, long_series  # noqa: E402
 from specwatch.collector.long_signals import long_signals  # noqa: E402
 from specwatch.collector.queries import (  # noqa: E402
@@ -107,9 +107,9 @@ def _in_table_order(*values) -> tuple:
 
 
 def load(path: Path, rows: int, days: float, now: float) -> float:
-    engine = make_engine(f"sqlite:///{path}")
-    upgrade(engine)
-    engine.dispose()
+    db = make_db(f"sqlite:///{path}")
+    upgrade(db)
+    db.dispose()
     conn = sqlite3.connect(path, isolation_level=None)
     sql = f"INSERT INTO requests ({', '.join(REQUESTS.columns)}) VALUES ({', '.join('?' * len(REQUESTS.columns))})"
     started = time.perf_counter()
@@ -144,9 +144,9 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="specwatch-query-") as tmp:
         path = args.db or Path(tmp) / "bench.db"
-        engine = make_engine(f"sqlite:///{path}")
-        upgrade(engine)
-        with engine.connect() as conn:
+        db = make_db(f"sqlite:///{path}")
+        upgrade(db)
+        with db.connect() as conn:
             from sqlalchemy import text
 
             have = conn.scalar(text("SELECT count(*) FROM requests"))
@@ -157,44 +157,44 @@ def main() -> None:
             print(f"loading {args.rows:,} requests over {args.days:g} days ... {seconds:.1f} s")
             have = args.rows
         t = time.perf_counter()
-        folded = roll_up(engine, now=now).rows_folded
+        folded = roll_up(db, now=now).rows_folded
         print(f"rolled up {folded:,} new requests in {time.perf_counter() - t:.1f} s; store holds {have:,} requests")
-        run_queries(engine, now, args)
-        engine.dispose()
+        run_queries(db, now, args)
+        db.dispose()
 
 
-def run_queries(engine, now: float, args) -> None:
+def run_queries(db, now: float, args) -> None:
     last5 = Window(now - 300 + 1e-6, now + 1e-6)
     hour_start = (now - args.days * DAY) // 3600 * 3600
     month = Window(hour_start, hour_start + (args.days * 24 + 1) * 3600)
     checks = [
-        ("5-min signals (acceptance mean/sd, TTFT P99, ...)", lambda: signals(engine, last5), 0.2),
+        ("5-min signals (acceptance mean/sd, TTFT P99, ...)", lambda: signals(db, last5), 0.2),
         (
             "5-min signals, instance + tag filter",
-            lambda: signals(engine, last5, Filters(instance="gpu-1", tags=(("tenant", "acme"),))),
+            lambda: signals(db, last5, Filters(instance="gpu-1", tags=(("tenant", "acme"),))),
             0.2,
         ),
-        ("24-hour signals (for scale)", lambda: signals(engine, Window(now - DAY, now + 1e-6)), None),
-        ("5-min per-position acceptance", lambda: per_position_acceptance(engine, last5), 0.2),
-        ("5-min per-minute series", lambda: series(engine, last5, step_s=60), 0.2),
+        ("24-hour signals (for scale)", lambda: signals(db, Window(now - DAY, now + 1e-6)), None),
+        ("5-min per-position acceptance", lambda: per_position_acceptance(db, last5), 0.2),
+        ("5-min per-minute series", lambda: series(db, last5, step_s=60), 0.2),
         (
             "1-hour acceptance vs length (Spearman)",
-            lambda: acceptance_vs_length(engine, Window(now - 3600, now + 1)),
+            lambda: acceptance_vs_length(db, Window(now - 3600, now + 1)),
             None,
         ),
-        (f"{args.days:g}-day signals from rollups (+ raw edges)", lambda: long_signals(engine, month), 1.0),
-        (f"{args.days:g}-day per-hour series from rollups", lambda: long_series(engine, month, step_s=3600), 1.0),
-        (f"{args.days:g}-day per-hour series from raw rows", lambda: series(engine, month, step_s=3600), None),
-        (f"{args.days:g}-day errors by hour of day from rollups", lambda: errors_by_hour_long(engine, month), 1.0),
-        (f"{args.days:g}-day errors by hour of day from raw rows", lambda: errors_by_hour(engine, month), None),
-        ("latest device samples", lambda: latest_device_samples(engine), None),
+        (f"{args.days:g}-day signals from rollups (+ raw edges)", lambda: long_signals(db, month), 1.0),
+        (f"{args.days:g}-day per-hour series from rollups", lambda: long_series(db, month, step_s=3600), 1.0),
+        (f"{args.days:g}-day per-hour series from raw rows", lambda: series(db, month, step_s=3600), None),
+        (f"{args.days:g}-day errors by hour of day from rollups", lambda: errors_by_hour_long(db, month), 1.0),
+        (f"{args.days:g}-day errors by hour of day from raw rows", lambda: errors_by_hour(db, month), None),
+        ("latest device samples", lambda: latest_device_samples(db), None),
     ]
     print(f"{'query':<52} {'median':>10}  goal")
     for name, fn, goal in checks:
         seconds, _ = timed(fn, args.repeat if goal is not None else max(1, args.repeat // 2))
         verdict = "" if goal is None else f"< {goal * 1000:.0f} ms: {'met' if seconds < goal else 'NOT met'}"
         print(f"{name:<52} {seconds * 1000:>8.1f} ms  {verdict}")
-    rolled, raw = long_series(engine, month, step_s=3600), series(engine, month, step_s=3600)
+    rolled, raw = long_series(db, month, step_s=3600), series(db, month, step_s=3600)
     same = all(a.requests == b.requests and a.accepted_tokens == b.accepted_tokens for a, b in zip(rolled, raw))
     print(f"rollup series equals raw series in counts: {same}")
 

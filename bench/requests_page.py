@@ -24,7 +24,7 @@ sys.path[:0] = [str(REPO), str(REPO / "bench")]
 from query import load, timed  # noqa: E402
 from sqlalchemy import func, select  # noqa: E402
 
-from specwatch.collector.db import make_engine, upgrade  # noqa: E402
+from specwatch.collector.db import make_db, upgrade  # noqa: E402
 from specwatch.collector.models import Request  # noqa: E402
 from specwatch.collector.queries import Filters, Window  # noqa: E402
 from specwatch.collector.request_reads import RequestQuery, list_requests  # noqa: E402
@@ -36,35 +36,35 @@ FILTERS = {"none": ({}, {}), "instance": ({"instance": "gpu-1"}, {}), "status": 
 
 def prepare(path: Path, rows: int, days: float) -> float:
     """The store's newest start (loads it when empty)."""
-    engine = make_engine(f"sqlite:///{path}")
-    upgrade(engine)
-    with engine.connect() as conn:
+    db = make_db(f"sqlite:///{path}")
+    upgrade(db)
+    with db.connect() as conn:
         have = conn.scalar(select(func.count()).select_from(Request))
     if not have:
         print(f"loading {rows:,} requests over {days:g} days ... {load(path, rows, days, time.time()):.1f} s")
-    with engine.connect() as conn:
+    with db.connect() as conn:
         return float(conn.scalar(select(func.max(Request.started_at))))
 
 
-def slowest_of_pages(engine, window: Window, filters: Filters, q: RequestQuery, repeat: int) -> tuple[float, int]:
+def slowest_of_pages(db, window: Window, filters: Filters, q: RequestQuery, repeat: int) -> tuple[float, int]:
     """The slowest of the first `pages` pages (seconds, median of `repeat` runs each) and the rows shown."""
     slowest, cursor, rows = 0.0, None, 0
     for _ in range(PAGES):
         paged = RequestQuery(**{**q.__dict__, "cursor": cursor})
-        took, page = timed(lambda paged=paged: list_requests(engine, window, filters, paged), repeat)
+        took, page = timed(lambda paged=paged: list_requests(db, window, filters, paged), repeat)
         slowest, cursor, rows = max(slowest, took), page.next_cursor, rows + len(page.rows)
         if cursor is None:
             break
     return slowest, rows
 
 
-def run(engine, window: Window, repeat: int) -> float:
+def run(db, window: Window, repeat: int) -> float:
     worst = 0.0
     for name, (filter_args, query_args) in FILTERS.items():
         for sort in ("time", "ttft", "e2e", "acceptance"):
             for descending in (True, False):
                 q = RequestQuery(sort, descending, limit=50, **query_args)
-                slowest, rows = slowest_of_pages(engine, window, Filters(**filter_args), q, repeat)
+                slowest, rows = slowest_of_pages(db, window, Filters(**filter_args), q, repeat)
                 worst = max(worst, slowest)
                 order = "desc" if descending else "asc"
                 print(f"{name:9s} {sort:10s} {order:4s} slowest of 6 pages {slowest * 1e3:7.1f} ms  rows {rows}")
@@ -82,8 +82,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="specwatch-requests-") as tmp:
         path = args.db or Path(tmp) / "bench.db"
         newest = prepare(path, args.rows, args.days)
-        engine = make_engine(f"sqlite:///{path}")
-        worst = run(engine, Window(newest + 1 - args.window, newest + 1), args.repeat)
+        db = make_db(f"sqlite:///{path}")
+        worst = run(db, Window(newest + 1 - args.window, newest + 1), args.repeat)
         print(
             f"slowest page {worst * 1e3:.1f} ms (goal < {GOAL_S * 1e3:.0f} ms): {'ok' if worst < GOAL_S else 'MISSED'}"
         )

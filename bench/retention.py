@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 from sqlalchemy import Engine, text  # noqa: E402
 
 from specwatch.collector import partitions  # noqa: E402
-from specwatch.collector.db import make_engine, upgrade, write_transaction  # noqa: E402
+from specwatch.collector.db import make_db, upgrade, write_transaction  # noqa: E402
 
 DAY = partitions.DAY_S
 DAY_A = partitions.day_start(time.time()) - 30 * DAY  # old days: past any retention
@@ -52,81 +52,81 @@ FROM generate_series(1, :rows) AS n
 
 
 def fresh_database(url: str, rows: int) -> Engine:
-    engine = make_engine(url)
-    with engine.begin() as conn:
+    db = make_db(url)
+    with db.begin() as conn:
         conn.execute(text("DROP SCHEMA public CASCADE"))
         conn.execute(text("CREATE SCHEMA public"))
-    upgrade(engine)
-    with engine.begin() as conn:
+    upgrade(db)
+    with db.begin() as conn:
         for day in (DAY_A, DAY_B):
             partitions.create_day(conn, partitions.BY_NAME["requests"], day)
             conn.execute(text(FILL), {"day": day, "rows": rows})
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+    with db.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(text("VACUUM ANALYZE requests"))
         conn.execute(text("CHECKPOINT"))
-    return engine
+    return db
 
 
-def rows_and_bytes(engine: Engine, day: int) -> tuple[int, int]:
+def rows_and_bytes(db: Engine, day: int) -> tuple[int, int]:
     name = partitions.partition_name("requests", day)
-    with engine.connect() as conn:
+    with db.connect() as conn:
         return conn.scalar(text(f"SELECT count(*) FROM {name}")), conn.scalar(
             text("SELECT pg_total_relation_size(CAST(:name AS regclass))"), {"name": name}
         )
 
 
-def wal_position(engine: Engine) -> int:
-    with engine.connect() as conn:
+def wal_position(db: Engine) -> int:
+    with db.connect() as conn:
         return int(conn.scalar(text("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')")))
 
 
-def time_drop(engine: Engine) -> tuple[float, float, int]:
+def time_drop(db: Engine) -> tuple[float, float, int]:
     """(the rolled-up check alone, the whole retention step: check + DETACH + DROP + commit) in seconds,
     and the WAL bytes the step wrote."""
     name = partitions.partition_name("requests", DAY_A)
-    with engine.connect() as conn:
+    with db.connect() as conn:
         start = time.perf_counter()
         conn.execute(text(f"SELECT count(*), max(id) FROM {name}")).one()
         check_s = time.perf_counter() - start
-    wal, start = wal_position(engine), time.perf_counter()
-    with write_transaction(engine) as conn:
+    wal, start = wal_position(db), time.perf_counter()
+    with write_transaction(db) as conn:
         dropped = partitions.drop_before(conn, "requests", DAY_A + DAY, max_id=2**62)
     drop_s = time.perf_counter() - start
-    assert dropped > 0 and partitions.partition_name("requests", DAY_A) not in _names(engine)
-    return check_s, drop_s, wal_position(engine) - wal
+    assert dropped > 0 and partitions.partition_name("requests", DAY_A) not in _names(db)
+    return check_s, drop_s, wal_position(db) - wal
 
 
-def time_delete(engine: Engine) -> tuple[float, float, int]:
+def time_delete(db: Engine) -> tuple[float, float, int]:
     """(DELETE of day B + commit, the VACUUM of its partition after it) in seconds, and the WAL bytes
     both wrote."""
-    wal, start = wal_position(engine), time.perf_counter()
-    with write_transaction(engine) as conn:
+    wal, start = wal_position(db), time.perf_counter()
+    with write_transaction(db) as conn:
         deleted = conn.execute(
             text("DELETE FROM requests WHERE started_at >= :lo AND started_at < :hi"), {"lo": DAY_B, "hi": DAY_B + DAY}
         ).rowcount
     delete_s = time.perf_counter() - start
     assert deleted > 0
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+    with db.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         start = time.perf_counter()
         conn.execute(text(f"VACUUM {partitions.partition_name('requests', DAY_B)}"))
         vacuum_s = time.perf_counter() - start
-    return delete_s, vacuum_s, wal_position(engine) - wal
+    return delete_s, vacuum_s, wal_position(db) - wal
 
 
-def _names(engine: Engine) -> set[str]:
-    with engine.connect() as conn:
+def _names(db: Engine) -> set[str]:
+    with db.connect() as conn:
         return {part.name for part in partitions.day_partitions(conn, "requests")}
 
 
 def run_round(url: str, rows: int, delete_first: bool) -> dict[str, float]:
-    engine = fresh_database(url, rows)
+    db = fresh_database(url, rows)
     try:
-        (rows_a, bytes_a), (rows_b, bytes_b) = rows_and_bytes(engine, DAY_A), rows_and_bytes(engine, DAY_B)
+        (rows_a, bytes_a), (rows_b, bytes_b) = rows_and_bytes(db, DAY_A), rows_and_bytes(db, DAY_B)
         assert rows_a == rows_b == rows
         if delete_first:
-            (delete_s, vacuum_s, delete_wal), (check_s, drop_s, drop_wal) = time_delete(engine), time_drop(engine)
+            (delete_s, vacuum_s, delete_wal), (check_s, drop_s, drop_wal) = time_delete(db), time_drop(db)
         else:
-            (check_s, drop_s, drop_wal), (delete_s, vacuum_s, delete_wal) = time_drop(engine), time_delete(engine)
+            (check_s, drop_s, drop_wal), (delete_s, vacuum_s, delete_wal) = time_drop(db), time_delete(db)
         return {
             "drop_s": drop_s,
             "check_s": check_s,
@@ -138,7 +138,7 @@ def run_round(url: str, rows: int, delete_first: bool) -> dict[str, float]:
             "partition_mb": bytes_a / 2**20,
         }
     finally:
-        engine.dispose()
+        db.dispose()
 
 
 def main() -> None:

@@ -34,7 +34,7 @@ from specwatch.alerts.rules import load_config  # noqa: E402
 from specwatch.alerts.runner import AlertRunner  # noqa: E402
 from specwatch.alerts.signals import StoreSignals  # noqa: E402
 from specwatch.collector import aggregates  # noqa: E402
-from specwatch.collector.db import make_engine, upgrade  # noqa: E402
+from specwatch.collector.db import make_db, upgrade  # noqa: E402
 from specwatch.collector.long_signals import auto_signals  # noqa: E402
 from specwatch.collector.queries import Window, signals  # noqa: E402
 from specwatch.collector.store import REQUESTS  # noqa: E402
@@ -43,17 +43,17 @@ GOAL_S = 0.2
 WINDOW_S = 300.0
 
 
-def add_device_samples(engine, start: float, end: float) -> int:
+def add_device_samples(db, start: float, end: float) -> int:
     """bench/alerts.py's device samples (loaded by path: its module name is the `alerts` package's)."""
     spec = importlib.util.spec_from_file_location("bench_alerts", REPO / "bench" / "alerts.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.add_device_samples(engine, start, end)
+    return module.add_device_samples(db, start, end)
 
 
-def load(engine, rows: int, batch: int, now: float) -> float:
+def load(db, rows: int, batch: int, now: float) -> float:
     """Raw rows plus their aggregates, batch by batch in time order; returns seconds taken."""
-    sqlite = engine.dialect.name == "sqlite"
+    sqlite = db.dialect.name == "sqlite"
     started = time.perf_counter()
     span = WINDOW_S * batch / rows
     for first in range(0, rows, batch):
@@ -64,7 +64,7 @@ def load(engine, rows: int, batch: int, now: float) -> float:
         keys, totals = aggregates.aggregate(
             aggregates.columns_of_rows(data, REQUESTS.columns), aggregates.LABELS, per_second=True
         )
-        raw = engine.raw_connection()
+        raw = db.raw_connection()
         try:
             cursor = raw.cursor()
             (_insert_sqlite if sqlite else _copy_postgres)(cursor, data)
@@ -87,8 +87,8 @@ def _copy_postgres(cursor, data: list[tuple]) -> None:
             copy.write_row(row)
 
 
-def cycle_time(engine, now: float, raw: bool, repeat: int) -> float:
-    runner = AlertRunner(engine, load_config(), source=StoreSignals(engine, raw=raw))
+def cycle_time(db, now: float, raw: bool, repeat: int) -> float:
+    runner = AlertRunner(db, load_config(), source=StoreSignals(db, raw=raw))
     step = iter(range(1, 10_000))
     seconds, _ = timed(lambda: runner.cycle(now + 1e-3 * next(step)), repeat)
     runner.close()
@@ -99,17 +99,17 @@ def verdict(seconds: float) -> str:
     return f"{seconds * 1000:8.1f} ms  (goal < {GOAL_S * 1000:.0f} ms: {'met' if seconds < GOAL_S else 'NOT met'})"
 
 
-def run(engine, now: float, repeat: int) -> None:
-    with engine.connect() as conn:
+def run(db, now: float, repeat: int) -> None:
+    with db.connect() as conn:
         in_window = conn.scalar(text("SELECT count(*) FROM requests WHERE started_at >= :t"), {"t": now - WINDOW_S})
         agg_rows = conn.scalar(text("SELECT count(*) FROM request_window_aggregates"))
-    print(f"{engine.dialect.name}: {in_window:,} requests in the last 5 minutes, {agg_rows:,} aggregate rows")
-    agg_cycle, raw_cycle = cycle_time(engine, now, False, repeat), cycle_time(engine, now, True, repeat)
+    print(f"{db.dialect.name}: {in_window:,} requests in the last 5 minutes, {agg_rows:,} aggregate rows")
+    agg_cycle, raw_cycle = cycle_time(db, now, False, repeat), cycle_time(db, now, True, repeat)
     print(f"  alert cycle, aggregates      {verdict(agg_cycle)}")
     print(f"  alert cycle, raw rows        {raw_cycle * 1000:8.1f} ms  ({raw_cycle / agg_cycle:.1f}x the aggregates)")
     window = Window(now - WINDOW_S, now + 1e-3)
-    agg_s, agg = timed(lambda: auto_signals(engine, window), repeat)
-    raw_s, raw = timed(lambda: signals(engine, window), max(1, repeat // 2))
+    agg_s, agg = timed(lambda: auto_signals(db, window), repeat)
+    raw_s, raw = timed(lambda: signals(db, window), max(1, repeat // 2))
     print(f"  /v1/signals 5 min, aggregates{verdict(agg_s)}")
     print(f"  /v1/signals 5 min, raw rows  {raw_s * 1000:8.1f} ms  ({raw_s / agg_s:.1f}x the aggregates)")
     print(
@@ -129,17 +129,17 @@ def main() -> None:
     parser.add_argument("--url", help="an empty PostgreSQL database (default: a temporary SQLite file)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="specwatch-window-") as tmp:
-        engine = make_engine(args.url or f"sqlite:///{Path(tmp) / 'bench.db'}")
-        upgrade(engine)
+        db = make_db(args.url or f"sqlite:///{Path(tmp) / 'bench.db'}")
+        upgrade(db)
         now = time.time()
-        seconds = load(engine, args.rows, args.batch, now)
+        seconds = load(db, args.rows, args.batch, now)
         print(f"loaded {args.rows:,} requests into the last 5 minutes (with their aggregates) in {seconds:.1f} s")
-        print(f"adding {add_device_samples(engine, now - 3600, now):,} device samples")
-        if engine.dialect.name == "postgresql":
-            with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        print(f"adding {add_device_samples(db, now - 3600, now):,} device samples")
+        if db.dialect.name == "postgresql":
+            with db.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
                 conn.execute(text("ANALYZE"))
-        run(engine, now, args.repeat)
-        engine.dispose()
+        run(db, now, args.repeat)
+        db.dispose()
 
 
 if __name__ == "__main__":

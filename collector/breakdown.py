@@ -99,10 +99,10 @@ def _key_column(by: str):
     raise ValueError(f"cannot group by {by!r}: use one of {', '.join(GROUP_COLUMNS)} or tag:<key>")
 
 
-def breakdown(engine: Engine, window: Window, filters: Filters = Filters(), by: str = "drafter") -> Breakdown:
+def breakdown(db: Engine, window: Window, filters: Filters = Filters(), by: str = "drafter") -> Breakdown:
     """Per group of `by`: counts, acceptance and TTFT/e2e from the tiered reader when `by` is a label
     the aggregates carry (else from the same sample as the per-request figures, and `sampled` says so)."""
-    grouped = _Grouped.read(engine, window, filters, by)
+    grouped = _Grouped.read(db, window, filters, by)
     groups = [grouped.group(key) for key in grouped.names()]
     return Breakdown(by, sorted(groups, key=lambda g: -g.requests), sampled=grouped.sample)
 
@@ -118,14 +118,14 @@ class _Grouped:
     sample: Sample | None
 
     @classmethod
-    def read(cls, engine: Engine, window: Window, filters: Filters, by: str) -> _Grouped:
+    def read(cls, db: Engine, window: Window, filters: Filters, by: str) -> _Grouped:
         stmt = select(_key_column(by), Request.status, Request.energy_source, *_COLUMNS)
         if filters.tags or by not in LABELS:
-            rows, sample = sample_rows(engine, stmt, window, filters, reader.population(engine, window, filters))
+            rows, sample = sample_rows(db, stmt, window, filters, reader.population(db, window, filters))
             return cls(window, _by_key(rows), None, sample)
-        totals = {_name(k[0]): t for k, t in reader.totals(engine, window, filters, (by,), ("ttft", "e2e")).items()}
+        totals = {_name(k[0]): t for k, t in reader.totals(db, window, filters, (by,), ("ttft", "e2e")).items()}
         population = reader.population_of(window, totals.values())
-        rows, sample = sample_rows(engine, stmt, window, filters, population)
+        rows, sample = sample_rows(db, stmt, window, filters, population)
         return cls(window, _by_key(rows), totals, sample)
 
     def names(self) -> list[str]:
@@ -212,13 +212,13 @@ def _cdf(values: np.ndarray) -> list[float | None]:
     return [float(v) for v in np.quantile(values, CDF_POINTS)] if values.size else [None] * len(CDF_POINTS)
 
 
-def compare(engine: Engine, window: Window, filters: Filters = Filters(), by: str = "arm") -> Comparison:
+def compare(db: Engine, window: Window, filters: Filters = Filters(), by: str = "arm") -> Comparison:
     """`by="arm"` compares the A/B arms (the unbiased comparison); `by="mode"` all speculative vs
     plain requests (biased when the policy picks the mode by load or prompt length)."""
     if by not in ("arm", "mode"):
         raise ValueError("compare by arm or mode")
     names = ("spec", "control") if by == "arm" else ("speculative", "autoregressive")
-    grouped = _Grouped.read(engine, window, filters, by)
+    grouped = _Grouped.read(db, window, filters, by)
     spec, plain = (grouped.group(name) if name in grouped.names() else None for name in names)
     speedup = p_value = None
     if spec and plain and spec.s_per_token_mean and plain.s_per_token_mean:
@@ -245,11 +245,11 @@ class LoadBucket:
     sampled: Sample | None = None  # the figures rest on that sample of the window's requests
 
 
-def throughput_by_load(engine: Engine, window: Window, filters: Filters = Filters()) -> list[LoadBucket]:
+def throughput_by_load(db: Engine, window: Window, filters: Filters = Filters()) -> list[LoadBucket]:
     """Per-request decode speed by the load the request was admitted at, per mode: the knee."""
     columns = (Request.mode, Request.load_at_admission, Request.output_tokens, Request.e2e_s, Request.queue_s)
     stmt = select(*columns, Request.ttft_s).where(Request.load_at_admission.is_not(None))
-    rows, sample = sample_rows(engine, stmt, window, filters, reader.population(engine, window, filters))
+    rows, sample = sample_rows(db, stmt, window, filters, reader.population(db, window, filters))
     buckets = []
     for mode in sorted({r[0] for r in rows}):
         load, out, e2e, queue, ttft = (
@@ -275,7 +275,7 @@ def throughput_by_load(engine: Engine, window: Window, filters: Filters = Filter
 
 
 def device_series(
-    engine: Engine, window: Window, instance: str | None = None, max_points: int = 2000
+    db: Engine, window: Window, instance: str | None = None, max_points: int = 2000
 ) -> list[DeviceSnapshot]:
     """Device samples in the window, oldest first, thinned evenly to at most `max_points`."""
     stmt = select(*(getattr(DeviceSampleRow, f) for f in DeviceSnapshot.__dataclass_fields__)).where(
@@ -283,7 +283,7 @@ def device_series(
     )
     if instance is not None:
         stmt = stmt.where(DeviceSampleRow.instance == instance)
-    with engine.connect() as conn:
+    with db.connect() as conn:
         rows = conn.execute(stmt.order_by(DeviceSampleRow.at)).all()
     keep = rows if len(rows) <= max_points else [rows[int(i)] for i in np.linspace(0, len(rows) - 1, max_points)]
     return [DeviceSnapshot(*row) for row in keep]
@@ -311,7 +311,7 @@ class Source:
     reported_at: float | None = None
 
 
-def sources(engine: Engine, window: Window) -> list[Source]:
+def sources(db: Engine, window: Window) -> list[Source]:
     """Engines (instances that sent requests or samples), gateways with their upstreams, and scraped
     vLLM servers, with their activity. An instance that is a gateway or one of its upstreams is listed
     as such, not as an engine."""
@@ -321,13 +321,13 @@ def sources(engine: Engine, window: Window) -> list[Source]:
         .where(VllmScrape.at >= window.start, VllmScrape.at < window.end)
         .group_by(VllmScrape.source)
     )
-    with engine.connect() as conn:
+    with db.connect() as conn:
         last_sample = dict(conn.execute(samples).all())
         vllm = conn.execute(scrapes).all()
         snapshots = conn.execute(_latest_upstream_snapshots(window.end)).all()
     by_instance = {  # from the tiered reader: the start of the last second holding a request
         name: (min(t.last_s, window.end) - 1, t.requests, t.first_s, t.last_s)
-        for (name,), t in reader.totals(engine, window, Filters(), ("instance",), ()).items()
+        for (name,), t in reader.totals(db, window, Filters(), ("instance",), ()).items()
     }
     activity = _Activity(by_instance, last_sample, window)
     gateways = [row for snapshot in snapshots for row in _gateway_sources(*snapshot, activity)]

@@ -64,10 +64,10 @@ def estimate(served: list[Served], now: float, rules: CapacityRules = CapacityRu
     return sum(w * s.output_tokens for w, s in zip(weights, recent)) / busy if busy > 0 else None
 
 
-def upstream_capacity(engine: Engine, now: float, rules: CapacityRules = CapacityRules()) -> list[Capacity]:
+def upstream_capacity(db: Engine, now: float, rules: CapacityRules = CapacityRules()) -> list[Capacity]:
     """The estimate of every upstream with enough recent requests, by instance."""
     by_instance: dict[str, list[Served]] = defaultdict(list)
-    for instance, served in _recent(engine, now, rules):
+    for instance, served in _recent(db, now, rules):
         by_instance[instance].append(served)
     out = []
     for instance, served in sorted(by_instance.items()):
@@ -77,7 +77,7 @@ def upstream_capacity(engine: Engine, now: float, rules: CapacityRules = Capacit
     return out
 
 
-def _recent(engine: Engine, now: float, rules: CapacityRules) -> list[tuple[str, Served]]:
+def _recent(db: Engine, now: float, rules: CapacityRules) -> list[tuple[str, Served]]:
     finished = Request.started_at + Request.e2e_s
     query = select(Request.instance, finished, Request.output_tokens, Request.device_s).where(
         Request.started_at >= now - rules.horizon * rules.tau_s,
@@ -86,6 +86,6 @@ def _recent(engine: Engine, now: float, rules: CapacityRules) -> list[tuple[str,
         Request.output_tokens > 0,
         Request.device_s > 0,
     )
-    with engine.connect() as connection:
+    with db.connect() as connection:
         rows = connection.execute(query).all()
     return [(instance, Served(end, tokens, device_s)) for instance, end, tokens, device_s in rows]

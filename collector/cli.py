@@ -1,12 +1,12 @@
 """`specwatch db upgrade`, and the settings every command that opens the store shares:
-`settings_from(args)` (environment + `--db`) and `migrated_engine(settings)`."""
+`settings_from(args)` (environment + `--db`) and `migrated_db(settings)`."""
 
 from __future__ import annotations
 
 import argparse
 
 from pydantic import ValidationError
-from sqlalchemy.engine import make_url
+from sqlalchemy.db import make_url
 from sqlalchemy.exc import ArgumentError
 
 from specwatch.collector.settings import Settings
@@ -59,23 +59,23 @@ def settings_error(exc: ValidationError) -> str:
     )
 
 
-def migrated_engine(settings: Settings):
+def migrated_db(settings: Settings):
     """An Engine on the configured database at the newest schema; an unreachable one is a UsageError."""
     from sqlalchemy.exc import OperationalError
 
-    from specwatch.collector.db import make_engine, upgrade
+    from specwatch.collector.db import make_db, upgrade
 
-    engine = make_engine(settings.database_url_resolved)
+    db = make_db(settings.database_url_resolved)
     try:
-        upgrade(engine)
+        upgrade(db)
     except OperationalError as exc:
-        engine.dispose()
+        db.dispose()
         raise UsageError(f"cannot reach the database: {str(exc.orig).splitlines()[0]}") from None
-    return engine
+    return db
 
 
 def upgrade_command(args: argparse.Namespace) -> int:
-    engine = migrated_engine(settings_from(args))
-    engine.dispose()
-    print(f"database at the newest schema: {engine.url.render_as_string(hide_password=True)}")
+    db = migrated_db(settings_from(args))
+    db.dispose()
+    print(f"database at the newest schema: {db.url.render_as_string(hide_password=True)}")
     return 0

@@ -1,6 +1,6 @@
 """The engines' step-cost curves as stored: the latest `step_costs` event of each instance in a window.
 
-    step_curves(engine, window, instances)   instance -> StoredCurve (plain frozen rows, no ORM)
+    step_curves(db, window, instances)   instance -> StoredCurve (plain frozen rows, no ORM)
 
 The engine emits the event (engine/step_cost_events.py) with detail
 `{"points": [[batch bucket, rows per request, seconds, forwards observed], ...]}`; a point that is not
@@ -36,7 +36,7 @@ class StoredCurve:
     points: tuple[CurvePoint, ...]
 
 
-def step_curves(engine: Engine, window: Window, instances: Sequence[str]) -> dict[str, StoredCurve]:
+def step_curves(db: Engine, window: Window, instances: Sequence[str]) -> dict[str, StoredCurve]:
     """The latest `step_costs` event in `window` of each of `instances` that has one."""
     if not instances:
         return {}
@@ -50,7 +50,7 @@ def step_curves(engine: Engine, window: Window, instances: Sequence[str]) -> dic
     stmt = select(e.instance, e.at, e.detail).join(
         latest, and_(e.instance == latest.c.instance, e.at == latest.c.at, e.kind == KIND)
     )
-    with engine.connect() as conn:
+    with db.connect() as conn:
         rows = conn.execute(stmt).all()
     return {name: StoredCurve(name, float(at), parse_points(detail)) for name, at, detail in rows}
 

@@ -15,7 +15,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, create_engine, event, text
-from sqlalchemy.engine import make_url
+from sqlalchemy.db import make_url
 
 # How long a SQLite writer waits for the database lock: 30 s for the background work (roll-ups,
 # retention); ingest waits INGEST_BUSY_S, under the producer client's 5 s timeout, so the client gets
@@ -27,21 +27,21 @@ MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 MIGRATION_LOCK_KEY = 0x7370_6563_6D69_6772
 
 
-def make_engine(url: str) -> Engine:
+def make_db(url: str) -> Engine:
     """An Engine for `url`; SQLite files get their directory created and WAL pragmas set."""
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
         return create_engine(url, pool_pre_ping=True)
     if parsed.database and parsed.database != ":memory:":
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_MS / 1000})
-    _configure_sqlite(engine)
-    return engine
+    db = create_engine(url, connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_MS / 1000})
+    _configure_sqlite(db)
+    return db
 
 
-def _configure_sqlite(engine: Engine) -> None:
+def _configure_sqlite(db: Engine) -> None:
     # pysqlite's implicit transactions are off; we emit BEGIN ourselves (SQLAlchemy's recipe).
-    @event.listens_for(engine, "connect")
+    @event.listens_for(db, "connect")
     def _on_connect(dbapi_connection, _record) -> None:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
@@ -49,7 +49,7 @@ def _configure_sqlite(engine: Engine) -> None:
             cursor.execute(f"PRAGMA {pragma}")
         cursor.close()
 
-    @event.listens_for(engine, "begin")
+    @event.listens_for(db, "begin")
     def _on_begin(conn) -> None:
         options = conn.get_execution_options()
         if options.get("sqlite_immediate"):  # a writer: its lock wait set per transaction (pooled connections)
@@ -58,12 +58,12 @@ def _configure_sqlite(engine: Engine) -> None:
 
 
 @contextmanager
-def write_transaction(engine: Engine, busy_s: float = BUSY_TIMEOUT_MS / 1000) -> Iterator[Connection]:
+def write_transaction(db: Engine, busy_s: float = BUSY_TIMEOUT_MS / 1000) -> Iterator[Connection]:
     """`engine.begin()` for writers. On SQLite it takes the write lock at BEGIN (BEGIN IMMEDIATE):
     a deferred transaction that reads before it writes fails at once with 'database is locked'
     when another writer committed in between, while IMMEDIATE waits its turn, at most `busy_s`."""
     options = {"sqlite_immediate": True, "sqlite_busy_ms": max(1, int(busy_s * 1000))}
-    with engine.connect().execution_options(**options) as conn, conn.begin():
+    with db.connect().execution_options(**options) as conn, conn.begin():
         yield conn
 
 
@@ -75,7 +75,7 @@ def alembic_config(url: str | None = None) -> Config:
     return config
 
 
-def upgrade(engine: Engine, revision: str = "head") -> None:
+def upgrade(db: Engine, revision: str = "head") -> None:
     """Bring the schema to `revision` (the service calls this on start).
 
     On PostgreSQL the transaction first takes an advisory lock, so replicas starting together
@@ -83,15 +83,15 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
     then find the schema at head and do nothing (without it, all run CREATE TABLE at once and
     all but one fail). SQLite needs none: its writers are serialised by the database lock."""
     config = alembic_config()
-    with engine.begin() as connection:
+    with db.begin() as connection:
         if connection.dialect.name == "postgresql":
             connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
         config.attributes["connection"] = connection
         command.upgrade(config, revision)
 
 
-def is_current(engine: Engine) -> bool:
+def is_current(db: Engine) -> bool:
     """True when the database is at the newest migration (used by /readyz)."""
     heads = set(ScriptDirectory.from_config(alembic_config()).get_heads())
-    with engine.connect() as connection:
+    with db.connect() as connection:
         return set(MigrationContext.configure(connection).get_current_heads()) == heads

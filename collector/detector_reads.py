@@ -70,33 +70,33 @@ def _drafted(row) -> DraftedRequest:
     return DraftedRequest(*head, tuple(per_position or ()))
 
 
-def cursor_start(engine: Engine, started_after: float) -> int:
+def cursor_start(db: Engine, started_after: float) -> int:
     """The id just below the first request that started after `started_after` (or the newest id)."""
-    with engine.connect() as conn:
+    with db.connect() as conn:
         first = conn.scalar(select(func.min(Request.id)).where(Request.started_at >= started_after))
         newest = conn.scalar(select(func.max(Request.id)))
     return int(first) - 1 if first is not None else int(newest or 0)
 
 
-def drafted_since(engine: Engine, after_id: int, limit: int) -> tuple[tuple[DraftedRequest, ...], int]:
+def drafted_since(db: Engine, after_id: int, limit: int) -> tuple[tuple[DraftedRequest, ...], int]:
     """The drafted speculative requests among the `limit` rows after id `after_id`, oldest first, and
     the id the next read continues after (the last row read, drafted or not)."""
     stmt = select(*_DRAFTED_COLUMNS, Request.mode).where(Request.id > after_id).order_by(Request.id).limit(limit)
-    with engine.connect() as conn:
+    with db.connect() as conn:
         rows = conn.execute(stmt).all()
     found = tuple(_drafted(row[:-1]) for row in rows if row.mode == "speculative" and row.num_draft_tokens > 0)
     return found, int(rows[-1].id) if rows else after_id
 
 
-def config_markers(engine: Engine, window: Window) -> tuple[Marker, ...]:
+def config_markers(db: Engine, window: Window) -> tuple[Marker, ...]:
     """The `config` events in the window, oldest first."""
     e = EngineEventRow
     stmt = select(e.instance, e.at, e.detail).where(e.kind == "config", e.at >= window.start, e.at < window.end)
-    with engine.connect() as conn:
+    with db.connect() as conn:
         return tuple(Marker(i, float(at), dict(d or {})) for i, at, d in conn.execute(stmt.order_by(e.at)))
 
 
-def instance_drafted(engine: Engine, instance: str, window: Window, min_drafted: int) -> tuple[DraftedRequest, ...]:
+def instance_drafted(db: Engine, instance: str, window: Window, min_drafted: int) -> tuple[DraftedRequest, ...]:
     """One instance's drafted speculative requests that started in the window (by started_at)."""
     stmt = select(*_DRAFTED_COLUMNS).where(
         Request.instance == instance,
@@ -105,5 +105,5 @@ def instance_drafted(engine: Engine, instance: str, window: Window, min_drafted:
         Request.mode == "speculative",
         Request.num_draft_tokens >= min_drafted,
     )
-    with engine.connect() as conn:
+    with db.connect() as conn:
         return tuple(_drafted(row) for row in conn.execute(stmt.order_by(Request.started_at)))

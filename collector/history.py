@@ -71,32 +71,28 @@ def histogram_quantile(q: float, counts: np.ndarray, bounds=LATENCY_BUCKETS) -> 
     return float(lower + (bounds[i] - lower) * (rank - below) / counts[i])
 
 
-def auto_series(
-    engine: Engine, window: Window, filters: Filters = Filters(), step_s: float = 60.0
-) -> list[SeriesPoint]:
+def auto_series(db: Engine, window: Window, filters: Filters = Filters(), step_s: float = 60.0) -> list[SeriesPoint]:
     """Exact raw-row series for short windows, rollups for long ones."""
     if window.seconds <= RAW_WINDOW_LIMIT_S:
-        return series(engine, window, filters, step_s)
-    return long_series(engine, window, filters, step_s)
+        return series(db, window, filters, step_s)
+    return long_series(db, window, filters, step_s)
 
 
-def long_series(
-    engine: Engine, window: Window, filters: Filters = Filters(), step_s: float = 3600.0
-) -> list[SeriesPoint]:
+def long_series(db: Engine, window: Window, filters: Filters = Filters(), step_s: float = 3600.0) -> list[SeriesPoint]:
     """Steps ending before the last roll-up pass (less GRACE_S) come from rollups (plus raw rows the
     pass has not seen yet), the rest from raw rows."""
     if filters.tags or step_s % 60 or window.start % 60:
-        return series(engine, window, filters, step_s)
-    with engine.connect() as conn:
+        return series(db, window, filters, step_s)
+    with db.connect() as conn:
         pass_at = get_state(conn, LAST_PASS_AT)
     if pass_at is None:
-        return series(engine, window, filters, step_s)
+        return series(db, window, filters, step_s)
     steps = math.ceil(window.seconds / step_s)
     rolled_steps = int(min(steps, max(0, (pass_at - GRACE_S - window.start) // step_s)))
     split = window.start + rolled_steps * step_s
-    points = _rollup_points(engine, window.start, rolled_steps, step_s, filters) if rolled_steps else []
+    points = _rollup_points(db, window.start, rolled_steps, step_s, filters) if rolled_steps else []
     if split < window.end:
-        points += series(engine, Window(split, window.end), filters, step_s)
+        points += series(db, Window(split, window.end), filters, step_s)
     return points
 
 
@@ -111,17 +107,17 @@ def rollup_conditions(table, start: float, end: float, filters: Filters) -> list
     return cond
 
 
-def errors_by_hour_long(engine: Engine, window: Window, filters: Filters = Filters()) -> list[HourOfDay]:
+def errors_by_hour_long(db: Engine, window: Window, filters: Filters = Filters()) -> list[HourOfDay]:
     """errors_by_hour from the hourly rollups for windows longer than RAW_WINDOW_LIMIT_S.
 
     Whole hours come from the rollups (up to the last roll-up pass), the rest from raw rows.
     """
     h0 = math.ceil(window.start / 3600) * 3600
-    with engine.connect() as conn:
+    with db.connect() as conn:
         pass_at, last_id = get_state(conn, LAST_PASS_AT), int(get_state(conn, LAST_ID) or 0)
     h1 = min(math.floor(window.end / 3600), math.floor(((pass_at or 0) - GRACE_S) / 3600)) * 3600
     if window.seconds <= RAW_WINDOW_LIMIT_S or filters.tags or h1 <= h0:
-        return errors_by_hour(engine, window, filters)
+        return errors_by_hour(db, window, filters)
     cols = [
         RequestRollupHourly.period_start,
         RequestRollupHourly.requests,
@@ -129,7 +125,7 @@ def errors_by_hour_long(engine: Engine, window: Window, filters: Filters = Filte
         RequestRollupHourly.ooms,
     ]
     totals = np.zeros((24, 3), dtype=np.int64)
-    with engine.connect() as conn:
+    with db.connect() as conn:
         for start, *counts in conn.execute(
             select(*cols).where(and_(*rollup_conditions(RequestRollupHourly, h0, h1, filters)))
         ):
@@ -137,12 +133,12 @@ def errors_by_hour_long(engine: Engine, window: Window, filters: Filters = Filte
     parts = [(window.start, h0, None), (h1, window.end, None), (h0, h1, last_id)]  # last: rows not rolled up yet
     for lo, hi, after_id in parts:
         if hi > lo:
-            for h in errors_by_hour(engine, Window(lo, hi), filters, after_id):
+            for h in errors_by_hour(db, Window(lo, hi), filters, after_id):
                 totals[h.hour] += (h.requests, h.errors, h.ooms)
     return [HourOfDay(h, *(int(x) for x in totals[h])) for h in range(24)]
 
 
-def _rollup_points(engine: Engine, start: float, steps: int, step_s: float, filters: Filters) -> list[SeriesPoint]:
+def _rollup_points(db: Engine, start: float, steps: int, step_s: float, filters: Filters) -> list[SeriesPoint]:
     table = RequestRollupHourly if start % 3600 == 0 and step_s % 3600 == 0 else RequestRollup
     index = func.floor((table.period_start - start) / step_s).label("step")
     sums = [func.sum(getattr(table, c)) for c in (*_SUMS, *TTFT_COLUMNS, *E2E_COLUMNS)] + [legacy_rows(table)]
@@ -152,7 +148,7 @@ def _rollup_points(engine: Engine, start: float, steps: int, step_s: float, filt
         .group_by(index)
     )
     totals = np.zeros((steps, len(sums)))  # the last column: legacy rows (no raw row adds to it)
-    with engine.connect() as conn:
+    with db.connect() as conn:
         for step, *values in conn.execute(stmt):
             totals[int(step)] = [float(v or 0) for v in values]
         sketches = _rollup_sketches(conn, table, index, start, steps, step_s, filters)

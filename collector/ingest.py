@@ -230,12 +230,12 @@ _worker_store: Store | None = None
 def _start_worker(database_url: str, all_started: threading.Barrier | None) -> None:
     """Worker process start-up: its own engine, connected; the service's GC settings."""
     global _worker_store
-    from specwatch.collector.db import make_engine
+    from specwatch.collector.db import make_db
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the service stops the workers
     threading.Thread(target=_exit_with_service, name="exit-with-service", daemon=True).start()
-    _worker_store = Store(make_engine(database_url))
-    with contextlib.suppress(SQLAlchemyError), _worker_store.engine.connect():  # down now: each batch gets a 503
+    _worker_store = Store(make_db(database_url))
+    with contextlib.suppress(SQLAlchemyError), _worker_store.db.connect():  # down now: each batch gets a 503
         pass
     tune_gc_for_ingest()
     if all_started is not None:

@@ -75,11 +75,11 @@ def default_replica_id() -> str:
 class Leadership:
     """Whether this replica leads, and the loop that starts and stops the background work with it."""
 
-    def __init__(self, engine: Engine, replica_id: str, retry_s: float = 5.0) -> None:
+    def __init__(self, db: Engine, replica_id: str, retry_s: float = 5.0) -> None:
         self.replica_id, self.retry_s = replica_id, retry_s
-        self.single_process = engine.dialect.name != "postgresql"
+        self.single_process = db.dialect.name != "postgresql"
         self.is_leader = self.single_process
-        self._lock_engine = None if self.single_process else _lock_engine(engine)
+        self._lock_db = None if self.single_process else _lock_db(db)
         # the lock connection's own thread: its steps never overlap, nor wait behind the loop's executor
         self._thread = None if self.single_process else ThreadPoolExecutor(1, thread_name_prefix="leader-lock")
         self._step: Future | None = None  # the last step submitted to that thread
@@ -146,7 +146,7 @@ class Leadership:
     def _try_acquire(self) -> bool:
         try:
             if self._conn is None:
-                self._conn = self._lock_engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+                self._conn = self._lock_db.connect().execution_options(isolation_level="AUTOCOMMIT")
                 self._session = tuple(self._conn.execute(_SESSION).one())
             return bool(self._conn.scalar(text("SELECT pg_try_advisory_lock(:key)"), {"key": LEADER_LOCK_KEY}))
         except SQLAlchemyError as exc:
@@ -170,7 +170,7 @@ class Leadership:
             return
         log.warning("replica %s: ending the hung leader lock session (pid %s)", self.replica_id, session[0])
         try:
-            with self._lock_engine.connect() as conn:
+            with self._lock_db.connect() as conn:
                 conn.execute(_END_SESSION, {"pid": session[0], "start": session[1]})
         except SQLAlchemyError as exc:  # the server is out of reach: it ends the session itself (keepalives)
             log.warning("replica %s could not end the hung lock session: %s", self.replica_id, exc)
@@ -187,14 +187,14 @@ class Leadership:
             with contextlib.suppress(SQLAlchemyError):
                 self._conn.close()
             self._conn = self._session = None
-        if self._lock_engine is not None:
-            self._lock_engine.dispose()
+        if self._lock_db is not None:
+            self._lock_db.dispose()
 
 
-def _lock_engine(engine: Engine) -> Engine:
+def _lock_db(db: Engine) -> Engine:
     """A pool-less engine for the one long-lived lock connection (not taken from the service's pool)."""
-    connect_args = _LIBPQ_KEEPALIVES if engine.dialect.driver in ("psycopg", "psycopg2") else {}
-    return create_engine(engine.url, poolclass=NullPool, connect_args=connect_args)
+    connect_args = _LIBPQ_KEEPALIVES if db.dialect.driver in ("psycopg", "psycopg2") else {}
+    return create_engine(db.url, poolclass=NullPool, connect_args=connect_args)
 
 
 async def _stop(task: asyncio.Task) -> None:

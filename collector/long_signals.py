@@ -36,14 +36,14 @@ _COLUMNS = (
 )  # the last: rollup rows older than migration 0005
 
 
-def auto_signals(engine: Engine, window: Window, filters: Filters = Filters()) -> Signals:
+def auto_signals(db: Engine, window: Window, filters: Filters = Filters()) -> Signals:
     """Raw rows for tag filters (the aggregates carry no tags); else up to RAW_WINDOW_LIMIT_S the
     per-second window aggregates (`collector.window_signals`), rollups beyond."""
     if filters.tags:
-        return signals(engine, window, filters)
+        return signals(db, window, filters)
     if window.seconds <= RAW_WINDOW_LIMIT_S:
-        return window_signals.signals(engine, window, filters)
-    return long_signals(engine, window, filters)
+        return window_signals.signals(db, window, filters)
+    return long_signals(db, window, filters)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,9 +59,9 @@ class Part:
 _NONE = Part(np.zeros(len(_COLUMNS)))
 
 
-def long_signals(engine: Engine, window: Window, filters: Filters = Filters()) -> Signals:
+def long_signals(db: Engine, window: Window, filters: Filters = Filters()) -> Signals:
     first = min(window.end, math.ceil(window.start / 60) * 60)
-    with engine.connect() as conn:
+    with db.connect() as conn:
         pass_at, last_id = rollups.get_state(conn, rollups.LAST_PASS_AT), rollups.get_state(conn, rollups.LAST_ID) or 0
         split = first if pass_at is None else min(window.end, max(first, math.floor((pass_at - GRACE_S) / 60) * 60))
         parts = [_raw_totals(conn, window.start, first, filters), _raw_totals(conn, split, window.end, filters)]

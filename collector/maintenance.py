@@ -24,12 +24,12 @@ DAY_S = 86400.0
 def run_once(store: Store, settings: Settings, now: float | None = None) -> None:
     now = time.time() if now is None else now
     raw_s, rollup_s = settings.retention_days * DAY_S, settings.rollup_retention_days * DAY_S
-    if store.engine.dialect.name == "postgresql":
-        with write_transaction(store.engine) as conn:
+    if store.db.dialect.name == "postgresql":
+        with write_transaction(store.db) as conn:
             if created := partitions.ensure_ahead(conn, now):
                 log.info("created partitions %s", ", ".join(created))
-    report = roll_up(store.engine, now, lock=store.write_lock())
-    deleted_raw, deleted_rollups = apply_retention(store.engine, now, raw_s, rollup_s, lock=store.write_lock())
+    report = roll_up(store.db, now, lock=store.write_lock())
+    deleted_raw, deleted_rollups = apply_retention(store.db, now, raw_s, rollup_s, lock=store.write_lock())
     if report.rows_folded or deleted_raw or deleted_rollups:
         log.info(
             "rolled up %d requests; deleted %d raw requests and %d rollup rows",

@@ -329,14 +329,14 @@ class CapacityGauge:
 
     def __init__(
         self,
-        engine,
+        db,
         *,
         registry: CollectorRegistry,
         rules: CapacityRules = CapacityRules(),
         ttl_s: float = 10.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self._engine, self._rules, self._ttl_s, self._clock = engine, rules, ttl_s, clock
+        self._db, self._rules, self._ttl_s, self._clock = db, rules, ttl_s, clock
         self._lock = threading.Lock()
         self._measured_at: float | None = None
         self._values: list[Capacity] = []
@@ -356,7 +356,7 @@ class CapacityGauge:
             now = self._clock()
             if self._measured_at is None or now - self._measured_at >= self._ttl_s:
                 try:
-                    self._values = upstream_capacity(self._engine, now, self._rules)
+                    self._values = upstream_capacity(self._db, now, self._rules)
                 except SQLAlchemyError as exc:
                     logging.getLogger(__name__).warning("capacity gauge: %s", exc)
                     self._values = []

@@ -132,8 +132,8 @@ def active_span(window: Window, first_s: float, last_s: float) -> float:
     return max(0.0, min(window.end, last_s) - max(window.start, first_s))
 
 
-def signals(engine: Engine, window: Window, filters: Filters = Filters()) -> Signals:
-    with engine.connect() as conn:
+def signals(db: Engine, window: Window, filters: Filters = Filters()) -> Signals:
+    with db.connect() as conn:
         rows = conn.execute(filters.apply(select(*_SIGNAL_COLUMNS), window)).all()
     ttft, e2e, out, drafts, drafted, accepted = _float_columns(rows, 6)
     status = [r[6] for r in rows]
@@ -231,16 +231,16 @@ def sample_slices(population: Population) -> list[Window]:
 
 
 def sample_rows(
-    engine: Engine, stmt: Select, window: Window, filters: Filters, population: Population | None
+    db: Engine, stmt: Select, window: Window, filters: Filters, population: Population | None
 ) -> tuple[list, Sample | None]:
     """The rows of `stmt` (over requests) in `window` under `filters`: all of them when the
     population (None: unknown, e.g. with tag filters) holds at most SAMPLE_ROWS requests, else those
     in `sample_slices` (one UNION ALL of a branch per slice, each read by a range of the started_at
     index: the cost follows the sample, not the window), with the sample's size."""
     if population is None or population.requests <= SAMPLE_ROWS:
-        with engine.connect() as conn:
+        with db.connect() as conn:
             return conn.execute(filters.apply(stmt, window)).all(), None
-    with engine.connect() as conn:
+    with db.connect() as conn:
         rows = conn.execute(union_all(*(filters.apply(stmt, piece) for piece in sample_slices(population)))).all()
     return rows, Sample(len(rows), population.requests)
 
@@ -255,11 +255,11 @@ class PositionAcceptance:
 
 
 def per_position_acceptance(
-    engine: Engine, window: Window, filters: Filters = Filters(), population: Population | None = None
+    db: Engine, window: Window, filters: Filters = Filters(), population: Population | None = None
 ) -> PositionAcceptance:
     """population: the window's requests, when known (a large window reads a sample: `sample_rows`)."""
     stmt = select(Request.num_drafts, Request.accepted_per_position).where(Request.gamma > 0)
-    rows, sample = sample_rows(engine, stmt, window, filters, population)
+    rows, sample = sample_rows(db, stmt, window, filters, population)
     if not rows:
         return PositionAcceptance(0, sampled=sample)
     width = max(len(per_pos) for _, per_pos in rows)
@@ -298,7 +298,7 @@ MAX_POINTS = 2000
 
 
 def acceptance_vs_length(
-    engine: Engine,
+    db: Engine,
     window: Window,
     filters: Filters = Filters(),
     by: str = "prompt_tokens",
@@ -312,7 +312,7 @@ def acceptance_vs_length(
         raise ValueError("by must be prompt_tokens or output_tokens")
     columns = (getattr(Request, by), Request.num_draft_tokens, Request.num_accepted_tokens)
     stmt = select(*columns).where(Request.num_draft_tokens > 0)
-    rows, sample = sample_rows(engine, stmt, window, filters, population)
+    rows, sample = sample_rows(db, stmt, window, filters, population)
     length, drafted, accepted = _float_columns(rows, 3)
     rate = accepted / np.where(drafted > 0, drafted, 1)
     rho = p = None
@@ -345,7 +345,7 @@ class HourOfDay:
 
 
 def errors_by_hour(
-    engine: Engine, window: Window, filters: Filters = Filters(), after_id: int | None = None
+    db: Engine, window: Window, filters: Filters = Filters(), after_id: int | None = None
 ) -> list[HourOfDay]:
     """Error and OOM counts by UTC hour of day (is there a time when things break?).
 
@@ -363,7 +363,7 @@ def errors_by_hour(
     if after_id is not None:
         stmt = stmt.where(Request.id > after_id)
     totals = np.zeros((24, 3), dtype=np.int64)
-    with engine.connect() as conn:
+    with db.connect() as conn:
         for epoch_hour, *counts in conn.execute(stmt):
             totals[int(epoch_hour) % 24] += [int(c) for c in counts]
     return [HourOfDay(h, *(int(x) for x in totals[h])) for h in range(24)]

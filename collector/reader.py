@@ -42,13 +42,13 @@ def tier(window: Window, filters: Filters) -> str:
     return "aggregates" if window.seconds <= history.RAW_WINDOW_LIMIT_S else "rollups"
 
 
-def signals(engine: Engine, window: Window, filters: Filters = Filters()) -> Signals:
+def signals(db: Engine, window: Window, filters: Filters = Filters()) -> Signals:
     """The window's signals from its tier (`long_signals.auto_signals` picks it as `tier` says)."""
-    return long_signals.auto_signals(engine, window, filters)
+    return long_signals.auto_signals(db, window, filters)
 
 
 def totals(
-    engine: Engine,
+    db: Engine,
     window: Window,
     filters: Filters = Filters(),
     group_by: Sequence[str] = (),
@@ -56,13 +56,13 @@ def totals(
 ) -> dict[tuple, Totals]:
     """Totals per value of `group_by` (labels of `aggregates.LABELS`) from the per-second aggregates
     (no tag filters: those read `sample_rows`)."""
-    return window_signals.window_totals(engine, window, group_by, filters, with_sketches)
+    return window_signals.window_totals(db, window, group_by, filters, with_sketches)
 
 
-def population(engine: Engine, window: Window, filters: Filters) -> queries.Population | None:
+def population(db: Engine, window: Window, filters: Filters) -> queries.Population | None:
     """The window's requests and the span they started in, from the aggregates (None with tag
     filters: the aggregates carry no tags, and such reads take every raw row)."""
-    return None if filters.tags else population_of(window, totals(engine, window, filters, (), ()).values())
+    return None if filters.tags else population_of(window, totals(db, window, filters, (), ()).values())
 
 
 def population_of(window: Window, groups: Iterable[Totals]) -> queries.Population:
@@ -72,22 +72,22 @@ def population_of(window: Window, groups: Iterable[Totals]) -> queries.Populatio
     return queries.Population.of(window, sum(t.requests for t in groups), first, last)
 
 
-def positions(engine: Engine, window: Window, filters: Filters = Filters()) -> queries.PositionAcceptance:
-    return queries.per_position_acceptance(engine, window, filters, population(engine, window, filters))
+def positions(db: Engine, window: Window, filters: Filters = Filters()) -> queries.PositionAcceptance:
+    return queries.per_position_acceptance(db, window, filters, population(db, window, filters))
 
 
 def acceptance_vs_length(
-    engine: Engine, window: Window, filters: Filters = Filters(), by: str = "prompt_tokens"
+    db: Engine, window: Window, filters: Filters = Filters(), by: str = "prompt_tokens"
 ) -> queries.LengthCorrelation:
-    return queries.acceptance_vs_length(engine, window, filters, by, population=population(engine, window, filters))
+    return queries.acceptance_vs_length(db, window, filters, by, population=population(db, window, filters))
 
 
-def errors_by_hour(engine: Engine, window: Window, filters: Filters = Filters()) -> list[queries.HourOfDay]:
+def errors_by_hour(db: Engine, window: Window, filters: Filters = Filters()) -> list[queries.HourOfDay]:
     """Requests, errors and OOMs by UTC hour of day: from the per-second aggregates up to
     RAW_WINDOW_LIMIT_S, hourly rollups beyond (`history.errors_by_hour_long`), raw rows with tags."""
     if tier(window, filters) != "aggregates":
-        return history.errors_by_hour_long(engine, window, filters)
-    by_hour = window_signals.stepped_totals(engine, window, 3600, (), filters, (), origin=0.0)
+        return history.errors_by_hour_long(db, window, filters)
+    by_hour = window_signals.stepped_totals(db, window, 3600, (), filters, (), origin=0.0)
     counts = {h: [0, 0, 0] for h in range(24)}
     for (epoch_hour,), t in by_hour.items():
         for i, name in enumerate(("requests", "errors", "ooms")):
@@ -96,15 +96,15 @@ def errors_by_hour(engine: Engine, window: Window, filters: Filters = Filters())
 
 
 def label_values(
-    engine: Engine, window: Window, filters: Filters = Filters(), tag_keys: tuple[str, ...] = ("scenario",)
+    db: Engine, window: Window, filters: Filters = Filters(), tag_keys: tuple[str, ...] = ("scenario",)
 ) -> dict[str, dict[str, int]]:
     """Requests per instance, model, drafter, mode, arm (from the aggregates) and tag value (counted
     in a sample and scaled to the window's requests, rounded: the key `sampled` then says
     {"rows": sample size, "of": requests}) in the window: the dashboard's filter choices and mode share."""
     if filters.tags:
-        return _raw_label_values(engine, window, filters, tag_keys)
+        return _raw_label_values(db, window, filters, tag_keys)
     found: dict[str, dict[str, int]] = {label: {} for label in LABELS}
-    by_labels = totals(engine, window, filters, LABELS, ())
+    by_labels = totals(db, window, filters, LABELS, ())
     for key, t in by_labels.items():
         for label, value in zip(LABELS, key):
             if value is not None:
@@ -113,7 +113,7 @@ def label_values(
         return found
     of = population_of(window, by_labels.values())
     tags = [Request.tags[key].as_string() for key in tag_keys]
-    rows, sample = queries.sample_rows(engine, select(*tags), window, filters, of)
+    rows, sample = queries.sample_rows(db, select(*tags), window, filters, of)
     scale = of.requests / max(1, len(rows)) if sample else 1.0
     for i, key in enumerate(tag_keys):
         counts: dict[str, int] = {}
@@ -124,26 +124,26 @@ def label_values(
     return found | ({"sampled": {"rows": sample.rows, "of": sample.of}} if sample else {})
 
 
-def _raw_label_values(engine: Engine, window: Window, filters: Filters, tag_keys: tuple[str, ...]) -> dict:
+def _raw_label_values(db: Engine, window: Window, filters: Filters, tag_keys: tuple[str, ...]) -> dict:
     columns = {name: getattr(Request, name) for name in LABELS}
     columns |= {f"tag:{key}": Request.tags[key].as_string() for key in tag_keys}
     found = {}
-    with engine.connect() as conn:
+    with db.connect() as conn:
         for name, column in columns.items():
             stmt = filters.apply(select(column, func.count()), window).group_by(column)
             found[name] = {str(v): n for v, n in conn.execute(stmt) if v is not None}
     return found
 
 
-def series(engine: Engine, window: Window, filters: Filters = Filters(), step_s: float = 60.0) -> list[SeriesPoint]:
+def series(db: Engine, window: Window, filters: Filters = Filters(), step_s: float = 60.0) -> list[SeriesPoint]:
     """Per-step series: from the per-second aggregates up to RAW_WINDOW_LIMIT_S (a request counts in
     the step its second starts in; percentiles from sketches), raw rows with tag filters, rollups beyond."""
     if step_s <= 0 or window.seconds / step_s > 100_000:
         raise ValueError("step_s must be positive and give at most 100000 points")
     if tier(window, filters) != "aggregates":
-        return history.auto_series(engine, window, filters, step_s)
+        return history.auto_series(db, window, filters, step_s)
     steps = math.ceil(window.seconds / step_s)
-    by_step = window_signals.stepped_totals(engine, window, step_s, (), filters)
+    by_step = window_signals.stepped_totals(db, window, step_s, (), filters)
     return [_point(window.start + i * step_s, by_step.get((i,), EMPTY)) for i in range(steps)]
 
 

@@ -17,7 +17,7 @@ from specwatch.collector.queries import Filters, Window
 
 
 def recent_drafted(
-    engine: Engine, series: tuple[str, str, str | None], before_id: int, limit: int, min_drafted: int
+    db: Engine, series: tuple[str, str, str | None], before_id: int, limit: int, min_drafted: int
 ) -> tuple[DraftedRequest, ...]:
     """The last `limit` drafted speculative requests of (instance, model, drafter) with id < `before_id`,
     oldest first: the history a new request of that series is judged against."""
@@ -30,7 +30,7 @@ def recent_drafted(
         Request.mode == "speculative",
         Request.num_draft_tokens >= min_drafted,
     )
-    with engine.connect() as conn:
+    with db.connect() as conn:
         rows = conn.execute(stmt.order_by(Request.id.desc()).limit(limit)).all()
     return tuple(_drafted(row) for row in reversed(rows))
 
@@ -182,10 +182,10 @@ def _row(r, flags: tuple[str, ...]) -> RequestRow:
     return RequestRow(*head, float(acceptance) if acceptance is not None else None, flags)
 
 
-def list_requests(engine: Engine, window: Window, filters: Filters, q: RequestQuery) -> RequestPage:
+def list_requests(db: Engine, window: Window, filters: Filters, q: RequestQuery) -> RequestPage:
     """One page of the requests in the window that pass the filters, in the sort's order (keyset pages:
     a sort walks its index when matches are dense enough, else the window is read by time and sorted)."""
-    with engine.connect() as conn:
+    with db.connect() as conn:
         rows = conn.execute(_listing(window, filters, q, walk_sort_index(conn, window, filters, q))).all()
         page = rows[: q.limit]
         flags = flags_of(conn, [r.request_id for r in page])
@@ -232,12 +232,12 @@ def _detail(record: dict, flags: tuple[FlagDetail, ...]) -> RequestDetail:
     return RequestDetail(record, accepted / drafted if drafted else None, length, per_position, tpot, flags)
 
 
-def request_detail(engine: Engine, request_id: str) -> RequestDetail | None:
+def request_detail(db: Engine, request_id: str) -> RequestDetail | None:
     """The request with this id (the first stored, when two instances share it), else None."""
     columns = [c for c in Request.__table__.columns if c.name != "id"]
     stmt = select(*columns).where(Request.request_id == request_id).order_by(Request.id).limit(1)
     f = _flag_detail.c
-    with engine.connect() as conn:
+    with db.connect() as conn:
         row = conn.execute(stmt).mappings().first()
         flags = conn.execute(select(f.flag, f.value, f.expected, f.detail).where(f.request_id == request_id))
         found = tuple(FlagDetail(n, float(v), float(e), dict(d or {})) for n, v, e, d in flags)

@@ -141,12 +141,12 @@ def claim_watermark(conn: Connection) -> int:
     return int(conn.scalar(locked))
 
 
-def roll_up(engine: Engine, now: float, lock: contextlib.AbstractContextManager | None = None) -> RollupReport:
+def roll_up(db: Engine, now: float, lock: contextlib.AbstractContextManager | None = None) -> RollupReport:
     """Fold every raw request not rolled up yet into the rollups, CHUNK_ROWS per transaction."""
     folded, last_id = 0, 0
     while True:
         started = time.monotonic()
-        with lock or contextlib.nullcontext(), write_transaction(engine) as conn:
+        with lock or contextlib.nullcontext(), write_transaction(db) as conn:
             last_id = claim_watermark(conn)
             if conn.dialect.name == "postgresql":
                 conn.execute(text("LOCK TABLE requests IN SHARE MODE"))
@@ -286,7 +286,7 @@ def _histogram(group: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
 
 
 def apply_retention(
-    engine: Engine,
+    db: Engine,
     now: float,
     raw_retention_s: float,
     rollup_retention_s: float,
@@ -296,9 +296,9 @@ def apply_retention(
     the raw requests and the rollup rows removed."""
     cutoff, rollup_cutoff = now - raw_retention_s, now - rollup_retention_s
     dropped = 0
-    if engine.dialect.name == "postgresql":
-        dropped = _drop_partitions(engine, cutoff, rollup_cutoff)
-    with lock or contextlib.nullcontext(), write_transaction(engine) as conn:
+    if db.dialect.name == "postgresql":
+        dropped = _drop_partitions(db, cutoff, rollup_cutoff)
+    with lock or contextlib.nullcontext(), write_transaction(db) as conn:
         last_id = int(get_state(conn, LAST_ID) or 0)
         raw = conn.execute(delete(Request).where(Request.started_at < cutoff, Request.id <= last_id)).rowcount
         conn.execute(delete(DeviceSampleRow).where(DeviceSampleRow.at < cutoff))
@@ -323,9 +323,9 @@ def _expire_alert_history(conn: Connection, cutoff: float) -> None:
     conn.execute(delete(outbox).where(outbox.c.created_at < cutoff, outbox.c.status != "pending"))
 
 
-def _drop_partitions(engine: Engine, cutoff: float, rollup_cutoff: float) -> int:
+def _drop_partitions(db: Engine, cutoff: float, rollup_cutoff: float) -> int:
     """PostgreSQL: DETACH + DROP the day partitions wholly past their retention; the requests they held."""
-    with write_transaction(engine) as conn:
+    with write_transaction(db) as conn:
         last_id = int(get_state(conn, LAST_ID) or 0)
         dropped = partitions.drop_before(conn, "requests", cutoff, max_id=last_id)
         for table in ("device_samples", "engine_events"):

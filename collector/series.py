@@ -37,11 +37,11 @@ class SeriesPoint:
 _COLUMNS = (Request.started_at, *LATENCY_AND_DRAFT_COLUMNS, Request.status)
 
 
-def series(engine: Engine, window: Window, filters: Filters = Filters(), step_s: float = 60.0) -> list[SeriesPoint]:
+def series(db: Engine, window: Window, filters: Filters = Filters(), step_s: float = 60.0) -> list[SeriesPoint]:
     """Per-step counts, acceptance and latency percentiles, computed in numpy from raw rows."""
     if step_s <= 0 or window.seconds / step_s > 100_000:
         raise ValueError("step_s must be positive and give at most 100000 points")
-    with engine.connect() as conn:
+    with db.connect() as conn:
         rows = conn.execute(filters.apply(select(*_COLUMNS), window)).all()
     steps = int(np.ceil(window.seconds / step_s))
     if not rows:
@@ -160,7 +160,7 @@ class DeviceSnapshot:
     default_mode: str | None
 
 
-def latest_device_samples(engine: Engine, instance: str | None = None) -> list[DeviceSnapshot]:
+def latest_device_samples(db: Engine, instance: str | None = None) -> list[DeviceSnapshot]:
     """The newest sample of every (instance, device)."""
     latest = select(DeviceSampleRow.instance, DeviceSampleRow.device, func.max(DeviceSampleRow.at).label("at"))
     if instance is not None:
@@ -179,7 +179,7 @@ def latest_device_samples(engine: Engine, instance: str | None = None) -> list[D
         )
         .order_by(DeviceSampleRow.instance, DeviceSampleRow.device)
     )
-    with engine.connect() as conn:
+    with db.connect() as conn:
         return [DeviceSnapshot(*row) for row in conn.execute(stmt)]
 
 
@@ -193,7 +193,7 @@ class EventRecord:
 
 
 def engine_events(
-    engine: Engine, window: Window, instance: str | None = None, kind: str | None = None, limit: int = 1000
+    db: Engine, window: Window, instance: str | None = None, kind: str | None = None, limit: int = 1000
 ) -> list[EventRecord]:
     """Engine events (mode switches, defrags, OOMs, ...) in the window, oldest first, at most `limit`."""
     stmt = select(
@@ -208,5 +208,5 @@ def engine_events(
         stmt = stmt.where(EngineEventRow.instance == instance)
     if kind is not None:
         stmt = stmt.where(EngineEventRow.kind == kind)
-    with engine.connect() as conn:
+    with db.connect() as conn:
         return [EventRecord(*row) for row in conn.execute(stmt.order_by(EngineEventRow.at).limit(limit))]

@@ -140,9 +140,9 @@ def _identity(value: Any) -> Any:
 class Store:
     """Writes validated batches; safe to share between threads."""
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        self.is_sqlite = engine.dialect.name == "sqlite"
+    def __init__(self, db: Engine) -> None:
+        self.db = db
+        self.is_sqlite = db.dialect.name == "sqlite"
         # SQLite has one writer at a time; queueing here beats spinning on SQLITE_BUSY. Writers in
         # other processes (the ingest workers) queue on SQLite's busy timeout instead (measured:
         # a cross-process file lock did not ingest faster).
@@ -161,9 +161,9 @@ class Store:
         lock = self._write_lock
         if lock is not None and not lock.acquire(timeout=timeout_s):
             raise TimeoutError("an ingest or maintenance write holds the write lock")
-        dbapi = self.engine.dialect.dbapi
+        dbapi = self.db.dialect.dbapi
         try:
-            raw = self.engine.raw_connection()
+            raw = self.db.raw_connection()
             try:
                 (_probe_sqlite if self.is_sqlite else _probe_postgres)(raw, int(timeout_s * 1000))
             finally:
@@ -179,7 +179,7 @@ class Store:
         """Store a whole batch in one transaction and count what was new."""
         requests = REQUESTS if self.is_sqlite else PG_REQUESTS
         parts = ((requests, batch.requests), (SAMPLES, batch.samples), (EVENTS, batch.events))
-        dbapi = self.engine.dialect.dbapi
+        dbapi = self.db.dialect.dbapi
         try:
             if self._write_lock is None:
                 stored, conflicts = self._write(parts, _postgres_copy)
@@ -214,7 +214,7 @@ class Store:
 
     def _write(self, parts, write_table, busy_s: float = INGEST_BUSY_S) -> tuple[list[list[Any]], list[str]]:
         """Each part's new records, and the ids of duplicate requests that differ from the stored ones."""
-        with write_transaction(self.engine, busy_s) as conn:
+        with write_transaction(self.db, busy_s) as conn:
             cursor = conn.connection.dbapi_connection.cursor()
             try:
                 stored = [write_table(cursor, spec, records) for spec, records in parts]

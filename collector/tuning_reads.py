@@ -1,9 +1,9 @@
 """What the speculation tuner (`cost.tuner_data`) reads from the store, as frozen numpy columns.
 
-    tuning_rows(engine, window, filters)     ok requests that started in the window: timings, draft
+    tuning_rows(db, window, filters)     ok requests that started in the window: timings, draft
                                              counts, per-position acceptance and the drafts that
                                              reached each position (K-wide matrices)
-    version_markers(engine, window, filters) `config` events that name a version: (instance, at, version)
+    version_markers(db, window, filters) `config` events that name a version: (instance, at, version)
 
 Requests whose draft counts the producer could not see (`draft_counts_known` false) keep their timings
 (`counts_known` false) so the step-cost model can use them; the acceptance model skips them. At most
@@ -59,11 +59,11 @@ class TuningRows:
         return len(self.started_at)
 
 
-def tuning_rows(engine: Engine, window: Window, filters: Filters = Filters()) -> TuningRows:
+def tuning_rows(db: Engine, window: Window, filters: Filters = Filters()) -> TuningRows:
     """The window's ok requests (module docstring), oldest first."""
     stmt = filters.apply(select(*_COLUMNS), window).where(Request.status == "ok")
     stmt = stmt.order_by(Request.started_at.desc()).limit(MAX_ROWS)
-    with engine.connect() as conn:
+    with db.connect() as conn:
         rows = conn.execute(stmt).all()[::-1]
     return rows_from_tuples([tuple(r) for r in rows])
 
@@ -90,14 +90,14 @@ def rows_from_tuples(rows: list[tuple]) -> TuningRows:
     )  # fmt: skip
 
 
-def version_markers(engine: Engine, window: Window, filters: Filters = Filters()) -> tuple[tuple[str, float, str], ...]:
+def version_markers(db: Engine, window: Window, filters: Filters = Filters()) -> tuple[tuple[str, float, str], ...]:
     """(instance, at, version) of the `config` events up to the window's end that name a version, oldest first."""
     stmt = select(EngineEventRow.instance, EngineEventRow.at, EngineEventRow.detail).where(
         EngineEventRow.kind == "config", EngineEventRow.at < window.end
     )
     if filters.instance is not None:
         stmt = stmt.where(EngineEventRow.instance == filters.instance)
-    with engine.connect() as conn:
+    with db.connect() as conn:
         found = conn.execute(stmt.order_by(EngineEventRow.at)).all()
     return tuple((i, float(at), v) for i, at, detail in found if (v := _version(detail)) is not None)
 

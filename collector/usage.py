@@ -1,15 +1,15 @@
 """What the cost model reads from the store, as numpy columns and frozen rows (no ORM row leaves here).
 
-    request_usage(engine, window, filters)      requests whose life overlaps the window, one array per column
-    gateway_lives(engine, window, instances)    every gateway record at those upstreams whose life overlaps the
+    request_usage(db, window, filters)      requests whose life overlaps the window, one array per column
+    gateway_lives(db, window, instances)    every gateway record at those upstreams whose life overlaps the
                                                 window, whatever the filters (cost.sharing's population)
-    power_rows(engine, window, filters)         (instance, at, power_w, power_source) of device samples
-    memory_rows(engine, window, filters)        (instance, mem_reserved_bytes, draft_loaded) of device samples
-    freed_by_unloads(engine, window, filters)   `draft_unloaded` event details (bytes freed)
-    store_growth(engine, window)                rows stored in total and in the window, and the database's size
-    device_counts(engine, window)               device name -> samples in the window
-    scenario_rows(engine, window, filters)      the advisor's per-request columns
-    peak_memory(engine, window)                 instance -> peak reserved bytes
+    power_rows(db, window, filters)         (instance, at, power_w, power_source) of device samples
+    memory_rows(db, window, filters)        (instance, mem_reserved_bytes, draft_loaded) of device samples
+    freed_by_unloads(db, window, filters)   `draft_unloaded` event details (bytes freed)
+    store_growth(db, window)                rows stored in total and in the window, and the database's size
+    device_counts(db, window)               device name -> samples in the window
+    scenario_rows(db, window, filters)      the advisor's per-request columns
+    peak_memory(db, window)                 instance -> peak reserved bytes
 
 A request straddling the window's start is read when it started at most `STRADDLE_S` before it and
 was still running inside the window: the cost model charges it by its overlap.
@@ -74,10 +74,10 @@ class RequestColumns:
         return len(self.started_at)
 
 
-def request_usage(engine: Engine, window: Window, filters: Filters = Filters()) -> RequestColumns:
+def request_usage(db: Engine, window: Window, filters: Filters = Filters()) -> RequestColumns:
     """Requests whose life [started_at, started_at + e2e_s] overlaps `window` (see the module docstring)."""
     stmt = _overlapping(select(*_REQUEST_COLUMNS.values()), window, filters)
-    with engine.connect() as conn:
+    with db.connect() as conn:
         return RequestColumns(conn.execute(stmt).all())
 
 
@@ -97,12 +97,12 @@ class GatewayLives:
     e2e_s: np.ndarray
 
 
-def gateway_lives(engine: Engine, window: Window, instances: list[str]) -> GatewayLives:
+def gateway_lives(db: Engine, window: Window, instances: list[str]) -> GatewayLives:
     """Every gateway record at `instances` whose life overlaps `window` (no other filter): who was in flight."""
     columns = (Request.instance, _GATEWAY, Request.started_at, Request.queue_s, Request.e2e_s)
     stmt = _overlapping(select(*columns), window, Filters())
     stmt = stmt.where(Request.device_s_source == GATEWAY_SOURCE, Request.instance.in_(instances))
-    with engine.connect() as conn:
+    with db.connect() as conn:
         rows = conn.execute(stmt).all() if instances else []
     names, gateways, *times = zip(*rows) if rows else ((), (), (), (), ())
     text = [np.asarray(names, dtype=object), np.asarray([g or "" for g in gateways], dtype=object)]
@@ -114,28 +114,28 @@ def _samples(columns, window: Window, filters: Filters):
     return stmt if filters.instance is None else stmt.where(DeviceSampleRow.instance == filters.instance)
 
 
-def power_rows(engine: Engine, window: Window, filters: Filters = Filters()) -> list[tuple]:
+def power_rows(db: Engine, window: Window, filters: Filters = Filters()) -> list[tuple]:
     """(instance, at, power_w, power_source) per device sample in the window."""
     columns = (DeviceSampleRow.instance, DeviceSampleRow.at, DeviceSampleRow.power_w, DeviceSampleRow.power_source)
-    with engine.connect() as conn:
+    with db.connect() as conn:
         return [tuple(row) for row in conn.execute(_samples(columns, window, filters))]
 
 
-def memory_rows(engine: Engine, window: Window, filters: Filters = Filters()) -> list[tuple]:
+def memory_rows(db: Engine, window: Window, filters: Filters = Filters()) -> list[tuple]:
     """(instance, mem_reserved_bytes, draft_loaded) per device sample in the window."""
     columns = (DeviceSampleRow.instance, DeviceSampleRow.mem_reserved_bytes, DeviceSampleRow.draft_loaded)
-    with engine.connect() as conn:
+    with db.connect() as conn:
         return [tuple(row) for row in conn.execute(_samples(columns, window, filters))]
 
 
-def freed_by_unloads(engine: Engine, window: Window, filters: Filters = Filters()) -> list[dict]:
+def freed_by_unloads(db: Engine, window: Window, filters: Filters = Filters()) -> list[dict]:
     """The `detail` of each `draft_unloaded` event in the window."""
     stmt = select(EngineEventRow.detail).where(
         EngineEventRow.kind == "draft_unloaded", EngineEventRow.at >= window.start, EngineEventRow.at < window.end
     )
     if filters.instance is not None:
         stmt = stmt.where(EngineEventRow.instance == filters.instance)
-    with engine.connect() as conn:
+    with db.connect() as conn:
         return [detail or {} for (detail,) in conn.execute(stmt)]
 
 
@@ -147,10 +147,10 @@ class StoreGrowth:
     size_bytes: float | None  # the database's size (None: unknown dialect)
 
 
-def store_growth(engine: Engine, window: Window) -> StoreGrowth:
+def store_growth(db: Engine, window: Window) -> StoreGrowth:
     tables = (Request.__table__, DeviceSampleRow.__table__, EngineEventRow.__table__)
     times = (Request.started_at, DeviceSampleRow.at, EngineEventRow.at)
-    with engine.connect() as conn:
+    with db.connect() as conn:
         total = sum(conn.execute(select(func.count()).select_from(t)).scalar() for t in tables)
         found = [
             conn.execute(select(func.count(), func.min(c)).where(c >= window.start, c < window.end)).one()
@@ -169,21 +169,21 @@ def _database_bytes(conn) -> float | None:
     return None
 
 
-def device_counts(engine: Engine, window: Window) -> list[tuple[str, int]]:
+def device_counts(db: Engine, window: Window) -> list[tuple[str, int]]:
     """(device name, samples) in the window, most sampled first."""
     stmt = (
         select(DeviceSampleRow.device, func.count())
         .where(DeviceSampleRow.at >= window.start, DeviceSampleRow.at < window.end)
         .group_by(DeviceSampleRow.device)
     )
-    with engine.connect() as conn:
+    with db.connect() as conn:
         return sorted(((d, int(n)) for d, n in conn.execute(stmt)), key=lambda row: -row[1])
 
 
 SCENARIO_TAGS = ("scenario", "temperature", "sampling", "determinism", "latency")
 
 
-def scenario_rows(engine: Engine, window: Window, filters: Filters = Filters()) -> dict[str, np.ndarray]:
+def scenario_rows(db: Engine, window: Window, filters: Filters = Filters()) -> dict[str, np.ndarray]:
     """The advisor's columns (one object array each) of the requests started in the window."""
     columns = (
         Request.mode,
@@ -200,7 +200,7 @@ def scenario_rows(engine: Engine, window: Window, filters: Filters = Filters()) 
         Request.load_at_admission,
         *(Request.tags[key].as_string().label(key) for key in SCENARIO_TAGS),
     )
-    with engine.connect() as conn:
+    with db.connect() as conn:
         result = conn.execute(filters.apply(select(*columns), window))
         names, rows = list(result.keys()), result.all()
     if not rows:
@@ -208,12 +208,12 @@ def scenario_rows(engine: Engine, window: Window, filters: Filters = Filters()) 
     return {name: np.array(column, dtype=object) for name, column in zip(names, zip(*rows))}
 
 
-def peak_memory(engine: Engine, window: Window) -> dict[str, float]:
+def peak_memory(db: Engine, window: Window) -> dict[str, float]:
     """Instance -> peak mem_reserved_bytes of its device samples in the window."""
     stmt = (
         select(DeviceSampleRow.instance, func.max(DeviceSampleRow.mem_reserved_bytes))
         .where(DeviceSampleRow.at >= window.start, DeviceSampleRow.at < window.end)
         .group_by(DeviceSampleRow.instance)
     )
-    with engine.connect() as conn:
+    with db.connect() as conn:
         return {instance: float(peak) for instance, peak in conn.execute(stmt)}

@@ -122,8 +122,8 @@ def delta(
 class Scraper:
     """Polls one vLLM /metrics URL and stores a delta row per (model, engine) per interval."""
 
-    def __init__(self, url: str, engine: Engine, interval_s: float) -> None:
-        self.url, self.engine, self.interval_s = url, engine, interval_s
+    def __init__(self, url: str, db: Engine, interval_s: float) -> None:
+        self.url, self.db, self.interval_s = url, db, interval_s
         self._last: dict[tuple[str, str], tuple[float, Snapshot]] = {}
         self.down_since: float | None = None  # epoch s of the first failed scrape of the current outage
 
@@ -136,7 +136,7 @@ class Scraper:
                 rows.append(delta(before, snap, self.url, key, at, at - before_at))
             self._last[key] = (at, snap)
         if rows:
-            with write_transaction(self.engine) as conn:
+            with write_transaction(self.db) as conn:
                 conn.execute(insert(VllmScrape), rows)
         return rows
 
@@ -189,13 +189,13 @@ class VllmSignals:
     e2e: Percentiles
 
 
-def vllm_signals(engine: Engine, window: Window, source: str | None = None, model: str | None = None) -> VllmSignals:
+def vllm_signals(db: Engine, window: Window, source: str | None = None, model: str | None = None) -> VllmSignals:
     stmt = select(VllmScrape).where(VllmScrape.at >= window.start, VllmScrape.at < window.end).order_by(VllmScrape.at)
     if source is not None:
         stmt = stmt.where(VllmScrape.source == source)
     if model is not None:
         stmt = stmt.where(VllmScrape.model == model)
-    with engine.connect() as conn:
+    with db.connect() as conn:
         rows = conn.execute(stmt).mappings().all()
     drafts, drafted, accepted = (float(sum(r[c] for r in rows)) for c in ("drafts", "draft_tokens", "accepted_tokens"))
     width = max((len(r["accepted_per_position"]) for r in rows), default=0)

@@ -42,14 +42,14 @@ class _Part:
 
 
 def window_totals(
-    engine: Engine,
+    db: Engine,
     window: Window,
     group_by: Sequence[str],
     filters: Filters = Filters(),
     with_sketches: Sequence[str] = ALL_SKETCHES,
 ) -> dict[tuple, Totals]:
     """Aggregates per label set (values of `group_by`, a subset of `aggregates.LABELS`)."""
-    return WindowReader(engine, window.end, filters).totals(window.start, group_by, with_sketches)
+    return WindowReader(db, window.end, filters).totals(window.start, group_by, with_sketches)
 
 
 class WindowReader:
@@ -67,10 +67,10 @@ class WindowReader:
     use a new reader to see later writes.
     """
 
-    def __init__(self, engine: Engine, end: float, filters: Filters = Filters()) -> None:
+    def __init__(self, db: Engine, end: float, filters: Filters = Filters()) -> None:
         if filters.tags:
             raise ValueError("aggregates carry no tags: read raw rows for tag filters")
-        self.engine, self.end, self.filters = engine, end, filters
+        self.db, self.end, self.filters = db, end, filters
         self._covered_from: float | None = None
         self._sums: dict[int, _Part] = {}  # by segment start (a window's first whole second)
         self._segment_end: dict[int, int] = {}  # by segment start
@@ -81,7 +81,7 @@ class WindowReader:
         self, start: float, group_by: Sequence[str], with_sketches: Sequence[str] = ALL_SKETCHES
     ) -> dict[tuple, Totals]:
         """Aggregates of [start, end) per label set of `group_by`."""
-        with self.engine.connect() as conn:
+        with self.db.connect() as conn:
             if self._covered_from is None:
                 self._covered_from = aggregates.covered_from(conn)
             first, last = max(math.ceil(start), self._covered_from), math.floor(self.end)
@@ -209,7 +209,7 @@ def _raw(conn: Connection, window: Window, filters: Filters, step: Step | None =
 
 
 def stepped_totals(
-    engine: Engine,
+    db: Engine,
     window: Window,
     step_s: float,
     group_by: Sequence[str] = (),
@@ -223,7 +223,7 @@ def stepped_totals(
     if filters.tags:
         raise ValueError("aggregates carry no tags: read raw rows for tag filters")
     step = (window.start if origin is None else origin, step_s)
-    with engine.connect() as conn:
+    with db.connect() as conn:
         first, last = max(math.ceil(window.start), aggregates.covered_from(conn)), math.floor(window.end)
         spans, parts = [(window.start, window.end)], []
         if last > first:
@@ -285,6 +285,6 @@ def _merge_per_group(group: np.ndarray, n: int, pieces: list[sketch.Bins]) -> li
     return [sketch.merge(p) for p in by_group]
 
 
-def signals(engine: Engine, window: Window, filters: Filters = Filters()) -> Signals:
+def signals(db: Engine, window: Window, filters: Filters = Filters()) -> Signals:
     """`collector.queries.signals` from the aggregates (percentiles from sketches)."""
-    return signals_from(window, window_totals(engine, window, (), filters).get((), EMPTY))
+    return signals_from(window, window_totals(db, window, (), filters).get((), EMPTY))

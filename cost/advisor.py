@@ -213,7 +213,7 @@ def _s(value: float | None) -> str:
 
 
 def advise(
-    engine: Engine,
+    db: Engine,
     window: Window,
     device_memory_bytes: float | None,
     gpu_count: int = 1,
@@ -221,21 +221,21 @@ def advise(
     filters: Filters = Filters(),
 ) -> list[Recommendation]:
     """One recommendation per scenario tag value ("untagged" for requests without one)."""
-    return [recommend(ev, rules) for ev in scenario_evidence(engine, window, device_memory_bytes, gpu_count, filters)]
+    return [recommend(ev, rules) for ev in scenario_evidence(db, window, device_memory_bytes, gpu_count, filters)]
 
 
 def scenario_evidence(
-    engine: Engine,
+    db: Engine,
     window: Window,
     device_memory_bytes: float | None,
     gpu_count: int = 1,
     filters: Filters = Filters(),
 ) -> list[ScenarioEvidence]:
-    table = scenario_rows(engine, window, filters)
+    table = scenario_rows(db, window, filters)
     if not table:
         return []
     scenario = np.where(np.equal(table["scenario"], None), "untagged", table["scenario"]).astype(str)
-    peaks = peak_memory(engine, window)
+    peaks = peak_memory(db, window)
     return [
         _evidence(name, {k: v[scenario == name] for k, v in table.items()}, peaks, device_memory_bytes, gpu_count)
         for name in sorted(set(scenario))

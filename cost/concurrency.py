@@ -111,7 +111,7 @@ def request_charges(inputs: CostInputs, usage: Usage, allocation: Allocation | N
 
 
 def concurrency_costs(
-    engine: Engine,
+    db: Engine,
     window: Window,
     inputs: CostInputs,
     *,
@@ -121,7 +121,7 @@ def concurrency_costs(
     service: ServiceRules = ServiceRules(),
 ) -> ConcurrencyCosts:
     """Rows per (level, mode) over the requests of `window`, priced like `inputs` (module docstring)."""
-    u = usage or read_usage(engine, window, filters)
+    u = usage or read_usage(db, window, filters)
     c = u.columns
     spans = Spans(c.instance, *_clipped_life(u, window), u.device_s)
     seen, fractions = level_fractions(spans)
@@ -225,12 +225,12 @@ def best_within_slo(rows: tuple[ConcurrencyRow, ...]) -> tuple[tuple[str, int, f
 
 
 def concurrency_costs_at(
-    engine: Engine, window: Window, prices, *, gpu_type: str, gpu_count: int = 1, filters: Filters = Filters()
+    db: Engine, window: Window, prices, *, gpu_type: str, gpu_count: int = 1, filters: Filters = Filters()
 ) -> ConcurrencyCosts:
     """`concurrency_costs` of the store's `window` measured and priced on `gpu_type` (bench/cost.py)."""
     from specwatch.cost.measured import measured_inputs
 
-    usage = read_usage(engine, window, filters)
+    usage = read_usage(db, window, filters)
     priced = dict(gpu_type=gpu_type, gpu_count=gpu_count, filters=filters, measure_storage=False, usage=usage)
-    inputs = measured_inputs(engine, window, prices, **priced)
-    return concurrency_costs(engine, window, inputs, filters=filters, usage=usage)
+    inputs = measured_inputs(db, window, prices, **priced)
+    return concurrency_costs(db, window, inputs, filters=filters, usage=usage)

@@ -5,7 +5,7 @@ Every line of the bill is a row (arms, their retries, idle, other tenants of the
 `focus-validator` bundles) and 1.3's `Allocated*` columns naming the allocation method (which lines
 are shares of a shared instance, and how idle was spread). Tags carry mode, arm, drafter and line.
 
-    focus_rows(engine, window, prices, ...)   the rows (dicts) of the days the window covers
+    focus_rows(db, window, prices, ...)   the rows (dicts) of the days the window covers
     write_focus(rows, path_or_stream)          CSV
 """
 
@@ -121,7 +121,7 @@ def day_windows(window: Window) -> list[Window]:
 
 
 def focus_rows(
-    engine: Engine,
+    db: Engine,
     window: Window,
     inputs_for: Callable[[Engine, Window], CostInputs],
 ) -> list[dict]:
@@ -129,7 +129,7 @@ def focus_rows(
     (the caller's prices, overrides and filters)."""
     rows = []
     for day in day_windows(window):
-        inputs = inputs_for(engine, day)
+        inputs = inputs_for(db, day)
         rows += [focus_row(line, inputs, day) for line in allocate(inputs).lines]
     return rows
 
@@ -140,21 +140,21 @@ def focus_rows_of(inputs: CostInputs, window: Window) -> list[dict]:
 
 
 def measured_focus(
-    engine: Engine, window: Window, prices, *, gpu_type: str, overrides=None, hidden=None, filters: Filters = Filters()
+    db: Engine, window: Window, prices, *, gpu_type: str, overrides=None, hidden=None, filters: Filters = Filters()
 ) -> list[dict]:
     """FOCUS rows of the store's `window`, each UTC day measured and priced like `measured_summary`."""
     from specwatch.cost.inputs import Overrides, apply_overrides
     from specwatch.cost.measured import measured_inputs
     from specwatch.cost.terms import HiddenCosts
 
-    def inputs_for(engine: Engine, day: Window) -> CostInputs:
+    def inputs_for(db: Engine, day: Window) -> CostInputs:
         hidden_costs = hidden or HiddenCosts()
         found = measured_inputs(
-            engine, day, prices, gpu_type=gpu_type, hidden=hidden_costs, filters=filters, measure_storage=False
+            db, day, prices, gpu_type=gpu_type, hidden=hidden_costs, filters=filters, measure_storage=False
         )
         return apply_overrides(found, overrides or Overrides())
 
-    return focus_rows(engine, window, inputs_for)
+    return focus_rows(db, window, inputs_for)
 
 
 def _tags(line: Line, inputs: CostInputs) -> dict[str, str]:

@@ -89,17 +89,17 @@ def arm_key(mode: str, drafter: str | None) -> str:
     return mode if mode != "speculative" or drafter is None else f"{mode}:{drafter}"
 
 
-def read_usage(engine: Engine, window: Window, filters: Filters = Filters()) -> Usage:
+def read_usage(db: Engine, window: Window, filters: Filters = Filters()) -> Usage:
     """Requests overlapping `window` clipped to it, attributed (module docstring)."""
-    c = request_usage(engine, window, filters)
+    c = request_usage(db, window, filters)
     start, end = _life(c.started_at, c.queue_s, c.e2e_s)
     lo, hi = np.maximum(start, window.start), np.minimum(end, window.end)
     life = end - start
     inside = (c.started_at >= window.start) & (c.started_at < window.end)
     fraction = np.where(life > 0, np.clip(hi - lo, 0.0, None) / np.where(life > 0, life, 1.0), inside.astype(float))
-    samples = tuple(PowerSample(*row) for row in power_rows(engine, window, filters))
+    samples = tuple(PowerSample(*row) for row in power_rows(db, window, filters))
     lo, hi = np.minimum(lo, hi), np.maximum(hi, lo)
-    merged = _merged_sharing(engine, window, filters, c, lo, hi)
+    merged = _merged_sharing(db, window, filters, c, lo, hi)
     spans = Spans(c.instance, lo, hi, np.where(np.isnan(merged), c.device_s * fraction, merged))
     shares = attribute(spans, list(samples))
     sources = np.where(~np.isnan(merged), MERGED_SOURCE, np.where(shares.derived, "derived", c.device_s_source))
@@ -119,7 +119,7 @@ def _life(started_at: np.ndarray, queue_s: np.ndarray, e2e_s: np.ndarray) -> tup
     return start, np.maximum(started_at + e2e_s, start)
 
 
-def _merged_sharing(engine: Engine, window: Window, filters: Filters, c: RequestColumns, lo, hi) -> np.ndarray:
+def _merged_sharing(db: Engine, window: Window, filters: Filters, c: RequestColumns, lo, hi) -> np.ndarray:
     """Gateway records' device time in [lo, hi] shared over every gateway's records at their upstream
     where more than one gateway reported it (cost.sharing); NaN: the record's own stands. Unless only
     the instance is filtered, everyone in flight there is read again, whatever the filters."""
@@ -130,14 +130,14 @@ def _merged_sharing(engine: Engine, window: Window, filters: Filters, c: Request
     if filters == Filters(instance=filters.instance):  # every record overlapping the window was read
         lives = Lives(c.instance[rows], c.gateway[rows], *(t[rows] for t in _life(c.started_at, c.queue_s, c.e2e_s)))
     else:
-        read = gateway_lives(engine, window, sorted(set(c.instance[rows].tolist())))
+        read = gateway_lives(db, window, sorted(set(c.instance[rows].tolist())))
         lives = Lives(read.instance, read.gateway, *_life(read.started_at, read.queue_s, read.e2e_s))
     found[rows] = merged_device_s(lives, c.instance[rows], lo[rows], hi[rows])
     return found
 
 
 def measured_inputs(
-    engine: Engine,
+    db: Engine,
     window: Window,
     prices: Prices,
     *,
@@ -156,11 +156,11 @@ def measured_inputs(
     (module docstring). Monitoring storage is measured from the store when `measure_storage` and it
     holds records; incident time is derived from `incidents`, the alert history the caller read
     (`alerts.store.incident_history`: cost sits below alerts and never reads their tables)."""
-    u = usage or read_usage(engine, window, filters)
+    u = usage or read_usage(db, window, filters)
     c = u.columns
     device_bytes = gpu_memory_bytes or prices.accelerator(gpu_type).memory_gb * GB
-    memory = memory_rows(engine, window, filters)
-    target, draft, memory_source = _memory(memory, engine, window, filters)
+    memory = memory_rows(db, window, filters)
+    target, draft, memory_source = _memory(memory, db, window, filters)
     first_at = float(c.started_at.min()) if len(c) else window.start
     window_s = max(window.end - max(window.start, first_at), 1e-9)
     power_source = ",".join(sorted({s.source for s in u.samples if s.source and s.power_w is not None})) or None
@@ -178,13 +178,13 @@ def measured_inputs(
         gpu_count,
         gpu_memory_bytes,
         None,
-        _measured_hidden(engine, window, hidden, measure_storage, incidents),
+        _measured_hidden(db, window, hidden, measure_storage, incidents),
         pricing,
         _idle_time(instances),
         idle_allocation,
         instances,
         _step_times(u, keys),
-        tuple(step_curves(engine, window, sorted(set(c.instance.tolist()))).values()),
+        tuple(step_curves(db, window, sorted(set(c.instance.tolist()))).values()),
     )
 
 
@@ -294,7 +294,7 @@ def _shares(rows: list[tuple], device_bytes: float) -> dict[str, tuple[float, st
     return {name: (min(statistics.median(v) / device_bytes, 1.0), "measured") for name, v in held.items()}
 
 
-def _memory(rows: list[tuple], engine: Engine, window: Window, filters: Filters):
+def _memory(rows: list[tuple], db: Engine, window: Window, filters: Filters):
     """(target bytes, draft bytes or None, source): medians of mem_reserved_bytes in the window."""
     if not rows:
         return None, None, "unmeasured"
@@ -304,7 +304,7 @@ def _memory(rows: list[tuple], engine: Engine, window: Window, filters: Filters)
     if plain:
         target = statistics.median(plain)
         return target, max(0.0, held - target), "measured"
-    freed = [f for f in map(_freed, freed_by_unloads(engine, window, filters)) if f is not None and f > 0]
+    freed = [f for f in map(_freed, freed_by_unloads(db, window, filters)) if f is not None and f > 0]
     if freed:
         return max(0.0, held - statistics.median(freed)), statistics.median(freed), "measured"
     return held, None, "measured"
@@ -327,11 +327,9 @@ def _draft_memory(drafter: str | None, draft: float | None, memory_source: str) 
     return draft, memory_source
 
 
-def _measured_hidden(
-    engine: Engine, window: Window, hidden: HiddenCosts, storage: bool, incidents: IncidentHistory | None
-):
+def _measured_hidden(db: Engine, window: Window, hidden: HiddenCosts, storage: bool, incidents: IncidentHistory | None):
     given = hidden.source("monitoring_gb_per_day") == "given"  # a value the user gave wins over the store's
-    growth = storage_gb_per_day(engine, window) if storage and not given else None
+    growth = storage_gb_per_day(db, window) if storage and not given else None
     if growth is not None:
         hidden = hidden.with_values("measured", monitoring_gb_per_day=growth)
     if incidents is not None:
@@ -369,10 +367,10 @@ def _firing_seconds(transitions, window: Window) -> float:
     return total + sum(max(0.0, window.end - max(start, window.start)) for start in since.values())
 
 
-def storage_gb_per_day(engine: Engine, window: Window) -> float | None:
+def storage_gb_per_day(db: Engine, window: Window) -> float | None:
     """Store growth: database bytes per stored record x records stored per day in the window
     (None when the store is empty or its size cannot be read)."""
-    growth = store_growth(engine, window)
+    growth = store_growth(db, window)
     if not growth.total_rows or not growth.size_bytes or growth.first_at is None:
         return None
     days = max(window.end - max(window.start, growth.first_at), 3600.0) / 86400
@@ -389,9 +387,9 @@ DEVICE_PATTERNS = (
 )
 
 
-def infer_gpu_type(engine: Engine, window: Window, prices: Prices) -> str | None:
+def infer_gpu_type(db: Engine, window: Window, prices: Prices) -> str | None:
     """The price table row of the device most samples in the window came from (None: no match)."""
-    for device, _ in device_counts(engine, window):
+    for device, _ in device_counts(db, window):
         for gpu_type, pattern in DEVICE_PATTERNS:
             if gpu_type in prices.accelerators and re.search(pattern, device, re.IGNORECASE):
                 return gpu_type

@@ -1,6 +1,6 @@
 """Everything the cost views show, in one object: TCO, break-even, sensitivity and advice.
 
-    measured_summary(engine, window, prices, gpu_type=None, overrides=Overrides())   from the store
+    measured_summary(db, window, prices, gpu_type=None, overrides=Overrides())   from the store
     summarize(inputs, source="what-if")                                              from given inputs
     render_text(summary)                                                             the CLI's table
 
@@ -64,7 +64,7 @@ def summarize(
 
 
 def measured_summary(
-    engine: Engine,
+    db: Engine,
     window: Window,
     prices: Prices,
     *,
@@ -77,13 +77,13 @@ def measured_summary(
     """Measure the window, price it on `gpu_type` (default: the sampled device, else H100-SXM),
     apply the overrides and advise per scenario. ValueError on an unknown GPU or a bad override."""
     notes = []
-    gpu = gpu_type or infer_gpu_type(engine, window, prices)
+    gpu = gpu_type or infer_gpu_type(db, window, prices)
     if gpu is None:
         gpu = DEFAULT_GPU
         notes.append(f"gpu_type {gpu} assumed: no device sample in the window names a GPU of the price table")
-    usage = read_usage(engine, window, filters)
+    usage = read_usage(db, window, filters)
     measured = measured_inputs(
-        engine,
+        db,
         window,
         prices,
         gpu_type=gpu,
@@ -93,8 +93,8 @@ def measured_summary(
         usage=usage,
     )
     inputs = apply_overrides(measured, overrides)
-    advice = advise(engine, window, inputs.device_memory_bytes, inputs.gpu_count, filters=filters)
-    by_level = concurrency_costs(engine, window, inputs, filters=filters, usage=usage)
+    advice = advise(db, window, inputs.device_memory_bytes, inputs.gpu_count, filters=filters)
+    by_level = concurrency_costs(db, window, inputs, filters=filters, usage=usage)
     return summarize(
         inputs, source="measured", window=window, advice=tuple(advice), notes=tuple(notes), concurrency=by_level
     )

@@ -275,11 +275,11 @@ def _dated(plan: Schedule, rows: TuningRows, markers, profile: Profile) -> Sched
     return mark_stale(plan, current, since)
 
 
-def recommend_from_store(engine, window, filters=None, **options) -> Schedule:
+def recommend_from_store(db, window, filters=None, **options) -> Schedule:
     """`recommend` over the store's `window` (collector.tuning_reads), version markers included."""
     from specwatch.collector.queries import Filters
     from specwatch.collector.tuning_reads import tuning_rows, version_markers
 
     filters = filters or Filters()
-    rows = tuning_rows(engine, window, filters)
-    return recommend(rows, markers=version_markers(engine, window, filters), **options)
+    rows = tuning_rows(db, window, filters)
+    return recommend(rows, markers=version_markers(db, window, filters), **options)

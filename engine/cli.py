@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from specwatch.common.cli import add_exposure_arguments, add_producer_arguments, check_exposure, tcp_port
-from specwatch.common.errors import UsageError
+from specwatch.common.errors import UsageError, require_engine
 from specwatch.engine.policy import PolicyConfig
 
 
@@ -195,6 +195,7 @@ def engine_config(args: argparse.Namespace):
 
 
 def run_generate(args: argparse.Namespace) -> int:
+    require_engine("generate")
     from specwatch.engine.engine import Engine, GenerateRequest
     from specwatch.engine.loading import ModelLoadError
     from specwatch.engine.sampling import SamplingParams
@@ -255,6 +256,7 @@ def summary_line(record) -> str:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    require_engine("engine serve")
     from specwatch.engine import markers
     from specwatch.engine.device import DeviceSampler
     from specwatch.engine.engine import Engine

@@ -193,7 +193,7 @@ class Report:
 
 
 def build_report(
-    engine: Engine,
+    db: Engine,
     month: str,
     prices: Prices,
     gpu_type: str | None = None,
@@ -209,14 +209,14 @@ def build_report(
     pricing = PricingChoice(hidden or HiddenCosts(), overrides, incidents_from_alerts)
     now = time.time() if now is None else now
     window = month_window(month, now)
-    sig = auto_signals(engine, window)
-    traffic = _traffic(engine, window, sig)
-    latency = _comparison(engine, window)
-    cost = pricing.summary(engine, window, prices, gpu_type)
-    alerts = alert_summary(engine, window)
+    sig = auto_signals(db, window)
+    traffic = _traffic(db, window, sig)
+    latency = _comparison(db, window)
+    cost = pricing.summary(db, window, prices, gpu_type)
+    alerts = alert_summary(db, window)
     head = _headline(sig, traffic.by_mode, latency, cost, alerts)
     prior_month = previous_month(month)
-    prior = month_headline(engine, month_window(prior_month, now), prices, gpu_type, pricing) if previous else None
+    prior = month_headline(db, month_window(prior_month, now), prices, gpu_type, pricing) if previous else None
     prior = prior if prior is not None and prior.requests else None
     return Report(
         month,
@@ -225,12 +225,12 @@ def build_report(
         now,
         head,
         traffic,
-        _daily(engine, window),
-        replace(acceptance_vs_length(engine, window), points=[]),
+        _daily(db, window),
+        replace(acceptance_vs_length(db, window), points=[]),
         latency,
-        load_knee(throughput_by_load(engine, window)),
+        load_knee(throughput_by_load(db, window)),
         alerts,
-        tuple(errors_by_hour_long(engine, window)),
+        tuple(errors_by_hour_long(db, window)),
         cost,
         recommend(head),
         prior_month,
@@ -241,17 +241,17 @@ def build_report(
 
 
 def month_headline(
-    engine: Engine, window: Window, prices: Prices, gpu_type: str | None = None, pricing: PricingChoice | None = None
+    db: Engine, window: Window, prices: Prices, gpu_type: str | None = None, pricing: PricingChoice | None = None
 ) -> Headline:
     """The headline figures of any window, computed as `build_report` does."""
-    sig = auto_signals(engine, window)
-    cost = (pricing or PricingChoice()).summary(engine, window, prices, gpu_type)
+    sig = auto_signals(db, window)
+    cost = (pricing or PricingChoice()).summary(db, window, prices, gpu_type)
     return _headline(
         sig,
-        _shares(engine, window, "mode", sig.requests),
-        _comparison(engine, window),
+        _shares(db, window, "mode", sig.requests),
+        _comparison(db, window),
         cost,
-        alert_summary(engine, window),
+        alert_summary(db, window),
     )
 
 
@@ -288,51 +288,51 @@ class PricingChoice:
     overrides: Overrides = Overrides()
     incidents_from_alerts: bool = False
 
-    def summary(self, engine: Engine, window: Window, prices: Prices, gpu_type: str | None) -> CostSummary:
+    def summary(self, db: Engine, window: Window, prices: Prices, gpu_type: str | None) -> CostSummary:
         return measured_summary(
-            engine,
+            db,
             window,
             prices,
             gpu_type=gpu_type,
             overrides=self.overrides,
             hidden=self.hidden,
-            incidents=incident_history(engine, window) if self.incidents_from_alerts else None,
+            incidents=incident_history(db, window) if self.incidents_from_alerts else None,
         )
 
 
-def _traffic(engine: Engine, window: Window, sig: Signals) -> Traffic:
+def _traffic(db: Engine, window: Window, sig: Signals) -> Traffic:
     output = sig.output_tokens
     return Traffic(
         sig.requests,
         sig.errors,
         sig.ooms,
         output,
-        raw_request_count(engine, window),
-        _shares(engine, window, "mode", sig.requests),
-        _shares(engine, window, "drafter", sig.requests),
-        _shares(engine, window, "arm", sig.requests),
+        raw_request_count(db, window),
+        _shares(db, window, "mode", sig.requests),
+        _shares(db, window, "drafter", sig.requests),
+        _shares(db, window, "arm", sig.requests),
     )
 
 
-def _shares(engine: Engine, window: Window, column: str, total: int) -> tuple[Share, ...]:
+def _shares(db: Engine, window: Window, column: str, total: int) -> tuple[Share, ...]:
     """Requests per value of `column` over the whole month (rollups + raw rows), most first.
     Requests without a drafter count as "none"; without an arm they are left out."""
-    values = set(request_label_values(engine, window, column))
+    values = set(request_label_values(db, window, column))
     if column == "drafter":
         values = {"none" if v in (None, "") else v for v in values}
     values -= {None, ""}
-    counts = [(v, auto_signals(engine, window, Filters(**{column: v})).requests) for v in sorted(values)]
+    counts = [(v, auto_signals(db, window, Filters(**{column: v})).requests) for v in sorted(values)]
     return tuple(Share(v, n, n / total if total else 0.0) for v, n in sorted(counts, key=lambda c: -c[1]) if n)
 
 
-def _comparison(engine: Engine, window: Window) -> Comparison:
+def _comparison(db: Engine, window: Window) -> Comparison:
     """By A/B arm when both arms have requests (unbiased), else by mode."""
-    by_arm = compare(engine, window, by="arm")
-    return by_arm if by_arm.speculative and by_arm.plain else compare(engine, window, by="mode")
+    by_arm = compare(db, window, by="arm")
+    return by_arm if by_arm.speculative and by_arm.plain else compare(db, window, by="mode")
 
 
-def _daily(engine: Engine, window: Window) -> tuple[Day, ...]:
-    days = auto_series(engine, window, step_s=86400.0)
+def _daily(db: Engine, window: Window) -> tuple[Day, ...]:
+    days = auto_series(db, window, step_s=86400.0)
     return tuple(
         Day(
             datetime.fromtimestamp(p.t, UTC).strftime("%Y-%m-%d"),
@@ -359,8 +359,8 @@ def load_knee(buckets: list[LoadBucket]) -> LoadKnee:
     return LoadKnee(tuple(buckets), knee, crossover)
 
 
-def alert_summary(engine: Engine, window: Window) -> AlertSummary:
-    found = history(engine, window, limit=100_000)
+def alert_summary(db: Engine, window: Window) -> AlertSummary:
+    found = history(db, window, limit=100_000)
     fired: dict[str, int] = {}
     for t in found["transitions"]:
         if t["to_state"] == "firing":

@@ -49,7 +49,7 @@ def _write(args: argparse.Namespace, month: str) -> tuple[Path, Path]:
     from sqlalchemy.exc import OperationalError
 
     from specwatch.collector.cli import settings_from
-    from specwatch.collector.db import is_current, make_engine
+    from specwatch.collector.db import is_current, make_db
     from specwatch.cost.inputs import load_prices
     from specwatch.cost.options import model_overrides
     from specwatch.report.build import build_report
@@ -60,12 +60,12 @@ def _write(args: argparse.Namespace, month: str) -> tuple[Path, Path]:
         overrides, hidden = model_overrides(args)  # a bad hidden-costs file fails here, before the store is read
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    engine = make_engine(settings_from(args).database_url_resolved)
+    db = make_db(settings_from(args).database_url_resolved)
     try:
-        if not is_current(engine):
+        if not is_current(db):
             raise UsageError("the database schema is not current: run `specwatch db upgrade` first")
         report = build_report(
-            engine,
+            db,
             month,
             prices,
             gpu_type=args.gpu,
@@ -81,4 +81,4 @@ def _write(args: argparse.Namespace, month: str) -> tuple[Path, Path]:
     except OSError as exc:
         raise UsageError(f"cannot write the report to {args.out}: {exc.strerror}") from None
     finally:
-        engine.dispose()
+        db.dispose()

@@ -47,7 +47,7 @@ def summary(report: Report) -> dict:
     }
 
 
-def run_once(engine: Engine, settings: Settings, config=None, now: float | None = None) -> Path | None:
+def run_once(db: Engine, settings: Settings, config=None, now: float | None = None) -> Path | None:
     """Write last month's report unless its HTML file exists, then enqueue its link for the
     receivers of `config` (an `alerts.rules.AlertConfig`; None: no delivery) that have not had it.
     Returns the HTML path when a report was written."""
@@ -57,13 +57,13 @@ def run_once(engine: Engine, settings: Settings, config=None, now: float | None 
     month, report_dir = last_month(now), Path(settings.report_dir)
     html_path, written, report = report_dir / report_names(month)[0], None, None
     if not html_path.exists():
-        report = build_report(engine, month, load_prices(), now=now, hidden=hidden_costs(settings))
+        report = build_report(db, month, load_prices(), now=now, hidden=hidden_costs(settings))
         written, _ = write_report(report, report_dir)
         log.info("wrote the %s report: %s", month, written)
     if config is not None and config.receivers:
         report = report or _stored_summary(html_path)
         notes = summary(report) if isinstance(report, Report) else report
-        with write_transaction(engine) as conn:
+        with write_transaction(db) as conn:
             if sent := enqueue_report(conn, config, month, report_url(settings, html_path), notes, now):
                 log.info("queued the %s report link for %d receiver(s)", month, sent)
     return written
@@ -96,12 +96,12 @@ def _stored_summary(html_path: Path) -> dict:
         return {}
 
 
-async def report_loop(engine: Engine, settings: Settings, interval_s: float = CHECK_INTERVAL_S) -> None:
+async def report_loop(db: Engine, settings: Settings, interval_s: float = CHECK_INTERVAL_S) -> None:
     """Runs until cancelled; a failing check is logged and retried at the next one."""
     config = _alert_config(settings)
     while True:
         try:
-            await asyncio.to_thread(run_once, engine, settings, config)
+            await asyncio.to_thread(run_once, db, settings, config)
         except Exception:  # noqa: BLE001 - keep the schedule alive; the next check retries
             log.exception("monthly report failed")
         await asyncio.sleep(interval_s)

@@ -16,7 +16,7 @@ from functools import partial
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
-from specwatch.collector.db import make_engine, upgrade
+from specwatch.collector.db import make_db, upgrade
 from specwatch.collector.ingest import IngestWorkers
 from specwatch.collector.leader import LeaderMetrics, Leadership
 from specwatch.collector.maintenance import maintenance_loop
@@ -44,21 +44,21 @@ def create_app(settings: Settings | None = None, registry: CollectorRegistry | N
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         app.state.alert_config = _alert_config(settings)
-        engine = make_engine(settings.database_url_resolved)
-        upgrade(engine)
+        db = make_db(settings.database_url_resolved)
+        upgrade(db)
         app.state.settings = settings
         app.state.tokens = settings.tokens
-        app.state.store = Store(engine)
+        app.state.store = Store(db)
         app.state.metrics = CollectorMetrics(registry or CollectorRegistry())
-        app.state.leadership = Leadership(engine, settings.replica_name, settings.leader_retry_s)
+        app.state.leadership = Leadership(db, settings.replica_name, settings.leader_retry_s)
         leader_only = CollectorRegistry()  # store-derived gauges: the same on every replica
-        CostGauge(engine, routes_cost.shipped_prices(), registry=leader_only)
-        CapacityGauge(engine, registry=leader_only)
-        _detector_gauges(engine, app.state.alert_config, leader_only)
-        app.state.daily_costs = DailyCosts(engine, routes_cost.shipped_prices())
+        CostGauge(db, routes_cost.shipped_prices(), registry=leader_only)
+        CapacityGauge(db, registry=leader_only)
+        _detector_gauges(db, app.state.alert_config, leader_only)
+        app.state.daily_costs = DailyCosts(db, routes_cost.shipped_prices())
         LeaderMetrics(app.state.leadership, app.state.metrics.registry, leader_only)
         app.state.ingest = IngestWorkers(
-            app.state.store, settings.database_url_resolved, _ingest_processes(settings, engine)
+            app.state.store, settings.database_url_resolved, _ingest_processes(settings, db)
         )
         await app.state.ingest.start()
         work = partial(_background_work, app.state.store, settings, app.state.alert_config)
@@ -69,7 +69,7 @@ def create_app(settings: Settings | None = None, registry: CollectorRegistry | N
             leading.cancel()
             await asyncio.gather(leading, return_exceptions=True)
             app.state.ingest.close()
-            engine.dispose()
+            db.dispose()
 
     # The documentation routes come from routes_docs, behind the read token like the API.
     app = FastAPI(title="specwatch collector", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
@@ -89,20 +89,20 @@ def create_app(settings: Settings | None = None, registry: CollectorRegistry | N
 
 async def _background_work(store: Store, settings: Settings, alert_config) -> None:
     """The leader's jobs (roll-ups and retention, vLLM scrapes, alerts, the monthly report), until cancelled."""
-    engine = store.engine
+    db = store.db
     turn = threading.Lock()  # roll-ups and alert cycles one at a time (collector.maintenance.in_turn)
     tasks = [asyncio.create_task(maintenance_loop(store, settings, turn), name="maintenance")]
     tasks += [
-        asyncio.create_task(Scraper(url, engine, settings.scrape_interval_s).run(), name=f"scrape {url}")
+        asyncio.create_task(Scraper(url, db, settings.scrape_interval_s).run(), name=f"scrape {url}")
         for url in settings.scrape_vllm
     ]
-    runner = _alert_runner(settings, engine, alert_config)
+    runner = _alert_runner(settings, db, alert_config)
     if runner is not None:
         tasks.append(asyncio.create_task(runner.run(turn), name="alerts"))
     if settings.report_dir is not None:
         from specwatch.report.schedule import report_loop
 
-        tasks.append(asyncio.create_task(report_loop(engine, settings), name="monthly report"))
+        tasks.append(asyncio.create_task(report_loop(db, settings), name="monthly report"))
     try:
         await asyncio.gather(*tasks)
     finally:
@@ -113,9 +113,9 @@ async def _background_work(store: Store, settings: Settings, alert_config) -> No
             runner.close()
 
 
-def _ingest_processes(settings: Settings, engine) -> int:
+def _ingest_processes(settings: Settings, db) -> int:
     """An in-memory SQLite database exists only in this process: ingest there, in threads."""
-    in_memory = engine.dialect.name == "sqlite" and engine.url.database in (None, "", ":memory:")
+    in_memory = db.dialect.name == "sqlite" and db.url.database in (None, "", ":memory:")
     return 0 if in_memory else settings.ingest_processes
 
 
@@ -129,17 +129,17 @@ def _alert_config(settings: Settings):
     return load_config(settings.alert_rules)
 
 
-def _detector_gauges(engine, config, registry: CollectorRegistry) -> None:
+def _detector_gauges(db, config, registry: CollectorRegistry) -> None:
     """specwatch_acceptance_drift_score and _regression_drop, where this process runs the detectors."""
     if config is not None:
         from specwatch.alerts.detector_gauges import DetectorGauges
 
-        DetectorGauges(engine, registry=registry)
+        DetectorGauges(db, registry=registry)
 
 
-def _alert_runner(settings: Settings, engine, config):
+def _alert_runner(settings: Settings, db, config):
     if config is None:
         return None
     from specwatch.alerts.runner import AlertRunner
 
-    return AlertRunner(engine, config, external_url=settings.external_url)
+    return AlertRunner(db, config, external_url=settings.external_url)

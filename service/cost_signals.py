@@ -78,24 +78,24 @@ def estimated_parts(arm: ArmCost) -> tuple[str, ...]:
     return tuple(parts)
 
 
-def _gpu_type(engine: Engine, window: Window, prices: Prices) -> tuple[str, str]:
-    found = infer_gpu_type(engine, window, prices)
+def _gpu_type(db: Engine, window: Window, prices: Prices) -> tuple[str, str]:
+    found = infer_gpu_type(db, window, prices)
     return (found, "sampled") if found else (DEFAULT_GPU, "assumed")
 
 
-def arm_costs(engine: Engine, window: Window, prices: Prices, gpu_type: str) -> list[tuple[ArmCost, int, int]]:
+def arm_costs(db: Engine, window: Window, prices: Prices, gpu_type: str) -> list[tuple[ArmCost, int, int]]:
     """(cost, output tokens, requests) of each arm served in `window`."""
-    inputs = measured_inputs(engine, window, prices, gpu_type=gpu_type)
+    inputs = measured_inputs(db, window, prices, gpu_type=gpu_type)
     served = {arm.key: (arm.output_tokens, arm.requests) for arm in inputs.arms}
     return [(arm, *served[arm.key]) for arm in tco(inputs).arms]
 
 
-def price_day(engine: Engine, start: float, end: float, prices: Prices, gpu_type: str) -> tuple[DailyArmCost, ...]:
+def price_day(db: Engine, start: float, end: float, prices: Prices, gpu_type: str) -> tuple[DailyArmCost, ...]:
     """Each arm's figures for the UTC day that begins at `start`, from its requests up to `end`."""
     day = time.strftime("%Y-%m-%d", time.gmtime(start))
     return tuple(
         _daily_row(day, start, arm, tokens, requests)
-        for arm, tokens, requests in arm_costs(engine, Window(start, end), prices, gpu_type)
+        for arm, tokens, requests in arm_costs(db, Window(start, end), prices, gpu_type)
     )
 
 
@@ -109,9 +109,9 @@ class DailyCosts:
     """
 
     def __init__(
-        self, engine: Engine, prices: Prices, *, ttl_s: float = 300.0, clock: Callable[[], float] = time.time
+        self, db: Engine, prices: Prices, *, ttl_s: float = 300.0, clock: Callable[[], float] = time.time
     ) -> None:
-        self._engine, self._prices, self._ttl_s, self._clock = engine, prices, ttl_s, clock
+        self._engine, self._prices, self._ttl_s, self._clock = db, prices, ttl_s, clock
         self._kept: dict[tuple[float, str], tuple[float, tuple[DailyArmCost, ...]]] = {}
         self._lock = threading.Lock()
 
@@ -162,7 +162,7 @@ class CostGauge:
 
     def __init__(
         self,
-        engine: Engine,
+        db: Engine,
         prices: Prices,
         *,
         registry: CollectorRegistry,
@@ -170,7 +170,7 @@ class CostGauge:
         ttl_s: float = 60.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self._engine, self._prices = engine, prices
+        self._engine, self._prices = db, prices
         self._window_s, self._ttl_s, self._clock = window_s, ttl_s, clock
         self._lock = threading.Lock()
         self._measured_at: float | None = None

@@ -20,7 +20,7 @@ async def get_settings(request: Request) -> Settings:
 
 
 async def get_engine(request: Request) -> Engine:
-    return request.app.state.store.engine
+    return request.app.state.store.db
 
 
 async def get_metrics(request: Request) -> CollectorMetrics:

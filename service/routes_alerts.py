@@ -18,15 +18,15 @@ rules_router = APIRouter(prefix="/v1/rules", dependencies=[Depends(read_access)]
 
 
 @router.get("")
-def get_alerts(engine: EngineDep, include_resolved: bool = False) -> Response:
-    alerts, rules = active_alerts(engine, include_resolved)
+def get_alerts(db: EngineDep, include_resolved: bool = False) -> Response:
+    alerts, rules = active_alerts(db, include_resolved)
     return json_response({"alerts": alerts, "rules": rules})
 
 
 @router.get("/history")
-def get_history(engine: EngineDep, window: WindowDep, limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> Response:
+def get_history(db: EngineDep, window: WindowDep, limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> Response:
     """Alert transitions, remediation actions and webhook notifications in the window, newest first."""
-    return json_response(history(engine, window, limit))
+    return json_response(history(db, window, limit))
 
 
 @rules_router.get("")

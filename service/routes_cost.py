@@ -87,7 +87,7 @@ def gpu_param(gpu: str | None = None, gpu_type: str | None = None) -> str | None
 
 @router.get("/cost")
 def get_cost(
-    engine: EngineDep,
+    db: EngineDep,
     filters: FiltersDep,
     window: Annotated[Window, Depends(cost_window)],
     overrides: Annotated[Overrides, Depends(overrides_param)],
@@ -97,13 +97,13 @@ def get_cost(
     """TCO per arm, benefit of speculation, break-even acceptance, sensitivity and per-scenario advice."""
     try:
         summary = measured_summary(
-            engine,
+            db,
             window,
             shipped_prices(),
             gpu_type=gpu_type,
             overrides=overrides,
             filters=filters,
-            incidents=incident_history(engine, window) if incidents == "alerts" else None,
+            incidents=incident_history(db, window) if incidents == "alerts" else None,
         )
     except ValueError as exc:
         raise HTTPException(422, {"error": "invalid_parameter", "message": str(exc)}) from None
@@ -112,7 +112,7 @@ def get_cost(
 
 @router.get("/cost/focus")
 def get_cost_focus(
-    engine: EngineDep,
+    db: EngineDep,
     filters: FiltersDep,
     window: Annotated[Window, Depends(cost_window)],
     overrides: Annotated[Overrides, Depends(overrides_param)],
@@ -121,8 +121,8 @@ def get_cost_focus(
     """The window's bill as FinOps FOCUS 1.2 rows (CSV): every line per UTC day, instance and arm."""
     prices = shipped_prices()
     try:
-        gpu = gpu_type or infer_gpu_type(engine, window, prices) or DEFAULT_GPU
-        rows = measured_focus(engine, window, prices, gpu_type=gpu, overrides=overrides, filters=filters)
+        gpu = gpu_type or infer_gpu_type(db, window, prices) or DEFAULT_GPU
+        rows = measured_focus(db, window, prices, gpu_type=gpu, overrides=overrides, filters=filters)
     except ValueError as exc:
         raise HTTPException(422, {"error": "invalid_parameter", "message": str(exc)}) from None
     out = io.StringIO()

@@ -108,12 +108,12 @@ async def healthz() -> dict:
 
 
 @router.get("/readyz")
-def readyz(request: Request, engine: EngineDep) -> Response:
+def readyz(request: Request, db: EngineDep) -> Response:
     """Ready when the database answers, its schema is at the newest migration, and it takes writes
     (503 once an ingest write failed and a probe write fails too; see collector.store.WriteHealth).
     Also says whether this replica is the leader (runs the background work; see collector.leader)."""
     try:
-        current = is_current(engine)
+        current = is_current(db)
     except SQLAlchemyError as exc:
         return json_response({"status": "unavailable", "reason": type(exc).__name__}, status=503)
     if not current:

@@ -58,68 +58,66 @@ FiltersDep = Annotated[Filters, Depends(filters_param)]
 
 
 @router.get("/signals")
-def get_signals(engine: EngineDep, window: WindowDep, filters: FiltersDep) -> Response:
+def get_signals(db: EngineDep, window: WindowDep, filters: FiltersDep) -> Response:
     """Counts, throughput, acceptance and TTFT/e2e/TPOT percentiles of the window (up to 6 h from
     the per-second aggregates, rollups beyond; percentiles from DDSketches within 1% in both, from
     histograms, `basis: "histogram"`, where rollup rows predate migration 0011)."""
-    return json_response(reader.signals(engine, window, filters))
+    return json_response(reader.signals(db, window, filters))
 
 
 @router.get("/acceptance/positions")
-def get_positions(engine: EngineDep, window: WindowDep, filters: FiltersDep) -> Response:
-    return json_response(reader.positions(engine, window, filters))
+def get_positions(db: EngineDep, window: WindowDep, filters: FiltersDep) -> Response:
+    return json_response(reader.positions(db, window, filters))
 
 
 @router.get("/acceptance/length")
 def get_length(
-    engine: EngineDep,
+    db: EngineDep,
     window: WindowDep,
     filters: FiltersDep,
     by: Literal["prompt_tokens", "output_tokens"] = "prompt_tokens",
 ) -> Response:
-    return json_response(reader.acceptance_vs_length(engine, window, filters, by))
+    return json_response(reader.acceptance_vs_length(db, window, filters, by))
 
 
 @router.get("/errors/by-hour")
-def get_errors_by_hour(engine: EngineDep, window: WindowDep, filters: FiltersDep) -> Response:
-    return json_response(reader.errors_by_hour(engine, window, filters))
+def get_errors_by_hour(db: EngineDep, window: WindowDep, filters: FiltersDep) -> Response:
+    return json_response(reader.errors_by_hour(db, window, filters))
 
 
 @router.get("/series")
 def get_series(
-    engine: EngineDep, window: WindowDep, filters: FiltersDep, step: Annotated[float, Query(ge=1)] = 60.0
+    db: EngineDep, window: WindowDep, filters: FiltersDep, step: Annotated[float, Query(ge=1)] = 60.0
 ) -> Response:
     """Per-step series: from the per-second aggregates up to 6 h, from the rollups beyond (sketch
     percentiles in both), exact from raw rows with tag filters (`collector.reader`)."""
     try:
-        return json_response(reader.series(engine, window, filters, step))
+        return json_response(reader.series(db, window, filters, step))
     except ValueError as exc:
         raise HTTPException(422, {"error": "invalid_step", "message": str(exc)}) from None
 
 
 @router.get("/devices/latest", dependencies=[Depends(read_all_tenants)])
-def get_devices(engine: EngineDep, instance: str | None = None) -> Response:
-    return json_response(series.latest_device_samples(engine, instance))
+def get_devices(db: EngineDep, instance: str | None = None) -> Response:
+    return json_response(series.latest_device_samples(db, instance))
 
 
 @router.get("/events", dependencies=[Depends(read_all_tenants)])
 def get_events(
-    engine: EngineDep,
+    db: EngineDep,
     window: WindowDep,
     instance: str | None = None,
     kind: str | None = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ) -> Response:
     """Engine events in the window (oldest first)."""
-    return json_response(series.engine_events(engine, window, instance, kind, limit))
+    return json_response(series.engine_events(db, window, instance, kind, limit))
 
 
 @router.get("/vllm/signals", dependencies=[Depends(read_all_tenants)])
-def get_vllm_signals(
-    engine: EngineDep, window: WindowDep, source: str | None = None, model: str | None = None
-) -> Response:
+def get_vllm_signals(db: EngineDep, window: WindowDep, source: str | None = None, model: str | None = None) -> Response:
     """Acceptance, per-position acceptance and TTFT/e2e percentiles of scraped vLLM engines."""
-    return json_response(vllm.vllm_signals(engine, window, source, model))
+    return json_response(vllm.vllm_signals(db, window, source, model))
 
 
 def _bad_value(call):
@@ -130,47 +128,45 @@ def _bad_value(call):
 
 
 @router.get("/breakdown")
-def get_breakdown(engine: EngineDep, window: WindowDep, filters: FiltersDep, by: str = "drafter") -> Response:
+def get_breakdown(db: EngineDep, window: WindowDep, filters: FiltersDep, by: str = "drafter") -> Response:
     """Acceptance, latency (percentiles and CDF points), energy per token per group:
     `by` = mode | arm | drafter | instance | model | mode_reason | tag:<key>."""
-    return _bad_value(lambda: breakdown.breakdown(engine, window, filters, by))
+    return _bad_value(lambda: breakdown.breakdown(db, window, filters, by))
 
 
 @router.get("/compare")
-def get_compare(
-    engine: EngineDep, window: WindowDep, filters: FiltersDep, by: Literal["arm", "mode"] = "arm"
-) -> Response:
+def get_compare(db: EngineDep, window: WindowDep, filters: FiltersDep, by: Literal["arm", "mode"] = "arm") -> Response:
     """Speculative vs plain latency per output token: speed-up and Mann-Whitney U p-value."""
-    return _bad_value(lambda: breakdown.compare(engine, window, filters, by))
+    return _bad_value(lambda: breakdown.compare(db, window, filters, by))
 
 
 @router.get("/throughput/by-load")
-def get_throughput_by_load(engine: EngineDep, window: WindowDep, filters: FiltersDep) -> Response:
-    return json_response(breakdown.throughput_by_load(engine, window, filters))
+def get_throughput_by_load(db: EngineDep, window: WindowDep, filters: FiltersDep) -> Response:
+    return json_response(breakdown.throughput_by_load(db, window, filters))
 
 
 @router.get("/devices/series", dependencies=[Depends(read_all_tenants)])
 def get_device_series(
-    engine: EngineDep,
+    db: EngineDep,
     window: WindowDep,
     instance: str | None = None,
     max_points: Annotated[int, Query(ge=10, le=100_000)] = 2000,
 ) -> Response:
-    return json_response(breakdown.device_series(engine, window, instance, max_points))
+    return json_response(breakdown.device_series(db, window, instance, max_points))
 
 
 @router.get("/sources", dependencies=[Depends(read_all_tenants)])
-def get_sources(engine: EngineDep, window: WindowDep) -> Response:
+def get_sources(db: EngineDep, window: WindowDep) -> Response:
     """Engines and scraped vLLM servers: last seen, records in the window, records/s."""
-    return json_response(breakdown.sources(engine, window))
+    return json_response(breakdown.sources(db, window))
 
 
 @router.get("/labels")
 def get_labels(
-    engine: EngineDep, window: WindowDep, filters: FiltersDep, tags: Literal["scenario", "none"] = "scenario"
+    db: EngineDep, window: WindowDep, filters: FiltersDep, tags: Literal["scenario", "none"] = "scenario"
 ) -> Response:
     """Requests per instance, model, drafter, mode, arm and scenario tag in the window (tag counts from a
     sample of a large window, scaled: `sampled` then says how many of how many requests). `tags=none`
     leaves the tag out: the labels alone come from the aggregates and need no sample."""
     tag_keys = () if tags == "none" else ("scenario",)
-    return json_response(reader.label_values(engine, window, filters, tag_keys))
+    return json_response(reader.label_values(db, window, filters, tag_keys))

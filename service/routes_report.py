@@ -33,13 +33,13 @@ def get_report(name: str, settings: SettingsDep) -> FileResponse:
 
 
 @on_demand.get("/report")
-def build_html_report(engine: EngineDep, month: str, gpu: str | None = None) -> Response:
+def build_html_report(db: EngineDep, month: str, gpu: str | None = None) -> Response:
     from specwatch.cost.inputs import load_prices
     from specwatch.report.build import build_report
     from specwatch.report.html import render_html
 
     try:
-        report = build_report(engine, month, load_prices(), gpu_type=gpu)
+        report = build_report(db, month, load_prices(), gpu_type=gpu)
     except ValueError as exc:
         raise HTTPException(422, {"error": "invalid_parameter", "message": str(exc)}) from None
     headers = {"Content-Disposition": f'attachment; filename="specwatch-report-{month}.html"'}

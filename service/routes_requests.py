@@ -35,19 +35,19 @@ def query_param(
 
 @router.get("/requests")
 def get_requests(
-    engine: EngineDep, window: WindowDep, filters: FiltersDep, query: Annotated[RequestQuery, Depends(query_param)]
+    db: EngineDep, window: WindowDep, filters: FiltersDep, query: Annotated[RequestQuery, Depends(query_param)]
 ) -> Response:
     """One page of requests: {rows: [...], next_cursor} (next_cursor null on the last page)."""
     try:
-        return json_response(request_reads.list_requests(engine, window, filters, query))
+        return json_response(request_reads.list_requests(db, window, filters, query))
     except BadCursor as exc:
         raise HTTPException(422, {"error": "invalid_cursor", "message": str(exc)}) from None
 
 
 @router.get("/requests/{request_id}")
-def get_request(engine: EngineDep, grant: ReadGrantDep, request_id: str) -> Response:
+def get_request(db: EngineDep, grant: ReadGrantDep, request_id: str) -> Response:
     """One request: every stored field, per-position acceptance, TPOT and its anomaly flags."""
-    found = request_reads.request_detail(engine, request_id)
+    found = request_reads.request_detail(db, request_id)
     tenant = grant.tenant if grant else None
     if found is None or (tenant is not None and found.record.get("tags", {}).get("tenant") != tenant):
         raise HTTPException(404, {"error": "not_found", "message": f"no request {request_id!r}"})

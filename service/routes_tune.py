@@ -45,7 +45,7 @@ def rules_param(
 
 @router.get("/tune")
 def get_tune(
-    engine: EngineDep,
+    db: EngineDep,
     filters: FiltersDep,
     window: Annotated[Window, Depends(tune_window)],
     rules: Annotated[TuneRules, Depends(rules_param)],
@@ -55,7 +55,7 @@ def get_tune(
 ) -> Response:
     """The k schedule per batch-size bucket that maximises predicted output tokens/s."""
     today = today_param(current_k, current_config, rules.max_batch)
-    plan = recommend_from_store(engine, window, filters, rules=rules, **today)
+    plan = recommend_from_store(db, window, filters, rules=rules, **today)
     return json_response(plan_json(plan, method))
 
 

@@ -110,35 +110,33 @@ def _measured(args: argparse.Namespace, prices, overrides: Overrides, hidden: Hi
     from sqlalchemy.exc import OperationalError
 
     from specwatch.collector.cli import settings_from
-    from specwatch.collector.db import is_current, make_engine
+    from specwatch.collector.db import is_current, make_db
 
-    engine = make_engine(settings_from(args).database_url_resolved)
+    db = make_db(settings_from(args).database_url_resolved)
     window = Window.last(args.last or MONTH_S)
     try:
-        if not is_current(engine):
+        if not is_current(db):
             raise UsageError("the database schema is not current: run `specwatch db upgrade` first")
         summary = measured_summary(
-            engine,
+            db,
             window,
             prices,
             gpu_type=args.gpu,
             overrides=overrides,
             hidden=hidden,
-            incidents=incident_history(engine, window) if args.incidents == "alerts" else None,
+            incidents=incident_history(db, window) if args.incidents == "alerts" else None,
         )
         if args.focus is not None:
             from specwatch.cost.focus import measured_focus
 
             i = summary.inputs
-            rows = measured_focus(
-                engine, summary.window, i.prices, gpu_type=i.gpu_type, overrides=overrides, hidden=hidden
-            )
+            rows = measured_focus(db, summary.window, i.prices, gpu_type=i.gpu_type, overrides=overrides, hidden=hidden)
             _write_focus(args.focus, rows)
         return summary
     except OperationalError as exc:
         raise UsageError(f"cannot read the database: {str(exc.orig).splitlines()[0]}") from None
     finally:
-        engine.dispose()
+        db.dispose()
 
 
 def _write_xlsx(summary: CostSummary, path: Path) -> None:

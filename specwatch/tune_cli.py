@@ -123,21 +123,21 @@ def recommend_command(args: argparse.Namespace) -> int:
     from sqlalchemy.exc import OperationalError
 
     from specwatch.collector.cli import settings_from
-    from specwatch.collector.db import is_current, make_engine
+    from specwatch.collector.db import is_current, make_db
     from specwatch.cost.tuner_data import recommend_from_store
 
     rules = TuneRules(args.min_requests, args.min_drafts, args.max_k, args.max_batch, min_gain=args.min_gain)
     window, profile, today = window_of(args), profile_of(args.profile), today_of(args)
     filters = Filters(instance=args.instance, model=args.model, drafter=args.drafter)
-    engine = make_engine(settings_from(args).database_url_resolved)
+    db = make_db(settings_from(args).database_url_resolved)
     try:
-        if not is_current(engine):
+        if not is_current(db):
             raise UsageError("the database schema is not current: run `specwatch db upgrade` first")
-        plan = recommend_from_store(engine, window, filters, rules=rules, profile=profile, **today)
+        plan = recommend_from_store(db, window, filters, rules=rules, profile=profile, **today)
     except OperationalError as exc:
         raise UsageError(f"cannot read the database: {str(exc.orig).splitlines()[0]}") from None
     finally:
-        engine.dispose()
+        db.dispose()
     print_plan(plan, args.method, args.json)
     return 0
 

@@ -28,7 +28,7 @@ import yaml
 
 from specwatch.common.auth import ROLE_ENV
 from specwatch.common.cli import tcp_port
-from specwatch.common.errors import UsageError
+from specwatch.common.errors import UsageError, require_engine
 from specwatch.common.procs import (
     StartError,
     child_env,
@@ -103,6 +103,7 @@ class Stack:
 
 
 def run_up(args: argparse.Namespace) -> int:
+    require_engine("up")
     if args.requests < 1 or args.concurrency < 1 or args.phase_seconds <= 0 or args.max_tokens < 1:
         raise UsageError("--requests, --concurrency, --max-tokens must be >= 1 and --phase-seconds > 0")
     args.data_dir.mkdir(parents=True, exist_ok=True)

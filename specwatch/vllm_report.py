@@ -97,9 +97,9 @@ def _timeline(run) -> None:
     """Every stored scrape row: quiet ones folded, gaps and resets spelled out."""
     from specwatch.collector.reads import vllm_scrapes
 
-    engine = create_engine(run.db_url)
-    rows = vllm_scrapes(engine)
-    engine.dispose()
+    db = create_engine(run.db_url)
+    rows = vllm_scrapes(db)
+    db.dispose()
     if not rows:
         print("\nscrape timeline: no rows stored")
         return

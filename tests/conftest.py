@@ -31,7 +31,7 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine, text
 from waiting import wait_for
 
-from specwatch.collector.db import make_engine, upgrade
+from specwatch.collector.db import make_db, upgrade
 from specwatch.collector.settings import Settings
 from specwatch.common.procs import SOURCE_ROOT, free_port, specwatch_command, start_collector
 from specwatch.service.app import create_app
@@ -77,11 +77,11 @@ def postgres_url() -> str:
 
 
 def _reset_postgres(url: str) -> None:
-    engine = make_engine(url)
-    with engine.begin() as conn:
+    db = make_db(url)
+    with db.begin() as conn:
         conn.execute(text("DROP SCHEMA public CASCADE"))
         conn.execute(text("CREATE SCHEMA public"))
-    engine.dispose()
+    db.dispose()
 
 
 @pytest.fixture
@@ -101,11 +101,11 @@ def db_url(request: pytest.FixtureRequest, tmp_path) -> str:
 
 
 @pytest.fixture
-def engine(db_url: str) -> Engine:
-    engine = make_engine(db_url)
-    upgrade(engine)
-    yield engine
-    engine.dispose()
+def db(db_url: str) -> Engine:
+    db = make_db(db_url)
+    upgrade(db)
+    yield db
+    db.dispose()
 
 
 @pytest.fixture
@@ -132,7 +132,7 @@ def client(settings: Settings, registry: CollectorRegistry) -> TestClient:
 @pytest.fixture(scope="session")
 def bundled_engine():
     """The bundled SmolLM2-135M-Instruct in float32 (exactness is a float32 property)."""
-    from specwatch.engine.engine import Engine, EngineConfig
+    from specwatch.engine.db import Engine, EngineConfig
 
     return Engine(EngineConfig(dtype="float32", instance="test"))
 
@@ -146,7 +146,7 @@ def live_collector(tmp_path_factory) -> dict:
     port, engine_port = free_port(), free_port()
     collector = start_collector(port, data / "collector.log", f"sqlite:///{data / 'specwatch.db'}")
     url, engine_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{engine_port}"
-    engine = subprocess.Popen(
+    db = subprocess.Popen(
         specwatch_command("engine", "serve", "--port", str(engine_port), "--collector", url, "--instance", "laptop")
         + ["--spool-dir", str(data / "spool"), "--canary-fraction", "0.7", "--sample-interval", "0.5"]
         + ["--min-acceptance", "0"],
@@ -174,8 +174,8 @@ def live_collector(tmp_path_factory) -> dict:
         time.sleep(1.0)  # a few more device samples
         yield {"url": url, "db": data / "specwatch.db"}
     finally:
-        engine.terminate()
-        engine.wait(30)
+        db.terminate()
+        db.wait(30)
         collector.terminate()
         collector.wait(30)
 

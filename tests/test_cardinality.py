@@ -34,8 +34,8 @@ def registries(batch: list[RequestRecord]) -> dict[str, CollectorRegistry]:
     scheduler = SimpleNamespace(
         active=0, queue_depth=0, load=0.0, policy=SimpleNamespace(state=state), telemetry=TelemetrySink("t")
     )
-    engine, gateway, collector = CollectorRegistry(), CollectorRegistry(), CollectorRegistry()
-    engine_metrics = EngineMetrics(scheduler, registry=engine)
+    db, gateway, collector = CollectorRegistry(), CollectorRegistry(), CollectorRegistry()
+    engine_metrics = EngineMetrics(scheduler, registry=db)
     states = {
         name: UpstreamState(Upstream(name, f"http://{name}:8000", drafter="ngram", pool="spec")) for name in INSTANCES
     }
@@ -44,7 +44,7 @@ def registries(batch: list[RequestRecord]) -> dict[str, CollectorRegistry]:
         engine_metrics.observe(record)
         gateway_metrics.observe(record)
     CollectorMetrics(collector).record_batch(IngestCounts(requests=len(batch), new_requests=tuple(batch)))
-    return {"engine": engine, "gateway": gateway, "collector": collector}
+    return {"engine": db, "gateway": gateway, "collector": collector}
 
 
 def series(registry: CollectorRegistry) -> set[tuple[str, tuple]]:

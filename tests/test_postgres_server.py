@@ -16,12 +16,12 @@ pytestmark = pytest.mark.skipif(BIN_DIR is None, reason=MISSING)
 
 
 def answers(url: str) -> int:
-    engine = create_engine(url)
+    db = create_engine(url)
     try:
-        with engine.connect() as conn:
+        with db.connect() as conn:
             return conn.execute(text("select 1")).scalar()
     finally:
-        engine.dispose()
+        db.dispose()
 
 
 def test_two_servers_at_once_on_their_own_ports_removed_when_stopped():

@@ -17,7 +17,7 @@ from specwatch.alerts.evaluator import Alert, State
 from specwatch.alerts.rules import parse_config
 from specwatch.alerts.runner import AlertRunner
 from specwatch.alerts.tables import alert_actions
-from specwatch.collector.db import make_engine, upgrade
+from specwatch.collector.db import make_db, upgrade
 from specwatch.collector.store import Store
 from specwatch.engine.policy import PolicyConfig
 from specwatch.engine.scheduler import SchedulerConfig
@@ -28,10 +28,10 @@ TOKEN_ENV = "SPECWATCH_TEST_CONTROL_TOKEN"
 
 @pytest.fixture
 def db(tmp_path):
-    engine = make_engine(f"sqlite:///{tmp_path / 'alerts.db'}")
-    upgrade(engine)
-    yield engine
-    engine.dispose()
+    db = make_db(f"sqlite:///{tmp_path / 'alerts.db'}")
+    upgrade(db)
+    yield db
+    db.dispose()
 
 
 def config_for(engine_url: str):

@@ -21,8 +21,8 @@ from specwatch.collector.store import Store
 from specwatch.telemetry.schema import IngestBatch
 
 
-def store(engine, requests=(), samples=(), events=()) -> None:
-    Store(engine).insert(
+def store(db, requests=(), samples=(), events=()) -> None:
+    Store(db).insert(
         IngestBatch.model_validate({"requests": list(requests), "samples": list(samples), "events": list(events)})
     )
 
@@ -42,15 +42,15 @@ def drafted(i: int, accepted: int, drafted_tokens: int = 16, at: float | None = 
     )
 
 
-def test_request_signals_match_numpy_over_the_window(engine):
+def test_request_signals_match_numpy_over_the_window(db):
     rng = np.random.default_rng(0)
     accepted = rng.integers(0, 17, size=60)
     ttft = rng.gamma(2.0, 0.1, size=60)
     records = [
         drafted(i, int(a), ttft_s=float(t), instance=f"gpu-{i % 2}") for i, (a, t) in enumerate(zip(accepted, ttft))
     ]
-    store(engine, records + [drafted(100, 0, at=T0 - 400)])  # one outside the window
-    source, now = StoreSignals(engine), T0 + 60
+    store(db, records + [drafted(100, 0, at=T0 - 400)])  # one outside the window
+    source, now = StoreSignals(db), T0 + 60
     got = {s.labels: s for s in source.query("acceptance_rate", 300, ["instance"], now)}
     stddev = {s.labels: s for s in source.query("acceptance_stddev", 300, ["instance"], now)}
     p99 = {s.labels: s for s in source.query("ttft_p99", 300, ["instance"], now)}
@@ -63,7 +63,7 @@ def test_request_signals_match_numpy_over_the_window(engine):
         assert p99[key].value == pytest.approx(np.quantile(ttft[k::2], 0.99), rel=0.01)
 
 
-def test_device_event_and_arm_signals(engine):
+def test_device_event_and_arm_signals(db):
     samples = [
         sample_dict(i, at=T0 + 5 * i, fragmentation=1.1 + 0.02 * i, util_draft=[0.1, 0.5, 0.2][i % 3])
         for i in range(12)
@@ -81,8 +81,8 @@ def test_device_event_and_arm_signals(engine):
         )
         for i in range(40)
     ]
-    store(engine, ooms + arms, samples, events)
-    source, now = StoreSignals(engine), T0 + 60
+    store(db, ooms + arms, samples, events)
+    source, now = StoreSignals(db), T0 + 60
     (frag,) = source.query("fragmentation", 60, ["instance"], now)
     assert frag.value == pytest.approx(np.mean([1.1 + 0.02 * i for i in range(12)])) and frag.count == 12
     (swing,) = source.query("draft_util_swing", 300, ["instance", "device"], now)
@@ -100,14 +100,14 @@ RULES = {
 }
 
 
-def notifications(engine) -> list[tuple[str, str]]:
-    with engine.connect() as conn:
+def notifications(db) -> list[tuple[str, str]]:
+    with db.connect() as conn:
         return [tuple(r) for r in conn.execute(select(alert_notifications.c.rule, alert_notifications.c.alert_status))]
 
 
-def test_restart_neither_refires_nor_forgets(engine):
+def test_restart_neither_refires_nor_forgets(db):
     config = parse_config(RULES)
-    store(engine, [drafted(i, 4) for i in range(10)])  # acceptance 0.25
+    store(db, [drafted(i, 4) for i in range(10)])  # acceptance 0.25
     table = [  # (now, expected state, notifications so far); a new runner (a restart) every cycle
         (T0 + 20, "pending", 0),
         (T0 + 50, "pending", 0),
@@ -117,13 +117,13 @@ def test_restart_neither_refires_nor_forgets(engine):
         (T0 + 415, "inactive", 2),
     ]
     for now, expected, sent in table:
-        runner = AlertRunner(engine, config)
+        runner = AlertRunner(db, config)
         runner.cycle(now)
         runner.close()
-        (alert,), _ = active_alerts(engine, include_resolved=True)
-        assert (alert.state, len(notifications(engine))) == (expected, sent), f"now={now}"
-    assert notifications(engine) == [("SpecAcceptanceLow", "firing"), ("SpecAcceptanceLow", "resolved")]
-    moves = [(t["from_state"], t["to_state"]) for t in reversed(history(engine, Window(T0, T0 + 1000))["transitions"])]
+        (alert,), _ = active_alerts(db, include_resolved=True)
+        assert (alert.state, len(notifications(db))) == (expected, sent), f"now={now}"
+    assert notifications(db) == [("SpecAcceptanceLow", "firing"), ("SpecAcceptanceLow", "resolved")]
+    moves = [(t["from_state"], t["to_state"]) for t in reversed(history(db, Window(T0, T0 + 1000))["transitions"])]
     assert moves == [("inactive", "pending"), ("pending", "firing"), ("firing", "inactive")]
 
 
@@ -139,51 +139,51 @@ class FailingFor:
         return self.inner.query(signal, window_s, group_by, now)
 
 
-def test_a_failing_signal_records_its_error_and_the_others_go_on(engine):
+def test_a_failing_signal_records_its_error_and_the_others_go_on(db):
     rules = {
         "rules": [
             RULES["rules"][0] | {"for": "0s"},
             RULES["rules"][0] | {"name": "Broken", "signal": "ttft_p99", "op": ">", "threshold": 0.3},
         ]
     }
-    store(engine, [drafted(i, 4) for i in range(10)])
-    runner = AlertRunner(engine, parse_config(rules), source=FailingFor(StoreSignals(engine), "ttft_p99"))
+    store(db, [drafted(i, 4) for i in range(10)])
+    runner = AlertRunner(db, parse_config(rules), source=FailingFor(StoreSignals(db), "ttft_p99"))
     report = runner.cycle(T0 + 20)
     assert report.errors == {"Broken": "RuntimeError: relation does not exist"}
-    (alert,), health = active_alerts(engine)
+    (alert,), health = active_alerts(db)
     assert alert.rule == "SpecAcceptanceLow" and alert.state == "firing"
     assert {h.rule: h.error for h in health} == {
         "Broken": "RuntimeError: relation does not exist",
         "SpecAcceptanceLow": None,
     }
-    with engine.connect() as conn:
+    with db.connect() as conn:
         assert (
             conn.execute(select(alert_rule_health.c.duration_s).where(alert_rule_health.c.rule == "Broken")).scalar()
             >= 0
         )
 
 
-def test_old_alert_history_expires_with_the_rollups_but_undelivered_notifications_stay(engine):
+def test_old_alert_history_expires_with_the_rollups_but_undelivered_notifications_stay(db):
     from specwatch.collector.rollups import apply_retention
 
-    store(engine, [drafted(i, 4) for i in range(10)])
-    runner = AlertRunner(engine, parse_config({**RULES, "rules": [RULES["rules"][0] | {"for": "0s"}]}))
+    store(db, [drafted(i, 4) for i in range(10)])
+    runner = AlertRunner(db, parse_config({**RULES, "rules": [RULES["rules"][0] | {"for": "0s"}]}))
     runner.cycle(T0 + 20)
     runner.close()
-    assert len(history(engine, Window(T0, T0 + 100))["transitions"]) == 2
-    apply_retention(engine, T0 + 3 * 86400, raw_retention_s=86400, rollup_retention_s=2 * 86400)
-    assert history(engine, Window(T0, T0 + 100))["transitions"] == []
-    assert notifications(engine) == [("SpecAcceptanceLow", "firing")]  # never delivered: kept
+    assert len(history(db, Window(T0, T0 + 100))["transitions"]) == 2
+    apply_retention(db, T0 + 3 * 86400, raw_retention_s=86400, rollup_retention_s=2 * 86400)
+    assert history(db, Window(T0, T0 + 100))["transitions"] == []
+    assert notifications(db) == [("SpecAcceptanceLow", "firing")]  # never delivered: kept
 
 
-def test_vllm_signals_per_source_from_real_scrapes(engine):
+def test_vllm_signals_per_source_from_real_scrapes(db):
     from fake_vllm import FakeVllm
 
     from specwatch.collector.vllm import Scraper
 
     rng = np.random.default_rng(3)
     for source, (low, high) in (("http://good:8000/metrics", (2, 4)), ("http://bad:8000/metrics", (0, 2))):
-        vllm, scraper = FakeVllm(), Scraper(source, engine, 15)
+        vllm, scraper = FakeVllm(), Scraper(source, db, 15)
         scraper.observe(vllm.text(), at=T0)
         accepted = rng.integers(low, high, 50)  # of 3 draft tokens
         for a in accepted:
@@ -192,7 +192,7 @@ def test_vllm_signals_per_source_from_real_scrapes(engine):
         scraper.observe(vllm.text(), at=T0 + 15)
         (sample,) = [
             s
-            for s in StoreSignals(engine).query("vllm_acceptance_rate", 300, ["source"], T0 + 30)
+            for s in StoreSignals(db).query("vllm_acceptance_rate", 300, ["source"], T0 + 30)
             if dict(s.labels)["source"] == source
         ]
         assert sample.value == pytest.approx(accepted.sum() / 150) and sample.count == 50
@@ -205,8 +205,8 @@ def test_vllm_signals_per_source_from_real_scrapes(engine):
         "min_samples": 20,
         "group_by": ["source"],
     }
-    runner = AlertRunner(engine, parse_config({"rules": [rule]}))
+    runner = AlertRunner(db, parse_config({"rules": [rule]}))
     runner.cycle(T0 + 30)
     runner.close()
-    (alert,), _ = active_alerts(engine)
+    (alert,), _ = active_alerts(db)
     assert alert.labels["source"] == "http://bad:8000/metrics" and alert.state == "firing"

@@ -15,11 +15,11 @@ def only_alert_tables(name: str | None, type_: str, parent_names: dict) -> bool:
     return type_ != "table" or name in metadata.tables
 
 
-def test_migrated_schema_matches_the_alert_tables(engine):
-    with engine.connect() as conn:
+def test_migrated_schema_matches_the_alert_tables(db):
+    with db.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn, opts={"include_name": only_alert_tables}), metadata)
     assert diff == []
-    reflected = inspect(engine)
+    reflected = inspect(db)
     for table in metadata.sorted_tables:
         columns = {c["name"]: c["nullable"] for c in reflected.get_columns(table.name)}
         assert columns == {c.name: c.nullable for c in table.columns}, table.name
@@ -27,7 +27,7 @@ def test_migrated_schema_matches_the_alert_tables(engine):
         assert {ix.name for ix in table.indexes} <= indexes, table.name
 
 
-def test_the_comparison_sees_a_drifted_definition(engine):
+def test_the_comparison_sees_a_drifted_definition(db):
     """A column the migrations did not create is reported (the check can fail)."""
     from sqlalchemy import Column, MetaData, String
 
@@ -35,7 +35,7 @@ def test_the_comparison_sees_a_drifted_definition(engine):
     for table in metadata.sorted_tables:
         table.to_metadata(drifted)
     drifted.tables["alert_actions"].append_column(Column("operator", String(64)))
-    with engine.connect() as conn:
+    with db.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn, opts={"include_name": only_alert_tables}), drifted)
     assert [(d[0], d[2], d[3].name) for d in diff] == [("add_column", "alert_actions", "operator")]
 

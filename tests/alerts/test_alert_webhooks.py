@@ -19,7 +19,7 @@ from webhook_receiver import Receiver
 from specwatch.alerts.notify import SIGNATURE_HEADER, sign
 from specwatch.alerts.rules import AlertConfig, parse_config
 from specwatch.alerts.runner import AlertRunner
-from specwatch.collector.db import make_engine
+from specwatch.collector.db import make_db
 from specwatch.common import procs
 from specwatch.common.procs import free_port
 from specwatch.telemetry.client import TelemetryClient
@@ -104,8 +104,8 @@ def test_alert_fires_and_resolves_through_a_receiver_that_was_down(tmp_path, mon
         collector_port, tmp_path / "collector.log", db_url, {"SPECWATCH_ALERTS_ENABLED": "false"}
     )
     api = f"http://127.0.0.1:{collector_port}"
-    engine = make_engine(db_url)
-    runner = AlertRunner(engine, alert_config(f"http://127.0.0.1:{receiver_port}/hook"), external_url=api)
+    db = make_db(db_url)
+    runner = AlertRunner(db, alert_config(f"http://127.0.0.1:{receiver_port}/hook"), external_url=api)
     t0, receiver = time.time() - 60, None  # the timeline ends before the wall clock: no records from the future
     try:
         with TelemetryClient(api, flush_interval_s=0.05) as client:
@@ -124,7 +124,7 @@ def test_alert_fires_and_resolves_through_a_receiver_that_was_down(tmp_path, mon
                     assert "ConnectError" in failed["last_error"]
     finally:
         runner.close()
-        engine.dispose()
+        db.dispose()
         collector.terminate()
         collector.wait(30)
         if receiver:

@@ -25,48 +25,48 @@ def record(i: int, accepted: int, output: int = 64, **overrides) -> dict:
     return request_dict(i, request_id=f"r{i}", tags={}, **{**fields, **overrides})
 
 
-def ingest(engine, records) -> None:
-    Store(engine).insert(IngestBatch.model_validate({"requests": records, "samples": [], "events": []}))
+def ingest(db, records) -> None:
+    Store(db).insert(IngestBatch.model_validate({"requests": records, "samples": [], "events": []}))
 
 
-def flags(engine) -> list[tuple[str, str, float]]:
+def flags(db) -> list[tuple[str, str, float]]:
     t = request_flags.c
-    with engine.connect() as conn:
+    with db.connect() as conn:
         rows = conn.execute(select(t.request_id, t.flag, t.flagged_at).order_by(t.request_id, t.flag))
         return [tuple(r) for r in rows]
 
 
-def test_flags_written_once_and_the_cursor_survives_a_restart(engine):
+def test_flags_written_once_and_the_cursor_survives_a_restart(db):
     typical = [record(i, 9 + i % 3) for i in range(40)]  # acceptance 0.5625..0.6875, median 0.625
-    ingest(engine, typical)
-    AlertRunner(engine, CONFIG).cycle(T0 + 100)
-    assert flags(engine) == []
+    ingest(db, typical)
+    AlertRunner(db, CONFIG).cycle(T0 + 100)
+    assert flags(db) == []
     odd = [record(40, 0), record(41, 16, output=256), record(42, 16, output=32), record(43, 10)]
-    ingest(engine, odd)
-    AlertRunner(engine, CONFIG).cycle(T0 + 160)
+    ingest(db, odd)
+    AlertRunner(db, CONFIG).cycle(T0 + 160)
     expected = [("r40", "collapse", T0 + 160), ("r40", "outlier", T0 + 160), ("r41", "repetition", T0 + 160)]
-    assert flags(engine) == expected
-    runner = AlertRunner(engine, CONFIG)  # a new leader: resumes after r43, judges nothing twice
+    assert flags(db) == expected
+    runner = AlertRunner(db, CONFIG)  # a new leader: resumes after r43, judges nothing twice
     runner.cycle(T0 + 220)
-    assert flags(engine) == expected
+    assert flags(db) == expected
 
 
-def test_series_history_judges_a_lone_new_request(engine):
+def test_series_history_judges_a_lone_new_request(db):
     """One new request per pass is still judged against the series' stored history."""
-    ingest(engine, [record(i, 9 + i % 3) for i in range(30)])
-    assert run_pass(engine, CONFIG.detectors, T0 + 40).flagged == 0
-    ingest(engine, [record(30, 1)])
-    done = run_pass(engine, CONFIG.detectors, T0 + 50)
+    ingest(db, [record(i, 9 + i % 3) for i in range(30)])
+    assert run_pass(db, CONFIG.detectors, T0 + 40).flagged == 0
+    ingest(db, [record(30, 1)])
+    done = run_pass(db, CONFIG.detectors, T0 + 50)
     assert (done.read, done.judged, done.flagged) == (1, 1, 1)
-    assert [f[:2] for f in flags(engine)] == [("r30", "outlier")]  # 1/16: low, but not ~0
+    assert [f[:2] for f in flags(db)] == [("r30", "outlier")]  # 1/16: low, but not ~0
 
 
 @pytest.mark.parametrize(("other", "flagged"), [({"instance": "gpu-1"}, 0), ({"drafter": "suffix"}, 0), ({}, 1)])
-def test_history_is_per_series(engine, other, flagged):
-    ingest(engine, [record(i, 9 + i % 3) for i in range(30)])
-    run_pass(engine, CONFIG.detectors, T0 + 40)
-    ingest(engine, [record(30, 1, **other)])  # another series has no history: too small to judge
-    assert run_pass(engine, CONFIG.detectors, T0 + 50).flagged == flagged
+def test_history_is_per_series(db, other, flagged):
+    ingest(db, [record(i, 9 + i % 3) for i in range(30)])
+    run_pass(db, CONFIG.detectors, T0 + 40)
+    ingest(db, [record(30, 1, **other)])  # another series has no history: too small to judge
+    assert run_pass(db, CONFIG.detectors, T0 + 50).flagged == flagged
 
 
 def marker(at: float, drafter: str) -> dict:
@@ -94,13 +94,13 @@ MARKER_CONFIG = parse_config(
         (("ngram",), ("suffix",), 0),  # another drafter that works
     ],
 )
-def test_collapse_of_a_drafter_new_since_the_marker(engine, before, after, flagged):
-    Store(engine).insert(
+def test_collapse_of_a_drafter_new_since_the_marker(db, before, after, flagged):
+    Store(db).insert(
         IngestBatch.model_validate(
             {"requests": served(0, 40, before, ACCEPTED), "samples": [], "events": [marker(T0 + 40, after[-1])]}
         )
     )
-    run_pass(engine, MARKER_CONFIG.detectors, T0 + 41)
-    ingest(engine, served(40, 20, after, ACCEPTED))
-    assert run_pass(engine, MARKER_CONFIG.detectors, T0 + 70).flagged == flagged
-    assert {f[1] for f in flags(engine)} <= {"collapse"} and len(flags(engine)) == flagged
+    run_pass(db, MARKER_CONFIG.detectors, T0 + 41)
+    ingest(db, served(40, 20, after, ACCEPTED))
+    assert run_pass(db, MARKER_CONFIG.detectors, T0 + 70).flagged == flagged
+    assert {f[1] for f in flags(db)} <= {"collapse"} and len(flags(db)) == flagged

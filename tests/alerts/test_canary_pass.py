@@ -41,20 +41,20 @@ def verdict(at: float, decision: str, speedup: float, p: float, applied: bool = 
     return {"instance": "edge", "at": at, "kind": "canary_verdict", "detail": detail}
 
 
-def ingest(engine, events: list[dict]) -> None:
-    Store(engine).insert(IngestBatch.model_validate({"requests": [], "samples": [], "events": events}))
+def ingest(db, events: list[dict]) -> None:
+    Store(db).insert(IngestBatch.model_validate({"requests": [], "samples": [], "events": events}))
 
 
-def payloads(engine) -> list[dict]:
-    with engine.connect() as conn:
+def payloads(db) -> list[dict]:
+    with db.connect() as conn:
         return list(conn.scalars(select(alert_notifications.c.payload).order_by(alert_notifications.c.id)))
 
 
-def test_each_verdict_is_one_history_entry_action_and_webhook(engine):
-    ingest(engine, [verdict(T0, "promote", 1.8, 0.001), verdict(T0 + 60, "rollback", 0.7, 0.002, applied=False)])
-    AlertRunner(engine, CONFIG).cycle(T0 + 90)
-    AlertRunner(engine, CONFIG).cycle(T0 + 120)  # a second cycle (a new leader too) repeats nothing
-    found = history(engine, Window(T0 - 10, T0 + 200))
+def test_each_verdict_is_one_history_entry_action_and_webhook(db):
+    ingest(db, [verdict(T0, "promote", 1.8, 0.001), verdict(T0 + 60, "rollback", 0.7, 0.002, applied=False)])
+    AlertRunner(db, CONFIG).cycle(T0 + 90)
+    AlertRunner(db, CONFIG).cycle(T0 + 120)  # a second cycle (a new leader too) repeats nothing
+    found = history(db, Window(T0 - 10, T0 + 200))
     transitions = sorted(found["transitions"], key=lambda t: t["at"])
     assert [(t["rule"], t["labels"]["decision"], t["to_state"]) for t in transitions] == [
         ("CanaryVerdict", "promote", "firing"),
@@ -66,7 +66,7 @@ def test_each_verdict_is_one_history_entry_action_and_webhook(engine):
         ("canary_promote", "ok", "edge"),
         ("canary_rollback", "failed", "edge"),
     ]
-    sent = payloads(engine)  # only `ops` wants them: `pager` matches severity critical
+    sent = payloads(db)  # only `ops` wants them: `pager` matches severity critical
     assert [p["receiver"] for p in sent] == ["ops", "ops"]
     promote, rollback = (p["alerts"][0] for p in sent)
     assert promote["labels"]["severity"] == "info" and rollback["labels"]["severity"] == "warning"
@@ -76,8 +76,8 @@ def test_each_verdict_is_one_history_entry_action_and_webhook(engine):
     assert rollback["annotations"]["share"] == "0.05 -> 0.0 (refused)"
 
 
-def test_a_verdict_older_than_the_lookback_is_not_sent(engine):
-    ingest(engine, [verdict(T0, "promote", 1.5, 0.01)])
-    assert canary.run_pass(engine, CONFIG, T0 + canary.LOOKBACK_S + 61) == 0
-    assert canary.run_pass(engine, CONFIG, T0 + 30) == 1
-    assert canary.run_pass(engine, CONFIG, T0 + 31) == 0
+def test_a_verdict_older_than_the_lookback_is_not_sent(db):
+    ingest(db, [verdict(T0, "promote", 1.5, 0.01)])
+    assert canary.run_pass(db, CONFIG, T0 + canary.LOOKBACK_S + 61) == 0
+    assert canary.run_pass(db, CONFIG, T0 + 30) == 1
+    assert canary.run_pass(db, CONFIG, T0 + 31) == 0

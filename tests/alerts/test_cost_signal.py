@@ -42,39 +42,39 @@ def not_counted() -> list[dict]:
     return [failed, untimed, old]
 
 
-def store(engine, records: list[dict]) -> None:
-    Store(engine).insert(IngestBatch.model_validate({"requests": records}))
+def store(db, records: list[dict]) -> None:
+    Store(db).insert(IngestBatch.model_validate({"requests": records}))
 
 
 def shipped_rule():
     return load_config(DEFAULT_RULES).rule("SpeculationCostsMore")
 
 
-def test_spec_ten_percent_dearer_reads_0_10_per_instance(engine):
-    store(engine, arms(60, 60) + arms(50, 70, spec_per_token=0.009, instance="gpu-1", first=10_000) + not_counted())
+def test_spec_ten_percent_dearer_reads_0_10_per_instance(db):
+    store(db, arms(60, 60) + arms(50, 70, spec_per_token=0.009, instance="gpu-1", first=10_000) + not_counted())
     samples = {
-        dict(s.labels)["instance"]: s for s in StoreSignals(engine).query("spec_cost_excess", HOUR, ["instance"], NOW)
+        dict(s.labels)["instance"]: s for s in StoreSignals(db).query("spec_cost_excess", HOUR, ["instance"], NOW)
     }
     assert samples["gpu-0"].value == pytest.approx(0.10) and samples["gpu-0"].count == 60
     assert samples["gpu-1"].value == pytest.approx(-0.10) and samples["gpu-1"].count == 50  # the smaller mode
-    (overall,) = StoreSignals(engine).query("spec_cost_excess", HOUR, [], NOW)
+    (overall,) = StoreSignals(db).query("spec_cost_excess", HOUR, [], NOW)
     assert overall.value == pytest.approx((60 * 0.011 + 50 * 0.009) / 110 / 0.01 - 1) and overall.count == 110
 
 
-def test_one_mode_alone_gives_no_sample(engine):
-    store(engine, arms(60, 0))
-    assert StoreSignals(engine).query("spec_cost_excess", HOUR, ["instance", "model"], NOW) == []
+def test_one_mode_alone_gives_no_sample(db):
+    store(db, arms(60, 0))
+    assert StoreSignals(db).query("spec_cost_excess", HOUR, ["instance", "model"], NOW) == []
 
 
-def test_the_shipped_rule_goes_pending_from_the_store_only_with_50_requests_each(engine):
+def test_the_shipped_rule_goes_pending_from_the_store_only_with_50_requests_each(db):
     rule = shipped_rule()
     assert (rule.op, rule.threshold, rule.window, rule.min_samples) == (">", 0.05, HOUR, 50)
-    store(engine, arms(49, 80) + not_counted())
-    source = StoreSignals(engine)
+    store(db, arms(49, 80) + not_counted())
+    source = StoreSignals(db)
     (few,) = source.query(rule.signal, rule.window, rule.group_by, NOW)
     assert few.value == pytest.approx(0.10) and few.count == 49
     assert evaluate(NOW, rule, [few], {}).alerts == {}  # 49 speculative requests: below the minimum
-    store(engine, arms(1, 0, first=49))
+    store(db, arms(1, 0, first=49))
     outcome = evaluate(NOW, rule, source.query(rule.signal, rule.window, rule.group_by, NOW), {})
     (alert,) = outcome.alerts.values()
     assert alert.state == State.PENDING and alert.labels["instance"] == "gpu-0"

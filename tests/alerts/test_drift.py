@@ -72,8 +72,8 @@ def requests(start: int, count: int, accepted: int, drafter: str = "ngram", at0:
     ]
 
 
-def ingest(engine, records=(), events=()) -> None:
-    Store(engine).insert(IngestBatch.model_validate({"requests": list(records), "samples": [], "events": list(events)}))
+def ingest(db, records=(), events=()) -> None:
+    Store(db).insert(IngestBatch.model_validate({"requests": list(records), "samples": [], "events": list(events)}))
 
 
 def increment(baseline: float, x: float, drafted: int = 16) -> float:
@@ -114,9 +114,9 @@ def test_alarm_then_recovery_then_rebaseline():
     assert state.n == 0
 
 
-def test_drift_fires_resolves_and_survives_a_restart(engine):
+def test_drift_fires_resolves_and_survives_a_restart(db):
     cfg = config(DRIFT_RULE, drift=SMALL)
-    ingest(engine, requests(0, 40, accepted=12))  # acceptance 0.75: warmup (20) and in control
+    ingest(db, requests(0, 40, accepted=12))  # acceptance 0.75: warmup (20) and in control
     table = [
         # (t, records added before the cycle, expected state of the alert)
         (60, [], None),
@@ -125,14 +125,14 @@ def test_drift_fires_resolves_and_survives_a_restart(engine):
         (240, requests(42, 40, accepted=12), "inactive"),  # recovered: the CUSUM is back at 0, resolved
         (300, [], "inactive"),  # kept resolved_retention so "resolved" is sent once
     ]
-    runner = AlertRunner(engine, cfg)
+    runner = AlertRunner(db, cfg)
     for t, added, expected in table:
-        ingest(engine, added)
+        ingest(db, added)
         if t == 180:  # a restarted runner resumes from the stored series and cursor (no new warmup)
             runner.close()
-            runner = AlertRunner(engine, cfg)
+            runner = AlertRunner(db, cfg)
         runner.cycle(T0 + t)
-        alerts, _ = active_alerts(engine, include_resolved=True)
+        alerts, _ = active_alerts(db, include_resolved=True)
         assert (alerts[0].state.value if alerts else None) == expected, t
         if expected == "pending":
             assert alerts[0].labels == {
@@ -143,51 +143,51 @@ def test_drift_fires_resolves_and_survives_a_restart(engine):
                 "tag": "chat",
             }
             assert alerts[0].annotations["baseline"] == "0.750" and alerts[0].annotations["summary"] == "drift on gpu-0"
-    with engine.connect() as conn:
+    with db.connect() as conn:
         sent = [row.alert_status for row in conn.execute(select(alert_notifications))]
     assert sent == ["firing", "resolved"]
 
 
-def test_drift_score_on_metrics(engine):
+def test_drift_score_on_metrics(db):
     cfg = config(DRIFT_RULE, drift=SMALL)
-    ingest(engine, requests(0, 20, accepted=12) + requests(20, 3, accepted=6))
-    AlertRunner(engine, cfg).cycle(T0 + 60)
+    ingest(db, requests(0, 20, accepted=12) + requests(20, 3, accepted=6))
+    AlertRunner(db, cfg).cycle(T0 + 60)
     registry = CollectorRegistry()
-    DetectorGauges(engine, registry=registry)
+    DetectorGauges(db, registry=registry)
     text = generate_latest(registry).decode()
     line = 'specwatch_acceptance_drift_score{drafter="ngram",instance="gpu-0",model="smollm2-135m",tag="chat"}'
     value = float(next(x for x in text.splitlines() if x.startswith(line)).split()[-1])
     assert value == pytest.approx(3 * increment(0.75, 0.375) / 5)
 
 
-def test_untracked_series_past_max_series(engine):
+def test_untracked_series_past_max_series(db):
     cfg = config(DRIFT_RULE, drift={**SMALL, "max_series": 1})
     other = [{**r, "request_id": f"x{i}", "instance": "gpu-1"} for i, r in enumerate(requests(100, 5, accepted=8))]
-    ingest(engine, requests(0, 5, accepted=8) + other)
+    ingest(db, requests(0, 5, accepted=8) + other)
     from specwatch.alerts.baselines import run_pass
 
-    done = run_pass(engine, cfg.detectors.drift, T0 + 200)
+    done = run_pass(db, cfg.detectors.drift, T0 + 200)
     assert (done.read, done.fed, done.series, done.untracked) == (10, 5, 1, 5)
 
 
-def test_regression_fires_at_the_marker_with_before_and_after(engine):
+def test_regression_fires_at_the_marker_with_before_and_after(db):
     """n-gram drafts at ~0.75 until a config event switches the instance to an untrained early exit (~0.06)."""
     marker_at = T0 + 1000
     marker = event_dict(0, at=marker_at, kind="config", detail={"version": "0.9", "drafter": "early-exit:4"})
     earlier = event_dict(0, at=T0 - 86400, kind="config", detail={"version": "0.9", "drafter": "ngram"})
     before = requests(0, 40, accepted=12, at0=marker_at - 100)
-    ingest(engine, before, [earlier, marker])
+    ingest(db, before, [earlier, marker])
     cfg = config(REGRESSION_RULE)
-    runner = AlertRunner(engine, cfg)
+    runner = AlertRunner(db, cfg)
     table = [
         (1005, [], None),  # nothing after the marker yet
         (1020, requests(0, 5, accepted=1, drafter="early-exit:4", at0=marker_at + 1), None),  # 5 < min_samples
         (1100, requests(5, 30, accepted=1, drafter="early-exit:4", at0=marker_at + 1), "firing"),
     ]
     for t, added, expected in table:
-        ingest(engine, added)
+        ingest(db, added)
         runner.cycle(T0 + t)
-        alerts, _ = active_alerts(engine)
+        alerts, _ = active_alerts(db)
         assert (alerts[0].state.value if alerts else None) == expected, t
     alert = alerts[0]
     assert alert.labels["marker"] == "2026-05-28T20:43:20Z" and alert.value == pytest.approx(1 - (1 / 16) / 0.75)
@@ -197,10 +197,10 @@ def test_regression_fires_at_the_marker_with_before_and_after(engine):
     assert float(notes["p_value"]) < 1e-6 and notes["drafters_after"] == "early-exit:4"
 
 
-def test_no_regression_when_acceptance_holds(engine):
+def test_no_regression_when_acceptance_holds(db):
     marker_at = T0 + 1000
-    ingest(engine, requests(0, 40, accepted=12, at0=marker_at - 100), [event_dict(0, at=marker_at, kind="config")])
+    ingest(db, requests(0, 40, accepted=12, at0=marker_at - 100), [event_dict(0, at=marker_at, kind="config")])
     after = [{**r, "request_id": f"a{i}"} for i, r in enumerate(requests(0, 40, accepted=12, at0=marker_at + 1))]
-    ingest(engine, after)
-    AlertRunner(engine, config(REGRESSION_RULE)).cycle(T0 + 1100)
-    assert active_alerts(engine)[0] == []
+    ingest(db, after)
+    AlertRunner(db, config(REGRESSION_RULE)).cycle(T0 + 1100)
+    assert active_alerts(db)[0] == []

@@ -118,26 +118,26 @@ def records(start: int, count: int, accepted: list[int]) -> list[dict]:
     ]
 
 
-def ingest(engine, batch: list[dict]) -> None:
-    Store(engine).insert(IngestBatch.model_validate({"requests": batch, "samples": [], "events": []}))
+def ingest(db, batch: list[dict]) -> None:
+    Store(db).insert(IngestBatch.model_validate({"requests": batch, "samples": [], "events": []}))
 
 
-def test_the_leaders_pass_persists_the_learned_baseline_and_restarts_an_old_row(engine):
+def test_the_leaders_pass_persists_the_learned_baseline_and_restarts_an_old_row(db):
     """Through the store: the pass saves the baseline, and a row written before `moments` starts a new one."""
     settings = DriftSettings(warmup=20, decision_interval=5.0, rebaseline_after=0)
     batch = records(0, 30, [4, 4, 2, 0]) + records(30, 30, [4, 4, 4, 0])  # acceptance 0.625 then 0.75
-    ingest(engine, batch)
-    run_pass(engine, settings, T0 + 100)
-    [(labels, state)] = load_states(engine).items()
+    ingest(db, batch)
+    run_pass(db, settings, T0 + 100)
+    [(labels, state)] = load_states(db).items()
     assert state.n == 60 and state.nb == 60  # a rise keeps the score at 0: every request was learned
     assert state.mean == pytest.approx((30 * 0.625 + 30 * 0.75) / 60)
     y = np.arcsin(np.sqrt([0.625, 0.75]))
     assert state.centre() == pytest.approx(y.mean()) and state.moments[0] == pytest.approx(4.0)
-    assert load_states(engine)[labels] == state  # the JSON row round-trips
+    assert load_states(db)[labels] == state  # the JSON row round-trips
     old = {k: v for k, v in asdict(state).items() if k != "moments"}  # as the pass wrote rows before `moments`
-    with write_transaction(engine) as conn:
+    with write_transaction(db) as conn:
         save_rows(conn, [replace(to_row(labels, state, settings), state=old)])
-    assert load_states(engine)[labels].nb == 0
-    ingest(engine, records(60, 5, [4, 4, 4, 0]))
-    run_pass(engine, settings, T0 + 200)
-    assert load_states(engine)[labels].nb == 5  # a new baseline from the next requests
+    assert load_states(db)[labels].nb == 0
+    ingest(db, records(60, 5, [4, 4, 4, 0]))
+    run_pass(db, settings, T0 + 200)
+    assert load_states(db)[labels].nb == 5  # a new baseline from the next requests

@@ -17,7 +17,7 @@ from specwatch.alerts.detector_gauges import DetectorGauges
 from specwatch.alerts.detector_store import SeriesRow, save_rows
 from specwatch.alerts.prometheus import GROUP, VLLM_GROUP, export, rule_groups, unit_tests
 from specwatch.alerts.rules import DEFAULT_RULES, RulesError, load_config, parse_config
-from specwatch.collector.db import make_engine, upgrade, write_transaction
+from specwatch.collector.db import make_db, upgrade, write_transaction
 from specwatch.collector.metrics import CollectorMetrics
 from specwatch.collector.store import IngestCounts
 from specwatch.telemetry.schema import DeviceSample, RequestRecord
@@ -193,14 +193,14 @@ def collector_exposition() -> dict[str, set[str]]:
         util_draft=0.3,
     )
     metrics.record_batch(IngestCounts(requests=4, samples=1, new_requests=tuple(requests), new_samples=(sample,)))
-    engine = make_engine("sqlite://")  # the leader's detector gauges over a store holding one row of each kind
-    upgrade(engine)
+    db = make_db("sqlite://")  # the leader's detector gauges over a store holding one row of each kind
+    upgrade(db)
     series = (("drafter", "ngram"), ("instance", "gpu-0"), ("model", "m"), ("tag", "none"))
     drift = SeriesRow("drift", series, 1.2, 1, True)
     drop = SeriesRow("regression", (("instance", "gpu-0"), ("marker", "2026-12-01"), ("model", "m")), 0.2, 1, True)
-    with write_transaction(engine) as conn:
+    with write_transaction(db) as conn:
         save_rows(conn, [drift, drop])
-    DetectorGauges(engine, registry=metrics.registry)
+    DetectorGauges(db, registry=metrics.registry)
     return exposed_labels(generate_latest(metrics.registry).decode())
 
 

@@ -23,7 +23,7 @@ from sqlalchemy import text
 from specwatch.alerts.rules import parse_config
 from specwatch.alerts.runner import AlertRunner
 from specwatch.alerts.store import active_alerts
-from specwatch.collector.db import make_engine, upgrade
+from specwatch.collector.db import make_db, upgrade
 from specwatch.collector.store import Store
 from specwatch.common.procs import free_port, start_collector, stop_process
 from specwatch.engine.policy import PolicyConfig
@@ -86,11 +86,11 @@ def store_url(request, tmp: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp / 'specwatch.db'}"
     url = request.getfixturevalue("postgres_url")
-    engine = make_engine(url)
-    with engine.begin() as conn:  # an empty store, as tests/conftest.py's db_url gives each test
+    db = make_db(url)
+    with db.begin() as conn:  # an empty store, as tests/conftest.py's db_url gives each test
         conn.execute(text("DROP SCHEMA public CASCADE"))
         conn.execute(text("CREATE SCHEMA public"))
-    engine.dispose()
+    db.dispose()
     return url
 
 
@@ -98,15 +98,15 @@ def store_url(request, tmp: Path) -> str:
 def switched(request, bundled_engine, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("switch")
     db_url = store_url(request, tmp)
-    engine = make_engine(db_url)
-    upgrade(engine)
+    db = make_db(db_url)
+    upgrade(db)
     records, events = switch_drafter(bundled_engine)
     batch = {"requests": [r.model_dump() for r in records], "samples": [], "events": [e.model_dump() for e in events]}
-    Store(engine).insert(IngestBatch.model_validate(batch))
+    Store(db).insert(IngestBatch.model_validate(batch))
     marker = [e for e in events if e.kind == "config"][-1]
-    AlertRunner(engine, parse_config({"rules": [RULE], "receivers": [], "detectors": DETECTORS})).cycle(marker.at + 600)
-    alerts = tuple(active_alerts(engine)[0])
-    engine.dispose()
+    AlertRunner(db, parse_config({"rules": [RULE], "receivers": [], "detectors": DETECTORS})).cycle(marker.at + 600)
+    alerts = tuple(active_alerts(db)[0])
+    db.dispose()
     port = free_port()
     collector = start_collector(port, tmp / "collector.log", db_url)
     try:

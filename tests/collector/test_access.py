@@ -128,7 +128,7 @@ def test_without_tokens_everything_is_open(client):
 
 
 def stored_tenants(client: TestClient) -> dict[str, str]:
-    with client.app.state.store.engine.connect() as conn:
+    with client.app.state.store.db.connect() as conn:
         return {rid: tags.get("tenant") for rid, tags in conn.execute(select(Request.request_id, Request.tags))}
 
 
@@ -146,7 +146,7 @@ def test_a_tenant_bound_ingest_token_stamps_its_tenant(secured):
 
 
 def stored_counts(client: TestClient) -> tuple[int, int, int]:
-    with client.app.state.store.engine.connect() as conn:
+    with client.app.state.store.db.connect() as conn:
         return tuple(conn.exec_driver_sql(f"SELECT count(*) FROM {t}").scalar() for t in TABLES)
 
 

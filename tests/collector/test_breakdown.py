@@ -86,8 +86,8 @@ def test_throughput_by_load_devices_and_sources(client):
     assert buckets == {(0.0, 10): pytest.approx(60.0), (0.75, 10): pytest.approx(20.0)}
     points = client.get("/v1/devices/series", params={**WINDOW, "max_points": 10}).json()
     assert len(points) == 10 and points[0]["at"] == T0 and points[-1]["at"] == T0 + 5 * 49
-    (engine,) = client.get("/v1/sources", params=WINDOW).json()
-    assert (engine["kind"], engine["name"], engine["records_in_window"], engine["last_seen_at"]) == (
+    (db,) = client.get("/v1/sources", params=WINDOW).json()
+    assert (db["kind"], db["name"], db["records_in_window"], db["last_seen_at"]) == (
         "engine",
         "gpu-0",
         20,

@@ -64,12 +64,12 @@ def records(now: float) -> list[dict]:
     return rows
 
 
-def test_the_gauge_reads_each_upstream_from_the_store_on_a_fresh_registry(engine):
+def test_the_gauge_reads_each_upstream_from_the_store_on_a_fresh_registry(db):
     now = T0 + 1000
-    Store(engine).insert(IngestBatch.model_validate({"requests": records(now)}))
-    assert {c.instance: c.requests for c in upstream_capacity(engine, now)} == {"vllm-a": 10, "vllm-b": 10}
+    Store(db).insert(IngestBatch.model_validate({"requests": records(now)}))
+    assert {c.instance: c.requests for c in upstream_capacity(db, now)} == {"vllm-a": 10, "vllm-b": 10}
     registry = CollectorRegistry()
-    CapacityGauge(engine, registry=registry, clock=lambda: now)
+    CapacityGauge(db, registry=registry, clock=lambda: now)
     assert registry.get_sample_value(CAPACITY, {"upstream": "vllm-a"}) == pytest.approx(256.0)
     assert registry.get_sample_value(CAPACITY, {"upstream": "vllm-b"}) == pytest.approx(128.0)
     assert registry.get_sample_value(CAPACITY, {"upstream": "vllm-c"}) is None

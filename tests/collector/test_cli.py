@@ -5,18 +5,18 @@ from __future__ import annotations
 from sqlalchemy import inspect
 
 from specwatch.cli import main
-from specwatch.collector.db import make_engine
+from specwatch.collector.db import make_db
 from specwatch.collector.settings import Settings
 
 
 def test_db_upgrade_creates_the_schema(db_url, capsys):
     assert main(["db", "upgrade", "--db", db_url]) == 0
     assert "newest schema" in capsys.readouterr().out
-    engine = make_engine(db_url)
+    db = make_db(db_url)
     assert {"requests", "device_samples", "engine_events", "request_rollups", "vllm_scrapes"} <= set(
-        inspect(engine).get_table_names()
+        inspect(db).get_table_names()
     )
-    engine.dispose()
+    db.dispose()
     assert main(["db", "upgrade", "--db", db_url]) == 0  # idempotent
 
 

@@ -74,9 +74,9 @@ def test_sigkill_mid_ingest_loses_and_duplicates_nothing(db_url, tmp_path):
     assert delivered_before_kill > 0 and stats.spooled > 0  # both paths were exercised
     assert len(workers) >= 2  # the ingest worker processes (and multiprocessing's resource tracker)
     assert stats.dropped_queue_full == stats.dropped_spool_full == stats.rejected == 0
-    engine = create_engine(db_url)
-    with engine.connect() as conn:
+    db = create_engine(db_url)
+    with db.connect() as conn:
         rows = conn.execute(text("SELECT request_id, count(*) FROM requests GROUP BY request_id")).all()
-    engine.dispose()
+    db.dispose()
     assert {request_id for request_id, _ in rows} == {f"req-{i}" for i in range(WAVES * PER_WAVE)}
     assert all(n == 1 for _, n in rows)

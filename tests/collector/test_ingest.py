@@ -20,7 +20,7 @@ def post(client, payload, **kwargs):
 
 
 def stored(client, model=Request) -> int:
-    with client.app.state.store.engine.connect() as conn:
+    with client.app.state.store.db.connect() as conn:
         return conn.scalar(select(func.count()).select_from(model))
 
 
@@ -35,7 +35,7 @@ def test_valid_batch_is_stored_and_counted(client, make_request, make_sample, ma
 def test_device_time_is_stored_as_sent_and_left_null_when_not_sent(client, make_request):
     payload = {"requests": [make_request(1, device_s=0.625, device_s_source="processor_sharing"), make_request(2)]}
     assert post(client, payload).status_code == 200
-    with client.app.state.store.engine.connect() as conn:
+    with client.app.state.store.db.connect() as conn:
         rows = conn.execute(
             select(Request.request_id, Request.device_s, Request.device_s_source).order_by(Request.request_id)
         ).all()
@@ -45,7 +45,7 @@ def test_device_time_is_stored_as_sent_and_left_null_when_not_sent(client, make_
 def test_drafts_per_position_is_stored_as_sent_and_empty_when_not_sent(client, make_request):
     payload = {"requests": [make_request(1, num_draft_tokens=13, drafts_per_position=[4, 4, 3, 2]), make_request(2)]}
     assert post(client, payload).status_code == 200
-    with client.app.state.store.engine.connect() as conn:
+    with client.app.state.store.db.connect() as conn:
         rows = conn.execute(select(Request.request_id, Request.drafts_per_position).order_by(Request.request_id))
         assert [tuple(row) for row in rows] == [("req-1", [4, 4, 3, 2]), ("req-2", [])]
 
@@ -168,13 +168,13 @@ def test_nul_characters_are_refused_everywhere(client, make_request, where):
 
 
 def test_database_trouble_is_503_so_clients_retry(client, make_request):
-    engine = client.app.state.store.engine
-    with engine.begin() as conn:
+    db = client.app.state.store.db
+    with db.begin() as conn:
         conn.execute(text("ALTER TABLE requests RENAME TO requests_away"))
     try:
         response = post(client, {"requests": [make_request(1)]})
         assert response.status_code == 503 and response.json()["detail"]["error"] == "store_unavailable"
     finally:
-        with engine.begin() as conn:
+        with db.begin() as conn:
             conn.execute(text("ALTER TABLE requests_away RENAME TO requests"))
     assert post(client, {"requests": [make_request(1)]}).status_code == 200

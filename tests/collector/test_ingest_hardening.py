@@ -18,7 +18,7 @@ from collector_payloads import request_dict
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 from sqlalchemy import create_engine, func, select, text
-from sqlalchemy.engine import make_url
+from sqlalchemy.db import make_url
 from test_metrics import scrape, total
 from waiting import wait_for
 
@@ -31,7 +31,7 @@ JSON = {"content-type": "application/json"}
 
 
 def stored(client) -> int:
-    with client.app.state.store.engine.connect() as conn:
+    with client.app.state.store.db.connect() as conn:
         return conn.scalar(select(func.count()).select_from(Request))
 
 

@@ -98,7 +98,7 @@ HOSTILE = {
 
 
 def counts(client) -> tuple[int, ...]:
-    with client.app.state.store.engine.connect() as conn:
+    with client.app.state.store.db.connect() as conn:
         return tuple(conn.exec_driver_sql(f"SELECT count(*) FROM {table}").scalar() for table in TABLES)
 
 

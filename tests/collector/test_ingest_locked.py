@@ -13,7 +13,7 @@ import orjson
 import pytest
 from collector_payloads import request_dict
 
-from specwatch.collector.db import INGEST_BUSY_S, make_engine, upgrade
+from specwatch.collector.db import INGEST_BUSY_S, make_db, upgrade
 from specwatch.collector.ingest import BatchRejected, ingest_body
 from specwatch.collector.rollups import roll_up
 from specwatch.collector.store import Store
@@ -22,9 +22,9 @@ from specwatch.telemetry.client import TelemetryClient
 
 def test_ingest_under_a_held_lock_is_a_503_before_the_client_gives_up(tmp_path):
     database = tmp_path / "specwatch.db"
-    engine = make_engine(f"sqlite:///{database}")
-    upgrade(engine)
-    store = Store(engine)
+    db = make_db(f"sqlite:///{database}")
+    upgrade(db)
+    store = Store(db)
     holder = sqlite3.connect(database, isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")  # another process holds the write lock
     try:
@@ -45,15 +45,15 @@ def test_a_roll_up_pass_lets_ingest_in_between_its_chunks(tmp_path):
     """Issue 30 #9: a roll-up pass held the write lock while it folded 200,000 raw rows (2-3 s on a loaded
     machine, 9.5 s in a longer run) and ingest stalled behind it; it now gives the lock back between
     chunks of CHUNK_ROWS, so ingest keeps going while a backlog is folded."""
-    engine = make_engine(f"sqlite:///{tmp_path / 'specwatch.db'}")
-    upgrade(engine)
-    store = Store(engine)
+    db = make_db(f"sqlite:///{tmp_path / 'specwatch.db'}")
+    upgrade(db)
+    store = Store(db)
     backlog = 30_001  # four transactions of CHUNK_ROWS (one of the 200,000 it was)
     for start in range(0, backlog, 5000):
         rows = [request_dict(i) for i in range(start, min(start + 5000, backlog))]
         ingest_body(store, orjson.dumps({"requests": rows}))
     passed = []
-    folding = threading.Thread(target=lambda: passed.append(roll_up(engine, time.time(), lock=store.write_lock())))
+    folding = threading.Thread(target=lambda: passed.append(roll_up(db, time.time(), lock=store.write_lock())))
     folding.start()
     during, next_id = 0, backlog
     while folding.is_alive():

@@ -43,7 +43,7 @@ BODIES = (
 
 
 def count(client) -> int:
-    with client.app.state.store.engine.connect() as conn:
+    with client.app.state.store.db.connect() as conn:
         return sum(conn.scalar(select(func.count()).select_from(t)) for t in (Request, DeviceSampleRow, EngineEventRow))
 
 

@@ -32,7 +32,7 @@ def client(db_url, tmp_path):
 
 
 def stored(client, model=Request) -> int:
-    with client.app.state.store.engine.connect() as conn:
+    with client.app.state.store.db.connect() as conn:
         return conn.scalar(select(func.count()).select_from(model))
 
 
@@ -68,14 +68,14 @@ def test_workers_store_count_and_refuse_like_threads(client):
 
 
 def test_database_trouble_in_a_worker_is_503_so_clients_retry(client):
-    engine = client.app.state.store.engine
-    with engine.begin() as conn:
+    db = client.app.state.store.db
+    with db.begin() as conn:
         conn.execute(text("ALTER TABLE requests RENAME TO requests_away"))
     try:
         response = client.post("/v1/ingest", json={"requests": [request_dict(1)]})
         assert response.status_code == 503 and response.json()["detail"]["error"] == "store_unavailable"
     finally:
-        with engine.begin() as conn:
+        with db.begin() as conn:
             conn.execute(text("ALTER TABLE requests_away RENAME TO requests"))
     assert client.post("/v1/ingest", json={"requests": [request_dict(1)]}).status_code == 200
 

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, column, func, insert, inspect, select, table
 
 from specwatch.alerts.rules import load_config
-from specwatch.collector.db import alembic_config, make_engine, upgrade
+from specwatch.collector.db import alembic_config, make_db, upgrade
 from specwatch.collector.history import histogram_quantile, long_series
 from specwatch.collector.long_signals import long_signals
 from specwatch.collector.metrics import CollectorMetrics
@@ -52,15 +52,15 @@ def test_engine_and_collector_metrics_expose_the_same_bounds():
     EngineMetrics(scheduler, registry=engine_registry).observe(record)
     collector_metrics = CollectorMetrics(CollectorRegistry())
     collector_metrics.record_batch(IngestCounts(requests=1, new_requests=(record,)))
-    engine, collector = (
+    db, collector = (
         _buckets(engine_registry, "specwatch_engine_"),
         _buckets(collector_metrics.registry, "specwatch_"),
     )
     for name in ("time_to_first_token_seconds", "e2e_request_latency_seconds"):
-        assert list(engine[name]) == list(collector[name]) == [*(repr(b) for b in NEW), "+Inf"]
+        assert list(db[name]) == list(collector[name]) == [*(repr(b) for b in NEW), "+Inf"]
     # 0.29 s and 0.31 s lie either side of the 0.3 bound in both
-    assert engine["time_to_first_token_seconds"]["0.3"] == collector["time_to_first_token_seconds"]["0.3"] == 1
-    assert engine["e2e_request_latency_seconds"]["0.3"] == collector["e2e_request_latency_seconds"]["0.3"] == 0
+    assert db["time_to_first_token_seconds"]["0.3"] == collector["time_to_first_token_seconds"]["0.3"] == 1
+    assert db["e2e_request_latency_seconds"]["0.3"] == collector["e2e_request_latency_seconds"]["0.3"] == 0
 
 
 def _buckets(registry: CollectorRegistry, prefix: str) -> dict[str, dict[str, float]]:
@@ -75,56 +75,56 @@ def _buckets(registry: CollectorRegistry, prefix: str) -> dict[str, dict[str, fl
 
 
 def test_rollup_rows_from_before_migration_0005_keep_their_answers(db_url):
-    engine = make_engine(db_url)
-    upgrade(engine, "0004")
+    db = make_db(db_url)
+    upgrade(db, "0004")
     old = [request_dict(i, started_at=T0 + 7 * i, ttft_s=v, e2e_s=2 * v) for i, v in enumerate(OLD_TTFT)]
-    _write_as_before_0005(engine, old, pass_at=HOUR0 + 4 * 3600)
-    upgrade(engine)
+    _write_as_before_0005(db, old, pass_at=HOUR0 + 4 * 3600)
+    upgrade(db)
 
-    hourly = _bucket_rows(engine, "request_rollups_hourly", "ttft", 18)[HOUR0]
+    hourly = _bucket_rows(db, "request_rollups_hourly", "ttft", 18)[HOUR0]
     moved = [None if j in ADDED_BUCKETS else _counts(OLD_TTFT, OLD)[OLD.index(b)] for j, b in enumerate(NEW)]
     assert hourly == [*moved, _counts(OLD_TTFT, OLD)[-1]]  # each count under its upper bound; NULL: no such bound
     hours, minutes = Window(HOUR0 - 7 * 3600, HOUR0 + 2 * 3600), Window(HOUR0 - 7 * 3600 + 30, T0 + 1000)
     for window in (hours, minutes):  # the hourly rows, then the per-minute ones
-        got = long_signals(engine, window)
+        got = long_signals(db, window)
         assert got.requests == len(old)
         assert got.ttft == _percentiles(OLD_TTFT, OLD) and got.e2e == _percentiles([2 * v for v in OLD_TTFT], OLD)
-    point = long_series(engine, Window(HOUR0, HOUR0 + 3600), step_s=3600)[0]
+    point = long_series(db, Window(HOUR0, HOUR0 + 3600), step_s=3600)[0]
     want = _percentiles(OLD_TTFT, OLD)
     assert (point.ttft_p50, point.ttft_p99) == (want.p50, want.p99)
 
     late = request_dict(1000, started_at=T0 + 1, ttft_s=0.27, e2e_s=0.54)  # into an old row, bucket (0.25, 0.3]
     new = [request_dict(100 + i, started_at=HOUR0 + 3600 + 60 * i, ttft_s=v, e2e_s=v) for i, v in enumerate(NEW_TTFT)]
-    Store(engine).insert(IngestBatch.model_validate({"requests": [*new, late]}))
-    assert roll_up(engine, now=HOUR0 + 5 * 3600).rows_folded == len(new) + 1
-    rows = _bucket_rows(engine, "request_rollups_hourly", "ttft", 18)
+    Store(db).insert(IngestBatch.model_validate({"requests": [*new, late]}))
+    assert roll_up(db, now=HOUR0 + 5 * 3600).rows_folded == len(new) + 1
+    rows = _bucket_rows(db, "request_rollups_hourly", "ttft", 18)
     assert rows[HOUR0][6] is None and rows[HOUR0][7] == hourly[7] + 1  # counted one bucket up, as (0.25, 0.5]
     assert rows[HOUR0 + 3600] == _counts(NEW_TTFT, NEW)  # new rows: the 0.3 bucket
-    old_hour, new_hour = long_series(engine, Window(HOUR0, HOUR0 + 2 * 3600), step_s=3600)
+    old_hour, new_hour = long_series(db, Window(HOUR0, HOUR0 + 2 * 3600), step_s=3600)
     assert old_hour.ttft_p99 == _percentiles([*OLD_TTFT, 0.27], OLD).p99
     # rows written since migration 0011 answer from their sketches (within 1% of the exact value)
     assert new_hour.ttft_p99 == pytest.approx(np.quantile(NEW_TTFT, 0.99), rel=0.011)
     # a sum with old rows in it is read on the old bounds, the new rows merged onto them exactly
-    assert long_signals(engine, hours).ttft == _percentiles([*OLD_TTFT, 0.27, *NEW_TTFT], OLD)
-    engine.dispose()
+    assert long_signals(db, hours).ttft == _percentiles([*OLD_TTFT, 0.27, *NEW_TTFT], OLD)
+    db.dispose()
 
 
 def test_downgrade_folds_the_added_buckets_back(db_url):
-    engine = make_engine(db_url)
-    upgrade(engine)
+    db = make_db(db_url)
+    upgrade(db)
     ttft = [*OLD_TTFT, *NEW_TTFT]
-    Store(engine).insert(
+    Store(db).insert(
         IngestBatch.model_validate({"requests": [request_dict(i, ttft_s=v, e2e_s=v) for i, v in enumerate(ttft)]})
     )
-    roll_up(engine, now=T0 + 3600)
+    roll_up(db, now=T0 + 3600)
     config = alembic_config()
-    with engine.begin() as connection:
+    with db.begin() as connection:
         config.attributes["connection"] = connection
         command.downgrade(config, "0004")
-    assert "ttft_b14" not in {c["name"] for c in inspect(engine).get_columns("request_rollups")}
+    assert "ttft_b14" not in {c["name"] for c in inspect(db).get_columns("request_rollups")}
     for name in ("request_rollups", "request_rollups_hourly"):
-        assert np.sum(list(_bucket_rows(engine, name, "e2e", 14).values()), axis=0).tolist() == _counts(ttft, OLD)
-    engine.dispose()
+        assert np.sum(list(_bucket_rows(db, name, "e2e", 14).values()), axis=0).tolist() == _counts(ttft, OLD)
+    db.dispose()
 
 
 def _counts(values: list[float], bounds: tuple[float, ...]) -> list[int]:
@@ -139,17 +139,17 @@ def _percentiles(values: list[float], bounds: tuple[float, ...]) -> Percentiles:
     return Percentiles(*quantiles, len(values), basis="histogram")
 
 
-def _bucket_rows(engine: Engine, name: str, kind: str, buckets: int) -> dict[int, list[int | None]]:
+def _bucket_rows(db: Engine, name: str, kind: str, buckets: int) -> dict[int, list[int | None]]:
     """period_start -> bucket counts of `kind`, from the table as it is (any revision)."""
     columns = [column(f"{kind}_b{i:02d}") for i in range(buckets)]
-    with engine.connect() as conn:
+    with db.connect() as conn:
         rows = conn.execute(select(column("period_start"), *columns).select_from(table(name))).all()
     return {int(start): list(counts) for start, *counts in rows}
 
 
-def _write_as_before_0005(engine: Engine, records: list[dict], pass_at: float) -> None:
+def _write_as_before_0005(db: Engine, records: list[dict], pass_at: float) -> None:
     """Raw requests, and the rollups revision 0004's code wrote for them (old buckets, one key)."""
-    with engine.begin() as conn:
+    with db.begin() as conn:
         # the columns revision 0004 had: later columns (server defaults) are left out of the insert
         known = [
             RequestRecord.model_validate(r).model_dump(

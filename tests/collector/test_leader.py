@@ -25,7 +25,7 @@ from webhook_receiver import Receiver
 from specwatch.alerts.evaluator import Alert, State
 from specwatch.alerts.notify import deliver_due, enqueue
 from specwatch.alerts.rules import parse_config
-from specwatch.collector.db import is_current, make_engine, upgrade
+from specwatch.collector.db import is_current, make_db, upgrade
 from specwatch.collector.leader import LeaderMetrics, Leadership
 from specwatch.collector.models import RequestRollup, RequestRollupHourly
 from specwatch.collector.rollups import roll_up
@@ -56,33 +56,33 @@ def all_at_once(n: int, work) -> list:
 
 @needs_postgres
 def test_replicas_migrating_an_empty_database_together_all_succeed(empty_postgres):
-    engines = [make_engine(empty_postgres) for _ in range(3)]
+    engines = [make_db(empty_postgres) for _ in range(3)]
     try:
         all_at_once(3, lambda i: upgrade(engines[i]))
         assert all(is_current(e) for e in engines)
         with engines[0].connect() as conn:
             assert conn.scalar(text("SELECT count(*) FROM alembic_version")) == 1
     finally:
-        for engine in engines:
-            engine.dispose()
+        for db in engines:
+            db.dispose()
 
 
 @needs_postgres
 def test_concurrent_rollup_passes_count_each_request_once(empty_postgres):
-    engine = make_engine(empty_postgres)
-    upgrade(engine)
-    store = Store(engine)
+    db = make_db(empty_postgres)
+    upgrade(db)
+    store = Store(db)
     records = [RequestRecord.model_validate(request_dict(i)) for i in range(3000)]
     store.insert(IngestBatch(requests=records))
-    engines = [make_engine(empty_postgres) for _ in range(3)]
+    engines = [make_db(empty_postgres) for _ in range(3)]
     try:
         folded = all_at_once(3, lambda i: roll_up(engines[i], time.time()).rows_folded)
         assert sorted(folded) == [0, 0, 3000]  # one pass folded them all; the others found nothing left
-        with engine.connect() as conn:
+        with db.connect() as conn:
             for table in (RequestRollup, RequestRollupHourly):
                 assert conn.scalar(select(func.sum(table.requests))) == 3000
     finally:
-        for e in (engine, *engines):
+        for e in (db, *engines):
             e.dispose()
 
 
@@ -97,12 +97,12 @@ def test_two_deliverers_post_each_notification_once(empty_postgres):
     config = parse_config(
         {"rules": [], "receivers": [{"name": f"r{k}", "url": f"http://127.0.0.1:{port}/hook"} for k in range(8)]}
     )
-    engine = make_engine(empty_postgres)
-    upgrade(engine)
-    with engine.begin() as conn:
+    db = make_db(empty_postgres)
+    upgrade(db)
+    with db.begin() as conn:
         assert enqueue(conn, config, "Test", [_firing(0)], time.time() - 1, "") == 8
     receiver = Receiver(port, delay_s=0.05)
-    engines = [make_engine(empty_postgres) for _ in range(2)]
+    engines = [make_db(empty_postgres) for _ in range(2)]
     try:
         with httpx.Client() as http:
             delivered = all_at_once(2, lambda i: deliver_due(engines[i], config, http))
@@ -111,7 +111,7 @@ def test_two_deliverers_post_each_notification_once(empty_postgres):
         assert len(keys) == 8 and len(set(keys)) == 8
     finally:
         receiver.close()
-        for e in (engine, *engines):
+        for e in (db, *engines):
             e.dispose()
 
 
@@ -147,7 +147,7 @@ async def _lead_until(leaders: list[Leadership], stop_when, timeout_s: float = 2
 
 @needs_postgres
 def test_one_leader_at_a_time_and_the_next_takes_over(empty_postgres):
-    engines = [make_engine(empty_postgres) for _ in range(3)]
+    engines = [make_db(empty_postgres) for _ in range(3)]
     leaders = [Leadership(e, f"r{i}", retry_s=0.1) for i, e in enumerate(engines)]
     stopped = {"first": None}
 
@@ -163,15 +163,15 @@ def test_one_leader_at_a_time_and_the_next_takes_over(empty_postgres):
         assert all(len(step) <= 1 for step in history), "two replicas worked at once"
         assert sum(lead.is_leader for lead in leaders) == 0  # all stopped
     finally:
-        for engine in engines:
-            engine.dispose()
+        for db in engines:
+            db.dispose()
 
 
 @needs_postgres
 def test_a_leader_that_loses_its_connection_stops_its_work(empty_postgres):
     """The server ends the leader's session (as when its network or host goes): at its next check the
     leader stops its background work, and the other replica takes the lock."""
-    engines = [make_engine(empty_postgres) for _ in range(2)]
+    engines = [make_db(empty_postgres) for _ in range(2)]
     leaders = [Leadership(e, f"r{i}", retry_s=0.1) for i, e in enumerate(engines)]
     killed = {"who": None}
 
@@ -188,8 +188,8 @@ def test_a_leader_that_loses_its_connection_stops_its_work(empty_postgres):
         history = asyncio.run(_lead_until(leaders, scenario))
         assert all(len(step) <= 1 for step in history)
     finally:
-        for engine in engines:
-            engine.dispose()
+        for db in engines:
+            db.dispose()
 
 
 def test_sqlite_is_always_the_leader(tmp_path):
@@ -208,7 +208,7 @@ def test_readyz_and_metrics_say_who_leads(empty_postgres, tmp_path):
         wait_for(lambda: client.get("/readyz").json()["leader"], "the only replica to lead", timeout=10)
         assert client.get("/readyz").json()["replica"] == settings.replica_name
         assert "specwatch_collector_leader 1.0" in client.get("/metrics").text
-        other = Leadership(make_engine(empty_postgres), "other", retry_s=0.1)
+        other = Leadership(make_db(empty_postgres), "other", retry_s=0.1)
         try:
             assert other._try_acquire() is False  # the lock is taken
         finally:
@@ -216,10 +216,10 @@ def test_readyz_and_metrics_say_who_leads(empty_postgres, tmp_path):
 
 
 def test_store_derived_gauges_only_on_the_leader(tmp_path):
-    engine = make_engine(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    db = make_db(f"sqlite:///{tmp_path / 'db.sqlite'}")
     registry, leader_only = CollectorRegistry(), CollectorRegistry()
     Gauge("specwatch_store_derived", "a gauge read from the store", registry=leader_only).set(3)
-    leadership = Leadership(engine, "r0")
+    leadership = Leadership(db, "r0")
     LeaderMetrics(leadership, registry, leader_only)
     leadership.is_leader = False  # as a follower on PostgreSQL
 
@@ -229,4 +229,4 @@ def test_store_derived_gauges_only_on_the_leader(tmp_path):
     assert exported() == {"specwatch_collector_leader"}
     leadership.is_leader = True
     assert exported() == {"specwatch_collector_leader", "specwatch_store_derived"}
-    engine.dispose()
+    db.dispose()

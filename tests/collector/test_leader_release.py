@@ -16,7 +16,7 @@ from test_leader import _lead_until, needs_postgres
 from waiting import wait_for
 
 import specwatch.collector.leader as leader_module
-from specwatch.collector.db import make_engine
+from specwatch.collector.db import make_db
 from specwatch.collector.leader import Leadership
 
 pytestmark = needs_postgres
@@ -27,18 +27,18 @@ async def _forever() -> None:
 
 
 def _advisory_locks(url: str) -> int:
-    engine = make_engine(url)
+    db = make_db(url)
     try:
-        with engine.connect() as conn:
+        with db.connect() as conn:
             return conn.scalar(text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"))
     finally:
-        engine.dispose()
+        db.dispose()
 
 
 def test_a_lead_cancelled_while_connecting_leaves_no_lock_behind(empty_postgres):
     """`lead` is cancelled while its first try is still connecting: the release must wait for that
     try, not run before it and leave the lock to the connection the try then opens."""
-    leadership = Leadership(make_engine(empty_postgres), "r0", retry_s=0.05)
+    leadership = Leadership(make_db(empty_postgres), "r0", retry_s=0.05)
     connecting, gate = threading.Event(), threading.Event()
     event.listen(leadership._lock_engine, "connect", lambda *_: connecting.set() or gate.wait(30))
 
@@ -52,7 +52,7 @@ def test_a_lead_cancelled_while_connecting_leaves_no_lock_behind(empty_postgres)
 
     asyncio.run(scenario())
     assert _advisory_locks(empty_postgres) == 0
-    other = Leadership(make_engine(empty_postgres), "r1")
+    other = Leadership(make_db(empty_postgres), "r1")
     try:
         assert other._try_acquire()
     finally:
@@ -63,7 +63,7 @@ def test_a_hung_check_ends_its_session_and_the_next_replica_leads(empty_postgres
     """The leader's check hangs (held back before it reaches the server): it stops its work, ends its
     lock session from a second connection, and the follower takes over while the check still hangs."""
     monkeypatch.setattr(leader_module, "CHECK_TIMEOUT_S", 0.5)
-    engines = [make_engine(empty_postgres) for _ in range(2)]
+    engines = [make_db(empty_postgres) for _ in range(2)]
     leaders = [Leadership(e, f"r{i}", retry_s=0.1) for i, e in enumerate(engines)]
     hung: dict[str, Leadership] = {}
     gate = threading.Event()
@@ -81,8 +81,8 @@ def test_a_hung_check_ends_its_session_and_the_next_replica_leads(empty_postgres
         assert not gate.is_set()  # the takeover did not wait for the hung check
     finally:
         gate.set()
-        for engine in engines:
-            engine.dispose()
+        for db in engines:
+            db.dispose()
     wait_for(lambda: _advisory_locks(empty_postgres) == 0, "every lock session to end", timeout=15)
 
 

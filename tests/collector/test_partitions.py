@@ -9,7 +9,7 @@ from collector_payloads import T0, event_dict, request_dict, sample_dict
 from sqlalchemy import Engine, inspect, text
 
 from specwatch.collector import partitions
-from specwatch.collector.db import alembic_config, make_engine, upgrade
+from specwatch.collector.db import alembic_config, make_db, upgrade
 from specwatch.collector.models import DeviceSampleRow, EngineEventRow, Request, VllmScrape
 from specwatch.collector.rollups import apply_retention, roll_up
 from specwatch.collector.store import Store
@@ -24,12 +24,12 @@ RAW_TABLES = ("requests", "device_samples", "engine_events", "vllm_scrapes")
 
 @pytest.fixture
 def pg(postgres_url) -> Engine:
-    engine = make_engine(postgres_url)
-    with engine.begin() as conn:
+    db = make_db(postgres_url)
+    with db.begin() as conn:
         conn.execute(text("DROP SCHEMA public CASCADE"))
         conn.execute(text("CREATE SCHEMA public"))
-    yield engine
-    engine.dispose()
+    yield db
+    db.dispose()
 
 
 def requests_over_days(days: int = DAYS, per_day: int = PER_DAY) -> list[dict]:
@@ -62,7 +62,7 @@ def scrape_row(i: int) -> dict:
     }
 
 
-def fill_at_0009(engine: Engine) -> None:
+def fill_at_0009(db: Engine) -> None:
     """Rows in every raw table over DAYS days, written as 0009's tables take them (plain inserts)."""
     batch = IngestBatch.model_validate(
         {
@@ -71,7 +71,7 @@ def fill_at_0009(engine: Engine) -> None:
             "events": [event_dict(i, at=DAY0 + i * DAY / 3) for i in range(DAYS * 3)],
         }
     )
-    with engine.begin() as conn:
+    with db.begin() as conn:
         for model, records in (
             (Request, batch.requests),
             (DeviceSampleRow, batch.samples),
@@ -82,9 +82,9 @@ def fill_at_0009(engine: Engine) -> None:
         conn.execute(VllmScrape.__table__.insert(), [scrape_row(i) for i in range(DAYS * 4)])
 
 
-def checksums(engine: Engine) -> dict[str, tuple[int, str]]:
+def checksums(db: Engine) -> dict[str, tuple[int, str]]:
     """Per raw table: row count and an md5 over every column of every row, in id order."""
-    with engine.connect() as conn:
+    with db.connect() as conn:
         return {
             table: tuple(
                 conn.execute(text(f"SELECT count(*), md5(string_agg(t::text, '|' ORDER BY id)) FROM {table} t")).one()
@@ -93,13 +93,13 @@ def checksums(engine: Engine) -> dict[str, tuple[int, str]]:
         }
 
 
-def partition_days(engine: Engine, table: str) -> list[int]:
-    with engine.connect() as conn:
+def partition_days(db: Engine, table: str) -> list[int]:
+    with db.connect() as conn:
         return [int(part.start) for part in partitions.day_partitions(conn, table)]
 
 
-def rows_in(engine: Engine, relation: str) -> int:
-    with engine.connect() as conn:
+def rows_in(db: Engine, relation: str) -> int:
+    with db.connect() as conn:
         return conn.scalar(text(f"SELECT count(*) FROM ONLY {relation}"))
 
 

@@ -22,11 +22,11 @@ N = 400
 
 
 @pytest.fixture
-def dataset(engine) -> list[dict]:
+def dataset(db) -> list[dict]:
     rng = np.random.default_rng(7)
     rows = [varied_request(i, rng) for i in range(N)]
     samples = [sample_dict(i, instance=f"gpu-{i % 2}", power_w=float(i)) for i in range(10)]
-    Store(engine).insert(IngestBatch.model_validate({"requests": rows, "samples": samples}))
+    Store(db).insert(IngestBatch.model_validate({"requests": rows, "samples": samples}))
     return rows
 
 
@@ -50,9 +50,9 @@ def expected(rows: list[dict]) -> dict:
     }
 
 
-def test_signals_match_direct_computation(engine, dataset):
+def test_signals_match_direct_computation(db, dataset):
     window = Window(T0, T0 + N * 3.0)
-    got, want = signals(engine, window), expected(dataset)
+    got, want = signals(db, window), expected(dataset)
     assert got.requests == N and got.errors == sum(r["status"] == "error" for r in dataset)
     assert got.ooms == sum(1 for r in dataset if r["error"])
     assert got.acceptance_rate == pytest.approx(want["rate"])
@@ -75,17 +75,17 @@ def test_signals_match_direct_computation(engine, dataset):
         ),
     ],
 )
-def test_filters_select_the_right_requests(engine, dataset, filters, keep):
+def test_filters_select_the_right_requests(db, dataset, filters, keep):
     rows = [r for r in dataset if keep(r)]
-    got = signals(engine, Window(T0, T0 + N * 3.0), filters)
+    got = signals(db, Window(T0, T0 + N * 3.0), filters)
     assert got.requests == len(rows)
     if got.draft_tokens:
         assert got.acceptance_rate == pytest.approx(expected(rows)["rate"])
 
 
-def test_window_is_start_inclusive_end_exclusive(engine, dataset):
-    assert signals(engine, Window(T0 + 30, T0 + 60)).requests == 10  # i = 10..19
-    empty = signals(engine, Window(T0 - 100, T0))
+def test_window_is_start_inclusive_end_exclusive(db, dataset):
+    assert signals(db, Window(T0 + 30, T0 + 60)).requests == 10  # i = 10..19
+    empty = signals(db, Window(T0 - 100, T0))
     assert (empty.requests, empty.acceptance_rate, empty.ttft.p99, empty.mean_acceptance_length) == (
         0,
         None,
@@ -94,16 +94,16 @@ def test_window_is_start_inclusive_end_exclusive(engine, dataset):
     )
 
 
-def test_per_position_acceptance(engine, dataset):
-    got = per_position_acceptance(engine, Window(T0, T0 + N * 3.0))
+def test_per_position_acceptance(db, dataset):
+    got = per_position_acceptance(db, Window(T0, T0 + N * 3.0))
     drafts = sum(r["num_drafts"] for r in dataset)
     want = [sum(r["accepted_per_position"][k] for r in dataset if r["gamma"]) / drafts for k in range(4)]
     assert got.drafts == drafts and got.rates == pytest.approx(want)
     assert got.rates == sorted(got.rates, reverse=True)
 
 
-def test_acceptance_grows_with_prompt_length(engine, dataset):
-    got = acceptance_vs_length(engine, Window(T0, T0 + N * 3.0), by="prompt_tokens")
+def test_acceptance_grows_with_prompt_length(db, dataset):
+    got = acceptance_vs_length(db, Window(T0, T0 + N * 3.0), by="prompt_tokens")
     assert (
         got.requests == sum(1 for r in dataset if r["num_draft_tokens"])
         and got.spearman_rho > 0.8
@@ -113,20 +113,20 @@ def test_acceptance_grows_with_prompt_length(engine, dataset):
     assert rates == sorted(rates) and sum(b.requests for b in got.buckets) == got.requests
 
 
-def test_errors_by_hour_of_day(engine, dataset):
-    hours = errors_by_hour(engine, Window(T0, T0 + N * 3.0))
+def test_errors_by_hour_of_day(db, dataset):
+    hours = errors_by_hour(db, Window(T0, T0 + N * 3.0))
     assert len(hours) == 24 and sum(h.requests for h in hours) == N
     busy = {h.hour for h in hours if h.requests}
     assert busy == {20}  # T0 is 20:26:40 UTC and the data spans 20 minutes
     assert hours[20].errors == sum(r["status"] == "error" for r in dataset)
 
 
-def test_series_points_agree_with_signals_of_each_minute(engine, dataset):
+def test_series_points_agree_with_signals_of_each_minute(db, dataset):
     window = Window(T0, T0 + 600)
-    points = series(engine, window, step_s=60)
+    points = series(db, window, step_s=60)
     assert [p.t for p in points] == [T0 + 60 * i for i in range(10)]
     for p in points:
-        minute = signals(engine, Window(p.t, p.t + 60))
+        minute = signals(db, Window(p.t, p.t + 60))
         assert (p.requests, p.errors, p.draft_tokens) == (minute.requests, minute.errors, minute.draft_tokens)
         assert p.acceptance_rate == pytest.approx(minute.acceptance_rate)
         assert p.acceptance_rate_mean == pytest.approx(minute.acceptance_rate_mean)
@@ -135,19 +135,19 @@ def test_series_points_agree_with_signals_of_each_minute(engine, dataset):
         assert p.tpot_p99 == pytest.approx(minute.tpot.p99) and p.tpot_p50 == pytest.approx(minute.tpot.p50)
 
 
-def test_latest_device_samples(engine, dataset):
-    latest = latest_device_samples(engine)
+def test_latest_device_samples(db, dataset):
+    latest = latest_device_samples(db)
     assert [(d.instance, d.power_w) for d in latest] == [("gpu-0", 8.0), ("gpu-1", 9.0)]
-    assert [d.instance for d in latest_device_samples(engine, "gpu-1")] == ["gpu-1"]
+    assert [d.instance for d in latest_device_samples(db, "gpu-1")] == ["gpu-1"]
 
 
-def test_engine_events_in_window(engine, make_event):
+def test_engine_events_in_window(db, make_event):
     events = [make_event(i, kind="defrag" if i % 2 else "mode_switch", instance=f"gpu-{i % 3}") for i in range(12)]
-    Store(engine).insert(IngestBatch.model_validate({"events": events}))
+    Store(db).insert(IngestBatch.model_validate({"events": events}))
     window = Window(T0 + 2, T0 + 10)
-    assert [e.at for e in engine_events(engine, window)] == [T0 + i for i in range(2, 10)]
-    assert [e.at for e in engine_events(engine, window, instance="gpu-1", kind="defrag")] == [T0 + 7]
-    assert engine_events(engine, window, limit=3)[-1].detail == {"to": "autoregressive"}
+    assert [e.at for e in engine_events(db, window)] == [T0 + i for i in range(2, 10)]
+    assert [e.at for e in engine_events(db, window, instance="gpu-1", kind="defrag")] == [T0 + 7]
+    assert engine_events(db, window, limit=3)[-1].detail == {"to": "autoregressive"}
 
 
 def test_http_endpoints_serve_the_same_numbers(client, dataset_via_http):

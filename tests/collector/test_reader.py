@@ -22,15 +22,15 @@ LATENCY_REL = 0.011  # sketch percentiles: within 1% of the exact value at their
 
 
 @pytest.fixture
-def stored(engine):
-    store_in_batches(engine, workload(3000, span_s=200.0))
-    return engine
+def stored(db):
+    store_in_batches(db, workload(3000, span_s=200.0))
+    return db
 
 
-def uncover_before(engine, second: int) -> None:
+def uncover_before(db, second: int) -> None:
     """As if the aggregates started at `second` (rows stored before migration 0009): readers must
     take raw rows for the seconds before it."""
-    with engine.begin() as conn:
+    with db.begin() as conn:
         conn.execute(delete(WindowAggregate).where(WindowAggregate.period_start < second))
         conn.execute(
             update(MaintenanceState).where(MaintenanceState.key == aggregates.COVERED_FROM).values(value=float(second))

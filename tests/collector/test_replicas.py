@@ -32,7 +32,7 @@ from sqlalchemy import text
 from waiting import wait_for
 from webhook_receiver import Receiver
 
-from specwatch.collector.db import make_engine
+from specwatch.collector.db import make_db
 from specwatch.common.procs import child_env, free_port, specwatch_command
 
 POSTGRES_URL = os.environ.get("SPECWATCH_TEST_POSTGRES_URL")
@@ -224,13 +224,13 @@ def test_replicas_survive_the_leader_being_killed(empty_postgres, tmp_path):
 
 def _check_stored_once(acknowledged: list[str]) -> None:
     assert len(acknowledged) == len(set(acknowledged))
-    engine = make_engine(POSTGRES_URL)
+    db = make_db(POSTGRES_URL)
     try:
-        with engine.connect() as conn:
+        with db.connect() as conn:
             stored = Counter(conn.scalars(text("SELECT request_id FROM requests")))
             rolled_up = conn.scalar(text("SELECT sum(requests) FROM request_rollups"))
     finally:
-        engine.dispose()
+        db.dispose()
     assert set(stored) == set(acknowledged) and max(stored.values()) == 1
     # the survivors' leader rolled up the rest after the kill; every request counted once
     assert rolled_up == len(acknowledged), (rolled_up, len(acknowledged))

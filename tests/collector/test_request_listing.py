@@ -32,11 +32,11 @@ def records() -> list[dict]:
 
 @pytest.fixture
 def stored(client):
-    engine = client.app.state.store.engine
-    Store(engine).insert(IngestBatch.model_validate({"requests": records(), "samples": [], "events": []}))
+    db = client.app.state.store.db
+    Store(db).insert(IngestBatch.model_validate({"requests": records(), "samples": [], "events": []}))
     flag = {"started_at": T0, "instance": "gpu-0", "model": "m", "drafter": "ngram", "flagged_at": T0}
     rows = [("q03", "outlier"), ("q03", "collapse"), ("q07", "repetition")]
-    with engine.begin() as conn:
+    with db.begin() as conn:
         conn.execute(
             insert(request_flags),
             [flag | {"request_id": r, "flag": f, "value": 0.0, "expected": 0.6, "detail": {}} for r, f in rows],
@@ -80,7 +80,7 @@ SORTS = {
 def test_every_sort_pages_by_keyset(stored, sort, order, whole_window_rows, monkeypatch):
     monkeypatch.setattr(request_reads, "WHOLE_WINDOW_ROWS", whole_window_rows)
     found = pages(stored, sort=sort, order=order)
-    with stored.app.state.store.engine.connect() as conn:
+    with stored.app.state.store.db.connect() as conn:
         q = request_reads.RequestQuery(sort, order == "desc", limit=5)
         walks = request_reads.walk_sort_index(conn, request_reads.Window(WINDOW["start"], WINDOW["end"]), Filters(), q)
     assert walks == (sort == "time" or whole_window_rows == 0)

@@ -30,10 +30,10 @@ LATENCY_REL = 0.011  # sketch percentiles: within 1% of the exact value at their
 
 
 @pytest.fixture
-def stored(engine) -> list[dict]:
+def stored(db) -> list[dict]:
     rng = np.random.default_rng(3)
     rows = [varied_request(i, rng) for i in range(N)]
-    Store(engine).insert(IngestBatch.model_validate({"requests": rows}))
+    Store(db).insert(IngestBatch.model_validate({"requests": rows}))
     return rows
 
 
@@ -46,10 +46,10 @@ def test_histogram_quantile_interpolates_like_promql():
     assert histogram_quantile(0.5, np.zeros(len(LATENCY_BUCKETS) + 1)) is None
 
 
-def test_rollups_sum_to_the_raw_rows(engine, stored):
-    report = roll_up(engine, now=T0 + DAY)
-    assert report.rows_folded == N and roll_up(engine, now=T0 + DAY).rows_folded == 0
-    with engine.connect() as conn:
+def test_rollups_sum_to_the_raw_rows(db, stored):
+    report = roll_up(db, now=T0 + DAY)
+    assert report.rows_folded == N and roll_up(db, now=T0 + DAY).rows_folded == 0
+    with db.connect() as conn:
         raw = conn.execute(
             select(func.count(), func.sum(Request.num_accepted_tokens), func.sum(Request.output_tokens))
         ).one()
@@ -60,12 +60,12 @@ def test_rollups_sum_to_the_raw_rows(engine, stored):
             assert tuple(raw) == tuple(rolled)
 
 
-def test_long_series_from_rollups_matches_raw_series(engine, stored):
-    roll_up(engine, now=T0 + DAY)
+def test_long_series_from_rollups_matches_raw_series(db, stored):
+    roll_up(db, now=T0 + DAY)
     hourly, minutely = (Window(HOUR0, HOUR0 + 2 * 3600), 3600), (Window(HOUR0 + 60, HOUR0 + 3660), 600)
     filters_cases = (Filters(), Filters(instance="gpu-1"), Filters(drafter="none"), Filters(mode="speculative"))
     for filters, (window, step) in [(f, w) for f in filters_cases for w in (hourly, minutely)]:
-        rolled, raw = long_series(engine, window, filters, step), series(engine, window, filters, step)
+        rolled, raw = long_series(db, window, filters, step), series(db, window, filters, step)
         assert len(rolled) == len(raw) and sum(p.requests for p in rolled) > 0
         for r, x in zip(rolled, raw):
             assert (r.t, r.requests, r.errors, r.draft_tokens, r.accepted_tokens) == (
@@ -83,29 +83,29 @@ def test_long_series_from_rollups_matches_raw_series(engine, stored):
                 assert getattr(r, name) == (None if want is None else pytest.approx(want, rel=LATENCY_REL)), name
 
 
-def test_late_records_are_folded_into_their_minute(engine, stored, monkeypatch):
+def test_late_records_are_folded_into_their_minute(db, stored, monkeypatch):
     monkeypatch.setattr("specwatch.collector.rollups.CHUNK_ROWS", 150)  # several transactions per pass
-    assert roll_up(engine, now=T0 + DAY).rows_folded == N
+    assert roll_up(db, now=T0 + DAY).rows_folded == N
     late = request_dict(10_000, started_at=T0 + 30.5)  # a minute rolled up long ago
-    Store(engine).insert(IngestBatch.model_validate({"requests": [late]}))
+    Store(db).insert(IngestBatch.model_validate({"requests": [late]}))
     for period in (60, 3600):  # read straight away, the late row comes from the raw table
-        assert sum(p.requests for p in long_series(engine, Window(HOUR0, HOUR0 + 3600), step_s=period)) == N + 1
-    assert roll_up(engine, now=T0 + DAY + 60).rows_folded == 1
-    point = long_series(engine, Window(HOUR0, HOUR0 + 3600), step_s=3600)[0]
+        assert sum(p.requests for p in long_series(db, Window(HOUR0, HOUR0 + 3600), step_s=period)) == N + 1
+    assert roll_up(db, now=T0 + DAY + 60).rows_folded == 1
+    point = long_series(db, Window(HOUR0, HOUR0 + 3600), step_s=3600)[0]
     assert point.requests == N + 1
 
 
-def test_retention_keeps_rollups_and_deletes_only_rolled_up_rows(engine, stored):
-    assert apply_retention(engine, now=T0 + 30 * DAY, raw_retention_s=14 * DAY, rollup_retention_s=400 * DAY) == (0, 0)
-    roll_up(engine, now=T0 + 30 * DAY)
+def test_retention_keeps_rollups_and_deletes_only_rolled_up_rows(db, stored):
+    assert apply_retention(db, now=T0 + 30 * DAY, raw_retention_s=14 * DAY, rollup_retention_s=400 * DAY) == (0, 0)
+    roll_up(db, now=T0 + 30 * DAY)
     deleted_raw, deleted_rollups = apply_retention(
-        engine, now=T0 + 30 * DAY, raw_retention_s=14 * DAY, rollup_retention_s=400 * DAY
+        db, now=T0 + 30 * DAY, raw_retention_s=14 * DAY, rollup_retention_s=400 * DAY
     )
     assert deleted_raw == N and deleted_rollups == 0
     window = Window(HOUR0, HOUR0 + 3600)
-    assert series(engine, window, step_s=3600)[0].requests == 0
-    assert long_series(engine, window, step_s=3600)[0].requests == N
-    assert apply_retention(engine, now=T0 + 500 * DAY, raw_retention_s=14 * DAY, rollup_retention_s=400 * DAY)[1] > 0
+    assert series(db, window, step_s=3600)[0].requests == 0
+    assert long_series(db, window, step_s=3600)[0].requests == N
+    assert apply_retention(db, now=T0 + 500 * DAY, raw_retention_s=14 * DAY, rollup_retention_s=400 * DAY)[1] > 0
 
 
 def test_service_runs_maintenance_in_the_background(db_url, tmp_path):
@@ -113,10 +113,10 @@ def test_service_runs_maintenance_in_the_background(db_url, tmp_path):
     old = request_dict(1, started_at=time.time() - 3 * DAY)
     with TestClient(create_app(settings)) as client:
         assert client.post("/v1/ingest", json={"requests": [old]}).json()["accepted"] == 1
-        engine = client.app.state.store.engine
+        db = client.app.state.store.db
 
         def counts() -> tuple[int, int | None]:
-            with engine.connect() as conn:
+            with db.connect() as conn:
                 return (
                     conn.scalar(select(func.count()).select_from(Request)),
                     conn.scalar(select(func.sum(RequestRollup.requests))),
@@ -132,13 +132,13 @@ def test_service_runs_maintenance_in_the_background(db_url, tmp_path):
 
 
 @pytest.mark.parametrize("rolled", [False, True])
-def test_long_signals_add_up_rollups_and_raw_rows(engine, stored, rolled):
+def test_long_signals_add_up_rollups_and_raw_rows(db, stored, rolled):
     if rolled:
-        roll_up(engine, now=T0 + 3 * 3600)  # rollups cover everything up to T0+3h-GRACE_S
+        roll_up(db, now=T0 + 3 * 3600)  # rollups cover everything up to T0+3h-GRACE_S
         late = request_dict(10_000, started_at=T0 + 30.5)  # arrives after the pass, inside the rolled span
-        Store(engine).insert(IngestBatch.model_validate({"requests": [late]}))
+        Store(db).insert(IngestBatch.model_validate({"requests": [late]}))
     window = Window(T0 - 7 * 3600 + 17.5, T0 + 3000)  # > 6 h, not minute-aligned
-    exact, estimate = signals(engine, window), long_signals(engine, window)
+    exact, estimate = signals(db, window), long_signals(db, window)
     assert (estimate.requests, estimate.errors, estimate.ooms, estimate.draft_tokens, estimate.accepted_tokens) == (
         exact.requests,
         exact.errors,
@@ -161,32 +161,32 @@ def assert_same_percentiles(got, want) -> None:
             assert getattr(g, q) == pytest.approx(getattr(w, q), rel=LATENCY_REL), (name, q)
 
 
-def test_signals_beyond_six_hours_carry_tpot_from_the_rollup_sketches(engine, stored):
-    roll_up(engine, now=T0 + 2 * DAY)
-    with engine.connect() as conn:  # the rolled span really is read from the rollups' sketches
+def test_signals_beyond_six_hours_carry_tpot_from_the_rollup_sketches(db, stored):
+    roll_up(db, now=T0 + 2 * DAY)
+    with db.connect() as conn:  # the rolled span really is read from the rollups' sketches
         assert conn.scalar(select(func.sum(RequestRollupHourly.sketched))) == N
     window = Window(HOUR0 - DAY, HOUR0 + DAY)  # whole hours: the hourly rows
     assert reader.tier(window, Filters()) == "rollups"
     for filters in (Filters(), Filters(instance="gpu-1"), Filters(mode="speculative")):
-        got, want = reader.signals(engine, window, filters), signals(engine, window, filters)
+        got, want = reader.signals(db, window, filters), signals(db, window, filters)
         assert got.requests == want.requests
         assert_same_percentiles(got, want)
     edges = Window(T0 - 7 * 3600 + 17.5, T0 + 1500.25)  # per-minute rows and raw edges
-    assert_same_percentiles(long_signals(engine, edges), signals(engine, edges))
+    assert_same_percentiles(long_signals(db, edges), signals(db, edges))
 
 
-def test_rollup_rows_from_before_migration_0011_answer_from_their_histograms(engine, stored):
-    roll_up(engine, now=T0 + 2 * DAY)
-    with engine.begin() as conn:  # as migration 0011 leaves rows written before it
+def test_rollup_rows_from_before_migration_0011_answer_from_their_histograms(db, stored):
+    roll_up(db, now=T0 + 2 * DAY)
+    with db.begin() as conn:  # as migration 0011 leaves rows written before it
         for table in (RequestRollup, RequestRollupHourly):
             conn.execute(update(table).values(sketched=0, ttft_sketch=None, e2e_sketch=None, tpot_sketch=None))
     window = Window(HOUR0 - DAY, HOUR0 + DAY)
-    got, want = long_signals(engine, window), signals(engine, window)
+    got, want = long_signals(db, window), signals(db, window)
     assert got.requests == N and got.ttft.basis == got.e2e.basis == got.tpot.basis == "histogram"
     assert got.ttft.count == want.ttft.count and got.tpot.count == 0 and got.tpot.p99 is None
     i = int(np.searchsorted(LATENCY_BUCKETS, want.ttft.p99))  # the estimate lies in the exact value's bucket
     assert (0.0 if i == 0 else LATENCY_BUCKETS[i - 1]) <= got.ttft.p99 <= LATENCY_BUCKETS[i]
-    point = long_series(engine, window, step_s=3600)[24]  # HOUR0's
+    point = long_series(db, window, step_s=3600)[24]  # HOUR0's
     assert point.requests == N and point.ttft_p99 == pytest.approx(got.ttft.p99) and point.tpot_p99 is None
 
 
@@ -199,13 +199,13 @@ def test_signals_endpoint_switches_to_rollups_for_long_windows(client, make_requ
     assert short["tpot"] == long["tpot"] and long["tpot"]["count"] == 50  # TPOT in every tier
 
 
-def test_errors_by_hour_from_rollups_match_raw(engine, stored):
-    roll_up(engine, now=T0 + 2 * DAY)
+def test_errors_by_hour_from_rollups_match_raw(db, stored):
+    roll_up(db, now=T0 + 2 * DAY)
     late = request_dict(10_000, started_at=T0 + 1.5 * DAY, status="error", error="draft:oom")  # a raw edge hour
     unrolled = request_dict(10_001, started_at=T0 + 100, status="error", error="target:oom")  # inside rolled hours
-    Store(engine).insert(IngestBatch.model_validate({"requests": [late, unrolled]}))
+    Store(db).insert(IngestBatch.model_validate({"requests": [late, unrolled]}))
     window = Window(T0 - DAY + 123.0, T0 + 1.5 * DAY + 60)
-    assert errors_by_hour_long(engine, window) == errors_by_hour(engine, window)
-    assert sum(h.ooms for h in errors_by_hour_long(engine, window, Filters(instance="gpu-0"))) == sum(
-        h.ooms for h in errors_by_hour(engine, window, Filters(instance="gpu-0"))
+    assert errors_by_hour_long(db, window) == errors_by_hour(db, window)
+    assert sum(h.ooms for h in errors_by_hour_long(db, window, Filters(instance="gpu-0"))) == sum(
+        h.ooms for h in errors_by_hour(db, window, Filters(instance="gpu-0"))
     )

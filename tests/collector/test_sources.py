@@ -22,9 +22,9 @@ def snapshots() -> list[EngineEvent]:
     return upstream_snapshots([T0 + 1, T0 + 5, T0 + 2000])
 
 
-def store(engine, requests=(), samples=(), events=()) -> None:
+def store(db, requests=(), samples=(), events=()) -> None:
     batch = {"requests": list(requests), "samples": list(samples), "events": [e.model_dump() for e in events]}
-    Store(engine).insert(IngestBatch.model_validate(batch))
+    Store(db).insert(IngestBatch.model_validate(batch))
 
 
 def requests(instance: str, n: int, first: int, at: float = T0 + 200) -> list[dict]:
@@ -32,17 +32,17 @@ def requests(instance: str, n: int, first: int, at: float = T0 + 200) -> list[di
 
 
 @pytest.fixture
-def stored(engine):
+def stored(db):
     """6 requests through vllm-a (and one before the window), 3 through vllm-b, 2 that no upstream
     took (instance "edge"), 4 from engine gpu-0 with device samples."""
-    store(engine, events=snapshots()[:1])  # the first snapshot, stored before the others arrive
+    store(db, events=snapshots()[:1])  # the first snapshot, stored before the others arrive
     store(
-        engine,
+        db,
         requests=requests("vllm-a", 6, 0) + requests("vllm-a", 1, 10, at=T0) + requests("vllm-b", 3, 20),
         events=snapshots()[1:],
     )
-    store(engine, requests=requests("edge", 2, 30) + requests("gpu-0", 4, 40), samples=[sample_dict(50)])
-    return engine
+    store(db, requests=requests("edge", 2, 30) + requests("gpu-0", 4, 40), samples=[sample_dict(50)])
+    return db
 
 
 def by_name(found: list[Source]) -> dict[str, Source]:
@@ -88,31 +88,31 @@ def test_upstream_requests_are_counted_once_and_not_as_engines(stored):
 
 
 def test_an_instance_without_upstream_events_stays_an_engine(stored):
-    (engine,) = [s for s in sources(stored, WINDOW) if s.kind == "engine"]
-    assert engine == Source("engine", "gpu-0", T0 + 5 * 50, 4, 4 / 4)  # its sample is its latest sign of life
+    (db,) = [s for s in sources(stored, WINDOW) if s.kind == "engine"]
+    assert db == Source("engine", "gpu-0", T0 + 5 * 50, 4, 4 / 4)  # its sample is its latest sign of life
 
 
-def test_a_gateway_without_traffic_in_the_window_still_shows_its_upstreams(engine):
-    store(engine, requests=requests("vllm-a", 2, 0, at=T0 + 10), events=snapshots()[:2])
-    found = by_name(sources(engine, WINDOW))
+def test_a_gateway_without_traffic_in_the_window_still_shows_its_upstreams(db):
+    store(db, requests=requests("vllm-a", 2, 0, at=T0 + 10), events=snapshots()[:2])
+    found = by_name(sources(db, WINDOW))
     assert set(found) == {"edge", "vllm-a", "vllm-b"}
     assert found["vllm-a"].records_in_window == 0 and found["vllm-b"].healthy is False
 
 
-def test_malformed_upstream_entries_are_skipped(engine):
+def test_malformed_upstream_entries_are_skipped(db):
     detail = {"upstreams": [{"name": "ok", "healthy": "yes", "pool": 3}, {"healthy": False}, "x", {"name": ""}]}
     events = [
         EngineEvent(instance="odd", at=T0 + 1, kind="upstream", detail=detail),
         EngineEvent(instance="bare", at=T0 + 1, kind="upstream", detail={"upstreams": "none"}),
     ]
-    store(engine, events=events)
-    found = by_name(sources(engine, WINDOW))
+    store(db, events=events)
+    found = by_name(sources(db, WINDOW))
     assert [(s.kind, s.name) for s in found.values()] == [("gateway", "bare"), ("gateway", "odd"), ("upstream", "ok")]
     assert (found["ok"].healthy, found["ok"].pool, found["ok"].gateway) == (None, None, "odd")
 
 
-def test_api_keeps_the_old_keys_and_adds_the_gateway_fields(client, engine):
-    store(engine, requests=requests("vllm-a", 3, 0) + requests("gpu-0", 2, 10), events=snapshots()[:2])
+def test_api_keeps_the_old_keys_and_adds_the_gateway_fields(client, db):
+    store(db, requests=requests("vllm-a", 3, 0) + requests("gpu-0", 2, 10), events=snapshots()[:2])
     got = client.get("/v1/sources", params={"start": WINDOW.start, "end": WINDOW.end})
     assert got.status_code == 200
     rows = {row["name"]: row for row in got.json()}
@@ -128,10 +128,10 @@ def test_api_keeps_the_old_keys_and_adds_the_gateway_fields(client, engine):
     assert (rows["vllm-a"]["kind"], rows["vllm-a"]["records_in_window"]) == ("upstream", 3)
 
 
-def test_a_lone_engine_shows_the_overviews_request_rate(engine):
+def test_a_lone_engine_shows_the_overviews_request_rate(db):
     """Sources and the Overview (signals' request_rate_per_s) rate the same requests the same way."""
     from specwatch.collector.reader import signals
 
-    store(engine, requests=requests("gpu-0", 5, 0, at=T0 + 300.4) + requests("gpu-0", 3, 10, at=T0 + 700.2))
-    (row,) = sources(engine, WINDOW)
-    assert row.per_s == pytest.approx(signals(engine, WINDOW).request_rate_per_s) and row.per_s > 8 / 1000
+    store(db, requests=requests("gpu-0", 5, 0, at=T0 + 300.4) + requests("gpu-0", 3, 10, at=T0 + 700.2))
+    (row,) = sources(db, WINDOW)
+    assert row.per_s == pytest.approx(signals(db, WINDOW).request_rate_per_s) and row.per_s > 8 / 1000

@@ -19,27 +19,27 @@ def batch(requests=(), samples=(), events=()) -> IngestBatch:
     return IngestBatch.model_validate({"requests": list(requests), "samples": list(samples), "events": list(events)})
 
 
-def count(engine, model) -> int:
-    with engine.connect() as conn:
+def count(db, model) -> int:
+    with db.connect() as conn:
         return conn.scalar(select(func.count()).select_from(model))
 
 
-def test_migrations_create_exactly_the_orm_tables(engine):
-    with engine.connect() as conn:
+def test_migrations_create_exactly_the_orm_tables(db):
+    with db.connect() as conn:
         options = partitions.autogenerate_options(conn.dialect.name)  # PostgreSQL: day partitions
         diff = compare_metadata(MigrationContext.configure(conn, opts=options), Base.metadata)
     assert diff == []
-    assert is_current(engine)
-    indexes = {ix["name"] for ix in inspect(engine).get_indexes("requests")}
+    assert is_current(db)
+    indexes = {ix["name"] for ix in inspect(db).get_indexes("requests")}
     assert {"ix_requests_started_at", "ix_requests_instance_started_at"} <= indexes
 
 
-def test_insert_stores_every_column_round_trip(engine, make_request, make_sample, make_event):
+def test_insert_stores_every_column_round_trip(db, make_request, make_sample, make_event):
     record = make_request(1, energy_j=12.5, energy_source="nvml", arm="spec", error=None, tags={"tenant": "x"})
     record |= {"mean_lookahead": 2.5, "device_s": 0.375, "device_s_source": "engine"}
-    counts = Store(engine).insert(batch([record], [make_sample(1)], [make_event(1, detail={"k": [1, 2.5]})]))
+    counts = Store(db).insert(batch([record], [make_sample(1)], [make_event(1, detail={"k": [1, 2.5]})]))
     assert (counts.requests, counts.samples, counts.events, counts.duplicates) == (1, 1, 1, 0)
-    with Session(engine) as session:
+    with Session(db) as session:
         row = session.scalars(select(Request)).one()
         stored = {c: getattr(row, c) for c in record}
         event = session.scalars(select(EngineEventRow.detail)).one()
@@ -47,8 +47,8 @@ def test_insert_stores_every_column_round_trip(engine, make_request, make_sample
     assert event == {"k": [1, 2.5]}
 
 
-def test_duplicates_within_batch_and_already_stored_are_skipped(engine, make_request, make_sample, make_event):
-    store = Store(engine)
+def test_duplicates_within_batch_and_already_stored_are_skipped(db, make_request, make_sample, make_event):
+    store = Store(db)
     first = store.insert(
         batch([make_request(1), make_request(2), make_request(1)], [make_sample(1)] * 2, [make_event(1)])
     )
@@ -60,14 +60,14 @@ def test_duplicates_within_batch_and_already_stored_are_skipped(engine, make_req
     assert (again.events, again.event_duplicates) == (0, 1)
     assert [r.request_id for r in again.new_requests] == ["req-3"]
     assert [s.at for s in again.new_samples] == [make_sample(2)["at"]]
-    assert count(engine, Request) == 3 and count(engine, DeviceSampleRow) == 2 and count(engine, EngineEventRow) == 1
+    assert count(db, Request) == 3 and count(db, DeviceSampleRow) == 2 and count(db, EngineEventRow) == 1
 
 
-def test_batch_is_one_transaction(engine, make_request):
+def test_batch_is_one_transaction(db, make_request):
     """A failure half-way through a batch leaves nothing behind."""
-    store = Store(engine)
+    store = Store(db)
     good = batch([make_request(1)])
-    with engine.begin() as conn:  # a trigger-free way to make the second table fail: drop it
+    with db.begin() as conn:  # a trigger-free way to make the second table fail: drop it
         conn.execute(text("ALTER TABLE device_samples RENAME TO device_samples_gone"))
     with pytest.raises(StoreUnavailable):  # the missing table
         store.insert(
@@ -86,15 +86,15 @@ def test_batch_is_one_transaction(engine, make_request):
                 }
             )
         )
-    with engine.begin() as conn:
+    with db.begin() as conn:
         conn.execute(text("ALTER TABLE device_samples_gone RENAME TO device_samples"))
-    assert count(engine, Request) == 0
+    assert count(db, Request) == 0
     assert store.insert(good).requests == 1
 
 
-def test_large_batch_round_trips(engine, make_request):
-    counts = Store(engine).insert(batch([make_request(i) for i in range(5000)]))
+def test_large_batch_round_trips(db, make_request):
+    counts = Store(db).insert(batch([make_request(i) for i in range(5000)]))
     assert counts.requests == 5000
-    with engine.connect() as conn:
+    with db.connect() as conn:
         total = conn.scalar(select(func.sum(Request.num_accepted_tokens)))
     assert total == sum(make_request(i)["num_accepted_tokens"] for i in range(5000))

@@ -34,8 +34,8 @@ def test_parses_vllm_exposition_per_model_and_engine():
     assert len(e0.created) == 3 + 3 + 2  # three counters, three positions, two histograms
 
 
-def test_first_scrape_is_a_baseline_then_deltas(engine):
-    vllm, scraper = FakeVllm(), Scraper("http://vllm:8000/metrics", engine, 15)
+def test_first_scrape_is_a_baseline_then_deltas(db):
+    vllm, scraper = FakeVllm(), Scraper("http://vllm:8000/metrics", db, 15)
     for accepted in (3, 2):
         vllm.observe_draft(accepted)
     assert scraper.observe(vllm.text(), at=1000.0) == []
@@ -48,8 +48,8 @@ def test_first_scrape_is_a_baseline_then_deltas(engine):
     assert sum(row["ttft_counts"]) == 1 and row["ttft_bounds"] == TTFT_BUCKETS
 
 
-def test_counter_reset_counts_from_zero(engine):
-    scraper = Scraper("http://vllm:8000/metrics", engine, 15)
+def test_counter_reset_counts_from_zero(db):
+    scraper = Scraper("http://vllm:8000/metrics", db, 15)
     before = FakeVllm()
     for _ in range(10):
         before.observe_draft(3)
@@ -66,9 +66,9 @@ def test_counter_reset_counts_from_zero(engine):
     assert row["counter_reset"] and (row["drafts"], row["accepted_per_position"]) == (1, [1, 1, 0])
 
 
-def test_signals_from_scrapes(engine):
+def test_signals_from_scrapes(db):
     rng = np.random.default_rng(5)
-    vllm, scraper = FakeVllm(), Scraper("http://vllm:8000/metrics", engine, 15)
+    vllm, scraper = FakeVllm(), Scraper("http://vllm:8000/metrics", db, 15)
     scraper.observe(vllm.text(), at=1000.0)
     accepted = rng.integers(0, 4, 300)
     ttfts = rng.gamma(2.0, 0.03, 300)
@@ -77,7 +77,7 @@ def test_signals_from_scrapes(engine):
         vllm.observe_request(float(ttfts[i]), float(ttfts[i] + 1.0))
         if i % 100 == 99:
             scraper.observe(vllm.text(), at=1000.0 + 15 * (i // 100 + 1))
-    got = vllm_signals(engine, Window(1000, 1100))
+    got = vllm_signals(db, Window(1000, 1100))
     assert got.intervals == 3 and got.drafts == 300
     assert got.acceptance_rate == pytest.approx(accepted.sum() / 900)
     assert got.mean_acceptance_length == pytest.approx(1 + accepted.sum() / 300)
@@ -87,7 +87,7 @@ def test_signals_from_scrapes(engine):
     exact = np.quantile(ttfts, 0.5)
     i = int(np.searchsorted(TTFT_BUCKETS, exact))
     assert TTFT_BUCKETS[i - 1] <= got.ttft.p50 <= TTFT_BUCKETS[i]  # in the exact median's bucket
-    assert vllm_signals(engine, Window(1000, 1100), model="other").intervals == 0
+    assert vllm_signals(db, Window(1000, 1100), model="other").intervals == 0
 
 
 def test_collector_scrapes_a_live_vllm_endpoint(db_url, tmp_path):
@@ -110,7 +110,7 @@ def test_collector_scrapes_a_live_vllm_endpoint(db_url, tmp_path):
         thread.join(5)
 
 
-def test_target_gone_and_back_is_one_interval_logged_once(engine, caplog):
+def test_target_gone_and_back_is_one_interval_logged_once(db, caplog):
     """Failed scrapes keep the baseline: the first good scrape after them spans the gap, with the
     counts of the outage (no bogus deltas); the outage is logged once, and its end once."""
     import asyncio
@@ -119,7 +119,7 @@ def test_target_gone_and_back_is_one_interval_logged_once(engine, caplog):
 
     vllm, port = FakeVllm(), free_port()
     url = f"http://127.0.0.1:{port}/metrics"
-    scraper = Scraper(url, engine, 15)
+    scraper = Scraper(url, db, 15)
 
     async def scrape() -> list[dict]:
         async with httpx.AsyncClient(timeout=2) as http:

@@ -16,7 +16,7 @@ from specwatch.alerts.runner import AlertRunner
 from specwatch.alerts.signals import SIGNALS, StoreSignals
 from specwatch.collector import aggregates, sketch, window_signals
 from specwatch.collector.aggregates import WindowAggregate
-from specwatch.collector.db import make_engine, upgrade
+from specwatch.collector.db import make_db, upgrade
 from specwatch.collector.models import Request
 from specwatch.collector.queries import Filters, Window, signals
 from specwatch.collector.store import REQUESTS, Store
@@ -118,33 +118,33 @@ def workload(n: int = 3000, start: float = T0, span_s: float = 200.0, seed: int 
     return records
 
 
-def store_in_batches(engine, records: list[dict], batches: int = 5) -> Store:
-    store = Store(engine)
+def store_in_batches(db, records: list[dict], batches: int = 5) -> Store:
+    store = Store(db)
     for chunk in np.array_split(np.arange(len(records)), batches):
         store.insert(IngestBatch.model_validate({"requests": [records[i] for i in chunk]}))
     return store
 
 
-def aggregate_sums(engine) -> tuple:
+def aggregate_sums(db) -> tuple:
     columns = ("requests", "draft_tokens", "accepted_tokens", "rate_n", "rate_sum")
-    with engine.connect() as conn:
+    with db.connect() as conn:
         return tuple(conn.execute(select(*(func.sum(getattr(WindowAggregate, c)) for c in columns))).one())
 
 
-def test_a_resent_batch_is_not_aggregated_twice(engine):
+def test_a_resent_batch_is_not_aggregated_twice(db):
     records = workload(400)
-    store = store_in_batches(engine, records, batches=2)
-    once = aggregate_sums(engine)
+    store = store_in_batches(db, records, batches=2)
+    once = aggregate_sums(db)
     store.insert(IngestBatch.model_validate({"requests": records[:300]}))  # a duplicate batch
     store.insert(IngestBatch.model_validate({"requests": records[350:]}))
-    assert aggregate_sums(engine) == once and once[0] == 400
+    assert aggregate_sums(db) == once and once[0] == 400
     fresh = [request_dict(10_000 + i, started_at=T0 + 50 + i) for i in range(5)]
     store.insert(IngestBatch.model_validate({"requests": records[:50] + fresh}))  # partly new
-    assert aggregate_sums(engine)[0] == 405
+    assert aggregate_sums(db)[0] == 405
 
 
-def assert_same_signals(engine, window: Window, filters: Filters = Filters()) -> None:
-    raw, agg = signals(engine, window, filters), window_signals.signals(engine, window, filters)
+def assert_same_signals(db, window: Window, filters: Filters = Filters()) -> None:
+    raw, agg = signals(db, window, filters), window_signals.signals(db, window, filters)
     exact = ("requests", "errors", "ooms", "drafts", "draft_tokens", "accepted_tokens", "acceptance_rate")
     assert [getattr(agg, f) for f in exact] == [getattr(raw, f) for f in exact]
     assert agg.requests > 0
@@ -158,8 +158,8 @@ def assert_same_signals(engine, window: Window, filters: Filters = Filters()) ->
             assert getattr(got, q) == pytest.approx(getattr(want, q), rel=sketch.RELATIVE_ACCURACY)
 
 
-def assert_same_alert_signals(engine, now: float, window_s: float) -> None:
-    aggregated, raw = StoreSignals(engine), StoreSignals(engine, raw=True)
+def assert_same_alert_signals(db, now: float, window_s: float) -> None:
+    aggregated, raw = StoreSignals(db), StoreSignals(db, raw=True)
     for name, group_by in [
         ("acceptance_rate", ["instance", "mode"]),
         ("acceptance_stddev", ["instance"]),
@@ -177,50 +177,50 @@ def assert_same_alert_signals(engine, now: float, window_s: float) -> None:
             assert got[key].value == pytest.approx(sample.value, **tolerance), (name, key)
 
 
-def test_signals_from_aggregates_equal_signals_from_raw_rows(engine):
-    store_in_batches(engine, workload())
+def test_signals_from_aggregates_equal_signals_from_raw_rows(db):
+    store_in_batches(db, workload())
     for window in (Window(T0 + 10.37, T0 + 170.81), Window(T0 - 5, T0 + 300), Window(T0 + 20, T0 + 80)):
-        assert_same_signals(engine, window)
-    assert_same_signals(engine, Window(T0 + 0.5, T0 + 199.5), Filters(instance="gpu-1", drafter="none"))
-    assert_same_signals(engine, Window(T0, T0 + 200), Filters(mode="speculative", arm="spec"))
-    assert_same_alert_signals(engine, T0 + 180.25, 150)
+        assert_same_signals(db, window)
+    assert_same_signals(db, Window(T0 + 0.5, T0 + 199.5), Filters(instance="gpu-1", drafter="none"))
+    assert_same_signals(db, Window(T0, T0 + 200), Filters(mode="speculative", arm="spec"))
+    assert_same_alert_signals(db, T0 + 180.25, 150)
 
 
-def test_parts_of_a_window_not_aggregated_come_from_raw_rows(engine):
+def test_parts_of_a_window_not_aggregated_come_from_raw_rows(db):
     """Aggregates gone before T0 + 100 (as before the migration, or after retention): the window's
     part before that is read from raw rows, and the totals stay those of the raw rows."""
-    store_in_batches(engine, workload())
-    with engine.begin() as conn:
+    store_in_batches(db, workload())
+    with db.begin() as conn:
         assert aggregates.apply_retention(conn, T0 + 100.4) > 0
         assert aggregates.covered_from(conn) == T0 + 100
-    assert_same_signals(engine, Window(T0 + 3.3, T0 + 190.2))
-    assert_same_alert_signals(engine, T0 + 190.2, 186.9)
+    assert_same_signals(db, Window(T0 + 3.3, T0 + 190.2))
+    assert_same_alert_signals(db, T0 + 190.2, 186.9)
 
 
 def test_migration_covers_from_after_the_newest_stored_request(tmp_path):
-    engine = make_engine(f"sqlite:///{tmp_path / 'db.sqlite'}")
-    upgrade(engine, "0008")
+    db = make_db(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    upgrade(db, "0008")
     older = workload(500, span_s=100)
     at_0008 = [c for c in REQUESTS.columns if c != "drafts_per_position"]  # added by 0014
     rows = [{c: RequestRecord.model_validate(r).__dict__[c] for c in at_0008} for r in older]
-    with engine.begin() as conn:
+    with db.begin() as conn:
         conn.execute(insert(Request.__table__), rows)
-    upgrade(engine)
+    upgrade(db)
     newest = max(r["started_at"] for r in older)
-    with engine.connect() as conn:
+    with db.connect() as conn:
         assert aggregates.covered_from(conn) == np.floor(newest) + 1
-    store_in_batches(engine, workload(1500, start=T0 + 60, span_s=140, seed=6, first_id=500))  # overlaps the older rows
-    assert_same_signals(engine, Window(T0 + 10.5, T0 + 199.9))
-    assert aggregate_sums(engine)[0] == 1500
-    engine.dispose()
+    store_in_batches(db, workload(1500, start=T0 + 60, span_s=140, seed=6, first_id=500))  # overlaps the older rows
+    assert_same_signals(db, Window(T0 + 10.5, T0 + 199.9))
+    assert aggregate_sums(db)[0] == 1500
+    db.dispose()
 
 
 class StatementLog:
     """The SQL statements an engine runs while it is listened to."""
 
-    def __init__(self, engine) -> None:
-        self.engine, self.statements, self.parameters = engine, [], []
-        event.listen(engine, "before_cursor_execute", self.record)
+    def __init__(self, db) -> None:
+        self.db, self.statements, self.parameters = db, [], []
+        event.listen(db, "before_cursor_execute", self.record)
 
     def record(self, conn, cursor, statement, parameters, context, executemany) -> None:
         self.statements.append(statement)
@@ -230,13 +230,13 @@ class StatementLog:
         return sum(f"FROM {table}" in s for s in self.statements)
 
     def close(self) -> None:
-        event.remove(self.engine, "before_cursor_execute", self.record)
+        event.remove(self.db, "before_cursor_execute", self.record)
 
 
-def test_one_cycle_s_queries_share_their_reads_and_equal_fresh_queries(engine):
-    store = store_in_batches(engine, workload())
-    now, source = T0 + 180.25, StoreSignals(engine)
-    cycle, log = source.cycle(now), StatementLog(engine)
+def test_one_cycle_s_queries_share_their_reads_and_equal_fresh_queries(db):
+    store = store_in_batches(db, workload())
+    now, source = T0 + 180.25, StoreSignals(db)
+    cycle, log = source.cycle(now), StatementLog(db)
     acceptance = cycle.query("acceptance_rate", 150, ["instance", "mode"], now)
     assert log.reading("request_window_aggregates") == 1 and log.reading("requests") == 2  # partial seconds
     log.statements.clear()
@@ -261,25 +261,25 @@ def test_one_cycle_s_queries_share_their_reads_and_equal_fresh_queries(engine):
     assert sum(s.count for s in fresh) > sum(s.count for s in acceptance)
 
 
-def test_an_alert_cycle_reads_the_aggregates_once_per_window(engine):
+def test_an_alert_cycle_reads_the_aggregates_once_per_window(db):
     """The shipped rules ask for 5 min (three request signals, one with TTFT sketches), 15 min,
     1 h and 10 min: five reads of the aggregates in all, however many signals share a window."""
-    store_in_batches(engine, workload())
-    runner = AlertRunner(engine, load_config(), source=StoreSignals(engine))
+    store_in_batches(db, workload())
+    runner = AlertRunner(db, load_config(), source=StoreSignals(db))
     windows = {rule.window for rule in runner.config.rules if rule.signal in REQUEST_SIGNALS}
     assert len(windows) == 4
-    log = StatementLog(engine)
+    log = StatementLog(db)
     report = runner.cycle(T0 + 180.25)
     log.close()
     runner.close()
     assert report.errors == {} and log.reading("request_window_aggregates") == len(windows) + 1
 
 
-def test_a_reader_s_windows_read_in_any_order_equal_fresh_reads(engine):
+def test_a_reader_s_windows_read_in_any_order_equal_fresh_reads(db):
     """Windows ending together, asked in an order that cuts segments inside segments already read."""
-    store_in_batches(engine, workload(), batches=9)
+    store_in_batches(db, workload(), batches=9)
     now = T0 + 180.25
-    reader, log = window_signals.WindowReader(engine, now), StatementLog(engine)
+    reader, log = window_signals.WindowReader(db, now), StatementLog(db)
     for seconds in (150, 170.5, 160, 100, 200, 170.5):
         log.statements.clear()
         log.parameters.clear()
@@ -288,7 +288,7 @@ def test_a_reader_s_windows_read_in_any_order_equal_fresh_reads(engine):
             assert log.reading("request_window_aggregates") == 2
             bounds = [v for q, v in zip(log.statements, log.parameters) if "FROM request_window_aggregates" in q]
             assert all(math.ceil(now - 170.5) in values for values in bounds)
-        want = window_signals.window_totals(engine, Window(now - seconds, now), ("instance", "mode"))
+        want = window_signals.window_totals(db, Window(now - seconds, now), ("instance", "mode"))
         assert got.keys() == want.keys() and want
         for key, totals in want.items():
             assert got[key].sums == pytest.approx(totals.sums, rel=1e-12), (seconds, key)

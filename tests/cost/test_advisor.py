@@ -95,7 +95,7 @@ def test_determinism_on_greedy_requests_is_no_reason_to_disable():
     assert "not per-seed outputs" in sampled.contradictions[0]
 
 
-def test_evidence_and_advice_from_a_store(engine):
+def test_evidence_and_advice_from_a_store(db):
     rng = np.random.default_rng(1)
     tags_chat = {"scenario": "chat", "determinism": "required", "temperature": "0"}
     chat = [
@@ -124,9 +124,9 @@ def test_evidence_and_advice_from_a_store(engine):
     ]
     few = [request_dict(400 + i, tags={}) for i in range(3)]
     samples = [sample_dict(i, instance="gpu-1", mem_reserved_bytes=(20 + i) * GIB) for i in range(5)]
-    Store(engine).insert(IngestBatch.model_validate({"requests": chat + docs + few, "samples": samples}))
+    Store(db).insert(IngestBatch.model_validate({"requests": chat + docs + few, "samples": samples}))
     window = Window(T0 - 1, T0 + 1000)
-    evidence = {ev.scenario: ev for ev in scenario_evidence(engine, window, device_memory_bytes=80 * GIB)}
+    evidence = {ev.scenario: ev for ev in scenario_evidence(db, window, device_memory_bytes=80 * GIB)}
     assert set(evidence) == {"chat", "long-doc", "untagged"}
     ev = evidence["chat"]
     assert (ev.requests, ev.speculative_requests, ev.drafters, ev.compared_by) == (80, 40, ("ngram",), "mode")
@@ -140,7 +140,7 @@ def test_evidence_and_advice_from_a_store(engine):
     assert ev.greedy_share == 1.0 and ev.determinism_required and ev.latency_sensitive
     assert ev.ttft_p99_s == pytest.approx(np.quantile([r["ttft_s"] for r in chat], 0.99))
     assert evidence["long-doc"].peak_memory_bytes is None  # gpu-0 sent no samples
-    advice = {r.scenario: r for r in advise(engine, window, device_memory_bytes=80 * GIB)}
+    advice = {r.scenario: r for r in advise(db, window, device_memory_bytes=80 * GIB)}
     assert (advice["chat"].action, advice["chat"].rule) == ("enable", "latency_sensitive_chat")
     assert "no reason to disable" in advice["chat"].contradictions[0]
     assert (advice["long-doc"].action, advice["long-doc"].rule) == ("disable", "long_context")

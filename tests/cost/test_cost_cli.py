@@ -12,7 +12,7 @@ from collector_payloads import T0, plain_request_dict, request_dict, sample_dict
 from openpyxl import load_workbook
 
 from specwatch.cli import main
-from specwatch.collector.db import make_engine, upgrade
+from specwatch.collector.db import make_db, upgrade
 from specwatch.collector.store import Store
 from specwatch.cost.breakeven import break_even_alpha
 from specwatch.cost.inputs import load_prices, what_if_inputs
@@ -36,10 +36,10 @@ def compiled(path: Path):
 
 def _fill(url: str, start: float | None) -> None:
     """A migrated store; with `start`, 40 speculative and 40 plain requests from then on (plain 2x slower)."""
-    engine = make_engine(url)
-    upgrade(engine)
+    db = make_db(url)
+    upgrade(db)
     if start is None:
-        return engine.dispose()
+        return db.dispose()
     records = [
         request_dict(i, started_at=start + i, e2e_s=1.0, draft_s=0.01, verify_s=0.5, tags={"scenario": "grounded"})
         for i in range(40)
@@ -50,8 +50,8 @@ def _fill(url: str, start: float | None) -> None:
         for i in range(40)
     ]
     samples = [sample_dict(i, at=start + 5 * i, active_requests=1) for i in range(10)]
-    Store(engine).insert(IngestBatch.model_validate({"requests": records, "samples": samples}))
-    engine.dispose()
+    Store(db).insert(IngestBatch.model_validate({"requests": records, "samples": samples}))
+    db.dispose()
 
 
 def test_what_if_text_and_json(capsys):

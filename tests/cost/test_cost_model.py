@@ -367,7 +367,7 @@ def test_bad_what_if_file_is_one_line(tmp_path):
         what_if_inputs(path, load_prices())
 
 
-def test_measured_inputs_from_stored_records(engine):
+def test_measured_inputs_from_stored_records(db):
     rng = np.random.default_rng(3)
     plain = [  # the engine recorded each one's device time: half a second
         plain_request_dict(
@@ -406,9 +406,9 @@ def test_measured_inputs_from_stored_records(engine):
         )
         for i in range(30)
     ]
-    Store(engine).insert(IngestBatch.model_validate({"requests": plain + spec, "samples": samples}))
+    Store(db).insert(IngestBatch.model_validate({"requests": plain + spec, "samples": samples}))
     window = Window(T0 - 100, T0 + 1000)
-    got = measured_inputs(engine, window, load_prices(), gpu_type="cpu-laptop")
+    got = measured_inputs(db, window, load_prices(), gpu_type="cpu-laptop")
     ar, ng = got.arms
     assert (ar.key, ng.key) == ("autoregressive", "speculative:ngram")
     # a request retried k times: k / (k + 1) of its device time and energy was failed work (its retries line)
@@ -434,11 +434,11 @@ def test_measured_inputs_from_stored_records(engine):
     # up from 5 s before the first sample to the last: 150 s, of which the requests used 10 s + the spec lives
     assert got.idle.up_s == pytest.approx(150.0) and got.idle.busy_s == pytest.approx(10.0 + all_spec_s)
     assert got.hidden.monitoring_source == "measured" and got.hidden.monitoring_gb_per_day > 0
-    assert got.hidden.monitoring_gb_per_day == pytest.approx(storage_gb_per_day(engine, window))
+    assert got.hidden.monitoring_gb_per_day == pytest.approx(storage_gb_per_day(db, window))
     assert tco(got).benefits[0].hidden.draft_training_usd == 0.0  # n-gram: nothing to train
 
 
-def test_draft_memory_from_unload_events(engine):
+def test_draft_memory_from_unload_events(db):
     records = [request_dict(i, drafter="model:tiny") for i in range(5)]
     samples = [sample_dict(i, mem_reserved_bytes=10 * GB) for i in range(5)]
     event = {
@@ -447,18 +447,18 @@ def test_draft_memory_from_unload_events(engine):
         "kind": "draft_unloaded",
         "detail": {"before": {"reserved": 10 * GB}, "after": {"reserved": 7 * GB}, "freed_rss_bytes": 1},
     }
-    Store(engine).insert(IngestBatch.model_validate({"requests": records, "samples": samples, "events": [event]}))
-    (arm,) = measured_inputs(engine, Window(T0 - 1, T0 + 100), load_prices(), gpu_type="L4", measure_storage=False).arms
+    Store(db).insert(IngestBatch.model_validate({"requests": records, "samples": samples, "events": [event]}))
+    (arm,) = measured_inputs(db, Window(T0 - 1, T0 + 100), load_prices(), gpu_type="L4", measure_storage=False).arms
     assert arm.target_memory_bytes == 7 * GB and arm.draft_memory_bytes == 3 * GB
 
 
-def test_energy_per_token_from_the_requests_power_readings_cover(engine):
+def test_energy_per_token_from_the_requests_power_readings_cover(db):
     """A request before the first device sample has no power reading: the arm's J/token comes from the others."""
     records = [
         plain_request_dict(i, started_at=T0 + 10 * i, e2e_s=1.0, queue_s=0.0, output_tokens=10) for i in range(5)
     ]
     samples = [sample_dict(i, at=T0 + 15 + 5 * i, power_w=20.0, power_source="estimate") for i in range(10)]
-    Store(engine).insert(IngestBatch.model_validate({"requests": records, "samples": samples}))
-    (arm,) = measured_inputs(engine, Window(T0 - 1, T0 + 100), load_prices(), gpu_type="L4", measure_storage=False).arms
+    Store(db).insert(IngestBatch.model_validate({"requests": records, "samples": samples}))
+    (arm,) = measured_inputs(db, Window(T0 - 1, T0 + 100), load_prices(), gpu_type="L4", measure_storage=False).arms
     # samples cover T0+10 .. T0+60: requests 1-4 (one second each at 20 W), not request 0 at T0
     assert arm.energy_source == "estimate" and arm.energy_j_per_token == pytest.approx(20.0 * 4 / 40)

@@ -46,23 +46,23 @@ def test_metrics_shows_each_arms_cost_per_mtok_over_the_last_hour(client):
     records = served(now - 120) + served(now - 2 * 3600, first=1000)  # the second lot is outside the hour
     assert client.post("/v1/ingest", json={"requests": records}).status_code == 200
     shown = cost_series(client)
-    engine = client.app.state.store.engine
+    db = client.app.state.store.db
     expected = {
         arm.key: arm.total_usd_per_mtok
-        for arm, _, _ in arm_costs(engine, Window(now - 3600, time.time()), load_prices(), "H100-SXM")
+        for arm, _, _ in arm_costs(db, Window(now - 3600, time.time()), load_prices(), "H100-SXM")
     }
     assert set(shown) == {"autoregressive", "speculative:ngram"} == set(expected)
     assert shown == pytest.approx(expected, rel=1e-6)
     assert shown["speculative:ngram"] < shown["autoregressive"]  # half the device time per token
 
 
-def test_gauge_exports_nothing_without_arms_and_recomputes_after_its_ttl(engine):
+def test_gauge_exports_nothing_without_arms_and_recomputes_after_its_ttl(db):
     clock = [T0 + 600.0]
     registry = CollectorRegistry()
-    CostGauge(engine, load_prices(), registry=registry, ttl_s=60, clock=lambda: clock[0])
+    CostGauge(db, load_prices(), registry=registry, ttl_s=60, clock=lambda: clock[0])
     value = lambda arm: registry.get_sample_value(GAUGE, {"arm": arm})  # noqa: E731
     assert value("autoregressive") is None  # an empty store: no series
-    Store(engine).insert(IngestBatch.model_validate({"requests": served(T0)}))
+    Store(db).insert(IngestBatch.model_validate({"requests": served(T0)}))
     clock[0] += 59
     assert value("autoregressive") is None  # within the TTL: the cached answer
     clock[0] += 1
@@ -96,15 +96,15 @@ def test_daily_series_prices_each_utc_day_like_the_cost_endpoint(client):
         assert row["gpu_hours_per_mtok"] == pytest.approx(arm["gpu_hours_per_mtok"], rel=1e-6)
 
 
-def test_daily_costs_keep_a_finished_day_and_reprice_today_after_the_ttl(engine):
+def test_daily_costs_keep_a_finished_day_and_reprice_today_after_the_ttl(db):
     """T0 is 20:26 UTC: yesterday ended 20 h before, so its figures are final; today's last 300 s."""
     clock = [T0]
     today = math.floor(T0 / DAY_S) * DAY_S
-    store = Store(engine)
+    store = Store(db)
     store.insert(
         IngestBatch.model_validate({"requests": served(today - DAY_S + 3600) + served(today + 60, first=1000)})
     )
-    daily = DailyCosts(engine, load_prices(), ttl_s=300, clock=lambda: clock[0])
+    daily = DailyCosts(db, load_prices(), ttl_s=300, clock=lambda: clock[0])
     requests = lambda: [row.requests for row in daily.series(2).rows]  # noqa: E731
     assert requests() == [20, 20, 20, 20]  # (yesterday, today) x (autoregressive, speculative:ngram)
     late = served(today - DAY_S + 7200, first=2000, n=5) + served(today + 600, first=3000, n=5)

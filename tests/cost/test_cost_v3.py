@@ -21,7 +21,7 @@ from collector_payloads import T0, plain_request_dict, request_dict, sample_dict
 from openpyxl import load_workbook
 
 from specwatch.cli import main
-from specwatch.collector.db import make_engine, upgrade
+from specwatch.collector.db import make_db, upgrade
 from specwatch.collector.queries import Window
 from specwatch.collector.store import Store
 from specwatch.cost.allocation import allocate
@@ -64,10 +64,10 @@ def _samples() -> list[dict]:
 @pytest.fixture
 def store_url(tmp_path) -> str:
     url = f"sqlite:///{tmp_path / 'v3.db'}"
-    engine = make_engine(url)
-    upgrade(engine)
-    Store(engine).insert(IngestBatch.model_validate({"requests": _records(), "samples": _samples()}))
-    engine.dispose()
+    db = make_db(url)
+    upgrade(db)
+    Store(db).insert(IngestBatch.model_validate({"requests": _records(), "samples": _samples()}))
+    db.dispose()
     return url
 
 
@@ -84,11 +84,11 @@ def _sums(allocation: dict) -> tuple[float, float]:
 def test_reconciles_in_the_model_api_cli_report_xlsx_and_focus(store_url, tmp_path, capsys):
     from pycel import ExcelCompiler
 
-    engine = make_engine(store_url)
+    db = make_db(store_url)
     window = Window(**WINDOW)
     prices = load_prices()
     for allocation in ("separate", "weighted", "even"):
-        inputs = measured_inputs(engine, window, prices, gpu_type="H100-SXM", idle_allocation=allocation)
+        inputs = measured_inputs(db, window, prices, gpu_type="H100-SXM", idle_allocation=allocation)
         found = allocate(inputs)
         _close(found.lines_usd, found.bill_usd)
         gpu_hours = sum(b.billed_s for b in found.bills) / 3600
@@ -96,9 +96,9 @@ def test_reconciles_in_the_model_api_cli_report_xlsx_and_focus(store_url, tmp_pa
         assert {line.kind for line in found.lines} >= {"arm", "retries", "other_tenants"}
     shares = {i.name: i.share for i in inputs.instances}
     assert shares == {"gpu-a": 0.5, "gpu-b": 1.0}
-    report = measured_summary(engine, window, prices)  # what report.build prices its month with
+    report = measured_summary(db, window, prices)  # what report.build prices its month with
     _close(report.tco.allocation.lines_usd, report.tco.allocation.bill_usd)
-    engine.dispose()
+    db.dispose()
     xlsx, focus = tmp_path / "v3.xlsx", tmp_path / "v3.csv"
     argv = ["cost", "--db", store_url, "--last", "150", "--json", "--xlsx", str(xlsx), "--focus", str(focus)]
     import time as clock
@@ -137,9 +137,9 @@ def test_api_lines_add_up_and_focus_csv(client):
 
 
 def test_window_edges_failures_and_retries(store_url):
-    engine = make_engine(store_url)
-    inputs = measured_inputs(engine, Window(**WINDOW), load_prices(), gpu_type="H100-SXM")
-    engine.dispose()
+    db = make_db(store_url)
+    inputs = measured_inputs(db, Window(**WINDOW), load_prices(), gpu_type="H100-SXM")
+    db.dispose()
     arms = {arm.key: arm for arm in inputs.arms}
     spec, plain = arms["speculative:ngram"], arms["autoregressive"]
     # the speculative failure (0.5 s) and the first attempt of the retried request (half of its 2 s)
@@ -205,9 +205,9 @@ def test_one_request_cannot_set_a_crossover():
 
 
 def test_concurrency_levels_need_enough_requests(store_url):
-    engine = make_engine(store_url)
-    summary = measured_summary(engine, Window(**WINDOW), load_prices())
-    engine.dispose()
+    db = make_db(store_url)
+    summary = measured_summary(db, Window(**WINDOW), load_prices())
+    db.dispose()
     rows = summary.concurrency.rows
     assert rows and all(r.enough == (r.requests >= 5 and r.output_tokens >= 200) for r in rows)
     assert all(r.usd_low <= r.usd_per_mtok <= r.usd_high for r in rows if r.enough and r.usd_low is not None)

@@ -15,7 +15,7 @@ import numpy as np
 from collector_payloads import T0, plain_request_dict, sample_dict
 from thread_server import ThreadServer
 
-from specwatch.collector.db import make_engine, upgrade
+from specwatch.collector.db import make_db, upgrade
 from specwatch.collector.queries import Filters, Window
 from specwatch.collector.store import Store
 from specwatch.cost.allocation import allocate
@@ -109,11 +109,11 @@ def _store(tmp_path, records: list[RequestRecord]):
     at = np.arange(first, last + 0.5, 0.5)
     held = {"device": H100, "mem_reserved_bytes": 80_000_000_000, "power_w": 300.0, "power_source": "nvml"}
     samples = [sample_dict(i, at=float(t), instance="slow", **held) for i, t in enumerate(at)]
-    engine = make_engine(f"sqlite:///{tmp_path / 'sharing.db'}")
-    upgrade(engine)
+    db = make_db(f"sqlite:///{tmp_path / 'sharing.db'}")
+    upgrade(db)
     batch = {"requests": [r.model_dump() for r in records], "samples": samples}
-    Store(engine).insert(IngestBatch.model_validate(batch))
-    return engine, Window(first - 1.0, last + 1.0), union_s(lives)
+    Store(db).insert(IngestBatch.model_validate(batch))
+    return db, Window(first - 1.0, last + 1.0), union_s(lives)
 
 
 def test_two_real_gateways_in_front_of_one_upstream_charge_its_busy_time_once(tmp_path):
@@ -125,13 +125,13 @@ def test_two_real_gateways_in_front_of_one_upstream_charge_its_busy_time_once(tm
     ):
         records = _serve([(a, 0.0, 0.5), (b, 0.05, 0.5), (a, 0.1, 0.5), (b, 0.15, 0.5)])
     assert sorted(r.tags["gateway"] for r in records) == ["edge-a", "edge-a", "edge-b", "edge-b"]
-    engine, window, busy = _store(tmp_path, records)
+    db, window, busy = _store(tmp_path, records)
     own = sum(r.device_s for r in records)
     assert own > 1.5 * busy  # each gateway charged the upstream as if it had it alone
-    usage = read_usage(engine, window)
+    usage = read_usage(db, window)
     _close(usage.device_s.sum(), busy)  # shared over both gateways' requests: its busy time, once
     assert set(usage.sources.tolist()) == {"gateway_ps_merged"} and usage.derived.all()
-    inputs = measured_inputs(engine, window, load_prices(), gpu_type="H100-SXM")
+    inputs = measured_inputs(db, window, load_prices(), gpu_type="H100-SXM")
     (arm,) = inputs.arms
     assert arm.device_s_source == "gateway_ps_merged"
     (instance,) = inputs.instances
@@ -142,7 +142,7 @@ def test_two_real_gateways_in_front_of_one_upstream_charge_its_busy_time_once(tm
     _close(found.usd(kind="arm"), busy * 4.5 / 3600)  # on-demand H100-SXM: $4.5 per GPU-hour
     assert all(line.estimate for line in found.lines if line.kind == "arm")  # shown with "~"
     assert any("derived" in note for note in estimated_from(inputs, arm.key))  # and named among the estimates
-    engine.dispose()
+    db.dispose()
 
 
 def test_one_real_gateway_keeps_its_own_processor_sharing(tmp_path):
@@ -152,14 +152,14 @@ def test_one_real_gateway_keeps_its_own_processor_sharing(tmp_path):
         too_many = {f"k{i}": "v" for i in range(MAX_TAGS)}
         refused = httpx.post(f"{a.url}/v1/completions", json={"prompt": "x", "sleep": 0, "tags": too_many})
     assert refused.status_code == 400 and "at most 15 tags" in refused.text  # the gateway's own tag needs room
-    engine, window, busy = _store(tmp_path, records)
-    usage = read_usage(engine, window)
+    db, window, busy = _store(tmp_path, records)
+    usage = read_usage(db, window)
     assert sorted(usage.device_s.tolist()) == sorted(r.device_s for r in records)  # nothing changes
     assert set(usage.sources.tolist()) == {"processor_sharing"} and not usage.derived.any()
-    inputs = measured_inputs(engine, window, load_prices(), gpu_type="H100-SXM")
+    inputs = measured_inputs(db, window, load_prices(), gpu_type="H100-SXM")
     assert inputs.arms[0].device_s_source == "processor_sharing"
     _close(allocate(inputs).lines_usd, allocate(inputs).bill_usd)
-    engine.dispose()
+    db.dispose()
 
 
 def _gateway_record(i: int, gateway: str, start: float, end: float, tenant: str) -> dict:
@@ -169,11 +169,11 @@ def _gateway_record(i: int, gateway: str, start: float, end: float, tenant: str)
     ) | {"tags": tags}
 
 
-def test_a_filtered_read_still_shares_with_everyone_in_flight(engine):  # SQLite and PostgreSQL
+def test_a_filtered_read_still_shares_with_everyone_in_flight(db):  # SQLite and PostgreSQL
     records = [_gateway_record(1, "a", T0, T0 + 4, "x"), _gateway_record(2, "b", T0 + 2, T0 + 6, "y")]
-    Store(engine).insert(IngestBatch.model_validate({"requests": records}))
+    Store(db).insert(IngestBatch.model_validate({"requests": records}))
     window = Window(T0, T0 + 10)
-    assert sorted(read_usage(engine, window).device_s.tolist()) == [3.0, 3.0]
-    only_x = read_usage(engine, window, Filters(tags=(("tenant", "x"),)))
+    assert sorted(read_usage(db, window).device_s.tolist()) == [3.0, 3.0]
+    only_x = read_usage(db, window, Filters(tags=(("tenant", "x"),)))
     assert only_x.device_s.tolist() == [3.0]  # tenant y's request at the other gateway still shares it
-    assert sorted(read_usage(engine, Window(T0 + 3, T0 + 10)).device_s.tolist()) == [0.5, 2.5]  # clipped
+    assert sorted(read_usage(db, Window(T0 + 3, T0 + 10)).device_s.tolist()) == [0.5, 2.5]  # clipped

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from specwatch.collector.curve_reads import step_curves
-from specwatch.collector.db import make_engine
+from specwatch.collector.db import make_db
 from specwatch.collector.queries import Window
 from specwatch.common.procs import free_port, start_collector
 from specwatch.cost.breakeven import RECORDS, STEP_CURVE, BreakEven
@@ -57,7 +57,7 @@ def test_the_engine_curve_reaches_the_collector_and_sets_the_break_even(bundled_
         records = _serve(bundled_engine, telemetry)
         assert {r.mode for r in records} == {"speculative", "autoregressive"} and sum(r.num_drafts for r in records)
         client.flush(timeout=30)
-        store = make_engine(f"sqlite:///{db}")
+        store = make_db(f"sqlite:///{db}")
         window = Window(started - 1, time.time() + 5)
         before = _ngram(store, window)
         events.stop()  # the engine's shutdown: the curve as it ends
@@ -84,7 +84,7 @@ def test_the_engine_curve_reaches_the_collector_and_sets_the_break_even(bundled_
 
 def test_engine_serve_publishes_its_curve(live_collector):
     """`specwatch engine serve --collector URL` (the session's live engine) sends its curve while serving."""
-    store = make_engine(f"sqlite:///{live_collector['db']}")
+    store = make_db(f"sqlite:///{live_collector['db']}")
     curves = step_curves(store, Window(time.time() - 3600, time.time() + 1), ["laptop"])
     store.dispose()
     assert {p.rows for p in curves["laptop"].points} >= {1.0} and all(p.count >= 1 for p in curves["laptop"].points)

@@ -22,13 +22,13 @@ WINDOW = Window(T0 - 10, T0 + 5000)
 RULES = TuneRules(max_batch=16)
 
 
-def fill(engine, events=()) -> None:
-    Store(engine).insert(IngestBatch.model_validate({"requests": records(), "events": list(events)}))
+def fill(db, events=()) -> None:
+    Store(db).insert(IngestBatch.model_validate({"requests": records(), "events": list(events)}))
 
 
-def test_recommend_from_records(engine):
-    fill(engine, [event_dict(0, at=T0 - 5, kind="config", detail={"version": "0.32.0"})])
-    plan = recommend_from_store(engine, WINDOW, rules=RULES)
+def test_recommend_from_records(db):
+    fill(db, [event_dict(0, at=T0 - 5, kind="config", detail={"version": "0.32.0"})])
+    plan = recommend_from_store(db, WINDOW, rules=RULES)
     by_level = {b.level: b for b in plan.buckets}
     one, eight = by_level[1], by_level[8]
     assert plan.today_k == 4 and plan.drafter == "ngram" and plan.upstream_version == "0.32.0" and not plan.stale
@@ -44,20 +44,20 @@ def test_recommend_from_records(engine):
     assert plan.ranges == ((1, 5, 4), (6, 11, 0), (12, 16, 4))
 
 
-def test_a_newer_upstream_version_marks_it_stale(engine):
+def test_a_newer_upstream_version_marks_it_stale(db):
     events = [event_dict(0, at=T0 - 5, kind="config", detail={"version": "0.32.0"})]
     events.append(event_dict(1, at=T0 + 4000, kind="config", detail={"version": "0.33.0"}))
-    fill(engine, events)
-    plan = recommend_from_store(engine, WINDOW, rules=RULES)
+    fill(db, events)
+    plan = recommend_from_store(db, WINDOW, rules=RULES)
     assert plan.stale and plan.upstream_version == "0.32.0" and "now runs 0.33.0" in plan.stale_reason
 
 
-def test_profile_and_current_k(engine):
-    fill(engine)
+def test_profile_and_current_k(db):
+    fill(db)
     flat = {lv: {"0": 0.04, "4": 0.04} for lv in (1, 2, 4, 8)}
     from specwatch.cost.tuner_data import profile_curves
 
-    plan = recommend(tuning_rows(engine, WINDOW), rules=RULES, current_k=2, profile=profile_curves({"levels": flat}))
+    plan = recommend(tuning_rows(db, WINDOW), rules=RULES, current_k=2, profile=profile_curves({"levels": flat}))
     eight = next(b for b in plan.buckets if b.level == 8)
     # positions 2 and 3 are never accepted there: k = 2 makes as much as 3 or 4, and the smallest wins ties
     assert eight.k == 2 and eight.today_k == 2 and eight.cost_source == "profile: given"
@@ -65,8 +65,8 @@ def test_profile_and_current_k(engine):
         profile_curves({"levels": {"x": {"0": 1}}})
 
 
-def test_cli_text_json_and_bad_input(db_url, engine, tmp_path, capsys):
-    fill(engine)
+def test_cli_text_json_and_bad_input(db_url, db, tmp_path, capsys):
+    fill(db)
     window = ["--start", str(WINDOW.start), "--end", str(WINDOW.end), "--max-batch", "16"]
     assert main(["tune", "recommend", "--db", db_url, *window, "--json"]) == 0
     found = json.loads(capsys.readouterr().out)
@@ -97,8 +97,8 @@ def test_tune_endpoint(client):
     assert client.get("/v1/tune", params={"start": 5}).status_code == 422
 
 
-def test_todays_config_as_a_schedule(db_url, engine, client, capsys):
-    fill(engine)
+def test_todays_config_as_a_schedule(db_url, db, client, capsys):
+    fill(db)
     config = json.dumps({"num_speculative_tokens": 4, "num_speculative_tokens_per_batch_size": [[1, 5, 2], [6, 16, 4]]})
     window = ["--start", str(WINDOW.start), "--end", str(WINDOW.end), "--max-batch", "16"]
     assert main(["tune", "recommend", "--db", db_url, *window, "--current-config", config, "--json"]) == 0
@@ -114,7 +114,7 @@ def test_todays_config_as_a_schedule(db_url, engine, client, capsys):
     assert bad.status_code == 422 and "current_config" in bad.text
 
 
-def test_per_position_acceptance_divides_by_the_drafts_that_reached_each_position(engine):
+def test_per_position_acceptance_divides_by_the_drafts_that_reached_each_position(db):
     """Drafts of varying length (vLLM `detailed`: a schedule, drafts cut near max_tokens): 16 drafts reached
     position 0, 12 position 1, 8 and 4 the others; half of each was accepted there. Taken to reach gamma,
     the later positions would read 6/16, 4/16, 2/16."""
@@ -123,14 +123,14 @@ def test_per_position_acceptance_divides_by_the_drafts_that_reached_each_positio
         record = spec(i, T0 + 10 * i, [8, 6, 4, 2], 16, 0.044)
         counted.append(record | {"num_draft_tokens": 40, "drafts_per_position": [16, 12, 8, 4]})
     summary = [spec(100 + i, T0 + 5 + 10 * i, [8, 6, 4, 2], 16, 0.044) for i in range(25)]
-    Store(engine).insert(IngestBatch.model_validate({"requests": counted}))
-    plan = recommend_from_store(engine, WINDOW, rules=RULES)
+    Store(db).insert(IngestBatch.model_validate({"requests": counted}))
+    plan = recommend_from_store(db, WINDOW, rules=RULES)
     one = next(b for b in plan.buckets if b.level == 1)
     assert one.acceptance == pytest.approx((0.5, 0.5, 0.5, 0.5))
     assert "drafts_per_position" in one.acceptance_source and "for" not in one.acceptance_source
     assert plan.notes == ()
-    Store(engine).insert(IngestBatch.model_validate({"requests": summary}))
-    mixed = recommend_from_store(engine, WINDOW, rules=RULES)
+    Store(db).insert(IngestBatch.model_validate({"requests": summary}))
+    mixed = recommend_from_store(db, WINDOW, rules=RULES)
     one = next(b for b in mixed.buckets if b.level == 1)
     assert one.acceptance == pytest.approx((16 / 32, 12 / 28, 8 / 24, 4 / 20))
     assert (

@@ -20,7 +20,7 @@ from waiting import wait_for
 from specwatch.alerts.rules import parse_config
 from specwatch.alerts.runner import AlertRunner
 from specwatch.alerts.tables import alert_actions
-from specwatch.collector.db import make_engine, upgrade
+from specwatch.collector.db import make_db, upgrade
 from specwatch.collector.models import Request
 from specwatch.collector.store import Store
 from specwatch.common.procs import free_port, start_collector, stop_process
@@ -139,7 +139,7 @@ def test_control_api_switches_the_gateway_and_refuses_without_the_token(upstream
 
 def test_an_alert_on_gateway_records_falls_back_through_the_gateway_and_restores(upstreams, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECWATCH_TEST_GW_TOKEN", "gw-token")
-    db = make_engine(f"sqlite:///{tmp_path / 'alerts.db'}")
+    db = make_db(f"sqlite:///{tmp_path / 'alerts.db'}")
     upgrade(db)
     # min_acceptance 0: the gateway's own low-acceptance fallback stays out of this test's way
     with GatewayServer(pools(upstreams), RoutingConfig(min_acceptance=0.0), control_token="gw-token") as gw:
@@ -211,12 +211,12 @@ def test_records_reach_a_collector_that_starts_late_spooled_not_lost(upstreams, 
 def _stored(db: Path, n: int) -> list[dict] | None:
     if not db.exists():
         return None
-    engine = make_engine(f"sqlite:///{db}")
+    store_db = make_db(f"sqlite:///{db}")
     try:
-        with engine.connect() as conn:
+        with store_db.connect() as conn:
             rows = conn.execute(select(Request.request_id, Request.instance, Request.arm)).mappings().all()
     except Exception:  # not migrated yet
         return None
     finally:
-        engine.dispose()
+        store_db.dispose()
     return [dict(r) for r in rows] if len(rows) >= n else None

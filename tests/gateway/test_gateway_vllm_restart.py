@@ -18,7 +18,7 @@ from waiting import wait_for
 from specwatch import vllm_server
 from specwatch.alerts.detector_settings import RegressionSettings
 from specwatch.alerts.regression import run_pass
-from specwatch.collector.db import make_engine
+from specwatch.collector.db import make_db
 from specwatch.collector.models import EngineEventRow, Request
 from specwatch.common.procs import child_env, free_port, specwatch_command, start_collector, start_service, stop_process
 from specwatch.workload import chat
@@ -47,21 +47,21 @@ def serve(gateway_url: str, n: int) -> None:
         assert answer.status_code == 200, answer.text
 
 
-def upstream_markers(engine, count: int) -> list:
+def upstream_markers(db, count: int) -> list:
     """The gateway's config events of upstream `spec` in the store, once there are `count` of them."""
 
     def found():
         e = EngineEventRow
         stmt = select(e.at, e.detail).where(e.kind == "config", e.instance == "spec").order_by(e.at)
-        with engine.connect() as conn:
+        with db.connect() as conn:
             rows = conn.execute(stmt).all()
         return rows if len(rows) >= count else None
 
     return wait_for(found, f"{count} config markers of upstream spec", timeout=60, interval=0.5)
 
 
-def stored_requests(engine) -> int:
-    with engine.connect() as conn:
+def stored_requests(db) -> int:
+    with db.connect() as conn:
         return len(conn.execute(select(Request.id).where(Request.instance == "spec")).all())
 
 
@@ -73,25 +73,25 @@ def test_a_restart_with_another_num_speculative_tokens_is_a_marker(tmp_path):
         model, port, tmp_path / "vllm.log", vllm_server.ngram_config(3), threads=2, per_request_metrics=True
     )
     collector_port, db_url = free_port(), f"sqlite:///{tmp_path / 'specwatch.db'}"
-    processes, engine = [], make_engine(db_url)
+    processes, db = [], make_db(db_url)
     try:
         upstream.start(600)
         processes.append(start_collector(collector_port, tmp_path / "collector.log", db_url))
         gateway, gateway_url = start_gateway(f"http://127.0.0.1:{collector_port}", upstream.url, tmp_path)
         processes.insert(0, gateway)
         serve(gateway_url, PER_SIDE)
-        (first,) = upstream_markers(engine, 1)
+        (first,) = upstream_markers(db, 1)
         assert first.detail["num_speculative_tokens"] == 3 and first.detail["role"] == "upstream"
 
         upstream.stop()
         upstream.speculative = vllm_server.ngram_config(6)
         upstream.start(600)
-        second = upstream_markers(engine, 2)[-1]
+        second = upstream_markers(db, 2)[-1]
         assert second.detail["num_speculative_tokens"] == 6 and second.detail["version"] == first.detail["version"]
         serve(gateway_url, PER_SIDE)
-        wait_for(lambda: stored_requests(engine) >= 2 * PER_SIDE, "the records", timeout=30, interval=0.5)
+        wait_for(lambda: stored_requests(db) >= 2 * PER_SIDE, "the records", timeout=30, interval=0.5)
 
-        (row,) = [r for r in run_pass(engine, SETTINGS, second.at + 1800) if dict(r.labels)["instance"] == "spec"]
+        (row,) = [r for r in run_pass(db, SETTINGS, second.at + 1800) if dict(r.labels)["instance"] == "spec"]
         notes = row.annotations
         assert "num_speculative_tokens: 3 -> 6" in notes["marker"], notes["marker"]
         assert int(notes["n_before"]) >= PER_SIDE // 2 and int(notes["n_after"]) >= PER_SIDE // 2, notes
@@ -101,4 +101,4 @@ def test_a_restart_with_another_num_speculative_tokens_is_a_marker(tmp_path):
         for process in processes:
             stop_process(process, timeout_s=15)
         upstream.stop()
-        engine.dispose()
+        db.dispose()

@@ -35,7 +35,7 @@ MAY, JUNE = datetime(2026, 5, 3, tzinfo=UTC).timestamp(), datetime(2026, 6, 2, t
 AFTER_JUNE = datetime(2026, 7, 1, 3, tzinfo=UTC).timestamp()
 
 
-def _fill(engine, start: float, n: int, seed: int) -> None:
+def _fill(db, start: float, n: int, seed: int) -> None:
     """n requests an hour apart from `start` (every 4th plain, errors and OOMs, acceptance grows with
     prompt length), with load at admission, estimated energy and drafting times."""
     rng = np.random.default_rng(seed)
@@ -54,15 +54,15 @@ def _fill(engine, start: float, n: int, seed: int) -> None:
         )
         records.append(r)
     samples = [sample_dict(i, at=start + 60 * i) for i in range(10)]
-    Store(engine).insert(IngestBatch.model_validate({"requests": records, "samples": samples}))
+    Store(db).insert(IngestBatch.model_validate({"requests": records, "samples": samples}))
 
 
 @pytest.fixture
-def two_months(engine):
-    _fill(engine, MAY, 200, 1)
-    _fill(engine, JUNE, 400, 2)
-    roll_up(engine, AFTER_JUNE)
-    with engine.begin() as conn:
+def two_months(db):
+    _fill(db, MAY, 200, 1)
+    _fill(db, JUNE, 400, 2)
+    roll_up(db, AFTER_JUNE)
+    with db.begin() as conn:
         conn.execute(
             insert(alert_transitions),
             [
@@ -100,11 +100,11 @@ def two_months(engine):
                 }
             ],
         )
-    return engine
+    return db
 
 
-def _stored(engine, start: float, end: float, *where) -> int:
-    with engine.connect() as conn:
+def _stored(db, start: float, end: float, *where) -> int:
+    with db.connect() as conn:
         return conn.scalar(
             select(func.count())
             .select_from(Request)
@@ -113,8 +113,8 @@ def _stored(engine, start: float, end: float, *where) -> int:
 
 
 def test_report_figures_agree_with_the_store(two_months, tmp_path):
-    engine = two_months
-    report = build_report(engine, "2026-06", load_prices(), now=AFTER_JUNE)
+    db = two_months
+    report = build_report(db, "2026-06", load_prices(), now=AFTER_JUNE)
     window = month_window("2026-06", AFTER_JUNE)
     assert (window.start, window.end) == (
         datetime(2026, 6, 1, tzinfo=UTC).timestamp(),
@@ -122,12 +122,12 @@ def test_report_figures_agree_with_the_store(two_months, tmp_path):
     )
     assert not report.partial
     h = report.headline
-    assert h.requests == _stored(engine, window.start, window.end) == 400
-    assert h.errors == _stored(engine, window.start, window.end, Request.status == "error")
-    assert h.ooms == _stored(engine, window.start, window.end, Request.error.like("%oom%"))
-    spec = _stored(engine, window.start, window.end, Request.mode == "speculative")
+    assert h.requests == _stored(db, window.start, window.end) == 400
+    assert h.errors == _stored(db, window.start, window.end, Request.status == "error")
+    assert h.ooms == _stored(db, window.start, window.end, Request.error.like("%oom%"))
+    spec = _stored(db, window.start, window.end, Request.mode == "speculative")
     assert h.speculative_share == pytest.approx(spec / 400)
-    with engine.connect() as conn:
+    with db.connect() as conn:
         drafted, accepted, out = conn.execute(
             select(
                 func.sum(Request.num_draft_tokens),
@@ -175,8 +175,8 @@ def test_empty_month_says_there_was_no_traffic(two_months, tmp_path):
     assert json.loads(json_path.read_text())["headline"]["requests"] == 0
 
 
-def test_empty_store(engine, tmp_path):
-    report = build_report(engine, "2026-06", load_prices(), now=AFTER_JUNE)
+def test_empty_store(db, tmp_path):
+    report = build_report(db, "2026-06", load_prices(), now=AFTER_JUNE)
     check_html(write_report(report, tmp_path)[0].read_text())
     assert report.traffic.by_mode == () and report.daily and not any(d.requests for d in report.daily)
 

@@ -12,7 +12,7 @@ import pytest
 from collector_payloads import request_dict
 
 from specwatch.cli import main
-from specwatch.collector.db import make_engine, upgrade
+from specwatch.collector.db import make_db, upgrade
 from specwatch.collector.store import Store
 from specwatch.common.procs import SOURCE_ROOT
 from specwatch.telemetry.schema import IngestBatch
@@ -22,13 +22,13 @@ from specwatch.telemetry.schema import IngestBatch
 def db(tmp_path) -> str:
     """A store with 30 requests in May 2026."""
     url = f"sqlite:///{tmp_path / 'store.db'}"
-    engine = make_engine(url)
-    upgrade(engine)
+    db = make_db(url)
+    upgrade(db)
     start = datetime(2026, 5, 10, tzinfo=UTC).timestamp()
-    Store(engine).insert(
+    Store(db).insert(
         IngestBatch.model_validate({"requests": [request_dict(i, started_at=start + 60 * i) for i in range(30)]})
     )
-    engine.dispose()
+    db.dispose()
     return url
 
 

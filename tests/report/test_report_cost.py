@@ -19,7 +19,7 @@ from collector_payloads import plain_request_dict, request_dict, sample_dict
 from report_checks import check_html
 
 from specwatch.cli import main
-from specwatch.collector.db import make_engine, upgrade
+from specwatch.collector.db import make_db, upgrade
 from specwatch.collector.settings import Settings
 from specwatch.collector.store import Store
 from specwatch.cost.inputs import load_prices
@@ -60,24 +60,24 @@ def concurrency_records() -> list[dict]:
     return records
 
 
-def fill(engine) -> None:
+def fill(db) -> None:
     samples = [sample_dict(i, at=JUNE + 10 * i) for i in range(45)]  # 450 s up: most of it idle
-    Store(engine).insert(IngestBatch.model_validate({"requests": concurrency_records(), "samples": samples}))
+    Store(db).insert(IngestBatch.model_validate({"requests": concurrency_records(), "samples": samples}))
 
 
 @pytest.fixture
-def filled(engine):
-    fill(engine)
-    return engine
+def filled(db):
+    fill(db)
+    return db
 
 
 @pytest.fixture
 def db_file(tmp_path) -> str:
     url = f"sqlite:///{tmp_path / 'store.db'}"
-    engine = make_engine(url)
-    upgrade(engine)
-    fill(engine)
-    engine.dispose()
+    db = make_db(url)
+    upgrade(db)
+    fill(db)
+    db.dispose()
     return url
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from report_checks import check_html
 
-from specwatch.collector.db import make_engine
+from specwatch.collector.db import make_db
 from specwatch.cost.inputs import load_prices
 from specwatch.report.build import build_report, month_window
 from specwatch.report.html import write_report
@@ -36,11 +36,11 @@ def written(live_collector, tmp_path_factory) -> dict:
     db = live_collector["db"]
     ((first,),) = stored(db, "select min(started_at) from requests")
     month = datetime.fromtimestamp(first, UTC).strftime("%Y-%m")
-    engine = make_engine(f"sqlite:///{db}")
+    store_db = make_db(f"sqlite:///{db}")
     try:
-        report = build_report(engine, month, load_prices())
+        report = build_report(store_db, month, load_prices())
     finally:
-        engine.dispose()
+        store_db.dispose()
     html, data = write_report(report, tmp_path_factory.mktemp("report"))
     return {"report": report, "html": html, "json": data, "db": db, "month": month}
 

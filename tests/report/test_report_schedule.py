@@ -17,7 +17,7 @@ from webhook_receiver import Receiver  # noqa: E402
 from specwatch.alerts.notify import SIGNATURE_HEADER, deliver_due, sign
 from specwatch.alerts.rules import parse_config
 from specwatch.alerts.tables import alert_notifications
-from specwatch.collector.db import make_engine, upgrade
+from specwatch.collector.db import make_db, upgrade
 from specwatch.collector.settings import Settings
 from specwatch.collector.store import Store
 from specwatch.common import procs
@@ -53,13 +53,13 @@ def _config(ops_url: str, slack_url: str) -> dict:
     }
 
 
-def _outbox(engine) -> list:
-    with engine.connect() as conn:
+def _outbox(db) -> list:
+    with db.connect() as conn:
         return conn.execute(select(alert_notifications).where(alert_notifications.c.rule == REPORT_RULE)).all()
 
 
-def test_written_once_and_queued_once_per_receiver(engine, tmp_path):
-    Store(engine).insert(_requests(datetime(2026, 6, 3, tzinfo=UTC).timestamp()))
+def test_written_once_and_queued_once_per_receiver(db, tmp_path):
+    Store(db).insert(_requests(datetime(2026, 6, 3, tzinfo=UTC).timestamp()))
     settings = Settings(
         data_dir=tmp_path, report_dir=tmp_path / "reports", external_url="http://specwatch.example:8000/"
     )
@@ -68,26 +68,26 @@ def test_written_once_and_queued_once_per_receiver(engine, tmp_path):
         _config(f"http://127.0.0.1:{ops.server.server_port}/hook", f"http://127.0.0.1:{chat.server.server_port}/slack")
     )
     try:
-        written = run_once(engine, settings, config, now=NOW)
+        written = run_once(db, settings, config, now=NOW)
         assert written == tmp_path / "reports" / "specwatch-report-2026-06.html" and written.exists()
         assert written.with_suffix(".json").exists()
-        assert sorted(r.receiver for r in _outbox(engine)) == ["chat", "ops"]
+        assert sorted(r.receiver for r in _outbox(db)) == ["chat", "ops"]
 
-        assert run_once(engine, settings, config, now=NOW + 3600) is None  # the hourly check: nothing new
+        assert run_once(db, settings, config, now=NOW + 3600) is None  # the hourly check: nothing new
         stored = json.loads(written.with_suffix(".json").read_text())
         written.unlink()
-        assert run_once(engine, settings, config, now=NOW + 7200) == written  # the file comes back...
-        assert len(_outbox(engine)) == 2  # ...but nobody is told twice
+        assert run_once(db, settings, config, now=NOW + 7200) == written  # the file comes back...
+        assert len(_outbox(db)) == 2  # ...but nobody is told twice
 
         with httpx.Client() as http:
-            assert deliver_due(engine, config, http, now=NOW + 7200) == 2
+            assert deliver_due(db, config, http, now=NOW + 7200) == 2
         ((headers, body),) = ops.received
         ((_, slack_body),) = chat.received
     finally:
         ops.close()
         chat.close()
     assert headers[SIGNATURE_HEADER] == sign(SECRET, body) and headers["Idempotency-Key"] == next(
-        r.key for r in _outbox(engine) if r.receiver == "ops"
+        r.key for r in _outbox(db) if r.receiver == "ops"
     )
     payload = json.loads(body)
     assert payload == {
@@ -102,13 +102,13 @@ def test_written_once_and_queued_once_per_receiver(engine, tmp_path):
     }
     text = json.loads(slack_body)["text"]
     assert "specwatch report 2026-06" in text and payload["url"] in text
-    assert {r.status for r in _outbox(engine)} == {"delivered"}
+    assert {r.status for r in _outbox(db)} == {"delivered"}
 
 
-def test_without_receivers_or_external_url(engine, tmp_path):
+def test_without_receivers_or_external_url(db, tmp_path):
     settings = Settings(data_dir=tmp_path, report_dir=tmp_path / "reports")
-    written = run_once(engine, settings, None, now=NOW)
-    assert "No traffic in 2026-06" in written.read_text() and _outbox(engine) == []
+    written = run_once(db, settings, None, now=NOW)
+    assert "No traffic in 2026-06" in written.read_text() and _outbox(db) == []
 
 
 def test_collector_process_writes_and_delivers_last_months_report(tmp_path):
@@ -116,10 +116,10 @@ def test_collector_process_writes_and_delivers_last_months_report(tmp_path):
     start it writes the report, the alert runner posts the link, and the link opens the report."""
     month = last_month()
     db_url = f"sqlite:///{tmp_path / 'store.db'}"
-    engine = make_engine(db_url)
-    upgrade(engine)
-    Store(engine).insert(_requests(month_window(month).start + 3600))
-    engine.dispose()
+    db = make_db(db_url)
+    upgrade(db)
+    Store(db).insert(_requests(month_window(month).start + 3600))
+    db.dispose()
     receiver_port, port = free_port(), free_port()
     rules = tmp_path / "rules.yaml"
     rules.write_text(
