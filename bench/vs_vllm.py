@@ -26,7 +26,7 @@ and the median tokens/s per configuration is reported. tokens/s = output tokens 
 of the request (prefill included, HTTP included for vLLM).
 
 --method suffix: suffix decoding on both sides instead: vLLM's `suffix` method (arctic-inference,
-which must be installed in vLLM's virtualenv: specwatch.vllm_server.install_suffix) against our
+which must be installed in vLLM's virtualenv: specwatch.gateway.vllm_server.install_suffix) against our
 drafter `suffix`, both at most --gamma tokens per draft. Suffix decoding also drafts from past
 responses, and every prompt here is sent once per repeat, so from repeat 1 on both can replay an
 earlier answer. --suffix-cached-requests N sets how many finished responses each side remembers
@@ -57,15 +57,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import httpx  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from specwatch import vllm_server  # noqa: E402
 from specwatch.common.procs import child_env, free_port, specwatch_command, start_service, stop_process  # noqa: E402
+from specwatch.gateway import vllm_server  # noqa: E402
 from specwatch.workload import PROMPTS, chat  # noqa: E402
 
 
 def suffix_not_installed_reason() -> str:
     return (
         f"arctic-inference {vllm_server.ARCTIC_VERSION} (vLLM's suffix method) is not installed in "
-        f"{vllm_server.venv_dir()} (specwatch.vllm_server.install_suffix)"
+        f"{vllm_server.venv_dir()} (specwatch.gateway.vllm_server.install_suffix)"
     )
 
 
@@ -546,7 +546,7 @@ def main() -> int:
         return 2
 
     from specwatch.engine.engine import Engine
-    from specwatch.vllm_prepare import prepare
+    from specwatch.engine.hf_export import prepare
 
     engine = Engine(engine_config(args))
     try:

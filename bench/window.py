@@ -27,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
-from query import generate, timed  # noqa: E402
+from query import as_tuples, generate, insert_sql, timed  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
 from specwatch.alerts.rules import load_config  # noqa: E402
@@ -37,7 +37,6 @@ from specwatch.collector import aggregates  # noqa: E402
 from specwatch.collector.db import make_db, upgrade  # noqa: E402
 from specwatch.collector.long_signals import auto_signals  # noqa: E402
 from specwatch.collector.queries import Window, signals  # noqa: E402
-from specwatch.collector.store import REQUESTS  # noqa: E402
 
 GOAL_S = 0.2
 WINDOW_S = 300.0
@@ -59,15 +58,14 @@ def load(db, rows: int, batch: int, now: float) -> float:
     for first in range(0, rows, batch):
         n = min(batch, rows - first)
         t0 = now - WINDOW_S + 1e-3 + span * first / batch
-        data = generate(n, t0, min(now, t0 + span), seed=first)
-        data = [(f"req-{first + i:09d}",) + row[1:] for i, row in enumerate(data)]
+        columns, data = as_tuples(generate(n, t0, min(now, t0 + span), seed=first, first=first))
         keys, totals = aggregates.aggregate(
-            aggregates.columns_of_rows(data, REQUESTS.columns), aggregates.LABELS, per_second=True
+            aggregates.columns_of_rows(data, columns), aggregates.LABELS, per_second=True
         )
         raw = db.raw_connection()
         try:
             cursor = raw.cursor()
-            (_insert_sqlite if sqlite else _copy_postgres)(cursor, data)
+            (_insert_sqlite if sqlite else _copy_postgres)(cursor, columns, data)
             aggregates.insert_rows(cursor, aggregates.stored_rows(keys, totals), sqlite)
             raw.commit()
         finally:
@@ -75,14 +73,13 @@ def load(db, rows: int, batch: int, now: float) -> float:
     return time.perf_counter() - started
 
 
-def _insert_sqlite(cursor, data: list[tuple]) -> None:
+def _insert_sqlite(cursor, columns: list[str], data: list[tuple]) -> None:
     cursor.execute("BEGIN")
-    marks = ", ".join("?" * len(REQUESTS.columns))
-    cursor.executemany(f"INSERT INTO requests ({', '.join(REQUESTS.columns)}) VALUES ({marks})", data)
+    cursor.executemany(insert_sql(columns), data)
 
 
-def _copy_postgres(cursor, data: list[tuple]) -> None:
-    with cursor.copy(f"COPY requests ({', '.join(REQUESTS.columns)}) FROM STDIN") as copy:
+def _copy_postgres(cursor, columns: list[str], data: list[tuple]) -> None:
+    with cursor.copy(f"COPY requests ({', '.join(columns)}) FROM STDIN") as copy:
         for row in data:
             copy.write_row(row)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from pydantic import ValidationError
-from sqlalchemy.db import make_url
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from specwatch.collector.settings import Settings

@@ -15,7 +15,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, create_engine, event, text
-from sqlalchemy.db import make_url
+from sqlalchemy.engine import make_url
 
 # How long a SQLite writer waits for the database lock: 30 s for the background work (roll-ups,
 # retention); ingest waits INGEST_BUSY_S, under the producer client's 5 s timeout, so the client gets

@@ -35,6 +35,7 @@ from specwatch.collector.rollups import (
     legacy_rows,
 )
 from specwatch.collector.series import SeriesPoint, rate_moments, series
+from specwatch.telemetry import ratios
 from specwatch.telemetry.schema import LATENCY_BUCKETS
 
 RAW_WINDOW_LIMIT_S = 6 * 3600.0
@@ -196,10 +197,10 @@ def _point(t: float, row: np.ndarray, sketches: dict[str, sketch.Bins]) -> Serie
         drafts=drafts,
         draft_tokens=drafted,
         accepted_tokens=accepted,
-        acceptance_rate=accepted / drafted if drafted else None,
+        acceptance_rate=ratios.acceptance_rate(accepted, drafted),
         acceptance_rate_mean=None if math.isnan(mean) else mean,
         acceptance_rate_stddev=None if math.isnan(stddev) else stddev,
-        mean_acceptance_length=1.0 + accepted / drafts if drafts else None,
+        mean_acceptance_length=ratios.mean_acceptance_length(accepted, drafts),
         **_quantiles(row, sketches),
     )
 

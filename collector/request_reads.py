@@ -14,6 +14,7 @@ from sqlalchemy import JSON, Connection, Engine, Select, column, func, literal_c
 from specwatch.collector.detector_reads import _DRAFTED_COLUMNS, DraftedRequest, _drafted
 from specwatch.collector.models import ACCEPTANCE_SQL, Request
 from specwatch.collector.queries import Filters, Window
+from specwatch.telemetry import ratios
 
 
 def recent_drafted(
@@ -228,8 +229,8 @@ def _detail(record: dict, flags: tuple[FlagDetail, ...]) -> RequestDetail:
         per_position = tuple(n / drafts for n in accepted_at)
     ttft, out = record["ttft_s"], record["output_tokens"]
     tpot = (record["e2e_s"] - ttft) / (out - 1) if ttft is not None and out > 1 else None
-    length = 1 + accepted / drafts if drafts else None
-    return RequestDetail(record, accepted / drafted if drafted else None, length, per_position, tpot, flags)
+    length = ratios.mean_acceptance_length(accepted, drafts)
+    return RequestDetail(record, ratios.acceptance_rate(accepted, drafted), length, per_position, tpot, flags)
 
 
 def request_detail(db: Engine, request_id: str) -> RequestDetail | None:

@@ -27,6 +27,7 @@ from specwatch.collector.db import write_transaction
 from specwatch.collector.history import histogram_quantile
 from specwatch.collector.models import VllmScrape
 from specwatch.collector.queries import Percentiles, Window
+from specwatch.telemetry import ratios
 
 log = logging.getLogger("specwatch.collector")
 COUNTERS = {
@@ -207,8 +208,8 @@ def vllm_signals(db: Engine, window: Window, source: str | None = None, model: s
         drafts,
         drafted,
         accepted,
-        accepted / drafted if drafted else None,
-        1.0 + accepted / drafts if drafts else None,
+        ratios.acceptance_rate(accepted, drafted),
+        ratios.mean_acceptance_length(accepted, drafts),
         (per_pos / drafts).tolist() if drafts else [],
         _histogram_percentiles(rows, "ttft"),
         _histogram_percentiles(rows, "e2e"),

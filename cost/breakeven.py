@@ -44,6 +44,7 @@ from specwatch.collector.curve_reads import CurvePoint
 from specwatch.cost.model import CostInputs, ModeMeasure, monthly_volume, net_benefit, primary_key
 from specwatch.cost.step_curve import CurveTimes
 from specwatch.cost.step_inputs import NOT_MEASURED, RECORDS, STEP_CURVE, StepInputs, per_forward, step_inputs
+from specwatch.telemetry import ratios
 
 __all__ = ["NOT_MEASURED", "RECORDS", "STEP_CURVE", "StepInputs", "step_inputs"]  # re-exported
 
@@ -125,10 +126,6 @@ def verify_cost_ratio(spec: ModeMeasure, plain: ModeMeasure | None) -> float | N
 def measured_alpha(arm: ModeMeasure) -> float | None:
     length, gamma = arm.mean_acceptance_length, arm.mean_draft_length
     return None if length is None or not gamma else alpha_from_mean_acceptance_length(length, gamma)
-
-
-def arm_ratio(arm: ModeMeasure) -> float | None:
-    return draft_cost_ratio(arm.draft_s, arm.verify_s, arm.drafts, arm.draft_tokens)
 
 
 def _arm(inputs: CostInputs, key: str) -> ModeMeasure:
@@ -230,7 +227,7 @@ def _break_even(inputs: CostInputs, arm: ModeMeasure) -> BreakEven:
         gamma,
         c,
         v,
-        arm.accepted_tokens / arm.draft_tokens if arm.draft_tokens else None,
+        ratios.acceptance_rate(arm.accepted_tokens, arm.draft_tokens),
         alpha,
         expected_speedup(alpha, gamma, c, v) if modelled and alpha is not None else None,
         arm.tokens_per_s / plain.tokens_per_s if plain else None,

@@ -35,6 +35,7 @@ from specwatch.cost.allocation import Allocation, allocate
 from specwatch.cost.attribution import Spans, level_fractions
 from specwatch.cost.measured import Usage, read_usage
 from specwatch.cost.model import MTOK, CostInputs
+from specwatch.telemetry import ratios
 
 
 @dataclass(frozen=True)
@@ -170,7 +171,7 @@ def _row(
     return ConcurrencyRow(
         int(level), mode, float(w.sum()), float(tokens.sum()), device_s,
         float(inputs.gpu_count * device_s / 3600 * MTOK / tokens.sum()), float(usd.sum() / tokens.sum() * MTOK),
-        float(accepted / drafted) if drafted else None, bool(enough), low, high, ttft, tpot, meets,
+        ratios.acceptance_rate(accepted, drafted), bool(enough), low, high, ttft, tpot, meets,
     )  # fmt: skip
 
 

@@ -125,7 +125,7 @@ def focus_rows(
     window: Window,
     inputs_for: Callable[[Engine, Window], CostInputs],
 ) -> list[dict]:
-    """FOCUS rows of every line of every UTC day of `window`; `inputs_for(engine, day)` measures a day
+    """FOCUS rows of every line of every UTC day of `window`; `inputs_for(db, day)` measures a day
     (the caller's prices, overrides and filters)."""
     rows = []
     for day in day_windows(window):

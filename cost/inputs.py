@@ -3,7 +3,7 @@
 load_prices(path=None)                          the dated price table (cost/prices.toml)
 what_if_inputs(path, prices, gpu_type=None)     inputs written down in TOML (cost/cost_example.toml)
 apply_overrides(inputs, Overrides(...))         edit prices, volume and hidden costs
-measured_inputs(engine, window, prices, ...)    from the store (cost.measured, re-exported here)
+measured_inputs(db, window, prices, ...)    from the store (cost.measured, re-exported here)
 """
 
 from __future__ import annotations

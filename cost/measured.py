@@ -1,4 +1,4 @@
-"""The cost model's inputs from the store: `measured_inputs(engine, window, prices, ...)`.
+"""The cost model's inputs from the store: `measured_inputs(db, window, prices, ...)`.
 
 Per arm (mode, drafter; plain decoding is one arm whatever its drafter field) and instance:
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 
 from specwatch.collector.curve_reads import StoredCurve
 from specwatch.cost.instances import ArmUse, InstanceUse, StepTime
+from specwatch.telemetry import ratios
 
 SECONDS_PER_MONTH = 730 * 3600  # 365 x 24 / 12 hours
 DAYS_PER_MONTH = 365 / 12
@@ -219,7 +220,7 @@ class ModeMeasure:
     @property
     def mean_acceptance_length(self) -> float | None:
         """1 + accepted / drafts: tokens emitted per target forward while drafting."""
-        return 1.0 + self.accepted_tokens / self.drafts if self.drafts else None
+        return ratios.mean_acceptance_length(self.accepted_tokens, self.drafts)
 
     @property
     def mean_draft_length(self) -> float | None:

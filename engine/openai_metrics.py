@@ -13,6 +13,7 @@ Each is None where the record lacks what it needs (no first token).
 
 from __future__ import annotations
 
+from specwatch.telemetry import ratios
 from specwatch.telemetry.schema import RequestRecord
 
 
@@ -42,8 +43,8 @@ def speculative_decoding(record: RequestRecord) -> dict | None:
         return None
     steps, drafted, accepted = record.num_drafts, record.num_draft_tokens, record.num_accepted_tokens
     return {
-        "mean_acceptance_length": 1.0 + accepted / steps if steps else 1.0,
-        "draft_acceptance_rate": accepted / drafted if drafted else 0.0,
+        "mean_acceptance_length": ratios.mean_acceptance_length(accepted, steps) or 1.0,
+        "draft_acceptance_rate": ratios.acceptance_rate(accepted, drafted) or 0.0,
         "acceptance_histogram": acceptance_histogram(record.accepted_per_position, steps),
         "num_spec_steps": steps,
         "num_accepted_draft_tokens": accepted,

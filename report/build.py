@@ -1,4 +1,4 @@
-"""The monthly cost-benefit report: `build_report(engine, "YYYY-MM", prices)` -> `Report`.
+"""The monthly cost-benefit report: `build_report(db, "YYYY-MM", prices)` -> `Report`.
 
 Measured figures are read from the store for the month's UTC window (the current month: up
 to now); the cost model's other inputs (prices, the seed's hidden-cost defaults, values given in a

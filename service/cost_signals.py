@@ -4,8 +4,8 @@ Both price what the store holds with the cost model (`cost.inputs.measured_input
 `cost.model.tco`) on the shipped price table, at the price of the GPU the device samples name
 (`infer_gpu_type`), else `cost.summary.DEFAULT_GPU`, one GPU per instance.
 
-    CostGauge(engine, prices, registry=...)   specwatch_cost_usd_per_mtok{arm} over the last hour
-    DailyCosts(engine, prices).series(days)   per UTC day and arm: $ and GPU-hours per 1M tokens
+    CostGauge(db, prices, registry=...)   specwatch_cost_usd_per_mtok{arm} over the last hour
+    DailyCosts(db, prices).series(days)   per UTC day and arm: $ and GPU-hours per 1M tokens
 
 An arm's figure is an estimate when the cost model had to assume part of it: energy added to
 the price but not metered (estimated, or not measured at all), memory not measured (or the

@@ -8,7 +8,7 @@ today's config (which may speculate too: `pool=plain` with a drafter). The comma
 canary share (`POST /v1/control/canary`), waits (with a progress line) until each arm has `--min-requests`
 ok requests in the collector or `--max-minutes` pass, compares the arms (`GET /v1/compare?by=arm`: the
 Mann-Whitney test on per-request s/token) at matched load (each pool's load sampled from the gateway's
-state meanwhile), decides (`specwatch.canary_verdict`), promotes (share 1) or rolls back (share 0), and
+state meanwhile), decides (`specwatch.alerts.canary_verdict`), promotes (share 1) or rolls back (share 0), and
 records a `canary_verdict` event through the collector's ingest API; the collector's alert runner turns
 it into an alert-history entry and an Alertmanager webhook (`alerts.canary`). Ctrl-C rolls back.
 Bad input, an unreachable service or a refused token exit 2; a verdict that could not be applied or
@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from specwatch.canary_verdict import Arm, CanaryRules, Verdict, decide
+from specwatch.alerts.canary_verdict import Arm, CanaryRules, Verdict, decide
 from specwatch.common.auth import first_token
 from specwatch.common.errors import UsageError
 

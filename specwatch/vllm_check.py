@@ -51,7 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--out", type=Path, default=Path("data/vllm-model"), help="output directory (default: data/vllm-model)"
     )
     prepare.add_argument("--model", default="bundled", help="bundled | FILE.gguf | HF directory (default: bundled)")
-    from specwatch.vllm_prepare import run_prepare
+    from specwatch.engine.hf_export import run_prepare
 
     prepare.set_defaults(handler=run_prepare)
     check = sub.add_parser(
@@ -169,7 +169,7 @@ def _interrupt(signum, frame) -> None:
 
 
 def _check(run: Run, data: Path) -> None:
-    from specwatch import vllm_server
+    from specwatch.gateway import vllm_server
 
     args = run.args
     model_dir = install_and_prepare(args, data)
@@ -244,12 +244,12 @@ def _start_vllm(run: Run, speculative: bool) -> None:
 
 
 def _traffic_phase(run: Run, name: str, speculative: bool, duration_s: float) -> Phase:
-    from specwatch.traffic import TrafficConfig, print_summary, run_traffic, summary
-    from specwatch.vllm_server import (
+    from specwatch.gateway.vllm_server import (
         read_counters,
         read_generation_tokens,
         spec_families_present,
     )
+    from specwatch.traffic import TrafficConfig, print_summary, run_traffic, summary
 
     server, args = run.server, run.args
     phase = Phase(name, speculative)

@@ -242,7 +242,7 @@ def per_position_totals(metrics_text: str) -> dict[int, float]:
 
 def spec_counters(metrics_url: str) -> dict:
     """vLLM's spec-decode counter totals, and `per_position`: {position: accepted tokens}."""
-    from specwatch.vllm_server import SPEC_COUNTERS, counter_totals
+    from specwatch.gateway.vllm_server import SPEC_COUNTERS, counter_totals
 
     text = httpx.get(metrics_url, timeout=10).text
     return {**counter_totals(text, SPEC_COUNTERS), "per_position": per_position_totals(text)}

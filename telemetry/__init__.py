@@ -1,6 +1,6 @@
 """specwatch telemetry: the contract every producer and the collector share, and the producer side.
 
-  schema   RequestRecord, DeviceSample, EngineEvent, TelemetryBatch (pydantic, no heavy imports)
+  schema   RequestRecord, DeviceSample, EngineEvent, IngestBatch (pydantic, no heavy imports)
   client   TelemetryClient: batching, retries with backoff, an fsynced disk spool while the collector is down
   spool    the spool's file format
   sink     TelemetrySink: the one place a producer (the engine, the gateway) hands its records to

@@ -16,6 +16,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
+from specwatch.telemetry import ratios
+
 # 2000-01-01 .. 2100-01-01: anything outside is a unit error (ms, ns) or garbage.
 MIN_EPOCH_S = 946_684_800.0
 MAX_EPOCH_S = 4_102_444_800.0
@@ -168,12 +170,12 @@ class RequestRecord(_Strict):
     @property
     def acceptance_rate(self) -> float | None:
         """accepted / drafted tokens (vLLM's definition); None when nothing was drafted."""
-        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
+        return ratios.acceptance_rate(self.num_accepted_tokens, self.num_draft_tokens)
 
     @property
     def mean_acceptance_length(self) -> float | None:
         """1 + accepted / drafts: tokens emitted per target forward pass while drafting."""
-        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else None
+        return ratios.mean_acceptance_length(self.num_accepted_tokens, self.num_drafts)
 
 
 def _explain_per_position(per_position: list[int], num_drafts: int, num_accepted: int) -> None:

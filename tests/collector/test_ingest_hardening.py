@@ -18,7 +18,7 @@ from collector_payloads import request_dict
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 from sqlalchemy import create_engine, func, select, text
-from sqlalchemy.db import make_url
+from sqlalchemy.engine import make_url
 from test_metrics import scrape, total
 from waiting import wait_for
 

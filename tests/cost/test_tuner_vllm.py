@@ -10,7 +10,7 @@ import pytest
 
 from specwatch.cost.tuner import Acceptance, TuneRules, line, schedule
 from specwatch.cost.tuner_emit import vllm_config
-from specwatch.vllm_server import installed, not_installed_reason, venv_python
+from specwatch.gateway.vllm_server import installed, not_installed_reason, venv_python
 
 CHECK = """
 import json, sys

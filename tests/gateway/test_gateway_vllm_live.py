@@ -30,9 +30,9 @@ from scipy.stats import binom
 from sqlalchemy import create_engine, select
 from waiting import wait_for
 
-from specwatch import vllm_server
 from specwatch.collector.models import Request
 from specwatch.common.procs import child_env, free_port, specwatch_command, start_collector, start_service, stop_process
+from specwatch.gateway import vllm_server
 from specwatch.vllm_report import spec_counters  # its counter totals, and accepted tokens per position
 from specwatch.workload import PROMPTS, chat
 
@@ -63,7 +63,7 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    from specwatch.vllm_prepare import prepare
+    from specwatch.engine.hf_export import prepare
 
     tmp = tmp_path_factory.mktemp("gateway-vllm")
     model = prepare(tmp / "model")

@@ -15,12 +15,12 @@ import pytest
 from sqlalchemy import select
 from waiting import wait_for
 
-from specwatch import vllm_server
 from specwatch.alerts.detector_settings import RegressionSettings
 from specwatch.alerts.regression import run_pass
 from specwatch.collector.db import make_db
 from specwatch.collector.models import EngineEventRow, Request
 from specwatch.common.procs import child_env, free_port, specwatch_command, start_collector, start_service, stop_process
+from specwatch.gateway import vllm_server
 from specwatch.workload import chat
 
 pytestmark = [
@@ -66,7 +66,7 @@ def stored_requests(db) -> int:
 
 
 def test_a_restart_with_another_num_speculative_tokens_is_a_marker(tmp_path):
-    from specwatch.vllm_prepare import prepare
+    from specwatch.engine.hf_export import prepare
 
     model, port = prepare(tmp_path / "model"), free_port()
     upstream = vllm_server.VllmServer(

@@ -13,10 +13,10 @@ import pytest
 from fastapi.testclient import TestClient
 from waiting import wait_for
 
-from specwatch import vllm_server
 from specwatch.collector.settings import Settings
 from specwatch.collector.vllm import Scraper
 from specwatch.common.procs import free_port
+from specwatch.gateway import vllm_server
 from specwatch.service.app import create_app
 from specwatch.workload import chat
 
@@ -26,7 +26,7 @@ SCRAPE_S = 0.5
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from specwatch.vllm_prepare import prepare
+    from specwatch.engine.hf_export import prepare
 
     return prepare(tmp_path_factory.mktemp("vllm") / "model")
 

@@ -14,9 +14,9 @@ import pytest
 from thread_server import ThreadServer
 from waiting import wait_for
 
-from specwatch import vllm_server
 from specwatch.collector.settings import Settings
 from specwatch.common.procs import free_port
+from specwatch.gateway import vllm_server
 from specwatch.service.app import create_app
 from specwatch.workload import chat
 
@@ -74,7 +74,7 @@ def collector(tmp_path_factory):
 
 
 def test_vllms_own_spans_become_records(collector, tmp_path):
-    from specwatch.vllm_prepare import prepare
+    from specwatch.engine.hf_export import prepare
 
     model = prepare(tmp_path / "model")
     server = TracedVllm(

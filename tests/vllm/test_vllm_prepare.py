@@ -10,7 +10,7 @@ import pytest
 
 import specwatch.engine.loading  # noqa: F401  (forces offline mode before transformers loads)
 from specwatch.cli import main
-from specwatch.vllm_prepare import compatible_config, prepare
+from specwatch.engine.hf_export import compatible_config, prepare
 
 
 @pytest.fixture(scope="module")

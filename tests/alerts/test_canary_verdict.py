@@ -1,4 +1,4 @@
-"""The canary's decision rule (specwatch.canary_verdict), table-driven, and `specwatch tune canary`'s bad input."""
+"""The canary decision rule (alerts.canary_verdict), table-driven, and `specwatch tune canary`'s bad input."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from specwatch.canary_verdict import Arm, CanaryRules, decide
+from specwatch.alerts.canary_verdict import Arm, CanaryRules, decide
 from specwatch.common.procs import specwatch_command
 from specwatch.tune_canary import Loads, arms_of
 

@@ -1,0 +1,19 @@
+"""The derived ratios, defined once: raw counts travel, and every reader turns them into ratios here.
+
+    acceptance rate          = accepted / draft tokens     (vLLM's definition; the 0.6 alert applies to it)
+    mean acceptance length   = 1 + accepted / drafts       (tokens emitted per target forward while drafting)
+
+PromQL over the counters: `rate(..._num_accepted_tokens_total[5m]) / rate(..._num_draft_tokens_total[5m])`.
+"""
+
+from __future__ import annotations
+
+
+def acceptance_rate(accepted: float, draft_tokens: float) -> float | None:
+    """Accepted over drafted tokens; None when nothing was drafted (not 0: no evidence either way)."""
+    return float(accepted) / float(draft_tokens) if draft_tokens else None
+
+
+def mean_acceptance_length(accepted: float, drafts: float) -> float | None:
+    """1 + accepted / drafts; None when nothing was drafted."""
+    return 1.0 + float(accepted) / float(drafts) if drafts else None
