@@ -78,8 +78,8 @@ def mixed_charge(engine: Engine, max_tokens: int) -> str:
     """Per-token charge of speculation among plain requests, by the step-cost rule and by token rows."""
     splits, real = [], scheduler_module.split_forward
 
-    def recorded(seconds, rows, curve):  # the real split runs; the bench keeps what it did
-        shares, rule = real(seconds, rows, curve)
+    def recorded(seconds, rows, curve, prompt=False):  # the real split runs; the bench keeps what it did
+        shares, rule = real(seconds, rows, curve, prompt)
         splits.append((seconds, list(rows), shares, rule))
         return shares, rule
 

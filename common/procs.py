@@ -16,8 +16,6 @@ import httpx
 
 from specwatch.common.auth import first_token
 
-SOURCE_ROOT = Path(__file__).resolve().parents[1]
-
 
 def free_port() -> int:
     """A TCP port free on the loopback interface right now."""
@@ -31,9 +29,8 @@ class StartError(RuntimeError):
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """This environment, with the source tree importable and `extra` on top."""
-    path = os.pathsep.join(filter(None, [str(SOURCE_ROOT), os.environ.get("PYTHONPATH")]))
-    return {**os.environ, "PYTHONPATH": path, **(extra or {})}
+    """This environment with `extra` on top (the child runs this interpreter, so specwatch is importable)."""
+    return {**os.environ, **(extra or {})}
 
 
 def start_service(

@@ -6,14 +6,11 @@ they call `dashboard.state.fetch` (cached `dashboard.services` calls to the coll
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `streamlit run` puts only this folder on the path
+import streamlit as st
 
-import streamlit as st  # noqa: E402
-
-from specwatch.dashboard.state import sidebar  # noqa: E402
+from specwatch.dashboard.state import sidebar
 
 PAGES = (
     Path(__file__).resolve().parent / "views"

@@ -1,6 +1,7 @@
 // specwatch_cpu::lane_attention(q, keys, values, bounds): the attention of a batched decode round over the
-// slots' float32 KV cache pool, each sequence against its own lane's prefix (engine/kernels.py builds this
-// with the other kernels; engine/decoder.py `_lane_attention` is the torch path it replaces).
+// slots' float32 KV cache pool, each sequence against its own lane's prefix (engine/kernels.py builds it, a
+// library of its own, for AVX512F: no bf16 here; engine/decoder.py `_lane_attention` is the torch path it
+// replaces).
 //
 // A round's sequences hold prefixes of different lengths and 1-9 new rows each. torch's fused kernel takes
 // one length and one row count a call, so the torch path pads lanes to a common length under a mask or calls
@@ -20,7 +21,7 @@
 
 #include "vector_math.h"
 #if !defined(__AVX512F__)
-#error "lane_attention needs AVX512 (engine/kernels.py builds it only where the CPU has AVX512-BF16)"
+#error "lane_attention needs AVX512F (engine/kernels.py builds it with -mavx512f, only where the CPU has it)"
 #endif
 
 namespace {

@@ -1,5 +1,6 @@
 // specwatch_cpu::prefill_attention(q, k, v, scale): causal attention of a whole prompt (positions 0..n-1),
-// bf16 in and out, the prompt forward's attention (engine/kernels.py builds this with row_times.cpp).
+// bf16 in and out, the prompt forward's attention (engine/kernels.py builds it, a library of its own, for
+// AVX512-BF16).
 //
 // torch's CPU flash kernel ran a 1,207-token prompt at 13 ms a layer on the 2-core AVX512-BF16 EPYC, in
 // float32 or bf16 alike (without AMX it widens bf16 to float32): half of the prompt's forward. Here scores
@@ -27,7 +28,7 @@
 
 #include "vector_math.h"
 #if !defined(__AVX512BF16__)
-#error "prefill_attention needs AVX512-BF16 (engine/kernels.py builds it only where the CPU has it)"
+#error "prefill_attention needs AVX512-BF16 (engine/kernels.py builds it with -mavx512bf16, only where the CPU has it)"
 #endif
 
 namespace {

@@ -1,5 +1,5 @@
 // specwatch_cpu::row_times(x, weight): one bf16 row x [1, in] times a bf16 weight [out, in]^T, the
-// products of the plain decode step (engine/kernels.py builds this once per machine, -O3 -march=native).
+// products of the plain decode step (engine/kernels.py builds it, a library of its own, for AVX512-BF16).
 //
 // A decode step streams every weight once for one row, so the product is a matrix-vector one and
 // its speed is how fast the weight is read. Inductor's bf16 reduction (engine/decoder.py `_row_times`)
@@ -20,7 +20,7 @@
 #include <cstring>
 #include <immintrin.h>
 #if !defined(__AVX512BF16__)
-#error "row_times needs AVX512-BF16 (engine/kernels.py builds it only where the CPU has it)"
+#error "row_times needs AVX512-BF16 (engine/kernels.py builds it with -mavx512bf16, only where the CPU has it)"
 #endif
 
 namespace {
@@ -80,5 +80,6 @@ at::Tensor row_times(const at::Tensor& x, const at::Tensor& weight) {
 
 }  // namespace
 
-TORCH_LIBRARY(specwatch_cpu, m) { m.def("row_times(Tensor x, Tensor weight) -> Tensor"); }
+// a fragment: each kernel is a library of its own, loaded or not independently of the others
+TORCH_LIBRARY_FRAGMENT(specwatch_cpu, m) { m.def("row_times(Tensor x, Tensor weight) -> Tensor"); }
 TORCH_LIBRARY_IMPL(specwatch_cpu, CPU, m) { m.impl("row_times", &row_times); }

@@ -1,4 +1,4 @@
-// Vector math shared by the engine's attention kernels (prefill_attention.cpp, lane_attention.cpp).
+// Vector math shared by the engine's attention kernels (prefill_attention.cpp, lane_attention.cpp): AVX512F.
 #pragma once
 #include <immintrin.h>
 

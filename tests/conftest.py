@@ -22,6 +22,7 @@ import os
 import subprocess
 import time
 from collections import Counter
+from pathlib import Path
 
 import httpx
 import pytest
@@ -33,8 +34,10 @@ from waiting import wait_for
 
 from specwatch.collector.db import make_db, upgrade
 from specwatch.collector.settings import Settings
-from specwatch.common.procs import SOURCE_ROOT, free_port, specwatch_command, start_collector
+from specwatch.common.procs import free_port, specwatch_command, start_collector
 from specwatch.service.app import create_app
+
+SOURCE_ROOT = Path(__file__).resolve().parents[1]  # the repository
 
 _postgres: EphemeralPostgres | None = None  # the server this session started
 _postgres_failed = ""  # why it did not start, where binaries were found

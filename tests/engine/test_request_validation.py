@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -16,13 +17,14 @@ from engine_harness import BackgroundServer
 from waiting import wait_for
 
 import specwatch.engine.engine as engine_module
-from specwatch.common.procs import SOURCE_ROOT
 from specwatch.engine.cli import register_drafters
 from specwatch.engine.lookahead import CostCurve
 from specwatch.engine.policy import PolicyConfig
 from specwatch.engine.scheduler import SchedulerConfig
 from specwatch.telemetry.schema import RequestRecord
 from tests.engine.conftest import tiny_llama
+
+SOURCE_ROOT = Path(__file__).resolve().parents[2]  # the repository
 
 TOKEN = "s3cret"
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from collector_payloads import request_dict
@@ -14,8 +15,9 @@ from collector_payloads import request_dict
 from specwatch.cli import main
 from specwatch.collector.db import make_db, upgrade
 from specwatch.collector.store import Store
-from specwatch.common.procs import SOURCE_ROOT
 from specwatch.telemetry.schema import IngestBatch
+
+SOURCE_ROOT = Path(__file__).resolve().parents[2]  # the repository
 
 
 @pytest.fixture
