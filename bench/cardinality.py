@@ -65,7 +65,7 @@ class Fleet:
 @dataclass(frozen=True)
 class Bill:
     fleet: Fleet
-    db: int  # one specwatch engine's /metrics (serving every drafter); `engine` before the rename a1f74fa
+    engine: int  # one specwatch engine's /metrics (serving every drafter)
     gateway: int  # one gateway over the fleet's upstreams
     replica: int  # one collector replica
     leader: int  # the leader replica's whole /metrics
@@ -219,7 +219,7 @@ def table(bills: list[Bill], replicas: int) -> str:
     for b in bills:
         f = b.fleet
         rows.append(
-            f"| {f.instances} | {f.drafters} | {f.tags} | {b.db} | {b.gateway} | {b.replica} | {b.leader} "
+            f"| {f.instances} | {f.drafters} | {f.tags} | {b.engine} | {b.gateway} | {b.replica} | {b.leader} "
             f"| {b.added} | {b.vllm} | {b.vllm_spec} | +{b.percent:.0f}% |"
         )
     return "\n".join(rows)

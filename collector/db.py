@@ -59,7 +59,7 @@ def _configure_sqlite(db: Engine) -> None:
 
 @contextmanager
 def write_transaction(db: Engine, busy_s: float = BUSY_TIMEOUT_MS / 1000) -> Iterator[Connection]:
-    """`engine.begin()` for writers. On SQLite it takes the write lock at BEGIN (BEGIN IMMEDIATE):
+    """`db.begin()` for writers. On SQLite it takes the write lock at BEGIN (BEGIN IMMEDIATE):
     a deferred transaction that reads before it writes fails at once with 'database is locked'
     when another writer committed in between, while IMMEDIATE waits its turn, at most `busy_s`."""
     options = {"sqlite_immediate": True, "sqlite_busy_ms": max(1, int(busy_s * 1000))}

@@ -240,7 +240,7 @@ class VllmScrape(Base):
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     source: Mapped[str] = mapped_column(String(512))
     model: Mapped[str] = mapped_column(String(256))
-    db: Mapped[str] = mapped_column(String(64))
+    engine: Mapped[str] = mapped_column(String(64))
     at: Mapped[float]
     interval_s: Mapped[float]
     counter_reset: Mapped[bool]

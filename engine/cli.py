@@ -153,7 +153,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="on a CPU (float32, or bfloat16 where oneDNN packs it): run the decode step, a whole prompt and the "
         "verification of drafts through torch.compile "
-        "(~5 min on the first start on a 2-core machine, ~80 s later: Inductor's on-disk cache; README 'Engine speed')",
+        "(~5 min on the first start on a 2-core machine, ~80 s later: Inductor's on-disk cache; docs/benchmarks.md)",
     )
     parser.add_argument(
         "--memory-fraction",

@@ -3,7 +3,7 @@ features it needs (an explicit -m list, not -march=native) and kept on disk besi
 starts load it without building:
 
 - `row` (`row_times.cpp`): one bf16 row times a bf16 weight matrix, the compiled plain decode step's products;
-  needs AVX512-BF16 (the bf16 dot product; with AVX512F and AVX2 it implies);
+  needs AVX512-BF16 (the bf16 dot product), with the AVX512BW, AVX512F and AVX2 beneath it;
 - `prefill` (`prefill_attention.cpp`): causal attention over a whole bf16 prompt, the prompt forward's
   attention; needs AVX512-BF16 likewise;
 - `lane` (`lane_attention.cpp`): a batched round's attention, each sequence over its own lane of the

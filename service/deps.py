@@ -19,7 +19,7 @@ async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-async def get_engine(request: Request) -> Engine:
+async def get_db(request: Request) -> Engine:
     return request.app.state.store.db
 
 
@@ -35,7 +35,7 @@ def json_response(data: object, status: int = 200) -> Response:
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
-EngineDep = Annotated[Engine, Depends(get_engine)]
+DbDep = Annotated[Engine, Depends(get_db)]
 MetricsDep = Annotated[CollectorMetrics, Depends(get_metrics)]
 
 

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from specwatch.alerts.rules import AlertConfig, Rule
 from specwatch.alerts.signals import SIGNALS
 from specwatch.alerts.store import active_alerts, history
-from specwatch.service.deps import EngineDep, json_response, read_access, read_all_tenants
+from specwatch.service.deps import DbDep, json_response, read_access, read_all_tenants
 from specwatch.service.routes_query import WindowDep
 
 # Alerts span every tenant; the rules are configuration, no tenant's data.
@@ -18,13 +18,13 @@ rules_router = APIRouter(prefix="/v1/rules", dependencies=[Depends(read_access)]
 
 
 @router.get("")
-def get_alerts(db: EngineDep, include_resolved: bool = False) -> Response:
+def get_alerts(db: DbDep, include_resolved: bool = False) -> Response:
     alerts, rules = active_alerts(db, include_resolved)
     return json_response({"alerts": alerts, "rules": rules})
 
 
 @router.get("/history")
-def get_history(db: EngineDep, window: WindowDep, limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> Response:
+def get_history(db: DbDep, window: WindowDep, limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> Response:
     """Alert transitions, remediation actions and webhook notifications in the window, newest first."""
     return json_response(history(db, window, limit))
 

@@ -40,7 +40,7 @@ from specwatch.cost.measured import infer_gpu_type
 from specwatch.cost.model import Prices
 from specwatch.cost.summary import DEFAULT_GPU, MONTH_S, measured_summary
 from specwatch.service.cost_signals import MAX_DAYS, DailyCosts
-from specwatch.service.deps import EngineDep, json_response, read_all_tenants
+from specwatch.service.deps import DbDep, json_response, read_all_tenants
 from specwatch.service.routes_query import FiltersDep, window_param
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(read_all_tenants)])  # energy is per device
@@ -87,7 +87,7 @@ def gpu_param(gpu: str | None = None, gpu_type: str | None = None) -> str | None
 
 @router.get("/cost")
 def get_cost(
-    db: EngineDep,
+    db: DbDep,
     filters: FiltersDep,
     window: Annotated[Window, Depends(cost_window)],
     overrides: Annotated[Overrides, Depends(overrides_param)],
@@ -112,7 +112,7 @@ def get_cost(
 
 @router.get("/cost/focus")
 def get_cost_focus(
-    db: EngineDep,
+    db: DbDep,
     filters: FiltersDep,
     window: Annotated[Window, Depends(cost_window)],
     overrides: Annotated[Overrides, Depends(overrides_param)],

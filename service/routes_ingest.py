@@ -17,7 +17,7 @@ from specwatch.collector.ingest import BatchRejected, gunzip
 from specwatch.collector.settings import Settings
 from specwatch.collector.store import IngestCounts
 from specwatch.common.bodies import TooLarge, read_capped
-from specwatch.service.deps import EngineDep, IngestGrantDep, MetricsDep, SettingsDep, json_response, metrics_access
+from specwatch.service.deps import DbDep, IngestGrantDep, MetricsDep, SettingsDep, json_response, metrics_access
 
 router = APIRouter()
 log = logging.getLogger("specwatch.collector")
@@ -108,7 +108,7 @@ async def healthz() -> dict:
 
 
 @router.get("/readyz")
-def readyz(request: Request, db: EngineDep) -> Response:
+def readyz(request: Request, db: DbDep) -> Response:
     """Ready when the database answers, its schema is at the newest migration, and it takes writes
     (503 once an ingest write failed and a probe write fails too; see collector.store.WriteHealth).
     Also says whether this replica is the leader (runs the background work; see collector.leader)."""

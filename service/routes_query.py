@@ -17,7 +17,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Response
 
 from specwatch.collector import breakdown, reader, series, vllm
 from specwatch.collector.queries import Filters, Window
-from specwatch.service.deps import EngineDep, ReadGrantDep, json_response, read_access, read_all_tenants
+from specwatch.service.deps import DbDep, ReadGrantDep, json_response, read_access, read_all_tenants
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(read_access)])
 MAX_WINDOW_S = 400 * 86400
@@ -58,7 +58,7 @@ FiltersDep = Annotated[Filters, Depends(filters_param)]
 
 
 @router.get("/signals")
-def get_signals(db: EngineDep, window: WindowDep, filters: FiltersDep) -> Response:
+def get_signals(db: DbDep, window: WindowDep, filters: FiltersDep) -> Response:
     """Counts, throughput, acceptance and TTFT/e2e/TPOT percentiles of the window (up to 6 h from
     the per-second aggregates, rollups beyond; percentiles from DDSketches within 1% in both, from
     histograms, `basis: "histogram"`, where rollup rows predate migration 0011)."""
@@ -66,13 +66,13 @@ def get_signals(db: EngineDep, window: WindowDep, filters: FiltersDep) -> Respon
 
 
 @router.get("/acceptance/positions")
-def get_positions(db: EngineDep, window: WindowDep, filters: FiltersDep) -> Response:
+def get_positions(db: DbDep, window: WindowDep, filters: FiltersDep) -> Response:
     return json_response(reader.positions(db, window, filters))
 
 
 @router.get("/acceptance/length")
 def get_length(
-    db: EngineDep,
+    db: DbDep,
     window: WindowDep,
     filters: FiltersDep,
     by: Literal["prompt_tokens", "output_tokens"] = "prompt_tokens",
@@ -81,13 +81,13 @@ def get_length(
 
 
 @router.get("/errors/by-hour")
-def get_errors_by_hour(db: EngineDep, window: WindowDep, filters: FiltersDep) -> Response:
+def get_errors_by_hour(db: DbDep, window: WindowDep, filters: FiltersDep) -> Response:
     return json_response(reader.errors_by_hour(db, window, filters))
 
 
 @router.get("/series")
 def get_series(
-    db: EngineDep, window: WindowDep, filters: FiltersDep, step: Annotated[float, Query(ge=1)] = 60.0
+    db: DbDep, window: WindowDep, filters: FiltersDep, step: Annotated[float, Query(ge=1)] = 60.0
 ) -> Response:
     """Per-step series: from the per-second aggregates up to 6 h, from the rollups beyond (sketch
     percentiles in both), exact from raw rows with tag filters (`collector.reader`)."""
@@ -98,13 +98,13 @@ def get_series(
 
 
 @router.get("/devices/latest", dependencies=[Depends(read_all_tenants)])
-def get_devices(db: EngineDep, instance: str | None = None) -> Response:
+def get_devices(db: DbDep, instance: str | None = None) -> Response:
     return json_response(series.latest_device_samples(db, instance))
 
 
 @router.get("/events", dependencies=[Depends(read_all_tenants)])
 def get_events(
-    db: EngineDep,
+    db: DbDep,
     window: WindowDep,
     instance: str | None = None,
     kind: str | None = None,
@@ -115,7 +115,7 @@ def get_events(
 
 
 @router.get("/vllm/signals", dependencies=[Depends(read_all_tenants)])
-def get_vllm_signals(db: EngineDep, window: WindowDep, source: str | None = None, model: str | None = None) -> Response:
+def get_vllm_signals(db: DbDep, window: WindowDep, source: str | None = None, model: str | None = None) -> Response:
     """Acceptance, per-position acceptance and TTFT/e2e percentiles of scraped vLLM engines."""
     return json_response(vllm.vllm_signals(db, window, source, model))
 
@@ -128,26 +128,26 @@ def _bad_value(call):
 
 
 @router.get("/breakdown")
-def get_breakdown(db: EngineDep, window: WindowDep, filters: FiltersDep, by: str = "drafter") -> Response:
+def get_breakdown(db: DbDep, window: WindowDep, filters: FiltersDep, by: str = "drafter") -> Response:
     """Acceptance, latency (percentiles and CDF points), energy per token per group:
     `by` = mode | arm | drafter | instance | model | mode_reason | tag:<key>."""
     return _bad_value(lambda: breakdown.breakdown(db, window, filters, by))
 
 
 @router.get("/compare")
-def get_compare(db: EngineDep, window: WindowDep, filters: FiltersDep, by: Literal["arm", "mode"] = "arm") -> Response:
+def get_compare(db: DbDep, window: WindowDep, filters: FiltersDep, by: Literal["arm", "mode"] = "arm") -> Response:
     """Speculative vs plain latency per output token: speed-up and Mann-Whitney U p-value."""
     return _bad_value(lambda: breakdown.compare(db, window, filters, by))
 
 
 @router.get("/throughput/by-load")
-def get_throughput_by_load(db: EngineDep, window: WindowDep, filters: FiltersDep) -> Response:
+def get_throughput_by_load(db: DbDep, window: WindowDep, filters: FiltersDep) -> Response:
     return json_response(breakdown.throughput_by_load(db, window, filters))
 
 
 @router.get("/devices/series", dependencies=[Depends(read_all_tenants)])
 def get_device_series(
-    db: EngineDep,
+    db: DbDep,
     window: WindowDep,
     instance: str | None = None,
     max_points: Annotated[int, Query(ge=10, le=100_000)] = 2000,
@@ -156,14 +156,14 @@ def get_device_series(
 
 
 @router.get("/sources", dependencies=[Depends(read_all_tenants)])
-def get_sources(db: EngineDep, window: WindowDep) -> Response:
+def get_sources(db: DbDep, window: WindowDep) -> Response:
     """Engines and scraped vLLM servers: last seen, records in the window, records/s."""
     return json_response(breakdown.sources(db, window))
 
 
 @router.get("/labels")
 def get_labels(
-    db: EngineDep, window: WindowDep, filters: FiltersDep, tags: Literal["scenario", "none"] = "scenario"
+    db: DbDep, window: WindowDep, filters: FiltersDep, tags: Literal["scenario", "none"] = "scenario"
 ) -> Response:
     """Requests per instance, model, drafter, mode, arm and scenario tag in the window (tag counts from a
     sample of a large window, scaled: `sampled` then says how many of how many requests). `tags=none`

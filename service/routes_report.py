@@ -10,7 +10,7 @@ import re
 from fastapi import APIRouter, Depends, HTTPException, Response
 from fastapi.responses import FileResponse
 
-from specwatch.service.deps import EngineDep, SettingsDep, admin_access, json_response, read_all_tenants
+from specwatch.service.deps import DbDep, SettingsDep, admin_access, json_response, read_all_tenants
 
 router = APIRouter(prefix="/v1/reports", dependencies=[Depends(read_all_tenants)])
 on_demand = APIRouter(prefix="/v1", dependencies=[Depends(admin_access)])  # builds a report: costly
@@ -33,7 +33,7 @@ def get_report(name: str, settings: SettingsDep) -> FileResponse:
 
 
 @on_demand.get("/report")
-def build_html_report(db: EngineDep, month: str, gpu: str | None = None) -> Response:
+def build_html_report(db: DbDep, month: str, gpu: str | None = None) -> Response:
     from specwatch.cost.inputs import load_prices
     from specwatch.report.build import build_report
     from specwatch.report.html import render_html

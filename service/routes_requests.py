@@ -16,7 +16,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Response
 
 from specwatch.collector import request_reads
 from specwatch.collector.request_reads import BadCursor, RequestQuery
-from specwatch.service.deps import EngineDep, ReadGrantDep, json_response, read_access
+from specwatch.service.deps import DbDep, ReadGrantDep, json_response, read_access
 from specwatch.service.routes_query import FiltersDep, WindowDep
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(read_access)])
@@ -35,7 +35,7 @@ def query_param(
 
 @router.get("/requests")
 def get_requests(
-    db: EngineDep, window: WindowDep, filters: FiltersDep, query: Annotated[RequestQuery, Depends(query_param)]
+    db: DbDep, window: WindowDep, filters: FiltersDep, query: Annotated[RequestQuery, Depends(query_param)]
 ) -> Response:
     """One page of requests: {rows: [...], next_cursor} (next_cursor null on the last page)."""
     try:
@@ -45,7 +45,7 @@ def get_requests(
 
 
 @router.get("/requests/{request_id}")
-def get_request(db: EngineDep, grant: ReadGrantDep, request_id: str) -> Response:
+def get_request(db: DbDep, grant: ReadGrantDep, request_id: str) -> Response:
     """One request: every stored field, per-position acceptance, TPOT and its anomaly flags."""
     found = request_reads.request_detail(db, request_id)
     tenant = grant.tenant if grant else None

@@ -20,7 +20,7 @@ from specwatch.collector.queries import Window
 from specwatch.cost.tuner import TuneRules
 from specwatch.cost.tuner_data import recommend_from_store
 from specwatch.cost.tuner_emit import plan_json, todays_ks
-from specwatch.service.deps import EngineDep, json_response, read_all_tenants
+from specwatch.service.deps import DbDep, json_response, read_all_tenants
 from specwatch.service.routes_query import FiltersDep, window_param
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(read_all_tenants)])  # a schedule is per server
@@ -45,7 +45,7 @@ def rules_param(
 
 @router.get("/tune")
 def get_tune(
-    db: EngineDep,
+    db: DbDep,
     filters: FiltersDep,
     window: Annotated[Window, Depends(tune_window)],
     rules: Annotated[TuneRules, Depends(rules_param)],

@@ -21,9 +21,9 @@ def test_the_bill_grows_with_instances_and_drafters_never_with_tags():
         bill(f, text, 2) for f in (Fleet(1, 1, 1), Fleet(2, 1, 1), Fleet(2, 2, 1), Fleet(2, 1, 300))
     )
     assert two.vllm == 2 * one.vllm == 2 * text_series(text)
-    assert two.gateway == 2 * one.gateway and two.db == one.db
-    assert drafters.replica > two.replica and drafters.db > two.db
-    assert (tags.db, tags.gateway, tags.replica) == (two.db, two.gateway, two.replica)
+    assert two.gateway == 2 * one.gateway and two.engine == one.engine
+    assert drafters.replica > two.replica and drafters.engine > two.engine
+    assert (tags.engine, tags.gateway, tags.replica) == (two.engine, two.gateway, two.replica)
     # 300 records: the 150 speculative ones each carry their own tenant (one drift series each);
     # with one tenant the 4 speculative records make 2 series (one per instance)
     assert tags.leader - two.leader == 150 - 2 <= DriftSettings().max_series

@@ -35,7 +35,7 @@ def needs_cuda(test):
 
 
 needs_nvml = pytest.mark.skipif(
-    importlib.util.find_spec("pynvml") is None, reason="nvidia-ml-py not installed: pip install -e '.[gpu]'"
+    importlib.util.find_spec("pynvml") is None, reason="nvidia-ml-py not installed: pip install -e '.[engine,gpu]'"
 )
 AUTH = {"authorization": "Bearer s3cret"}
 

@@ -22,9 +22,6 @@ import torch
 from specwatch.engine import kernels
 from specwatch.engine.kernels import KERNELS, NEEDS, SOURCES
 
-REPO = Path(__file__).resolve().parents[2]
-
-
 def checkout(root: Path) -> Path:
     """A copy of the kernels' sources, as a second checkout of the repository would hold them."""
     engine = root / "engine"
@@ -203,17 +200,19 @@ def test_the_engine_keeps_torchs_path_where_every_cached_library_is_refused(tmp_
     monkeypatch.setenv("SPECWATCH_CACHE_DIR", str(tmp_path / "cache"))
     entries = {kernel: cache_entry(kernel, list(NEEDS[kernel])) for kernel in KERNELS}
     env = {**os.environ, "ATEN_CPU_CAPABILITY": "default"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env.pop("SPECWATCH_CPU_KERNELS", None)
     script = textwrap.dedent(
         """
         import json, torch
         from specwatch.engine import kernels
+        from transformers import LlamaConfig, LlamaForCausalLM
         from specwatch.engine.decoder import LlamaDecoder
-        from tests.engine.conftest import tiny_llama
 
         used = [kernels.row_times_kernel(), kernels.prefill_attention_kernel(), kernels.lane_attention_kernel()]
-        decoder = LlamaDecoder(tiny_llama(seed=3, layers=2, hidden=256).to(torch.bfloat16))
+        torch.manual_seed(3)
+        shape = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2)
+        config = LlamaConfig(vocab_size=256, num_hidden_layers=2, tie_word_embeddings=False, **shape)
+        decoder = LlamaDecoder(LlamaForCausalLM(config).eval().to(torch.bfloat16))
         decoder.reset(80)
         logits = decoder.forward(torch.arange(70) % 256, keep=1)
         logits = decoder.forward(torch.tensor([int(logits[-1].argmax())]))
