@@ -115,3 +115,18 @@ def incident_history(db: Engine, window: Window) -> IncidentHistory:
         found = tuple((str(fp), float(at), str(to)) for fp, at, to in changes)
         actions = conn.scalar(select(func.count()).where(a.at >= window.start, a.at < window.end))
     return IncidentHistory(found, int(actions or 0))
+
+
+def expire_history(conn: Connection, cutoff: float) -> int:
+    """Forget history older than `cutoff` (the collector's retention pass calls it in its transaction,
+    with the rollups' cutoff: post-mortems read alert history as long as they read rollups); a pending
+    notification is kept whatever its age. Returns the rows deleted."""
+    return (
+        conn.execute(delete(alert_transitions).where(alert_transitions.c.at < cutoff)).rowcount
+        + conn.execute(delete(alert_actions).where(alert_actions.c.at < cutoff)).rowcount
+        + conn.execute(
+            delete(alert_notifications).where(
+                alert_notifications.c.created_at < cutoff, alert_notifications.c.status != "pending"
+            )
+        ).rowcount
+    )

@@ -5,8 +5,8 @@ Holds ingest (`ingest`, `store`, the per-second `aggregates` written with each b
 roll-ups and retention (`rollups`, `maintenance`, run by the `leader` replica), Prometheus metrics,
 the vLLM scraper and every read of request, device-sample, event and scrape rows. It holds no cost
 formula and renders no report. The alert tables are created by its migrations (0004) but defined,
-read and written by `alerts/` (alerts/tables.py); the one exception is retention, which deletes
-alert history older than the rollup retention by table and column name (`rollups.apply_retention`).
+read and written by `alerts/` (alerts/tables.py); retention expires them through `alerts.store.expire_history`,
+which the service hands to the maintenance loop (`rollups.apply_retention(..., expiries=...)`).
 Imports only `telemetry` (the contract producers use) and `common` (shared helpers).
 
 The HTTP service on top of it is `service.app.create_app(Settings())`, run by

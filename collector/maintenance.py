@@ -8,12 +8,12 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 
 from specwatch.collector import partitions
 from specwatch.collector.db import write_transaction
-from specwatch.collector.rollups import apply_retention, roll_up
+from specwatch.collector.rollups import Expiry, apply_retention, roll_up
 from specwatch.collector.settings import Settings
 from specwatch.collector.store import Store
 
@@ -21,7 +21,7 @@ log = logging.getLogger("specwatch.collector")
 DAY_S = 86400.0
 
 
-def run_once(store: Store, settings: Settings, now: float | None = None) -> None:
+def run_once(store: Store, settings: Settings, now: float | None = None, expiries: Sequence[Expiry] = ()) -> None:
     now = time.time() if now is None else now
     raw_s, rollup_s = settings.retention_days * DAY_S, settings.rollup_retention_days * DAY_S
     if store.db.dialect.name == "postgresql":
@@ -29,7 +29,9 @@ def run_once(store: Store, settings: Settings, now: float | None = None) -> None
             if created := partitions.ensure_ahead(conn, now):
                 log.info("created partitions %s", ", ".join(created))
     report = roll_up(store.db, now, lock=store.write_lock())
-    deleted_raw, deleted_rollups = apply_retention(store.db, now, raw_s, rollup_s, lock=store.write_lock())
+    deleted_raw, deleted_rollups = apply_retention(
+        store.db, now, raw_s, rollup_s, lock=store.write_lock(), expiries=expiries
+    )
     if report.rows_folded or deleted_raw or deleted_rollups:
         log.info(
             "rolled up %d requests; deleted %d raw requests and %d rollup rows",
@@ -50,11 +52,14 @@ def in_turn(turn: threading.Lock | None, job: Callable[[], object]) -> None:
         job()
 
 
-async def maintenance_loop(store: Store, settings: Settings, turn: threading.Lock | None = None) -> None:
-    """Runs until cancelled; a failing pass is logged and retried next interval. `turn`: see `in_turn`."""
+async def maintenance_loop(
+    store: Store, settings: Settings, turn: threading.Lock | None = None, expiries: Sequence[Expiry] = ()
+) -> None:
+    """Runs until cancelled; a failing pass is logged and retried next interval. `turn`: see `in_turn`;
+    `expiries`: see `rollups.apply_retention`."""
     while True:
         try:
-            await asyncio.to_thread(in_turn, turn, partial(run_once, store, settings))
+            await asyncio.to_thread(in_turn, turn, partial(run_once, store, settings, expiries=expiries))
         except Exception:  # noqa: BLE001 - keep the loop alive; the next pass retries
             log.exception("maintenance pass failed")
         await asyncio.sleep(settings.maintenance_interval_s)

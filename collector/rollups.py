@@ -13,7 +13,8 @@ Retention deletes raw rows older than the raw retention only once they are rolle
 (`id <= rollup_last_id`), and rollups older than their own retention. On PostgreSQL the raw tables
 are partitioned by day (`collector.partitions`): whole days past the retention are dropped first
 (a day of requests once all its rows are rolled up), and DELETE then only reaches the boundary day
-and the default partition. The window aggregates expire with the raw rows.
+and the default partition. The window aggregates expire with the raw rows. Tables of packages above the
+collector (the alerts' history) expire through those packages' own functions, passed in as `expiries`.
 
 Latency quantiles: each row holds DDSketches of TTFT, e2e and TPOT (migration 0011; the per-second
 aggregates' kind, `collector.sketch`) and the count of requests they cover (`sketched`). SQL cannot
@@ -31,11 +32,11 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from sqlalchemy import ColumnElement, Connection, Engine, Table, column, delete, func, select, text
-from sqlalchemy import table as sql_table
+from sqlalchemy import ColumnElement, Connection, Engine, Table, delete, func, select, text
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -285,14 +286,20 @@ def _histogram(group: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
     return np.bincount(flat, minlength=n * width).reshape(n, width)
 
 
+# another package's retention of its own tables: called in the retention transaction with the rollups' cutoff
+Expiry = Callable[[Connection, float], object]
+
+
 def apply_retention(
     db: Engine,
     now: float,
     raw_retention_s: float,
     rollup_retention_s: float,
     lock: contextlib.AbstractContextManager | None = None,
+    expiries: Sequence[Expiry] = (),
 ) -> tuple[int, int]:
-    """Remove rolled-up raw requests older than raw_retention_s, old samples/events, and old rollups;
+    """Remove rolled-up raw requests older than raw_retention_s, old samples/events, and old rollups,
+    and run `expiries` (tables of packages above the collector, e.g. `alerts.store.expire_history`);
     the raw requests and the rollup rows removed."""
     cutoff, rollup_cutoff = now - raw_retention_s, now - rollup_retention_s
     dropped = 0
@@ -309,18 +316,9 @@ def apply_retention(
             for t in (RequestRollup, RequestRollupHourly)
         )
         conn.execute(delete(VllmScrape).where(VllmScrape.at < rollup_cutoff))  # already compact deltas
-        _expire_alert_history(conn, rollup_cutoff)
+        for expire in expiries:
+            expire(conn, rollup_cutoff)
     return dropped + raw, rolled
-
-
-def _expire_alert_history(conn: Connection, cutoff: float) -> None:
-    """The alerts' history (their tables, alerts/tables.py) is small and is what post-mortems read: kept
-    as long as the rollups. Named here by table and column only, to expire it with the rest."""
-    transitions, actions = (sql_table(name, column("at")) for name in ("alert_transitions", "alert_actions"))
-    outbox = sql_table("alert_notifications", column("created_at"), column("status"))
-    conn.execute(delete(transitions).where(transitions.c.at < cutoff))
-    conn.execute(delete(actions).where(actions.c.at < cutoff))
-    conn.execute(delete(outbox).where(outbox.c.created_at < cutoff, outbox.c.status != "pending"))
 
 
 def _drop_partitions(db: Engine, cutoff: float, rollup_cutoff: float) -> int:

@@ -16,6 +16,7 @@ from functools import partial
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
+from specwatch.alerts.store import expire_history
 from specwatch.collector.db import make_db, upgrade
 from specwatch.collector.ingest import IngestWorkers
 from specwatch.collector.leader import LeaderMetrics, Leadership
@@ -91,7 +92,8 @@ async def _background_work(store: Store, settings: Settings, alert_config) -> No
     """The leader's jobs (roll-ups and retention, vLLM scrapes, alerts, the monthly report), until cancelled."""
     db = store.db
     turn = threading.Lock()  # roll-ups and alert cycles one at a time (collector.maintenance.in_turn)
-    tasks = [asyncio.create_task(maintenance_loop(store, settings, turn), name="maintenance")]
+    maintenance = maintenance_loop(store, settings, turn, expiries=(expire_history,))  # the alerts' tables too
+    tasks = [asyncio.create_task(maintenance, name="maintenance")]
     tasks += [
         asyncio.create_task(Scraper(url, db, settings.scrape_interval_s).run(), name=f"scrape {url}")
         for url in settings.scrape_vllm

@@ -7,6 +7,7 @@ the `[engine]` extra's distributions, so `import torch` fails there as it does a
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -45,12 +46,14 @@ print(len(names), "modules")
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
+    """The wheel, built from a copy of the tree (setuptools writes its build/ folder beside the sources)."""
+    source, out = tmp_path_factory.mktemp("source") / "specwatch", tmp_path_factory.mktemp("wheel")
+    skipped = shutil.ignore_patterns(".*", "data", "build", "__pycache__", "*.egg-info", "tests", "bench", "docs")
+    shutil.copytree(REPO, source, ignore=skipped)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "--no-build-isolation", "-q", "-w", str(out)],
+        [sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-build-isolation", "-q", "-w", str(out)],
         check=True,
         capture_output=True,
-        cwd=out,  # setuptools' build/ folder lands there, not in the tree
     )
     (found,) = out.glob("specwatch-*.whl")
     return found

@@ -164,6 +164,7 @@ def test_a_failing_signal_records_its_error_and_the_others_go_on(db):
 
 
 def test_old_alert_history_expires_with_the_rollups_but_undelivered_notifications_stay(db):
+    from specwatch.alerts.store import expire_history
     from specwatch.collector.rollups import apply_retention
 
     store(db, [drafted(i, 4) for i in range(10)])
@@ -172,6 +173,8 @@ def test_old_alert_history_expires_with_the_rollups_but_undelivered_notification
     runner.close()
     assert len(history(db, Window(T0, T0 + 100))["transitions"]) == 2
     apply_retention(db, T0 + 3 * 86400, raw_retention_s=86400, rollup_retention_s=2 * 86400)
+    assert len(history(db, Window(T0, T0 + 100))["transitions"]) == 2  # the collector alone keeps them
+    apply_retention(db, T0 + 3 * 86400, 86400, 2 * 86400, expiries=(expire_history,))
     assert history(db, Window(T0, T0 + 100))["transitions"] == []
     assert notifications(db) == [("SpecAcceptanceLow", "firing")]  # never delivered: kept
 

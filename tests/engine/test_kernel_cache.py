@@ -22,6 +22,7 @@ import torch
 from specwatch.engine import kernels
 from specwatch.engine.kernels import KERNELS, NEEDS, SOURCES
 
+
 def checkout(root: Path) -> Path:
     """A copy of the kernels' sources, as a second checkout of the repository would hold them."""
     engine = root / "engine"
