@@ -108,8 +108,9 @@ def as_tuples(rows: list[dict]) -> tuple[list[str], list[tuple]]:
     return columns, [tuple(row[c] for c in columns) for row in rows]
 
 
-def insert_sql(columns: list[str], mark: str = "?") -> str:
-    return f"INSERT INTO requests ({', '.join(columns)}) VALUES ({', '.join([mark] * len(columns))})"
+def insert_sql(columns: list[str]) -> str:
+    """SQLite's INSERT naming `columns`: the ones left out take the table's defaults."""
+    return f"INSERT INTO requests ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
 
 
 def load(path: Path, rows: int, days: float, now: float) -> float:

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from sqlalchemy import BigInteger, Connection, Double, Index, LargeBinary, String, delete
+from sqlalchemy import BigInteger, ColumnElement, Connection, Double, Index, LargeBinary, String, case, delete, func
 from sqlalchemy.orm import Mapped, mapped_column
 
 from specwatch.collector import sketch
@@ -118,19 +118,50 @@ def aggregate(columns: dict[str, list], key_names: Sequence[str], per_second: bo
     """Group requests by `key_names` (label names), and by second when `per_second`; returns the
     keys (the second first) and, per key, COUNTS, SUMS, rate_m2, the span (first_s, last_s: the
     first second's start, the last one's end) and the three sketches (Bins)."""
+    keys, group = group_keys(columns, key_names, PERIOD_S if per_second else None)
+    return keys, totals_of(columns, group, len(keys))
+
+
+def group_keys(
+    columns: dict[str, list], key_names: Sequence[str], period_s: int | None
+) -> tuple[list[tuple], np.ndarray]:
+    """Distinct keys (the period's start first when `period_s`, then the labels) and each row's group."""
     n_rows = len(columns["started_at"])
-    started = np.asarray(columns["started_at"], dtype=float)
     labels = [columns[name] for name in key_names]
-    seconds = (np.floor(started / PERIOD_S) * PERIOD_S).astype(np.int64).tolist() if per_second else [None] * n_rows
-    keys, group = group_index(list(zip(seconds, *labels)) if per_second else list(zip(*labels)) or [()] * n_rows)
-    return keys, _totals(columns, group, len(keys))
+    if period_s is None:
+        return group_index(list(zip(*labels)) or [()] * n_rows)
+    started = np.asarray(columns["started_at"], dtype=float)
+    periods = (np.floor(started / period_s) * period_s).astype(np.int64).tolist()
+    return group_index(list(zip(periods, *labels)))
+
+
+def merge_m2(group: np.ndarray, n: int, rate_n, rate_sum, rate_m2) -> np.ndarray:
+    """The one merge of acceptance spreads: per group, the pieces' M2 (sum of squared deviations from
+    their own mean) merged exactly: sum of M2_i + n_i (mean_i - mean)^2 (Chan et al.). Never from a sum
+    of squares, which cancels catastrophically when the rates are close to one another."""
+    rate_n, rate_sum, rate_m2 = (np.asarray(v, dtype=float) for v in (rate_n, rate_sum, rate_m2))
+    total_n, total = np.bincount(group, rate_n, minlength=n), np.bincount(group, rate_sum, minlength=n)
+    mean = np.divide(total, total_n, out=np.zeros(n), where=total_n > 0)
+    piece_mean = np.divide(rate_sum, rate_n, out=np.zeros_like(rate_sum), where=rate_n > 0)
+    spread = rate_n * (piece_mean - mean[group]) ** 2
+    return np.bincount(group, weights=rate_m2 + spread, minlength=n)
+
+
+def sql_merged_m2(table, mean) -> ColumnElement[float]:
+    """`merge_m2` in SQL over the rows summed: `mean` is the summed rows' mean acceptance rate (a
+    subquery's column or a scalar subquery)."""
+    deviation = table.rate_sum / table.rate_n - mean
+    return func.sum(table.rate_m2 + case((table.rate_n > 0, table.rate_n * deviation * deviation), else_=0.0))
 
 
 def _floats(values: list) -> np.ndarray:
     return np.array([np.nan if v is None else v for v in values], dtype=float)
 
 
-def _totals(columns: dict[str, list], group: np.ndarray, n: int) -> dict:
+def totals_of(columns: dict[str, list], group: np.ndarray, n: int) -> dict:
+    """Per group: COUNTS, SUMS, rate_m2, the span and the three sketches (the one aggregate definition
+    every tier stores or reads)."""
+
     def total(weights: np.ndarray, where: np.ndarray | None = None) -> np.ndarray:
         if where is None:
             return np.bincount(group, weights=weights, minlength=n)

@@ -17,7 +17,7 @@ import math
 import numpy as np
 from sqlalchemy import Engine, and_, func, select
 
-from specwatch.collector import sketch
+from specwatch.collector import aggregates, sketch
 from specwatch.collector.models import Request, RequestRollup, RequestRollupHourly
 from specwatch.collector.queries import Filters, HourOfDay, Window, errors_by_hour
 from specwatch.collector.rollups import (
@@ -51,7 +51,7 @@ _SUMS = (
     "accepted_tokens",
     "rate_n",
     "rate_sum",
-    "rate_sumsq",
+    "rate_m2",
     "sketched",
 )
 _NAMES = tuple(c.removesuffix("_sketch") for c in SKETCH_COLUMNS)  # ttft, e2e, tpot
@@ -142,12 +142,14 @@ def errors_by_hour_long(db: Engine, window: Window, filters: Filters = Filters()
 def _rollup_points(db: Engine, start: float, steps: int, step_s: float, filters: Filters) -> list[SeriesPoint]:
     table = RequestRollupHourly if start % 3600 == 0 and step_s % 3600 == 0 else RequestRollup
     index = func.floor((table.period_start - start) / step_s).label("step")
-    sums = [func.sum(getattr(table, c)) for c in (*_SUMS, *TTFT_COLUMNS, *E2E_COLUMNS)] + [legacy_rows(table)]
-    stmt = (
-        select(index, *sums)
-        .where(and_(*rollup_conditions(table, start, start + steps * step_s, filters)))
-        .group_by(index)
-    )
+    where = and_(*rollup_conditions(table, start, start + steps * step_s, filters))
+    step_mean = func.sum(table.rate_sum) / func.nullif(func.sum(table.rate_n), 0)
+    means = select(index, step_mean.label("mean")).where(where).group_by(index).subquery()
+    sums = [
+        aggregates.sql_merged_m2(table, means.c.mean) if c == "rate_m2" else func.sum(getattr(table, c))
+        for c in (*_SUMS, *TTFT_COLUMNS, *E2E_COLUMNS)
+    ] + [legacy_rows(table)]
+    stmt = select(index, *sums).join(means, means.c.step == index).where(where).group_by(index)
     totals = np.zeros((steps, len(sums)))  # the last column: legacy rows (no raw row adds to it)
     with db.connect() as conn:
         for step, *values in conn.execute(stmt):
@@ -178,9 +180,17 @@ def _add_unrolled(conn, totals: np.ndarray, sketches: dict, start: float, step_s
         return
     keys, ints, floats, late = aggregate(rows, 60)
     steps = np.array([int((key[0] - start) // step_s) for key in keys])
+    late_moments = [
+        ints[:, INT_COLUMNS.index("rate_n")],
+        *(floats[:, FLOAT_COLUMNS.index(c)] for c in ("rate_sum", "rate_m2")),
+    ]
+    stored_moments = [totals[:, _COLUMN_INDEX[c]] for c in ("rate_n", "rate_sum", "rate_m2")]
+    group = np.concatenate([np.arange(len(totals)), steps])
+    merged_m2 = aggregates.merge_m2(group, len(totals), *(np.concatenate(p) for p in zip(stored_moments, late_moments)))
     for name, values in (*zip(INT_COLUMNS, ints.T), *zip(FLOAT_COLUMNS, floats.T)):
-        if name in _COLUMN_INDEX:
+        if name in _COLUMN_INDEX and name != "rate_m2":
             np.add.at(totals[:, _COLUMN_INDEX[name]], steps, values)
+    totals[:, _COLUMN_INDEX["rate_m2"]] = merged_m2
     for name, found in sketches.items():
         for step, piece in zip(steps.tolist(), late[name]):
             found[step] = sketch.merge([found[step], piece])

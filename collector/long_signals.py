@@ -22,7 +22,7 @@ import math
 import numpy as np
 from sqlalchemy import Engine, and_, func, select
 
-from specwatch.collector import rollups, sketch, window_signals
+from specwatch.collector import aggregates, rollups, sketch, window_signals
 from specwatch.collector.aggregates import COUNTS, SUMS
 from specwatch.collector.history import GRACE_S, RAW_WINDOW_LIMIT_S, histogram_quantile, rollup_conditions
 from specwatch.collector.models import Request, RequestRollup, RequestRollupHourly
@@ -34,6 +34,15 @@ _COLUMNS = (
     *rollups.FLOAT_COLUMNS,
     "legacy_rows",
 )  # the last: rollup rows older than migration 0005
+
+
+_INTS, _FLOATS = rollups.INT_COLUMNS, rollups.FLOAT_COLUMNS
+_M2 = _COLUMNS.index("rate_m2")
+
+
+def _merged_m2(rate_n, rate_sum, rate_m2) -> float:
+    """The pieces' acceptance spreads merged into one (`aggregates.merge_m2`)."""
+    return float(aggregates.merge_m2(np.zeros(len(rate_n), dtype=np.int64), 1, rate_n, rate_sum, rate_m2)[0])
 
 
 def auto_signals(db: Engine, window: Window, filters: Filters = Filters()) -> Signals:
@@ -84,7 +93,11 @@ def _rollup_totals(conn, start: float, end: float, filters: Filters) -> list[Par
 
 def _rollup_part(conn, table, lo: float, hi: float, period_s: int, filters: Filters) -> Part:
     where = and_(*rollup_conditions(table, lo, hi, filters))
-    sums = [func.coalesce(func.sum(getattr(table, c)), 0) for c in _COLUMNS[:-1]]
+    mean = select(func.sum(table.rate_sum) / func.nullif(func.sum(table.rate_n), 0)).where(where).scalar_subquery()
+    sums = [
+        func.coalesce(aggregates.sql_merged_m2(table, mean) if c == "rate_m2" else func.sum(getattr(table, c)), 0)
+        for c in _COLUMNS[:-1]
+    ]
     span = [func.min(table.period_start), func.max(table.period_start) + period_s]
     row = conn.execute(select(*sums, rollups.legacy_rows(table), *span).where(where)).one()
     if row[-2] is None:
@@ -109,14 +122,17 @@ def _raw_totals(conn, start: float, end: float, filters: Filters, after_id: floa
     _, ints, floats, sketches = rollups.aggregate(rows, 60)
     started = [row[0] for row in rows]
     sums = np.concatenate([ints.sum(axis=0), floats.sum(axis=0), [0]]).astype(float)
+    sums[_M2] = _merged_m2(
+        ints[:, _INTS.index("rate_n")], floats[:, _FLOATS.index("rate_sum")], floats[:, _FLOATS.index("rate_m2")]
+    )
     merged = {name: sketch.merge(sketches[name]) for name in SKETCH_NAMES}
     return Part(sums, math.floor(min(started)), math.floor(max(started)) + 1, merged)
 
 
 def _signals_from(window: Window, parts: list[Part]) -> Signals:
     t = dict(zip(_COLUMNS, sum(p.sums for p in parts).tolist()))
-    n = t["rate_n"]
-    m2 = t["rate_sumsq"] - t["rate_sum"] ** 2 / n if n else 0.0  # M2 from the sum of squares
+    pieces = np.array([p.sums for p in parts])
+    m2 = _merged_m2(*(pieces[:, _COLUMNS.index(c)] for c in ("rate_n", "rate_sum", "rate_m2")))
     sketches = {name: sketch.merge(p.sketches.get(name, sketch.EMPTY) for p in parts) for name in SKETCH_NAMES}
     first, last = min(p.first_s for p in parts), max(p.last_s for p in parts)
     totals = Totals({name: t.get(name, 0.0) for name in (*COUNTS, *SUMS)}, m2, sketches, first, last)

@@ -192,12 +192,13 @@ class _RollupColumns:
     drafts: Mapped[int] = mapped_column(BigInteger)
     draft_tokens: Mapped[int] = mapped_column(BigInteger)
     accepted_tokens: Mapped[int] = mapped_column(BigInteger)
-    # acceptance rate across requests that drafted: n, sum and sum of squares -> mean, stddev
+    # acceptance rate across requests that drafted: n, sum and M2 (squared deviations from the mean;
+    # merged with Chan's formula, `aggregates.merge_m2`) -> mean, stddev
     rate_n: Mapped[int] = mapped_column(BigInteger)
     ttft_count: Mapped[int] = mapped_column(BigInteger)
     locals().update(bucket_columns("ttft") | bucket_columns("e2e"))  # ttft_b00.., e2e_b00..
     rate_sum: Mapped[float]
-    rate_sumsq: Mapped[float]
+    rate_m2: Mapped[float] = mapped_column(server_default=text("0"))
     ttft_sum: Mapped[float]
     e2e_sum: Mapped[float]
     sketched: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))

@@ -81,7 +81,7 @@ INT_COLUMNS = (
     *E2E_COLUMNS,
     "sketched",
 )
-FLOAT_COLUMNS = ("rate_sum", "rate_sumsq", "ttft_sum", "e2e_sum")
+FLOAT_COLUMNS = ("rate_sum", "rate_m2", "ttft_sum", "e2e_sum")  # rate_m2: merged, never added (`_merged_with_stored`)
 SKETCH_COLUMNS = aggregates.SKETCHES  # ttft_sketch, e2e_sketch, tpot_sketch
 PERIODS = ((RequestRollup.__table__, 60), (RequestRollupHourly.__table__, 3600))
 _BOUNDS = np.array(LATENCY_BUCKETS)
@@ -105,7 +105,10 @@ RAW_COLUMNS = (
     Request.num_accepted_tokens,
     Request.ttft_s,
     Request.e2e_s,
+    Request.device_s,
 )
+RAW_NAMES = tuple(c.key for c in RAW_COLUMNS)
+ROLLUP_LABELS = KEY_COLUMNS[1:]  # instance, model, mode, drafter, arm ("" for no drafter / no arm)
 Aggregates = tuple[list[tuple], np.ndarray, np.ndarray, dict[str, list[sketch.Bins]]]  # keys, ints, floats, sketches
 
 
@@ -190,10 +193,12 @@ def _upsert(conn: Connection, table: Table, groups: Aggregates) -> None:
     sql = (
         f"INSERT INTO {table.name} ({', '.join(columns)}) VALUES ({', '.join([mark] * len(columns))}) "
         f"ON CONFLICT ({', '.join(KEY_COLUMNS)}) DO UPDATE SET "
-        + ", ".join(_add_to_stored(table.name, c) for c in (*INT_COLUMNS, *FLOAT_COLUMNS))
-        + "".join(f", {c} = excluded.{c}" for c in SKETCH_COLUMNS)
+        + ", ".join(_add_to_stored(table.name, c) for c in (*INT_COLUMNS, *FLOAT_COLUMNS) if c != "rate_m2")
+        + "".join(f", {c} = excluded.{c}" for c in ("rate_m2", *SKETCH_COLUMNS))
     )
-    blobs = _merged_with_stored(conn, table, keys, sketches)
+    m2, blobs = _merged_with_stored(conn, table, keys, ints, floats, sketches)
+    floats = floats.copy()
+    floats[:, FLOAT_COLUMNS.index("rate_m2")] = m2
     rows = [key + tuple(i) + tuple(f) + b for key, i, f, b in zip(keys, ints.tolist(), floats.tolist(), blobs)]
     cursor = conn.connection.dbapi_connection.cursor()
     try:
@@ -203,24 +208,37 @@ def _upsert(conn: Connection, table: Table, groups: Aggregates) -> None:
 
 
 def _merged_with_stored(
-    conn: Connection, table: Table, keys: list[tuple], sketches: dict[str, list[sketch.Bins]]
-) -> list[tuple]:
-    """Per key, the encoded SKETCH_COLUMNS: the new sketches merged with the stored row's (if any)."""
+    conn: Connection, table: Table, keys: list[tuple], ints: np.ndarray, floats: np.ndarray, sketches: dict
+) -> tuple[np.ndarray, list[tuple]]:
+    """Per key, the acceptance spread (rate_m2) and the encoded SKETCH_COLUMNS of the new aggregates
+    merged with the stored row's (if any): neither adds up column by column."""
+    moments = ("rate_n", "rate_sum", "rate_m2")
     stored: dict[tuple, tuple] = {}
     starts = sorted({key[0] for key in keys})
     for i in range(0, len(starts), 1000):  # bound the IN list (SQLite's variable limit)
-        stmt = select(*(table.c[c] for c in (*KEY_COLUMNS, *SKETCH_COLUMNS))).where(
+        stmt = select(*(table.c[c] for c in (*KEY_COLUMNS, *moments, *SKETCH_COLUMNS))).where(
             table.c.period_start.in_(starts[i : i + 1000])
         )
         stored.update({tuple(row[: len(KEY_COLUMNS)]): row[len(KEY_COLUMNS) :] for row in conn.execute(stmt)})
+    old = [stored.get(key, (0, 0.0, 0.0, *(None,) * len(SKETCH_COLUMNS))) for key in keys]
+    new_moments = np.column_stack(
+        [
+            ints[:, INT_COLUMNS.index("rate_n")],
+            floats[:, FLOAT_COLUMNS.index("rate_sum")],
+            floats[:, FLOAT_COLUMNS.index("rate_m2")],
+        ]
+    )
+    old_moments = np.array([row[:3] for row in old], dtype=float).reshape(-1, 3)
+    group = np.concatenate([np.arange(len(keys)), np.arange(len(keys))])
+    m2 = aggregates.merge_m2(group, len(keys), *np.vstack([old_moments, new_moments]).T)
     names = [c.removesuffix("_sketch") for c in SKETCH_COLUMNS]
-    return [
+    blobs = [
         tuple(
-            sketch.encode(sketch.merge([sketch.decode(old), sketches[name][i]]))
-            for name, old in zip(names, stored.get(key, (None,) * len(names)))
+            sketch.encode(sketch.merge([sketch.decode(blob), sketches[name][i]])) for name, blob in zip(names, row[3:])
         )
-        for i, key in enumerate(keys)
+        for i, row in enumerate(old)
     ]
+    return m2, blobs
 
 
 def _add_to_stored(table: str, column: str) -> str:
@@ -234,49 +252,32 @@ def _add_to_stored(table: str, column: str) -> str:
 
 
 def aggregate(rows: list[tuple], period_s: int) -> Aggregates:
-    """Raw rows (in `RAW_COLUMNS` order) -> group keys, their INT_COLUMNS / FLOAT_COLUMNS sums and
-    their sketches by name (ttft, e2e, tpot)."""
-    index: dict[tuple, int] = {}
-    group = np.fromiter(
-        (
-            index.setdefault((int(r[0] // period_s) * period_s, r[1], r[2], r[3], r[4] or "", r[5] or ""), len(index))
-            for r in rows
-        ),
-        dtype=np.int64,
-        count=len(rows),
-    )
-    n = len(index)
-    cols = list(zip(*rows))
-    prompt, output, drafts, drafted, accepted, ttft, e2e = (np.array(c, dtype=float) for c in cols[8:15])
-
-    def total(weights: np.ndarray, where: np.ndarray | None = None) -> np.ndarray:
-        if where is None:
-            return np.bincount(group, weights=weights, minlength=n)
-        return np.bincount(group[where], weights=weights[where], minlength=n)
-
-    drafting = drafted > 0
-    rate = np.divide(accepted, drafted, out=np.zeros_like(accepted), where=drafting)
+    """Raw rows (in `RAW_COLUMNS` order) -> group keys, their INT_COLUMNS / FLOAT_COLUMNS totals and
+    their sketches by name (ttft, e2e, tpot): the per-second tier's aggregate (`aggregates.totals_of`)
+    plus what only rollups keep (prompt tokens, TTFT count and sum, e2e sum, latency histograms)."""
+    columns = {name: list(values) for name, values in zip(RAW_NAMES, zip(*rows))}
+    columns["drafter"], columns["arm"] = ([v or "" for v in columns[c]] for c in ("drafter", "arm"))
+    keys, group = aggregates.group_keys(columns, ROLLUP_LABELS, period_s)
+    n = len(keys)
+    totals = aggregates.totals_of(columns, group, n)
+    prompt, ttft, e2e = (np.array(columns[c], dtype=float) for c in ("prompt_tokens", "ttft_s", "e2e_s"))
     has_ttft = ~np.isnan(ttft)
-    counts = [
-        np.bincount(group, minlength=n),
-        total(np.array([s == "error" for s in cols[6]], dtype=float)),
-        total(np.array([bool(e) and "oom" in e for e in cols[7]], dtype=float)),
-        total(prompt),
-        total(output),
-        total(drafts),
-        total(drafted),
-        total(accepted),
-        total(drafting.astype(float)),
-        total(has_ttft.astype(float)),
-    ]
-    histograms = [_histogram(group[has_ttft], ttft[has_ttft], n), _histogram(group, e2e, n)]
-    ints = np.column_stack([*counts, *histograms, counts[0]])  # the last: sketched (every request)
-    floats = np.column_stack([total(rate, drafting), total(rate * rate, drafting), total(ttft, has_ttft), total(e2e)])
-    sketches = {
-        name: aggregates.sketches_per_group(group, values, n)
-        for name, values in aggregates.latencies(ttft, e2e, output).items()
-    }
-    return list(index), np.rint(ints).astype(np.int64), floats, sketches
+    count = np.bincount(group, weights=has_ttft.astype(float), minlength=n)
+    ints = np.column_stack(
+        [
+            *(totals[c] for c in ("requests", "errors", "ooms")),
+            np.bincount(group, weights=prompt, minlength=n),
+            *(totals[c] for c in ("output_tokens", "drafts", "draft_tokens", "accepted_tokens", "rate_n")),
+            count,
+            _histogram(group[has_ttft], ttft[has_ttft], n),
+            _histogram(group, e2e, n),
+            totals["requests"],  # sketched: every request
+        ]
+    )
+    ttft_sum = np.bincount(group[has_ttft], weights=ttft[has_ttft], minlength=n)
+    floats = np.column_stack([totals["rate_sum"], totals["rate_m2"], ttft_sum, np.bincount(group, e2e, minlength=n)])
+    sketches = {name: totals[f"{name}_sketch"] for name in ("ttft", "e2e", "tpot")}
+    return keys, np.rint(ints).astype(np.int64), floats, sketches
 
 
 def _histogram(group: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:

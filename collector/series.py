@@ -93,23 +93,20 @@ def _point(t: float) -> SeriesPoint:
     return SeriesPoint(t, 0, 0, 0, 0, 0, 0, None, None, None, None, None, None, None, None)
 
 
-def rate_moments(n: np.ndarray, total: np.ndarray, total_sq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Mean and population stddev from count, sum and sum of squares (NaN where n == 0)."""
+def rate_moments(n: np.ndarray, total: np.ndarray, m2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and population stddev from count, sum and M2, the sum of squared deviations (NaN where n == 0)."""
     with np.errstate(invalid="ignore", divide="ignore"):
-        mean = np.where(n > 0, total / n, np.nan)
-        return mean, np.where(n > 0, np.sqrt(np.maximum(0.0, total_sq / n - mean * mean)), np.nan)
+        return np.where(n > 0, total / n, np.nan), np.where(n > 0, np.sqrt(np.maximum(0.0, m2 / n)), np.nan)
 
 
 def _rate_moments(index: np.ndarray, drafted: np.ndarray, accepted: np.ndarray, steps: int):
     drafting = drafted > 0
     rate = accepted[drafting] / drafted[drafting]
     where = index[drafting]
-    n = np.bincount(where, minlength=steps)
-    total, total_sq = (
-        np.bincount(where, weights=rate, minlength=steps),
-        np.bincount(where, weights=rate * rate, minlength=steps),
-    )
-    return rate_moments(n, total, total_sq)
+    n, total = np.bincount(where, minlength=steps), np.bincount(where, weights=rate, minlength=steps)
+    mean = np.divide(total, n, out=np.zeros(steps), where=n > 0)
+    m2 = np.bincount(where, weights=(rate - mean[where]) ** 2, minlength=steps)
+    return rate_moments(n, total, m2)
 
 
 def _div(num: float, den: float) -> float | None:

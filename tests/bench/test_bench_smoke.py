@@ -5,8 +5,9 @@ them in docs/benchmarks.md; bench/dashboard.py broke on a column added to `reque
 The sizes here prove the script runs end to end, not its figures. Benches that need a peer this
 machine may lack are skipped with the reason, by the condition the bench itself checks: vLLM
 (`vllm_server.installed()`), PostgreSQL (the suite's server or SPECWATCH_TEST_POSTGRES_URL), the
-`[engine]` extra and the bundled model. bench/gpu_check.py runs its CPU dry run where torch sees no
-CUDA (the bench's own mode for that). The vLLM benches are `slow` (each starts vLLM: minutes).
+`[engine]` extra and the bundled model. bench/gpu_check.py runs its dry run, on the CPU where torch
+sees no CUDA (the bench's own mode for that). `slow`: the vLLM benches (each starts vLLM: minutes) and
+gpu_check (~30 s). The rest takes ~3.5 min on 2 busy cores, ~55% of it the benches that load the model.
 """
 
 from __future__ import annotations
@@ -135,6 +136,7 @@ BENCHES = (
         r"^(\d+) ok, 0 failed, 0 errors, (\d+) skipped in [\d.]+ s$",
         (r"^throughput fp32 grounded\s+ok\s+plain \d+ tok/s, ngram \d+ tok/s",),
         needs=("model",),
+        slow=True,  # ~30 s even this small; its CPU dry run is slow in tests/engine/test_cuda_paths.py too
     ),
     Bench(
         "http_clients",

@@ -177,7 +177,7 @@ def _old_row(rows: list[dict]) -> dict:
         **{"instance": r0["instance"], "model": r0["model"], "mode": r0["mode"], "drafter": r0["drafter"], "arm": ""},
         **{k: sum(r[f] for r in rows) for k, f in _SUMMED.items()},
         **{"requests": len(rows), "errors": 0, "ooms": 0, "rate_n": len(rows), "ttft_count": len(rows)},
-        **{"rate_sum": sum(rates), "rate_sumsq": sum(x * x for x in rates)},
+        **{"rate_sum": sum(rates), "rate_sumsq": sum(x * x for x in rates)},  # the schema of 0004
         **{"ttft_sum": sum(r["ttft_s"] for r in rows), "e2e_sum": sum(r["e2e_s"] for r in rows)},
         **{f"ttft_b{i:02d}": n for i, n in enumerate(ttft)},
         **{f"e2e_b{i:02d}": n for i, n in enumerate(e2e)},

@@ -209,3 +209,23 @@ def test_errors_by_hour_from_rollups_match_raw(db, stored):
     assert sum(h.ooms for h in errors_by_hour_long(db, window, Filters(instance="gpu-0"))) == sum(
         h.ooms for h in errors_by_hour(db, window, Filters(instance="gpu-0"))
     )
+
+
+def test_the_acceptance_spread_survives_rates_close_to_one_another(db):
+    """Rates that differ in their 9th digit: merged from M2 (Chan) the rollups give numpy's stddev, where
+    a sum of squares (sumsq - sum^2 / n) loses it to cancellation (issue 51)."""
+    drafted, quarter = 400_000_000, 100_000_000
+    rows = [
+        request_dict(i, num_drafts=quarter, num_draft_tokens=drafted, num_accepted_tokens=drafted - i % 10)
+        | {"accepted_per_position": [quarter] * 3 + [quarter - i % 10], "output_tokens": drafted + quarter}
+        for i in range(600)
+    ]
+    Store(db).insert(IngestBatch.model_validate({"requests": rows}))
+    roll_up(db, now=T0 + DAY)
+    rates = np.array([r["num_accepted_tokens"] / drafted for r in rows])
+    naive = np.sqrt(max(0.0, (rates * rates).sum() / len(rates) - rates.mean() ** 2))
+    assert abs(naive - rates.std()) > 0.01 * rates.std()  # the case does defeat a sum of squares
+    window = Window(T0 - 7 * 3600, T0 + 3600)  # > 6 h: the rollup tier
+    assert long_signals(db, window).acceptance_rate_stddev == pytest.approx(rates.std(), rel=1e-6)
+    (point,) = [p for p in long_series(db, Window(HOUR0, HOUR0 + 3600), step_s=3600) if p.requests]
+    assert point.acceptance_rate_stddev == pytest.approx(rates.std(), rel=1e-6)
