@@ -135,7 +135,7 @@ def client(settings: Settings, registry: CollectorRegistry) -> TestClient:
 @pytest.fixture(scope="session")
 def bundled_engine():
     """The bundled SmolLM2-135M-Instruct in float32 (exactness is a float32 property)."""
-    from specwatch.engine.db import Engine, EngineConfig
+    from specwatch.engine.engine import Engine, EngineConfig
 
     return Engine(EngineConfig(dtype="float32", instance="test"))
 

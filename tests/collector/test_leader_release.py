@@ -40,7 +40,7 @@ def test_a_lead_cancelled_while_connecting_leaves_no_lock_behind(empty_postgres)
     try, not run before it and leave the lock to the connection the try then opens."""
     leadership = Leadership(make_db(empty_postgres), "r0", retry_s=0.05)
     connecting, gate = threading.Event(), threading.Event()
-    event.listen(leadership._lock_engine, "connect", lambda *_: connecting.set() or gate.wait(30))
+    event.listen(leadership._lock_db, "connect", lambda *_: connecting.set() or gate.wait(30))
 
     async def scenario() -> None:
         task = asyncio.create_task(leadership.lead(_forever))
@@ -68,7 +68,7 @@ def test_a_hung_check_ends_its_session_and_the_next_replica_leads(empty_postgres
     hung: dict[str, Leadership] = {}
     gate = threading.Event()
     for leadership in leaders:
-        event.listen(leadership._lock_engine, "before_cursor_execute", _hold_back(hung, gate, leadership))
+        event.listen(leadership._lock_db, "before_cursor_execute", _hold_back(hung, gate, leadership))
 
     def scenario(history, tasks) -> bool:
         if not hung and history[-1]:
