@@ -126,7 +126,7 @@ def engine_series(batch: list[RequestRecord]) -> int:
     """One engine serving the fleet's drafters (its first instance's records)."""
     state = {"override": "auto", "load_allows_speculation": True}
     scheduler = SimpleNamespace(
-        active=0, queue_depth=0, load=0.0, policy=SimpleNamespace(state=state), telemetry=TelemetrySink("bench")
+        active=0, queue_depth=0, load=0.0, policy=SimpleNamespace(state=state), sink=TelemetrySink("bench")
     )
     registry = CollectorRegistry()
     metrics = EngineMetrics(scheduler, registry=registry)

@@ -58,14 +58,14 @@ def telemetry_cost(engine: Engine, records: list[RequestRecord], count: int, url
     fields = [r.model_dump() for r in records]
     batch = [dict(fields[i % len(fields)], request_id=uuid.uuid4().hex) for i in range(count)]
     with TelemetryClient(url) as client:
-        telemetry = TelemetrySink("bench", client)
-        metrics = EngineMetrics(Scheduler(engine, SchedulerConfig(), Policy(), telemetry), CollectorRegistry())
-        telemetry.subscribe(RequestRecord, metrics.observe)  # as the engine's /metrics does
+        sink = TelemetrySink("bench", client)
+        metrics = EngineMetrics(Scheduler(engine, SchedulerConfig(), Policy(), sink), CollectorRegistry())
+        sink.subscribe(RequestRecord, metrics.observe)  # as the engine's /metrics does
         cpu_started, on_thread = time.process_time(), 0.0
         for values in batch:
             started = time.perf_counter()
             record = RequestRecord(**values)  # what Run._record does
-            telemetry.put(record)  # what the scheduler does with it
+            sink.put(record)  # what the scheduler does with it
             on_thread += time.perf_counter() - started
         if not client.flush(timeout=120):
             raise SystemExit("the collector did not acknowledge every record in 120 s")

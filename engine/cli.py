@@ -281,21 +281,21 @@ def run_serve(args: argparse.Namespace) -> int:
         drafters = register_drafters(engine, args.drafters)
     except (ValueError, ModelLoadError) as exc:
         raise UsageError(str(exc)) from exc
-    telemetry = TelemetrySink(args.instance, client, spans.RequestSpans.from_env("specwatch-engine"))
-    policy = Policy(policy_config, telemetry=telemetry)
-    scheduler = Scheduler(engine, scheduler_config, policy, telemetry)
+    sink = TelemetrySink(args.instance, client, spans.RequestSpans.from_env("specwatch-engine"))
+    policy = Policy(policy_config, sink=sink)
+    scheduler = Scheduler(engine, scheduler_config, policy, sink)
     cold_start = {"model": engine.target.name, "from_cache": engine.target.from_cache}
-    telemetry.emit("cold_start", cold_start, engine.target.cold_start_s)
+    sink.emit("cold_start", cold_start, engine.target.cold_start_s)
     marker = markers.identity(engine, args.default_drafter, drafters)  # version, model hash, drafters
-    telemetry.emit("config", _config_detail(engine, policy, scheduler_config) | marker)
+    sink.emit("config", _config_detail(engine, policy, scheduler_config) | marker)
     if client:
-        sampler = DeviceSampler(scheduler, telemetry, args.sample_interval)
+        sampler = DeviceSampler(scheduler, sink, args.sample_interval)
         sampler.start()
-        step_costs = StepCostEvents(engine.step_costs, telemetry.emit)  # the curve, for the cost model
+        step_costs = StepCostEvents(engine.step_costs, sink.emit)  # the curve, for the cost model
         step_costs.start()
     print(
         f"engine: {engine.target.name} ({engine.target.dtype}) on http://{args.host}:{args.port}/v1, "
-        f"telemetry -> {args.collector or 'off'}, spans -> {spans.endpoint() if telemetry.spans else 'off'}",
+        f"telemetry -> {args.collector or 'off'}, spans -> {spans.endpoint() if sink.spans else 'off'}",
         file=sys.stderr,
         flush=True,
     )

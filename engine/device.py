@@ -180,16 +180,16 @@ class Periodic:
 class DeviceSampler(Periodic):
     """A background thread that hands the engine's state to `telemetry` as a DeviceSample every `interval_s`."""
 
-    def __init__(self, scheduler, telemetry: TelemetrySink, interval_s: float) -> None:
+    def __init__(self, scheduler, sink: TelemetrySink, interval_s: float) -> None:
         super().__init__(interval_s, "specwatch-device-sampler")
-        self.scheduler, self.telemetry = scheduler, telemetry
+        self.scheduler, self.sink = scheduler, sink
         self.device = scheduler.engine.target.device
         self.power = PowerMeter(self.device)
         self._busy = (0.0, 0.0)
         self._last = time.monotonic()
 
     def tick(self) -> None:
-        self.telemetry.put(self.sample())
+        self.sink.put(self.sample())
 
     def sample(self) -> DeviceSample:
         now = time.monotonic()
@@ -202,7 +202,7 @@ class DeviceSampler(Periodic):
         watts = self.power.watts()
         state = self.scheduler.policy.state
         return DeviceSample(
-            instance=self.telemetry.instance,
+            instance=self.sink.instance,
             at=time.time(),
             device=_device_name(self.device),
             mem_allocated_bytes=memory.allocated,

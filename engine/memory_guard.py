@@ -78,7 +78,7 @@ class MemoryGuard(Periodic):
         return None
 
     def _emit_with(self, extra: dict):
-        emit = self.scheduler.telemetry.emit
+        emit = self.scheduler.sink.emit
         return lambda kind, detail, duration_s: emit(kind, {**detail, **extra}, duration_s)
 
     def tick(self) -> None:

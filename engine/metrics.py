@@ -68,8 +68,8 @@ class EngineMetrics:
             "1 while load allows speculation and no override disables it.",
             registry=registry,
         ).set_function(lambda: _speculation_enabled(scheduler.policy.state))
-        if scheduler.telemetry.client is not None:
-            _telemetry_gauges(scheduler.telemetry.client, registry)
+        if scheduler.sink.client is not None:
+            _telemetry_gauges(scheduler.sink.client, registry)
 
     def observe(self, record: RequestRecord) -> None:
         self.requests.labels(record.mode, record.status).inc()

@@ -104,10 +104,10 @@ class Policy:
     """`telemetry`: where a change of the default mode goes, as a `mode_switch` event, when it happens."""
 
     def __init__(
-        self, config: PolicyConfig = PolicyConfig(), seed: int | None = None, telemetry: TelemetrySink | None = None
+        self, config: PolicyConfig = PolicyConfig(), seed: int | None = None, sink: TelemetrySink | None = None
     ) -> None:
         self.config = config
-        self.telemetry = telemetry or TelemetrySink()
+        self.sink = sink or TelemetrySink()
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self._override: tuple[Override, str] = ("auto", "manual")
@@ -178,7 +178,7 @@ class Policy:
     def _switched(self, speculate: bool, reason: str, load: float) -> None:
         """Reported outside the lock: a consumer may read `state`."""
         detail = {"to": "speculative" if speculate else "autoregressive", "reason": reason, "load": load}
-        self.telemetry.emit("mode_switch", detail)
+        self.sink.emit("mode_switch", detail)
 
     def _canary_or_acceptance(self, drafter: str) -> Decision:
         if self.config.canary_fraction < 1.0:

@@ -95,10 +95,10 @@ class BusyTime:
 
 class Scheduler:
     def __init__(
-        self, engine: Engine, config: SchedulerConfig, policy: Policy, telemetry: TelemetrySink | None = None
+        self, engine: Engine, config: SchedulerConfig, policy: Policy, sink: TelemetrySink | None = None
     ) -> None:
         self.engine, self.config, self.policy = engine, config, policy
-        self.telemetry = telemetry or TelemetrySink(engine.config.instance)  # gets every finished request's record
+        self.sink = sink or TelemetrySink(engine.config.instance)  # gets every finished request's record
         self.slots = engine.make_slots(config.slots, config.batch)
         self.busy = BusyTime()
         self._queue: deque[Ticket] = deque()
@@ -336,7 +336,7 @@ class Scheduler:
             ticket.send(exc)
             return
         self.policy.observe(result.record, run.choice)
-        self.telemetry.put(result.record)
+        self.sink.put(result.record)
         ticket.send(result)
 
 

@@ -192,7 +192,7 @@ def create_app(
         scheduler.start()
         yield
         scheduler.stop()
-        scheduler.telemetry.close_spans()
+        scheduler.sink.close_spans()
 
     app = FastAPI(title="specwatch engine", lifespan=lifespan, exception_handlers=ERROR_HANDLERS)
     if api_key:
@@ -201,9 +201,9 @@ def create_app(
     app.state.drafters = dict(drafters or {})
     request_drafter(default_drafter, app.state.drafters)  # a bad default fails at start, not per request
     app.state.default_drafter = default_drafter
-    app.state.emit = scheduler.telemetry.emit
+    app.state.emit = scheduler.sink.emit
     registry = CollectorRegistry()
-    scheduler.telemetry.subscribe(RequestRecord, EngineMetrics(scheduler, registry).observe)
+    scheduler.sink.subscribe(RequestRecord, EngineMetrics(scheduler, registry).observe)
     app.get("/metrics")(lambda: Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST))
 
     control_routes = APIRouter(prefix="/v1/control", dependencies=[Depends(ControlGuard(control_token, "engine"))])
@@ -306,16 +306,16 @@ async def _serve(request: Request, body: _Common, content: dict, chat: bool) -> 
     if "drafter" not in body.model_fields_set:  # the server's default: 'none' makes a plain upstream for a gateway
         body.drafter = request.app.state.default_drafter
     identity = RequestIdentity.of(request)
-    scheduler.telemetry.begin_span(identity.request_id, request.headers, request.url.path, dict(body))
+    scheduler.sink.begin_span(identity.request_id, request.headers, request.url.path, dict(body))
     try:
         generate = body.generate_request(request.app.state.drafters, identity, **content)
         scheduler.engine.check_drafter(generate.drafter)
         ticket = scheduler.submit(generate, asyncio.get_running_loop())
     except ValueError as exc:
-        scheduler.telemetry.drop_span(identity.request_id)  # refused before it ran: no record ends its span
+        scheduler.sink.drop_span(identity.request_id)  # refused before it ran: no record ends its span
         return openai_error(400, str(exc), param=getattr(exc, "param", None), code=getattr(exc, "code", None))
     except Overloaded as exc:
-        scheduler.telemetry.drop_span(identity.request_id)  # refused before it ran: no record ends its span
+        scheduler.sink.drop_span(identity.request_id)  # refused before it ran: no record ends its span
         return openai_error(429, str(exc), headers={"Retry-After": str(exc.retry_after_s)})
     frame = _Frame(request.app.state.model_name, chat, len(ticket.prompt_ids))
     if body.stream:

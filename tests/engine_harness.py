@@ -23,14 +23,14 @@ class BackgroundServer(ThreadServer):
         engine,
         scheduler_config: SchedulerConfig,
         policy: PolicyConfig | Policy = PolicyConfig(),
-        telemetry: TelemetrySink | None = None,
+        sink: TelemetrySink | None = None,
         **app_options,
     ) -> None:
         self.records: list[RequestRecord] = []
-        self.telemetry = telemetry or TelemetrySink(engine.config.instance)
-        self.telemetry.subscribe(RequestRecord, self.records.append)
-        policy = policy if isinstance(policy, Policy) else Policy(policy, telemetry=self.telemetry)
-        self.scheduler = Scheduler(engine, scheduler_config, policy, self.telemetry)
+        self.sink = sink or TelemetrySink(engine.config.instance)
+        self.sink.subscribe(RequestRecord, self.records.append)
+        policy = policy if isinstance(policy, Policy) else Policy(policy, sink=self.sink)
+        self.scheduler = Scheduler(engine, scheduler_config, policy, self.sink)
         super().__init__(create_app(self.scheduler, engine.target.name, **app_options))
 
     def client(self):

@@ -32,7 +32,7 @@ def records(n: int) -> list[RequestRecord]:
 def registries(batch: list[RequestRecord]) -> dict[str, CollectorRegistry]:
     state = {"override": "auto", "load_allows_speculation": True}
     scheduler = SimpleNamespace(
-        active=0, queue_depth=0, load=0.0, policy=SimpleNamespace(state=state), telemetry=TelemetrySink("t")
+        active=0, queue_depth=0, load=0.0, policy=SimpleNamespace(state=state), sink=TelemetrySink("t")
     )
     db, gateway, collector = CollectorRegistry(), CollectorRegistry(), CollectorRegistry()
     engine_metrics = EngineMetrics(scheduler, registry=db)

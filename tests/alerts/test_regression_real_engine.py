@@ -73,7 +73,7 @@ def switch_drafter(bundled_engine) -> tuple[list[RequestRecord], list[EngineEven
     events: list[EngineEvent] = []
     policy = PolicyConfig(min_acceptance=0.0)  # keep speculating on a bad drafter: the alert must see it
     with BackgroundServer(bundled_engine, SchedulerConfig(slots=1), policy, control_token="s3cret") as server:
-        server.telemetry.subscribe(EngineEvent, events.append)
+        server.sink.subscribe(EngineEvent, events.append)
         mode = f"{server.url}/v1/control/mode"
         assert httpx.post(mode, json={"mode": "auto", "drafter": "ngram"}, headers=TOKEN).status_code == 200
         serve(server, PER_SIDE)

@@ -46,7 +46,7 @@ def test_engine_and_collector_metrics_expose_the_same_bounds():
     record = RequestRecord.model_validate(request_dict(1, ttft_s=0.29, e2e_s=0.31))
     state = {"override": "auto", "load_allows_speculation": True}
     scheduler = SimpleNamespace(
-        active=0, queue_depth=0, load=0.0, policy=SimpleNamespace(state=state), telemetry=TelemetrySink("t")
+        active=0, queue_depth=0, load=0.0, policy=SimpleNamespace(state=state), sink=TelemetrySink("t")
     )
     engine_registry = CollectorRegistry()
     EngineMetrics(scheduler, registry=engine_registry).observe(record)

@@ -34,8 +34,8 @@ def _ngram(store, window: Window) -> BreakEven:
     return found
 
 
-def _serve(engine, telemetry: TelemetrySink) -> list:
-    with Server(engine, slots=1, policy=PolicyConfig(min_acceptance=0.0), telemetry=telemetry) as server:
+def _serve(engine, sink: TelemetrySink) -> list:
+    with Server(engine, slots=1, policy=PolicyConfig(min_acceptance=0.0), sink=sink) as server:
         client = server.client()
         for drafter in ("none", "ngram", "none", "ngram"):
             body = {"drafter": drafter, "gamma": 4}
@@ -52,9 +52,9 @@ def test_the_engine_curve_reaches_the_collector_and_sets_the_break_even(bundled_
     client = TelemetryClient(f"http://127.0.0.1:{port}", spool_dir=tmp_path / "spool", flush_interval_s=0.2)
     started = time.time()
     try:
-        telemetry = TelemetrySink("test", client)
-        events = StepCostEvents(bundled_engine.step_costs, telemetry.emit)  # not started: emits at stop
-        records = _serve(bundled_engine, telemetry)
+        sink = TelemetrySink("test", client)
+        events = StepCostEvents(bundled_engine.step_costs, sink.emit)  # not started: emits at stop
+        records = _serve(bundled_engine, sink)
         assert {r.mode for r in records} == {"speculative", "autoregressive"} and sum(r.num_drafts for r in records)
         client.flush(timeout=30)
         store = make_db(f"sqlite:///{db}")

@@ -75,7 +75,7 @@ def guarded(bundled_engine):
     server = BackgroundServer(
         bundled_engine, SchedulerConfig(slots=2, max_queue=4), PolicyConfig(), control_token="s3cret"
     )
-    server.telemetry.subscribe(EngineEvent, lambda event: events.append((event.kind, event.detail)))
+    server.sink.subscribe(EngineEvent, lambda event: events.append((event.kind, event.detail)))
     with server:
         server.events = events
         yield server
@@ -109,14 +109,14 @@ def test_streams_endpoint_on_a_cpu_engine_is_409_and_changes_nothing(guarded):
 
 
 def test_streams_action_emits_an_event_where_streams_exist():
-    telemetry, events = TelemetrySink("gpu-0"), []
-    telemetry.subscribe(EngineEvent, events.append)
+    sink, events = TelemetrySink("gpu-0"), []
+    sink.subscribe(EngineEvent, events.append)
     engine = SimpleNamespace(
         streams=SimpleNamespace(
             configure=lambda t, d: {"before": {"target": "low"}, "after": {"target": t, "draft": d}}
         )
     )
-    report = control.set_streams(SimpleNamespace(engine=engine), telemetry.emit, "high", "low")
+    report = control.set_streams(SimpleNamespace(engine=engine), sink.emit, "high", "low")
     assert report["after"] == {"target": "high", "draft": "low"}
     assert [(e.instance, e.kind, e.duration_s) for e in events] == [("gpu-0", "streams", report["duration_s"])]
 

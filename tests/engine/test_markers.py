@@ -48,7 +48,7 @@ def test_identity_names_version_model_and_drafters(bundled_engine):
 def test_control_api_changes_emit_a_config_marker(bundled_engine):
     events = []
     with BackgroundServer(bundled_engine, SchedulerConfig(slots=1), PolicyConfig(), control_token="s3cret") as server:
-        server.telemetry.subscribe(EngineEvent, lambda e: events.append((e.kind, e.detail)))
+        server.sink.subscribe(EngineEvent, lambda e: events.append((e.kind, e.detail)))
         post = lambda body: httpx.post(f"{server.url}/v1/control/mode", json=body, headers=TOKEN)  # noqa: E731
         assert post({"mode": "auto", "drafter": "early-exit:4"}).status_code == 200
         server.client().completions.create(model=None, prompt="Hi", max_tokens=4, temperature=0)

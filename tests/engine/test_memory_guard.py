@@ -27,7 +27,7 @@ def test_drafts_unload_under_pressure_and_return_after_it(bundled_engine):
     readings, events = iter([0.95, 0.97, 0.85, 0.70]), []
     policy = PolicyConfig(min_acceptance=0.0)
     with BackgroundServer(bundled_engine, SchedulerConfig(slots=1, max_queue=4), policy) as server:
-        server.telemetry.subscribe(EngineEvent, events.append)  # the guard's, and the policy's mode switches
+        server.sink.subscribe(EngineEvent, events.append)  # the guard's, and the policy's mode switches
         guard = MemoryGuard(server.scheduler, MemoryGuardConfig(high=0.9, low=0.8), read=lambda device: next(readings))
         assert (complete(server).mode, complete(server).drafter) == ("speculative", DRAFTER)
         assert guard.check() == "unloaded"

@@ -49,9 +49,9 @@ def timed_record(drafter: str | None, tokens: int, busy_s: float) -> RequestReco
 
 
 def test_load_switch_has_hysteresis_and_cooldown():
-    telemetry, events = TelemetrySink("i"), []
-    telemetry.subscribe(EngineEvent, events.append)
-    policy = Policy(PolicyConfig(load_off=0.75, load_on=0.6, cooldown_s=5.0, min_window=2), telemetry=telemetry)
+    sink, events = TelemetrySink("i"), []
+    sink.subscribe(EngineEvent, events.append)
+    policy = Policy(PolicyConfig(load_off=0.75, load_on=0.6, cooldown_s=5.0, min_window=2), sink=sink)
     for _ in range(2):  # measured: plain decoding beats this drafter, so high load switches it off
         policy.observe(timed_record("ngram", 11, 1.0))
         policy.observe(timed_record(None, 41, 1.0))
@@ -79,9 +79,9 @@ def test_long_prompts_and_plain_requests_do_not_speculate():
 
 
 def test_override_wins_until_released():
-    telemetry, events = TelemetrySink("i"), []
-    telemetry.subscribe(EngineEvent, events.append)
-    policy = Policy(telemetry=telemetry)
+    sink, events = TelemetrySink("i"), []
+    sink.subscribe(EngineEvent, events.append)
+    policy = Policy(sink=sink)
     policy.set_override("autoregressive", "alert")
     assert [(e.kind, e.detail["to"], e.detail["reason"]) for e in events] == [
         ("mode_switch", "autoregressive", "alert")

@@ -190,7 +190,7 @@ def test_oom_during_speculation_is_retried_plain_and_recorded(drafting_engine):
 def test_control_api_requires_the_token_and_acts(bundled_engine):
     events = []
     with Server(bundled_engine, slots=2, control_token="s3cret") as guarded:
-        guarded.telemetry.subscribe(EngineEvent, lambda event: events.append((event.kind, event.detail)))
+        guarded.sink.subscribe(EngineEvent, lambda event: events.append((event.kind, event.detail)))
         assert httpx.post(f"{guarded.url}/v1/control/defragment").status_code == 401
         wrong = httpx.post(f"{guarded.url}/v1/control/defragment", headers={"authorization": "Bearer nope"})
         assert wrong.status_code == 401 and wrong.json()["error"]["type"] == "authentication_error"

@@ -26,9 +26,9 @@ def test_concurrent_requests_reach_the_collector(bundled_engine, tmp_path):
     collector = start_collector(port, tmp_path / "collector.log", env={"SPECWATCH_DATA_DIR": str(tmp_path)})
     client = TelemetryClient(f"http://127.0.0.1:{port}", spool_dir=tmp_path / "spool", flush_interval_s=0.2)
     try:
-        telemetry = TelemetrySink("test", client)
-        with Server(bundled_engine, slots=4, telemetry=telemetry) as server:
-            sampler = DeviceSampler(server.scheduler, telemetry, 0.5)
+        sink = TelemetrySink("test", client)
+        with Server(bundled_engine, slots=4, sink=sink) as server:
+            sampler = DeviceSampler(server.scheduler, sink, 0.5)
             openai_client = server.client()
             prompts = [
                 f"Repeat: {word} {word} {word} and then {word}"
@@ -43,7 +43,7 @@ def test_concurrent_requests_reach_the_collector(bundled_engine, tmp_path):
                         prompts,
                     )
                 )
-            telemetry.put(sampler.sample())
+            sink.put(sampler.sample())
         assert all(r.choices[0].text for r in replies)
         client.flush(timeout=10)
         signals = httpx.get(f"http://127.0.0.1:{port}/v1/signals", params={"last": 600, "tag": "scenario:e2e"}).json()
@@ -103,7 +103,7 @@ def test_a_refused_token_shows_on_metrics_and_nothing_is_lost(bundled_engine, tm
     collector_url = f"http://127.0.0.1:{port}"
     client = TelemetryClient(collector_url, tmp_path / "spool", token="wrong", flush_interval_s=0.1)
     try:
-        with Server(bundled_engine, telemetry=TelemetrySink("wrong-token", client)) as server:
+        with Server(bundled_engine, sink=TelemetrySink("wrong-token", client)) as server:
             for word in ("red", "green"):
                 server.client().completions.create(model=None, prompt=f"Say {word}", max_tokens=4, temperature=0)
             assert client.flush(10.0)

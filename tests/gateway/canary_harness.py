@@ -74,7 +74,7 @@ def run_canary(collector_url: str, spool: Path, upstreams: list[str], name: str,
     (the verdict's detail, the CLI's stderr, the gateway's share afterwards)."""
     client = TelemetryClient(collector_url, spool)
     try:
-        with GatewayServer(upstreams, telemetry=client, control_token=TOKEN, name=name) as gw:
+        with GatewayServer(upstreams, client=client, control_token=TOKEN, name=name) as gw:
             done, answers = _canary_under_traffic(gw.url, collector_url, body, per_arm)
             state = httpx.get(f"{gw.url}/v1/control/state", headers={"authorization": f"Bearer {TOKEN}"}).json()
     finally:

@@ -34,13 +34,13 @@ class GatewayServer(ThreadServer):
         self,
         upstreams: list[str],
         routing: RoutingConfig = RoutingConfig(),
-        telemetry: TelemetryClient | None = None,
+        client: TelemetryClient | None = None,
         seed: int | None = 0,
         spans: RequestSpans | None = None,
         **settings,
     ) -> None:
         settings = GatewaySettings(**{"health_interval_s": 0.2, **settings})
-        sink = TelemetrySink(settings.name, telemetry, spans)
+        sink = TelemetrySink(settings.name, client, spans)
         self.gateway = Gateway([parse_upstream(u) for u in upstreams], Router(routing, seed), settings, sink)
         self.records: list[RequestRecord] = []
         sink.subscribe(RequestRecord, self.records.append)

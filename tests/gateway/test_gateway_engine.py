@@ -188,7 +188,7 @@ def test_records_reach_a_collector_that_starts_late_spooled_not_lost(upstreams, 
     collector_url = f"http://127.0.0.1:{port}"
     client = TelemetryClient(collector_url, tmp_path / "spool", flush_interval_s=0.2, retries=1)
     try:
-        with GatewayServer(pools(upstreams), RoutingConfig(canary=0.5), telemetry=client, name="edge") as gw:
+        with GatewayServer(pools(upstreams), RoutingConfig(canary=0.5), client=client, name="edge") as gw:
             for n in range(6):
                 body = {"prompt": REPEAT, "max_tokens": 6, "temperature": 0, "user": f"u{n}"}
                 assert httpx.post(f"{gw.url}/v1/completions", json=body, timeout=120).status_code == 200
