@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from specwatch.alerts.rules import Rule
-from specwatch.alerts.signals import Labels, Sample
+from specwatch.alerts.signals import Labels, Reading
 
 
 class State(StrEnum):
@@ -94,7 +94,7 @@ def render(template: str, labels: dict[str, str], value: float) -> str:
 def evaluate(
     now: float,
     rule: Rule,
-    samples: list[Sample] | Exception,
+    samples: list[Reading] | Exception,
     alerts: dict[str, Alert],
     resolved_retention: float = 900.0,
 ) -> Outcome:

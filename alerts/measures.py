@@ -1,4 +1,4 @@
-"""How each alert signal is computed from the store: one `Sample` per label set.
+"""How each alert signal is computed from the store: one `Reading` per label set.
 
 Request signals come in two forms: from raw rows (`collector.reads`) and from the per-second window
 aggregates written at ingest (through a `collector.window_signals.WindowReader`: exact counts and
@@ -27,7 +27,7 @@ Labels = tuple[tuple[str, str], ...]  # sorted (name, value) pairs
 
 
 @dataclass(frozen=True)
-class Sample:
+class Reading:
     labels: Labels
     value: float
     count: int
@@ -39,42 +39,44 @@ def _labels(names: Sequence[str], values: Sequence[object]) -> Labels:
     return tuple(sorted((n, "none" if v is None else str(v)) for n, v in zip(names, values)))
 
 
-def _per_drafting_group(db: Engine, window: Window, group_by: Sequence[str], reduce) -> list[Sample]:
+def _per_drafting_group(db: Engine, window: Window, group_by: Sequence[str], reduce) -> list[Reading]:
     """`reduce(drafted, accepted)` per label set, over the requests that drafted."""
     samples = []
     for g in reads.request_values(db, window, group_by, ("num_draft_tokens", "num_accepted_tokens")):
         drafted = g.values[g.values[:, 0] > 0]
         if len(drafted):
-            samples.append(Sample(_labels(group_by, g.key), float(reduce(drafted[:, 0], drafted[:, 1])), len(drafted)))
+            samples.append(Reading(_labels(group_by, g.key), float(reduce(drafted[:, 0], drafted[:, 1])), len(drafted)))
     return samples
 
 
-def acceptance_rate(db: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+def acceptance_rate(db: Engine, window: Window, group_by: Sequence[str]) -> list[Reading]:
     """Accepted / drafted tokens over the window (vLLM's definition), requests that drafted."""
     return _per_drafting_group(db, window, group_by, lambda drafted, accepted: accepted.sum() / drafted.sum())
 
 
-def acceptance_stddev(db: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+def acceptance_stddev(db: Engine, window: Window, group_by: Sequence[str]) -> list[Reading]:
     """Standard deviation across requests of each request's acceptance rate."""
     return _per_drafting_group(db, window, group_by, lambda drafted, accepted: np.std(accepted / drafted))
 
 
-def ttft_p99(db: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+def ttft_p99(db: Engine, window: Window, group_by: Sequence[str]) -> list[Reading]:
     """99th percentile of time to first token (seconds), exact over the window's requests."""
     samples = []
     for g in reads.request_values(db, window, group_by, ("ttft_s",)):
         ttft = g.values[:, 0][~np.isnan(g.values[:, 0])]
         if len(ttft):
-            samples.append(Sample(_labels(group_by, g.key), float(np.quantile(ttft, 0.99)), len(ttft)))
+            samples.append(Reading(_labels(group_by, g.key), float(np.quantile(ttft, 0.99)), len(ttft)))
     return samples
 
 
-def _from_aggregates(group_by: Sequence[str], totals: dict, value, count) -> list[Sample]:
+def _from_aggregates(group_by: Sequence[str], totals: dict, value, count) -> list[Reading]:
     """`value(totals)` per label set where `count(totals)` > 0."""
-    return [Sample(_labels(group_by, key), float(value(t)), int(count(t))) for key, t in totals.items() if count(t) > 0]
+    return [
+        Reading(_labels(group_by, key), float(value(t)), int(count(t))) for key, t in totals.items() if count(t) > 0
+    ]
 
 
-def acceptance_rate_aggregated(reader: WindowReader, window: Window, group_by: Sequence[str]) -> list[Sample]:
+def acceptance_rate_aggregated(reader: WindowReader, window: Window, group_by: Sequence[str]) -> list[Reading]:
     """`acceptance_rate` from the aggregates (requests that did not draft add 0 to both sums)."""
     totals = reader.totals(window.start, group_by, with_sketches=())
     return _from_aggregates(
@@ -82,24 +84,24 @@ def acceptance_rate_aggregated(reader: WindowReader, window: Window, group_by: S
     )
 
 
-def acceptance_stddev_aggregated(reader: WindowReader, window: Window, group_by: Sequence[str]) -> list[Sample]:
+def acceptance_stddev_aggregated(reader: WindowReader, window: Window, group_by: Sequence[str]) -> list[Reading]:
     """`acceptance_stddev` from the aggregates' merged (n, sum, M2) of per-request acceptance."""
     totals = reader.totals(window.start, group_by, with_sketches=())
     return _from_aggregates(group_by, totals, lambda t: t.acceptance_stddev(), lambda t: t.sums["rate_n"])
 
 
-def ttft_p99_aggregated(reader: WindowReader, window: Window, group_by: Sequence[str]) -> list[Sample]:
+def ttft_p99_aggregated(reader: WindowReader, window: Window, group_by: Sequence[str]) -> list[Reading]:
     """P99 TTFT from the merged DDSketches: within 1% of the value at that rank."""
     totals = reader.totals(window.start, group_by, with_sketches=("ttft",))
     ttft = {key: t.sketches["ttft"] for key, t in totals.items()}
     return [
-        Sample(_labels(group_by, key), sketch.quantile(bins, 0.99), bins.count)
+        Reading(_labels(group_by, key), sketch.quantile(bins, 0.99), bins.count)
         for key, bins in ttft.items()
         if bins.count
     ]
 
 
-def spec_latency_regression(db: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+def spec_latency_regression(db: Engine, window: Window, group_by: Sequence[str]) -> list[Reading]:
     """Relative excess of the spec arm's mean e2e latency per output token over the control
     arm's (0.1 = 10% slower), significant when a one-sided Mann-Whitney U gives p < 0.05."""
     from scipy.stats import mannwhitneyu
@@ -110,11 +112,11 @@ def spec_latency_regression(db: Engine, window: Window, group_by: Sequence[str])
         if len(spec) and len(control):
             p = mannwhitneyu(spec, control, alternative="greater").pvalue if min(len(spec), len(control)) > 1 else 1.0
             excess = float(spec.mean() / control.mean() - 1.0)
-            samples.append(Sample(_labels(group_by, g.key), excess, min(len(spec), len(control)), bool(p < 0.05)))
+            samples.append(Reading(_labels(group_by, g.key), excess, min(len(spec), len(control)), bool(p < 0.05)))
     return samples
 
 
-def spec_latency_regression_aggregated(reader: WindowReader, window: Window, group_by: Sequence[str]) -> list[Sample]:
+def spec_latency_regression_aggregated(reader: WindowReader, window: Window, group_by: Sequence[str]) -> list[Reading]:
     """`spec_latency_regression`, reading raw rows only when the aggregates show A/B arm traffic in the
     window (the rank test needs every value; without arms it has nothing to compare)."""
     arms = reader.totals(window.start, ("arm",), with_sketches=())
@@ -126,7 +128,7 @@ def spec_latency_regression_aggregated(reader: WindowReader, window: Window, gro
 Modes = dict[tuple, dict[str, tuple[float, float, int]]]  # label values -> mode -> (device s, output tokens, requests)
 
 
-def spec_cost_excess(db: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+def spec_cost_excess(db: Engine, window: Window, group_by: Sequence[str]) -> list[Reading]:
     """Relative extra compute cost of speculative decoding: the speculative mode's device seconds
     per output token over plain (autoregressive) decoding's, minus 1 (0.1 = 10% dearer).
 
@@ -142,7 +144,7 @@ def spec_cost_excess(db: Engine, window: Window, group_by: Sequence[str]) -> lis
     return _cost_samples(group_by, modes)
 
 
-def spec_cost_excess_aggregated(reader: WindowReader, window: Window, group_by: Sequence[str]) -> list[Sample]:
+def spec_cost_excess_aggregated(reader: WindowReader, window: Window, group_by: Sequence[str]) -> list[Reading]:
     """`spec_cost_excess` from the aggregates' per-mode sums over ok requests with output and device_s."""
     totals = reader.totals(window.start, (*group_by, "mode"), with_sketches=())
     modes: Modes = defaultdict(dict)
@@ -153,73 +155,73 @@ def spec_cost_excess_aggregated(reader: WindowReader, window: Window, group_by: 
     return _cost_samples(group_by, modes)
 
 
-def _cost_samples(group_by: Sequence[str], modes: Modes) -> list[Sample]:
+def _cost_samples(group_by: Sequence[str], modes: Modes) -> list[Reading]:
     """(device seconds, output tokens, requests) per mode -> the cost model's excess ratio per label set."""
     samples = []
     for key, per_mode in modes.items():
         spec, plain = per_mode.get("speculative"), per_mode.get("autoregressive")
         ratio = excess_ratio(*spec[:2], *plain[:2]) if spec and plain else None
         if ratio is not None:
-            samples.append(Sample(_labels(group_by, key), ratio, min(spec[2], plain[2])))
+            samples.append(Reading(_labels(group_by, key), ratio, min(spec[2], plain[2])))
     return samples
 
 
-def oom_count(db: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+def oom_count(db: Engine, window: Window, group_by: Sequence[str]) -> list[Reading]:
     """Out-of-memory failures: requests that failed with an OOM or `oom` engine events, whichever
     count is larger (the engine may report one OOM both ways)."""
     found = reads.oom_counts(db, window)
     return _oom_samples(group_by, found.from_requests, found.from_events)
 
 
-def oom_count_aggregated(reader: WindowReader, window: Window, group_by: Sequence[str]) -> list[Sample]:
+def oom_count_aggregated(reader: WindowReader, window: Window, group_by: Sequence[str]) -> list[Reading]:
     """`oom_count` with the requests' OOM counts from the aggregates (engine events stay raw: few)."""
     totals = reader.totals(window.start, ("instance",), with_sketches=())
     from_requests = {key[0]: int(t.sums["ooms"]) for key, t in totals.items() if t.sums["ooms"]}
     return _oom_samples(group_by, from_requests, reads.oom_events(reader.db, window))
 
 
-def _oom_samples(group_by: Sequence[str], from_requests: dict, from_events: dict) -> list[Sample]:
+def _oom_samples(group_by: Sequence[str], from_requests: dict, from_events: dict) -> list[Reading]:
     counts: dict[tuple, int] = defaultdict(int)
     for instance in from_requests.keys() | from_events.keys():
         key = (instance,) if group_by else ()
         counts[key] += max(from_requests.get(instance, 0), from_events.get(instance, 0))
-    return [Sample(_labels(group_by, key), float(n), n) for key, n in counts.items()]
+    return [Reading(_labels(group_by, key), float(n), n) for key, n in counts.items()]
 
 
-def _per_device(db: Engine, window: Window, group_by: Sequence[str], column: str, reduce) -> list[Sample]:
+def _per_device(db: Engine, window: Window, group_by: Sequence[str], column: str, reduce) -> list[Reading]:
     groups = reads.device_values(db, window, group_by, column)
-    return [Sample(_labels(group_by, g.key), float(reduce(g.values[:, 0])), len(g.values)) for g in groups]
+    return [Reading(_labels(group_by, g.key), float(reduce(g.values[:, 0])), len(g.values)) for g in groups]
 
 
-def fragmentation(db: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+def fragmentation(db: Engine, window: Window, group_by: Sequence[str]) -> list[Reading]:
     """Mean fragmentation index (reserved / allocated memory) of the window's device samples."""
     return _per_device(db, window, group_by, "fragmentation", np.mean)
 
 
-def draft_util_swing(db: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+def draft_util_swing(db: Engine, window: Window, group_by: Sequence[str]) -> list[Reading]:
     """Max - min of the draft's busy fraction over the window, in percentage points."""
     return _per_device(db, window, group_by, "util_draft", lambda v: np.ptp(v) * 100.0)
 
 
-def vllm(pick: Callable) -> Callable[[Engine, Window, Sequence[str]], list[Sample]]:
+def vllm(pick: Callable) -> Callable[[Engine, Window, Sequence[str]], list[Reading]]:
     """A signal over scraped vLLM metrics: `pick(VllmSignals)` per (source, model) scraped in the window."""
 
-    def compute(db: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+    def compute(db: Engine, window: Window, group_by: Sequence[str]) -> list[Reading]:
         samples = []
         for key in reads.vllm_keys(db, window, group_by):
             found = vllm_signals(db, window, **dict(zip(group_by, key)))
             if (value := pick(found)) is not None:
-                samples.append(Sample(_labels(group_by, key), float(value), found.e2e.count))
+                samples.append(Reading(_labels(group_by, key), float(value), found.e2e.count))
         return samples
 
     return compute
 
 
-def detector(kind: str) -> Callable[[Engine, Window, Sequence[str]], list[Sample]]:
+def detector(kind: str) -> Callable[[Engine, Window, Sequence[str]], list[Reading]]:
     """A change detector's output (`alerts.baselines`, `alerts.regression`): per label set, the largest
     value among its significant series updated in the window, with that series' annotations."""
 
-    def compute(db: Engine, window: Window, group_by: Sequence[str]) -> list[Sample]:
+    def compute(db: Engine, window: Window, group_by: Sequence[str]) -> list[Reading]:
         groups: dict[tuple, list] = defaultdict(list)
         for row in series_rows(db, kind, since=window.start):
             if row.significant and row.updated_at < window.end:
@@ -229,7 +231,7 @@ def detector(kind: str) -> Callable[[Engine, Window, Sequence[str]], list[Sample
     return compute
 
 
-def _detector_sample(group_by: Sequence[str], key: tuple, rows: list) -> Sample:
+def _detector_sample(group_by: Sequence[str], key: tuple, rows: list) -> Reading:
     top = max(rows, key=lambda r: r.value)
     count = sum(r.count for r in rows)
-    return Sample(_labels(group_by, key), float(top.value), count, True, tuple(sorted(top.annotations.items())))
+    return Reading(_labels(group_by, key), float(top.value), count, True, tuple(sorted(top.annotations.items())))

@@ -4,7 +4,7 @@ Each `Signal` holds the labels a rule may group by, its unit, how it is computed
 store (`alerts.measures`: from raw rows, and from the window aggregates where those cover it) and the
 same signal in PromQL (`alerts.promql`), which the Prometheus rule export (`alerts.prometheus`) reads;
 where PromQL cannot say the same, `promql_note` says what differs. `StoreSignals` is the evaluator's
-source over the store; the evaluator only sees `Sample`s, so tests can feed it any values.
+source over the store; the evaluator only sees readings, so tests can feed it any values.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from sqlalchemy import Engine
 
 from specwatch.alerts import measures as m
 from specwatch.alerts import promql as q
-from specwatch.alerts.measures import Labels, Sample
+from specwatch.alerts.measures import Labels, Reading
 from specwatch.collector.queries import Window
 from specwatch.collector.window_signals import WindowReader
 
-__all__ = ["SIGNALS", "Labels", "Sample", "Signal", "StoreSignals"]
+__all__ = ["SIGNALS", "Labels", "Reading", "Signal", "StoreSignals"]
 
 
 @dataclass(frozen=True)
@@ -29,10 +29,10 @@ class Signal:
     labels: tuple[str, ...]  # what a rule may group by
     unit: str
     doc: str
-    compute: Callable[[Engine, Window, Sequence[str]], list[Sample]]  # from raw rows
+    compute: Callable[[Engine, Window, Sequence[str]], list[Reading]]  # from raw rows
     promql: q.PromQL  # the same signal over the collector's (or vLLM's) /metrics
     # from the window aggregates, through a reader of windows ending at the window's end
-    aggregated: Callable[[WindowReader, Window, Sequence[str]], list[Sample]] | None = None
+    aggregated: Callable[[WindowReader, Window, Sequence[str]], list[Reading]] | None = None
     vllm_equivalent: str | None = None  # the signal over vLLM's native metrics, exported beside it
     promql_note: str = ""  # where the PromQL differs from the store's computation
 
@@ -237,7 +237,7 @@ class StoreSignals:
     def cycle(self, now: float) -> StoreSignals:
         return StoreSignals(self.db, self.raw, WindowReader(self.db, now))
 
-    def query(self, signal: str, window_s: float, group_by: Sequence[str], now: float) -> list[Sample]:
+    def query(self, signal: str, window_s: float, group_by: Sequence[str], now: float) -> list[Reading]:
         spec, window = SIGNALS[signal], Window(now - window_s, now)
         if self.raw or spec.aggregated is None:
             return spec.compute(self.db, window, group_by)

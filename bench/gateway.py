@@ -234,27 +234,27 @@ def kind_label(kind: str) -> str:
 
 
 @dataclass
-class Sample:
+class Timing:
     e2e_s: float
     first_chunk_s: float | None
     ok: bool
 
 
-async def one_request(client: httpx.AsyncClient, url: str, raw: bytes, stream: bool) -> Sample:
+async def one_request(client: httpx.AsyncClient, url: str, raw: bytes, stream: bool) -> Timing:
     """One request; a transport error (e.g. a keep-alive connection the server closed) counts as an error."""
     started = time.perf_counter()
     try:
         return await _timed(client, url, raw, stream, started)
     except httpx.HTTPError as exc:
         print(f"      {url}: {type(exc).__name__}: {exc}", flush=True)
-        return Sample(time.perf_counter() - started, None, False)
+        return Timing(time.perf_counter() - started, None, False)
 
 
-async def _timed(client: httpx.AsyncClient, url: str, raw: bytes, stream: bool, started: float) -> Sample:
+async def _timed(client: httpx.AsyncClient, url: str, raw: bytes, stream: bool, started: float) -> Timing:
     if not stream:
         response = await client.post(url, content=raw, headers={"content-type": "application/json"})
         ok = response.status_code == 200 and b'"choices"' in response.content
-        return Sample(time.perf_counter() - started, None, ok)
+        return Timing(time.perf_counter() - started, None, ok)
     first, buffer = None, b""
     async with client.stream("POST", url, content=raw, headers={"content-type": "application/json"}) as response:
         async for data in response.aiter_raw():
@@ -262,7 +262,7 @@ async def _timed(client: httpx.AsyncClient, url: str, raw: bytes, stream: bool, 
             if first is None and _has_content(buffer):
                 first = time.perf_counter() - started
         ok = response.status_code == 200 and buffer.rstrip().endswith(b"data: [DONE]")
-    return Sample(time.perf_counter() - started, first, ok and first is not None)
+    return Timing(time.perf_counter() - started, first, ok and first is not None)
 
 
 def _has_content(buffer: bytes) -> bool:
@@ -277,7 +277,7 @@ def _has_content(buffer: bytes) -> bool:
 
 async def burst(client: httpx.AsyncClient, url: str, raw: bytes, stream: bool, requests: int, concurrency: int):
     """`requests` requests by `concurrency` workers; (samples, wall seconds)."""
-    samples: list[Sample] = []
+    samples: list[Timing] = []
     todo = iter(range(requests))
 
     async def worker() -> None:
@@ -289,7 +289,7 @@ async def burst(client: httpx.AsyncClient, url: str, raw: bytes, stream: bool, r
     return samples, time.perf_counter() - started
 
 
-def summarize(samples: list[Sample], wall_s: float) -> dict:
+def summarize(samples: list[Timing], wall_s: float) -> dict:
     good = [s for s in samples if s.ok]
     firsts = [s.first_chunk_s for s in good if s.first_chunk_s is not None]
     return {

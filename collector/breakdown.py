@@ -23,7 +23,7 @@ from specwatch.collector.queries import (
     LATENCY_AND_DRAFT_COLUMNS,
     Filters,
     Percentiles,
-    Sample,
+    Subset,
     Window,
     active_span,
     percentiles,
@@ -70,7 +70,7 @@ class Breakdown:
     by: str
     groups: list[Group]
     cdf_points: tuple[float, ...] = CDF_POINTS
-    sampled: Sample | None = None
+    sampled: Subset | None = None
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ class Comparison:
     plain: Group | None
     speedup: float | None
     p_value: float | None
-    sampled: Sample | None = None
+    sampled: Subset | None = None
 
 
 _COLUMNS = (*LATENCY_AND_DRAFT_COLUMNS, Request.energy_j, Request.started_at)
@@ -115,7 +115,7 @@ class _Grouped:
     window: Window
     rows: dict[str, list]  # (status, energy_source, *_COLUMNS) per request
     totals: dict[str, Totals] | None
-    sample: Sample | None
+    sample: Subset | None
 
     @classmethod
     def read(cls, db: Engine, window: Window, filters: Filters, by: str) -> _Grouped:
@@ -242,7 +242,7 @@ class LoadBucket:
     requests: int
     tokens_per_s: float | None  # mean per-request output tokens / (e2e - queue)
     ttft_p99: float | None
-    sampled: Sample | None = None  # the figures rest on that sample of the window's requests
+    sampled: Subset | None = None  # the figures rest on that sample of the window's requests
 
 
 def throughput_by_load(db: Engine, window: Window, filters: Filters = Filters()) -> list[LoadBucket]:

@@ -197,7 +197,7 @@ _GOLDEN = (math.sqrt(5) - 1) / 2  # the golden-ratio sequence: well-spread offse
 
 
 @dataclass(frozen=True)
-class Sample:
+class Subset:
     """An answer's per-request figures rest on `rows` of the window's `of` requests."""
 
     rows: int
@@ -232,7 +232,7 @@ def sample_slices(population: Population) -> list[Window]:
 
 def sample_rows(
     db: Engine, stmt: Select, window: Window, filters: Filters, population: Population | None
-) -> tuple[list, Sample | None]:
+) -> tuple[list, Subset | None]:
     """The rows of `stmt` (over requests) in `window` under `filters`: all of them when the
     population (None: unknown, e.g. with tag filters) holds at most SAMPLE_ROWS requests, else those
     in `sample_slices` (one UNION ALL of a branch per slice, each read by a range of the started_at
@@ -242,7 +242,7 @@ def sample_rows(
             return conn.execute(filters.apply(stmt, window)).all(), None
     with db.connect() as conn:
         rows = conn.execute(union_all(*(filters.apply(stmt, piece) for piece in sample_slices(population)))).all()
-    return rows, Sample(len(rows), population.requests)
+    return rows, Subset(len(rows), population.requests)
 
 
 @dataclass(frozen=True)
@@ -251,7 +251,7 @@ class PositionAcceptance:
 
     drafts: int
     rates: list[float] = field(default_factory=list)
-    sampled: Sample | None = None
+    sampled: Subset | None = None
 
 
 def per_position_acceptance(
@@ -291,7 +291,7 @@ class LengthCorrelation:
     p_value: float | None
     buckets: list[LengthBucket]
     points: list[tuple[float, float]] = field(default_factory=list)  # (length, acceptance), at most MAX_POINTS
-    sampled: Sample | None = None
+    sampled: Subset | None = None
 
 
 MAX_POINTS = 2000

@@ -17,7 +17,7 @@ throughput by load), `queries.sample_rows` reads about `queries.SAMPLE_ROWS` of 
 requests when it holds more: every request of `queries.SAMPLE_SLICES` short time slices spread
 over the span the aggregates say the requests started in (`population`), each read by a range of
 the started_at index, so a call costs what its sample does however busy the window. The answer
-carries a `queries.Sample` saying how many of how many requests it rests on.
+carries a `queries.Subset` saying how many of how many requests it rests on.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from specwatch.service import (
     routes_requests,
     routes_tune,
 )
-from specwatch.service.cost_signals import CostGauge, DailyCosts
+from specwatch.service.cost_gauges import CostGauge, DailyCosts
 
 
 def create_app(settings: Settings | None = None, registry: CollectorRegistry | None = None) -> FastAPI:

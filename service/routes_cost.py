@@ -19,7 +19,7 @@ its step times came from: `times_from` step_curve (the engine's published curve;
 `curve_instance` and `step_points` show where on it) | records | not measured (docs/cost.md).
 
 GET /v1/cost/daily?days=N (1 to 90, default 30; anything else is a 400 with a message): the last
-N UTC days, each priced on its own, as `service.cost_signals.DailyCost`: days, gpu_type,
+N UTC days, each priced on its own, as `service.cost_gauges.DailyCost`: days, gpu_type,
 gpu_type_source, rows (day, start, arm, mode, drafter, usd_per_mtok, gpu_hours_per_mtok,
 output_tokens, requests, estimate, estimated).
 """
@@ -39,7 +39,7 @@ from specwatch.cost.inputs import Overrides, load_prices
 from specwatch.cost.measured import infer_gpu_type
 from specwatch.cost.model import Prices
 from specwatch.cost.summary import DEFAULT_GPU, MONTH_S, measured_summary
-from specwatch.service.cost_signals import MAX_DAYS, DailyCosts
+from specwatch.service.cost_gauges import MAX_DAYS, DailyCosts
 from specwatch.service.deps import DbDep, json_response, read_all_tenants
 from specwatch.service.routes_query import FiltersDep, window_param
 

@@ -10,7 +10,7 @@ import pytest
 
 from specwatch.alerts.evaluator import State, evaluate, fingerprint, needs_sending, render
 from specwatch.alerts.rules import parse_config
-from specwatch.alerts.signals import Sample
+from specwatch.alerts.signals import Reading
 
 LABELS = (("instance", "a"),)
 
@@ -33,7 +33,7 @@ def make_rule(**overrides):
 def run_table(rule, table, retention=900.0):
     alerts = {}
     for t, value, expected, *count in table:
-        samples = [] if value is None else [Sample(LABELS, value, count[0] if count else 100)]
+        samples = [] if value is None else [Reading(LABELS, value, count[0] if count else 100)]
         alerts = evaluate(t, rule, samples, alerts, retention).alerts
         states = [str(a.state) for a in alerts.values()]
         assert states == ([] if expected == "-" else [expected]), f"t={t} value={value}: {states} != {expected}"
@@ -115,7 +115,7 @@ def test_resolved_alert_is_forgotten_after_retention_and_refires_as_new():
 
 def test_signal_error_keeps_state_and_reports_it():
     rule = make_rule(**{"for": "0s"})
-    alerts = evaluate(0, rule, [Sample(LABELS, 0.5, 100)], {}).alerts
+    alerts = evaluate(0, rule, [Reading(LABELS, 0.5, 100)], {}).alerts
     outcome = evaluate(15, rule, RuntimeError("database is locked"), alerts)
     assert outcome.alerts == alerts and outcome.transitions == []
     assert outcome.error == "RuntimeError: database is locked"
@@ -124,9 +124,9 @@ def test_signal_error_keeps_state_and_reports_it():
 def test_label_sets_are_separate_alerts_with_rendered_annotations():
     rule = make_rule(**{"for": "0s"})
     samples = [
-        Sample((("instance", "a"),), 0.5, 50),
-        Sample((("instance", "b"),), 0.2, 50),
-        Sample((("instance", "c"),), 0.9, 50),
+        Reading((("instance", "a"),), 0.5, 50),
+        Reading((("instance", "b"),), 0.2, 50),
+        Reading((("instance", "c"),), 0.9, 50),
     ]
     alerts = evaluate(0, rule, samples, {}).alerts
     by_instance = {a.labels["instance"]: a for a in alerts.values()}
@@ -138,8 +138,8 @@ def test_label_sets_are_separate_alerts_with_rendered_annotations():
 
 def test_insignificant_sample_does_not_alert():
     rule = make_rule(signal="spec_latency_regression", op=">", threshold=0.1, group_by=[], **{"for": "0s"})
-    assert evaluate(0, rule, [Sample((), 0.5, 100, significant=False)], {}).alerts == {}
-    assert len(evaluate(0, rule, [Sample((), 0.5, 100, significant=True)], {}).alerts) == 1
+    assert evaluate(0, rule, [Reading((), 0.5, 100, significant=False)], {}).alerts == {}
+    assert len(evaluate(0, rule, [Reading((), 0.5, 100, significant=True)], {}).alerts) == 1
 
 
 @pytest.mark.parametrize(
@@ -170,7 +170,7 @@ def test_needs_sending_on_fire_repeat_and_resolve():
     ]
     alerts = {}
     for t, value, expected in table:
-        alerts = evaluate(t, rule, [Sample(LABELS, value, 100)], alerts).alerts
+        alerts = evaluate(t, rule, [Reading(LABELS, value, 100)], alerts).alerts
         ((fp, alert),) = alerts.items()
         assert needs_sending(alert, t, repeat_interval=3600) is expected, f"t={t}"
         if expected:
@@ -181,7 +181,7 @@ def test_transitions_are_recorded_in_order():
     rule = make_rule(**{"for": "15s"})
     alerts, log = {}, []
     for t, value in [(0, 0.5), (15, 0.5), (30, 0.9)]:
-        outcome = evaluate(t, rule, [Sample(LABELS, value, 100)], alerts)
+        outcome = evaluate(t, rule, [Reading(LABELS, value, 100)], alerts)
         alerts, log = outcome.alerts, log + [(x.at, x.from_state, x.to_state) for x in outcome.transitions]
     assert log == [
         (0, State.INACTIVE, State.PENDING),

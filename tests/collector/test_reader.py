@@ -145,7 +145,7 @@ def test_a_sample_reads_only_its_slices(stored, monkeypatch):
     rows, sample = queries.sample_rows(stored, select(Request.started_at), window, Filters(), population)
     slices = queries.sample_slices(population)
     started = sorted(row[0] for row in rows)
-    assert sample == queries.Sample(len(rows), 3000)
+    assert sample == queries.Subset(len(rows), 3000)
     assert all(any(p.start <= t < p.end for p in slices) for t in started)
     with stored.connect() as conn:
         everything = conn.execute(select(Request.started_at).where(Request.started_at >= T0 - 1)).scalars().all()

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from specwatch.collector.queries import Window
 from specwatch.collector.store import Store
 from specwatch.cost.inputs import load_prices
-from specwatch.service.cost_signals import DAY_S, GAUGE, CostGauge, DailyCosts, arm_costs
+from specwatch.service.cost_gauges import DAY_S, GAUGE, CostGauge, DailyCosts, arm_costs
 from specwatch.telemetry.schema import IngestBatch
 
 TIMED = {"device_s_source": "engine", "output_tokens": 64, "queue_s": 0.0}
