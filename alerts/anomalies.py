@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specwatch.alerts.detector_settings import AnomalySettings
-from specwatch.collector.detector_reads import DraftedRequest
+from specwatch.collector.reads.detector_reads import DraftedRequest
 
 MAD_SCALE = 1.4826  # MAD -> stddev for a normal distribution
 

@@ -24,9 +24,15 @@ from specwatch.alerts.detector_store import Labels, cursor, save_cursor
 from specwatch.alerts.regression import latest_markers
 from specwatch.alerts.tables import request_flags
 from specwatch.collector.db import write_transaction
-from specwatch.collector.detector_reads import DraftedRequest, Marker, cursor_start, drafted_since, instance_drafted
-from specwatch.collector.queries import Window
-from specwatch.collector.request_reads import recent_drafted
+from specwatch.collector.reads.detector_reads import (
+    DraftedRequest,
+    Marker,
+    cursor_start,
+    drafted_since,
+    instance_drafted,
+)
+from specwatch.collector.reads.queries import Window
+from specwatch.collector.reads.request_reads import recent_drafted
 
 KIND = "anomalies"
 

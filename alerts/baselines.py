@@ -17,7 +17,7 @@ from specwatch.alerts.detector_settings import DriftSettings
 from specwatch.alerts.detector_store import Labels, SeriesRow, cursor, save_cursor, save_rows, series_rows
 from specwatch.alerts.drift import SeriesState, step
 from specwatch.collector.db import write_transaction
-from specwatch.collector.detector_reads import DraftedRequest, cursor_start, drafted_since
+from specwatch.collector.reads.detector_reads import DraftedRequest, cursor_start, drafted_since
 
 log = logging.getLogger("specwatch.alerts")
 KIND = "drift"

@@ -25,8 +25,8 @@ from specwatch.alerts.evaluator import Alert, State, Transition, fingerprint
 from specwatch.alerts.rules import AlertConfig
 from specwatch.alerts.tables import alert_actions, alert_transitions
 from specwatch.collector.db import write_transaction
-from specwatch.collector.queries import Window
-from specwatch.collector.series import EventRecord, engine_events
+from specwatch.collector.reads.queries import Window
+from specwatch.collector.reads.series import EventRecord, engine_events
 
 RULE = "CanaryVerdict"
 KIND = "canary_verdict"

@@ -17,10 +17,11 @@ import numpy as np
 from sqlalchemy import Engine
 
 from specwatch.alerts.detector_store import series_rows
-from specwatch.collector import reads, sketch
-from specwatch.collector.queries import Window
-from specwatch.collector.vllm import vllm_signals
-from specwatch.collector.window_signals import WindowReader
+from specwatch.collector.ingest.vllm import vllm_signals
+from specwatch.collector.reads import reads
+from specwatch.collector.reads.queries import Window
+from specwatch.collector.reads.window_signals import WindowReader
+from specwatch.collector.tiers import sketch
 from specwatch.cost.signals import excess_ratio
 
 Labels = tuple[tuple[str, str], ...]  # sorted (name, value) pairs

@@ -20,8 +20,8 @@ from sqlalchemy import Engine
 from specwatch.alerts.detector_settings import RegressionSettings
 from specwatch.alerts.detector_store import SeriesRow, save_rows
 from specwatch.collector.db import write_transaction
-from specwatch.collector.detector_reads import DraftedRequest, Marker, config_markers, instance_drafted
-from specwatch.collector.queries import Window
+from specwatch.collector.reads.detector_reads import DraftedRequest, Marker, config_markers, instance_drafted
+from specwatch.collector.reads.queries import Window
 
 KIND = "regression"
 _SHOWN = ("version", "model", "model_hash", "drafter", "default_drafter", "speculative_config", "role")

@@ -18,8 +18,8 @@ from sqlalchemy import Engine
 from specwatch.alerts import measures as m
 from specwatch.alerts import promql as q
 from specwatch.alerts.measures import Labels, Reading
-from specwatch.collector.queries import Window
-from specwatch.collector.window_signals import WindowReader
+from specwatch.collector.reads.queries import Window
+from specwatch.collector.reads.window_signals import WindowReader
 
 __all__ = ["SIGNALS", "Labels", "Reading", "Signal", "StoreSignals"]
 

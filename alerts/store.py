@@ -22,7 +22,7 @@ from specwatch.alerts.tables import (
     alert_states,
     alert_transitions,
 )
-from specwatch.collector.queries import Window
+from specwatch.collector.reads.queries import Window
 
 _ALERT_FIELDS = tuple(Alert.__dataclass_fields__)
 

@@ -39,9 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from specwatch.alerts import baselines  # noqa: E402
 from specwatch.alerts.detector_settings import DriftSettings  # noqa: E402
 from specwatch.alerts.detector_store import cursor  # noqa: E402
+from specwatch.collector.ingest.store import IngestCounts  # noqa: E402
 from specwatch.collector.metrics import CollectorMetrics  # noqa: E402
 from specwatch.collector.settings import Settings  # noqa: E402
-from specwatch.collector.store import IngestCounts  # noqa: E402
 from specwatch.engine.metrics import EngineMetrics  # noqa: E402
 from specwatch.gateway.metrics import GatewayMetrics  # noqa: E402
 from specwatch.gateway.upstreams import Upstream, UpstreamState  # noqa: E402

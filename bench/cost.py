@@ -37,8 +37,8 @@ from engine_harness import BackgroundServer  # noqa: E402
 from load import MODES, SCENARIOS  # noqa: E402
 
 from specwatch.collector.db import make_db, upgrade  # noqa: E402
-from specwatch.collector.queries import Filters, Window  # noqa: E402
-from specwatch.collector.store import Store  # noqa: E402
+from specwatch.collector.ingest.store import Store  # noqa: E402
+from specwatch.collector.reads.queries import Filters, Window  # noqa: E402
 from specwatch.cost.concurrency import ConcurrencyCosts, concurrency_costs_at  # noqa: E402
 from specwatch.cost.inputs import load_prices  # noqa: E402
 from specwatch.engine.engine import Engine, EngineConfig  # noqa: E402

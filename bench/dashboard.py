@@ -29,10 +29,10 @@ import httpx  # noqa: E402
 from query import load  # noqa: E402
 from sqlalchemy import func, select, update  # noqa: E402
 
-from specwatch.collector import aggregates  # noqa: E402
 from specwatch.collector.db import make_db, upgrade  # noqa: E402
 from specwatch.collector.models import Request  # noqa: E402
-from specwatch.collector.rollups import roll_up  # noqa: E402
+from specwatch.collector.tiers import aggregates  # noqa: E402
+from specwatch.collector.tiers.rollups import roll_up  # noqa: E402
 from specwatch.common.procs import free_port, start_collector  # noqa: E402
 
 GOAL_S = 1.5

@@ -37,7 +37,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specwatch.collector.capacity import CapacityRules, Served, estimate  # noqa: E402
+from specwatch.collector.reads.capacity import CapacityRules, Served, estimate  # noqa: E402
 
 SPEC_TPS, PLAIN_TPS = 900.0, 500.0  # tokens/s one pod serves: speculation on (input-grounded prompts), off
 TARGET, TOLERANCE = 0.8, 0.1

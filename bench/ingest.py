@@ -50,7 +50,7 @@ import httpx  # noqa: E402
 import orjson  # noqa: E402
 
 from specwatch.collector.db import make_db, upgrade  # noqa: E402
-from specwatch.collector.store import REQUESTS  # noqa: E402
+from specwatch.collector.ingest.store import REQUESTS  # noqa: E402
 from specwatch.common import procs as children  # noqa: E402
 from specwatch.telemetry.schema import RequestRecord  # noqa: E402
 

@@ -25,9 +25,10 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 
 from specwatch.collector.db import make_db, upgrade  # noqa: E402
-from specwatch.collector.history import errors_by_hour_long, long_series  # noqa: E402
-from specwatch.collector.long_signals import long_signals  # noqa: E402
-from specwatch.collector.queries import (  # noqa: E402
+from specwatch.collector.ingest.store import REQUESTS  # noqa: E402
+from specwatch.collector.reads.history import errors_by_hour_long, long_series  # noqa: E402
+from specwatch.collector.reads.long_signals import long_signals  # noqa: E402
+from specwatch.collector.reads.queries import (  # noqa: E402
     Filters,
     Window,
     acceptance_vs_length,
@@ -35,9 +36,8 @@ from specwatch.collector.queries import (  # noqa: E402
     per_position_acceptance,
     signals,
 )
-from specwatch.collector.rollups import roll_up  # noqa: E402
-from specwatch.collector.series import latest_device_samples, series  # noqa: E402
-from specwatch.collector.store import REQUESTS  # noqa: E402
+from specwatch.collector.reads.series import latest_device_samples, series  # noqa: E402
+from specwatch.collector.tiers.rollups import roll_up  # noqa: E402
 
 DAY = 86400.0
 

@@ -26,8 +26,8 @@ from sqlalchemy import func, select  # noqa: E402
 
 from specwatch.collector.db import make_db, upgrade  # noqa: E402
 from specwatch.collector.models import Request  # noqa: E402
-from specwatch.collector.queries import Filters, Window  # noqa: E402
-from specwatch.collector.request_reads import RequestQuery, list_requests  # noqa: E402
+from specwatch.collector.reads.queries import Filters, Window  # noqa: E402
+from specwatch.collector.reads.request_reads import RequestQuery, list_requests  # noqa: E402
 
 GOAL_S = 0.3
 PAGES = 6  # each listing's first pages, timed one by one

@@ -30,8 +30,8 @@ sys.path.insert(0, str(REPO))
 
 from sqlalchemy import Engine, text  # noqa: E402
 
-from specwatch.collector import partitions  # noqa: E402
 from specwatch.collector.db import make_db, upgrade, write_transaction  # noqa: E402
+from specwatch.collector.tiers import partitions  # noqa: E402
 
 DAY = partitions.DAY_S
 DAY_A = partitions.day_start(time.time()) - 30 * DAY  # old days: past any retention

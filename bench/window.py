@@ -33,10 +33,10 @@ from sqlalchemy import text  # noqa: E402
 from specwatch.alerts.rules import load_config  # noqa: E402
 from specwatch.alerts.runner import AlertRunner  # noqa: E402
 from specwatch.alerts.signals import StoreSignals  # noqa: E402
-from specwatch.collector import aggregates  # noqa: E402
 from specwatch.collector.db import make_db, upgrade  # noqa: E402
-from specwatch.collector.long_signals import auto_signals  # noqa: E402
-from specwatch.collector.queries import Window, signals  # noqa: E402
+from specwatch.collector.reads.long_signals import auto_signals  # noqa: E402
+from specwatch.collector.reads.queries import Window, signals  # noqa: E402
+from specwatch.collector.tiers import aggregates  # noqa: E402
 
 GOAL_S = 0.2
 WINDOW_S = 300.0

@@ -1,19 +1,24 @@
 """specwatch collector: ingest, the SQL store and its migrations, roll-ups and retention, the read path.
 
-Holds ingest (`ingest`, `store`, the per-second `aggregates` written with each batch), the store
-(`models`, `db`, Alembic migrations under `collector/migrations`, day `partitions` on PostgreSQL),
-roll-ups and retention (`rollups`, `maintenance`, run by the `leader` replica), Prometheus metrics,
-the vLLM scraper and every read of request, device-sample, event and scrape rows. It holds no cost
-formula and renders no report. The alert tables are created by its migrations (0004) but defined,
-read and written by `alerts/` (alerts/tables.py); retention expires them through `alerts.store.expire_history`,
-which the service hands to the maintenance loop (`rollups.apply_retention(..., expiries=...)`).
+Arranged by storage tier, in the order data flows:
+  ingest/   request bodies into rows (`parse`), bulk idempotent writes (`store`, with the per-second
+            aggregates of each batch), OTLP spans (`otlp`), vLLM scrapes (`vllm`)
+  tiers/    raw rows (day `partitions` on PostgreSQL), per-second `aggregates`, per-minute and hourly
+            `rollups` and retention; one aggregate definition and one merge of acceptance spreads
+            (`aggregates.totals_of`, `aggregates.merge_m2`), one `sketch` and one `totals` type for all
+  reads/    what consumers call (below)
+and beside them the store itself (`models`, `db`, Alembic migrations under `collector/migrations`,
+`settings`), the `leader` replica that runs `maintenance` (roll-ups, retention), Prometheus `metrics`.
+It holds no cost formula and renders no report. The alert tables are created by its migrations (0004)
+but defined, read and written by `alerts/` (alerts/tables.py); retention expires them through
+`alerts.store.expire_history`, which the service hands to the maintenance loop.
 Imports only `telemetry` (the contract producers use) and `common` (shared helpers).
 
 The HTTP service on top of it is `service.app.create_app(Settings())`, run by
 `specwatch collector serve` (`POST /v1/ingest`, `GET /v1/...`, `/metrics`); schema with
 `specwatch db upgrade`.
 
-Reading (functions take an Engine, a `queries.Window` and `queries.Filters`, and return frozen
+Reading (functions take the database handle `db`, a `queries.Window` and `queries.Filters`, and return frozen
 dataclasses; ORM rows never leave the package):
   reader.signals, reader.series  the tiered read path: raw rows (tag filters), per-second aggregates
                                  up to 6 h, rollups beyond; percentiles from one DDSketch type in

@@ -11,11 +11,11 @@ import time
 from collections.abc import Callable, Sequence
 from functools import partial
 
-from specwatch.collector import partitions
 from specwatch.collector.db import write_transaction
-from specwatch.collector.rollups import Expiry, apply_retention, roll_up
+from specwatch.collector.ingest.store import Store
 from specwatch.collector.settings import Settings
-from specwatch.collector.store import Store
+from specwatch.collector.tiers import partitions
+from specwatch.collector.tiers.rollups import Expiry, apply_retention, roll_up
 
 log = logging.getLogger("specwatch.collector")
 DAY_S = 86400.0

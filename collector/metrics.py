@@ -37,8 +37,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from sqlalchemy.exc import SQLAlchemyError
 
-from specwatch.collector.capacity import Capacity, CapacityRules, upstream_capacity
-from specwatch.collector.store import IngestCounts
+from specwatch.collector.ingest.store import IngestCounts
+from specwatch.collector.reads.capacity import Capacity, CapacityRules, upstream_capacity
 from specwatch.telemetry.schema import LATENCY_BUCKETS, DeviceSample, RequestRecord
 
 REQUEST_LABELS = ("instance", "model", "mode", "drafter")

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from sqlalchemy import Engine
 
-from specwatch.collector.queries import Filters, Window
-from specwatch.collector.usage import peak_memory, scenario_rows
+from specwatch.collector.reads.queries import Filters, Window
+from specwatch.collector.reads.usage import peak_memory, scenario_rows
 
 GIB = 2**30
 DETERMINISM_VALUES = ("required", "true", "yes", "1", "strict")

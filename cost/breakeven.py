@@ -40,7 +40,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from scipy.optimize import brentq
 
-from specwatch.collector.curve_reads import CurvePoint
+from specwatch.collector.reads.curve_reads import CurvePoint
 from specwatch.cost.model import CostInputs, ModeMeasure, monthly_volume, net_benefit, primary_key
 from specwatch.cost.step_curve import CurveTimes
 from specwatch.cost.step_inputs import NOT_MEASURED, RECORDS, STEP_CURVE, StepInputs, per_forward, step_inputs

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 from sqlalchemy import Engine
 
-from specwatch.collector.queries import Filters, Window
+from specwatch.collector.reads.queries import Filters, Window
 from specwatch.cost.allocation import Allocation, allocate
 from specwatch.cost.attribution import Spans, level_fractions
 from specwatch.cost.measured import Usage, read_usage

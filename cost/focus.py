@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from sqlalchemy import Engine
 
-from specwatch.collector.queries import Filters, Window
+from specwatch.collector.reads.queries import Filters, Window
 from specwatch.cost.allocation import Line, allocate
 from specwatch.cost.terms import CostInputs
 

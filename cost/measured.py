@@ -34,9 +34,9 @@ from typing import Protocol
 import numpy as np
 from sqlalchemy import Engine
 
-from specwatch.collector.curve_reads import step_curves
-from specwatch.collector.queries import Filters, Window
-from specwatch.collector.usage import (
+from specwatch.collector.reads.curve_reads import step_curves
+from specwatch.collector.reads.queries import Filters, Window
+from specwatch.collector.reads.usage import (
     GATEWAY_SOURCE,
     RequestColumns,
     device_counts,

@@ -17,7 +17,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from specwatch.collector.curve_reads import CurvePoint, StoredCurve
+from specwatch.collector.reads.curve_reads import CurvePoint, StoredCurve
 
 EXACT = 1e-6  # rows closer than this to the asked count are that count
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from specwatch.collector.curve_reads import StoredCurve
+from specwatch.collector.reads.curve_reads import StoredCurve
 from specwatch.cost.model import CostInputs, ModeMeasure
 from specwatch.cost.step_curve import CurveTimes, curve_times, lacking
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine
 
-from specwatch.collector.queries import Filters, Window
+from specwatch.collector.reads.queries import Filters, Window
 from specwatch.cost.advisor import Recommendation, advise
 from specwatch.cost.breakeven import BreakEven, TornadoRow, break_even, sensitivity
 from specwatch.cost.concurrency import ConcurrencyCosts, concurrency_costs

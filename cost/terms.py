@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from specwatch.collector.curve_reads import StoredCurve
+from specwatch.collector.reads.curve_reads import StoredCurve
 from specwatch.cost.instances import ArmUse, InstanceUse, StepTime
 from specwatch.telemetry import ratios
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from specwatch.collector.tuning_reads import TuningRows
+from specwatch.collector.reads.tuning_reads import TuningRows
 from specwatch.cost.attribution import Spans, level_fractions
 from specwatch.cost.tuner import Acceptance, Interval, Schedule, StepCurve, TuneRules, mark_stale, schedule
 
@@ -277,8 +277,8 @@ def _dated(plan: Schedule, rows: TuningRows, markers, profile: Profile) -> Sched
 
 def recommend_from_store(db, window, filters=None, **options) -> Schedule:
     """`recommend` over the store's `window` (collector.tuning_reads), version markers included."""
-    from specwatch.collector.queries import Filters
-    from specwatch.collector.tuning_reads import tuning_rows, version_markers
+    from specwatch.collector.reads.queries import Filters
+    from specwatch.collector.reads.tuning_reads import tuning_rows, version_markers
 
     filters = filters or Filters()
     rows = tuning_rows(db, window, filters)

@@ -39,11 +39,18 @@ from datetime import UTC, datetime
 from sqlalchemy import Engine
 
 from specwatch.alerts.store import history, incident_history
-from specwatch.collector.breakdown import Comparison, LoadBucket, compare, throughput_by_load
-from specwatch.collector.history import auto_series, errors_by_hour_long
-from specwatch.collector.long_signals import auto_signals
-from specwatch.collector.queries import Filters, HourOfDay, LengthCorrelation, Signals, Window, acceptance_vs_length
-from specwatch.collector.reads import raw_request_count, request_label_values
+from specwatch.collector.reads.breakdown import Comparison, LoadBucket, compare, throughput_by_load
+from specwatch.collector.reads.history import auto_series, errors_by_hour_long
+from specwatch.collector.reads.long_signals import auto_signals
+from specwatch.collector.reads.queries import (
+    Filters,
+    HourOfDay,
+    LengthCorrelation,
+    Signals,
+    Window,
+    acceptance_vs_length,
+)
+from specwatch.collector.reads.reads import raw_request_count, request_label_values
 from specwatch.cost.advisor import AdvisorRules
 from specwatch.cost.inputs import Overrides
 from specwatch.cost.model import HiddenCosts, Prices

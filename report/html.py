@@ -17,7 +17,7 @@ from html import escape
 from pathlib import Path
 from string import Template
 
-from specwatch.collector.breakdown import Group
+from specwatch.collector.reads.breakdown import Group
 from specwatch.cost.concurrency import ConcurrencyCosts
 from specwatch.cost.model import SEED, Assumption, Benefit, Tco
 from specwatch.cost.summary import CostSummary

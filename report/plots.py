@@ -17,8 +17,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from specwatch.collector.breakdown import Comparison, LoadBucket  # noqa: E402
-from specwatch.collector.queries import HourOfDay, LengthBucket  # noqa: E402
+from specwatch.collector.reads.breakdown import Comparison, LoadBucket  # noqa: E402
+from specwatch.collector.reads.queries import HourOfDay, LengthBucket  # noqa: E402
 from specwatch.cost.breakeven import BreakEven, TornadoRow  # noqa: E402
 from specwatch.cost.concurrency import ConcurrencyCosts  # noqa: E402
 

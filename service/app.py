@@ -18,13 +18,13 @@ from prometheus_client import CollectorRegistry
 
 from specwatch.alerts.store import expire_history
 from specwatch.collector.db import make_db, upgrade
-from specwatch.collector.ingest import IngestWorkers
+from specwatch.collector.ingest.parse import IngestWorkers
+from specwatch.collector.ingest.store import Store
+from specwatch.collector.ingest.vllm import Scraper
 from specwatch.collector.leader import LeaderMetrics, Leadership
 from specwatch.collector.maintenance import maintenance_loop
 from specwatch.collector.metrics import CapacityGauge, CollectorMetrics
 from specwatch.collector.settings import Settings
-from specwatch.collector.store import Store
-from specwatch.collector.vllm import Scraper
 from specwatch.service import (
     routes_alerts,
     routes_cost,

@@ -43,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def serve_command(args: argparse.Namespace) -> int:
     from specwatch.alerts.rules import RulesError, load_config
-    from specwatch.collector.ingest import tune_gc_for_ingest
+    from specwatch.collector.ingest.parse import tune_gc_for_ingest
     from specwatch.common import serving
     from specwatch.service.app import create_app
 

@@ -1,4 +1,4 @@
-"""Cost as a signal: each arm's $ per 1M output tokens on /metrics, and the daily cost series.
+"""Cost as Prometheus gauges: each arm's $ per 1M output tokens on /metrics, and the daily cost series.
 
 Both price what the store holds with the cost model (`cost.inputs.measured_inputs`, then
 `cost.model.tco`) on the shipped price table, at the price of the GPU the device samples name
@@ -26,7 +26,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from specwatch.collector.queries import Window
+from specwatch.collector.reads.queries import Window
 from specwatch.cost.inputs import infer_gpu_type, measured_inputs
 from specwatch.cost.model import ArmCost, Prices, tco
 from specwatch.cost.sharing import derived_in

@@ -33,7 +33,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 
 from specwatch.alerts.store import incident_history
-from specwatch.collector.queries import Window
+from specwatch.collector.reads.queries import Window
 from specwatch.cost.focus import measured_focus, write_focus
 from specwatch.cost.inputs import Overrides, load_prices
 from specwatch.cost.measured import infer_gpu_type

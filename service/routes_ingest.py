@@ -13,9 +13,9 @@ from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect
 
 from specwatch.collector.db import is_current
-from specwatch.collector.ingest import BatchRejected, gunzip
+from specwatch.collector.ingest.parse import BatchRejected, gunzip
+from specwatch.collector.ingest.store import IngestCounts
 from specwatch.collector.settings import Settings
-from specwatch.collector.store import IngestCounts
 from specwatch.common.bodies import TooLarge, read_capped
 from specwatch.service.deps import DbDep, IngestGrantDep, MetricsDep, SettingsDep, json_response, metrics_access
 
@@ -30,7 +30,7 @@ async def ingest(request: Request, settings: SettingsDep, metrics: MetricsDep, g
     A tenant-bound token writes its own instances only (403), its requests tagged with its tenant."""
     try:
         body = await _body(request, settings)
-        result = await request.app.state.ingest.ingest(body, grant)  # in a worker process (see collector.ingest)
+        result = await request.app.state.ingest.ingest(body, grant)  # in a worker process (see collector.ingest.parse)
     except BatchRejected as exc:
         metrics.record_rejected(exc.reason)
         raise HTTPException(exc.status, exc.detail, headers=_CLOSE if exc.status == 408 else None) from None

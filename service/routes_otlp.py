@@ -11,8 +11,8 @@ import asyncio
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import Response
 
-from specwatch.collector import otlp
-from specwatch.collector.ingest import BatchRejected, gunzip
+from specwatch.collector.ingest import otlp
+from specwatch.collector.ingest.parse import BatchRejected, gunzip
 from specwatch.service.deps import IngestGrantDep, MetricsDep, SettingsDep
 from specwatch.service.routes_ingest import _read_body
 

@@ -15,8 +15,9 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Response
 
-from specwatch.collector import breakdown, reader, series, vllm
-from specwatch.collector.queries import Filters, Window
+from specwatch.collector.ingest import vllm
+from specwatch.collector.reads import breakdown, reader, series
+from specwatch.collector.reads.queries import Filters, Window
 from specwatch.service.deps import DbDep, ReadGrantDep, json_response, read_access, read_all_tenants
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(read_access)])

@@ -14,8 +14,8 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Response
 
-from specwatch.collector import request_reads
-from specwatch.collector.request_reads import BadCursor, RequestQuery
+from specwatch.collector.reads import request_reads
+from specwatch.collector.reads.request_reads import BadCursor, RequestQuery
 from specwatch.service.deps import DbDep, ReadGrantDep, json_response, read_access
 from specwatch.service.routes_query import FiltersDep, WindowDep
 

@@ -16,7 +16,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Response
 
-from specwatch.collector.queries import Window
+from specwatch.collector.reads.queries import Window
 from specwatch.cost.tuner import TuneRules
 from specwatch.cost.tuner_data import recommend_from_store
 from specwatch.cost.tuner_emit import plan_json, todays_ks

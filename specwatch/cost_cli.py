@@ -19,7 +19,7 @@ from pathlib import Path
 
 from specwatch.alerts.store import incident_history
 from specwatch.collector.cli import add_db_option
-from specwatch.collector.queries import Window
+from specwatch.collector.reads.queries import Window
 from specwatch.common.errors import UsageError
 from specwatch.cost.inputs import Overrides, apply_overrides, load_hidden_costs, load_prices, what_if_inputs
 from specwatch.cost.model import HiddenCosts

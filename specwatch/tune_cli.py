@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from specwatch.collector.cli import add_db_option
-from specwatch.collector.queries import Filters, Window
+from specwatch.collector.reads.queries import Filters, Window
 from specwatch.common.errors import UsageError
 from specwatch.cost.options import positive
 from specwatch.cost.tuner import TuneRules

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 
 import numpy as np
 
-from specwatch.collector.tuning_reads import rows_from_tuples
+from specwatch.collector.reads.tuning_reads import rows_from_tuples
 from specwatch.cost.attribution import levels
 from specwatch.cost.tuner_data import acceptance
 from specwatch.gateway.records import DraftCounts

@@ -95,7 +95,7 @@ def _phase(run, phase, end: float | None) -> bool:
 
 def _timeline(run) -> None:
     """Every stored scrape row: quiet ones folded, gaps and resets spelled out."""
-    from specwatch.collector.reads import vllm_scrapes
+    from specwatch.collector.reads.reads import vllm_scrapes
 
     db = create_engine(run.db_url)
     rows = vllm_scrapes(db)

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 from collector_payloads import request_dict
 from prometheus_client import CollectorRegistry
 
+from specwatch.collector.ingest.store import IngestCounts
 from specwatch.collector.metrics import CollectorMetrics
-from specwatch.collector.store import IngestCounts
 from specwatch.engine.metrics import EngineMetrics
 from specwatch.gateway.metrics import GatewayMetrics
 from specwatch.gateway.upstreams import Upstream, UpstreamState

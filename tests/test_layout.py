@@ -51,7 +51,7 @@ ORM_MODULE = "specwatch.collector.models"
 
 
 def module_name(path: Path) -> str:
-    """`collector/store.py` -> `specwatch.collector.store`; `specwatch/cli.py` -> `specwatch.cli`."""
+    """`collector/ingest/store.py` -> `specwatch.collector.ingest.store`; `specwatch/cli.py` -> `specwatch.cli`."""
     parts = path.relative_to(REPO).with_suffix("").parts
     parts = parts[:-1] if parts[-1] == "__init__" else parts
     return ".".join(parts if parts[0] == "specwatch" else ("specwatch", *parts))
@@ -151,11 +151,11 @@ def test_no_wheels_are_tracked():
 
 def test_the_checks_catch_what_they_guard(tmp_path):
     """The edge table refuses an upward import and the cycle finder finds a cycle."""
-    assert not allowed("specwatch.collector.queries", "specwatch.alerts.rules")
+    assert not allowed("specwatch.collector.reads.queries", "specwatch.alerts.rules")
     assert not allowed("specwatch.cost.measured", "specwatch.alerts.store") and allowed(
         "specwatch.alerts.measures", "specwatch.cost.signals"
     )
-    assert not allowed("specwatch.engine.server", "specwatch.collector.store")
+    assert not allowed("specwatch.engine.server", "specwatch.collector.ingest.store")
     assert not allowed("specwatch.gateway.app", "specwatch.collector.schema")
     assert not allowed("specwatch.common.auth", "specwatch.telemetry.schema")
     assert not allowed("specwatch.telemetry.client", "specwatch.cli")
@@ -163,7 +163,7 @@ def test_the_checks_catch_what_they_guard(tmp_path):
         "specwatch.report.html", "specwatch.report.build"
     )
     assert allowed("specwatch.up", "specwatch.engine.cli") and allowed(
-        "specwatch.collector.store", "specwatch.common.auth"
+        "specwatch.collector.ingest.store", "specwatch.common.auth"
     )
     assert find_cycle({"a.x": {"a.y"}, "a.y": {"a.z"}, "a.z": {"a.x"}}) == ["a.x", "a.y", "a.z", "a.x"]
     assert find_cycle({"a.x": {"a.y"}, "a.y": set()}) is None

@@ -6,8 +6,8 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine
 
-from specwatch.collector import partitions
 from specwatch.collector.models import Base
+from specwatch.collector.tiers import partitions
 
 config = context.config
 

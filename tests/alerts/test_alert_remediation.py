@@ -18,7 +18,7 @@ from specwatch.alerts.rules import parse_config
 from specwatch.alerts.runner import AlertRunner
 from specwatch.alerts.tables import alert_actions
 from specwatch.collector.db import make_db, upgrade
-from specwatch.collector.store import Store
+from specwatch.collector.ingest.store import Store
 from specwatch.engine.policy import PolicyConfig
 from specwatch.engine.scheduler import SchedulerConfig
 from specwatch.telemetry.schema import IngestBatch

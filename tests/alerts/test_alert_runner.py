@@ -16,8 +16,8 @@ from specwatch.alerts.runner import AlertRunner
 from specwatch.alerts.signals import StoreSignals
 from specwatch.alerts.store import active_alerts, history
 from specwatch.alerts.tables import alert_notifications, alert_rule_health
-from specwatch.collector.queries import Window
-from specwatch.collector.store import Store
+from specwatch.collector.ingest.store import Store
+from specwatch.collector.reads.queries import Window
 from specwatch.telemetry.schema import IngestBatch
 
 
@@ -165,7 +165,7 @@ def test_a_failing_signal_records_its_error_and_the_others_go_on(db):
 
 def test_old_alert_history_expires_with_the_rollups_but_undelivered_notifications_stay(db):
     from specwatch.alerts.store import expire_history
-    from specwatch.collector.rollups import apply_retention
+    from specwatch.collector.tiers.rollups import apply_retention
 
     store(db, [drafted(i, 4) for i in range(10)])
     runner = AlertRunner(db, parse_config({**RULES, "rules": [RULES["rules"][0] | {"for": "0s"}]}))
@@ -182,7 +182,7 @@ def test_old_alert_history_expires_with_the_rollups_but_undelivered_notification
 def test_vllm_signals_per_source_from_real_scrapes(db):
     from fake_vllm import FakeVllm
 
-    from specwatch.collector.vllm import Scraper
+    from specwatch.collector.ingest.vllm import Scraper
 
     rng = np.random.default_rng(3)
     for source, (low, high) in (("http://good:8000/metrics", (2, 4)), ("http://bad:8000/metrics", (0, 2))):

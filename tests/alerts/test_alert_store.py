@@ -7,7 +7,7 @@ from specwatch.alerts.evaluator import Alert, State, Transition
 from specwatch.alerts.store import active_alerts, incident_history, save_rule
 from specwatch.alerts.tables import alert_actions
 from specwatch.collector.db import write_transaction
-from specwatch.collector.queries import Window
+from specwatch.collector.reads.queries import Window
 
 
 def _alert(fp: str, state: State, at: float) -> Alert:

@@ -7,7 +7,7 @@ import pytest
 
 from specwatch.alerts.anomalies import MarkerBaseline, flag, marker_baseline, new_drafter_collapse
 from specwatch.alerts.detector_settings import AnomalySettings
-from specwatch.collector.detector_reads import DraftedRequest
+from specwatch.collector.reads.detector_reads import DraftedRequest
 
 SETTINGS = AnomalySettings(min_drafted_tokens=16, min_series_requests=50)
 

@@ -11,7 +11,7 @@ from specwatch.alerts.anomaly_pass import run_pass
 from specwatch.alerts.rules import parse_config
 from specwatch.alerts.runner import AlertRunner
 from specwatch.alerts.tables import request_flags
-from specwatch.collector.store import Store
+from specwatch.collector.ingest.store import Store
 from specwatch.telemetry.schema import IngestBatch
 
 CONFIG = parse_config({"rules": [], "receivers": [], "detectors": {"anomalies": {"min_series_requests": 20}}})

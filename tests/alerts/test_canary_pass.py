@@ -11,8 +11,8 @@ from specwatch.alerts.rules import parse_config
 from specwatch.alerts.runner import AlertRunner
 from specwatch.alerts.store import history
 from specwatch.alerts.tables import alert_notifications
-from specwatch.collector.queries import Window
-from specwatch.collector.store import Store
+from specwatch.collector.ingest.store import Store
+from specwatch.collector.reads.queries import Window
 from specwatch.telemetry.schema import IngestBatch
 
 CONFIG = parse_config(

@@ -14,7 +14,7 @@ from test_alert_evaluator import run_table
 from specwatch.alerts.evaluator import State, evaluate
 from specwatch.alerts.rules import DEFAULT_RULES, load_config
 from specwatch.alerts.signals import StoreSignals
-from specwatch.collector.store import Store
+from specwatch.collector.ingest.store import Store
 from specwatch.telemetry.schema import IngestBatch
 
 HOUR = 3600.0

@@ -21,7 +21,7 @@ from specwatch.alerts.rules import parse_config
 from specwatch.alerts.runner import AlertRunner
 from specwatch.alerts.store import active_alerts
 from specwatch.alerts.tables import alert_notifications
-from specwatch.collector.store import Store
+from specwatch.collector.ingest.store import Store
 from specwatch.telemetry.schema import IngestBatch
 
 # the by-hand tables keep the warmup's baseline (learn_below_score 0); tests/alerts/test_drift_baseline.py learns

@@ -16,7 +16,7 @@ from specwatch.alerts.detector_settings import DriftSettings
 from specwatch.alerts.detector_store import save_rows
 from specwatch.alerts.drift import SeriesState, learn, run, step
 from specwatch.collector.db import write_transaction
-from specwatch.collector.store import Store
+from specwatch.collector.ingest.store import Store
 from specwatch.telemetry.schema import IngestBatch
 
 SETTINGS = DriftSettings(warmup=50, decision_interval=20.0, rebaseline_after=0, baseline_memory=400)

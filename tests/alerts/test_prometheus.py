@@ -18,8 +18,8 @@ from specwatch.alerts.detector_store import SeriesRow, save_rows
 from specwatch.alerts.prometheus import GROUP, VLLM_GROUP, export, rule_groups, unit_tests
 from specwatch.alerts.rules import DEFAULT_RULES, RulesError, load_config, parse_config
 from specwatch.collector.db import make_db, upgrade, write_transaction
+from specwatch.collector.ingest.store import IngestCounts
 from specwatch.collector.metrics import CollectorMetrics
-from specwatch.collector.store import IngestCounts
 from specwatch.telemetry.schema import DeviceSample, RequestRecord
 
 VLLM_FIXTURE = Path(__file__).parents[1] / "collector" / "fixtures" / "vllm_metrics.txt"

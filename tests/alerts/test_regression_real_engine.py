@@ -24,7 +24,7 @@ from specwatch.alerts.rules import parse_config
 from specwatch.alerts.runner import AlertRunner
 from specwatch.alerts.store import active_alerts
 from specwatch.collector.db import make_db, upgrade
-from specwatch.collector.store import Store
+from specwatch.collector.ingest.store import Store
 from specwatch.common.procs import free_port, start_collector, stop_process
 from specwatch.engine.policy import PolicyConfig
 from specwatch.engine.scheduler import SchedulerConfig

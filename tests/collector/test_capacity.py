@@ -11,9 +11,9 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from waiting import wait_for
 
-from specwatch.collector.capacity import CapacityRules, Served, estimate, upstream_capacity
+from specwatch.collector.ingest.store import Store
 from specwatch.collector.metrics import CAPACITY, CapacityGauge
-from specwatch.collector.store import Store
+from specwatch.collector.reads.capacity import CapacityRules, Served, estimate, upstream_capacity
 from specwatch.telemetry.schema import IngestBatch
 
 RULES = CapacityRules()

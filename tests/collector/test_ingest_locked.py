@@ -14,9 +14,9 @@ import pytest
 from collector_payloads import request_dict
 
 from specwatch.collector.db import INGEST_BUSY_S, make_db, upgrade
-from specwatch.collector.ingest import BatchRejected, ingest_body
-from specwatch.collector.rollups import roll_up
-from specwatch.collector.store import Store
+from specwatch.collector.ingest.parse import BatchRejected, ingest_body
+from specwatch.collector.ingest.store import Store
+from specwatch.collector.tiers.rollups import roll_up
 from specwatch.telemetry.client import TelemetryClient
 
 

@@ -17,13 +17,13 @@ from sqlalchemy import Engine, column, func, insert, inspect, select, table
 
 from specwatch.alerts.rules import load_config
 from specwatch.collector.db import alembic_config, make_db, upgrade
-from specwatch.collector.history import histogram_quantile, long_series
-from specwatch.collector.long_signals import long_signals
+from specwatch.collector.ingest.store import IngestCounts, Store
 from specwatch.collector.metrics import CollectorMetrics
 from specwatch.collector.models import ADDED_BUCKETS, LEGACY_LATENCY_BUCKETS, Request
-from specwatch.collector.queries import Percentiles, Window
-from specwatch.collector.rollups import LAST_ID, LAST_PASS_AT, roll_up
-from specwatch.collector.store import IngestCounts, Store
+from specwatch.collector.reads.history import histogram_quantile, long_series
+from specwatch.collector.reads.long_signals import long_signals
+from specwatch.collector.reads.queries import Percentiles, Window
+from specwatch.collector.tiers.rollups import LAST_ID, LAST_PASS_AT, roll_up
 from specwatch.engine.metrics import EngineMetrics
 from specwatch.telemetry.schema import LATENCY_BUCKETS, IngestBatch, RequestRecord
 from specwatch.telemetry.sink import TelemetrySink

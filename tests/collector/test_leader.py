@@ -26,11 +26,11 @@ from specwatch.alerts.evaluator import Alert, State
 from specwatch.alerts.notify import deliver_due, enqueue
 from specwatch.alerts.rules import parse_config
 from specwatch.collector.db import is_current, make_db, upgrade
+from specwatch.collector.ingest.store import Store
 from specwatch.collector.leader import LeaderMetrics, Leadership
 from specwatch.collector.models import RequestRollup, RequestRollupHourly
-from specwatch.collector.rollups import roll_up
 from specwatch.collector.settings import Settings
-from specwatch.collector.store import Store
+from specwatch.collector.tiers.rollups import roll_up
 from specwatch.common.procs import free_port
 from specwatch.service.app import create_app
 from specwatch.telemetry.schema import IngestBatch, RequestRecord

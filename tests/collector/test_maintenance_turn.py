@@ -15,7 +15,7 @@ def test_roll_ups_and_alert_cycles_never_overlap(monkeypatch):
     spans: list[tuple[str, float, float]] = []
 
     def job(name: str):
-        def run(*args) -> None:
+        def run(*args, **kwargs) -> None:
             started = time.monotonic()
             time.sleep(0.05)  # long enough for the other loop's thread to try to start in between
             spans.append((name, started, time.monotonic()))

@@ -11,8 +11,8 @@ from collector_payloads import plain_request_dict, request_dict, sample_dict
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from specwatch.collector.ingest.store import IngestCounts
 from specwatch.collector.metrics import CollectorMetrics
-from specwatch.collector.store import IngestCounts
 from specwatch.telemetry.schema import DeviceSample, RequestRecord
 
 

@@ -8,11 +8,11 @@ from alembic import command
 from collector_payloads import T0, event_dict, request_dict, sample_dict
 from sqlalchemy import Engine, inspect, text
 
-from specwatch.collector import partitions
 from specwatch.collector.db import alembic_config, make_db, upgrade
+from specwatch.collector.ingest.store import Store
 from specwatch.collector.models import DeviceSampleRow, EngineEventRow, Request, VllmScrape
-from specwatch.collector.rollups import apply_retention, roll_up
-from specwatch.collector.store import Store
+from specwatch.collector.tiers import partitions
+from specwatch.collector.tiers.rollups import apply_retention, roll_up
 from specwatch.telemetry.schema import IngestBatch
 
 DAY = 86400

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from collector_payloads import T0, sample_dict, varied_request
 
-from specwatch.collector.queries import (
+from specwatch.collector.ingest.store import Store
+from specwatch.collector.reads.queries import (
     Filters,
     Window,
     acceptance_vs_length,
@@ -14,8 +15,7 @@ from specwatch.collector.queries import (
     per_position_acceptance,
     signals,
 )
-from specwatch.collector.series import engine_events, latest_device_samples, series
-from specwatch.collector.store import Store
+from specwatch.collector.reads.series import engine_events, latest_device_samples, series
 from specwatch.telemetry.schema import IngestBatch
 
 N = 400

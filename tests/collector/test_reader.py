@@ -12,11 +12,12 @@ from collector_payloads import T0
 from sqlalchemy import delete, select, update
 from test_window_aggregates import store_in_batches, workload
 
-from specwatch.collector import aggregates, breakdown, queries, reader, window_signals
-from specwatch.collector.aggregates import WindowAggregate
 from specwatch.collector.models import MaintenanceState, Request
-from specwatch.collector.queries import Filters, Window, signals
-from specwatch.collector.series import series
+from specwatch.collector.reads import breakdown, queries, reader, window_signals
+from specwatch.collector.reads.queries import Filters, Window, signals
+from specwatch.collector.reads.series import series
+from specwatch.collector.tiers import aggregates
+from specwatch.collector.tiers.aggregates import WindowAggregate
 
 LATENCY_REL = 0.011  # sketch percentiles: within 1% of the exact value at their rank (and the interpolation)
 

@@ -8,9 +8,9 @@ from collector_payloads import T0, plain_request_dict, request_dict
 from sqlalchemy import insert
 
 from specwatch.alerts.tables import request_flags
-from specwatch.collector import request_reads
-from specwatch.collector.queries import Filters
-from specwatch.collector.store import Store
+from specwatch.collector.ingest.store import Store
+from specwatch.collector.reads import request_reads
+from specwatch.collector.reads.queries import Filters
 from specwatch.telemetry.schema import IngestBatch
 
 WINDOW = {"start": T0 - 10, "end": T0 + 3600}

@@ -11,15 +11,15 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select, update
 from waiting import wait_for
 
-from specwatch.collector import reader
-from specwatch.collector.history import errors_by_hour_long, histogram_quantile, long_series
-from specwatch.collector.long_signals import long_signals
+from specwatch.collector.ingest.store import Store
 from specwatch.collector.models import LATENCY_BUCKETS, Request, RequestRollup, RequestRollupHourly
-from specwatch.collector.queries import Filters, Window, errors_by_hour, signals
-from specwatch.collector.rollups import apply_retention, roll_up
-from specwatch.collector.series import series
+from specwatch.collector.reads import reader
+from specwatch.collector.reads.history import errors_by_hour_long, histogram_quantile, long_series
+from specwatch.collector.reads.long_signals import long_signals
+from specwatch.collector.reads.queries import Filters, Window, errors_by_hour, signals
+from specwatch.collector.reads.series import series
 from specwatch.collector.settings import Settings
-from specwatch.collector.store import Store
+from specwatch.collector.tiers.rollups import apply_retention, roll_up
 from specwatch.service.app import create_app
 from specwatch.telemetry.schema import IngestBatch
 
@@ -84,7 +84,7 @@ def test_long_series_from_rollups_matches_raw_series(db, stored):
 
 
 def test_late_records_are_folded_into_their_minute(db, stored, monkeypatch):
-    monkeypatch.setattr("specwatch.collector.rollups.CHUNK_ROWS", 150)  # several transactions per pass
+    monkeypatch.setattr("specwatch.collector.tiers.rollups.CHUNK_ROWS", 150)  # several transactions per pass
     assert roll_up(db, now=T0 + DAY).rows_folded == N
     late = request_dict(10_000, started_at=T0 + 30.5)  # a minute rolled up long ago
     Store(db).insert(IngestBatch.model_validate({"requests": [late]}))

@@ -8,9 +8,9 @@ import pytest
 from collector_payloads import T0, request_dict, sample_dict
 from gateway_events import upstream_snapshots
 
-from specwatch.collector.breakdown import Source, sources
-from specwatch.collector.queries import Window
-from specwatch.collector.store import Store
+from specwatch.collector.ingest.store import Store
+from specwatch.collector.reads.breakdown import Source, sources
+from specwatch.collector.reads.queries import Window
 from specwatch.telemetry.schema import EngineEvent, IngestBatch
 
 WINDOW = Window(T0 + 100, T0 + 1100)  # 1000 s; the gateway's snapshots are older than its start
@@ -130,7 +130,7 @@ def test_api_keeps_the_old_keys_and_adds_the_gateway_fields(client, db):
 
 def test_a_lone_engine_shows_the_overviews_request_rate(db):
     """Sources and the Overview (signals' request_rate_per_s) rate the same requests the same way."""
-    from specwatch.collector.reader import signals
+    from specwatch.collector.reads.reader import signals
 
     store(db, requests=requests("gpu-0", 5, 0, at=T0 + 300.4) + requests("gpu-0", 3, 10, at=T0 + 700.2))
     (row,) = sources(db, WINDOW)

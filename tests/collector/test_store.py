@@ -8,10 +8,10 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import func, inspect, select, text
 from sqlalchemy.orm import Session
 
-from specwatch.collector import partitions
 from specwatch.collector.db import is_current
+from specwatch.collector.ingest.store import Store, StoreUnavailable
 from specwatch.collector.models import Base, DeviceSampleRow, EngineEventRow, Request
-from specwatch.collector.store import Store, StoreUnavailable
+from specwatch.collector.tiers import partitions
 from specwatch.telemetry.schema import IngestBatch
 
 

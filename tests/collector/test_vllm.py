@@ -12,10 +12,10 @@ from fastapi.testclient import TestClient
 from prometheus_client import start_http_server
 from waiting import wait_for
 
-from specwatch.collector.history import histogram_quantile
-from specwatch.collector.queries import Window
+from specwatch.collector.ingest.vllm import Scraper, parse, vllm_signals
+from specwatch.collector.reads.history import histogram_quantile
+from specwatch.collector.reads.queries import Window
 from specwatch.collector.settings import Settings
-from specwatch.collector.vllm import Scraper, parse, vllm_signals
 from specwatch.common.procs import free_port
 from specwatch.service.app import create_app
 

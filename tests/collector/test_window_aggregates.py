@@ -14,12 +14,13 @@ from sqlalchemy import event, func, insert, select
 from specwatch.alerts.rules import load_config
 from specwatch.alerts.runner import AlertRunner
 from specwatch.alerts.signals import SIGNALS, StoreSignals
-from specwatch.collector import aggregates, sketch, window_signals
-from specwatch.collector.aggregates import WindowAggregate
 from specwatch.collector.db import make_db, upgrade
+from specwatch.collector.ingest.store import REQUESTS, Store
 from specwatch.collector.models import Request
-from specwatch.collector.queries import Filters, Window, signals
-from specwatch.collector.store import REQUESTS, Store
+from specwatch.collector.reads import window_signals
+from specwatch.collector.reads.queries import Filters, Window, signals
+from specwatch.collector.tiers import aggregates, sketch
+from specwatch.collector.tiers.aggregates import WindowAggregate
 from specwatch.telemetry.schema import IngestBatch, RequestRecord
 
 QUANTILES = (0.5, 0.9, 0.95, 0.99)

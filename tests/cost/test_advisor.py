@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from collector_payloads import T0, plain_request_dict, request_dict, sample_dict
 
-from specwatch.collector.queries import Window
-from specwatch.collector.store import Store
+from specwatch.collector.ingest.store import Store
+from specwatch.collector.reads.queries import Window
 from specwatch.cost.advisor import GIB, ScenarioEvidence, advise, recommend, scenario_evidence
 from specwatch.telemetry.schema import IngestBatch
 

@@ -13,7 +13,7 @@ from openpyxl import load_workbook
 
 from specwatch.cli import main
 from specwatch.collector.db import make_db, upgrade
-from specwatch.collector.store import Store
+from specwatch.collector.ingest.store import Store
 from specwatch.cost.breakeven import break_even_alpha
 from specwatch.cost.inputs import load_prices, what_if_inputs
 from specwatch.cost.model import IdleTime, tco

@@ -11,8 +11,8 @@ from collector_payloads import T0, plain_request_dict, request_dict
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from specwatch.collector.queries import Window
-from specwatch.collector.store import Store
+from specwatch.collector.ingest.store import Store
+from specwatch.collector.reads.queries import Window
 from specwatch.cost.inputs import load_prices
 from specwatch.service.cost_gauges import DAY_S, GAUGE, CostGauge, DailyCosts, arm_costs
 from specwatch.telemetry.schema import IngestBatch

@@ -13,8 +13,8 @@ from collector_payloads import T0, plain_request_dict, request_dict, sample_dict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specwatch.collector.queries import Window
-from specwatch.collector.store import Store
+from specwatch.collector.ingest.store import Store
+from specwatch.collector.reads.queries import Window
 from specwatch.cost.breakeven import (
     alpha_from_mean_acceptance_length,
     at_acceptance,

@@ -22,8 +22,8 @@ from openpyxl import load_workbook
 
 from specwatch.cli import main
 from specwatch.collector.db import make_db, upgrade
-from specwatch.collector.queries import Window
-from specwatch.collector.store import Store
+from specwatch.collector.ingest.store import Store
+from specwatch.collector.reads.queries import Window
 from specwatch.cost.allocation import allocate
 from specwatch.cost.breakeven import break_even_alpha, expected_speedup, speedup_from_times
 from specwatch.cost.concurrency import ConcurrencyRow, crossover

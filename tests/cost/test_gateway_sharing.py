@@ -16,8 +16,8 @@ from collector_payloads import T0, plain_request_dict, sample_dict
 from thread_server import ThreadServer
 
 from specwatch.collector.db import make_db, upgrade
-from specwatch.collector.queries import Filters, Window
-from specwatch.collector.store import Store
+from specwatch.collector.ingest.store import Store
+from specwatch.collector.reads.queries import Filters, Window
 from specwatch.cost.allocation import allocate
 from specwatch.cost.assumptions import estimated_from
 from specwatch.cost.inputs import load_prices

@@ -11,7 +11,7 @@ import pytest
 from collector_payloads import T0, plain_request_dict, request_dict
 from scipy.optimize import brentq
 
-from specwatch.collector.curve_reads import CurvePoint, StoredCurve, parse_points
+from specwatch.collector.reads.curve_reads import CurvePoint, StoredCurve, parse_points
 from specwatch.cost.breakeven import RECORDS, STEP_CURVE, break_even, break_even_alpha, speedup_from_times
 from specwatch.cost.inputs import load_prices
 from specwatch.cost.model import CostInputs, ModeMeasure

@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from specwatch.collector.curve_reads import step_curves
 from specwatch.collector.db import make_db
-from specwatch.collector.queries import Window
+from specwatch.collector.reads.curve_reads import step_curves
+from specwatch.collector.reads.queries import Window
 from specwatch.common.procs import free_port, start_collector
 from specwatch.cost.breakeven import RECORDS, STEP_CURVE, BreakEven
 from specwatch.cost.inputs import load_prices

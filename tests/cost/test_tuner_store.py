@@ -11,9 +11,9 @@ from collector_payloads import T0, event_dict
 from tuning_payloads import records, spec
 
 from specwatch.cli import main
-from specwatch.collector.queries import Window
-from specwatch.collector.store import Store
-from specwatch.collector.tuning_reads import tuning_rows
+from specwatch.collector.ingest.store import Store
+from specwatch.collector.reads.queries import Window
+from specwatch.collector.reads.tuning_reads import tuning_rows
 from specwatch.cost.tuner import TuneRules
 from specwatch.cost.tuner_data import recommend, recommend_from_store
 from specwatch.telemetry.schema import IngestBatch

@@ -18,8 +18,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from specwatch.alerts.rules import DEFAULT_RULES, load_config, parse_config
+from specwatch.collector.ingest.store import IngestCounts
 from specwatch.collector.metrics import CollectorMetrics
-from specwatch.collector.store import IngestCounts
 from specwatch.dashboard.grafana.build import SOURCES, dashboard, rule_thresholds
 from specwatch.telemetry.schema import DeviceSample, RequestRecord
 

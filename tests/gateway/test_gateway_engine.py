@@ -21,8 +21,8 @@ from specwatch.alerts.rules import parse_config
 from specwatch.alerts.runner import AlertRunner
 from specwatch.alerts.tables import alert_actions
 from specwatch.collector.db import make_db, upgrade
+from specwatch.collector.ingest.store import Store
 from specwatch.collector.models import Request
-from specwatch.collector.store import Store
 from specwatch.common.procs import free_port, start_collector, stop_process
 from specwatch.gateway.routing import RoutingConfig
 from specwatch.telemetry.client import TelemetryClient

@@ -12,8 +12,8 @@ from gateway_harness import GatewayServer
 from sqlalchemy import select
 from waiting import wait_for
 
+from specwatch.collector.ingest.store import Store
 from specwatch.collector.models import Request
-from specwatch.collector.store import Store
 from specwatch.engine.policy import PolicyConfig
 from specwatch.engine.scheduler import SchedulerConfig
 from specwatch.telemetry.schema import IngestBatch, RequestRecord

@@ -14,9 +14,9 @@ from report_checks import check_html
 from sqlalchemy import func, insert, select
 
 from specwatch.alerts.tables import alert_actions, alert_transitions
+from specwatch.collector.ingest.store import Store
 from specwatch.collector.models import Request
-from specwatch.collector.rollups import roll_up
-from specwatch.collector.store import Store
+from specwatch.collector.tiers.rollups import roll_up
 from specwatch.cost.inputs import load_prices
 from specwatch.report.build import (
     Headline,

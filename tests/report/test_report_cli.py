@@ -14,7 +14,7 @@ from collector_payloads import request_dict
 
 from specwatch.cli import main
 from specwatch.collector.db import make_db, upgrade
-from specwatch.collector.store import Store
+from specwatch.collector.ingest.store import Store
 from specwatch.telemetry.schema import IngestBatch
 
 SOURCE_ROOT = Path(__file__).resolve().parents[2]  # the repository

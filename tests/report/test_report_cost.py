@@ -20,8 +20,8 @@ from report_checks import check_html
 
 from specwatch.cli import main
 from specwatch.collector.db import make_db, upgrade
+from specwatch.collector.ingest.store import Store
 from specwatch.collector.settings import Settings
-from specwatch.collector.store import Store
 from specwatch.cost.inputs import load_prices
 from specwatch.report.build import build_report
 from specwatch.report.html import render_html, write_report

@@ -18,8 +18,8 @@ from specwatch.alerts.notify import SIGNATURE_HEADER, deliver_due, sign
 from specwatch.alerts.rules import parse_config
 from specwatch.alerts.tables import alert_notifications
 from specwatch.collector.db import make_db, upgrade
+from specwatch.collector.ingest.store import Store
 from specwatch.collector.settings import Settings
-from specwatch.collector.store import Store
 from specwatch.common import procs
 from specwatch.common.procs import free_port
 from specwatch.report.build import last_month, month_window

@@ -13,8 +13,8 @@ import pytest
 from fastapi.testclient import TestClient
 from waiting import wait_for
 
+from specwatch.collector.ingest.vllm import Scraper
 from specwatch.collector.settings import Settings
-from specwatch.collector.vllm import Scraper
 from specwatch.common.procs import free_port
 from specwatch.gateway import vllm_server
 from specwatch.service.app import create_app

@@ -29,7 +29,7 @@ import time
 import sqlalchemy as sa
 from alembic import op
 
-from specwatch.collector import partitions
+from specwatch.collector.tiers import partitions
 
 revision = "0010"
 down_revision = "0009"

@@ -18,7 +18,7 @@ import numpy as np
 from sqlalchemy import Engine, select
 
 from specwatch.collector.models import EngineEventRow, Request
-from specwatch.collector.queries import Filters, Window
+from specwatch.collector.reads.queries import Filters, Window
 
 MAX_ROWS = 200_000
 VERSION_KEYS = ("version", "vllm_version", "upstream_version")  # in a `config` event's detail, first found wins

@@ -8,7 +8,7 @@ import numpy as np
 from sqlalchemy import Engine, and_, func, select
 
 from specwatch.collector.models import DeviceSampleRow, EngineEventRow, Request
-from specwatch.collector.queries import LATENCY_AND_DRAFT_COLUMNS, Filters, Window
+from specwatch.collector.reads.queries import LATENCY_AND_DRAFT_COLUMNS, Filters, Window
 
 
 @dataclass(frozen=True)

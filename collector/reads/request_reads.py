@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 from sqlalchemy import JSON, Connection, Engine, Select, column, func, literal_column, select, table, tuple_
 
-from specwatch.collector.detector_reads import _DRAFTED_COLUMNS, DraftedRequest, _drafted
 from specwatch.collector.models import ACCEPTANCE_SQL, Request
-from specwatch.collector.queries import Filters, Window
+from specwatch.collector.reads.detector_reads import _DRAFTED_COLUMNS, DraftedRequest, _drafted
+from specwatch.collector.reads.queries import Filters, Window
 from specwatch.telemetry import ratios
 
 

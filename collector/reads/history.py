@@ -17,10 +17,11 @@ import math
 import numpy as np
 from sqlalchemy import Engine, and_, func, select
 
-from specwatch.collector import aggregates, sketch
 from specwatch.collector.models import Request, RequestRollup, RequestRollupHourly
-from specwatch.collector.queries import Filters, HourOfDay, Window, errors_by_hour
-from specwatch.collector.rollups import (
+from specwatch.collector.reads.queries import Filters, HourOfDay, Window, errors_by_hour
+from specwatch.collector.reads.series import SeriesPoint, rate_moments, series
+from specwatch.collector.tiers import aggregates, sketch
+from specwatch.collector.tiers.rollups import (
     E2E_COLUMNS,
     FLOAT_COLUMNS,
     INT_COLUMNS,
@@ -34,7 +35,6 @@ from specwatch.collector.rollups import (
     histogram_of,
     legacy_rows,
 )
-from specwatch.collector.series import SeriesPoint, rate_moments, series
 from specwatch.telemetry import ratios
 from specwatch.telemetry.schema import LATENCY_BUCKETS
 

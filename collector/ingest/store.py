@@ -23,9 +23,9 @@ from sqlalchemy import Engine, Table
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.types import JSON, BigInteger, Boolean, Double, Integer, String
 
-from specwatch.collector import aggregates
 from specwatch.collector.db import INGEST_BUSY_S, write_transaction
 from specwatch.collector.models import DeviceSampleRow, EngineEventRow, Request
+from specwatch.collector.tiers import aggregates
 from specwatch.telemetry.schema import DeviceSample, IngestBatch, RequestRecord
 
 

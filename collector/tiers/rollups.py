@@ -40,7 +40,6 @@ from sqlalchemy import ColumnElement, Connection, Engine, Table, delete, func, s
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from specwatch.collector import aggregates, partitions, sketch
 from specwatch.collector.db import write_transaction
 from specwatch.collector.models import (
     ADDED_BUCKETS,
@@ -54,6 +53,7 @@ from specwatch.collector.models import (
     VllmScrape,
     bucket_column_names,
 )
+from specwatch.collector.tiers import aggregates, partitions, sketch
 from specwatch.telemetry.schema import LATENCY_BUCKETS
 
 # Raw rows folded per transaction. Each transaction holds the write lock (SQLite's; on PostgreSQL a SHARE

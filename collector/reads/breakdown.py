@@ -16,10 +16,9 @@ import numpy as np
 from scipy.stats import mannwhitneyu  # imported at start: not on a dashboard's first render
 from sqlalchemy import Engine, and_, func, select
 
-from specwatch.collector import reader, sketch
-from specwatch.collector.aggregates import LABELS
 from specwatch.collector.models import DeviceSampleRow, EngineEventRow, Request, VllmScrape
-from specwatch.collector.queries import (
+from specwatch.collector.reads import reader
+from specwatch.collector.reads.queries import (
     LATENCY_AND_DRAFT_COLUMNS,
     Filters,
     Percentiles,
@@ -29,8 +28,10 @@ from specwatch.collector.queries import (
     percentiles,
     sample_rows,
 )
-from specwatch.collector.series import DeviceSnapshot
-from specwatch.collector.totals import Totals, ratio
+from specwatch.collector.reads.series import DeviceSnapshot
+from specwatch.collector.tiers import sketch
+from specwatch.collector.tiers.aggregates import LABELS
+from specwatch.collector.tiers.totals import Totals, ratio
 
 GROUP_COLUMNS = ("mode", "arm", "drafter", "instance", "model", "mode_reason")
 CDF_POINTS = (0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)

@@ -33,8 +33,8 @@ import numpy as np
 from sqlalchemy import BigInteger, ColumnElement, Connection, Double, Index, LargeBinary, String, case, delete, func
 from sqlalchemy.orm import Mapped, mapped_column
 
-from specwatch.collector import sketch
 from specwatch.collector.models import Base, BigId, MaintenanceState
+from specwatch.collector.tiers import sketch
 
 PERIOD_S = 1
 COVERED_FROM = "window_aggregates_from"

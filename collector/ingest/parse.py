@@ -30,8 +30,8 @@ import orjson
 from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 
+from specwatch.collector.ingest.store import DataRejected, IngestCounts, Store, StoreUnavailable
 from specwatch.collector.metrics import RequestTotals
-from specwatch.collector.store import DataRejected, IngestCounts, Store, StoreUnavailable
 from specwatch.common.auth import Grant
 from specwatch.telemetry.schema import IngestBatch
 

@@ -23,7 +23,7 @@ import numpy as np
 from sqlalchemy import Engine, func, select, text
 
 from specwatch.collector.models import DeviceSampleRow, EngineEventRow, Request
-from specwatch.collector.queries import Filters, Window
+from specwatch.collector.reads.queries import Filters, Window
 from specwatch.telemetry.schema import GATEWAY_TAG
 
 STRADDLE_S = 3600.0  # how far before the window a request may have started and still be read

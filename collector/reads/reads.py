@@ -15,7 +15,7 @@ import numpy as np
 from sqlalchemy import Engine, func, select
 
 from specwatch.collector.models import DeviceSampleRow, EngineEventRow, Request, RequestRollupHourly, VllmScrape
-from specwatch.collector.queries import Filters, Window
+from specwatch.collector.reads.queries import Filters, Window
 
 ARMS = ("spec", "control")
 

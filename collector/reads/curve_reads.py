@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from sqlalchemy import Engine, and_, func, select
 
 from specwatch.collector.models import EngineEventRow
-from specwatch.collector.queries import Window
+from specwatch.collector.reads.queries import Window
 
 KIND = "step_costs"
 

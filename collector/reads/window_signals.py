@@ -19,11 +19,11 @@ from dataclasses import dataclass
 import numpy as np
 from sqlalchemy import Connection, Engine, and_, case, func, select
 
-from specwatch.collector import aggregates, sketch
-from specwatch.collector.aggregates import COUNTS, SUMS, WindowAggregate
 from specwatch.collector.models import Request
-from specwatch.collector.queries import Filters, Signals, Window
-from specwatch.collector.totals import EMPTY, SKETCH_NAMES, Totals, percentiles, signals_from
+from specwatch.collector.reads.queries import Filters, Signals, Window
+from specwatch.collector.tiers import aggregates, sketch
+from specwatch.collector.tiers.aggregates import COUNTS, SUMS, WindowAggregate
+from specwatch.collector.tiers.totals import EMPTY, SKETCH_NAMES, Totals, percentiles, signals_from
 
 RAW_COLUMNS = tuple(getattr(Request, name) for name in aggregates.SOURCE_FIELDS)
 ALL_SKETCHES = SKETCH_NAMES

@@ -46,7 +46,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 from pydantic import ValidationError
 
-from specwatch.collector.ingest import BatchRejected
+from specwatch.collector.ingest.parse import BatchRejected
 from specwatch.telemetry.schema import RequestRecord
 
 SPAN_NAME = "llm_request"
@@ -232,7 +232,7 @@ def _status(status: Status) -> dict[str, str]:
 
 
 def batch_body(records: tuple[RequestRecord, ...]) -> bytes:
-    """The records as one ingest batch, for the normal ingest path (collector.ingest)."""
+    """The records as one ingest batch, for the normal ingest path (collector.ingest.parse)."""
     return orjson.dumps({"requests": [r.model_dump(mode="json", exclude_defaults=True) for r in records]})
 
 

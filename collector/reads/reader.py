@@ -27,12 +27,12 @@ from collections.abc import Iterable, Sequence
 
 from sqlalchemy import Engine, func, select
 
-from specwatch.collector import history, long_signals, queries, window_signals
-from specwatch.collector.aggregates import LABELS
 from specwatch.collector.models import Request
-from specwatch.collector.queries import Filters, Signals, Window
-from specwatch.collector.series import SeriesPoint
-from specwatch.collector.totals import EMPTY, Totals, draft_fields
+from specwatch.collector.reads import history, long_signals, queries, window_signals
+from specwatch.collector.reads.queries import Filters, Signals, Window
+from specwatch.collector.reads.series import SeriesPoint
+from specwatch.collector.tiers.aggregates import LABELS
+from specwatch.collector.tiers.totals import EMPTY, Totals, draft_fields
 
 
 def tier(window: Window, filters: Filters) -> str:

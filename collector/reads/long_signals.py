@@ -22,12 +22,13 @@ import math
 import numpy as np
 from sqlalchemy import Engine, and_, func, select
 
-from specwatch.collector import aggregates, rollups, sketch, window_signals
-from specwatch.collector.aggregates import COUNTS, SUMS
-from specwatch.collector.history import GRACE_S, RAW_WINDOW_LIMIT_S, histogram_quantile, rollup_conditions
 from specwatch.collector.models import Request, RequestRollup, RequestRollupHourly
-from specwatch.collector.queries import Filters, Percentiles, Signals, Window, signals
-from specwatch.collector.totals import SKETCH_NAMES, Totals, signals_from
+from specwatch.collector.reads import window_signals
+from specwatch.collector.reads.history import GRACE_S, RAW_WINDOW_LIMIT_S, histogram_quantile, rollup_conditions
+from specwatch.collector.reads.queries import Filters, Percentiles, Signals, Window, signals
+from specwatch.collector.tiers import aggregates, rollups, sketch
+from specwatch.collector.tiers.aggregates import COUNTS, SUMS
+from specwatch.collector.tiers.totals import SKETCH_NAMES, Totals, signals_from
 
 _COLUMNS = (
     *rollups.INT_COLUMNS,

@@ -24,9 +24,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, insert, select
 
 from specwatch.collector.db import write_transaction
-from specwatch.collector.history import histogram_quantile
 from specwatch.collector.models import VllmScrape
-from specwatch.collector.queries import Percentiles, Window
+from specwatch.collector.reads.history import histogram_quantile
+from specwatch.collector.reads.queries import Percentiles, Window
 from specwatch.telemetry import ratios
 
 log = logging.getLogger("specwatch.collector")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from sqlalchemy import Engine, func, select
 
 from specwatch.collector.models import EngineEventRow, Request
-from specwatch.collector.queries import Window
+from specwatch.collector.reads.queries import Window
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from specwatch.collector import sketch
-from specwatch.collector.aggregates import COUNTS, SUMS
-from specwatch.collector.queries import Percentiles, Signals, Window, active_span
+from specwatch.collector.reads.queries import Percentiles, Signals, Window, active_span
+from specwatch.collector.tiers import sketch
+from specwatch.collector.tiers.aggregates import COUNTS, SUMS
 
 SKETCH_NAMES = ("ttft", "e2e", "tpot")
 QUANTILES = (0.5, 0.9, 0.95, 0.99)
