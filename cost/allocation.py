@@ -1,11 +1,13 @@
 """The one allocation rule: every instance's bill split into lines that add up to it, nothing left over.
 
-Per instance of `gpu_count` GPUs at `gpu_hour_usd`, over the window:
+Per instance, on its own device (`CostInputs.device`: its GPU type, count, pricing and $/GPU-hour),
+over the window:
 
-    rate            = gpu_count x gpu_hour_usd / 3600                              [$ / instance-second]
+    rate            = its gpu_count x its $/GPU-hour / 3600                         [$ / instance-second]
     billed_s        = its up-time (device samples); the busy time when unsampled or when busy > up
     bill            = billed_s x rate  (+ on-prem: its energy kWh x PUE x $/kWh)   [$]
-    share m         = the deployment's memory / the instance's (1: whole device, or not measured)
+    share m         = the deployment's memory / the instance's (1: whole device, not measured, or
+                      declared dedicated)
 
     other tenants   = (1 - m) x bill                  (only when the deployment uses part of the device)
     arm a           = m x rate x Σ device_s of a's ok requests
@@ -20,7 +22,8 @@ energy of its failed work, idle m x (the instance's energy - what requests used)
 (1 - m) x all of it; each request's energy is counted once. Under cloud pricing the price already pays
 for power: the lines carry their kWh for information and $0 of energy.
 
-Σ lines = Σ bills to floating-point precision, whatever the split (`Allocation.residual_usd`). Every
+The fleet bill is Σ of the instances' bills, each at its own rate. Σ lines = Σ bills to floating-point
+precision, whatever the split (`Allocation.residual_usd`). Every
 figure that prices device time (the TCO table, the concurrency table, the report, the xlsx, the FOCUS
 export) is these lines or a per-device-second rate taken from them.
 """
@@ -30,7 +33,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from specwatch.cost.terms import J_PER_KWH, CostInputs, InstanceUse
+from specwatch.cost.terms import J_PER_KWH, CostInputs, Device, InstanceUse
 
 KINDS = ("arm", "retries", "idle", "other_tenants")
 
@@ -62,6 +65,11 @@ class Bill:
     compute_usd: float  # billed_s x gpu_count x $/GPU-hour / 3600
     energy_kwh: float | None
     energy_usd: float  # added (on-prem), else 0
+    gpu_type: str = ""  # the instance's own device and price
+    gpu_count: int = 1
+    pricing: str = "on-demand"
+    gpu_hour_usd: float = 0.0
+    source: str = ""  # where its price came from: fleet file | device samples | given | estimate (...)
 
     @property
     def usd(self) -> float:
@@ -69,7 +77,18 @@ class Bill:
 
     @property
     def gpu_hours(self) -> float:
+        """Instance-hours billed (x gpu_count for GPU-hours)."""
         return self.billed_s / 3600
+
+    @property
+    def usd_per_s(self) -> float:
+        """Its rate: gpu_count x $/GPU-hour / 3600 per instance-second."""
+        return self.gpu_count * self.gpu_hour_usd / 3600
+
+    @property
+    def estimate(self) -> bool:
+        """Priced as the inputs' GPU type: nothing named the instance's own."""
+        return self.source.startswith("estimate")
 
 
 @dataclass(frozen=True)
@@ -106,12 +125,13 @@ class Allocation:
 
 
 def allocate(inputs: CostInputs) -> Allocation:
-    """The lines of every instance of `inputs` (module docstring)."""
-    rate = inputs.gpu_count * inputs.gpu_hour_usd / 3600
-    usd_per_kwh = inputs.prices.pue * inputs.prices.electricity_usd_per_kwh if inputs.energy_added else 0.0
+    """The lines of every instance of `inputs`, each at its own device's rate (module docstring)."""
+    kwh_usd = inputs.prices.pue * inputs.prices.electricity_usd_per_kwh
     lines, bills = [], []
     for instance in inputs.usage:
-        bill = _bill(instance, rate, usd_per_kwh)
+        device = inputs.device(instance.name)
+        rate, usd_per_kwh = device.usd_per_s, kwh_usd if device.energy_added else 0.0
+        bill = _bill(instance, device, usd_per_kwh)
         bills.append(bill)
         lines += _lines(instance, bill, rate, usd_per_kwh, inputs.idle_method)
     return Allocation(inputs.idle_method, tuple(lines), tuple(bills))
@@ -121,7 +141,7 @@ def _kwh(joules: float | None) -> float | None:
     return None if joules is None else joules / J_PER_KWH
 
 
-def _bill(instance: InstanceUse, rate: float, usd_per_kwh: float) -> Bill:
+def _bill(instance: InstanceUse, device: Device, usd_per_kwh: float) -> Bill:
     kwh = _kwh(instance.energy_j)
     return Bill(
         instance.name,
@@ -129,9 +149,14 @@ def _bill(instance: InstanceUse, rate: float, usd_per_kwh: float) -> Bill:
         instance.busy_s,
         instance.share,
         instance.share_source,
-        instance.billed_s * rate,
+        instance.billed_s * device.usd_per_s,
         kwh,
         (kwh or 0.0) * usd_per_kwh,
+        device.gpu_type,
+        device.gpu_count or 1,
+        device.pricing or "on-demand",
+        device.gpu_hour_usd or 0.0,
+        device.source,
     )
 
 

@@ -7,6 +7,7 @@ never measured), "estimate" (derived, not metered: e.g. CPU power from CPU-secon
 
 from __future__ import annotations
 
+from specwatch.cost.instances import GIVEN
 from specwatch.cost.sharing import derived_in
 from specwatch.cost.terms import (
     GB,
@@ -21,7 +22,26 @@ from specwatch.cost.terms import (
 
 
 def assumptions(inputs: CostInputs) -> tuple[Assumption, ...]:
-    return (*_prices(inputs), *_volume(inputs), *_arms(inputs), *_idle(inputs), *_hidden(inputs))
+    return (
+        *_prices(inputs),
+        *_devices(inputs),
+        *_volume(inputs),
+        *_arms(inputs),
+        *_idle(inputs),
+        *_hidden(inputs),
+    )
+
+
+def _devices(inputs: CostInputs) -> list[Assumption]:
+    """Each instance's own device and price, where it has one of its own (a fleet file, its samples)."""
+    rows = []
+    for named in inputs.devices:
+        if named.source == GIVEN and not named.dedicated:
+            continue  # priced as the inputs' GPU: the price rows above
+        d = inputs.device(named.instance)
+        what = f"{d.gpu_count} x {d.gpu_type} {d.pricing}" + (", dedicated" if d.dedicated else "")
+        rows.append(Assumption(f"{d.instance} device ({what})", d.gpu_hour_usd or 0.0, "USD / GPU-hour", d.source))
+    return rows
 
 
 def _prices(inputs: CostInputs) -> list[Assumption]:
@@ -124,6 +144,12 @@ def notes(inputs: CostInputs) -> tuple[str, ...]:
             found.append(f"{arm.key}: device time derived by processor sharing over request times (no device_s)")
     if inputs.idle is None:
         found.append("idle time not measured (no device samples): only busy device time is priced")
+    guessed = [d.instance for d in inputs.devices if d.estimate]
+    if guessed:
+        found.append(
+            f"{', '.join(guessed)} priced as {inputs.gpu_type}: no device sample or fleet entry names its GPU"
+            " (an estimate)"
+        )
     if inputs.hidden.monitoring_source == SEED:
         found.append(
             f"monitoring storage: {inputs.hidden.monitoring_gb_per_day:g} GB/day assumed (seed default), not measured"

@@ -75,7 +75,7 @@ class ConcurrencyRow:
 class ConcurrencyCosts:
     rows: tuple[ConcurrencyRow, ...]
     crossover: int | None  # lowest level from which speculation costs more than plain (None: never)
-    gpu_hour_usd: float
+    gpu_hour_usd: float  # the inputs' GPU type's price (each instance is charged at its own: its bill's rate)
     rules: BinRules = BinRules()
     service: ServiceRules = ServiceRules()
     best_within_slo: tuple[tuple[str, int, float], ...] = ()  # (mode, level, $ per 1M tokens)
@@ -89,17 +89,18 @@ class ConcurrencyCosts:
 
 
 def request_charges(inputs: CostInputs, usage: Usage, allocation: Allocation | None = None) -> np.ndarray:
-    """Each request's $ under the allocation: its device time at its instance's rate x share, its energy
-    when added, and its arm's idle on that instance in proportion to its device time."""
+    """Each request's $ under the allocation: its device time at its instance's rate (that instance's bill)
+    x share, its energy when added there, and its arm's idle on that instance in proportion to its device
+    time."""
     allocation = allocation or allocate(inputs)
     keys, names = usage.arm_keys, usage.columns.instance
-    rate = inputs.gpu_count * inputs.gpu_hour_usd / 3600
-    usd_per_j = inputs.prices.pue * inputs.prices.electricity_usd_per_kwh / 3.6e6 if inputs.energy_added else 0.0
+    kwh_usd = inputs.prices.pue * inputs.prices.electricity_usd_per_kwh / 3.6e6
     charge = np.zeros(len(keys))
-    for instance in inputs.usage:
+    for instance, bill in zip(inputs.usage, allocation.bills):
         rows = names == instance.name
+        usd_per_j = kwh_usd if inputs.device(instance.name).energy_added else 0.0
         energy = np.nan_to_num(usage.energy_j[rows]) * usd_per_j
-        charge[rows] = instance.share * (usage.device_s[rows] * rate + energy)
+        charge[rows] = instance.share * (usage.device_s[rows] * bill.usd_per_s + energy)
         for use in instance.arms:
             idle = sum(
                 x.usd for x in allocation.lines if x.instance == instance.name and x.kind == "idle" and x.arm == use.arm
@@ -109,6 +110,12 @@ def request_charges(inputs: CostInputs, usage: Usage, allocation: Allocation | N
             if idle and busy > 0:
                 charge[picked] += idle * usage.device_s[picked] / busy
     return charge
+
+
+def gpu_counts(inputs: CostInputs, usage: Usage) -> np.ndarray:
+    """Each request's instance's GPUs."""
+    counts = {i.name: inputs.device(i.name).gpu_count or 1 for i in inputs.usage}
+    return np.array([counts.get(name, inputs.gpu_count) for name in usage.columns.instance.tolist()], dtype=float)
 
 
 def concurrency_costs(
@@ -127,6 +134,7 @@ def concurrency_costs(
     spans = Spans(c.instance, *_clipped_life(u, window), u.device_s)
     seen, fractions = level_fractions(spans)
     charge = request_charges(inputs, u)
+    gpus = gpu_counts(inputs, u)
     rows = []
     for j, level in enumerate(seen.tolist()):
         for mode in ("autoregressive", "speculative"):
@@ -141,7 +149,7 @@ def concurrency_costs(
                         fractions.argmax(axis=1) == j,
                         u,
                         charge,
-                        inputs,
+                        gpus,
                         rules,
                         service,
                     )
@@ -157,9 +165,7 @@ def _clipped_life(u: Usage, window: Window) -> tuple[np.ndarray, np.ndarray]:
     return np.minimum(start, end), np.maximum(end, start)
 
 
-def _row(
-    level, mode, picked, weight, dominant, u: Usage, charge, inputs: CostInputs, rules: BinRules, service
-) -> ConcurrencyRow:
+def _row(level, mode, picked, weight, dominant, u: Usage, charge, gpus, rules: BinRules, service) -> ConcurrencyRow:
     c, w = u.columns, weight[picked]
     usd, tokens = charge[picked] * w, u.tokens[picked] * w
     device_s = float((u.device_s[picked] * w).sum())
@@ -170,7 +176,8 @@ def _row(
     meets = None if ttft is None else ttft <= service.ttft_p99_s and (tpot is None or tpot <= service.tpot_p99_s)
     return ConcurrencyRow(
         int(level), mode, float(w.sum()), float(tokens.sum()), device_s,
-        float(inputs.gpu_count * device_s / 3600 * MTOK / tokens.sum()), float(usd.sum() / tokens.sum() * MTOK),
+        float((gpus[picked] * u.device_s[picked] * w).sum() / 3600 * MTOK / tokens.sum()),
+        float(usd.sum() / tokens.sum() * MTOK),
         ratios.acceptance_rate(accepted, drafted), bool(enough), low, high, ttft, tpot, meets,
     )  # fmt: skip
 

@@ -4,6 +4,9 @@ Every line of the bill is a row (arms, their retries, idle, other tenants of the
 Σ BilledCost = Σ EffectiveCost = the instances' bills, day by day. Columns: FOCUS 1.2's (what
 `focus-validator` bundles) and 1.3's `Allocated*` columns naming the allocation method (which lines
 are shares of a shared instance, and how idle was spread). Tags carry mode, arm, drafter and line.
+Each row is priced on its instance's own device (`CostInputs.device`): SkuId its GPU type, SkuPriceId
+GPU type and pricing, ListUnitPrice its $/GPU-hour, ListCost = ListUnitPrice x PricingQuantity (the
+GPU-hours the line stands for); BilledCost adds on-prem energy. Reserved rows name their commitment.
 
     focus_rows(db, window, prices, ...)   the rows (dicts) of the days the window covers
     write_focus(rows, path_or_stream)          CSV
@@ -22,7 +25,7 @@ from sqlalchemy import Engine
 
 from specwatch.collector.reads.queries import Filters, Window
 from specwatch.cost.allocation import Line, allocate
-from specwatch.cost.terms import CostInputs
+from specwatch.cost.terms import CostInputs, Device
 
 DAY_S = 86400
 PRICING_CATEGORY = {"on-demand": "Standard", "spot": "Dynamic", "reserved": "Committed", "on-prem": "Other"}
@@ -142,17 +145,21 @@ def focus_rows_of(inputs: CostInputs, window: Window) -> list[dict]:
 def measured_focus(
     db: Engine, window: Window, prices, *, gpu_type: str, overrides=None, hidden=None, filters: Filters = Filters()
 ) -> list[dict]:
-    """FOCUS rows of the store's `window`, each UTC day measured and priced like `measured_summary`."""
+    """FOCUS rows of the store's `window`, each UTC day measured and priced like `measured_summary`: each
+    instance on its own device (fleet file, device samples; `gpu_type` where nothing names one), or every
+    instance on `overrides.gpu_type` when given (--gpu)."""
     from specwatch.cost.inputs import Overrides, apply_overrides
     from specwatch.cost.measured import measured_inputs
     from specwatch.cost.terms import HiddenCosts
 
+    edits = overrides or Overrides()
+    devices = dict(gpu_type=edits.gpu_type or gpu_type, fleet=edits.fleet, per_instance=edits.gpu_type is None)
+
     def inputs_for(db: Engine, day: Window) -> CostInputs:
-        hidden_costs = hidden or HiddenCosts()
         found = measured_inputs(
-            db, day, prices, gpu_type=gpu_type, hidden=hidden_costs, filters=filters, measure_storage=False
+            db, day, prices, hidden=hidden or HiddenCosts(), filters=filters, measure_storage=False, **devices
         )
-        return apply_overrides(found, overrides or Overrides())
+        return apply_overrides(found, edits)
 
     return focus_rows(db, window, inputs_for)
 
@@ -168,17 +175,19 @@ def _tags(line: Line, inputs: CostInputs) -> dict[str, str]:
 def focus_row(line: Line, inputs: CostInputs, period: Window) -> dict:
     share = next((i.share for i in inputs.usage if i.name == line.instance), 1.0)
     share = 1 - share if line.kind == "other_tenants" else share
-    hours = line.device_s * share * inputs.gpu_count / 3600
+    device = inputs.device(line.instance)
+    hours = line.device_s * share * (device.gpu_count or 1) / 3600
     month = _month(period.start)
     what = {"arm": "device time of", "retries": "failed work of", "idle": "idle time", "other_tenants": "other tenants"}
     arm = f" {line.arm}" if line.kind in ("arm", "retries") else (f" charged to {line.arm}" if line.arm else "")
     method = ALLOCATION_METHOD[inputs.idle_method]
+    price = device.gpu_hour_usd or 0.0
     row = dict.fromkeys(COLUMNS, "")
     row |= {
         "BilledCost": line.usd,
         "EffectiveCost": line.usd,
-        "ListCost": line.usd,
-        "ContractedCost": line.usd,
+        "ListCost": price * hours,
+        "ContractedCost": price * hours,
         "BillingAccountId": "specwatch",
         "BillingAccountName": "specwatch deployment",
         "BillingCurrency": "USD",
@@ -192,11 +201,11 @@ def focus_row(line: Line, inputs: CostInputs, period: Window) -> dict:
         "ConsumedQuantity": line.output_tokens,
         "ConsumedUnit": "Tokens",
         "InvoiceIssuerName": "specwatch",
-        "PricingCategory": PRICING_CATEGORY[inputs.pricing],
+        "PricingCategory": PRICING_CATEGORY[device.pricing or "on-demand"],
         "PricingQuantity": hours,
         "PricingUnit": "GPU-Hours",
-        "ListUnitPrice": inputs.gpu_hour_usd,
-        "ContractedUnitPrice": inputs.gpu_hour_usd,
+        "ListUnitPrice": price,
+        "ContractedUnitPrice": price,
         "ProviderName": "specwatch",
         "PublisherName": "specwatch",
         "ResourceId": line.instance,
@@ -205,8 +214,8 @@ def focus_row(line: Line, inputs: CostInputs, period: Window) -> dict:
         "ServiceCategory": "AI and Machine Learning",
         "ServiceSubcategory": "Generative AI",
         "ServiceName": "LLM inference (speculative decoding)",
-        "SkuId": inputs.gpu_type,
-        "SkuPriceId": f"{inputs.gpu_type}:{inputs.pricing}",
+        "SkuId": device.gpu_type,
+        "SkuPriceId": f"{device.gpu_type}:{device.pricing}",
         "Tags": json.dumps(_tags(line, inputs)),
         "AllocatedMethodId": f"specwatch-{inputs.idle_method}",
         "AllocatedMethodDetails": f"device time x memory share; {method}; the rest of the device to other tenants",
@@ -214,7 +223,23 @@ def focus_row(line: Line, inputs: CostInputs, period: Window) -> dict:
         "AllocatedResourceName": line.instance,
         "AllocatedTags": json.dumps(_tags(line, inputs)),
     }
-    return row
+    return row | _commitment(device, hours)
+
+
+def _commitment(device: Device, hours: float) -> dict:
+    """The commitment columns of a reserved instance's rows (empty otherwise)."""
+    if device.pricing != "reserved":
+        return {}
+    name = device.commitment or f"{device.gpu_type}:reserved"
+    return {
+        "CommitmentDiscountId": name,
+        "CommitmentDiscountName": name,
+        "CommitmentDiscountCategory": "Usage",
+        "CommitmentDiscountType": "Reserved",
+        "CommitmentDiscountStatus": "Used",
+        "CommitmentDiscountQuantity": hours,
+        "CommitmentDiscountUnit": "GPU-Hours",
+    }
 
 
 def write_focus(rows: list[dict], out) -> None:

@@ -53,10 +53,17 @@ def draft_fraction(arm: ModeMeasure) -> float:
 
 
 def draft_memory_monthly(arm: ModeMeasure, inputs: CostInputs) -> float:
-    """The draft's memory share of every instance it held memory on, for a month."""
-    fraction = arm.draft_memory_bytes / (inputs.gpu_count * inputs.device_memory_bytes)
-    instances = max(sum(any(u.arm == arm.key for u in i.arms) for i in inputs.usage), 1)
-    return min(fraction, 1.0) * instances * inputs.gpu_count * inputs.gpu_hour_usd * SECONDS_PER_MONTH / 3600
+    """The draft's memory share of every instance it held memory on, each at its own rate, for a month
+    (one instance of the inputs' GPU when it ran on none)."""
+    names = [i.name for i in inputs.usage if any(u.arm == arm.key for u in i.arms)] or [""]
+    return sum(draft_memory_hourly(arm, inputs, name) for name in names) * SECONDS_PER_MONTH / 3600
+
+
+def draft_memory_hourly(arm: ModeMeasure, inputs: CostInputs, instance: str) -> float:
+    """$ per hour of the draft's memory on one instance: min(draft / its GPUs' memory, 1) x its rate."""
+    device = inputs.device(instance)
+    fraction = arm.draft_memory_bytes / ((device.gpu_count or 1) * inputs.memory_bytes_of(device))
+    return min(fraction, 1.0) * device.usd_per_s * 3600
 
 
 def hidden_monthly(

@@ -1,6 +1,7 @@
 """Where the cost model's inputs come from: the shipped price table, a what-if TOML, overrides.
 
 load_prices(path=None)                          the dated price table (cost/prices.toml)
+load_fleet(path, prices=None)                   a fleet file: what each instance runs on (cost.fleet)
 what_if_inputs(path, prices, gpu_type=None)     inputs written down in TOML (cost/cost_example.toml)
 apply_overrides(inputs, Overrides(...))         edit prices, volume and hidden costs
 measured_inputs(db, window, prices, ...)    from the store (cost.measured, re-exported here)
@@ -15,6 +16,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from specwatch.cost.fleet import Fleet
+from specwatch.cost.instances import FLEET, Device
 from specwatch.cost.measured import incident_days, infer_gpu_type, measured_inputs, storage_gb_per_day
 from specwatch.cost.model import GB, Accelerator, CostInputs, HiddenCosts, ModeMeasure, Prices
 
@@ -99,6 +102,8 @@ class Overrides:
     reserve_base: str | None = None  # additions | deployment
     pricing: str | None = None  # on-demand | spot | reserved | on-prem
     idle_allocation: str | None = None  # separate | weighted | even (by_share: weighted)
+    gpu_type: str | None = None  # every instance priced as this GPU (--gpu), whatever its samples or fleet entry
+    fleet: Fleet | None = None  # each named instance's GPU, pricing and dedication (--fleet): read when measuring
 
 
 _PRICE_OVERRIDES = ("electricity_usd_per_kwh", "pue")
@@ -130,6 +135,50 @@ def apply_overrides(inputs: CostInputs, overrides: Overrides) -> CostInputs:
         pricing=pricing,
         idle_allocation=given.get("idle_allocation", inputs.idle_allocation),
     )
+
+
+# --- fleet file ------------------------------------------------------------------------
+
+
+class _FleetEntryToml(_Model):
+    gpu_type: str
+    gpu_count: int | None = Field(default=None, ge=1)
+    pricing: Literal["on-demand", "spot", "reserved", "on-prem"] | None = None
+    gpu_hour_usd: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    commitment: str | None = None
+    dedicated: bool = False
+
+    @model_validator(mode="after")
+    def _commitment_is_reserved(self) -> _FleetEntryToml:
+        if self.commitment is not None and self.pricing != "reserved":
+            raise ValueError("commitment goes with pricing = 'reserved'")
+        return self
+
+
+def load_fleet(path: Path, prices: Prices | None = None) -> Fleet:
+    """A fleet file: one table per instance name (keys: gpu_type, gpu_count, pricing, gpu_hour_usd,
+    commitment, dedicated; docs/cost.md). ValueError, one line, on a bad file, or (with `prices`) a GPU
+    type the price table lacks or has no price for at that pricing."""
+    table = _read_toml(path)
+    if not table:
+        raise ValueError(f"{path}: no instance in the fleet file")
+    return Fleet(tuple(_fleet_device(path, name, entry, prices) for name, entry in table.items()), str(path))
+
+
+def _fleet_device(path: Path, name: str, entry, prices: Prices | None) -> Device:
+    if not isinstance(entry, dict):
+        raise ValueError(f"{path}: {name}: expected a table of gpu_type, gpu_count, pricing, ... (docs/cost.md)")
+    try:
+        spec = _FleetEntryToml.model_validate(entry)
+    except ValidationError as exc:
+        raise ValueError(one_line(exc, f"{path}: {name}")) from None
+    device = Device(name, **spec.model_dump(), source=FLEET)
+    if prices is not None:
+        try:
+            device.priced(prices, 1, "on-demand")
+        except ValueError as exc:
+            raise ValueError(f"{path}: {name}: {exc}") from None
+    return device
 
 
 # --- what-if TOML ----------------------------------------------------------------------

@@ -1,9 +1,15 @@
 """What the store says each instance did over a window: up-time, the deployment's share, each arm's use,
-and step timings per concurrency level. `cost.allocation` splits each instance's bill from these."""
+and step timings per concurrency level; and what each instance runs on (`Device`). `cost.allocation`
+splits each instance's bill from these."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+# Where an instance's price came from (Device.source): its entry in a fleet file, the device its samples
+# name, the GPU the caller gave for every instance (--gpu, a what-if file), or the inputs' GPU type for
+# an instance nothing names (an estimate).
+FLEET, SAMPLED, GIVEN, ESTIMATE = "fleet file", "device samples", "given", "estimate (no device sample names its GPU)"
 
 
 @dataclass(frozen=True)
@@ -74,3 +80,39 @@ class InstanceUse:
     def idle_energy_j(self) -> float | None:
         total = self.total_energy_j
         return None if total is None else total - self.used_energy_j
+
+
+@dataclass(frozen=True)
+class Device:
+    """What one instance runs on and how it is paid for. gpu_count / pricing None: the inputs' figure;
+    gpu_hour_usd None: the price table's for its GPU type and pricing (`priced` fills all three)."""
+
+    instance: str
+    gpu_type: str
+    gpu_count: int | None = None
+    pricing: str | None = None  # on-demand | spot | reserved | on-prem
+    gpu_hour_usd: float | None = None
+    dedicated: bool = False  # declared whole to the deployment (fleet file): share 1, no other tenants
+    commitment: str | None = None  # the reserved commitment it is billed under (FOCUS CommitmentDiscountId)
+    source: str = GIVEN  # FLEET | SAMPLED | GIVEN | ESTIMATE
+
+    def priced(self, prices, gpu_count: int, pricing: str) -> Device:
+        """This device with the inputs' count and pricing where it names none, and its $/GPU-hour."""
+        pricing = self.pricing or pricing
+        usd = self.gpu_hour_usd
+        usd = prices.accelerator(self.gpu_type).price(pricing) if usd is None else usd
+        return replace(self, gpu_count=self.gpu_count or gpu_count, pricing=pricing, gpu_hour_usd=usd)
+
+    @property
+    def usd_per_s(self) -> float:
+        """gpu_count x $/GPU-hour / 3600 (of a priced device)."""
+        return (self.gpu_count or 1) * (self.gpu_hour_usd or 0.0) / 3600
+
+    @property
+    def energy_added(self) -> bool:
+        """On-prem pays for power itself; a cloud GPU-hour price already includes it."""
+        return self.pricing == "on-prem"
+
+    @property
+    def estimate(self) -> bool:
+        return self.source == ESTIMATE

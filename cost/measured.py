@@ -16,8 +16,10 @@ Per arm (mode, drafter; plain decoding is one arm whatever its drafter field) an
                         record keeps, so a speculative failure retried plainly is speculation's
     energy_j_per_token  energy of ok requests / their tokens (metered per request, else the instance's
                         energy attributed by device rate); failed work's energy goes to retries only
+    device              each instance's own (cost.fleet): an explicit GPU for all, else its fleet file
+                        entry, else the GPU its device samples name, else `gpu_type` (an estimate)
     share               the instance's median reserved memory / its devices' memory (<= 1): the rest is
-                        "other tenants of the device"
+                        "other tenants of the device"; 1 when a fleet file declares it dedicated
     up-time             the instance's device samples (first interval to last sample)
     memory              median mem_reserved_bytes; the draft's part from samples with draft_loaded
                         false or `draft_unloaded` events
@@ -25,9 +27,9 @@ Per arm (mode, drafter; plain decoding is one arm whatever its drafter field) an
 
 from __future__ import annotations
 
-import re
 import statistics
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -39,7 +41,6 @@ from specwatch.collector.reads.queries import Filters, Window
 from specwatch.collector.reads.usage import (
     GATEWAY_SOURCE,
     RequestColumns,
-    device_counts,
     freed_by_unloads,
     gateway_lives,
     memory_rows,
@@ -48,11 +49,15 @@ from specwatch.collector.reads.usage import (
     store_growth,
 )
 from specwatch.cost.attribution import Attribution, PowerSample, Spans, attribute, levels
+from specwatch.cost.fleet import DEVICE_PATTERNS as DEVICE_PATTERNS  # moved to cost.fleet; importable here
+from specwatch.cost.fleet import DeviceChoice, Fleet, pick_devices, shares
+from specwatch.cost.fleet import infer_gpu_type as infer_gpu_type
 from specwatch.cost.sharing import MERGED_SOURCE, Lives, merged_device_s
 from specwatch.cost.terms import (
     GB,
     ArmUse,
     CostInputs,
+    Device,
     HiddenCosts,
     IdleTime,
     InstanceUse,
@@ -151,15 +156,21 @@ def measured_inputs(
     idle_allocation: str = "separate",
     incidents: IncidentHistory | None = None,
     usage: Usage | None = None,
+    fleet: Fleet | None = None,
+    per_instance: bool = False,
 ) -> CostInputs:
     """CostInputs from the requests, device samples, events and alert history stored in `window`
-    (module docstring). Monitoring storage is measured from the store when `measure_storage` and it
-    holds records; incident time is derived from `incidents`, the alert history the caller read
-    (`alerts.store.incident_history`: cost sits below alerts and never reads their tables)."""
+    (module docstring). Every instance is priced as `gpu_type` unless `per_instance`: then each as its
+    `fleet` entry or device samples name it (`gpu_type` where nothing does). Monitoring storage is
+    measured from the store when `measure_storage` and it holds records; incident time is derived from
+    `incidents`, the alert history the caller read (`alerts.store.incident_history`: cost sits below
+    alerts and never reads their tables)."""
     u = usage or read_usage(db, window, filters)
     c = u.columns
-    device_bytes = gpu_memory_bytes or prices.accelerator(gpu_type).memory_gb * GB
+    prices.accelerator(gpu_type)  # ValueError: unknown GPU type
     memory = memory_rows(db, window, filters)
+    names = {*c.instance.tolist(), *(i.name for i in u.attribution.instances), *(row[0] for row in memory)}
+    devices = pick_devices(db, window, prices, names, DeviceChoice(gpu_type, fleet, per_instance), filters)
     target, draft, memory_source = _memory(memory, db, window, filters)
     first_at = float(c.started_at.min()) if len(c) else window.start
     window_s = max(window.end - max(window.start, first_at), 1e-9)
@@ -170,7 +181,7 @@ def measured_inputs(
         for key in sorted(set(keys.tolist()), key=lambda k: (k != "autoregressive", k))
         if _serves(np.flatnonzero(keys == key), u)
     )
-    instances = _instances(u, keys, _shares(memory, gpu_count * device_bytes))
+    instances = _instances(u, keys, shares(memory, devices, _capacity(prices, gpu_count, gpu_memory_bytes)))
     return CostInputs(
         arms,
         prices,
@@ -185,7 +196,13 @@ def measured_inputs(
         instances,
         _step_times(u, keys),
         tuple(step_curves(db, window, sorted(set(c.instance.tolist()))).values()),
+        devices,
     )
+
+
+def _capacity(prices: Prices, gpu_count: int, gpu_memory_bytes: float | None) -> Callable[[Device], float]:
+    """Device -> the memory of its GPUs (given per GPU, else the price table's)."""
+    return lambda d: (d.gpu_count or gpu_count) * (gpu_memory_bytes or prices.accelerator(d.gpu_type).memory_gb * GB)
 
 
 def _serves(rows: np.ndarray, u: Usage) -> bool:
@@ -286,14 +303,6 @@ def _idle_time(instances: tuple[InstanceUse, ...]) -> IdleTime | None:
     return IdleTime(sum(i.billed_s for i in sampled), sum(i.busy_s for i in sampled), energy)
 
 
-def _shares(rows: list[tuple], device_bytes: float) -> dict[str, tuple[float, str]]:
-    """Instance -> (share of its devices the deployment holds, source): median reserved bytes, capped at 1."""
-    held: dict[str, list[float]] = defaultdict(list)
-    for instance, reserved, _ in rows:
-        held[instance].append(float(reserved))
-    return {name: (min(statistics.median(v) / device_bytes, 1.0), "measured") for name, v in held.items()}
-
-
 def _memory(rows: list[tuple], db: Engine, window: Window, filters: Filters):
     """(target bytes, draft bytes or None, source): medians of mem_reserved_bytes in the window."""
     if not rows:
@@ -375,22 +384,3 @@ def storage_gb_per_day(db: Engine, window: Window) -> float | None:
         return None
     days = max(window.end - max(window.start, growth.first_at), 3600.0) / 86400
     return growth.window_rows * growth.size_bytes / growth.total_rows / days / GB
-
-
-# Device names (DeviceSample.device) -> price table rows: the first pattern that matches.
-DEVICE_PATTERNS = (
-    ("H200", r"\bH200\b"),
-    ("H100-SXM", r"\bH100\b"),
-    ("A100-80GB", r"\bA100\b"),
-    ("L4", r"\bL4\b"),
-    ("cpu-laptop", r"^cpu$"),
-)
-
-
-def infer_gpu_type(db: Engine, window: Window, prices: Prices) -> str | None:
-    """The price table row of the device most samples in the window came from (None: no match)."""
-    for device, _ in device_counts(db, window):
-        for gpu_type, pattern in DEVICE_PATTERNS:
-            if gpu_type in prices.accelerators and re.search(pattern, device, re.IGNORECASE):
-                return gpu_type
-    return None

@@ -9,11 +9,13 @@ arm, retries, idle and other-tenant lines that add up to it. Per arm (a mode and
 taken from the arm's lines (so at the measured throughput the figures are the lines themselves):
 
     gpu_hours_per_mtok = gpu_count x 1e6 / tokens_per_s / 3600                           [GPU h]
+                         (gpu_count of its instances, weighted by its device time there)
     compute_usd        = 1e6 / tokens_per_s x (arm lines' compute $ / ok device_s)       [$]
-                         (= gpu_hours_per_mtok x $/GPU-hour x memory_share)
+                         (one device: = gpu_hours_per_mtok x $/GPU-hour x memory_share; a mixed
+                         fleet: each instance's lines at its own rate)
     energy_kwh         = energy_j_per_token x 1e6 / 3.6e6 (ok work only)                 [kWh]
-    energy_usd         = energy_kwh x PUE x $/kWh x share: added on-prem only (a cloud GPU-hour
-                         price already pays for power: shown for information)
+    energy_usd         = energy_kwh x PUE x $/kWh x share: added for the part on on-prem instances
+                         only (a cloud GPU-hour price already pays for power: shown for information)
     retries_usd        = 1e6 / tokens_per_s x (retries lines' $ / ok device_s)
     idle_usd           = 1e6 / tokens_per_s x (idle lines charged to the arm / ok device_s)
     total_usd          = compute_usd + energy_usd added + retries_usd + idle_usd         [$ / 1M tokens]
@@ -46,10 +48,12 @@ from specwatch.cost.terms import (
     UNTRAINED_PREFIXES,
     WEEKS_PER_MONTH,
     Accelerator,
+    ArmUse,
     Assumption,
     CostInputs,
     HiddenCosts,
     IdleTime,
+    InstanceUse,
     ModeMeasure,
     Prices,
     monthly_volume,
@@ -117,7 +121,7 @@ class ArmCost:
     energy_kwh_per_mtok: float | None
     energy_usd_per_mtok: float  # what the energy costs (0 when not measured), added only when energy_added
     energy_source: str | None
-    energy_added: bool  # False: shown for information (a cloud price already pays for power)
+    energy_added: bool  # False: shown for information (a cloud price already pays for power, everywhere it ran)
     retry_factor: float
     retries_usd_per_mtok: float
     idle_usd_per_mtok: float  # idle time charged to the arm (0 when idle is its own line)
@@ -182,11 +186,39 @@ class Tco:
     allocation: Allocation | None = None  # the window's bill and its lines (Σ lines = Σ bills)
 
 
+def _uses(arm: ModeMeasure, inputs: CostInputs) -> list[tuple[InstanceUse, ArmUse]]:
+    return [(i, u) for i in inputs.usage for u in i.arms if u.arm == arm.key]
+
+
 def memory_share(arm: ModeMeasure, inputs: CostInputs) -> float:
     """The deployment's share of the devices the arm ran on, weighted by its device time (1.0: whole)."""
-    uses = [(i.share, u.device_s) for i in inputs.usage for u in i.arms if u.arm == arm.key]
+    uses = [(i.share, u.device_s) for i, u in _uses(arm, inputs)]
     seconds = sum(d for _, d in uses)
     return sum(s * d for s, d in uses) / seconds if seconds > 0 else 1.0
+
+
+def arm_gpu_count(arm: ModeMeasure, inputs: CostInputs) -> float:
+    """GPUs per instance the arm ran on, weighted by its ok device time (the inputs' when it ran on none)."""
+    uses = _uses(arm, inputs)
+    seconds = sum(u.device_s for _, u in uses)
+    if seconds <= 0:
+        return float(inputs.gpu_count)
+    return sum((inputs.device(i.name).gpu_count or 1) * u.device_s for i, u in uses) / seconds
+
+
+def energy_weights(arm: ModeMeasure, inputs: CostInputs) -> list[tuple[str, float]]:
+    """(instance, share x the energy of the arm's ok work there): how its energy is charged."""
+    return [(i.name, i.share * (u.energy_j or 0.0)) for i, u in _uses(arm, inputs)]
+
+
+def energy_added_part(arm: ModeMeasure, inputs: CostInputs) -> float:
+    """The part of the arm's charged energy on instances that pay for power (on-prem), 0 to 1; with no
+    energy charged anywhere, whether the inputs' pricing adds it."""
+    weights = energy_weights(arm, inputs)
+    total = sum(w for _, w in weights)
+    if total <= 0:
+        return float(inputs.energy_added)
+    return sum(w for name, w in weights if inputs.device(name).energy_added) / total
 
 
 @dataclass(frozen=True)
@@ -202,7 +234,7 @@ class _Rates:
 
 
 def _rates(arm: ModeMeasure, inputs: CostInputs, allocation: Allocation) -> _Rates:
-    uses = [(i, u) for i in inputs.usage for u in i.arms if u.arm == arm.key]
+    uses = _uses(arm, inputs)
     seconds = sum(u.device_s for _, u in uses)
     joules = sum(u.energy_j or 0.0 for _, u in uses)
     lines = [line for line in allocation.lines if line.arm == arm.key]
@@ -225,21 +257,21 @@ def arm_cost(arm: ModeMeasure, inputs: CostInputs, volume: float, allocation: Al
     energy = (
         0.0 if kwh is None else kwh * inputs.prices.pue * inputs.prices.electricity_usd_per_kwh * rates.energy_share
     )
-    charged_energy = energy if inputs.energy_added else 0.0
+    added = energy_added_part(arm, inputs)
     retries, idle = device_s * rates.retries, device_s * rates.idle
-    total = compute + charged_energy + retries + idle
+    total = compute + energy * added + retries + idle
     return ArmCost(
         arm.key,
         arm.mode,
         arm.drafter,
         memory_share(arm, inputs),
         arm.memory_source,
-        inputs.gpu_count * device_s / 3600,
+        arm_gpu_count(arm, inputs) * device_s / 3600,
         compute,
         kwh,
         energy,
         arm.energy_source if kwh is not None else None,
-        inputs.energy_added,
+        added > 0,
         arm.retry_factor,
         retries,
         idle,

@@ -1,5 +1,5 @@
-"""The pricing options `specwatch cost` and `specwatch report` share (GPU, prices, pricing model,
-hidden costs, incident source, idle allocation), and the overrides they turn into."""
+"""The pricing options `specwatch cost` and `specwatch report` share (GPU, prices, pricing model, fleet
+file, hidden costs, incident source, idle allocation), and the overrides they turn into."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 import math
 from pathlib import Path
 
-from specwatch.cost.inputs import Overrides, load_hidden_costs
+from specwatch.cost.inputs import Overrides, load_fleet, load_hidden_costs, load_prices
 from specwatch.cost.model import PRICINGS, HiddenCosts
 
 
@@ -39,6 +39,14 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     """How to price: pricing, hidden-cost overrides, incident source, idle allocation (`cost` and `report`)."""
     parser.add_argument("--pricing", choices=PRICINGS, default=None, help="price of a GPU-hour (default: on-demand)")
     parser.add_argument(
+        "--fleet",
+        metavar="FILE.toml",
+        type=Path,
+        default=None,
+        help="what each instance runs on: per instance name, gpu_type, gpu_count, pricing, optional gpu_hour_usd, "
+        "commitment, dedicated (docs/cost.md); --gpu still prices every instance as one GPU",
+    )
+    parser.add_argument(
         "--hidden-costs",
         metavar="FILE.toml",
         type=Path,
@@ -67,7 +75,10 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
 
 
 def model_overrides(args: argparse.Namespace, **more) -> tuple[Overrides, HiddenCosts]:
-    """The pricing options as Overrides, and the hidden costs a --hidden-costs file gives (ValueError: bad file)."""
+    """The pricing options as Overrides, and the hidden costs a --hidden-costs file gives (ValueError: a bad
+    hidden-costs or fleet file)."""
     hidden = load_hidden_costs(args.hidden_costs) if args.hidden_costs else HiddenCosts()
-    reserve = getattr(args, "reserve_base", None)
-    return Overrides(pricing=args.pricing, idle_allocation=args.idle_allocation, reserve_base=reserve, **more), hidden
+    fleet_path = getattr(args, "fleet", None)
+    fleet = load_fleet(fleet_path, load_prices(getattr(args, "prices", None))) if fleet_path else None
+    chosen = dict(reserve_base=getattr(args, "reserve_base", None), gpu_type=getattr(args, "gpu", None), fleet=fleet)
+    return Overrides(pricing=args.pricing, idle_allocation=args.idle_allocation, **chosen, **more), hidden

@@ -10,10 +10,11 @@ can call `measured_summary` for its month.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sqlalchemy import Engine
 
+from specwatch.collector.reads.breakdown import Comparison, compare
 from specwatch.collector.reads.queries import Filters, Window
 from specwatch.cost.advisor import Recommendation, advise
 from specwatch.cost.breakeven import BreakEven, TornadoRow, break_even, sensitivity
@@ -21,6 +22,7 @@ from specwatch.cost.concurrency import ConcurrencyCosts, concurrency_costs
 from specwatch.cost.inputs import Overrides, apply_overrides
 from specwatch.cost.measured import IncidentHistory, infer_gpu_type, measured_inputs, read_usage
 from specwatch.cost.model import CostInputs, HiddenCosts, Prices, Tco, tco
+from specwatch.cost.verdict import Verdict, verdict_of
 
 DEFAULT_GPU = "H100-SXM"
 MONTH_S = 30 * 86400
@@ -37,6 +39,7 @@ class CostSummary:
     advice: tuple[Recommendation, ...]
     notes: tuple[str, ...]  # the TCO's notes and how the inputs were chosen
     concurrency: ConcurrencyCosts | None = None  # measured windows: cost per 1M tokens by concurrency level
+    verdict: Verdict | None = None  # the one answer every view states (cost.verdict)
 
 
 def summarize(
@@ -48,8 +51,11 @@ def summarize(
     notes: tuple[str, ...] = (),
     spread: float = 0.2,
     concurrency: ConcurrencyCosts | None = None,
+    comparison: Comparison | None = None,
 ) -> CostSummary:
     costs = tco(inputs)
+    knee = (concurrency is not None and bool(concurrency.rows), concurrency.crossover if concurrency else None)
+    judged = verdict_of(costs, comparison, knee)
     return CostSummary(
         source,
         window,
@@ -57,10 +63,26 @@ def summarize(
         costs,
         break_even(inputs),
         tuple(sensitivity(inputs, spread)),
-        tuple(advice),
+        tuple(priced_advice(advice, judged)),
         tuple(notes) + costs.notes,
         concurrency,
+        judged,
     )
+
+
+def priced_advice(advice, judged: Verdict) -> list[Recommendation]:
+    """The advisor reads cost: no ENABLE for the judged drafter while it costs more per token at the
+    load served; a canary proves the latency gain against its price instead."""
+    if judged.paying is not False:
+        return list(advice)
+    loss = judged.spec_usd_per_mtok - judged.plain_usd_per_mtok
+    why = f"speculation costs ${loss:.4f} more per 1M tokens than plain decoding at the load served (the verdict)"
+    return [
+        replace(r, action="canary", rule="costs_more_per_token", reason=f"{r.reason}; but {why}")
+        if r.action == "enable"
+        else r
+        for r in advice
+    ]
 
 
 def measured_summary(
@@ -74,10 +96,13 @@ def measured_summary(
     hidden: HiddenCosts = HiddenCosts(),
     incidents: IncidentHistory | None = None,
 ) -> CostSummary:
-    """Measure the window, price it on `gpu_type` (default: the sampled device, else H100-SXM),
-    apply the overrides and advise per scenario. ValueError on an unknown GPU or a bad override."""
+    """Measure the window, price every instance on `gpu_type` (or `overrides.gpu_type`) when given, else
+    each on its own device (`overrides.fleet`, its device samples; the most sampled device, else H100-SXM,
+    where nothing names one), apply the overrides and advise per scenario. ValueError on an unknown GPU or
+    a bad override."""
     notes = []
-    gpu = gpu_type or infer_gpu_type(db, window, prices)
+    forced = gpu_type or overrides.gpu_type
+    gpu = forced or infer_gpu_type(db, window, prices)
     if gpu is None:
         gpu = DEFAULT_GPU
         notes.append(f"gpu_type {gpu} assumed: no device sample in the window names a GPU of the price table")
@@ -91,13 +116,27 @@ def measured_summary(
         hidden=hidden,
         incidents=incidents,
         usage=usage,
+        fleet=overrides.fleet,
+        per_instance=forced is None,
     )
     inputs = apply_overrides(measured, overrides)
     advice = advise(db, window, inputs.device_memory_bytes, inputs.gpu_count, filters=filters)
     by_level = concurrency_costs(db, window, inputs, filters=filters, usage=usage)
     return summarize(
-        inputs, source="measured", window=window, advice=tuple(advice), notes=tuple(notes), concurrency=by_level
+        inputs,
+        source="measured",
+        window=window,
+        advice=tuple(advice),
+        notes=tuple(notes),
+        concurrency=by_level,
+        comparison=latency_comparison(db, window, filters),
     )
+
+
+def latency_comparison(db: Engine, window: Window, filters: Filters = Filters()) -> Comparison:
+    """The A/B arms' per-request comparison, else all requests by mode (biased)."""
+    by_arm = compare(db, window, filters, by="arm")
+    return by_arm if by_arm.speedup is not None else compare(db, window, filters, by="mode")
 
 
 # --- text -----------------------------------------------------------------------------------
@@ -113,8 +152,10 @@ def _num(value: float | None, fmt: str = ".3f") -> str:
 
 def render_text(summary: CostSummary) -> str:
     notes = ["", "Notes:", *(f"  - {n}" for n in summary.notes)] if summary.notes else []
+    verdict = [f"Verdict: {summary.verdict.sentence}", ""] if summary.verdict else []
     return "\n".join(
         [
+            *verdict,
             *_header(summary),
             "",
             *_arm_table(summary.tco),

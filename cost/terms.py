@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from specwatch.collector.reads.curve_reads import StoredCurve
-from specwatch.cost.instances import ArmUse, InstanceUse, StepTime
+from specwatch.cost.instances import ArmUse, Device, InstanceUse, StepTime
 from specwatch.telemetry import ratios
 
 SECONDS_PER_MONTH = 730 * 3600  # 365 x 24 / 12 hours
@@ -25,7 +25,7 @@ UNTRAINED_DRAFTERS = ("ngram", "suffix", "mtp")
 UNTRAINED_PREFIXES = ("early-exit:",)
 PRICINGS = ("on-demand", "spot", "reserved", "on-prem")
 SEED = "default (seed)"
-__all__ = ["ArmUse", "InstanceUse", "StepTime"]  # re-exported: the inputs' per-instance parts
+__all__ = ["ArmUse", "Device", "InstanceUse", "StepTime"]  # re-exported: the inputs' per-instance parts
 # Idle time: its own line, or shared over the arms by device time (weighted) or equally (even), as OpenCost
 # does; "by_share" is the older name of "weighted".
 IDLE_ALLOCATIONS = ("separate", "weighted", "even", "by_share")
@@ -254,7 +254,8 @@ class IdleTime:
 
 @dataclass(frozen=True)
 class CostInputs:
-    """Everything the cost model reads. gpu_memory_bytes None: the price table's figure;
+    """Everything the cost model reads. gpu_type, gpu_count, pricing: every instance's unless `devices`
+    names its own (`device`); gpu_memory_bytes None: the price table's figure;
     monthly_output_tokens None: the volume observed over the arms' window; idle None: up-time
     not measured; idle_allocation "separate" (its own line) or "by_share" (spread over the arms
     by their device time); pricing one of PRICINGS."""
@@ -272,10 +273,14 @@ class CostInputs:
     instances: tuple[InstanceUse, ...] = ()  # measured per instance (empty: what-if, one instance of the arms)
     step_times: tuple[StepTime, ...] = ()  # per concurrency level and arm (empty: only the arms' totals)
     step_curves: tuple[StoredCurve, ...] = ()  # the engines' step-cost curves (cost.step_curve; empty: none)
+    devices: tuple[Device, ...] = ()  # what each instance runs on (unlisted: gpu_type, gpu_count, pricing)
 
     def __post_init__(self) -> None:
         _require(self.pricing in PRICINGS, f"pricing must be one of {', '.join(PRICINGS)}")
         self.prices.accelerator(self.gpu_type).price(self.pricing)
+        for device in self.devices:
+            _require(device.gpu_count is None or device.gpu_count >= 1, f"{device.instance}: gpu_count must be >= 1")
+            self.device(device.instance)  # a known GPU type with a price at its pricing
         _require(
             self.idle_allocation in IDLE_ALLOCATIONS, f"idle_allocation must be one of {', '.join(IDLE_ALLOCATIONS)}"
         )
@@ -291,6 +296,15 @@ class CostInputs:
     @property
     def gpu_hour_usd(self) -> float:
         return self.prices.accelerator(self.gpu_type).price(self.pricing)
+
+    def device(self, instance: str) -> Device:
+        """The instance's device, priced: its own (`devices`), else gpu_type x gpu_count at the pricing."""
+        own = next((d for d in self.devices if d.instance == instance), None) or Device(instance, self.gpu_type)
+        return own.priced(self.prices, self.gpu_count, self.pricing)
+
+    def memory_bytes_of(self, device: Device) -> float:
+        """Memory of one GPU of `device`: given, else the price table's for its type."""
+        return self.gpu_memory_bytes or self.prices.accelerator(device.gpu_type).memory_gb * GB
 
     @property
     def energy_added(self) -> bool:

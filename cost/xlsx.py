@@ -1,13 +1,15 @@
 """The cost model as a spreadsheet a finance team can edit: `write_workbook(inputs, path, concurrency)`.
 
-Sheet "Inputs" holds every number the model reads (prices, volume, hidden costs, and one column per
-arm of measured figures, per ok device-second); "Lines" holds the window's allocation
-(`cost.allocation`): one row per line with its instance-seconds, share and kWh, its $ a live formula
-of gpu_count, the GPU-hour price and the energy prices, each instance's bill the same way, and a
-check cell (Σ lines - Σ bills = 0); "Model" holds `cost.model`'s formulas over both, so editing a
-price recomputes every result; "Concurrency" and "Break-even" the binned costs (the one crossover)
-and the speed-up curve S(alpha) = E x t_plain / (t_verify + gamma t_draft) as formulas of their
-inputs; "Assumptions" lists each input's source.
+Sheet "Inputs" holds every number the model reads (prices, volume, hidden costs, one column per arm
+of measured figures, per ok device-second, and a fleet table: one row per instance with its own GPU
+type, gpu_count, pricing and $/GPU-hour, a reference to the global cells where it is priced as the
+inputs' GPU); "Lines" holds the window's allocation (`cost.allocation`): one row per line with its
+instance-seconds, share and kWh, its $ a live formula of its instance's gpu_count and GPU-hour price
+cells and the energy prices, each instance's bill the same way, and a check cell (Σ lines - Σ bills
+= 0); the arms' $ per ok device-second are formulas over their lines; "Model" holds `cost.model`'s
+formulas over both, so editing a price recomputes every result; "Concurrency" and "Break-even" the
+binned costs (the one crossover) and the speed-up curve S(alpha) = E x t_plain / (t_verify + gamma
+t_draft) as formulas of their inputs; "Assumptions" lists each input's source.
 """
 
 from __future__ import annotations
@@ -28,17 +30,18 @@ from specwatch.cost.model import (
     ModeMeasure,
     _month_scale,
     draft_fraction,
+    energy_weights,
     memory_share,
     monthly_volume,
     needs_training,
     tco,
 )
-from specwatch.cost.xlsx_sheets import break_even_sheet, concurrency_sheet, lines_sheet
+from specwatch.cost.xlsx_sheets import LINES_FIRST_ROW, break_even_sheet, concurrency_sheet, lines_sheet
 
 # name -> (unit, note); values come from the inputs.
 GLOBAL_INPUTS = {
-    "gpu_hour_usd": ("USD / GPU hour", "price of gpu_type at the pricing in B1's note"),
-    "gpu_count": ("GPUs", "GPUs one instance runs on"),
+    "gpu_hour_usd": ("USD / GPU hour", "price of gpu_type at the pricing in B1's note (fleet rows priced as it)"),
+    "gpu_count": ("GPUs", "GPUs one instance runs on (fleet rows that name none)"),
     "gpu_memory_gb": ("GB", "memory of one GPU"),
     "electricity_usd_per_kwh": ("USD / kWh", ""),
     "pue": ("-", "facility energy / IT energy"),
@@ -60,37 +63,44 @@ GLOBAL_INPUTS = {
 ARM_INPUTS = {
     "tokens_per_s": "output tokens / ok device-second attributed to the arm",
     "memory_share": "the deployment's share of its devices, weighted by the arm's device time",
+    "gpu_count": "GPUs per instance it ran on, weighted by its ok device time (fleet table)",
     "retry_factor": "device time of failed work / of ok work",
-    "retries_share_s": "failed instance-seconds x share, per ok device-second (Lines)",
-    "retries_kwh_s": "failed work's kWh x share, per ok device-second",
-    "idle_share_s": "idle instance-seconds x share charged to the arm, per ok device-second (Lines)",
-    "idle_kwh_s": "idle kWh x share charged to the arm, per ok device-second",
+    "compute_usd_s": "its arm lines' compute $ per ok device-second (Lines: each instance at its own price)",
+    "retries_usd_s": "its retries lines' $ per ok device-second (Lines)",
+    "idle_usd_s": "idle lines' $ charged to the arm per ok device-second (Lines)",
     "energy_j_per_token": "J / ok output token (0: not measured)",
     "energy_share": "the share its energy is charged at",
+    "energy_added": "the part of its energy on instances that pay for power (on-prem)",
     "needs_training": "1 if the drafter has trained weights (n-gram, suffix, early exit: 0)",
     "draft_fraction": "drafting time / the arm's device time",
-    "draft_memory_fraction": "draft memory / the devices' memory",
+    "draft_memory_usd_hour": "the draft's memory share of each instance it ran on x that instance's $ / hour",
     "instances": "instances the arm ran on",
 }
 ARM_FIRST_ROW = len(GLOBAL_INPUTS) + 5  # header rows, the globals, a blank row, the arm table's header
+FLEET_FIRST_ROW = ARM_FIRST_ROW + len(ARM_INPUTS) + 3  # the arm table, energy_source, a blank row, a header
+FLEET_COLUMNS = {  # name -> column of the fleet table
+    "instance": "A",
+    "gpu_type": "B",
+    "gpu_count": "C",
+    "pricing": "D",
+    "gpu_hour_usd": "E",
+    "energy_added": "F",
+    "source": "G",
+}
 
 # Model rows: label -> formula template. {g:name} a global input, {a:name} this arm's input,
 # {m:label} this column's model cell, {plain:label} the plain-decoding column's model cell.
-_KWH_USD = "{g:pue}*{g:electricity_usd_per_kwh}*{g:energy_added}"
-_SECOND_USD = "{g:gpu_count}*{g:gpu_hour_usd}/3600"
 ARM_ROWS = {
     "memory_share": "{a:memory_share}",
-    "gpu_hours_per_mtok": "{g:gpu_count}*1000000/{a:tokens_per_s}/3600",
-    "compute_usd_per_mtok": "{m:gpu_hours_per_mtok}*{g:gpu_hour_usd}*{m:memory_share}",
+    "gpu_hours_per_mtok": "{a:gpu_count}*1000000/{a:tokens_per_s}/3600",
+    "compute_usd_per_mtok": "1000000/{a:tokens_per_s}*{a:compute_usd_s}",
     "energy_kwh_per_mtok": "{a:energy_j_per_token}*1000000/3600000",
     "energy_usd_per_mtok": "{m:energy_kwh_per_mtok}*{g:pue}*{g:electricity_usd_per_kwh}*{a:energy_share}",
     "retry_factor": "{a:retry_factor}",
-    "retries_usd_per_mtok": (
-        f"1000000/{{a:tokens_per_s}}*({{a:retries_share_s}}*{_SECOND_USD}+{{a:retries_kwh_s}}*{_KWH_USD})"
-    ),
-    "idle_usd_per_mtok": f"1000000/{{a:tokens_per_s}}*({{a:idle_share_s}}*{_SECOND_USD}+{{a:idle_kwh_s}}*{_KWH_USD})",
+    "retries_usd_per_mtok": "1000000/{a:tokens_per_s}*{a:retries_usd_s}",
+    "idle_usd_per_mtok": "1000000/{a:tokens_per_s}*{a:idle_usd_s}",
     "total_usd_per_mtok": (
-        "{m:compute_usd_per_mtok}+{m:energy_usd_per_mtok}*{g:energy_added}+{m:retries_usd_per_mtok}"
+        "{m:compute_usd_per_mtok}+{m:energy_usd_per_mtok}*{a:energy_added}+{m:retries_usd_per_mtok}"
         "+{m:idle_usd_per_mtok}"
     ),
     "monthly_usd": "{m:total_usd_per_mtok}*{g:monthly_output_tokens}/1000000",
@@ -103,7 +113,7 @@ BENEFIT_ROWS = {
     "incidents_usd_month": "{g:incident_days_per_week}*52/12*{g:engineer_day_usd}",
     "opportunity_usd_month": "{g:opportunity_days_per_month}*{g:engineer_day_usd}",
     "draft_device_usd_month": "{m:monthly_usd}*{a:draft_fraction}",
-    "draft_memory_usd_month": ("MIN({a:draft_memory_fraction},1)*{a:instances}*{g:gpu_count}*{g:gpu_hour_usd}*730"),
+    "draft_memory_usd_month": "{a:draft_memory_usd_hour}*730",
     "tech_debt_usd_month": (
         "{g:tech_debt_buffer}*(IF({g:reserve_on_additions}=1,{m:draft_device_usd_month}+{m:draft_memory_usd_month},"
         "{m:monthly_usd})+{m:draft_training_usd_month}+{m:monitoring_usd_month}"
@@ -144,36 +154,105 @@ def global_values(inputs: CostInputs, allocation: Allocation) -> dict[str, float
     }
 
 
-def arm_values(arm: ModeMeasure, inputs: CostInputs, allocation: Allocation) -> dict[str, float]:
+def arm_values(arm: ModeMeasure, inputs: CostInputs, allocation: Allocation) -> dict[str, float | str]:
+    """The arm's column of the Inputs sheet: measured values, and formulas over its lines and the fleet table."""
     uses = [(i, u) for i in inputs.usage for u in i.arms if u.arm == arm.key]
-    ok_s = sum(u.device_s for _, u in uses) or 1.0
     joules = sum(u.energy_j or 0.0 for _, u in uses)
-    lines = [x for x in allocation.lines if x.arm == arm.key]
-    share = {i.name: i.share for i, _ in uses}
-
-    def per_s(kind: str, energy: bool) -> float:
-        found = [x for x in lines if x.kind == kind]
-        if energy:
-            return sum(share.get(x.instance, 1.0) * (x.energy_kwh or 0.0) for x in found) / ok_s
-        return sum(share.get(x.instance, 1.0) * x.device_s for x in found) / ok_s
-
+    lines = _ArmLines(arm.key, allocation)
     return {
         "tokens_per_s": arm.tokens_per_s,
         "memory_share": memory_share(arm, inputs),
+        "gpu_count": lines.weighted("gpu_count", input_ref("gpu_count")),
         "retry_factor": arm.retry_factor,
-        "retries_share_s": per_s("retries", False),
-        "retries_kwh_s": per_s("retries", True),
-        "idle_share_s": per_s("idle", False),
-        "idle_kwh_s": per_s("idle", True),
+        "compute_usd_s": lines.per_ok_s("arm", "I"),
+        "retries_usd_s": lines.per_ok_s("retries", "G"),
+        "idle_usd_s": lines.per_ok_s("idle", "G"),
         "energy_j_per_token": arm.energy_j_per_token or 0.0,
         "energy_share": (
             sum(i.share * (u.energy_j or 0.0) for i, u in uses) / joules if joules > 0 else memory_share(arm, inputs)
         ),
+        "energy_added": _energy_added(arm, inputs, allocation),
         "needs_training": int(needs_training(arm.drafter)),
         "draft_fraction": draft_fraction(arm),
-        "draft_memory_fraction": arm.draft_memory_bytes / (inputs.gpu_count * inputs.device_memory_bytes),
+        "draft_memory_usd_hour": _draft_memory(arm, inputs, allocation, [i.name for i, _ in uses]),
         "instances": max(len(uses), 1),
     }
+
+
+class _ArmLines:
+    """The Lines rows of one arm, and formulas over them."""
+
+    def __init__(self, key: str, allocation: Allocation) -> None:
+        self.allocation = allocation
+        self.rows = [(i + LINES_FIRST_ROW, x) for i, x in enumerate(allocation.lines) if x.arm == key]
+        self.ok = [(row, x) for row, x in self.rows if x.kind == "arm"]
+        self.ok_s = "+".join(f"Lines!D{row}" for row, _ in self.ok)
+        self.seconds = sum(x.device_s for _, x in self.ok)
+
+    def per_ok_s(self, kind: str, column: str) -> float | str:
+        """Σ of `column` over its lines of `kind` / its ok device-seconds (0 without any)."""
+        cells = [f"Lines!{column}{row}" for row, x in self.rows if x.kind == kind]
+        return f"=({'+'.join(cells)})/({self.ok_s})" if cells and self.seconds > 0 else 0.0
+
+    def weighted(self, name: str, otherwise: str) -> str:
+        """A fleet table column weighted by its ok device-seconds per instance (`otherwise` without any)."""
+        if self.seconds <= 0:
+            return f"={otherwise}"
+        rows = fleet_rows(self.allocation)
+        terms = [f"Lines!D{row}*{fleet_ref(rows[x.instance], name)}" for row, x in self.ok]
+        return f"=({'+'.join(terms)})/({self.ok_s})"
+
+
+def _energy_added(arm: ModeMeasure, inputs: CostInputs, allocation: Allocation) -> str:
+    """The fleet table's energy_added weighted as `cost.model.energy_added_part` weighs it."""
+    weights = [(name, w) for name, w in energy_weights(arm, inputs) if w > 0]
+    if not weights:
+        return f"={input_ref('energy_added')}"
+    rows = fleet_rows(allocation)
+    terms = "+".join(f"{w!r}*{fleet_ref(rows[name], 'energy_added')}" for name, w in weights)
+    return f"=({terms})/({sum(w for _, w in weights)!r})"
+
+
+def _draft_memory(arm: ModeMeasure, inputs: CostInputs, allocation: Allocation, names: list[str]) -> str | float:
+    """Σ over its instances of min(draft / their GPUs' memory, 1) x gpu_count x $/GPU-hour, live over the
+    fleet table (the global cells when it ran on none), as `cost.hidden.draft_memory_hourly`."""
+    if arm.draft_memory_bytes <= 0:
+        return 0.0
+    draft_gb, rows = arm.draft_memory_bytes / GB, fleet_rows(allocation)
+    terms = []
+    for name in names or [""]:
+        memory_gb = inputs.memory_bytes_of(inputs.device(name)) / GB
+        refs = (fleet_ref(rows[name], "gpu_count"), fleet_ref(rows[name], "gpu_hour_usd")) if name else None
+        count, price = refs or (input_ref("gpu_count"), input_ref("gpu_hour_usd"))
+        terms.append(f"MIN({draft_gb!r}/({count}*{memory_gb!r}),1)*{count}*{price}")
+    return "=" + "+".join(terms)
+
+
+def fleet_rows(allocation: Allocation) -> dict[str, int]:
+    """Instance -> its row of the fleet table (one per bill)."""
+    return {bill.instance: FLEET_FIRST_ROW + k for k, bill in enumerate(allocation.bills)}
+
+
+def fleet_ref(row: int, name: str) -> str:
+    """The fleet table's cell `name` of row `row` (absolute)."""
+    return f"Inputs!${FLEET_COLUMNS[name]}${row}"
+
+
+def fleet_values(inputs: CostInputs, allocation: Allocation) -> list[list]:
+    """One row per instance: its own figures, or a reference to the global cell where they are the same."""
+    table = []
+    for bill in allocation.bills:
+        device = inputs.device(bill.instance)
+        same = (device.gpu_type, device.pricing, device.gpu_hour_usd) == (
+            inputs.gpu_type,
+            inputs.pricing,
+            inputs.gpu_hour_usd,
+        )
+        price = f"={input_ref('gpu_hour_usd')}" if same else device.gpu_hour_usd
+        count = f"={input_ref('gpu_count')}" if device.gpu_count == inputs.gpu_count else device.gpu_count
+        energy = f"={input_ref('energy_added')}" if device.pricing == inputs.pricing else int(device.energy_added)
+        table.append([bill.instance, device.gpu_type, count, device.pricing, price, energy, device.source])
+    return table
 
 
 def write_workbook(inputs: CostInputs, path: Path, concurrency: ConcurrencyCosts | None = None) -> None:
@@ -183,7 +262,8 @@ def write_workbook(inputs: CostInputs, path: Path, concurrency: ConcurrencyCosts
     allocation = allocate(inputs)
     book = Workbook()
     _inputs_sheet(book.active, inputs, arms, allocation)
-    idle_cells = lines_sheet(book.create_sheet("Lines"), allocation, input_ref)
+    rows = fleet_rows(allocation)
+    idle_cells = lines_sheet(book.create_sheet("Lines"), allocation, input_ref, lambda i, n: fleet_ref(rows[i], n))
     _model_sheet(book.create_sheet("Model"), arms, inputs.baseline is not None, idle_cells)
     concurrency_sheet(book.create_sheet("Concurrency"), concurrency)
     break_even_sheet(book.create_sheet("Break-even"), inputs)
@@ -202,10 +282,15 @@ def _inputs_sheet(sheet, inputs: CostInputs, arms, allocation: Allocation) -> No
         sheet.append([name, value, unit, f"{note} ({volume_source})" if name == "monthly_output_tokens" else note])
     sheet.append([])
     sheet.append(["arm", *(arm.key for arm in arms)])
+    columns = [arm_values(arm, inputs, allocation) for arm in arms]
     for name, note in ARM_INPUTS.items():
-        sheet.append([name, *(arm_values(arm, inputs, allocation)[name] for arm in arms), note])
+        sheet.append([name, *(column[name] for column in columns), note])
     sheet.append(["energy_source", *(arm.energy_source or "not measured" for arm in arms)])
-    for row in (1, 2, ARM_FIRST_ROW - 1):
+    sheet.append([])
+    sheet.append(list(FLEET_COLUMNS))
+    for values in fleet_values(inputs, allocation):
+        sheet.append(values)
+    for row in (1, 2, ARM_FIRST_ROW - 1, FLEET_FIRST_ROW - 1):
         for cell in sheet[row]:
             cell.font = Font(bold=True)
     sheet.column_dimensions["A"].width = 28

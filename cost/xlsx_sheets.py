@@ -1,7 +1,8 @@
 """The workbook's Lines, Concurrency and Break-even sheets (`cost.xlsx` writes the rest).
 
-Lines: one row per allocation line and per instance bill; $ = seconds x share x gpu_count x $/GPU-hour
-/ 3600 + kWh x share x PUE x $/kWh x energy_added, live over the Inputs sheet; a check cell holds
+Lines: one row per allocation line and per instance bill; compute $ = seconds x share x gpu_count x
+$/GPU-hour / 3600 and energy $ = kWh x share x PUE x $/kWh x energy_added, with gpu_count, $/GPU-hour
+and energy_added its instance's cells of the Inputs sheet's fleet table; a check cell holds
 Σ lines - Σ bills (0). Concurrency: the binned rows, $ per 1M tokens a formula of their $ and tokens,
 the crossover as `cost.concurrency.crossover` found it. Break-even: gamma and the three step times as
 inputs, S(alpha) per alpha as a formula, the break-even alpha beside it.
@@ -18,7 +19,9 @@ from specwatch.cost.breakeven import break_even
 from specwatch.cost.concurrency import ConcurrencyCosts
 from specwatch.cost.model import CostInputs
 
-LINE_HEADER = ["instance", "kind", "arm", "instance_s", "share", "kwh", "usd", "estimate"]
+LINE_HEADER = ["instance", "kind", "arm", "instance_s", "share", "kwh", "usd", "estimate", "compute_usd", "energy_usd"]
+BILL_HEADER = ["bill", "instance", "", "billed_s", "", "kwh", "usd", "estimate", "compute_usd", "energy_usd", "source"]
+LINES_FIRST_ROW = 2
 
 
 def _bold(sheet, row: int = 1) -> None:
@@ -26,31 +29,40 @@ def _bold(sheet, row: int = 1) -> None:
         cell.font = Font(bold=True)
 
 
-def lines_sheet(sheet, allocation: Allocation, ref: Callable[[str], str]) -> list[str]:
-    """Write the lines and bills; return the cells of the idle lines (the Model's idle row sums them)."""
-    second = f"{ref('gpu_count')}*{ref('gpu_hour_usd')}/3600"
-    kwh = f"{ref('pue')}*{ref('electricity_usd_per_kwh')}*{ref('energy_added')}"
+def lines_sheet(
+    sheet, allocation: Allocation, ref: Callable[[str], str], instance_ref: Callable[[str, str], str]
+) -> list[str]:
+    """Write the lines and bills (`ref`: a global input's cell; `instance_ref(instance, name)`: that instance's
+    gpu_count, gpu_hour_usd or energy_added cell); return the cells of the idle lines (the Model sums them)."""
+    kwh = f"{ref('pue')}*{ref('electricity_usd_per_kwh')}"
+    shares = {b.instance: b.share for b in allocation.bills}
+
+    def usd(row: int, instance: str, share: str) -> list[str]:
+        second = f"{instance_ref(instance, 'gpu_count')}*{instance_ref(instance, 'gpu_hour_usd')}/3600"
+        energy = f"{kwh}*{instance_ref(instance, 'energy_added')}"
+        return [f"=I{row}+J{row}", f"=D{row}*{share}{second}", f"=F{row}*{share}{energy}"]
+
     sheet.append(LINE_HEADER)
-    idle, first = [], 2
-    for row, line in enumerate(allocation.lines, start=first):
-        share = next(b.share for b in allocation.bills if b.instance == line.instance)
-        share = 1 - share if line.kind == "other_tenants" else share
-        usd = f"=D{row}*E{row}*{second}+F{row}*E{row}*{kwh}"
+    idle = []
+    for row, line in enumerate(allocation.lines, start=LINES_FIRST_ROW):
+        share = 1 - shares[line.instance] if line.kind == "other_tenants" else shares[line.instance]
+        total, compute, energy = usd(row, line.instance, f"E{row}*")
         values = [line.instance, line.kind, line.arm, line.device_s, share, line.energy_kwh or 0.0]
-        sheet.append([*values, usd, int(line.estimate)])
+        sheet.append([*values, total, int(line.estimate), compute, energy])
         if line.kind == "idle":
             idle.append(f"Lines!G{row}")
-    last = first + len(allocation.lines) - 1
+    last = LINES_FIRST_ROW + len(allocation.lines) - 1
     sheet.append([])
-    sheet.append(["bill", "instance", "", "billed_s", "", "kwh", "usd"])
+    sheet.append(BILL_HEADER)
     _bold(sheet, sheet.max_row)
     bill_first = sheet.max_row + 1
     for bill in allocation.bills:
         row = sheet.max_row + 1
-        usd = f"=D{row}*{second}+F{row}*{kwh}"
-        sheet.append(["bill", bill.instance, "", bill.billed_s, 1, bill.energy_kwh or 0.0, usd])
+        total, compute, energy = usd(row, bill.instance, "")
+        values = ["bill", bill.instance, "", bill.billed_s, 1, bill.energy_kwh or 0.0, total, int(bill.estimate)]
+        sheet.append([*values, compute, energy, bill.source])
     bill_last = sheet.max_row
-    lines_sum = f"SUM(G{first}:G{last})" if allocation.lines else "0"
+    lines_sum = f"SUM(G{LINES_FIRST_ROW}:G{last})" if allocation.lines else "0"
     bills_sum = f"SUM(G{bill_first}:G{bill_last})" if allocation.bills else "0"
     sheet.append(["Σ lines", "", "", "", "", "", f"={lines_sum}"])
     sheet.append(["Σ bills", "", "", "", "", "", f"={bills_sum}"])

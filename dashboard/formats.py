@@ -6,6 +6,7 @@ Pure functions (no Streamlit): the pages and `dashboard.state` call them.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import pandas as pd
@@ -26,6 +27,11 @@ MISSING = {
     "last evaluated": "not yet",
 }
 NOT_MEASURED = "not measured"
+
+
+def as_markdown_text(text: str) -> str:
+    """`text` shown as itself inside Markdown: every character Markdown (or Streamlit's LaTeX, `$`) reads escaped."""
+    return re.sub(r"([\\`*_{}\[\]()#+\-.!|<>$~])", r"\\\1", text)
 
 
 def usd(value: float | None, missing: str = "—") -> str:

@@ -16,6 +16,7 @@ import streamlit as st
 
 from specwatch.dashboard import formats, services
 from specwatch.dashboard.api import CollectorRefused, CollectorUnavailable, View, collector_url
+from specwatch.dashboard.formats import as_markdown_text, usd
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -119,3 +120,36 @@ def fmt(value: float | None, unit: str = "", scale: float = 1.0, digits: int = 2
 
 def this_month() -> str:
     return time.strftime("%Y-%m", time.gmtime())
+
+
+def verdict_panel(verdict: dict | None) -> None:
+    """The verdict's sentence (cost.verdict, the same on every view), the figures behind it one click away."""
+    if not verdict:
+        return
+    st.markdown(f"**{as_markdown_text(verdict['sentence'])}**")
+    with st.expander("The figures behind the verdict"):
+        table([{"figure": f, "value": v, "basis": b} for f, v, b in _verdict_figures(verdict)])
+
+
+def _verdict_figures(v: dict) -> list[tuple[str, str, str]]:
+    estimate = "~" if v["fixed_estimate"] else ""
+    volume = f"measured, at {v['monthly_tokens']:,.0f} tokens/month ({v['volume_source']})"
+    knee_missing = "none" if v["knee_measured"] else "not measured"
+    return [
+        ("latency speed-up, per request", fmt(v["latency_speedup"], "×"), v["latency_basis"] or "not measured"),
+        ("device throughput, speculative / plain", fmt(v["throughput_ratio"], "×"), "measured"),
+        ("speculative $ / 1M tokens", usd(v["spec_usd_per_mtok"]), "measured"),
+        ("plain $ / 1M tokens", usd(v["plain_usd_per_mtok"]), "measured"),
+        ("saving / month", usd(v["saving_usd_per_month"]), volume),
+        (
+            "fixed costs / month",
+            estimate + usd(v["fixed_usd_per_month"]),
+            "estimate: " + ", ".join(v["fixed_from"]) if estimate else "given",
+        ),
+        (
+            "pays above (tokens / month)",
+            estimate + fmt(v["break_even_tokens_per_month"], digits=0, missing="never while it costs more per token"),
+            "fixed costs / saving per token",
+        ),
+        ("knee (concurrency)", fmt(v["knee"], digits=0, missing=knee_missing), "cost per token by concurrency level"),
+    ]

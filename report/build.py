@@ -17,13 +17,17 @@ from `cost.advisor.AdvisorRules`:
         pays  = speed-up >= 1.05 and p < 0.05;  hurts = speed-up <= 0.95 and p < 0.05;  else unclear
     no speculative requests                        keep     (nothing to judge)
     hurts                                          disable
-    net monthly benefit < 0        and pays        shrink   (faster, but costs more than it saves)
-    net monthly benefit < 0        otherwise       disable
-    net benefit not computable (no plain arm)      keep
-    net >= 0, pays,    no alert fired              expand
-    net >= 0, pays,    alerts fired                keep
-    net >= 0, unclear, alerts fired                shrink
-    net >= 0, unclear, no alert fired              keep
+    measured saving < 0            and pays        shrink   (faster, but costs more per token)
+    measured saving < 0            otherwise       disable
+    saving not computable (no plain arm)           keep
+    saving >= 0, pays,    no alert fired           expand
+    saving >= 0, pays,    alerts fired             keep
+    saving >= 0, unclear, alerts fired             shrink
+    saving >= 0, unclear, no alert fired           keep
+
+The saving is the cost verdict's (`cost.verdict`): what speculation measurably saves per token at the
+month's volume. Assumed fixed costs (draft training, incidents, the reserve) never flip it: the report
+states the verdict's break-even volume for them, as every other view does.
 
 "What changed" compares the headline with the previous month's, computed from the store the
 same way (raw-row figures of a month past retention come out as n/a).
@@ -157,10 +161,13 @@ class Headline:
     net_monthly_benefit_usd: float | None
     alerts_fired: int
     net_benefit_estimated_from: tuple[str, ...] = ()  # estimates and seed defaults behind the net benefit
+    measured_saving_usd: float | None = None  # the cost verdict's saving per month (None: no plain arm)
 
 
 @dataclass(frozen=True)
-class Verdict:
+class Action:
+    """The report's recommendation; the cost verdict (`cost.verdict`) is the answer it rests on."""
+
     action: str  # keep | expand | shrink | disable
     rule: str
     reason: str
@@ -189,7 +196,7 @@ class Report:
     alerts: AlertSummary
     by_hour: tuple[HourOfDay, ...]
     cost: CostSummary
-    recommendation: Verdict
+    recommendation: Action
     previous_month: str
     previous: Headline | None  # None: no traffic stored for the previous month
     changes: tuple[Change, ...]
@@ -284,6 +291,7 @@ def _headline(
         None if primary is None else primary.net_usd,
         sum(alerts.fired.values()),
         () if primary is None else primary.estimated_from,
+        None if cost.verdict is None else cost.verdict.saving_usd_per_month,
     )
 
 
@@ -389,34 +397,30 @@ def _count(keys) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
-def recommend(h: Headline, rules: AdvisorRules = AdvisorRules()) -> Verdict:
+def recommend(h: Headline, rules: AdvisorRules = AdvisorRules()) -> Action:
     """keep | expand | shrink | disable by the table of the module docstring."""
     significant = h.speedup is not None and h.speedup_p_value is not None and h.speedup_p_value < rules.significance
     pays = significant and h.speedup >= rules.pays_speedup
     hurts = significant and h.speedup <= rules.hurts_speedup
     speed = "not compared" if h.speedup is None else f"measured speed-up {h.speedup:.2f}x (p={_p(h.speedup_p_value)})"
-    mark = "~" if h.net_benefit_estimated_from else ""
-    net = (
-        "not computable"
-        if h.net_monthly_benefit_usd is None
-        else f"net benefit {mark}{h.net_monthly_benefit_usd:,.0f} USD/month"
-    )
+    saving = h.measured_saving_usd
+    money = "not computable" if saving is None else f"measured saving {saving:,.2f} USD/month"
     alerts = f"{h.alerts_fired} alert(s) fired"
     if not h.speculative_share:
-        return Verdict("keep", "not_in_use", "no speculative requests this month: nothing to judge")
+        return Action("keep", "not_in_use", "no speculative requests this month: nothing to judge")
     if hurts:
-        return Verdict("disable", "measured_slower", f"{speed}: speculation is significantly slower")
-    if h.net_monthly_benefit_usd is None:
-        return Verdict("keep", "not_priced", f"{speed}; {net} (no plain-decoding requests to price against)")
-    if h.net_monthly_benefit_usd < 0:
+        return Action("disable", "measured_slower", f"{speed}: speculation is significantly slower")
+    if saving is None:
+        return Action("keep", "not_priced", f"{speed}; {money} (no plain-decoding requests to price against)")
+    if saving < 0:
         if pays:
-            return Verdict("shrink", "faster_but_net_loss", f"{speed}, but {net}: keep it only where it pays most")
-        return Verdict("disable", "no_gain_net_loss", f"{speed}; {net}")
+            return Action("shrink", "faster_but_costs_more", f"{speed}, but {money}: keep it only where it pays most")
+        return Action("disable", "no_gain_costs_more", f"{speed}; {money}")
     if pays:
         action, rule = ("keep", "pays_with_alerts") if h.alerts_fired else ("expand", "pays_quietly")
     else:
         action, rule = ("shrink", "unproven_with_alerts") if h.alerts_fired else ("keep", "unproven_no_harm")
-    return Verdict(action, rule, f"{speed}; {net}; {alerts}")
+    return Action(action, rule, f"{speed}; {money}; {alerts}")
 
 
 def _p(p: float | None) -> str:

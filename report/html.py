@@ -119,14 +119,15 @@ def _title(r: Report) -> str:
 
 
 def _verdict(r: Report) -> str:
-    v = r.recommendation
+    v, judged = r.recommendation, r.cost.verdict
+    sentence = f'<p class="verdict-sentence"><b>{escape(judged.sentence)}</b></p>' if judged else ""
     return _section(
         "recommendation",
         "Recommendation",
-        f'<div class="verdict {escape(v.action)}"><div class="action">{escape(v.action)} speculation</div>'
+        f'{sentence}<div class="verdict {escape(v.action)}"><div class="action">{escape(v.action)} speculation</div>'
         f'<div>{escape(v.reason)}</div><div class="note">rule <code>{escape(v.rule)}</code> '
         "(the decision table is <code>recommend</code> in <code>report/build.py</code>: measured speed-up and "
-        "its significance, net monthly benefit, alerts fired)</div></div>",
+        "its significance, the measured saving per month, alerts fired)</div></div>",
     )
 
 

@@ -8,6 +8,7 @@
     freed_by_unloads(db, window, filters)   `draft_unloaded` event details (bytes freed)
     store_growth(db, window)                rows stored in total and in the window, and the database's size
     device_counts(db, window)               device name -> samples in the window
+    instance_devices(db, window, filters)   (instance, device name, samples) in the window
     scenario_rows(db, window, filters)      the advisor's per-request columns
     peak_memory(db, window)                 instance -> peak reserved bytes
 
@@ -178,6 +179,14 @@ def device_counts(db: Engine, window: Window) -> list[tuple[str, int]]:
     )
     with db.connect() as conn:
         return sorted(((d, int(n)) for d, n in conn.execute(stmt)), key=lambda row: -row[1])
+
+
+def instance_devices(db: Engine, window: Window, filters: Filters = Filters()) -> list[tuple[str, str, int]]:
+    """(instance, device name, samples) in the window, most sampled first."""
+    columns = (DeviceSampleRow.instance, DeviceSampleRow.device, func.count())
+    stmt = _samples(columns, window, filters).group_by(DeviceSampleRow.instance, DeviceSampleRow.device)
+    with db.connect() as conn:
+        return sorted(((i, d, int(n)) for i, d, n in conn.execute(stmt)), key=lambda row: -row[2])
 
 
 SCENARIO_TAGS = ("scenario", "temperature", "sampling", "determinism", "latency")

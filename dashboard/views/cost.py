@@ -4,7 +4,17 @@ import streamlit as st
 
 from specwatch.dashboard import charts, cost_service, reads
 from specwatch.dashboard.formats import usd
-from specwatch.dashboard.state import empty_state, fmt, table, this_month, view
+from specwatch.dashboard.state import empty_state, fmt, table, this_month, verdict_panel, view
+
+PRICINGS = ("on-demand", "spot", "reserved", "on-prem")
+IDLE = ("separate", "weighted", "even")
+HIDDEN_KNOBS = (
+    "draft_training_usd",
+    "amortisation_months",
+    "incident_days_per_week",
+    "tech_debt_buffer",
+    "opportunity_days_per_month",
+)
 
 v = view()
 st.title("Cost")
@@ -15,43 +25,55 @@ with st.expander("Prices and volumes (what-if)", expanded=False):
     gpu = st.selectbox(
         "Accelerator", gpus, index=gpus.index(base["tco"]["gpu_type"]) if base["tco"]["gpu_type"] in gpus else 0
     )
-    cols = st.columns(4)
     hidden = base["inputs"]["hidden"]
+    defaults = {
+        "gpu_hour_usd": float(prices["accelerators"][gpu]["usd_per_hour"]),
+        "electricity_usd_per_kwh": float(prices["electricity_usd_per_kwh"]),
+        "pue": float(prices["pue"]),
+        "monthly_output_tokens": float(base["tco"]["monthly_output_tokens"] or 0.0),
+        **{k: float(hidden[k]) for k in HIDDEN_KNOBS},
+        "pricing": base["tco"]["pricing"],
+        "idle_allocation": (base["tco"]["idle"] or {}).get("allocation", "separate"),
+    }
+    cols = st.columns(4)
     edits = {
-        "gpu_hour_usd": cols[0].number_input(
-            "GPU $/hour", 0.0, value=float(prices["accelerators"][gpu]["usd_per_hour"])
-        ),
+        "gpu_hour_usd": cols[0].number_input("GPU $/hour", 0.0, value=defaults["gpu_hour_usd"]),
         "electricity_usd_per_kwh": cols[1].number_input(
-            "Electricity $/kWh", 0.0, value=float(prices["electricity_usd_per_kwh"])
+            "Electricity $/kWh", 0.0, value=defaults["electricity_usd_per_kwh"]
         ),
-        "pue": cols[2].number_input("PUE", 1.0, value=float(prices["pue"])),
+        "pue": cols[2].number_input("PUE", 1.0, value=defaults["pue"]),
         "monthly_output_tokens": cols[3].number_input(
-            "Output tokens / month", 0.0, value=float(base["tco"]["monthly_output_tokens"] or 0.0), format="%.0f"
+            "Output tokens / month", 0.0, value=defaults["monthly_output_tokens"], format="%.0f"
         ),
-        "draft_training_usd": cols[0].number_input("Draft training $", 0.0, value=float(hidden["draft_training_usd"])),
+        "draft_training_usd": cols[0].number_input("Draft training $", 0.0, value=defaults["draft_training_usd"]),
         "amortisation_months": cols[1].number_input(
-            "Amortised over (months)", 1.0, value=float(hidden["amortisation_months"])
+            "Amortised over (months)", 1.0, value=defaults["amortisation_months"]
         ),
         "incident_days_per_week": cols[2].number_input(
-            "Incident person-days / week", 0.0, value=float(hidden["incident_days_per_week"])
+            "Incident person-days / week", 0.0, value=defaults["incident_days_per_week"]
         ),
-        "tech_debt_buffer": cols[3].number_input(
-            "Tech-debt reserve", 0.0, 10.0, value=float(hidden["tech_debt_buffer"])
-        ),
+        "tech_debt_buffer": cols[3].number_input("Tech-debt reserve", 0.0, 10.0, value=defaults["tech_debt_buffer"]),
         "opportunity_days_per_month": cols[0].number_input(
-            "Opportunity engineer-days / month", 0.0, value=float(hidden["opportunity_days_per_month"])
+            "Opportunity engineer-days / month", 0.0, value=defaults["opportunity_days_per_month"]
         ),
-        "pricing": cols[1].selectbox("Pricing", ("on-demand", "spot", "reserved", "on-prem")),
-        "idle_allocation": cols[2].selectbox("Idle time", ("separate", "by_share"), help="its own line or by share"),
+        "pricing": cols[1].selectbox("Pricing", PRICINGS, index=PRICINGS.index(defaults["pricing"])),
+        "idle_allocation": cols[2].selectbox(
+            "Idle time",
+            IDLE,
+            index=IDLE.index(defaults["idle_allocation"]),
+            help="its own line, or split over the arms",
+        ),
     }
     st.caption(f"Price table as of {prices['as_of']} (cost/prices.toml); edit it for your contract prices.")
-model = reads.cost(v, gpu, tuple(sorted(edits.items())))
+# only what the user changed goes to the API: an unchanged default keeps its source (and its estimate mark)
+changed = tuple(sorted((k, value) for k, value in edits.items() if value != defaults[k]))
+model = reads.cost(v, gpu if gpu != base["tco"]["gpu_type"] else None, changed)
 summary = model.summary
 if model.arms.empty:
     empty_state()
     st.stop()
-
-primary = next((b for b in summary["tco"]["benefits"] if b["key"] == summary["tco"]["primary"]), None)
+verdict_panel(summary.get("verdict"))
+judged = summary.get("verdict") or {}
 per_mtok = {a["key"]: a["total_usd_per_mtok"] for a in summary["tco"]["arms"]}
 cols = st.columns(4)
 cols[0].metric(
@@ -59,16 +81,16 @@ cols[0].metric(
     usd(per_mtok.get(summary["tco"]["primary"]), "no speculative requests"),
 )
 cols[1].metric("Plain $ / 1M tokens", usd(per_mtok.get("autoregressive"), "no plain requests"))
-estimated = bool(primary and primary["estimated_from"])
 cols[2].metric(
-    "Net benefit / month" + (" (estimate)" if estimated else ""),
-    ("~" if estimated else "") + usd(primary and primary["net_usd"], "needs plain and speculative requests"),
-    help="explicit saving minus hidden costs (draft training, monitoring, incidents, opportunity, tech-debt "
-    "reserve)" + (f"; estimated from: {', '.join(primary['estimated_from'])}" if estimated else ""),
+    "Saving / month (measured)",
+    usd(judged.get("saving_usd_per_month"), "needs plain and speculative requests"),
+    help="(plain - speculative) $ per 1M tokens x the monthly volume; negative: speculation costs more",
 )
-payback = "never" if primary and primary["payback_months"] is None else "needs both modes"
+estimate = "~" if judged.get("fixed_estimate") else ""
 cols[3].metric(
-    "Payback of draft training", fmt(primary and primary["payback_months"], " months", digits=1, missing=payback)
+    "Pays its fixed costs above" + (" (estimate)" if estimate else ""),
+    estimate + fmt(judged.get("break_even_tokens_per_month"), " tokens/month", digits=0, missing="never"),
+    help="fixed costs / month (draft training, monitoring, incidents, opportunity, reserve) / saving per token",
 )
 st.subheader(f"Cost per 1M output tokens on {summary['tco']['gpu_type']} ({summary['tco']['pricing']})")
 table(model.arms)

@@ -4,7 +4,7 @@ import streamlit as st
 
 from specwatch.dashboard import charts, reads
 from specwatch.dashboard.formats import duration
-from specwatch.dashboard.state import empty_state, fmt, table, view
+from specwatch.dashboard.state import empty_state, fmt, table, verdict_panel, view
 
 v = view()
 st.title("Overview")
@@ -13,6 +13,7 @@ s = o.signals
 if not s.requests:
     empty_state()
     st.stop()
+verdict_panel(reads.cost(v).summary.get("verdict"))
 lines = reads.thresholds()
 acceptance_line, ttft_line = lines.get("acceptance_rate"), lines.get("ttft_p99")
 

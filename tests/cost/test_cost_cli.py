@@ -17,7 +17,7 @@ from specwatch.collector.ingest.store import Store
 from specwatch.cost.breakeven import break_even_alpha
 from specwatch.cost.inputs import load_prices, what_if_inputs
 from specwatch.cost.model import IdleTime, tco
-from specwatch.cost.xlsx import ARM_ROWS, BENEFIT_ROWS, IDLE_ROW, MODEL_ROW, write_workbook
+from specwatch.cost.xlsx import ARM_ROWS, BENEFIT_ROWS, IDLE_ROW, MODEL_ROW, input_ref, write_workbook
 from specwatch.telemetry.schema import IngestBatch
 
 EXAMPLE = Path(__file__).parents[2] / "cost" / "cost_example.toml"
@@ -73,7 +73,9 @@ def test_what_if_text_and_json(capsys):
         "advice",
         "notes",
         "concurrency",
+        "verdict",
     }
+    assert got["verdict"]["sentence"].startswith("Speculation (") and got["verdict"]["arm"] == got["tco"]["primary"]
     assert (
         got["source"] == "what-if" and got["tco"]["gpu_type"] == "H200" and got["tco"]["monthly_output_tokens"] == 1e9
     )
@@ -100,7 +102,9 @@ def test_xlsx_formulas_recompute_the_model(tmp_path, capsys):
         "Inputs!" in f
         for f in (model[f"B{MODEL_ROW[label]}"].value for label in ("gpu_hours_per_mtok", "memory_share"))
     )
-    assert model[f"B{MODEL_ROW['gpu_hours_per_mtok']}"].value.startswith("=Inputs!$B$4*1000000/Inputs!B")
+    gpu_count = input_ref("gpu_count", "B")  # the arm's GPUs, live over the fleet table's ($B$4 here)
+    assert model[f"B{MODEL_ROW['gpu_hours_per_mtok']}"].value.startswith(f"={gpu_count}*1000000/Inputs!B")
+    assert "$C$" in book["Inputs"][gpu_count.split("!")[1]].value
     book = compiled(path)
     # by hand: 1 GPU x 1e6 tokens / 40 tok/s / 3600 s/h
     assert evaluate(book, "Model", f"B{MODEL_ROW['gpu_hours_per_mtok']}") == pytest.approx(1e6 / 40 / 3600)

@@ -105,3 +105,27 @@ def test_deep_link_on_a_fresh_server(browser, live_collector, tmp_path):
                 ) from None
         finally:
             context.close()
+
+
+def _verdict_line(browser, url: str) -> str:
+    """The page's first bold line (the verdict), as a person reads it."""
+    context = browser.new_context(viewport=VIEWPORT)
+    page = context.new_page()
+    try:
+        page.goto(url, wait_until="domcontentloaded", timeout=30_000)
+        page.locator(METRIC).first.wait_for(state="visible", timeout=60_000)
+        settle(page)
+        line = page.locator('[data-testid="stMarkdownContainer"] strong').first
+        line.wait_for(state="visible", timeout=30_000)
+        return line.inner_text()
+    finally:
+        context.close()
+
+
+def test_overview_and_cost_page_state_the_same_verdict(browser, dashboard_url):
+    """Issue 52: one answer. Both pages open with the verdict; the answer (drafter, paying or not) is the
+    same, and the Cost page's what-if, left alone, changes nothing."""
+    overview, cost = (_verdict_line(browser, f"{dashboard_url}/{path}") for path in ("", "cost"))
+    assert overview.startswith(("Speculation (", "Not measured")), overview
+    assert overview.split(" at the load served")[0] == cost.split(" at the load served")[0], (overview, cost)
+    assert "$" in overview and "\\" not in overview  # shown as text: no Markdown or LaTeX ate a character

@@ -229,6 +229,7 @@ def _head(**changes) -> Headline:
         speedup_p_value=0.001,
         net_monthly_benefit_usd=100.0,
         alerts_fired=0,
+        measured_saving_usd=100.0,
     )
     return Headline(**{**base, **changes})
 
@@ -238,10 +239,12 @@ def _head(**changes) -> Headline:
     [
         ({"speculative_share": 0.0}, "keep", "not_in_use"),
         ({"speedup": 0.8}, "disable", "measured_slower"),
-        ({"speedup": 0.8, "net_monthly_benefit_usd": 500.0}, "disable", "measured_slower"),
-        ({"net_monthly_benefit_usd": None}, "keep", "not_priced"),
-        ({"net_monthly_benefit_usd": -1.0}, "shrink", "faster_but_net_loss"),
-        ({"net_monthly_benefit_usd": -1.0, "speedup_p_value": 0.2}, "disable", "no_gain_net_loss"),
+        ({"speedup": 0.8, "measured_saving_usd": 500.0}, "disable", "measured_slower"),
+        ({"measured_saving_usd": None}, "keep", "not_priced"),
+        ({"measured_saving_usd": -1.0}, "shrink", "faster_but_costs_more"),
+        ({"measured_saving_usd": -1.0, "speedup_p_value": 0.2}, "disable", "no_gain_costs_more"),
+        # assumed fixed costs (a net loss) never flip a measured saving
+        ({"net_monthly_benefit_usd": -8300.0}, "expand", "pays_quietly"),
         ({}, "expand", "pays_quietly"),
         ({"alerts_fired": 2}, "keep", "pays_with_alerts"),
         ({"speedup_p_value": 0.2, "alerts_fired": 1}, "shrink", "unproven_with_alerts"),

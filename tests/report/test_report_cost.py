@@ -12,7 +12,7 @@ import json
 import re
 from dataclasses import replace
 from datetime import UTC, datetime
-from html import unescape
+from html import escape, unescape
 
 import pytest
 from collector_payloads import plain_request_dict, request_dict, sample_dict
@@ -147,7 +147,10 @@ def test_cost_section_shows_assumptions_concurrency_and_estimates(filled, tmp_pa
     # the net benefit rests on seed defaults: "~" wherever it appears, and a footnote naming them
     head = report.headline
     assert head.net_benefit_estimated_from and head.net_benefit_estimated_from == tco.benefits[0].estimated_from
-    assert "net benefit ~" in report.recommendation.reason
+    # the recommendation rests on the measured saving; the verdict marks the assumed fixed costs as estimates
+    assert "measured saving" in report.recommendation.reason and "net benefit" not in report.recommendation.reason
+    judged = report.cost.verdict
+    assert judged.fixed_estimate and "(estimate)" in judged.sentence and escape(judged.sentence) in html
     net = f"~{'-' if head.net_monthly_benefit_usd < 0 else ''}${abs(head.net_monthly_benefit_usd):,.0f}"
     assert ("net benefit (USD/month)", net) in _cells(html[html.index('id="changes"') :])
     assert html.count(", ".join(head.net_benefit_estimated_from)) >= 2  # headline and cost section footnotes
