@@ -175,12 +175,21 @@ def _header(summary: CostSummary) -> list[str]:
     t = summary.tco
     where = "what-if inputs" if summary.window is None else f"last {_span(summary.window.seconds)} measured"
     return [
-        (
-            f"Cost of speculative decoding ({where}); {t.gpu_type} at ${t.gpu_hour_usd:.2f}/GPU-hour "
-            f"({t.pricing}), prices as of {t.prices_as_of}"
-        ),
+        f"Cost of speculative decoding ({where}); {_devices(t)}, prices as of {t.prices_as_of}",
         f"Volume priced: {t.monthly_output_tokens:,.0f} output tokens/month ({t.volume_source})",
     ]
+
+
+def _devices(t: Tco) -> str:
+    """The device(s) priced: one GPU type, or each instance's own (a mixed fleet)."""
+    bills = t.allocation.bills if t.allocation else ()
+    priced = sorted({(b.gpu_type, b.gpu_hour_usd, b.pricing) for b in bills if b.gpu_type})
+    if len(priced) <= 1:
+        return f"{t.gpu_type} at ${t.gpu_hour_usd:.2f}/GPU-hour ({t.pricing})"
+    each = ", ".join(
+        f"{b.instance} {b.gpu_count}x {b.gpu_type} at ${b.gpu_hour_usd:.2f}/GPU-hour ({b.pricing})" for b in bills
+    )
+    return f"each instance on its own device: {each}"
 
 
 def _arm_table(t: Tco) -> list[str]:

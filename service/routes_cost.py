@@ -27,6 +27,7 @@ output_tokens, requests, estimate, estimated).
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 from functools import lru_cache
 from typing import Annotated, Literal
 
@@ -121,8 +122,9 @@ def get_cost_focus(
     """The window's bill as FinOps FOCUS 1.2 rows (CSV): every line per UTC day, instance and arm."""
     prices = shipped_prices()
     try:
-        gpu = gpu_type or infer_gpu_type(db, window, prices) or DEFAULT_GPU
-        rows = measured_focus(db, window, prices, gpu_type=gpu, overrides=overrides, filters=filters)
+        fallback = infer_gpu_type(db, window, prices) or DEFAULT_GPU  # where no sample or fleet entry names one
+        given = replace(overrides, gpu_type=gpu_type) if gpu_type else overrides  # ?gpu=X: every instance as X
+        rows = measured_focus(db, window, prices, gpu_type=fallback, overrides=given, filters=filters)
     except ValueError as exc:
         raise HTTPException(422, {"error": "invalid_parameter", "message": str(exc)}) from None
     out = io.StringIO()

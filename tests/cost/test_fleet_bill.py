@@ -22,7 +22,7 @@ from specwatch.collector.ingest.store import Store
 from specwatch.collector.reads.queries import Window
 from specwatch.cost.focus import measured_focus
 from specwatch.cost.inputs import Overrides, load_fleet, load_prices
-from specwatch.cost.summary import measured_summary
+from specwatch.cost.summary import measured_summary, render_text
 from specwatch.cost.xlsx import MODEL_ROW, fleet_ref, fleet_rows, write_workbook
 from specwatch.telemetry.schema import IngestBatch
 
@@ -67,8 +67,11 @@ def _close(a: float, b: float, rel: float = 1e-9) -> None:
 
 def test_each_instance_is_billed_at_its_own_device_price(fleet_db):
     db, window = fleet_db
-    allocation = measured_summary(db, window, load_prices()).tco.allocation
+    summary = measured_summary(db, window, load_prices())
+    allocation = summary.tco.allocation
     bills = {b.instance: b for b in allocation.bills}
+    header = render_text(summary).splitlines()[2]  # after the verdict: the devices priced, each its own
+    assert "gpu-h100 1x H100-SXM at $4.50/GPU-hour (on-demand)" in header and "gpu-l4 1x L4 at $0.80" in header
     assert {name: (b.gpu_type, b.gpu_hour_usd, b.source) for name, b in bills.items()} == {
         "gpu-h100": ("H100-SXM", 4.50, "device samples"),
         "gpu-l4": ("L4", 0.80, "device samples"),
