@@ -13,7 +13,10 @@ over the window:
     arm a           = m x rate x Σ device_s of a's ok requests
     retries of a    = m x rate x Σ device_s of a's failed work (requests not ok, and the failed
                       attempts of retried ones)
-    idle            = m x rate x (billed_s - Σ device_s)
+    idle            = m x rate x (billed_s - Σ device_s of every request) x the view's part
+                      (1 for the whole workload; else its device time / every request's: OpenCost's rule)
+    outside view    = m x rate x (device_s of requests outside the view + the rest of idle): a narrower
+                      view's bill still adds up, and Σ over tenants + requests of no tenant = the bill
                       separate: its own line; weighted: split over the arms by their device time;
                       even: split equally over the arms the instance served (OpenCost's two choices)
 
@@ -35,7 +38,7 @@ from dataclasses import dataclass
 
 from specwatch.cost.terms import J_PER_KWH, CostInputs, Device, InstanceUse
 
-KINDS = ("arm", "retries", "idle", "other_tenants")
+KINDS = ("arm", "retries", "idle", "outside_view", "other_tenants")
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,12 @@ class Allocation:
         """Σ bills - Σ lines: 0 to floating-point precision."""
         return self.bill_usd - self.lines_usd
 
+    @property
+    def allocated_usd(self) -> float:
+        """What the view read is charged: its work, its retries and its part of idle (the bill less other
+        tenants' memory and the requests outside the view)."""
+        return sum(line.usd for line in self.lines if line.kind in ("arm", "retries", "idle"))
+
     def usd(self, arm: str | None = None, kind: str | None = None) -> float:
         """Σ of the lines charged to `arm` (None: any) of `kind` (None: any)."""
         return sum(
@@ -182,9 +191,12 @@ def _lines(instance: InstanceUse, bill: Bill, rate: float, usd_per_kwh: float, m
         found.append(line("arm", use.arm, use.device_s, use.output_tokens, use.energy_j, use.derived))
         if use.failed_device_s > 0 or (use.failed_energy_j or 0) > 0:
             found.append(line("retries", use.arm, use.failed_device_s, 0, use.failed_energy_j, use.derived))
-    idle_s, idle_j = instance.idle_s, instance.idle_energy_j
-    for arm, part in _idle_parts(instance, method) if idle_s > 0 or (idle_j or 0.0) > 0 else ():
-        found.append(line("idle", arm, idle_s, 0, idle_j, part=part))
+    idle_s, idle_j, mine = instance.idle_s, instance.idle_energy_j, instance.view_part
+    for arm, part in _idle_parts(instance, method) if (idle_s > 0 or (idle_j or 0.0) > 0) and mine > 0 else ():
+        found.append(line("idle", arm, idle_s, 0, idle_j, part=part * mine))
+    if instance.outside_s is not None and (instance.outside_s > 0 or mine < 1):
+        outside_j = instance.outside_energy_j + (idle_j or 0.0) * (1 - mine) if idle_j is not None else None
+        found.append(line("outside_view", None, instance.outside_s + idle_s * (1 - mine), 0, outside_j))
     if m < 1.0:
         rest = 1 - m
         found.append(

@@ -45,7 +45,12 @@ class StepTime:
 
 @dataclass(frozen=True)
 class InstanceUse:
-    """One instance over the window: up-time, the deployment's share of it, and each arm's use."""
+    """One instance over the window: up-time, the deployment's share of it, and each arm's use.
+
+    A view narrower than the instance (a tenant, a tag, a model, a drafter) has `outside_s`: the device
+    time of the instance's requests outside the view. Idle time is then shared by device time (OpenCost's
+    rule): the view's part is busy / (busy + outside), so the views of all tenants plus the requests of no
+    tenant add up to the instance's bill."""
 
     name: str
     up_s: float | None  # sampled up-time (None: no device samples)
@@ -53,6 +58,8 @@ class InstanceUse:
     share: float = 1.0  # the deployment's share of the device (memory held / the device's), <= 1
     share_source: str = "whole device"
     energy_j: float | None = None  # every joule its samples report (None: no power readings)
+    outside_s: float | None = None  # device time of requests outside the view; None: the view is everything
+    outside_energy_j: float = 0.0  # their energy (what requests outside the view used)
 
     @property
     def busy_s(self) -> float:
@@ -61,11 +68,19 @@ class InstanceUse:
     @property
     def billed_s(self) -> float:
         """Up-time; the busy time when up-time is unknown or shorter (requests then show none idle)."""
-        return max(self.up_s or 0.0, self.busy_s)
+        return max(self.up_s or 0.0, self.busy_s + (self.outside_s or 0.0))
 
     @property
     def idle_s(self) -> float:
-        return self.billed_s - self.busy_s
+        return self.billed_s - self.busy_s - (self.outside_s or 0.0)
+
+    @property
+    def view_part(self) -> float:
+        """The view's part of the idle time: all of it for the whole workload, else by device time."""
+        if self.outside_s is None:
+            return 1.0
+        worked = self.busy_s + self.outside_s
+        return self.busy_s / worked if worked > 0 else 0.0
 
     @property
     def used_energy_j(self) -> float:
@@ -74,12 +89,13 @@ class InstanceUse:
     @property
     def total_energy_j(self) -> float | None:
         known = self.energy_j is not None or any(u.energy_j is not None for u in self.arms)
-        return max(self.energy_j or 0.0, self.used_energy_j) if known else None
+        used = self.used_energy_j + self.outside_energy_j
+        return max(self.energy_j or 0.0, used) if known else None
 
     @property
     def idle_energy_j(self) -> float | None:
         total = self.total_energy_j
-        return None if total is None else total - self.used_energy_j
+        return None if total is None else total - self.used_energy_j - self.outside_energy_j
 
 
 @dataclass(frozen=True)

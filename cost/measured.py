@@ -30,7 +30,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
@@ -83,6 +83,7 @@ class Usage:
     concurrency: np.ndarray
     attribution: Attribution
     samples: tuple[PowerSample, ...]
+    outside: dict[str, tuple[float, float]] | None = None  # a narrower view: instance -> (device_s, energy_j)
 
     @property
     def arm_keys(self) -> np.ndarray:
@@ -95,16 +96,19 @@ def arm_key(mode: str, drafter: str | None) -> str:
 
 
 def read_usage(db: Engine, window: Window, filters: Filters = Filters()) -> Usage:
-    """Requests overlapping `window` clipped to it, attributed (module docstring)."""
-    c = request_usage(db, window, filters)
+    """Requests overlapping `window` clipped to it, attributed (module docstring). A view narrower than its
+    instances (a tag, model, drafter, mode or arm) is read with every request of those instances, so device
+    time is shared among all who used the device at once, then narrowed to the view (`Usage.outside`)."""
+    scope = filters.scope
+    c = request_usage(db, window, scope, view=None if filters == scope else filters)
     start, end = _life(c.started_at, c.queue_s, c.e2e_s)
     lo, hi = np.maximum(start, window.start), np.minimum(end, window.end)
     life = end - start
     inside = (c.started_at >= window.start) & (c.started_at < window.end)
     fraction = np.where(life > 0, np.clip(hi - lo, 0.0, None) / np.where(life > 0, life, 1.0), inside.astype(float))
-    samples = tuple(PowerSample(*row) for row in power_rows(db, window, filters))
+    samples = tuple(PowerSample(*row) for row in power_rows(db, window, scope))
     lo, hi = np.minimum(lo, hi), np.maximum(hi, lo)
-    merged = _merged_sharing(db, window, filters, c, lo, hi)
+    merged = _merged_sharing(db, window, scope, c, lo, hi)
     spans = Spans(c.instance, lo, hi, np.where(np.isnan(merged), c.device_s * fraction, merged))
     shares = attribute(spans, list(samples))
     sources = np.where(~np.isnan(merged), MERGED_SOURCE, np.where(shares.derived, "derived", c.device_s_source))
@@ -112,10 +116,23 @@ def read_usage(db: Engine, window: Window, filters: Filters = Filters()) -> Usag
     energy = np.where(np.isnan(metered), shares.energy_j, metered)
     failed = np.where(c.ok, c.retries / (c.retries + 1.0), 1.0)
     tokens = np.where(c.ok, c.output_tokens * fraction, 0.0)
-    return Usage(
+    found = Usage(
         c, fraction, shares.device_s, shares.device_s * failed, 1.0 - failed, tokens, energy,
         shares.derived | ~np.isnan(merged), sources, shares.concurrency, shares, samples,
     )  # fmt: skip
+    return found if filters == scope else _narrowed(found)
+
+
+def _narrowed(u: Usage) -> Usage:
+    """The view's requests only; per instance, the device time and energy of the others (`outside`)."""
+    view, names = u.columns.in_view, u.columns.instance
+    outside = {
+        name: (float(u.device_s[rows].sum()), float(np.nansum(u.energy_j[rows])))
+        for name in set(names.tolist())
+        for rows in [(names == name) & ~view]
+    }
+    per_row = ("fraction", "device_s", "failed_s", "ok_part", "tokens", "energy_j", "derived", "sources", "concurrency")
+    return replace(u, columns=u.columns.take(view), outside=outside, **{f: getattr(u, f)[view] for f in per_row})
 
 
 def _life(started_at: np.ndarray, queue_s: np.ndarray, e2e_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -272,7 +289,8 @@ def _instances(u: Usage, keys: np.ndarray, shares: dict) -> tuple[InstanceUse, .
         share, source = shares.get(name, (1.0, "whole device (memory not measured)"))
         instance = by_name.get(name)
         up, energy = (instance.up_s, instance.energy_j) if instance else (None, None)
-        found.append(InstanceUse(name, up, uses, share, source, energy))
+        outside = None if u.outside is None else u.outside.get(name, (0.0, 0.0))
+        found.append(InstanceUse(name, up, uses, share, source, energy, *(outside or (None, 0.0))))
     return tuple(found)
 
 

@@ -63,7 +63,11 @@ class Filters:
         started_at index (`started_at + 0`) and the instance index (`instance || ''`), for queries
         that narrow rows by id or walk another index instead."""
         started_at = Request.started_at if time_index else Request.started_at + 0
-        cond = [started_at >= window.start, started_at < window.end]
+        return stmt.where(and_(started_at >= window.start, started_at < window.end, *self.conditions(time_index)))
+
+    def conditions(self, time_index: bool = True) -> list:
+        """The label and tag conditions (no window): what `apply` adds, and what marks a view's rows."""
+        cond = []
         for column in ("instance", "model", "mode", "arm"):
             if (value := getattr(self, column)) is not None:
                 indexed = time_index or column != "instance"
@@ -71,7 +75,12 @@ class Filters:
         if self.drafter is not None:
             cond.append(Request.drafter.is_(None) if self.drafter == "none" else Request.drafter == self.drafter)
         cond.extend(Request.tags[key].as_string() == value for key, value in self.tags)
-        return stmt.where(and_(*cond))
+        return cond
+
+    @property
+    def scope(self) -> Filters:
+        """The instances' whole workload: this filter's instance only (what a narrower view is part of)."""
+        return Filters(instance=self.instance)
 
 
 @dataclass(frozen=True)

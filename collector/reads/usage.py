@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from sqlalchemy import Engine, func, select, text
+from sqlalchemy import Engine, and_, case, func, literal, select, text, true
 
 from specwatch.collector.models import DeviceSampleRow, EngineEventRow, Request
 from specwatch.collector.reads.queries import Filters, Window
@@ -60,7 +60,7 @@ class RequestColumns:
     """Stored requests, one numpy array per column (all statuses: failed work costs device time too)."""
 
     def __init__(self, rows: list[tuple]) -> None:
-        columns = list(zip(*rows)) if rows else [()] * len(_REQUEST_COLUMNS)
+        columns = list(zip(*rows)) if rows else [()] * (len(_REQUEST_COLUMNS) + 1)
         for name, values in zip(_REQUEST_COLUMNS, columns):
             if name in _TEXT:
                 array = np.asarray(values, dtype=object)
@@ -70,14 +70,25 @@ class RequestColumns:
                 array = np.asarray(values, dtype=float)
             setattr(self, name, array)
         self.ok = self.status == "ok"
+        self.in_view = np.asarray(columns[len(_REQUEST_COLUMNS)] if rows else (), dtype=bool)
+
+    def take(self, rows: np.ndarray) -> RequestColumns:
+        """These rows only (a boolean mask or indices)."""
+        taken = object.__new__(RequestColumns)
+        taken.__dict__ = {name: values[rows] for name, values in self.__dict__.items()}
+        return taken
 
     def __len__(self) -> int:
         return len(self.started_at)
 
 
-def request_usage(db: Engine, window: Window, filters: Filters = Filters()) -> RequestColumns:
-    """Requests whose life [started_at, started_at + e2e_s] overlaps `window` (see the module docstring)."""
-    stmt = _overlapping(select(*_REQUEST_COLUMNS.values()), window, filters)
+def request_usage(
+    db: Engine, window: Window, filters: Filters = Filters(), view: Filters | None = None
+) -> RequestColumns:
+    """Requests whose life [started_at, started_at + e2e_s] overlaps `window` (see the module docstring);
+    with `view`, each row's `in_view` says whether the view's conditions hold for it."""
+    marks = [case((and_(true(), *view.conditions()), True), else_=False)] if view else [literal(True)]
+    stmt = _overlapping(select(*_REQUEST_COLUMNS.values(), *marks), window, filters)
     with db.connect() as conn:
         return RequestColumns(conn.execute(stmt).all())
 
