@@ -56,14 +56,14 @@ def all_at_once(n: int, work) -> list:
 
 @needs_postgres
 def test_replicas_migrating_an_empty_database_together_all_succeed(empty_postgres):
-    engines = [make_db(empty_postgres) for _ in range(3)]
+    dbs = [make_db(empty_postgres) for _ in range(3)]
     try:
-        all_at_once(3, lambda i: upgrade(engines[i]))
-        assert all(is_current(e) for e in engines)
-        with engines[0].connect() as conn:
+        all_at_once(3, lambda i: upgrade(dbs[i]))
+        assert all(is_current(e) for e in dbs)
+        with dbs[0].connect() as conn:
             assert conn.scalar(text("SELECT count(*) FROM alembic_version")) == 1
     finally:
-        for db in engines:
+        for db in dbs:
             db.dispose()
 
 
@@ -74,15 +74,15 @@ def test_concurrent_rollup_passes_count_each_request_once(empty_postgres):
     store = Store(db)
     records = [RequestRecord.model_validate(request_dict(i)) for i in range(3000)]
     store.insert(IngestBatch(requests=records))
-    engines = [make_db(empty_postgres) for _ in range(3)]
+    dbs = [make_db(empty_postgres) for _ in range(3)]
     try:
-        folded = all_at_once(3, lambda i: roll_up(engines[i], time.time()).rows_folded)
+        folded = all_at_once(3, lambda i: roll_up(dbs[i], time.time()).rows_folded)
         assert sorted(folded) == [0, 0, 3000]  # one pass folded them all; the others found nothing left
         with db.connect() as conn:
             for table in (RequestRollup, RequestRollupHourly):
                 assert conn.scalar(select(func.sum(table.requests))) == 3000
     finally:
-        for e in (db, *engines):
+        for e in (db, *dbs):
             e.dispose()
 
 
@@ -102,16 +102,16 @@ def test_two_deliverers_post_each_notification_once(empty_postgres):
     with db.begin() as conn:
         assert enqueue(conn, config, "Test", [_firing(0)], time.time() - 1, "") == 8
     receiver = Receiver(port, delay_s=0.05)
-    engines = [make_db(empty_postgres) for _ in range(2)]
+    dbs = [make_db(empty_postgres) for _ in range(2)]
     try:
         with httpx.Client() as http:
-            delivered = all_at_once(2, lambda i: deliver_due(engines[i], config, http))
+            delivered = all_at_once(2, lambda i: deliver_due(dbs[i], config, http))
         assert sum(delivered) == 8 and min(delivered) > 0  # both delivered some, while the other was posting
         keys = [headers["Idempotency-Key"] for headers, _ in receiver.received]
         assert len(keys) == 8 and len(set(keys)) == 8
     finally:
         receiver.close()
-        for e in (db, *engines):
+        for e in (db, *dbs):
             e.dispose()
 
 
@@ -147,8 +147,8 @@ async def _lead_until(leaders: list[Leadership], stop_when, timeout_s: float = 2
 
 @needs_postgres
 def test_one_leader_at_a_time_and_the_next_takes_over(empty_postgres):
-    engines = [make_db(empty_postgres) for _ in range(3)]
-    leaders = [Leadership(e, f"r{i}", retry_s=0.1) for i, e in enumerate(engines)]
+    dbs = [make_db(empty_postgres) for _ in range(3)]
+    leaders = [Leadership(e, f"r{i}", retry_s=0.1) for i, e in enumerate(dbs)]
     stopped = {"first": None}
 
     def scenario(history, tasks) -> bool:
@@ -163,7 +163,7 @@ def test_one_leader_at_a_time_and_the_next_takes_over(empty_postgres):
         assert all(len(step) <= 1 for step in history), "two replicas worked at once"
         assert sum(lead.is_leader for lead in leaders) == 0  # all stopped
     finally:
-        for db in engines:
+        for db in dbs:
             db.dispose()
 
 
@@ -171,8 +171,8 @@ def test_one_leader_at_a_time_and_the_next_takes_over(empty_postgres):
 def test_a_leader_that_loses_its_connection_stops_its_work(empty_postgres):
     """The server ends the leader's session (as when its network or host goes): at its next check the
     leader stops its background work, and the other replica takes the lock."""
-    engines = [make_db(empty_postgres) for _ in range(2)]
-    leaders = [Leadership(e, f"r{i}", retry_s=0.1) for i, e in enumerate(engines)]
+    dbs = [make_db(empty_postgres) for _ in range(2)]
+    leaders = [Leadership(e, f"r{i}", retry_s=0.1) for i, e in enumerate(dbs)]
     killed = {"who": None}
 
     def scenario(history, tasks) -> bool:
@@ -180,7 +180,7 @@ def test_a_leader_that_loses_its_connection_stops_its_work(empty_postgres):
             killed["who"] = history[-1][0]
             lead = leaders[int(killed["who"][1:])]
             pid = lead._conn.connection.dbapi_connection.info.backend_pid
-            with engines[0].connect() as conn:
+            with dbs[0].connect() as conn:
                 conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
         return killed["who"] is not None and history[-1] and history[-1][0] != killed["who"]
 
@@ -188,7 +188,7 @@ def test_a_leader_that_loses_its_connection_stops_its_work(empty_postgres):
         history = asyncio.run(_lead_until(leaders, scenario))
         assert all(len(step) <= 1 for step in history)
     finally:
-        for db in engines:
+        for db in dbs:
             db.dispose()
 
 

@@ -101,17 +101,17 @@ def stored(stack: Stack, request_ids: list[str]) -> list:
 
 def stored_where(stack: Stack, condition, count: int, timeout_s: float = 30.0) -> list:
     """The collector's records that meet `condition`, once there are `count` of them."""
-    engine = create_engine(stack.db_url)
+    db = create_engine(stack.db_url)
 
     def all_there():
-        with engine.connect() as conn:
+        with db.connect() as conn:
             rows = conn.execute(select(Request).where(condition)).mappings().all()
         return rows if len(rows) >= count else None
 
     try:
         return wait_for(all_there, f"{count} records in the collector", timeout=timeout_s, interval=0.3)
     finally:
-        engine.dispose()
+        db.dispose()
 
 
 def body_for(route: str, kind: str, **extra) -> dict:

@@ -53,15 +53,15 @@ def test_the_engine_records_the_request_under_the_gateways_id_and_arrival(gatewa
     assert gateway_record.instance == "spec1" and engine_record.instance != gateway_record.instance
 
 
-def test_both_records_are_stored_once_and_the_first_is_kept(gateway, upstream, engine):
-    """`engine` here is the test database (SQLite, then PostgreSQL when one is available)."""
+def test_both_records_are_stored_once_and_the_first_is_kept(gateway, upstream, db):
+    """`db`: the test database (SQLite, then PostgreSQL when one is available)."""
     gateway_record, engine_record = through(gateway, upstream, {})
-    store = Store(engine)
+    store = Store(db)
     first = store.insert(IngestBatch(requests=[gateway_record]))
     second = store.insert(IngestBatch(requests=[engine_record]))
     assert (first.requests, second.requests, second.request_duplicates) == (1, 0, 1)
     assert (second.conflicts, second.conflict_ids) == (0, ())  # another instance's record of it: no conflict
-    with engine.connect() as conn:
+    with db.connect() as conn:
         query = select(Request.instance, Request.e2e_s).where(Request.request_id == engine_record.request_id)
         rows = conn.execute(query).all()
     assert [tuple(r) for r in rows] == [("spec1", pytest.approx(gateway_record.e2e_s))]  # the first stored

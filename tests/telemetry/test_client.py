@@ -21,10 +21,10 @@ def records(start: int, n: int) -> list[RequestRecord]:
 
 
 def stored_ids(settings) -> list[str]:
-    engine = create_engine(settings.database_url_resolved)
-    with engine.connect() as conn:
+    db = create_engine(settings.database_url_resolved)
+    with db.connect() as conn:
         ids = list(conn.scalars(text("SELECT request_id FROM requests ORDER BY id")))
-    engine.dispose()
+    db.dispose()
     return ids
 
 

@@ -82,10 +82,10 @@ def test_acceptance_equals_the_delta_of_vllms_own_counters(server, tmp_path):
 
 
 @pytest.mark.slow
-def test_restart_gap_and_speculation_off(server, engine):
+def test_restart_gap_and_speculation_off(server, db):
     """Drive the Scraper by hand: a scrape, traffic, the target gone (scrapes fail), vLLM back
     without speculation (new process: counters from zero, spec-decode families absent)."""
-    scraper = Scraper(server.metrics_url, engine, SCRAPE_S)
+    scraper = Scraper(server.metrics_url, db, SCRAPE_S)
     assert scraper.observe(httpx.get(server.metrics_url).text, at=1000.0) == []  # baseline
     ask(server, "grounded")
     ask(server, "grounded")
