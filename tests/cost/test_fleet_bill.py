@@ -15,6 +15,7 @@ import time
 
 import pytest
 from collector_payloads import plain_request_dict, request_dict, sample_dict
+from focus_validator import failed_rules, needs_validator
 from openpyxl import load_workbook
 
 from specwatch.cli import main
@@ -128,6 +129,19 @@ def test_fleet_file_sets_gpu_count_pricing_and_price(fleet_db, tmp_path):
     rows = measured_focus(db, window, prices, gpu_type="H100-SXM", overrides=Overrides(fleet=fleet))
     committed = {r["CommitmentDiscountId"] for r in rows if r["PricingCategory"] == "Committed"}
     assert committed == {"h100-1y"} and {r["PricingCategory"] for r in rows} == {"Committed", "Dynamic"}
+    assert sum(r["BilledCost"] for r in rows) == pytest.approx(summary.tco.allocation.bill_usd, rel=1e-9)
+
+
+@needs_validator
+def test_a_mixed_committed_fleet_passes_focus_validator(fleet_db, db_url, tmp_path):
+    """Two GPU types, one reserved under a commitment and one spot, through `specwatch cost --focus`."""
+    text = '[gpu-h100]\ngpu_type = "H100-SXM"\npricing = "reserved"\ncommitment = "h100-1y"\n\n'
+    text += '[gpu-l4]\ngpu_type = "L4"\npricing = "spot"\n'
+    out, last = tmp_path / "focus.csv", str(int(time.time() - fleet_db[1].start))
+    assert (
+        main(["cost", "--db", db_url, "--last", last, "--fleet", str(_fleet(tmp_path, text)), "--focus", str(out)]) == 0
+    )
+    assert failed_rules(out) == set()
 
 
 def test_tco_and_xlsx_follow_each_instance_price(fleet_db, tmp_path):
