@@ -161,7 +161,18 @@ def measured_focus(
         )
         return apply_overrides(found, edits)
 
-    return focus_rows(db, window, inputs_for)
+    return [_with_view(row, filters) for row in focus_rows(db, window, inputs_for)]
+
+
+def _with_view(row: dict, filters: Filters) -> dict:
+    """A view's rows carry its tags (`x_specwatch_tag_<key>`, e.g. the tenant) on its own lines; what lies
+    outside it and other tenants' memory are tagged as not the view's."""
+    if not filters.tags:
+        return row
+    tags = json.loads(row["Tags"])
+    mine = tags["x_specwatch_line"] in ("arm", "retries", "idle")
+    tags |= {f"x_specwatch_tag_{key}": value if mine else "(outside the view)" for key, value in filters.tags}
+    return row | {"Tags": json.dumps(tags), "AllocatedTags": json.dumps(tags)}
 
 
 def _tags(line: Line, inputs: CostInputs) -> dict[str, str]:
@@ -178,7 +189,13 @@ def focus_row(line: Line, inputs: CostInputs, period: Window) -> dict:
     device = inputs.device(line.instance)
     hours = line.device_s * share * (device.gpu_count or 1) / 3600
     month = _month(period.start)
-    what = {"arm": "device time of", "retries": "failed work of", "idle": "idle time", "other_tenants": "other tenants"}
+    what = {
+        "arm": "device time of",
+        "retries": "failed work of",
+        "idle": "idle time",
+        "outside_view": "requests outside the view, and their part of idle,",
+        "other_tenants": "other tenants",
+    }
     arm = f" {line.arm}" if line.kind in ("arm", "retries") else (f" charged to {line.arm}" if line.arm else "")
     method = ALLOCATION_METHOD[inputs.idle_method]
     price = device.gpu_hour_usd or 0.0

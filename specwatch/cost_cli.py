@@ -19,7 +19,7 @@ from pathlib import Path
 
 from specwatch.alerts.store import incident_history
 from specwatch.collector.cli import add_db_option
-from specwatch.collector.reads.queries import Window
+from specwatch.collector.reads.queries import Filters, Window
 from specwatch.common.errors import UsageError
 from specwatch.cost.inputs import Overrides, apply_overrides, load_hidden_costs, load_prices, what_if_inputs
 from specwatch.cost.model import HiddenCosts
@@ -54,6 +54,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="output tokens per month to price (default: the observed volume)",
     )
     add_model_options(cost)
+    cost.add_argument(
+        "--tag",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        type=tag_filter,
+        help="a view: the requests with this tag (repeatable), e.g. tenant=acme; they are charged their own "
+        "work and their share of idle by device time, and the rest of the bill is an outside_view line",
+    )
     cost.add_argument("--json", action="store_true", help="print the whole model as JSON")
     cost.add_argument(
         "--xlsx",
@@ -70,6 +79,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="also write the bill's lines per day, instance and arm as FinOps FOCUS 1.2 rows (CSV)",
     )
     cost.set_defaults(handler=cost_command)
+
+
+def tag_filter(text: str) -> tuple[str, str]:
+    """KEY=VALUE -> (key, value); argparse turns the ValueError into a usage error (exit 2)."""
+    key, sep, value = text.partition("=")
+    if not key or not sep or not value:
+        raise ValueError(f"a tag is KEY=VALUE, not {text!r}")
+    return key, value
 
 
 def cost_command(args: argparse.Namespace) -> int:
@@ -117,21 +134,22 @@ def _measured(args: argparse.Namespace, prices, overrides: Overrides, hidden: Hi
     try:
         if not is_current(db):
             raise UsageError("the database schema is not current: run `specwatch db upgrade` first")
+        filters = Filters(tags=tuple(args.tag))
         summary = measured_summary(
             db,
             window,
             prices,
             gpu_type=args.gpu,
             overrides=overrides,
+            filters=filters,
             hidden=hidden,
             incidents=incident_history(db, window) if args.incidents == "alerts" else None,
         )
         if args.focus is not None:
             from specwatch.cost.focus import measured_focus
 
-            i = summary.inputs
-            rows = measured_focus(db, summary.window, i.prices, gpu_type=i.gpu_type, overrides=overrides, hidden=hidden)
-            _write_focus(args.focus, rows)
+            i, edits = summary.inputs, dict(overrides=overrides, hidden=hidden, filters=filters)
+            _write_focus(args.focus, measured_focus(db, summary.window, i.prices, gpu_type=i.gpu_type, **edits))
         return summary
     except OperationalError as exc:
         raise UsageError(f"cannot read the database: {str(exc.orig).splitlines()[0]}") from None

@@ -9,12 +9,16 @@ failed and retried, and an idle hour with no request. Every figure is checked ag
 
 from __future__ import annotations
 
+import csv
+import json
 import math
 import time
 
 import pytest
 from collector_payloads import plain_request_dict, request_dict, sample_dict
+from focus_validator import failed_rules, needs_validator
 
+from specwatch.cli import main
 from specwatch.collector.ingest.store import Store
 from specwatch.collector.reads.queries import Filters, Window
 from specwatch.cost.inputs import load_prices
@@ -26,6 +30,7 @@ HOURS = 2.0
 DEVICES = {"gpu-h100": ("NVIDIA H100 80GB HBM3", 72e9, 4.50), "gpu-l4": ("NVIDIA L4", 20e9, 0.80)}
 TENANTS = ("acme", "globex", "initech", None)  # None: a request that names no tenant
 DEVICE_S = {"acme": 3.0, "globex": 1.5, "initech": 0.5, None: 2.0}  # per request
+CHARGED = ("arm", "retries", "idle")  # a view's own lines
 
 
 def _start() -> float:
@@ -96,3 +101,37 @@ def test_a_view_keeps_what_lies_outside_it_on_its_own_line(fleet):
     idle = view.tco.allocation.usd(kind="idle")
     outside = view.tco.allocation.usd(kind="outside_view")
     assert outside > 10 * idle  # most of the fleet's work and idle belongs to others
+
+
+def test_the_cli_and_focus_tenant_views_add_up_to_the_bill(fleet, db_url, tmp_path, capsys):
+    """`specwatch cost --tag tenant=T --json` and its FOCUS rows (tagged with the tenant on its own lines):
+    the tenants' charges plus the requests of no tenant plus other tenants' memory = the fleet bill."""
+    db, window, requests = fleet
+    last = str(int(time.time() - window.start))
+    charged, focus_charged = {}, {}
+    for tenant in TENANTS[:3]:
+        out = tmp_path / f"{tenant}.csv"
+        assert (
+            main(["cost", "--db", db_url, "--last", last, "--tag", f"tenant={tenant}", "--json", "--focus", str(out)])
+            == 0
+        )
+        lines = json.loads(capsys.readouterr().out)["tco"]["allocation"]["lines"]
+        charged[tenant] = sum(x["compute_usd"] + x["energy_usd"] for x in lines if x["kind"] in CHARGED)
+        rows = list(csv.DictReader(out.open()))
+        mine = [r for r in rows if json.loads(r["Tags"]).get("x_specwatch_tag_tenant") == tenant]
+        focus_charged[tenant] = sum(float(r["BilledCost"]) for r in mine)
+        assert {json.loads(r["Tags"])["x_specwatch_line"] for r in mine} <= set(CHARGED)
+    assert focus_charged == pytest.approx(charged, rel=1e-9)
+    whole = measured_summary(db, Window(window.start, time.time()), load_prices()).tco.allocation
+    shares = {b.instance: b.share for b in whole.bills}
+    no_tenant = sum(_by_hand(requests, None, name, shares[name]) for name in DEVICES)
+    total = sum(charged.values()) + no_tenant + whole.usd(kind="other_tenants")
+    assert total == pytest.approx(whole.bill_usd, rel=1e-6)
+
+
+@needs_validator
+def test_a_tenant_focus_export_passes_focus_validator(fleet, db_url, tmp_path):
+    _, window, _ = fleet
+    out, last = tmp_path / "acme.csv", str(int(time.time() - window.start))
+    assert main(["cost", "--db", db_url, "--last", last, "--tag", "tenant=acme", "--focus", str(out)]) == 0
+    assert failed_rules(out) == set()
