@@ -139,6 +139,16 @@ def incoming_request_id(request: Request) -> str | None:
 
 
 STARTED_AT_HEADER = "x-specwatch-started-at"
+# the engine's own instance name on its answers: a gateway in front records the request under it too, so
+# the engine's record and the gateway's name one instance whichever reaches the collector first
+INSTANCE_HEADER = "x-specwatch-instance"
+
+
+def reported_instance(value: str | None) -> str | None:
+    """An upstream's `x-specwatch-instance`, when it is a valid name (as a request id is), else None."""
+    return value if value is not None and REQUEST_ID.fullmatch(value) else None
+
+
 MAX_CLOCK_SKEW_S = 300.0
 
 

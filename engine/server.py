@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from specwatch.common.http import (
     ERROR_HANDLERS,
+    INSTANCE_HEADER,
     ApiKeyMiddleware,
     ControlGuard,
     OpenAIError,
@@ -318,9 +319,12 @@ async def _serve(request: Request, body: _Common, content: dict, chat: bool) -> 
         scheduler.sink.drop_span(identity.request_id)  # refused before it ran: no record ends its span
         return openai_error(429, str(exc), headers={"Retry-After": str(exc.retry_after_s)})
     frame = _Frame(request.app.state.model_name, chat, len(ticket.prompt_ids))
+    named = {INSTANCE_HEADER: scheduler.engine.config.instance}  # a gateway in front records it under this too
     if body.stream:
-        return StreamingResponse(_sse(ticket, frame), media_type="text/event-stream")
-    return await _whole(ticket, frame, request)
+        return StreamingResponse(_sse(ticket, frame), media_type="text/event-stream", headers=named)
+    found = await _whole(ticket, frame, request)
+    found.headers.update(named)
+    return found
 
 
 async def _events(ticket: Ticket) -> AsyncIterator[str | GenerateResult]:

@@ -27,7 +27,13 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from specwatch.common.bodies import TooLarge
-from specwatch.common.http import REQUEST_ID_HEADER, STARTED_AT_HEADER, openai_error
+from specwatch.common.http import (
+    INSTANCE_HEADER,
+    REQUEST_ID_HEADER,
+    STARTED_AT_HEADER,
+    openai_error,
+    reported_instance,
+)
 from specwatch.gateway import parsing
 from specwatch.gateway.core import Gateway
 from specwatch.gateway.records import Outcome, SseReader
@@ -153,12 +159,14 @@ async def _send_once(
     connection that the upstream closed while idle fails before any answer: one more try, on a fresh
     connection, before the upstream is taken for broken."""
     try:
-        return await session.post(url, data=raw, headers=headers)
+        response = await session.post(url, data=raw, headers=headers)
     except NOT_REACHED:
         raise
     except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
         outcome.retries += 1
-        return await session.post(url, data=raw, headers=headers)
+        response = await session.post(url, data=raw, headers=headers)
+    outcome.reported_instance = reported_instance(response.headers.get(INSTANCE_HEADER))
+    return response
 
 
 def _no_upstream(gateway: Gateway, outcome: Outcome, tried: set[str], t0: float) -> Response:

@@ -32,6 +32,8 @@ from pydantic import ValidationError
 from specwatch.common.http import error_body
 from specwatch.telemetry.schema import GATEWAY_TAG, MAX_GAMMA, RequestRecord
 
+UPSTREAM_TAG = "upstream"  # the gateway's name for the upstream, where the record carries the engine's own
+
 log = logging.getLogger("specwatch.gateway")
 
 
@@ -94,7 +96,8 @@ class Outcome:
     load_at_admission: float | None
     pool: str = "spec"  # the pool it was routed to (the other one after a failover)
     retries: int = 0
-    instance: str = ""
+    instance: str = ""  # the upstream's name (routing, health, sharing)
+    reported_instance: str | None = None  # the name a specwatch engine upstream gives itself: the record's
     drafter: str | None = None
     ttft_s: float | None = None
     e2e_s: float = 0.0
@@ -109,11 +112,13 @@ class Outcome:
         """The telemetry record; `gateway` (its name) tags it `gateway=<name>`, over a client's tag of that key."""
         if gateway:
             self.tags[GATEWAY_TAG] = gateway  # in place: the request's own dict (gateway.parsing.tags)
+        if self.reported_instance and self.reported_instance != self.instance:
+            self.tags[UPSTREAM_TAG] = self.instance  # the engine's own name is the record's instance
         metrics = self.metrics if isinstance(self.metrics, dict) else {}
         counts = draft_counts(metrics.get("speculative_decoding")) if self.drafter else DraftCounts()
         fields = {
             "request_id": self.request_id,
-            "instance": self.instance,
+            "instance": self.reported_instance or self.instance,
             "model": self.model,
             "drafter": self.drafter,
             "mode": "speculative" if self.drafter else "autoregressive",

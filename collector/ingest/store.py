@@ -26,7 +26,7 @@ from sqlalchemy.types import JSON, BigInteger, Boolean, Double, Integer, String
 from specwatch.collector.db import INGEST_BUSY_S, write_transaction
 from specwatch.collector.models import DeviceSampleRow, EngineEventRow, Request
 from specwatch.collector.tiers import aggregates
-from specwatch.telemetry.schema import DeviceSample, IngestBatch, RequestRecord
+from specwatch.telemetry.schema import GATEWAY_TAG, DeviceSample, IngestBatch, RequestRecord
 
 
 def _classify(exc: Exception, dbapi: Any) -> Exception:
@@ -298,21 +298,28 @@ def _conflicting_ids(cursor, records: Sequence[Any], new: Sequence[Any], sqlite:
     """The request ids among the duplicates (`records` not in `new`) whose stored row differs.
     Only duplicates are read back, in the batch's transaction (a batch of new records reads nothing).
     A duplicate is compared with the row of its own key (on PostgreSQL request_id and started_at).
-    A duplicate from another instance is no conflict: a gateway and the engine behind it each record
-    the request they share (under the gateway's id), and the first one stored is kept (docs/gateway.md)."""
+    A duplicate from another producer is no conflict: a gateway and the engine behind it each record
+    the request they share (under the gateway's id and the engine's instance; the gateway's record is the
+    one tagged `gateway`), and the first one stored is kept (docs/gateway.md)."""
     if len(new) == len(records):
         return []
     stored_new = {id(record) for record in new}
     duplicates = [record for record in records if id(record) not in stored_new]
     stored = _stored_requests(cursor, duplicates, sqlite)
     key, positions = REQUESTS.columns.index("request_id"), _key_positions(sqlite)
-    instance = REQUESTS.columns.index("instance")
     conflicting = []
     for values in REQUESTS.rows(duplicates, _identity):
         row = stored.get(tuple(values[i] for i in positions))
-        if row is not None and row[instance] == values[instance] and not _same_row(values, row):
+        if row is not None and _producer(row) == _producer(values) and not _same_row(values, row):
             conflicting.append(values[key])
     return conflicting
+
+
+def _producer(row: Sequence[Any]) -> tuple[Any, Any]:
+    """Who recorded a row: its instance and the gateway that proxied it (None: the instance itself)."""
+    tags = row[REQUESTS.columns.index("tags")]
+    tags = orjson.loads(tags) if isinstance(tags, (str, bytes)) else tags
+    return row[REQUESTS.columns.index("instance")], (tags or {}).get(GATEWAY_TAG)
 
 
 def _key_positions(sqlite: bool) -> list[int]:

@@ -113,7 +113,8 @@ def test_canary_split_over_400_requests_is_within_binomial_bounds_and_sticky(ups
         bound = 3.29 * math.sqrt(0.3 * 0.7 / 400)  # 99.9%
         assert abs(share - 0.3) < bound, share
         records = gw.wait_records(400)
-        assert {(r.arm, r.instance) for r in records} == {("spec", "spec1"), ("control", "plain1")}
+        assert {(r.arm, r.tags["upstream"]) for r in records} == {("spec", "spec1"), ("control", "plain1")}
+        assert {r.instance for r in records} == {"test"}  # both upstreams here serve one engine, instance "test"
         assert all(r.mode_reason == "canary" for r in records)
         again = asyncio.run(run(gw.url, users[:50]))
         assert again == served[:50]  # the same user lands in the same arm
@@ -148,7 +149,9 @@ def test_an_alert_on_gateway_records_falls_back_through_the_gateway_and_restores
             **{"window": "5m", "for": "0s", "min_samples": 3, "group_by": ["instance"]},
             "actions": ["fallback_autoregressive"],
         }
-        remediation = {"cooldown": "90s", "token_env": "SPECWATCH_TEST_GW_TOKEN", "engines": {"spec1": gw.url}}
+        # records carry the engine's own instance ("test"): the remediation sends that instance's action to the
+        # gateway in front of it, which switches its routing
+        remediation = {"cooldown": "90s", "token_env": "SPECWATCH_TEST_GW_TOKEN", "engines": {"test": gw.url}}
         config = parse_config({"rules": [rule], "remediation": remediation})
         for n in range(4):  # open-ended prompts: n-gram drafts are mostly rejected
             body = {"prompt": f"Write a sentence about the number {n}.", "max_tokens": 16, "temperature": 0}
@@ -168,8 +171,8 @@ def test_an_alert_on_gateway_records_falls_back_through_the_gateway_and_restores
     with db.connect() as conn:
         actions = conn.execute(select(alert_actions.c.action, alert_actions.c.instance, alert_actions.c.outcome)).all()
     assert [tuple(a) for a in actions] == [
-        ("fallback_autoregressive", "spec1", "ok"),
-        ("restore_speculative", "spec1", "ok"),
+        ("fallback_autoregressive", "test", "ok"),
+        ("restore_speculative", "test", "ok"),
     ]
 
 
@@ -180,7 +183,7 @@ def test_load_on_the_spec_pool_sends_requests_to_the_plain_pool(upstreams):
         gw.gateway.states["spec1"].in_flight -= 7
         assert response.headers["x-specwatch-upstream"] == "plain1"
         record = gw.wait_records(1)[0]
-        assert (record.mode_reason, record.instance) == ("load", "plain1")
+        assert (record.mode_reason, record.tags["upstream"]) == ("load", "plain1")
 
 
 def test_records_reach_a_collector_that_starts_late_spooled_not_lost(upstreams, tmp_path):

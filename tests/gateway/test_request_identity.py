@@ -1,7 +1,10 @@
 """One request through the real gateway and the real engine is one request at the collector: the
 engine records it under the id and arrival time the gateway forwards (`x-request-id`,
 `x-specwatch-started-at`), so the two records share the store's key on SQLite (request_id) and on
-PostgreSQL (request_id, started_at), and the first one stored is kept (docs/gateway.md)."""
+PostgreSQL (request_id, started_at), and the first one stored is kept (docs/gateway.md). Both name the
+engine's own instance (its `x-specwatch-instance`, the name its samples and bill carry), so whichever
+arrives first, the request is the engine instance's; the gateway's record keeps the upstream's name in the
+`upstream` tag (issue 52: one identity per request and per instance)."""
 
 from __future__ import annotations
 
@@ -50,21 +53,25 @@ def test_the_engine_records_the_request_under_the_gateways_id_and_arrival(gatewa
     assert engine_record.request_id == gateway_record.request_id
     assert gateway_record.request_id == headers.get("x-request-id", gateway_record.request_id)
     assert engine_record.started_at == gateway_record.started_at  # exactly: the PostgreSQL key's second half
-    assert gateway_record.instance == "spec1" and engine_record.instance != gateway_record.instance
+    assert gateway_record.instance == engine_record.instance == "test"  # the engine's --instance
+    assert gateway_record.tags["upstream"] == "spec1" and "upstream" not in engine_record.tags
 
 
-def test_both_records_are_stored_once_and_the_first_is_kept(gateway, upstream, db):
+@pytest.mark.parametrize("engine_first", [False, True], ids=["gateway first", "engine first"])
+def test_both_records_are_stored_once_under_the_engines_instance_whichever_comes_first(
+    gateway, upstream, db, engine_first
+):
     """`db`: the test database (SQLite, then PostgreSQL when one is available)."""
     gateway_record, engine_record = through(gateway, upstream, {})
+    first, second = (engine_record, gateway_record) if engine_first else (gateway_record, engine_record)
     store = Store(db)
-    first = store.insert(IngestBatch(requests=[gateway_record]))
-    second = store.insert(IngestBatch(requests=[engine_record]))
-    assert (first.requests, second.requests, second.request_duplicates) == (1, 0, 1)
-    assert (second.conflicts, second.conflict_ids) == (0, ())  # another instance's record of it: no conflict
+    stored, again = store.insert(IngestBatch(requests=[first])), store.insert(IngestBatch(requests=[second]))
+    assert (stored.requests, again.requests, again.request_duplicates) == (1, 0, 1)
+    assert (again.conflicts, again.conflict_ids) == (0, ())  # another producer's record of it: no conflict
     with db.connect() as conn:
         query = select(Request.instance, Request.e2e_s).where(Request.request_id == engine_record.request_id)
         rows = conn.execute(query).all()
-    assert [tuple(r) for r in rows] == [("spec1", pytest.approx(gateway_record.e2e_s))]  # the first stored
+    assert [tuple(r) for r in rows] == [("test", pytest.approx(first.e2e_s))]  # one row, the engine's instance
 
 
 @pytest.mark.parametrize("request_id", ["x" * 129, "two words", ""])
