@@ -6,5 +6,5 @@
 history), `notify` (webhooks through a persistent outbox), `actions` (remediation on the engine or
 gateway), `runner` (one evaluation cycle after another), `prometheus` (export as a Prometheus rule
 file), `cli` (`specwatch alerts`). May import `collector`, `telemetry` and `common`; never the
-collector's ORM models (it reads the store through `collector.reads` and the window readers).
+collector's ORM models (it reads the store through `collector.reads.reads` and the window readers).
 """

@@ -3,7 +3,7 @@
 
 A series is the drift detector's (`alerts.baselines.series_labels`: model, drafter, instance, tag). A new
 request is judged with the other new requests of its series and the series' last `history` requests
-before them (`collector.request_reads.recent_drafted`), so a flag needs no warm state in memory.
+before them (`collector.reads.request_reads.recent_drafted`), so a flag needs no warm state in memory.
 A request started after its instance's latest deploy marker, with a drafter new since then, is also
 judged against the instance and model's requests in the regression's `side` before the marker
 (`alerts.anomalies.new_drafter_collapse`): one read per (instance, model) and pass, only when such a

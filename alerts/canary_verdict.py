@@ -1,5 +1,5 @@
 """The canary's decision: promote the candidate (the gateway's spec pool) or roll back to today's config
-(its plain pool), from the collector's A/B comparison of the arms (`collector.breakdown.compare`,
+(its plain pool), from the collector's A/B comparison of the arms (`collector.reads.breakdown.compare`,
 served as `GET /v1/compare?by=arm`: speed-up = control mean s/token / candidate mean s/token, and the
 two-sided Mann-Whitney U p-value on the per-request s/token).
 

@@ -1,7 +1,7 @@
 """How each alert signal is computed from the store: one `Reading` per label set.
 
-Request signals come in two forms: from raw rows (`collector.reads`) and from the per-second window
-aggregates written at ingest (through a `collector.window_signals.WindowReader`: exact counts and
+Request signals come in two forms: from raw rows (`collector.reads.reads`) and from the per-second window
+aggregates written at ingest (through a `collector.reads.window_signals.WindowReader`: exact counts and
 acceptance, TTFT P99 from a DDSketch within 1%). Every sample carries `count`, the number of
 observations behind the value, which a rule's `min_samples` checks (no alert from 3 requests).
 `alerts.signals` pairs each of these with its PromQL.

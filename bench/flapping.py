@@ -16,7 +16,7 @@ utilisation / 0.8) outside a 10% tolerance; scale-up at most max(+2 pods, +50%) 
 (deploy/kubernetes/hpa.yaml); scale-down takes the highest recommendation of the last `window`
 seconds, at most -50% a minute. A new pod serves after 60 s (model load). Utilisation =
 demand over the last minute / (replicas * the capacity gauge) (the HPA's own replica count), the
-gauge either raw (tokens/s of the current mode) or smoothed as `collector.capacity.estimate`
+gauge either raw (tokens/s of the current mode) or smoothed as `collector.reads.capacity.estimate`
 computes it from per-request records.
 
 Prints, per variant, the scale events, the reversals (a scale-down followed by a scale-up or back:

@@ -3,7 +3,7 @@
     .venv/bin/python bench/requests_page.py [--rows 1000000] [--days 1] [--window 900] [--db PATH]
 
 Fills a SQLite store with `--rows` requests over the last `--days` days (bench/query.py's loader;
-`--db` keeps and reuses the file), then times `collector.request_reads.list_requests` (median of
+`--db` keeps and reuses the file), then times `collector.reads.request_reads.list_requests` (median of
 `--repeat` runs after a warm-up) over the last `--window` seconds: the slowest of the first six
 pages (each read after the previous page's cursor), for each sort (time, ttft, e2e, acceptance)
 descending and ascending, without filters, with an instance filter and with a status filter.

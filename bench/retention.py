@@ -5,7 +5,7 @@
 Each round starts from a fresh database at the collector's head schema (`requests` partitioned by
 day, migration 0010) holding two old days of `--rows` requests each (same generator, same size,
 indexes built as ingest builds them), then CHECKPOINT and VACUUM ANALYZE, and removes
-  * day A through the leader's retention step, `collector.partitions.drop_before` (a count(*) and
+  * day A through the leader's retention step, `collector.tiers.partitions.drop_before` (a count(*) and
     max(id) of the partition, to check it is rolled up, then DETACH + DROP), timed with its commit;
     the check alone is timed before it;
   * day B with `DELETE FROM requests WHERE started_at` in that day (what retention did before

@@ -1,5 +1,5 @@
 """The collector's background jobs, every `maintenance_interval_s`: on PostgreSQL the raw tables' day
-partitions ahead (`collector.partitions`), roll-ups, retention."""
+partitions ahead (`collector.tiers.partitions`), roll-ups, retention."""
 
 from __future__ import annotations
 

@@ -316,7 +316,7 @@ class CollectorMetrics:
 CAPACITY = "specwatch_upstream_capacity_tokens_per_second"
 CAPACITY_DOC = (
     "Output tokens/s each upstream can serve at its current acceptance and load: time-weighted output tokens "
-    "per attributed device-second of its recent requests (collector.capacity; smoothed, no step when speculation "
+    "per attributed device-second of its recent requests (collector.reads.capacity; smoothed, no step when speculation "
     "switches)."
 )
 

@@ -166,12 +166,12 @@ class _RollupColumns:
 
     One row per (period_start, instance, model, mode, drafter, arm); '' stands for a null
     drafter or arm so the key is a plain primary key. Every other column is additive, so raw
-    rows are folded in incrementally (`collector.rollups`). Latency histograms hold
+    rows are folded in incrementally (`collector.tiers.rollups`). Latency histograms hold
     non-cumulative counts per bucket of `LATENCY_BUCKETS` (bucket i: bounds[i-1] < v <=
     bounds[i]; the last one: above the largest bound), one column each so SQL can SUM them;
     rows from before migration 0005 have NULL in the ADDED_BUCKETS (see LEGACY_LATENCY_BUCKETS).
 
-    Since migration 0011 a row also holds DDSketches of TTFT, e2e and TPOT (`collector.sketch`, the
+    Since migration 0011 a row also holds DDSketches of TTFT, e2e and TPOT (`collector.tiers.sketch`, the
     per-second aggregates' kind), merged by the roll-up pass, and `sketched`: how many of its requests
     they cover. A row written before 0011 has `sketched` < `requests` (0, plus any late request folded
     in since): a sum that includes one reads its TTFT/e2e percentiles from the histograms (marked

@@ -281,7 +281,7 @@ def _lower_values(column: np.ndarray) -> set[str]:
 
 
 def _speedup(t: Columns) -> tuple[float | None, float | None, str | None]:
-    """As `collector.breakdown.compare`: plain mean s/token / speculative mean s/token of ok
+    """As `collector.reads.breakdown.compare`: plain mean s/token / speculative mean s/token of ok
     requests, two-sided Mann-Whitney U; by A/B arm when the scenario ran a split, else by mode."""
     from scipy.stats import mannwhitneyu
 

@@ -1,6 +1,6 @@
 """The break-even's step times from an engine's step-cost curve, both at the same batch size.
 
-The curve (collector.curve_reads: seconds per target forward by batch bucket b and token rows per request,
+The curve (collector.reads.curve_reads: seconds per target forward by batch bucket b and token rows per request,
 as the engine published it) gives
 
     t_plain(b)         = curve(b, 1 row per request)                   a plain step

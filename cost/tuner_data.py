@@ -1,4 +1,4 @@
-"""The tuner's curves from stored records (`collector.tuning_reads`), or a step-cost profile.
+"""The tuner's curves from stored records (`collector.reads.tuning_reads`), or a step-cost profile.
 
 Buckets are the cost model's concurrency levels: each request's life is split over the levels it ran
 at, time-weighted (`cost.attribution.level_fractions`, as the cost-against-concurrency table does),
@@ -276,7 +276,7 @@ def _dated(plan: Schedule, rows: TuningRows, markers, profile: Profile) -> Sched
 
 
 def recommend_from_store(db, window, filters=None, **options) -> Schedule:
-    """`recommend` over the store's `window` (collector.tuning_reads), version markers included."""
+    """`recommend` over the store's `window` (collector.reads.tuning_reads), version markers included."""
     from specwatch.collector.reads.queries import Filters
     from specwatch.collector.reads.tuning_reads import tuning_rows, version_markers
 

@@ -110,7 +110,7 @@ async def healthz() -> dict:
 @router.get("/readyz")
 def readyz(request: Request, db: DbDep) -> Response:
     """Ready when the database answers, its schema is at the newest migration, and it takes writes
-    (503 once an ingest write failed and a probe write fails too; see collector.store.WriteHealth).
+    (503 once an ingest write failed and a probe write fails too; see collector.ingest.store.WriteHealth).
     Also says whether this replica is the leader (runs the background work; see collector.leader)."""
     try:
         current = is_current(db)

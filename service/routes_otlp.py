@@ -1,5 +1,5 @@
 """POST /v1/traces: OTLP/HTTP trace export (protobuf or JSON), vLLM's llm_request spans stored as
-request records through the normal ingest path (collector.otlp says how a span maps to a record).
+request records through the normal ingest path (collector.ingest.otlp says how a span maps to a record).
 
 Guarded like /v1/ingest: the ingest token (a tenant-bound one writes its own instances only), the
 same body cap, body timeout and gzip handling; nothing is stored when the body is refused."""

@@ -1,4 +1,4 @@
-"""GET /v1/...: the query layer (`collector.queries`, `collector.series`) over HTTP.
+"""GET /v1/...: the query layer (`collector.reads.queries`, `collector.reads.series`) over HTTP.
 
 Every endpoint takes a window (`start` and `end` epoch seconds, or `last` seconds up to
 now, default 300) and filters (`instance`, `model`, `drafter` ("none" for no drafter),
@@ -91,7 +91,7 @@ def get_series(
     db: DbDep, window: WindowDep, filters: FiltersDep, step: Annotated[float, Query(ge=1)] = 60.0
 ) -> Response:
     """Per-step series: from the per-second aggregates up to 6 h, from the rollups beyond (sketch
-    percentiles in both), exact from raw rows with tag filters (`collector.reader`)."""
+    percentiles in both), exact from raw rows with tag filters (`collector.reads.reader`)."""
     try:
         return json_response(reader.series(db, window, filters, step))
     except ValueError as exc:

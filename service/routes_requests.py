@@ -1,5 +1,5 @@
 """GET /v1/requests: the Requests listing (filters, sort, keyset pages) and one request's detail
-(`collector.request_reads`). Needs a `read` token when tokens are configured; a tenant-bound token
+(`collector.reads.request_reads`). Needs a `read` token when tokens are configured; a tenant-bound token
 sees only its tenant's requests (the listing filters on its tag, the detail answers 404 for others).
 
 The listing takes the query API's window and filters (`routes_query`), plus `status`, `flag`

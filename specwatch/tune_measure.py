@@ -9,7 +9,7 @@
                    "ms_per_token", "seconds_per_step", "draft_tokens_per_step"}, ...]}
 
 The formulas are `specwatch.tune_profile`'s docstring; acceptance goes through the tuner's own reading of
-records (`collector.tuning_reads.rows_from_tuples`, `cost.tuner_data.acceptance`), not a copy of it.
+records (`collector.reads.tuning_reads.rows_from_tuples`, `cost.tuner_data.acceptance`), not a copy of it.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def step_costs(answers: list[Answer], ks: dict[str, int]) -> dict[str, dict[str,
 
 
 def _row(answer: Answer) -> tuple:
-    """The answer as a tuple in `collector.tuning_reads` column order (decode time = generation time)."""
+    """The answer as a tuple in `collector.reads.tuning_reads` column order (decode time = generation time)."""
     c = answer.counts or DraftCounts()
     mode = "speculative" if answer.counts else "autoregressive"
     return (answer.url, mode, "profiled" if answer.counts else None, answer.started_at, 0.0, 0.0,

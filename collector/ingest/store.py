@@ -123,7 +123,7 @@ def _pg_type(sql_type: Any) -> str:
 
 REQUESTS = _TableSpec(Request.__table__, ["request_id"])
 # On PostgreSQL `requests` is partitioned by day and its unique key includes the partition key
-# (`collector.partitions` says why a resend still has the same key).
+# (`collector.tiers.partitions` says why a resend still has the same key).
 PG_REQUESTS = _TableSpec(Request.__table__, ["request_id", "started_at"])
 SAMPLES = _TableSpec(DeviceSampleRow.__table__, ["instance", "device", "at"])
 EVENTS = _TableSpec(EngineEventRow.__table__, ["instance", "kind", "at"])

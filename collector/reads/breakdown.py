@@ -2,7 +2,7 @@
 test), acceptance and latency per drafter / instance / scenario tag, throughput by load,
 device readings over time, and where the telemetry comes from.
 
-Like `collector.queries`, these read the window's raw rows into numpy and return plain
+Like `collector.reads.queries`, these read the window's raw rows into numpy and return plain
 dataclasses.
 """
 

@@ -48,7 +48,7 @@ def _merged_m2(rate_n, rate_sum, rate_m2) -> float:
 
 def auto_signals(db: Engine, window: Window, filters: Filters = Filters()) -> Signals:
     """Raw rows for tag filters (the aggregates carry no tags); else up to RAW_WINDOW_LIMIT_S the
-    per-second window aggregates (`collector.window_signals`), rollups beyond."""
+    per-second window aggregates (`collector.reads.window_signals`), rollups beyond."""
     if filters.tags:
         return signals(db, window, filters)
     if window.seconds <= RAW_WINDOW_LIMIT_S:

@@ -89,7 +89,7 @@ class Percentiles:
 
     `basis`: None when computed from the values (exactly from raw rows, or from DDSketches within
     1%); "histogram" when interpolated in latency buckets (rollup rows written before migration
-    0011, which carry no sketch and no TPOT: `collector.long_signals`)."""
+    0011, which carry no sketch and no TPOT: `collector.reads.long_signals`)."""
 
     p50: float | None = None
     p90: float | None = None
@@ -216,7 +216,7 @@ class Subset:
 @dataclass(frozen=True)
 class Population:
     """What a sample is drawn from: the requests of a window (with its filters) and the span they
-    started in (both from the per-second aggregates: `collector.reader.population`)."""
+    started in (both from the per-second aggregates: `collector.reads.reader.population`)."""
 
     requests: int
     span: Window

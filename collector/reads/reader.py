@@ -1,12 +1,12 @@
 """The tiered read path: every window query the query API answers picks its tier here.
 
 Tiers, by window and filters:
-  * raw rows         a filter on tags (no aggregate carries tags): `collector.queries`, `series`;
-  * per-second aggregates (written at ingest, `collector.window_signals`; raw rows for the partial
+  * raw rows         a filter on tags (no aggregate carries tags): `collector.reads.queries`, `series`;
+  * per-second aggregates (written at ingest, `collector.reads.window_signals`; raw rows for the partial
     seconds at the ends and for seconds stored before migration 0009), windows up to
     `history.RAW_WINDOW_LIMIT_S`, and grouped totals (labels, compare, breakdown) of any window;
   * rollups (per minute, whole hours from the hourly ones; raw rows for the rest) for signals and
-    series of longer windows (`collector.long_signals`, `collector.history`).
+    series of longer windows (`collector.reads.long_signals`, `collector.reads.history`).
 Every tier returns the same `totals.Totals` (percentiles from the same DDSketches of TTFT, e2e and
 TPOT in every tier; rollup rows written before migration 0011 have none, and sums including them
 fall back to their histograms, marked) and signals come from the one builder, `totals.signals_from`.

@@ -1,4 +1,4 @@
-"""Window signals from the per-second aggregates (`collector.aggregates`), plus raw rows where
+"""Window signals from the per-second aggregates (`collector.tiers.aggregates`), plus raw rows where
 the aggregates do not cover the window.
 
 A window [start, end) is cut in three: the whole seconds from max(ceil(start), the coverage
@@ -7,7 +7,7 @@ and anything before the coverage start, e.g. requests stored before migration 00
 rows, aggregated by the same code as at ingest, so all parts simply merge. Counts, sums and
 acceptance figures equal the raw-row ones (sums in another order: the last bits of a float may
 differ); percentiles come from merged DDSketches, within 1% of the value at their rank
-(`collector.sketch`).
+(`collector.tiers.sketch`).
 """
 
 from __future__ import annotations
@@ -286,5 +286,5 @@ def _merge_per_group(group: np.ndarray, n: int, pieces: list[sketch.Bins]) -> li
 
 
 def signals(db: Engine, window: Window, filters: Filters = Filters()) -> Signals:
-    """`collector.queries.signals` from the aggregates (percentiles from sketches)."""
+    """`collector.reads.queries.signals` from the aggregates (percentiles from sketches)."""
     return signals_from(window, window_totals(db, window, (), filters).get((), EMPTY))

@@ -9,7 +9,7 @@ signals need, in mergeable form:
   * the per-request acceptance rate over requests that drafted as (n, sum, M2 = sum of squared
     deviations from the row's mean): rows merge exactly with Chan's formula, and unlike a raw
     sum of squares M2 does not cancel catastrophically when every rate is the same;
-  * DDSketches (`collector.sketch`, 1% relative accuracy) of TTFT, e2e and TPOT.
+  * DDSketches (`collector.tiers.sketch`, 1% relative accuracy) of TTFT, e2e and TPOT.
 
 Why per second: a window's ends rarely fall on a period boundary, and the partial periods at
 its ends are read from raw rows. With one-second periods those are < 1 s of requests at each

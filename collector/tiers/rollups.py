@@ -11,13 +11,13 @@ the same way.
 
 Retention deletes raw rows older than the raw retention only once they are rolled up
 (`id <= rollup_last_id`), and rollups older than their own retention. On PostgreSQL the raw tables
-are partitioned by day (`collector.partitions`): whole days past the retention are dropped first
+are partitioned by day (`collector.tiers.partitions`): whole days past the retention are dropped first
 (a day of requests once all its rows are rolled up), and DELETE then only reaches the boundary day
 and the default partition. The window aggregates expire with the raw rows. Tables of packages above the
 collector (the alerts' history) expire through those packages' own functions, passed in as `expiries`.
 
 Latency quantiles: each row holds DDSketches of TTFT, e2e and TPOT (migration 0011; the per-second
-aggregates' kind, `collector.sketch`) and the count of requests they cover (`sketched`). SQL cannot
+aggregates' kind, `collector.tiers.sketch`) and the count of requests they cover (`sketched`). SQL cannot
 add sketches, so a pass reads the stored sketches of the rows it is about to update (it holds the
 watermark, so no other pass writes them meanwhile), merges, and writes the merged ones. The
 histograms are kept up to date too: rows written before 0011 have no sketches (`sketched` < `requests`)

@@ -4,7 +4,7 @@ A `Totals` holds, for the requests of one group over a window, what every tier (
 per-second aggregates, the per-minute and hourly rollups) can give in mergeable form: counts and
 sums (`aggregates.COUNTS`, `aggregates.SUMS`; a rollup has no `cost_*` sums), the per-request
 acceptance rate's M2 (sum of squared deviations, merged with Chan's formula), DDSketches of
-TTFT, e2e and TPOT (`collector.sketch`), and the span the requests started in.
+TTFT, e2e and TPOT (`collector.tiers.sketch`), and the span the requests started in.
 
 The active span (`active_s`) is the part of the window from the start of the first period
 holding a request to the end of the last one, clipped to the window: per second from raw rows and

@@ -150,7 +150,7 @@ def test_same_request_id_with_another_started_at_is_a_second_row_on_postgresql(p
     changed = store.insert(IngestBatch.model_validate({"requests": [request_dict(1, ttft_s=0.9)]}))
     assert (changed.request_duplicates, changed.conflict_ids) == (1, ("req-1",))  # same key: a conflict
     moved = store.insert(IngestBatch.model_validate({"requests": [request_dict(1, started_at=T0 + 5)]}))
-    assert moved.requests == 1  # documented in collector.partitions
+    assert moved.requests == 1  # documented in collector.tiers.partitions
 
 
 def test_retention_drops_whole_old_days_and_deletes_only_the_boundary_day(pg):

@@ -1,4 +1,4 @@
-"""The tiered reader (`collector.reader`): totals, series, labels and comparisons from the per-second
+"""The tiered reader (`collector.reads.reader`): totals, series, labels and comparisons from the per-second
 aggregates equal those from raw rows, across the tier boundaries (partial seconds at both ends,
 seconds stored before the aggregates' coverage start), on SQLite and PostgreSQL; large windows read a
 sample of time slices over the span with traffic, and say so."""

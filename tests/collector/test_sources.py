@@ -1,5 +1,5 @@
 """Sources with gateways: the upstream events a real `gateway.app.Gateway` emits and request records,
-stored through `collector.store.Store` (SQLite and PostgreSQL), read back by `breakdown.sources` and
+stored through `collector.ingest.store.Store` (SQLite and PostgreSQL), read back by `breakdown.sources` and
 GET /v1/sources."""
 
 from __future__ import annotations
