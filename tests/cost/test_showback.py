@@ -135,3 +135,10 @@ def test_a_tenant_focus_export_passes_focus_validator(fleet, db_url, tmp_path):
     out, last = tmp_path / "acme.csv", str(int(time.time() - window.start))
     assert main(["cost", "--db", db_url, "--last", last, "--tag", "tenant=acme", "--focus", str(out)]) == 0
     assert failed_rules(out) == set()
+
+
+@pytest.mark.parametrize("tag", ["tenant", "=acme", "tenant="])
+def test_a_malformed_tag_is_a_usage_error(tag, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["cost", "--last", "60", "--tag", tag])
+    assert exited.value.code == 2 and "argument --tag" in capsys.readouterr().err

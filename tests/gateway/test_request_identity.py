@@ -82,3 +82,11 @@ def test_a_malformed_client_request_id_is_refused_by_the_gateway(gateway, upstre
     error = response.json()["error"]
     assert error["param"] == "x-request-id" and "printable ASCII" in error["message"]
     assert len(upstream.records) == served  # it never reached the engine
+
+
+@pytest.mark.parametrize("value", [None, "", "two words", "x" * 129, "tab\there"])
+def test_an_upstreams_malformed_instance_name_is_ignored(value):
+    from specwatch.common.http import reported_instance
+
+    assert reported_instance(value) is None
+    assert reported_instance("gpu-0") == "gpu-0"
