@@ -1,21 +1,27 @@
 """When does speculation stop paying? Expected speed-up, break-even acceptance and a tornado.
 
 Leviathan et al. (2023), with alpha the probability that the target accepts a drafted token and
-gamma the lookahead (tokens drafted per round), in one unit, seconds, all at the same batch size b:
+gamma the lookahead (tokens drafted per round), per request, in seconds, at batch size b (b requests
+share each target forward; the engine drafts request by request):
 
     E[tokens per round] = (1 - alpha^(gamma+1)) / (1 - alpha)        (-> gamma+1 as alpha -> 1)
-    S(alpha)            = E[tokens per round] x t_plain(b) / (t_verify(gamma, b) + gamma x t_draft)
+    S(alpha)            = E[tokens per round] x (t_plain(b) / b) / (t_verify(gamma, b) / b + gamma x t_draft)
 
-t_plain(b): seconds per plain step, t_verify(gamma, b): per verify forward, t_draft: per drafted
-token. As ratios, c = t_draft / t_verify (what `draft_cost_ratio` measures: relative to the verify
-forward) and v = t_verify / t_plain, a round costs v (gamma c + 1) plain steps: with c = 0.2 and
-v = 1.5 at gamma = 4, break-even alpha is 0.686 (not 0.599, which gamma c + v gives by mixing units).
+t_plain(b): seconds per plain forward of b requests, t_verify(gamma, b): per verify forward of b requests,
+t_draft: one request's seconds per drafted token. A request pays its 1/b share of a forward and all of its
+own drafting, so S is both the device-throughput ratio and, the b requests running round by round, the
+latency speed-up at that batch. As ratios, c = t_draft / (t_verify / b) (`StepInputs.c`: one request's
+draft time relative to its share of the verify forward) and v = t_verify / t_plain, a round costs
+v (gamma c + 1) plain steps: with c = 0.2 and v = 1.5 at gamma = 4, break-even alpha is 0.686 (not 0.599,
+which gamma c + v gives by mixing units). Setting c against the whole batched forward instead (per batch
+for the verify, per request for the draft) overstates S b-fold in the draft term: at b = 16 it reads a
+0.55x slowdown as 2.2x.
 
 Where the times come from (`times_from`, shown in the API, the CLI table and the Cost page):
 
 - `step_curve`: the engine's measured step-cost curve, the latest `step_costs` event in the window of an
   instance that served the arm (cost.step_curve): t_plain(b) = curve(b, 1 row per request) and
-  t_verify(gamma, b) = curve(b, gamma + 1 rows) at the same batch bucket b, the one it ran most forwards
+  t_verify(gamma, b) = curve(b, gamma + 1 rows) at the same batch size b, the one it ran most forwards
   at; t_draft is the records' draft seconds per drafted token.
 - `records`: vLLM upstreams (no curve), or a curve that lacks the rows needed, or an engine's arm with no
   curve stored (both warned): the step timings of one concurrency level where both arms were measured
@@ -42,7 +48,6 @@ from scipy.optimize import brentq
 
 from specwatch.collector.reads.curve_reads import CurvePoint
 from specwatch.cost.model import CostInputs, ModeMeasure, monthly_volume, net_benefit, primary_key
-from specwatch.cost.step_curve import CurveTimes
 from specwatch.cost.step_inputs import NOT_MEASURED, RECORDS, STEP_CURVE, StepInputs, per_forward, step_inputs
 from specwatch.telemetry import ratios
 
@@ -199,7 +204,7 @@ class BreakEven:
     source: str = ""
     warnings: tuple[str, ...] = ()
     times_from: str = ""  # step_curve | records | not measured (StepInputs.times_from)
-    batch: int | None = None  # the batch bucket of the curve the times were read at (step_curve)
+    batch: int | None = None  # requests per forward the times were read at (the curve's size, or the level)
     curve_instance: str | None = None
     step_points: tuple[CurvePoint, ...] = ()  # the curve's measured points at that batch (step_curve)
 
@@ -241,12 +246,15 @@ def _break_even(inputs: CostInputs, arm: ModeMeasure) -> BreakEven:
         steps.source,
         steps.warnings,
         steps.times_from,
-        *_curve_fields(steps.curve),
+        *_curve_fields(steps),
     )
 
 
-def _curve_fields(found: CurveTimes | None) -> tuple:
-    return (None, None, ()) if found is None else (found.batch, found.instance, found.points)
+def _curve_fields(steps: StepInputs) -> tuple:
+    """(batch, curve instance, curve points): the batch is known from a curve or a concurrency level."""
+    found = steps.curve
+    batch = steps.batch if found is not None or steps.level is not None else None
+    return (batch, None, ()) if found is None else (batch, found.instance, found.points)
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,14 @@ tokens, or it is listed as too small and takes no part in the crossover; its 95%
 interval (scipy, requests resampled) is given with it.
 
 The crossover (`crossover`, the one definition the API, the Cost page, the report and the xlsx
-show): the lowest level, among those where both modes have enough data, from which speculation
-costs more at every such level above. `best_within_slo`: per mode, the $ per 1M tokens at the
+show) is found per group, a drafter on a GPU type against plain decoding on that GPU type (`groups`):
+the lowest level, among those where both modes have enough data, from which speculation costs more at
+every such level above, "more" meaning that its 95% interval lies above plain's (`Crossover.levels` says
+per level: cheaper, dearer, or overlap). Where intervals overlap at a level above every dearer one, no
+crossover is stated and `Crossover.reason` says why. `ConcurrencyCosts.crossover` is that of the group
+that served the most speculative tokens (the verdict's knee); `rows` pool every group, for the table.
+Each group is calibrated (`cost.calibration`): the per-request model at each level, beside the measured
+ratio. `best_within_slo`: per mode, the $ per 1M tokens at the
 highest level whose TTFT and TPOT p99 (of the requests that spent most of their life there) meet
 `ServiceRules`.
 """
@@ -69,17 +75,58 @@ class ConcurrencyRow:
     ttft_p99_s: float | None = None
     tpot_p99_s: float | None = None
     meets_slo: bool | None = None
+    # Σ over the level's requests of each one's fraction of life there x its: (the calibration's inputs)
+    drafts: float = 0.0
+    draft_tokens: float = 0.0
+    accepted_tokens: float = 0.0
+    draft_s: float = 0.0
+    e2e_s: float = 0.0  # of ok requests, beside `ok_tokens`: latency per token
+    ok_tokens: float = 0.0
+
+
+@dataclass(frozen=True)
+class Crossover:
+    """Where one drafter on one GPU type starts to cost more per token than plain decoding there."""
+
+    gpu_type: str
+    drafter: str | None
+    level: int | None  # None: no crossover (`reason` says why)
+    reason: str
+    levels: tuple[tuple[int, str], ...] = ()  # (level, cheaper | dearer | overlap) where both modes have enough
+
+
+@dataclass(frozen=True)
+class GroupCosts:
+    """One drafter on one GPU type, with plain decoding on that GPU type: its rows, crossover and calibration."""
+
+    gpu_type: str
+    drafter: str | None
+    rows: tuple[ConcurrencyRow, ...]
+    crossover: Crossover
+    calibration: tuple = ()  # cost.calibration.LevelCheck per level with both modes
+    speculative_tokens: float = 0.0
 
 
 @dataclass(frozen=True)
 class ConcurrencyCosts:
-    rows: tuple[ConcurrencyRow, ...]
-    crossover: int | None  # lowest level from which speculation costs more than plain (None: never)
+    rows: tuple[ConcurrencyRow, ...]  # every group pooled
+    crossover: int | None  # the main group's: lowest level from which speculation costs more (None: not stated)
     gpu_hour_usd: float  # the inputs' GPU type's price (each instance is charged at its own: its bill's rate)
     rules: BinRules = BinRules()
     service: ServiceRules = ServiceRules()
     best_within_slo: tuple[tuple[str, int, float], ...] = ()  # (mode, level, $ per 1M tokens)
     binning: str = "time-weighted concurrency over each request's life"
+    groups: tuple[GroupCosts, ...] = ()
+
+    @property
+    def main(self) -> GroupCosts | None:
+        """The group that served the most speculative tokens (the verdict's)."""
+        return max(self.groups, key=lambda g: g.speculative_tokens, default=None)
+
+    @property
+    def crossover_reason(self) -> str:
+        main = self.main
+        return main.crossover.reason if main else "no level has both speculative and plain requests"
 
     def speedup(self, at_level: int) -> float | None:
         """Plain cost / speculative cost at a level (> 1: speculation is cheaper); None without both."""
@@ -133,29 +180,69 @@ def concurrency_costs(
     c = u.columns
     spans = Spans(c.instance, *_clipped_life(u, window), u.device_s)
     seen, fractions = level_fractions(spans)
-    charge = request_charges(inputs, u)
-    gpus = gpu_counts(inputs, u)
-    rows = []
-    for j, level in enumerate(seen.tolist()):
-        for mode in ("autoregressive", "speculative"):
-            picked = np.flatnonzero((c.mode == mode) & (fractions[:, j] > 0))
-            if len(picked) and u.tokens[picked].sum() > 0:
-                rows.append(
-                    _row(
-                        level,
-                        mode,
-                        picked,
-                        fractions[:, j],
-                        fractions.argmax(axis=1) == j,
-                        u,
-                        charge,
-                        gpus,
-                        rules,
-                        service,
-                    )
-                )
-    rows = tuple(sorted(rows, key=lambda row: (row.level, row.mode)))
-    return ConcurrencyCosts(rows, crossover(rows), inputs.gpu_hour_usd, rules, service, best_within_slo(rows))
+    binned = Binned(u, seen, fractions, request_charges(inputs, u), gpu_counts(inputs, u), rules, service)
+    rows = binned.rows(np.ones(len(c), dtype=bool))
+    groups = tuple(_group(binned, inputs, gpu, drafter) for gpu, drafter in _group_keys(inputs, u))
+    main = max(groups, key=lambda g: g.speculative_tokens, default=None)
+    return ConcurrencyCosts(
+        rows,
+        main.crossover.level if main else None,
+        inputs.gpu_hour_usd,
+        rules,
+        service,
+        best_within_slo(rows),
+        groups=groups,
+    )
+
+
+@dataclass(frozen=True)
+class Binned:
+    """The window's requests spread over concurrency levels, charged: what rows are built from."""
+
+    u: Usage
+    levels: np.ndarray
+    fractions: np.ndarray  # request x level
+    charge: np.ndarray
+    gpus: np.ndarray
+    rules: BinRules
+    service: ServiceRules
+
+    def rows(self, among: np.ndarray) -> tuple[ConcurrencyRow, ...]:
+        """Rows per (level, mode) over the requests `among` selects."""
+        c, found = self.u.columns, []
+        dominant = self.fractions.argmax(axis=1) if len(c) else np.zeros(0, dtype=int)
+        for j, level in enumerate(self.levels.tolist()):
+            for mode in ("autoregressive", "speculative"):
+                picked = np.flatnonzero(among & (c.mode == mode) & (self.fractions[:, j] > 0))
+                if len(picked) and self.u.tokens[picked].sum() > 0:
+                    found.append(_row(level, mode, picked, self.fractions[:, j], dominant == j, self))
+        return tuple(sorted(found, key=lambda row: (row.level, row.mode)))
+
+
+def _group_keys(inputs: CostInputs, u: Usage) -> list[tuple[str, str | None]]:
+    """(GPU type, drafter) of every speculative request, ordered."""
+    c = u.columns
+    types = _gpu_types(inputs, u)
+    spec = c.mode == "speculative"
+    return sorted({(t, d) for t, d in zip(types[spec].tolist(), c.drafter[spec].tolist())}, key=str)
+
+
+def _gpu_types(inputs: CostInputs, u: Usage) -> np.ndarray:
+    names = {i.name: inputs.device(i.name).gpu_type for i in inputs.usage}
+    return np.array([names.get(n, inputs.gpu_type) for n in u.columns.instance.tolist()], dtype=object)
+
+
+def _group(binned: Binned, inputs: CostInputs, gpu_type: str, drafter: str | None) -> GroupCosts:
+    from specwatch.cost.calibration import calibrate
+
+    c = binned.u.columns
+    on_gpu = _gpu_types(inputs, binned.u) == gpu_type
+    spec = on_gpu & (c.mode == "speculative") & (c.drafter == drafter)
+    rows = binned.rows(spec | (on_gpu & (c.mode == "autoregressive")))
+    found = crossing(rows, gpu_type, drafter)
+    tokens = float(binned.u.tokens[spec].sum())
+    curves = [curve for curve in inputs.step_curves if inputs.device(curve.instance).gpu_type == gpu_type]
+    return GroupCosts(gpu_type, drafter, rows, found, calibrate(rows, curves), tokens)
 
 
 def _clipped_life(u: Usage, window: Window) -> tuple[np.ndarray, np.ndarray]:
@@ -165,20 +252,24 @@ def _clipped_life(u: Usage, window: Window) -> tuple[np.ndarray, np.ndarray]:
     return np.minimum(start, end), np.maximum(end, start)
 
 
-def _row(level, mode, picked, weight, dominant, u: Usage, charge, gpus, rules: BinRules, service) -> ConcurrencyRow:
+def _row(level, mode, picked, weight, dominant, binned: Binned) -> ConcurrencyRow:
+    u, rules, service = binned.u, binned.rules, binned.service
     c, w = u.columns, weight[picked]
-    usd, tokens = charge[picked] * w, u.tokens[picked] * w
+    usd, tokens = binned.charge[picked] * w, u.tokens[picked] * w
     device_s = float((u.device_s[picked] * w).sum())
     drafted, accepted = (c.draft_tokens[picked] * w).sum(), (c.accepted_tokens[picked] * w).sum()
     enough = w.sum() >= rules.min_requests and tokens.sum() >= rules.min_tokens
     low, high = _interval(usd, tokens, rules.resamples) if enough else (None, None)
     ttft, tpot = _latency(u, picked[dominant[picked] & c.ok[picked]])
     meets = None if ttft is None else ttft <= service.ttft_p99_s and (tpot is None or tpot <= service.tpot_p99_s)
+    ok = c.ok[picked]
     return ConcurrencyRow(
         int(level), mode, float(w.sum()), float(tokens.sum()), device_s,
-        float((gpus[picked] * u.device_s[picked] * w).sum() / 3600 * MTOK / tokens.sum()),
+        float((binned.gpus[picked] * u.device_s[picked] * w).sum() / 3600 * MTOK / tokens.sum()),
         float(usd.sum() / tokens.sum() * MTOK),
         ratios.acceptance_rate(accepted, drafted), bool(enough), low, high, ttft, tpot, meets,
+        float((c.drafts[picked] * w).sum()), float(drafted), float(accepted),
+        float((c.draft_s[picked] * w).sum()), float((c.e2e_s[picked] * w)[ok].sum()), float(tokens[ok].sum()),
     )  # fmt: skip
 
 
@@ -209,16 +300,41 @@ def _latency(u: Usage, rows: np.ndarray) -> tuple[float | None, float | None]:
     return float(np.quantile(ttft, 0.99)), float(np.quantile(tpot, 0.99)) if len(tpot) else None
 
 
-def crossover(rows: tuple[ConcurrencyRow, ...]) -> int | None:
-    """The lowest level where both modes have enough data from which speculation costs more at every
-    such level above (the one definition every view shows)."""
-    cost: dict[int, dict[str, float]] = defaultdict(dict)
+def crossing(rows: tuple[ConcurrencyRow, ...], gpu_type: str = "", drafter: str | None = None) -> Crossover:
+    """The crossover of one group's rows (module docstring): per level where both modes have enough data,
+    speculation is cheaper or dearer when its interval clears plain's (the point figures where a row has no
+    interval), else the two overlap."""
+    at: dict[int, dict[str, ConcurrencyRow]] = defaultdict(dict)
     for row in rows:
         if row.enough:
-            cost[row.level][row.mode] = row.usd_per_mtok
-    both = sorted(at for at, modes in cost.items() if len(modes) == 2)
-    dearer = [cost[at]["speculative"] > cost[at]["autoregressive"] for at in both]
-    return next((at for i, at in enumerate(both) if all(dearer[i:])), None)
+            at[row.level][row.mode] = row
+    levels = tuple((lv, _compare(at[lv])) for lv in sorted(at) if len(at[lv]) == 2)
+    if not levels:
+        return Crossover(gpu_type, drafter, None, "no level has enough speculative and plain requests to compare")
+    verdicts = [v for _, v in levels]
+    found = next((lv for i, (lv, _) in enumerate(levels) if all(v == "dearer" for v in verdicts[i:])), None)
+    if found is not None:
+        return Crossover(gpu_type, drafter, found, f"speculation costs more per token from level {found}", levels)
+    overlap = [lv for lv, v in levels if v == "overlap"]
+    if overlap and verdicts[-1] != "cheaper":
+        why = f"no crossover: the intervals overlap at level(s) {', '.join(map(str, overlap))}"
+    else:
+        why = "no crossover: speculation costs no more than plain decoding at the highest level measured"
+    return Crossover(gpu_type, drafter, None, why, levels)
+
+
+def _compare(modes: dict[str, ConcurrencyRow]) -> str:
+    spec, plain = modes["speculative"], modes["autoregressive"]
+    if None in (spec.usd_low, spec.usd_high, plain.usd_low, plain.usd_high):
+        return "dearer" if spec.usd_per_mtok > plain.usd_per_mtok else "cheaper"
+    if spec.usd_low > plain.usd_high:
+        return "dearer"
+    return "cheaper" if spec.usd_high < plain.usd_low else "overlap"
+
+
+def crossover(rows: tuple[ConcurrencyRow, ...]) -> int | None:
+    """The crossover level of rows of one group (`crossing`)."""
+    return crossing(rows).level
 
 
 def best_within_slo(rows: tuple[ConcurrencyRow, ...]) -> tuple[tuple[str, int, float], ...]:

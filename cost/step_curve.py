@@ -1,13 +1,13 @@
 """The break-even's step times from an engine's step-cost curve, both at the same batch size.
 
-The curve (collector.reads.curve_reads: seconds per target forward by batch bucket b and token rows per request,
+The curve (collector.reads.curve_reads: seconds per target forward by batch size b and token rows per request,
 as the engine published it) gives
 
     t_plain(b)         = curve(b, 1 row per request)                   a plain step
     t_verify(gamma, b) = curve(b, gamma + 1 rows per request)          every request verifying gamma drafts
 
 linearly interpolated between the two measured row counts around gamma + 1 (never extrapolated). b is the
-batch bucket at which the engine ran the most forwards among those whose curve holds both (over the
+batch size at which the engine ran the most forwards among those whose curve holds both (over the
 instances that served the arm): the batch it mostly runs at, the same b for both times.
 """
 
@@ -24,7 +24,7 @@ EXACT = 1e-6  # rows closer than this to the asked count are that count
 
 @dataclass(frozen=True)
 class CurveTimes:
-    """t_plain and t_verify (seconds) from one instance's curve at batch bucket `batch`, with its points there."""
+    """t_plain and t_verify (seconds) from one instance's curve at batch size `batch`, with its points there."""
 
     instance: str
     at: float  # the curve's event time (epoch s)
@@ -60,7 +60,7 @@ def by_batch(curve: StoredCurve) -> dict[int, tuple[CurvePoint, ...]]:
 
 
 def curve_times(curves: Sequence[StoredCurve], gamma: float) -> CurveTimes | None:
-    """Both times at the batch bucket with most forwards where some curve has them (module docstring)."""
+    """Both times at the batch size with most forwards where some curve has them (module docstring)."""
     found = []
     for curve in curves:
         for batch, points in by_batch(curve).items():

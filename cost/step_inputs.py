@@ -17,22 +17,28 @@ class StepInputs:
     """The break-even's times (seconds) and where they came from: `times_from` is `step_curve` (the engine's
     curve, `curve` says where on it), `records` (the records' timings) or `not measured` (no plain arm)."""
 
-    t_plain: float | None  # per plain step
-    t_verify: float | None  # per verify forward
-    t_draft: float | None  # per drafted token
+    t_plain: float | None  # per plain step: one forward of `batch` requests
+    t_verify: float | None  # per verify forward of `batch` requests
+    t_draft: float | None  # per drafted token, of one request (the engine drafts request by request)
     level: int | None  # the concurrency level they were measured at (None: the window's totals or the curve)
     source: str
     warnings: tuple[str, ...]
     times_from: str = RECORDS
     curve: CurveTimes | None = None
+    batch: int = 1  # requests sharing the forwards t_plain and t_verify were timed at
 
     @property
     def v(self) -> float | None:
+        """t_verify / t_plain: both forwards of `batch` requests, so the ratio holds per request too."""
         return self.t_verify / self.t_plain if self.t_plain and self.t_verify else None
 
     @property
     def c(self) -> float | None:
-        return self.t_draft / self.t_verify if self.t_draft is not None and self.t_verify else None
+        """One request's draft seconds per drafted token / its share of the verify forward (t_verify / batch):
+        per request, so at batch 16 a serial draft weighs 16x what it does against the whole forward."""
+        if self.t_draft is None or not self.t_verify:
+            return None
+        return self.t_draft * self.batch / self.t_verify
 
 
 def step_inputs(inputs: CostInputs, spec: ModeMeasure) -> StepInputs:
@@ -42,7 +48,9 @@ def step_inputs(inputs: CostInputs, spec: ModeMeasure) -> StepInputs:
     found = curve_times(curves, gamma) if gamma else None
     if found is not None:
         where = f"step-cost curve of {found.instance} at batch {found.batch}"
-        steps = StepInputs(found.t_plain, found.t_verify, _per_draft(spec), None, where, (), STEP_CURVE, found)
+        steps = StepInputs(
+            found.t_plain, found.t_verify, _per_draft(spec), None, where, (), STEP_CURVE, found, found.batch
+        )
         return _v_warnings(steps)
     records = _record_inputs(inputs, spec)
     return replace(records, warnings=(*_no_curve(curves, gamma, spec), *records.warnings))
@@ -73,14 +81,17 @@ def _record_inputs(inputs: CostInputs, spec: ModeMeasure) -> StepInputs:
         return StepInputs(None, None, _per_draft(spec), None, NOT_MEASURED, no_plain, NOT_MEASURED)
     level, found = _common_level(inputs, spec.key, plain.key)
     if level is not None:
-        return _v_warnings(StepInputs(*found, level, f"measured at concurrency level {level}", ()))
+        return _v_warnings(StepInputs(*found, level, f"measured at concurrency level {level}", (), batch=level))
     times = (
         per_forward(plain.verify_s, plain.target_forwards),
         per_forward(spec.verify_s, spec.target_forwards),
         _per_draft(spec),
     )
     warnings = (
-        ("no concurrency level with both arms timed: v from the window's totals, confounded by batch size",)
+        (
+            "no concurrency level with both arms timed: v and c from the window's totals (taken at batch 1), "
+            "confounded by batch size",
+        )
         if inputs.step_times
         else ()
     )

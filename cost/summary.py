@@ -314,7 +314,9 @@ def _step_times(b: BreakEven) -> str:
     ms = [_num(None if t is None else 1000 * t, ".2f") for t in (b.t_plain_s, b.t_verify_s, b.t_draft_s)]
     points = ", ".join(f"{p.rows:g} rows {1000 * p.seconds:.2f} ms (n={p.count})" for p in b.step_points)
     curve = f"; curve at batch {b.batch}: {points}" if b.step_points else ""
-    return f"t_plain {ms[0]} ms, t_verify {ms[1]} ms, t_draft {ms[2]} ms per drafted token{curve}"
+    forward = f" per forward of {b.batch}" if b.batch else ""
+    draft = f"t_draft {ms[2]} ms per drafted token of one request"
+    return f"t_plain {ms[0]} ms, t_verify {ms[1]} ms{forward}, {draft}{curve}"
 
 
 def _tornado_lines(rows: tuple[TornadoRow, ...], top: int = 8) -> list[str]:

@@ -31,28 +31,24 @@ from dataclasses import dataclass, field
 PRIOR_SLOPE = 0.05  # relative verify cost per extra token before two lengths are measured (CPU: ~0.04-0.07)
 
 
-def batch_bucket(batch: int) -> int:
-    """Batch sizes 1, 2, 3-4, 5-8, ... share a cost curve: the bucket's upper power of two."""
-    if batch < 1:
-        raise ValueError(f"batch must be >= 1, got {batch}")
-    return 1 << (batch - 1).bit_length()
-
-
 @dataclass
 class CostCurve:
-    """Seconds per target forward by (batch bucket, rows per request), exponentially weighted: the engine's
+    """Seconds per target forward by (batch size, rows per request), exponentially weighted: the engine's
     step-cost curve. Rows per request = the forward's token rows / the requests in it: 1 for plain steps,
-    k + 1 for a lone request drafting k, (b + k) / b for one request drafting k beside b - 1 plain ones."""
+    k + 1 for a lone request drafting k, (b + k) / b for one request drafting k beside b - 1 plain ones.
+
+    Kept per batch size, not per bucket of sizes: a forward of 5 requests is priced from forwards of 5 (or,
+    until it has its own, between the measured sizes around it), never from an average over 5 to 8."""
 
     alpha: float = 0.2  # weight of a new measurement
-    seconds: dict[int, dict[int, float]] = field(default_factory=dict)  # bucket -> tokens -> seconds
-    counts: dict[int, dict[float, int]] = field(default_factory=dict)  # bucket -> tokens -> forwards observed
+    seconds: dict[int, dict[float, float]] = field(default_factory=dict)  # batch -> rows -> seconds
+    counts: dict[int, dict[float, int]] = field(default_factory=dict)  # batch -> rows -> forwards observed
 
     def observe(self, batch: int, tokens: float, seconds: float) -> None:
-        if tokens < 1 or seconds < 0:
-            raise ValueError(f"need tokens >= 1 and seconds >= 0, got {tokens}, {seconds}")
-        curve = self.seconds.setdefault(batch_bucket(batch), {})
-        counted = self.counts.setdefault(batch_bucket(batch), {})
+        if batch < 1 or tokens < 1 or seconds < 0:
+            raise ValueError(f"need batch >= 1, tokens >= 1 and seconds >= 0, got {batch}, {tokens}, {seconds}")
+        curve = self.seconds.setdefault(batch, {})
+        counted = self.counts.setdefault(batch, {})
         old, seen = curve.get(tokens), counted.get(tokens, 0)
         # a shape's first forward carries one-off kernel set-up (oneDNN builds its primitives: 86
         # against 54 ms for 2 rows on the AVX2 machine), and a rarely chosen length would keep that
@@ -63,23 +59,46 @@ class CostCurve:
 
     def slope(self) -> float:
         """Relative cost per extra token (cost(n) / cost(1) = 1 + slope * (n - 1)), from the measured curves."""
-        for bucket in sorted(self.seconds):
-            fit = _fit(self.seconds[bucket])
+        for batch in sorted(self.seconds):
+            fit = _fit(self.seconds[batch])
             if fit is not None and fit[0] > 0:
                 intercept, slope = fit
                 return max(slope, 0.0) / max(intercept + slope, 1e-12)
         return PRIOR_SLOPE
 
     def measured(self, batch: int) -> bool:
-        """Whether the bucket of `batch` has measured what rows cost: two lengths or more of its own."""
-        return len(self.seconds.get(batch_bucket(batch), {})) >= 2
+        """Whether what rows cost is measured at `batch`: two lengths or more at that size, or, where the
+        size has no curve of its own, at the measured sizes on both sides of it (read between them)."""
+        if batch in self.seconds:
+            return len(self.seconds[batch]) >= 2
+        below, above = self._around(batch)
+        return below is not None and above is not None
 
     def cost(self, batch: int, tokens: float) -> float:
-        """Seconds for a forward of `tokens` per request; relative units (1 at one token) before any measurement.
+        """Seconds for a forward of `batch` requests and `tokens` rows each; relative units (1 at one token)
+        before any measurement.
 
-        Linear interpolation between measured lengths, least-squares extrapolation beyond them; a bucket
-        with one measured length scales the prior slope; an unmeasured bucket borrows the nearest one."""
-        curve = self._nearest(batch_bucket(batch))
+        Along rows: linear interpolation between measured lengths, least-squares extrapolation beyond them,
+        the prior slope scaled where one length is measured. Along batch sizes: the size's own curve, else
+        linear between the nearest sizes on each side with two lengths or more, else the nearest size."""
+        if batch in self.seconds or not self.seconds:
+            return self._at(batch, tokens)
+        below, above = self._around(batch)
+        if below is not None and above is not None:
+            low, high = self._at(below, tokens), self._at(above, tokens)
+            return low + (high - low) * (batch - below) / (above - below)
+        return self._at(min(self.seconds, key=lambda b: (abs(b - batch), b)), tokens)
+
+    def _around(self, batch: int) -> tuple[int | None, int | None]:
+        """(the largest size below batch, the smallest above it) among those with two lengths measured."""
+        sizes = [b for b, curve in self.seconds.items() if len(curve) >= 2]
+        below = max((b for b in sizes if b < batch), default=None)
+        above = min((b for b in sizes if b > batch), default=None)
+        return below, above
+
+    def _at(self, batch: int, tokens: float) -> float:
+        """One batch size's curve at `tokens` rows per request (relative prior when not measured)."""
+        curve = self.seconds.get(batch, {})
         if not curve:
             return 1.0 + PRIOR_SLOPE * (tokens - 1)
         if tokens in curve:
@@ -95,11 +114,6 @@ class CostCurve:
         intercept, slope = _fit(curve)
         edge = lengths[0] if tokens < lengths[0] else lengths[-1]
         return max(curve[edge] + max(slope, 0.0) * (tokens - edge), 1e-12)
-
-    def _nearest(self, bucket: int) -> dict[int, float]:
-        if bucket in self.seconds or not self.seconds:
-            return self.seconds.get(bucket, {})
-        return self.seconds[min(self.seconds, key=lambda b: abs(b.bit_length() - bucket.bit_length()))]
 
 
 def _fit(curve: dict[int, float]) -> tuple[float, float] | None:

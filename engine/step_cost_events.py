@@ -1,9 +1,9 @@
 """The engine publishes its step-cost curve: a `step_costs` EngineEvent, so the cost model can read it.
 
-The curve (`Engine.step_costs`, engine/lookahead.py) holds seconds per target forward by batch bucket
-(1, 2, 4, 8, ...) and rows per request, as the scheduler observes every forward. The event's detail:
+The curve (`Engine.step_costs`, engine/lookahead.py) holds seconds per target forward by batch size
+and rows per request, as the scheduler observes every forward. The event's detail:
 
-    {"points": [[batch bucket, rows per request, seconds, forwards observed], ...],
+    {"points": [[batch size, rows per request, seconds, forwards observed], ...],
      "weighting": "ewma 0.2", "dropped": points left out to fit the contract's 4 KiB detail}
 
 seconds is the curve's exponentially weighted mean (weight 0.2 per forward), the figure the lookahead and
@@ -29,7 +29,7 @@ KIND = "step_costs"
 MAX_POINTS = 96  # ~30 characters each in the detail's repr: well inside 4096
 DETAIL_CHARS = 4000  # the contract's MAX_DETAIL_CHARS (4096) less a margin
 
-Point = tuple[int, float, float, int]  # batch bucket, rows per request, seconds, count
+Point = tuple[int, float, float, int]  # batch size, rows per request, seconds, count
 
 
 @dataclass(frozen=True)
@@ -46,11 +46,11 @@ class StepCostEventsConfig:
 def curve_points(curve: CostCurve) -> list[Point]:
     """The curve's points, rows rounded to 2 decimals (coinciding points merged, weighted by count)."""
     merged: dict[tuple[int, float], tuple[float, int]] = {}
-    for bucket, by_rows in sorted(dict(curve.seconds).items()):
-        counts = dict(curve.counts.get(bucket, {}))
+    for batch, by_rows in sorted(dict(curve.seconds).items()):
+        counts = dict(curve.counts.get(batch, {}))
         for rows, seconds in sorted(dict(by_rows).items()):
             n = max(counts.get(rows, 1), 1)
-            key = (bucket, round(float(rows), 2))
+            key = (batch, round(float(rows), 2))
             total, count = merged.get(key, (0.0, 0))
             merged[key] = (total + seconds * n, count + n)
     return [(b, r, total / n, n) for (b, r), (total, n) in sorted(merged.items())]

@@ -25,8 +25,8 @@ def _arm(mode: str, tokens_per_s: float, **more) -> ModeMeasure:
     return ModeMeasure(mode, drafter, 1000, 1_000_000, 86_400.0, tokens_per_s, **more)
 
 
-# gamma = 400 / 100 = 4; t_draft = 4.8 s / 400 = 12 ms per drafted token
-SPEC = _arm("speculative", 150.0, drafts=100, draft_tokens=400, accepted_tokens=200, draft_s=4.8, verify_s=30.0)
+# gamma = 400 / 100 = 4; t_draft = 1.2 s / 400 = 3 ms per drafted token, of one request
+SPEC = _arm("speculative", 150.0, drafts=100, draft_tokens=400, accepted_tokens=200, draft_s=1.2, verify_s=30.0)
 PLAIN = _arm("autoregressive", 100.0, verify_s=20.0)
 
 
@@ -41,15 +41,16 @@ HAND = _curve((1, 1.0, 0.030, 50), (1, 5.0, 0.033, 40), (4, 1.0, 0.040, 900), (4
 def test_alpha_from_the_curve_is_the_formula_in_consistent_units():
     (found,) = break_even(CostInputs((PLAIN, SPEC), load_prices(), "H100-SXM", step_curves=(HAND,)))
     assert found.times_from == STEP_CURVE and found.batch == 4 and found.curve_instance == "gpu-0"
-    assert (found.t_plain_s, found.t_verify_s, found.t_draft_s) == pytest.approx((0.040, 0.060, 0.012))
+    assert (found.t_plain_s, found.t_verify_s, found.t_draft_s) == pytest.approx((0.040, 0.060, 0.003))
+    # per request at batch 4: c = 3 ms / (60 ms / 4) = 0.2
     assert found.verify_cost_ratio == pytest.approx(1.5) and found.draft_cost_ratio == pytest.approx(0.2)
-    # S(alpha) = E(alpha, 4) x 40 ms / (60 ms + 4 x 12 ms) crosses 1 where v (gamma c + 1) = 1.5 x 1.8 plain steps do
-    root = brentq(lambda a: speedup_from_times(a, 4, 0.040, 0.060, 0.012) - 1.0, 0.0, 1.0, xtol=1e-12)
+    # S(alpha) = E(alpha, 4) x 40/4 ms / (60/4 ms + 4 x 3 ms) crosses 1 where v (gamma c + 1) = 1.5 x 1.8 plain steps do
+    root = brentq(lambda a: speedup_from_times(a, 4, 0.010, 0.015, 0.003) - 1.0, 0.0, 1.0, xtol=1e-12)
     assert found.speedup_alpha == pytest.approx(root, abs=1e-9) == pytest.approx(break_even_alpha(4, 0.2, 1.5))
     assert found.speedup_alpha == pytest.approx(0.686, abs=5e-4)
     assert [p.batch for p in found.step_points] == [4, 4, 4] and not found.warnings
     text = render_text(summarize(CostInputs((PLAIN, SPEC), load_prices(), "H100-SXM", step_curves=(HAND,))))
-    assert "times from step_curve: t_plain 40.00 ms, t_verify 60.00 ms, t_draft 12.00 ms" in text
+    assert "times from step_curve: t_plain 40.00 ms, t_verify 60.00 ms per forward of 4, t_draft 3.00 ms" in text
 
 
 def test_without_a_plain_arm_the_curve_still_measures_v():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from specwatch.engine.engine import GenerateRequest, Run
-from specwatch.engine.lookahead import Acceptance, CostCurve, LookaheadModel, batch_bucket, expected_accepted
+from specwatch.engine.lookahead import Acceptance, CostCurve, LookaheadModel, expected_accepted
 from specwatch.engine.speculative import SpeculativeDecoder
 
 
@@ -126,10 +126,27 @@ def test_cost_curve_interpolates_extrapolates_and_scales_the_prior():
     curve.observe(1, 7, 0.016)  # ... is replaced by a faster second one,
     curve.observe(1, 7, 0.026)  # then the weighting resumes
     assert curve.seconds[1][7] == pytest.approx(0.016 + 0.2 * 0.010)
-    assert curve.cost(3, 1) == curve.cost(1, 1)  # an unmeasured batch bucket borrows the nearest
-    assert [batch_bucket(b) for b in (1, 2, 3, 4, 5, 9)] == [1, 2, 4, 4, 8, 16]
+    assert curve.cost(3, 1) == curve.cost(1, 1)  # an unmeasured batch size borrows the nearest measured
     with pytest.raises(ValueError):
         curve.observe(1, 0, 0.01)
+    with pytest.raises(ValueError):
+        curve.observe(0, 1, 0.01)
+
+
+def test_cost_curve_reads_a_forward_at_its_own_batch_size_between_measured_sizes():
+    """A forward of 6 requests is priced at 6: its own curve once measured, until then linear between the
+    measured sizes around it (4 and 8), never the 5-8 average a bucket would give."""
+    curve = CostCurve()
+    for batch, plain, verify in ((4, 0.040, 0.100), (8, 0.060, 0.220)):
+        curve.observe(batch, 1, plain)
+        curve.observe(batch, 5, verify)
+    assert not curve.measured(2) and curve.measured(6) and curve.measured(4)
+    assert curve.cost(6, 1) == pytest.approx(0.050)
+    assert curve.cost(6, 3) == pytest.approx((0.070 + 0.140) / 2)  # rows first, then batch size
+    assert curve.cost(16, 1) == pytest.approx(0.060)  # beyond the largest measured size: the nearest
+    curve.observe(6, 1, 0.045)
+    assert curve.cost(6, 1) == pytest.approx(0.045)  # its own measurement wins
+    assert not curve.measured(6)  # one length at 6: the rows' cost there is not measured yet
 
 
 def test_bad_mode_is_refused(target):

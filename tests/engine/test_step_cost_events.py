@@ -25,9 +25,10 @@ def test_points_carry_counts_and_merge_rounded_rows():
     curve = CostCurve()
     for seconds in (0.040, 0.040, 0.040):
         curve.observe(1, 1, seconds)
-    curve.observe(3, 7 / 3, 0.090)  # bucket 4
-    curve.observe(4, 2.3333333, 0.070)  # the same 2 decimals: merged, weighted by count
-    assert curve_points(curve) == [(1, 1.0, 0.040, 3), (4, 2.33, 0.080, 2)]
+    curve.observe(3, 7 / 3, 0.090)  # kept at its own batch size, 3
+    curve.observe(3, 2.3333333, 0.070)  # the same 2 decimals: merged, weighted by count
+    curve.observe(4, 2.3333333, 0.075)
+    assert curve_points(curve) == [(1, 1.0, 0.040, 3), (3, 2.33, 0.080, 2), (4, 2.33, 0.075, 1)]
 
 
 def test_first_curve_at_once_then_at_most_every_minute_when_material_and_at_shutdown():
