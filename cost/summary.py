@@ -18,7 +18,7 @@ from specwatch.collector.reads.breakdown import Comparison, compare
 from specwatch.collector.reads.queries import Filters, Window
 from specwatch.cost.advisor import Recommendation, advise
 from specwatch.cost.breakeven import BreakEven, TornadoRow, break_even, sensitivity
-from specwatch.cost.concurrency import ConcurrencyCosts, concurrency_costs
+from specwatch.cost.concurrency import ConcurrencyCosts, GroupCosts, concurrency_costs
 from specwatch.cost.inputs import Overrides, apply_overrides
 from specwatch.cost.measured import IncidentHistory, infer_gpu_type, measured_inputs, read_usage
 from specwatch.cost.model import CostInputs, HiddenCosts, Prices, Tco, tco
@@ -54,8 +54,8 @@ def summarize(
     comparison: Comparison | None = None,
 ) -> CostSummary:
     costs = tco(inputs)
-    knee = (concurrency is not None and bool(concurrency.rows), concurrency.crossover if concurrency else None)
-    judged = verdict_of(costs, comparison, knee)
+    main = concurrency.main if concurrency else None
+    judged = verdict_of(costs, comparison, main.crossover if main else None)
     return CostSummary(
         source,
         window,
@@ -277,11 +277,28 @@ def _concurrency_lines(by_level: ConcurrencyCosts | None) -> list[str]:
             f"  level {row.level:>3} {row.mode:<15} {row.requests:>8.1f} requests {row.output_tokens:>11,.0f} tokens"
             f"  {row.gpu_hours_per_mtok:>9.4g} GPU-h  {_usd(row.usd_per_mtok, 4):>10} USD{interval}{small}"
         )
-    crossing = "none within the levels measured" if by_level.crossover is None else f"level {by_level.crossover}"
-    lines.append(f"  speculation costs more from: {crossing}")
+    for group in by_level.groups:
+        lines += _group_lines(group)
     for mode, level, usd in by_level.best_within_slo:
         lines.append(
             f"  {mode}: {_usd(usd, 4)} USD per 1M tokens at level {level}, the highest meeting the latency rules"
+        )
+    return lines
+
+
+def _group_lines(group: GroupCosts) -> list[str]:
+    """One drafter on one GPU type: its crossover, and the per-request model beside the measured ratio."""
+    who = f"{group.drafter or 'speculation'} on {group.gpu_type}"
+    lines = [f"  {who}: {group.crossover.reason}"]
+    if group.calibration:
+        lines.append(
+            f"    {'level':>5} {'measured device ratio':>22} {'model':>7} {'error':>7} {'latency speed-up':>17}"
+        )
+    for check in group.calibration:
+        error = "" if check.error is None else f"{check.error:+.0%}"
+        lines.append(
+            f"    {check.level:>5} {_num(check.measured_ratio, '.2f'):>21}x {_num(check.model_ratio, '.2f'):>6}x"
+            f" {error:>7} {_num(check.latency_speedup, '.2f'):>16}x" + (f"  ({check.why})" if check.why else "")
         )
     return lines
 

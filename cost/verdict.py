@@ -14,8 +14,9 @@ the advisor, the monthly report, GET /v1/cost). Measured figures and assumed one
                          (cost.hidden): they never flip a measured answer; they give the break-even
                          volume, fixed $/month / saving per token ("pays above N tokens/month given these
                          assumptions"), marked `estimate` when a default nobody confirmed is among them
-    knee                 the concurrency level from which speculation costs more per token
-                         (cost.concurrency's crossover), or "not measured"
+    knee                 the concurrency level from which speculation costs more per token, for the drafter
+                         and GPU type that served the most speculative tokens (cost.concurrency's crossover:
+                         stated only where the 95% intervals clear), its reason otherwise, or "not measured"
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specwatch.collector.reads.breakdown import Comparison
+from specwatch.cost.concurrency import Crossover
 from specwatch.cost.model import ArmCost, Tco
 
 PLAIN = "autoregressive"
@@ -47,13 +49,13 @@ class Verdict:
     break_even_tokens_per_month: float | None = None  # None: no saving per token to cover them
     knee: int | None = None  # concurrency level from which speculation costs more per token
     knee_measured: bool = False  # False: no concurrency table for the window
+    knee_reason: str = ""  # the crossover's reason (why none is stated, where none is)
+    knee_group: str = ""  # "ngram on H100-SXM": whose crossover it is
 
 
-def verdict_of(
-    tco: Tco, comparison: Comparison | None = None, knee: tuple[bool, int | None] = (False, None)
-) -> Verdict:
-    """The verdict from the window's TCO, its latency comparison and the concurrency crossover
-    (`knee`: (measured, level))."""
+def verdict_of(tco: Tco, comparison: Comparison | None = None, knee: Crossover | None = None) -> Verdict:
+    """The verdict from the window's TCO, its latency comparison and the main group's concurrency crossover
+    (`knee`; None: no concurrency table for the window)."""
     spec, plain = _arm(tco, tco.primary), _arm(tco, PLAIN)
     if spec is None or plain is None:
         missing = "no speculative arm" if spec is None else "no plain-decoding arm"
@@ -78,8 +80,10 @@ def verdict_of(
         fixed_estimate=bool(benefit and benefit.estimated_from),
         fixed_from=tuple(benefit.estimated_from) if benefit else (),
         break_even_tokens_per_month=fixed / per_token if per_token > 0 else None,
-        knee=knee[1],
-        knee_measured=knee[0],
+        knee=knee.level if knee else None,
+        knee_measured=knee is not None,
+        knee_reason=knee.reason if knee else "",
+        knee_group=f"{knee.drafter or 'speculation'} on {knee.gpu_type}" if knee else "",
     )
     return Verdict(**{**found.__dict__, "sentence": sentence(found)})
 
@@ -124,5 +128,5 @@ def _knee(v: Verdict) -> str:
     if not v.knee_measured:
         return "Knee: not measured."
     if v.knee is None:
-        return "Knee: none within the concurrency levels measured."
-    return f"Knee: speculation costs more per token from concurrency {v.knee}."
+        return f"Knee ({v.knee_group}): {v.knee_reason}."
+    return f"Knee ({v.knee_group}): speculation costs more per token from concurrency {v.knee}."

@@ -79,9 +79,13 @@ def concurrency_sheet(sheet, costs: ConcurrencyCosts | None) -> None:
         usd = row.usd_per_mtok * row.output_tokens / 1e6
         values = [row.level, row.mode, row.requests, row.output_tokens, usd, f"=E{n}/D{n}*1000000"]
         sheet.append([*values, row.usd_low, row.usd_high, int(row.enough)])
-    crossing = "none" if costs is None or costs.crossover is None else costs.crossover
     sheet.append([])
-    sheet.append(["crossover (speculation costs more from this level on)", crossing])
+    for group in costs.groups if costs is not None else ():
+        crossing = "none" if group.crossover.level is None else group.crossover.level
+        who = f"{group.drafter or 'speculation'} on {group.gpu_type}"
+        sheet.append(
+            [f"crossover of {who} (speculation costs more from this level on)", crossing, group.crossover.reason]
+        )
     if costs is not None:
         sheet.append(["min requests / min tokens per level", costs.rules.min_requests, costs.rules.min_tokens])
     _bold(sheet)

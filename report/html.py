@@ -610,14 +610,11 @@ def _concurrency(costs: ConcurrencyCosts | None) -> str:
 
 
 def _crossover_text(costs: ConcurrencyCosts) -> str:
-    both = {r.level for r in costs.rows if r.mode == "speculative"} & {
-        r.level for r in costs.rows if r.mode == "autoregressive"
-    }
-    if costs.crossover is not None:
-        return f"Crossover: speculation costs more than plain decoding from concurrency level {costs.crossover}."
-    if not both:
+    """Each drafter on each GPU type: its crossover, stated only where the 95% intervals clear."""
+    if not costs.groups:
         return "No crossover can be found: no level has both speculative and plain requests."
-    return "No crossover: speculation costs no more than plain decoding at the levels measured with both modes."
+    said = [f"{g.drafter or 'speculation'} on {g.gpu_type}: {g.crossover.reason}" for g in costs.groups]
+    return "Crossover (per drafter and GPU type): " + "; ".join(said) + "."
 
 
 def _break_even(s: CostSummary) -> list[str]:

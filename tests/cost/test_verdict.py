@@ -9,6 +9,7 @@ import pytest
 
 from specwatch.collector.reads.breakdown import Comparison
 from specwatch.cost.advisor import Recommendation, ScenarioEvidence
+from specwatch.cost.concurrency import Crossover
 from specwatch.cost.inputs import load_prices
 from specwatch.cost.model import CostInputs, HiddenCosts, ModeMeasure, tco
 from specwatch.cost.summary import priced_advice, render_text, summarize
@@ -42,7 +43,11 @@ def test_a_measured_saving_stays_a_saving_whatever_the_assumed_fixed_costs():
 
 def test_a_loss_per_token_is_not_paying_and_names_both_speeds():
     comparison = Comparison("arm", None, None, 2.37, 0.001)  # faster per request, dearer per token
-    v = verdict_of(tco(_inputs(60.0)), comparison, knee=(True, 4))
+    v = verdict_of(
+        tco(_inputs(60.0)),
+        comparison,
+        knee=Crossover("H100-SXM", "ngram", 4, "speculation costs more per token from level 4"),
+    )
     assert v.paying is False and v.saving_usd_per_month < 0 and v.break_even_tokens_per_month is None
     assert "is not paying" in v.sentence and "latency 2.37x (A/B arms)" in v.sentence
     assert "device throughput 0.60x" in v.sentence and "from concurrency 4" in v.sentence
