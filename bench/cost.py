@@ -1,6 +1,6 @@
 """Cost per 1M output tokens against concurrency, speculation on and off, on the bundled engine.
 
-    python bench/cost.py [--levels 1 4 8] [--requests-per-client 6 | --seconds S] [--max-tokens 64]
+    python bench/cost.py [--levels 1 2 4 8 16] [--requests-per-client 6 | --seconds S] [--max-tokens 64]
                          [--gpu-type cpu-laptop] [--json out.json]
 
 One engine (bundled model, batched verification, `--slots` >= the highest level) serves, at
@@ -15,6 +15,13 @@ hours per 1M tokens = span / tokens. The ratio device / instance is the share of
 time that forwards ran; the rest is the idle line (HTTP, tokenising, scheduling, and the gap
 between a client's response and its next request, when at low concurrency the instance has
 nothing to run). At concurrency 8 the instance is saturated and the two must agree within 15%.
+
+Then the model against the measurement (`cost.calibration`): the engine's step-cost curve, measured over
+the sweep, goes into the store as its `step_costs` event, and at each level the per-request model
+(cost.breakeven's units) predicts speculation's device-throughput ratio from the curve at that batch size
+and the level's measured acceptance. Printed beside the measured ratio and latency speed-up, with the
+error (goal: within 15% at every level) and the knee: the crossover, stated only where the 95% intervals
+of the two arms' $ per 1M tokens clear.
 """
 
 from __future__ import annotations
@@ -43,7 +50,9 @@ from specwatch.cost.concurrency import ConcurrencyCosts, concurrency_costs_at  #
 from specwatch.cost.inputs import load_prices  # noqa: E402
 from specwatch.engine.engine import Engine, EngineConfig  # noqa: E402
 from specwatch.engine.scheduler import SchedulerConfig  # noqa: E402
-from specwatch.telemetry.schema import IngestBatch  # noqa: E402
+from specwatch.engine.step_cost_events import KIND as STEP_COSTS  # noqa: E402
+from specwatch.engine.step_cost_events import curve_points, event_detail  # noqa: E402
+from specwatch.telemetry.schema import EngineEvent, IngestBatch  # noqa: E402
 from specwatch.traffic import Tally, TrafficConfig, run_traffic  # noqa: E402
 
 INSTANCE = "bench-cost"
@@ -126,6 +135,8 @@ def sweep(engine: Engine, store: Store, args) -> tuple[list[ArmRun], Window]:
         for mode in ARMS:
             runs.append(serve_arm(engine, store, level, mode, args))
             print(f"  level {level:>3} {mode:<14} {runs[-1].tokens_per_s:7.1f} tok/s", file=sys.stderr, flush=True)
+    curve = event_detail(curve_points(engine.step_costs))  # as the engine's StepCostEvents would publish it
+    store.insert(IngestBatch(events=[EngineEvent(instance=INSTANCE, at=time.time(), kind=STEP_COSTS, detail=curve)]))
     return runs, Window(started, time.time() + 1)
 
 
@@ -192,6 +203,37 @@ def print_model(costs: ConcurrencyCosts) -> None:
         )
     crossover = "none within the levels run" if costs.crossover is None else f"concurrency {costs.crossover}"
     print(f"crossover (speculation costs more per 1M tokens from): {crossover}")
+    for group in costs.groups:
+        print_calibration(group)
+
+
+def print_calibration(group) -> None:
+    """The per-request model beside the measured ratios, per level, and the knee."""
+    print(
+        f"\n{group.drafter} on {group.gpu_type}: the per-request model against the measurement (cost.calibration)\n"
+        f"{'level':>5} {'gamma':>5} {'E':>5} {'t_plain ms':>10} {'t_round ms':>10} {'t_draft ms':>10} "
+        f"{'measured device ratio':>21} {'model':>6} {'error':>6} {'latency speed-up':>16}"
+    )
+    for c in group.calibration:
+        if c.model_ratio is None:
+            print(f"{c.level:>5} model: {c.why}; measured device ratio {_x(c.measured_ratio)}")
+            continue
+        within = "" if abs(c.error) <= TOLERANCE else "  (outside 15%)"
+        print(
+            f"{c.level:>5} {c.gamma:>5.2f} {c.mean_acceptance_length:>5.2f} {1e3 * c.t_plain_s:>10.1f} "
+            f"{1e3 * c.t_round_s:>10.1f} {1e3 * c.t_draft_s:>10.3f} {_x(c.measured_ratio):>21} "
+            f"{_x(c.model_ratio):>6} {c.error:>+6.0%} {_x(c.latency_speedup):>16}"
+            f"  decode only {_x(c.decode_ratio)}{within}"
+        )
+    errors = [abs(c.error) for c in group.calibration if c.error is not None]
+    if errors:
+        print(f"largest model error: {max(errors):.0%} (goal: <= {TOLERANCE:.0%} at every level)")
+    knee = group.crossover
+    print(f"knee: {'concurrency ' + str(knee.level) if knee.level else 'none'} ({knee.reason})")
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
 
 
 def power_of_two(text: str) -> int:
@@ -203,7 +245,7 @@ def power_of_two(text: str) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--levels", type=power_of_two, nargs="+", default=[1, 4, 8])
+    parser.add_argument("--levels", type=power_of_two, nargs="+", default=[1, 2, 4, 8, 16])
     parser.add_argument("--slots", type=int, help="engine slots (default: the highest level)")
     parser.add_argument("--requests-per-client", type=int, default=6)
     parser.add_argument("--seconds", type=float, help="per level and arm, instead of --requests-per-client")
@@ -225,7 +267,8 @@ def main() -> None:
     report(rows, costs, args.gpu_type)
     if args.json:
         model = [asdict(row) for row in costs.rows]
-        out = {"runs": rows, "model": model, "crossover": costs.crossover, "args": _args(args)}
+        groups = [asdict(group) for group in costs.groups]
+        out = {"runs": rows, "model": model, "crossover": costs.crossover, "groups": groups, "args": _args(args)}
         args.json.write_text(json.dumps(out, indent=2))
         print(f"rows: {args.json}")
 

@@ -3,27 +3,32 @@
 At each concurrency level L where both modes were measured (a group's `cost.concurrency` rows: one drafter on
 one GPU type, against plain decoding there), the model predicts speculation's device-throughput ratio from
 
-    the step-cost curve at batch L        t_plain(L) = curve(L, 1 row), t_verify(L) = curve(L, gamma + 1 rows),
-                                          read at L's own size, or linearly between the measured sizes around it
-    the level's speculative requests      drafts D, drafted tokens, accepted A, their draft seconds, ok tokens N:
-                                          gamma = drafted / D, t_draft = draft s / drafted,
-                                          plain steps inside speculative requests P = N - D - A (rounds that
-                                          drafted nothing: the cost-aware lookahead's k = 0)
+    the level's speculative requests      drafts D, drafted tokens K, accepted A, their draft seconds, ok
+                                          tokens N: rounds R = N - A (each round commits one token beyond
+                                          those accepted; R - D of them drafted nothing: the cost-aware
+                                          lookahead's k = 0), t_draft = draft s / K, gamma = K / D
+    the step-cost curve at batch L        t_plain(L) = curve(L, 1 row per request) and t_round(L) =
+                                          curve(L, 1 + K / R rows per request), the mean rows its forwards
+                                          fed; at L's own size, or linearly between the sizes around it
 
 per request (cost.breakeven's units: each request pays 1/L of a forward and all of its own drafting):
 
-    speculative device s per token = (D (t_verify / L + gamma t_draft) + P t_plain / L) / N
-    model ratio                    = (t_plain / L) / that           (> 1: speculation serves more per device-s)
+    decode s per token, speculative = (R t_round / L + K t_draft) / N
+    decode s per token, plain       = t_plain / L
+    the rest                        = plain's measured device s per token - t_plain / L: prefill, sampling,
+                                      the scheduler's own time, the same per token in both arms of an A/B
+                                      (same prompts, same lengths), so taken from plain's measurement
+    model ratio                     = plain's measured s per token / (the rest + speculative decode s per token)
 
-The decode steps only: prefill, sampling and the scheduler's own time are in the measured figures of both
-modes and pull the measured ratio towards 1, which the error column shows. Measured beside it:
+so the model predicts speculation from the plain arm's measurement, the curve and the level's acceptance;
+`decode_ratio` is the decode steps alone, (t_plain / L) / speculative decode s per token. Measured beside it:
 
     measured ratio     plain device s per token / speculative's (the level's rows)
     latency speed-up   plain e2e s per ok token / speculative's (requests binned by their life at the level)
     error              model / measured - 1
 
-A level the curve does not reach (no size at or on both sides of L measured 1 and gamma + 1 rows) has no
-model figure and says so; so does a level whose speculative requests drafted nothing.
+A level the curve does not reach (no size at L, or on both sides of it, with 1 and 1 + K / R rows within its
+measured rows) has no model figure and says so; so does a level whose speculative requests drafted nothing.
 """
 
 from __future__ import annotations
@@ -42,10 +47,11 @@ class LevelCheck:
     model_ratio: float | None  # the per-request model's (None: `why`)
     latency_speedup: float | None  # plain e2e per token / speculative's, measured
     error: float | None  # model / measured - 1
+    decode_ratio: float | None = None  # the model's decode steps alone (no prefill or overheads)
     gamma: float | None = None
     mean_acceptance_length: float | None = None
     t_plain_s: float | None = None  # forward of `level` requests, from the curve
-    t_verify_s: float | None = None
+    t_round_s: float | None = None  # a forward of `level` requests at the mean rows the speculative ones fed
     t_draft_s: float | None = None
     why: str = ""
 
@@ -68,30 +74,32 @@ def _check(level: int, spec, plain, curves: Sequence[StoredCurve]) -> LevelCheck
     if spec.drafts <= 0 or spec.draft_tokens <= 0 or spec.output_tokens <= 0:
         return LevelCheck(level, measured, None, latency, None, why="nothing drafted at this level")
     gamma = spec.draft_tokens / spec.drafts
-    times = times_at(curves, level, gamma)
+    rounds = max(spec.output_tokens - spec.accepted_tokens, spec.drafts)
+    rows = 1 + spec.draft_tokens / rounds
+    times = times_at(curves, level, rows)
     if times is None:
-        why = f"the step-cost curve has no batch size at or around {level} with 1 and {gamma + 1:.2f} rows measured"
-        return LevelCheck(level, measured, None, latency, None, gamma, why=why)
-    t_plain, t_verify = times
+        why = f"the step-cost curve has no batch size at or around {level} with 1 and {rows:.2f} rows measured"
+        return LevelCheck(level, measured, None, latency, None, None, gamma, why=why)
+    t_plain, t_round = times
     t_draft = spec.draft_s / spec.draft_tokens
-    plain_steps = max(spec.output_tokens - spec.drafts - spec.accepted_tokens, 0.0)
-    spec_per_token = (
-        spec.drafts * (t_verify / level + gamma * t_draft) + plain_steps * t_plain / level
-    ) / spec.output_tokens
-    model = _ratio(t_plain / level, spec_per_token)
+    decode = (rounds * t_round / level + spec.draft_tokens * t_draft) / spec.output_tokens
+    plain_measured = _ratio(plain.device_s, plain.output_tokens)
+    rest = max(plain_measured - t_plain / level, 0.0) if plain_measured is not None else None
+    model = _ratio(plain_measured, None if rest is None else rest + decode)
     error = model / measured - 1 if model is not None and measured else None
     length = 1 + spec.accepted_tokens / spec.drafts
-    return LevelCheck(level, measured, model, latency, error, gamma, length, t_plain, t_verify, t_draft)
+    decode_ratio = _ratio(t_plain / level, decode)
+    return LevelCheck(level, measured, model, latency, error, decode_ratio, gamma, length, t_plain, t_round, t_draft)
 
 
-def times_at(curves: Sequence[StoredCurve], batch: int, gamma: float) -> tuple[float, float] | None:
-    """(t_plain, t_verify) for a forward of `batch` requests: from the curve with most forwards that has both
-    at that size, else linearly between the nearest sizes on each side that have both."""
+def times_at(curves: Sequence[StoredCurve], batch: int, rows: float) -> tuple[float, float] | None:
+    """(seconds at 1 row, at `rows` rows per request) for a forward of `batch` requests: from the curve with
+    most forwards that has both at that size, else linearly between the nearest sizes on each side that do."""
     found = []
     for curve in curves:
         sizes = {}
         for size, points in by_batch(curve).items():
-            plain, verify = seconds_at(points, 1.0), seconds_at(points, gamma + 1.0)
+            plain, verify = seconds_at(points, 1.0), seconds_at(points, rows)
             if plain is not None and verify is not None:
                 sizes[size] = (plain, verify, sum(p.count for p in points))
         between = _between(sizes, batch)

@@ -79,7 +79,7 @@ def test_calibration_puts_the_per_request_model_beside_the_measured_ratio():
     e = tokens_per_round(ALPHA, GAMMA)
     n, drafts = 12_000.0, 2_000.0
     accepted = (e - 1) * drafts
-    plain_steps = n - drafts - accepted  # rounds the lookahead drafted nothing in
+    plain_steps = n - drafts - accepted  # rounds the lookahead drafted nothing in (linear curve: the mean rows)
     spec_device = drafts * (T_VERIFY / B + GAMMA * T_DRAFT) + plain_steps * T_PLAIN / B
     plain_device = n * T_PLAIN / B
     more = dict(e2e_s=0.0, ok_tokens=n)
@@ -96,16 +96,21 @@ def test_calibration_puts_the_per_request_model_beside_the_measured_ratio():
         ConcurrencyRow(32, "speculative", 5.0, n, 1.0, 1.0, 1.0, None, True, drafts=1, draft_tokens=4, **more),
     )  # fmt: skip
     at16, at32 = calibrate(rows, [CURVE])
-    assert at16.model_ratio == pytest.approx(plain_device / spec_device)
-    assert at16.measured_ratio == pytest.approx(plain_device / spec_device)  # both measured 10% over the model
-    assert at16.error == pytest.approx(0.0, abs=1e-9) and at16.latency_speedup == pytest.approx(2.0 / 3.0)
+    assert at16.decode_ratio == pytest.approx(plain_device / spec_device)
+    # both arms measured 10% over their decode steps: the rest (plain's 10%, per token) is added to both
+    rest = 0.1 * plain_device / n
+    assert at16.model_ratio == pytest.approx(1.1 * plain_device / n / (rest + spec_device / n))
+    assert at16.measured_ratio == pytest.approx(plain_device / spec_device)
+    assert at16.error == pytest.approx(at16.model_ratio / at16.measured_ratio - 1)
+    assert at16.latency_speedup == pytest.approx(2.0 / 3.0)
     assert at16.gamma == pytest.approx(GAMMA) and at16.mean_acceptance_length == pytest.approx(e)
     assert at32.model_ratio is None and "no batch size at or around 32" in at32.why
 
 
 def test_a_batch_size_between_measured_ones_is_read_between_them():
-    assert times_at([CURVE], 16, 4.0) == pytest.approx((T_PLAIN, T_VERIFY))
-    assert times_at([CURVE], 4, 4.0) == pytest.approx(
+    assert times_at([CURVE], 16, 5.0) == pytest.approx((T_PLAIN, T_VERIFY))
+    assert times_at([CURVE], 16, 3.0) == pytest.approx((T_PLAIN, (T_PLAIN + T_VERIFY) / 2))
+    assert times_at([CURVE], 4, 5.0) == pytest.approx(
         (0.030 + (T_PLAIN - 0.030) * 3 / 15, 0.034 + (T_VERIFY - 0.034) * 3 / 15)
     )
-    assert times_at([CURVE], 32, 4.0) is None and times_at([CURVE], 16, 6.0) is None
+    assert times_at([CURVE], 32, 5.0) is None and times_at([CURVE], 16, 6.0) is None
