@@ -98,6 +98,7 @@ class Request(Base):
     mean_lookahead: Mapped[float | None]
     device_s: Mapped[float | None]
     device_s_source: Mapped[str | None] = mapped_column(String(24))
+    failed_device_s: Mapped[float | None]  # of device_s: the failed attempts' (None: not measured)
 
 
 class DeviceSampleRow(Base):

@@ -26,6 +26,7 @@ def assumptions(inputs: CostInputs) -> tuple[Assumption, ...]:
         *_prices(inputs),
         *_devices(inputs),
         *_volume(inputs),
+        *_retries(inputs),
         *_arms(inputs),
         *_idle(inputs),
         *_hidden(inputs),
@@ -61,6 +62,18 @@ def _prices(inputs: CostInputs) -> list[Assumption]:
         Assumption("storage", inputs.prices.storage_usd_per_gb_month, "USD / GB-month", table),
         Assumption("engineer day", inputs.prices.engineer_day_usd, "USD / person-day", table),
     ]
+
+
+def _retries(inputs: CostInputs) -> list[Assumption]:
+    """How the retried requests' failed attempts were priced: measured by their producer, or assumed."""
+    measured, assumed = inputs.retry_split
+    rows = []
+    if measured:
+        rows.append(Assumption("retried requests, failed attempts' device time", measured, "requests", "measured"))
+    if assumed:
+        what = "retried requests, failed attempts' device time taken as k/(k+1) of the request's"
+        rows.append(Assumption(what, assumed, "requests", "estimate"))
+    return rows
 
 
 def _volume(inputs: CostInputs) -> list[Assumption]:

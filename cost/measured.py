@@ -11,9 +11,11 @@ Per arm (mode, drafter; plain decoding is one arm whatever its drafter field) an
                         more than one gateway reported: processor sharing over all their records
                         (cost.sharing; `gateway_ps_merged`, derived too)
     failed work         device time of requests not ok, and of the failed attempts of ok requests that
-                        were retried (k retries: k/(k+1) of the record's device time, each attempt
-                        taken as costing the same): the arm's retries line, in the mode and arm the
-                        record keeps, so a speculative failure retried plainly is speculation's
+                        were retried: measured where the record says (`failed_device_s`, the bundled
+                        engine's), else assumed (k retries: k/(k+1) of the record's device time, each
+                        attempt taken as costing the same; `retry_split` counts both); the arm's retries
+                        line, in the mode and arm the record keeps, so a speculative failure retried
+                        plainly is speculation's
     energy_j_per_token  energy of ok requests / their tokens (metered per request, else the instance's
                         energy attributed by device rate); failed work's energy goes to retries only
     device              each instance's own (cost.fleet): an explicit GPU for all, else its fleet file
@@ -114,13 +116,29 @@ def read_usage(db: Engine, window: Window, filters: Filters = Filters()) -> Usag
     sources = np.where(~np.isnan(merged), MERGED_SOURCE, np.where(shares.derived, "derived", c.device_s_source))
     metered = c.energy_j * fraction
     energy = np.where(np.isnan(metered), shares.energy_j, metered)
-    failed = np.where(c.ok, c.retries / (c.retries + 1.0), 1.0)
+    failed = np.where(c.ok, failed_part(c), 1.0)
     tokens = np.where(c.ok, c.output_tokens * fraction, 0.0)
     found = Usage(
         c, fraction, shares.device_s, shares.device_s * failed, 1.0 - failed, tokens, energy,
         shares.derived | ~np.isnan(merged), sources, shares.concurrency, shares, samples,
     )  # fmt: skip
     return found if filters == scope else _narrowed(found)
+
+
+def failed_part(c: RequestColumns) -> np.ndarray:
+    """Of each ok request's device time, the failed attempts' part: measured (failed_device_s / device_s)
+    where the record carries it, else k/(k+1) for k retries."""
+    assumed = c.retries / (c.retries + 1.0)
+    known = ~np.isnan(c.failed_device_s) & (c.device_s > 0)
+    measured = np.clip(np.nan_to_num(c.failed_device_s) / np.where(known, c.device_s, 1.0), 0.0, 1.0)
+    return np.where(known, measured, assumed)
+
+
+def retry_split(c: RequestColumns) -> tuple[int, int]:
+    """(retried requests whose failed attempts were measured, those whose split is assumed)."""
+    retried = c.ok & (c.retries > 0)
+    known = retried & ~np.isnan(c.failed_device_s)
+    return int(known.sum()), int((retried & ~known).sum())
 
 
 def _narrowed(u: Usage) -> Usage:
@@ -214,6 +232,7 @@ def measured_inputs(
         _step_times(u, keys),
         tuple(step_curves(db, window, sorted(set(c.instance.tolist()))).values()),
         devices,
+        retry_split(c),
     )
 
 

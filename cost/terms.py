@@ -274,6 +274,7 @@ class CostInputs:
     step_times: tuple[StepTime, ...] = ()  # per concurrency level and arm (empty: only the arms' totals)
     step_curves: tuple[StoredCurve, ...] = ()  # the engines' step-cost curves (cost.step_curve; empty: none)
     devices: tuple[Device, ...] = ()  # what each instance runs on (unlisted: gpu_type, gpu_count, pricing)
+    retry_split: tuple[int, int] = (0, 0)  # retried ok requests: (failed attempts' time measured, assumed)
 
     def __post_init__(self) -> None:
         _require(self.pricing in PRICINGS, f"pricing must be one of {', '.join(PRICINGS)}")

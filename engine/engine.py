@@ -318,6 +318,7 @@ class Run:
         # device seconds charged to this request: by the scheduler (its share of each batched forward, its
         # own steps whole), or by `timed` when it runs alone (Engine.stream)
         self.device_s = 0.0
+        self.failed_device_s: float | None = None  # of device_s, the failed attempt's (a retry's record)
         self.split_rules: set[str] = set()  # how the shared forwards it was in were split (device_time.py)
 
     @property
@@ -368,10 +369,12 @@ class Run:
         The record describes the request as admitted: `mode`, `drafter` and `arm` stay those of the failed
         attempt (a request that failed speculating and was retried plainly is speculative work with
         `retries` 1 and `error` set, so cost counts it in speculation's retries, not as ok plain work);
-        its draft counts and timings are the retry's. device_s adds both attempts' device time."""
+        its draft counts and timings are the retry's. device_s adds both attempts' device time, and
+        failed_device_s says how much of it the failed attempt used (cost's retries line, measured)."""
         self.started, self.started_at, self.retries, self.error = failed.started, failed.started_at, 1, error
         self.mode, self.drafter_name, self.arm = failed.mode, failed.drafter_name, failed.arm
         self.device_s, self.split_rules = failed.device_s, set(failed.split_rules)
+        self.failed_device_s = failed.device_s
         self.text.sent = failed.text.sent
 
     def verify(self, fed: torch.Tensor) -> str:
@@ -431,6 +434,7 @@ class Run:
             # 0: driven by hand, nobody timed its steps (every charged request has a timed prefill)
             device_s=self.device_s or None,
             device_s_source=record_source(self.split_rules) if self.device_s else None,
+            failed_device_s=self.failed_device_s if self.device_s and self.retries else None,
             retries=self.retries,
             status=status,
             error=error,

@@ -134,6 +134,10 @@ class RequestRecord(_Strict):
     # that the device-s of all requests add up to the device's busy time; None: the producer cannot tell.
     device_s: Seconds | None = None
     device_s_source: DeviceSource | None = None
+    # Of device_s, the seconds the failed attempts of a retried request used (the engine measures them: a
+    # speculative attempt that failed before the plain retry); None: not measured (cost then assumes each
+    # attempt cost the same, k/(k+1) of device_s).
+    failed_device_s: Seconds | None = None
 
     # One after-validator for all cross-field checks (one Python call per record keeps the
     # ingest hot path fast); FieldError tells the ingest service which field to name.
@@ -165,6 +169,8 @@ class RequestRecord(_Strict):
         if (self.device_s is None) != (self.device_s_source is None):
             missing = "device_s" if self.device_s is None else "device_s_source"
             raise FieldError(missing, "device_s and device_s_source must be given together")
+        if self.failed_device_s is not None:
+            _check_failed_device_s(self.failed_device_s, self.device_s, self.retries)
         return self
 
     @property
@@ -176,6 +182,13 @@ class RequestRecord(_Strict):
     def mean_acceptance_length(self) -> float | None:
         """1 + accepted / drafts: tokens emitted per target forward pass while drafting."""
         return ratios.mean_acceptance_length(self.num_accepted_tokens, self.num_drafts)
+
+
+def _check_failed_device_s(failed: float, device_s: float | None, retries: int) -> None:
+    if not retries:
+        raise FieldError("failed_device_s", "failed_device_s needs retries >= 1 (the attempts it measures)")
+    if device_s is None or failed > device_s * (1 + 1e-9):
+        raise FieldError("failed_device_s", "failed_device_s must be <= device_s (it is part of it)")
 
 
 def _explain_per_position(per_position: list[int], num_drafts: int, num_accepted: int) -> None:

@@ -114,6 +114,7 @@ def _spec_attributes(record: RequestRecord) -> dict[str, Any]:
         "verify_s": record.verify_s,
         "device_s": record.device_s,
         "device_s_source": record.device_s_source,
+        "failed_device_s": record.failed_device_s,
     }
     return {SPEC + key: value for key, value in spec.items()}
 

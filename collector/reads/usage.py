@@ -43,6 +43,7 @@ _REQUEST_COLUMNS = {
     "retries": Request.retries,
     "device_s": Request.device_s,
     "device_s_source": Request.device_s_source,
+    "failed_device_s": Request.failed_device_s,
     "energy_j": Request.energy_j,
     "energy_source": Request.energy_source,
     "drafts": Request.num_drafts,
@@ -53,7 +54,7 @@ _REQUEST_COLUMNS = {
     "gateway": _GATEWAY,
 }
 _TEXT = ("instance", "mode", "drafter", "status", "device_s_source", "energy_source", "gateway")
-_NULLABLE = ("device_s", "energy_j", "ttft_s")  # NULL -> NaN
+_NULLABLE = ("device_s", "energy_j", "ttft_s", "failed_device_s")  # NULL -> NaN
 
 
 class RequestColumns:

@@ -153,7 +153,14 @@ def _write_as_before_0005(db: Engine, records: list[dict], pass_at: float) -> No
         # the columns revision 0004 had: later columns (server defaults) are left out of the insert
         known = [
             RequestRecord.model_validate(r).model_dump(
-                exclude={"draft_counts_known", "mean_lookahead", "device_s", "device_s_source", "drafts_per_position"}
+                exclude={
+                    "draft_counts_known",
+                    "mean_lookahead",
+                    "device_s",
+                    "device_s_source",
+                    "drafts_per_position",
+                    "failed_device_s",
+                }
             )
             for r in records
         ]

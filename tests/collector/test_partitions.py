@@ -77,7 +77,7 @@ def fill_at_0009(db: Engine) -> None:
             (DeviceSampleRow, batch.samples),
             (EngineEventRow, batch.events),
         ):
-            later = {"drafts_per_position"} if model is Request else set()  # columns added after 0009
+            later = {"drafts_per_position", "failed_device_s"} if model is Request else set()  # added after 0009
             conn.execute(model.__table__.insert(), [record.model_dump(exclude=later) for record in records])
         conn.execute(VllmScrape.__table__.insert(), [scrape_row(i) for i in range(DAYS * 4)])
 

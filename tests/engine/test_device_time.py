@@ -247,5 +247,7 @@ def test_a_speculative_failure_retried_plainly_is_recorded_as_speculative_work_w
     assert (record.mode, record.drafter, record.arm, record.mode_reason) == ("speculative", "ngram", "spec", "canary")
     # both attempts' device time is the request's: the records still add up to busy time
     assert record.device_s == pytest.approx(scheduler.busy.target_s + scheduler.busy.draft_s, rel=1e-9)
+    # and the failed attempt's part is measured (cost's retries line): its prefill and two rounds, not half
+    assert 0 < record.failed_device_s < record.device_s
     plain = drafting_engine.generate(GenerateRequest(prompt=REPEATING, max_tokens=24, drafter=None))
     assert result.text == plain.text
