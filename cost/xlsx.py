@@ -255,15 +255,18 @@ def fleet_values(inputs: CostInputs, allocation: Allocation) -> list[list]:
     return table
 
 
-def write_workbook(inputs: CostInputs, path: Path, concurrency: ConcurrencyCosts | None = None) -> None:
+def write_workbook(
+    inputs: CostInputs, path: Path, concurrency: ConcurrencyCosts | None = None, view: str = "all requests"
+) -> None:
     """Inputs, Lines, Model, Concurrency, Break-even and Assumptions (module docstring). The plain-decoding
-    arm is column B of the arm tables."""
+    arm is column B of the arm tables; `view` names what the charged lines are charged to ("tenant=acme")."""
     arms = sorted(inputs.arms, key=lambda arm: arm.mode != "autoregressive")
     allocation = allocate(inputs)
     book = Workbook()
     _inputs_sheet(book.active, inputs, arms, allocation)
     rows = fleet_rows(allocation)
-    idle_cells = lines_sheet(book.create_sheet("Lines"), allocation, input_ref, lambda i, n: fleet_ref(rows[i], n))
+    lines = book.create_sheet("Lines")
+    idle_cells = lines_sheet(lines, allocation, input_ref, lambda i, n: fleet_ref(rows[i], n), view)
     _model_sheet(book.create_sheet("Model"), arms, inputs.baseline is not None, idle_cells)
     concurrency_sheet(book.create_sheet("Concurrency"), concurrency)
     break_even_sheet(book.create_sheet("Break-even"), inputs)

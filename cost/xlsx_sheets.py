@@ -19,7 +19,11 @@ from specwatch.cost.breakeven import break_even
 from specwatch.cost.concurrency import ConcurrencyCosts
 from specwatch.cost.model import CostInputs
 
-LINE_HEADER = ["instance", "kind", "arm", "instance_s", "share", "kwh", "usd", "estimate", "compute_usd", "energy_usd"]
+LINE_HEADER = [
+    *("instance", "kind", "arm", "instance_s", "share", "kwh", "usd", "estimate", "compute_usd", "energy_usd"),
+    "charged_to",  # the view the line is charged to (its work, retries, idle); empty: outside it
+]
+CHARGED = ("arm", "retries", "idle")  # the kinds of line a view is charged
 BILL_HEADER = ["bill", "instance", "", "billed_s", "", "kwh", "usd", "estimate", "compute_usd", "energy_usd", "source"]
 LINES_FIRST_ROW = 2
 
@@ -30,10 +34,15 @@ def _bold(sheet, row: int = 1) -> None:
 
 
 def lines_sheet(
-    sheet, allocation: Allocation, ref: Callable[[str], str], instance_ref: Callable[[str, str], str]
+    sheet,
+    allocation: Allocation,
+    ref: Callable[[str], str],
+    instance_ref: Callable[[str, str], str],
+    view: str = "all requests",
 ) -> list[str]:
     """Write the lines and bills (`ref`: a global input's cell; `instance_ref(instance, name)`: that instance's
-    gpu_count, gpu_hour_usd or energy_added cell); return the cells of the idle lines (the Model sums them)."""
+    gpu_count, gpu_hour_usd or energy_added cell), each line's `charged_to` the view (a tenant's, a tag's) or
+    empty; return the cells of the idle lines (the Model sums them)."""
     kwh = f"{ref('pue')}*{ref('electricity_usd_per_kwh')}"
     shares = {b.instance: b.share for b in allocation.bills}
 
@@ -48,7 +57,8 @@ def lines_sheet(
         share = 1 - shares[line.instance] if line.kind == "other_tenants" else shares[line.instance]
         total, compute, energy = usd(row, line.instance, f"E{row}*")
         values = [line.instance, line.kind, line.arm, line.device_s, share, line.energy_kwh or 0.0]
-        sheet.append([*values, total, int(line.estimate), compute, energy])
+        charged = view if line.kind in CHARGED else ""
+        sheet.append([*values, total, int(line.estimate), compute, energy, charged])
         if line.kind == "idle":
             idle.append(f"Lines!G{row}")
     last = LINES_FIRST_ROW + len(allocation.lines) - 1

@@ -95,7 +95,7 @@ def cost_command(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if args.xlsx is not None:
-        _write_xlsx(summary, args.xlsx)
+        _write_xlsx(summary, args.xlsx, ", ".join(f"{k}={v}" for k, v in args.tag) or "all requests")
     if args.focus is not None and summary.window is None:
         from specwatch.cost.focus import focus_rows_of
 
@@ -157,11 +157,11 @@ def _measured(args: argparse.Namespace, prices, overrides: Overrides, hidden: Hi
         db.dispose()
 
 
-def _write_xlsx(summary: CostSummary, path: Path) -> None:
+def _write_xlsx(summary: CostSummary, path: Path, view: str) -> None:
     from specwatch.cost.xlsx import write_workbook
 
     try:
-        write_workbook(summary.inputs, path)
+        write_workbook(summary.inputs, path, summary.concurrency, view)
     except OSError as exc:
         raise UsageError(f"cannot write {path}: {exc.strerror}") from None
 

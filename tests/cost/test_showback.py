@@ -103,25 +103,33 @@ def test_a_view_keeps_what_lies_outside_it_on_its_own_line(fleet):
     assert outside > 10 * idle  # most of the fleet's work and idle belongs to others
 
 
-def test_the_cli_and_focus_tenant_views_add_up_to_the_bill(fleet, db_url, tmp_path, capsys):
-    """`specwatch cost --tag tenant=T --json` and its FOCUS rows (tagged with the tenant on its own lines):
-    the tenants' charges plus the requests of no tenant plus other tenants' memory = the fleet bill."""
+def test_the_cli_focus_and_xlsx_tenant_views_add_up_to_the_bill(fleet, db_url, tmp_path, capsys):
+    """`specwatch cost --tag tenant=T --json`, its FOCUS rows (tagged with the tenant on its own lines) and its
+    xlsx (lines charged to the tenant, $ evaluated from the formulas by pycel): the tenants' charges plus the
+    requests of no tenant plus other tenants' memory = the fleet bill."""
+    from pycel import ExcelCompiler
+
     db, window, requests = fleet
     last = str(int(time.time() - window.start))
-    charged, focus_charged = {}, {}
+    charged, focus_charged, xlsx_charged = {}, {}, {}
     for tenant in TENANTS[:3]:
-        out = tmp_path / f"{tenant}.csv"
-        assert (
-            main(["cost", "--db", db_url, "--last", last, "--tag", f"tenant={tenant}", "--json", "--focus", str(out)])
-            == 0
-        )
+        out, book = tmp_path / f"{tenant}.csv", tmp_path / f"{tenant}.xlsx"
+        view = ["--tag", f"tenant={tenant}", "--json", "--focus", str(out), "--xlsx", str(book)]
+        assert main(["cost", "--db", db_url, "--last", last, *view]) == 0
         lines = json.loads(capsys.readouterr().out)["tco"]["allocation"]["lines"]
         charged[tenant] = sum(x["compute_usd"] + x["energy_usd"] for x in lines if x["kind"] in CHARGED)
         rows = list(csv.DictReader(out.open()))
         mine = [r for r in rows if json.loads(r["Tags"]).get("x_specwatch_tag_tenant") == tenant]
         focus_charged[tenant] = sum(float(r["BilledCost"]) for r in mine)
         assert {json.loads(r["Tags"])["x_specwatch_line"] for r in mine} <= set(CHARGED)
+        sheet = ExcelCompiler(filename=str(book))
+        at = range(2, 2 + len(lines))
+        assert [sheet.evaluate(f"Lines!B{n}") for n in at] == [x["kind"] for x in lines]
+        xlsx_charged[tenant] = sum(
+            sheet.evaluate(f"Lines!G{n}") for n in at if sheet.evaluate(f"Lines!K{n}") == f"tenant={tenant}"
+        )
     assert focus_charged == pytest.approx(charged, rel=1e-9)
+    assert xlsx_charged == pytest.approx(charged, rel=1e-9)
     whole = measured_summary(db, Window(window.start, time.time()), load_prices()).tco.allocation
     shares = {b.instance: b.share for b in whole.bills}
     no_tenant = sum(_by_hand(requests, None, name, shares[name]) for name in DEVICES)
