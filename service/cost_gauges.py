@@ -1,8 +1,10 @@
 """Cost as Prometheus gauges: each arm's $ per 1M output tokens on /metrics, and the daily cost series.
 
 Both price what the store holds with the cost model (`cost.inputs.measured_inputs`, then
-`cost.model.tco`) on the shipped price table, at the price of the GPU the device samples name
-(`infer_gpu_type`), else `cost.summary.DEFAULT_GPU`, one GPU per instance.
+`cost.model.tco`) on the shipped price table, each instance at the price of the GPU its own device
+samples name (a mixed fleet is billed per instance, as `specwatch cost` bills it), an instance with
+none at the GPU the store's samples name most (`infer_gpu_type`), else `cost.summary.DEFAULT_GPU`;
+one GPU per instance.
 
     CostGauge(db, prices, registry=...)   specwatch_cost_usd_per_mtok{arm} over the last hour
     DailyCosts(db, prices).series(days)   per UTC day and arm: $ and GPU-hours per 1M tokens
@@ -85,7 +87,7 @@ def _gpu_type(db: Engine, window: Window, prices: Prices) -> tuple[str, str]:
 
 def arm_costs(db: Engine, window: Window, prices: Prices, gpu_type: str) -> list[tuple[ArmCost, int, int]]:
     """(cost, output tokens, requests) of each arm served in `window`."""
-    inputs = measured_inputs(db, window, prices, gpu_type=gpu_type)
+    inputs = measured_inputs(db, window, prices, gpu_type=gpu_type, per_instance=True)
     served = {arm.key: (arm.output_tokens, arm.requests) for arm in inputs.arms}
     return [(arm, *served[arm.key]) for arm in tco(inputs).arms]
 

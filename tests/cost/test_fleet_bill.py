@@ -217,3 +217,18 @@ def test_cli_fleet_errors_exit_2_and_gpu_still_prices_every_instance(fleet_db, d
         rows = list(csv.DictReader(handle))
     assert {r["SkuId"] for r in rows} == {"H100-SXM"}
     _close(sum(float(r["ListCost"]) for r in rows), 2 * HOURS * 4.50)
+
+
+def test_the_daily_cost_series_prices_each_instance_on_its_own_gpu(fleet_db):
+    """/v1/cost/daily and the $/1M gauge read the same per-instance bill: a mixed fleet is not priced as
+    the GPU most sampled (which would make the L4's hours H100 hours)."""
+    from specwatch.service.cost_gauges import arm_costs
+
+    db, window = fleet_db
+    prices = load_prices()
+    summary = measured_summary(db, window, prices)
+    by_summary = {arm.key: arm.total_usd_per_mtok for arm in summary.tco.arms}
+    by_gauge = {arm.key: arm.total_usd_per_mtok for arm, _, _ in arm_costs(db, window, prices, "H100-SXM")}
+    assert by_gauge == pytest.approx(by_summary, rel=1e-9)
+    as_one_gpu = measured_summary(db, window, prices, gpu_type="H100-SXM")
+    assert as_one_gpu.tco.allocation.bill_usd > 1.5 * summary.tco.allocation.bill_usd  # what it was
