@@ -280,11 +280,14 @@ def _interval(usd: np.ndarray, tokens: np.ndarray, resamples: int) -> tuple[floa
     from scipy.stats import bootstrap
 
     def ratio(a, b, axis=-1):
-        return a.sum(axis=axis) / np.maximum(b.sum(axis=axis), 1e-300) * MTOK
+        tokens = b.sum(axis=axis)  # a resample of failed requests only has none: no $ per token (inf)
+        return np.where(tokens > 0, a.sum(axis=axis) / np.where(tokens > 0, tokens, 1.0) * MTOK, np.inf)
 
-    found = bootstrap(
-        (usd, tokens), ratio, paired=True, vectorized=True, n_resamples=resamples, method="percentile", random_state=0
-    )
+    with np.errstate(invalid="ignore", over="ignore"):  # scipy's standard error over an inf resample
+        found = bootstrap(
+            (usd, tokens), ratio, paired=True, vectorized=True, n_resamples=resamples, method="percentile",
+            random_state=0,
+        )  # fmt: skip
     return float(found.confidence_interval.low), float(found.confidence_interval.high)
 
 
