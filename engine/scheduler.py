@@ -29,7 +29,7 @@ from typing import Any
 
 from specwatch.engine.decoder import forward_many
 from specwatch.engine.device_time import split_forward
-from specwatch.engine.engine import Engine, GenerateRequest, GenerateResult, Run
+from specwatch.engine.engine import Delta, Engine, GenerateRequest, GenerateResult, Run
 from specwatch.engine.policy import Policy
 from specwatch.engine.speculative import StageError
 from specwatch.engine.threads import release_openmp_workers, using
@@ -68,7 +68,7 @@ class ShuttingDown(RuntimeError):
 
 @dataclass
 class Ticket:
-    """A client's handle on one request: deltas (str), then a GenerateResult, arrive on `events`."""
+    """A client's handle on one request: deltas (Delta), then a GenerateResult, arrive on `events`."""
 
     request: GenerateRequest
     prompt_ids: list[int]
@@ -277,7 +277,7 @@ class Scheduler:
             return  # it failed: retried plainly (which delivered its own text) or finished
         ticket, run = self._active[index]
         if delta:
-            ticket.send(delta)
+            ticket.send(Delta(delta, len(run.generated)))
         if run.finished:
             self._finish(index, "ok")
 
