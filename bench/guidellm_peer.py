@@ -123,7 +123,10 @@ def run_guidellm(url: str, path: str, args: argparse.Namespace, out: Path) -> li
         "--constraint", f"kind=max_duration,seconds={args.seconds:g}",
     ]  # fmt: skip
     benchmarks = []
-    for profile in (["--profile", "kind=synchronous"], ["--profile", "kind=concurrent", "--override", "profile.streams", streams]):
+    for profile in (
+        ["--profile", "kind=synchronous"],
+        ["--profile", "kind=concurrent", "--override", "profile.streams", streams],
+    ):
         target = out.with_suffix(f".{profile[1].split('=')[1]}.json")
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
         command = [*common, *profile, "--output", f"kind=json,path={target}"]
@@ -132,3 +135,95 @@ def run_guidellm(url: str, path: str, args: argparse.Namespace, out: Path) -> li
             raise RuntimeError(f"guidellm exited {done.returncode}: {done.stdout[-2000:]}{done.stderr[-2000:]}")
         benchmarks += json.loads(target.read_text())["benchmarks"]
     return benchmarks
+
+
+def client_figures(benchmark: dict) -> dict:
+    """What GuideLLM measured in one benchmark."""
+    metrics, totals = benchmark["metrics"], benchmark["metrics"]["request_totals"]
+    output = metrics["output_token_count"]["total"]["total_sum"]
+    strategy = benchmark["config"]["strategy"]
+    return {
+        "level": "sync" if strategy["type_"] == "synchronous" else f"{strategy['streams']} streams",
+        "start": benchmark["start_time"],
+        "end": benchmark["end_time"],
+        "errors": totals["errored"],
+        "completed": totals["successful"],
+        "incomplete": totals["incomplete"],
+        "ttft_ms": metrics["time_to_first_token_ms"]["successful"]["median"],
+        "output_tok_s": output / benchmark["duration"],
+    }
+
+
+def stored_figures(stack: Stack, start: float, end: float) -> dict:
+    """What the collector stored of the requests that started in [start, end)."""
+    signals = httpx.get(f"{stack.collector}/v1/signals", params={"start": start, "end": end}, timeout=60).json()
+    with sqlite3.connect(stack.db) as conn:
+        query = "SELECT status, count(*) FROM requests WHERE started_at >= ? AND started_at < ? GROUP BY status"
+        statuses = dict(conn.execute(query, (start, end)).fetchall())
+    ttft = (signals.get("ttft") or {}).get("p50")
+    return {
+        "stored": signals["requests"],
+        "stored_errors": statuses.get("error", 0),
+        "stored_cancelled": statuses.get("cancelled", 0),
+        "stored_ttft_ms": None if ttft is None else ttft * 1000,
+        "stored_output_tok_s": signals["output_tokens_per_s"],
+    }
+
+
+def verdict(row: dict) -> list[str]:
+    """The goals a row misses (issue 57)."""
+    misses = []
+    if row["errors"] or row["stored_errors"]:
+        misses.append("errors")
+    if row["stored"] != row["completed"] + row["incomplete"]:
+        misses.append("stored != completed + incomplete")
+    if row["completed"] and row["stored_ttft_ms"] is not None and abs(row["stored_ttft_ms"] - row["ttft_ms"]) > 20:
+        misses.append("TTFT off by > 20 ms")
+    if row["output_tok_s"] and abs(row["stored_output_tok_s"] / row["output_tok_s"] - 1) > 0.05:
+        misses.append("tok/s off by > 5%")
+    if row["stored_cancelled"] > row["incomplete"]:
+        misses.append("a completed stream stored as cancelled")
+    return misses
+
+
+HEADER = (
+    f"{'target':8} {'format':11} {'level':10} {'err':>3} {'done+cut':>8} {'stored':>6} {'cancl':>5} "
+    f"{'TTFT ms':>8} {'stored':>8} {'tok/s':>7} {'stored':>7}  misses"
+)
+
+
+def line(row: dict) -> str:
+    stored_ttft = "-" if row["stored_ttft_ms"] is None else f"{row['stored_ttft_ms']:.0f}"
+    return (
+        f"{row['target']:8} {row['format']:11} {row['level']:10} {row['errors'] + row['stored_errors']:>3} "
+        f"{row['completed']:>4}+{row['incomplete']:<3} {row['stored']:>6} {row['stored_cancelled']:>5} "
+        f"{row['ttft_ms']:>8.0f} {stored_ttft:>8} {row['output_tok_s']:>7.1f} {row['stored_output_tok_s']:>7.1f}  "
+        + (", ".join(row["misses"]) or "-")
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if reason := missing():
+        print(f"guidellm_peer: {reason}", file=sys.stderr)
+        return 2
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="guidellm-peer-") as folder, Stack(Path(folder)) as stack:
+        print(HEADER, flush=True)
+        for target in args.targets.split(","):
+            for name in args.formats.split(","):
+                benchmarks = run_guidellm(stack.url(target), FORMATS[name], args, Path(folder) / f"{target}-{name}")
+                time.sleep(FLUSH_S)  # the producers' last records reach the collector
+                for benchmark in benchmarks:
+                    row = {"target": target, "format": name, **client_figures(benchmark)}
+                    row |= stored_figures(stack, row["start"], row["end"])
+                    row["misses"] = verdict(row)
+                    rows.append(row)
+                    print(line(row), flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
