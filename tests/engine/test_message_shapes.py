@@ -177,3 +177,9 @@ def test_every_refusal_leaves_a_record_and_a_count(server, path, body, status, r
     assert (record.request_id, record.status, record.error) == (headers["x-request-id"], "error", f"refused:{reason}")
     assert record.output_tokens == 0 and record.drafter is None
     assert refused_total(server, reason) == counted + 1
+
+
+@pytest.mark.parametrize("field,value", [("echo", True), ("suffix", "!"), ("best_of", 2), ("frequency_penalty", 1.0)])
+def test_unserved_completion_fields_are_a_400_naming_them(server, field, value):
+    body = {"prompt": "Hi", "max_tokens": 2, field: value}
+    refused(httpx.post(f"{server.url}/v1/completions", json=body, timeout=60), field)
