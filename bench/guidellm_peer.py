@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -130,11 +131,25 @@ def run_guidellm(url: str, path: str, args: argparse.Namespace, out: Path) -> li
         target = out.with_suffix(f".{profile[1].split('=')[1]}.json")
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
         command = [*common, *profile, "--output", f"kind=json,path={target}"]
-        done = subprocess.run(command, env=env, capture_output=True, text=True)
+        done = _run_group(command, env)
         if done.returncode != 0:
             raise RuntimeError(f"guidellm exited {done.returncode}: {done.stdout[-2000:]}{done.stderr[-2000:]}")
         benchmarks += json.loads(target.read_text())["benchmarks"]
     return benchmarks
+
+
+def _run_group(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    """Run GuideLLM in its own process group, which goes whole (its worker processes too) if this is stopped."""
+    process = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        stdout, stderr = process.communicate()
+    except BaseException:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        raise
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
 def client_figures(benchmark: dict) -> dict:
@@ -204,6 +219,7 @@ def line(row: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stop still takes the stack down in order
     if reason := missing():
         print(f"guidellm_peer: {reason}", file=sys.stderr)
         return 2
