@@ -219,7 +219,6 @@ def line(row: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stop still takes the stack down in order
     if reason := missing():
         print(f"guidellm_peer: {reason}", file=sys.stderr)
         return 2
@@ -242,4 +241,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stop still takes the stack down in order
     sys.exit(main())
