@@ -17,7 +17,7 @@ at each number of concurrent streams, each `--seconds` long, synthetic prompts o
 GuideLLM's JSON) beside the collector's over the benchmark's own window:
 - errors: the client's errored requests; and the store's records with status `error`;
 - requests: the client's completed + incomplete, and the records stored;
-- TTFT median (ms): the client's, and the store's p50 (`/v1/signals`);
+- TTFT median (ms) of the completed requests: the client's, and the store's over its `ok` records;
 - output tokens/s: the client's (output tokens over the benchmark's duration) and `/v1/signals`';
 - cancelled: records stored `cancelled` (never more than the client's incomplete requests).
 The goals (issue 57): 0 errors, stored = completed + incomplete, TTFT within 20 ms, tokens/s within 5%,
@@ -32,6 +32,7 @@ import json
 import os
 import signal
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -172,10 +173,14 @@ def client_figures(benchmark: dict) -> dict:
 def stored_figures(stack: Stack, start: float, end: float) -> dict:
     """What the collector stored of the requests that started in [start, end)."""
     signals = httpx.get(f"{stack.collector}/v1/signals", params={"start": start, "end": end}, timeout=60).json()
+    within = "started_at >= ? AND started_at < ?"
     with sqlite3.connect(stack.db) as conn:
-        query = "SELECT status, count(*) FROM requests WHERE started_at >= ? AND started_at < ? GROUP BY status"
-        statuses = dict(conn.execute(query, (start, end)).fetchall())
-    ttft = (signals.get("ttft") or {}).get("p50")
+        statuses = dict(
+            conn.execute(f"SELECT status, count(*) FROM requests WHERE {within} GROUP BY status", (start, end))
+        )
+        # the client's TTFT median is over its completed requests: the store's over the same, its `ok` ones
+        ok = [t for (t,) in conn.execute(f"SELECT ttft_s FROM requests WHERE {within} AND status = 'ok'", (start, end))]
+    ttft = statistics.median(t for t in ok if t is not None) if any(t is not None for t in ok) else None
     return {
         "stored": signals["requests"],
         "stored_errors": statuses.get("error", 0),
