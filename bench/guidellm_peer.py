@@ -5,6 +5,7 @@ compared with what the client measured (issue 57).
     make guidellm          # builds .venv-guidellm once, then runs this with its defaults
     .venv/bin/python bench/guidellm_peer.py [--seconds 60] [--streams 1,2,4,8] [--formats chat,completions]
                                             [--targets engine,gateway] [--prompt-tokens 200] [--output-tokens 96]
+                                            [--no-sync]
 
 GuideLLM runs from `.venv-guidellm` (`make guidellm` builds it: its own venv, which sees the project venv's
 torch and transformers through a .pth file); without it this prints why and exits 2. Its tokenizer is the
@@ -125,10 +126,10 @@ def run_guidellm(url: str, path: str, args: argparse.Namespace, out: Path) -> li
         "--constraint", f"kind=max_duration,seconds={args.seconds:g}",
     ]  # fmt: skip
     benchmarks = []
-    for profile in (
-        ["--profile", "kind=synchronous"],
-        ["--profile", "kind=concurrent", "--override", "profile.streams", streams],
-    ):
+    profiles = [["--profile", "kind=concurrent", "--override", "profile.streams", streams]]
+    if not args.no_sync:
+        profiles.insert(0, ["--profile", "kind=synchronous"])
+    for profile in profiles:
         target = out.with_suffix(f".{profile[1].split('=')[1]}.json")
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
         command = [*common, *profile, "--output", f"kind=json,path={target}"]

@@ -1,7 +1,7 @@
 """One request through the real gateway and the real engine is one request at the collector: the
 engine records it under the id and arrival time the gateway forwards (`x-request-id`,
 `x-specwatch-started-at`), so the two records share the store's key on SQLite (request_id) and on
-PostgreSQL (request_id, started_at), and the first one stored is kept (docs/gateway.md). Both name the
+PostgreSQL (request_id, started_at), and the two merge into one row by one rule (docs/gateway.md). Both name the
 engine's own instance (its `x-specwatch-instance`, the name its samples and bill carry), so whichever
 arrives first, the request is the engine instance's; the gateway's record keeps the upstream's name in the
 `upstream` tag (issue 52: one identity per request and per instance)."""
