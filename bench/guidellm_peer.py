@@ -58,6 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60.0, help="length of each benchmark (default 60)")
     parser.add_argument("--streams", default="1,2,4,8", help="concurrent streams, after a synchronous run")
+    parser.add_argument("--no-sync", action="store_true", help="skip the synchronous benchmark")
     parser.add_argument("--formats", default="chat,completions")
     parser.add_argument("--targets", default="engine,gateway")
     parser.add_argument("--prompt-tokens", type=int, default=200)
