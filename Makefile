@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.specwatch-installed
 
-.PHONY: install up test test-slow bench vllm-check clean
+.PHONY: install up test test-slow bench vllm-check guidellm clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) on PATH (or: make PYTHON=python3 ...)"; exit 2; }
@@ -38,6 +38,19 @@ bench: install
 # through the gateway (`specwatch vllm check --single`: the one scraped server check)
 vllm-check: install
 	$(PY) -m specwatch vllm check
+
+# optional: GuideLLM (vLLM's benchmark client) in its own .venv-guidellm, as a real peer of the engine and the
+# gateway (bench/guidellm_peer.py; docs/benchmarks.md). Its torch and transformers are the project venv's,
+# seen through a .pth file, so no second torch is downloaded.
+GUIDELLM := .venv-guidellm/bin/guidellm
+$(GUIDELLM): $(STAMP)
+	$(PYTHON) -m venv .venv-guidellm
+	$(PY) -c "import sys; print('\\n'.join(p for p in sys.path if p.endswith('site-packages')))" > \
+		"$$(.venv-guidellm/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/specwatch-venv.pth"
+	.venv-guidellm/bin/pip install -q guidellm==0.8.1
+
+guidellm: $(GUIDELLM)
+	$(PY) bench/guidellm_peer.py
 
 clean:
 	rm -rf $(VENV) .cache

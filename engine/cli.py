@@ -328,7 +328,7 @@ def register_drafters(engine, items: list[str]) -> dict[str, str]:
     """{name: spec} from `--drafters NAME=model:PATH ...`, each draft model loaded now (ValueError when bad)."""
     import re
 
-    from specwatch.engine.server import BUILTIN_DRAFTERS
+    from specwatch.engine.bodies import BUILTIN_DRAFTERS
 
     drafters = {}
     for item in items:

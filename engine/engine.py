@@ -80,6 +80,8 @@ class GenerateRequest:
     sampling: SamplingParams = SamplingParams()
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    ignore_eos: bool = False  # vLLM's: the model's stop tokens do not end the request (max_tokens or a stop string do)
+    min_tokens: int = 0  # vLLM's: no stop token can be chosen before this many output tokens
     tags: dict[str, str] = field(default_factory=dict)
     request_id: str | None = None
     started_at: float | None = None  # epoch s; a gateway's, given with its request_id (else arrival here)
@@ -89,10 +91,22 @@ class GenerateRequest:
             raise ValueError("give exactly one of prompt or messages")
         if not 1 <= self.max_tokens <= 32_768:
             raise RequestError(f"max_tokens must be in [1, 32768], got {self.max_tokens}", "max_tokens")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            message = f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}"
+            raise RequestError(message, "min_tokens")
         if not 0 <= self.gamma <= 64:
             raise RequestError(f"gamma must be in [0, 64], got {self.gamma}", "gamma")
         if self.seed is not None and not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
             raise RequestError(f"seed must be in [-2**63, 2**64 - 1], got {self.seed}", "seed")
+
+
+@dataclass(frozen=True)
+class Delta:
+    """Text a step made ready for the client, and the request's output tokens so far (a stream's
+    `continuous_usage_stats`)."""
+
+    text: str
+    tokens: int
 
 
 @dataclass(frozen=True)
@@ -312,6 +326,7 @@ class Run:
             slot.decoder, self.drafter, engine.target.device, engine.config.lookahead, engine.step_costs
         )
         self.text = TextStream(engine.tokenizer, request.stop, engine.tokenizer_lock)
+        self.stop_ids = frozenset() if request.ignore_eos else engine.stop_ids  # the tokens that end this request
         self.ttft: float | None = None
         self.retries, self.error = 0, None
         self.choice = None  # the policy selector's pick, for a request that asked for drafter 'auto'
@@ -343,7 +358,7 @@ class Run:
 
     def _loop_args(self) -> tuple:
         request = self.request
-        return request.max_tokens, request.gamma, request.sampling, self.engine.stop_ids, request.seed
+        return request.max_tokens, request.gamma, request.sampling, self.stop_ids, request.seed, request.min_tokens
 
     def advance(self) -> str:
         """One round: draft on the draft stream, verify on the target stream (CUDA; CPU: one thread)."""
@@ -402,7 +417,7 @@ class Run:
         if status != "ok":
             finish = status
         else:
-            finish = "stop" if self.text.stopped or (generated and generated[-1] in self.engine.stop_ids) else "length"
+            finish = "stop" if self.text.stopped or (generated and generated[-1] in self.stop_ids) else "length"
             self.engine.learn(self.prompt_ids, generated)
         return GenerateResult(self.text.text, generated, finish, self._record(status, error))
 

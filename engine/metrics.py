@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from specwatch.engine.refusals import REASONS, REFUSED
 from specwatch.telemetry.client import TelemetryClient
 from specwatch.telemetry.schema import LATENCY_BUCKETS, RequestRecord
 
@@ -21,6 +22,11 @@ class EngineMetrics:
     def __init__(self, scheduler, registry: CollectorRegistry) -> None:
         prefix = "specwatch_engine"
         self.requests = Counter(f"{prefix}_requests", "Finished requests.", ["mode", "status"], registry=registry)
+        self.refused = Counter(
+            f"{prefix}_requests_refused", "Requests refused before they ran, by reason.", ["reason"], registry=registry
+        )
+        for reason in REASONS:  # every reason shows from the start, at 0
+            self.refused.labels(reason)
         self.output_tokens = Counter(f"{prefix}_output_tokens", "Generated tokens.", ["mode"], registry=registry)
         self.drafts = Counter(f"{prefix}_spec_decode_num_drafts", "Draft rounds.", ["drafter"], registry=registry)
         self.draft_tokens = Counter(
@@ -72,6 +78,9 @@ class EngineMetrics:
             _telemetry_gauges(scheduler.sink.client, registry)
 
     def observe(self, record: RequestRecord) -> None:
+        if record.error and record.error.startswith(REFUSED):  # never ran: counted apart (engine/refusals.py)
+            self.refused.labels(record.error[len(REFUSED) :]).inc()
+            return
         self.requests.labels(record.mode, record.status).inc()
         self.output_tokens.labels(record.mode).inc(record.output_tokens)
         self.e2e.labels(record.mode).observe(record.e2e_s)

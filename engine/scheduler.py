@@ -23,16 +23,18 @@ import dataclasses
 import logging
 import threading
 import time
+import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from specwatch.engine.decoder import forward_many
 from specwatch.engine.device_time import split_forward
-from specwatch.engine.engine import Engine, GenerateRequest, GenerateResult, Run
+from specwatch.engine.engine import Delta, Engine, GenerateRequest, GenerateResult, Run
 from specwatch.engine.policy import Policy
 from specwatch.engine.speculative import StageError
 from specwatch.engine.threads import release_openmp_workers, using
+from specwatch.telemetry.schema import RequestRecord
 from specwatch.telemetry.sink import TelemetrySink
 
 log = logging.getLogger("specwatch.scheduler")
@@ -68,7 +70,7 @@ class ShuttingDown(RuntimeError):
 
 @dataclass
 class Ticket:
-    """A client's handle on one request: deltas (str), then a GenerateResult, arrive on `events`."""
+    """A client's handle on one request: deltas (Delta), then a GenerateResult, arrive on `events`."""
 
     request: GenerateRequest
     prompt_ids: list[int]
@@ -170,7 +172,8 @@ class Scheduler:
             self._finish(index, "cancelled")
         with self._wake:
             queued, self._queue = list(self._queue), deque()
-        for ticket in queued:  # never started, so no record: the client gets an error
+        for ticket in queued:  # never started: recorded cancelled, and the client gets an error
+            self.sink.put(self._unrun(ticket))
             ticket.send(ShuttingDown("the engine shut down before the request started"))
 
     def _admit(self) -> None:
@@ -181,10 +184,31 @@ class Scheduler:
                     return
                 load = self.load
                 ticket = self._queue.popleft()
-            if ticket.cancelled.is_set():
+            if ticket.cancelled.is_set():  # its client left while it waited: recorded, never run
+                self.sink.put(self._unrun(ticket))
                 continue
             index = free.pop(0)
             self._start(index, ticket, load)
+
+    def _unrun(self, ticket: Ticket) -> RequestRecord:
+        """The record of a request cancelled while it waited (its client left, or the shutdown's deadline
+        came): `cancelled`, no output, its wait as its queue time, run in no mode (autoregressive, no drafter),
+        so every request a client sent is stored."""
+        waited = time.monotonic() - ticket.queued_at
+        request, engine = ticket.request, self.engine
+        return RequestRecord(
+            request_id=request.request_id or uuid.uuid4().hex,
+            instance=engine.config.instance,
+            model=engine.target.name,
+            mode="autoregressive",
+            started_at=request.started_at if request.started_at is not None else time.time() - waited,
+            queue_s=waited,
+            e2e_s=waited,
+            prompt_tokens=len(ticket.prompt_ids),
+            output_tokens=0,
+            status="cancelled",
+            tags=request.tags,
+        )
 
     def _start(self, index: int, ticket: Ticket, load: float) -> None:
         request, choice = ticket.request, None
@@ -277,7 +301,7 @@ class Scheduler:
             return  # it failed: retried plainly (which delivered its own text) or finished
         ticket, run = self._active[index]
         if delta:
-            ticket.send(delta)
+            ticket.send(Delta(delta, len(run.generated)))
         if run.finished:
             self._finish(index, "ok")
 

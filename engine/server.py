@@ -13,7 +13,8 @@ histogram and counts; null for a request that did not run speculatively). A whol
 top level; a stream on its final chunk, the one with `usage`. /health (vLLM's spelling) and /healthz answer alike.
 
 Every refused request is a 400 in OpenAI's error shape (common.http), its `param` naming the field; a
-prompt that does not fit the context has code `context_length_exceeded`.
+prompt that does not fit the context has code `context_length_exceeded`. What a body may hold is
+engine/bodies.py's; each refusal leaves a record and a count on /metrics (engine/refusals.py).
 
 A request's `x-request-id` header (a gateway's, or a client's idempotency key) becomes its record's
 `request_id`, and with it `x-specwatch-started-at` the record's `started_at`, so that a gateway's record
@@ -28,7 +29,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Literal
 
 import orjson
@@ -45,78 +45,23 @@ from specwatch.common.http import (
     ControlGuard,
     OpenAIError,
     error_body,
-    incoming_request_id,
-    incoming_started_at,
     openai_error,
 )
 from specwatch.engine import control, markers
+from specwatch.engine.bodies import (
+    ChatBody,
+    CompletionBody,
+    OpenAIBody,
+    RequestIdentity,
+    request_drafter,
+)
 from specwatch.engine.cuda import NoCudaStreams
-from specwatch.engine.engine import SEED_RANGE, GenerateRequest, GenerateResult, RequestError
+from specwatch.engine.engine import Delta, GenerateResult
 from specwatch.engine.metrics import EngineMetrics
 from specwatch.engine.openai_metrics import vllm_metrics
-from specwatch.engine.sampling import SamplingParams
+from specwatch.engine.refusals import OPENAI_ROUTES, reason_of, refuse
 from specwatch.engine.scheduler import Overloaded, Scheduler, ShuttingDown, Ticket
-from specwatch.telemetry.schema import MAX_TAGS, RequestRecord, TagKey, TagValue
-
-
-class _Common(BaseModel):
-    # strict: `"yes"` is no boolean and `"20"` no count (the gateway and the telemetry contract agree)
-    model_config = ConfigDict(extra="ignore", strict=True)
-
-    model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1, le=32_768)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=-1, le=2**31 - 1)  # 0 or -1 (vLLM's spelling): no truncation
-    n: int = Field(default=1, ge=1, le=1)
-    stream: bool = False
-    stream_options: dict | None = None  # the final chunk carries usage whatever it says (as the gateway reads)
-    stop: str | list[str] | None = Field(default=None, max_length=4)
-    seed: int | None = Field(default=None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
-    user: str | None = None
-    gamma: int = Field(default=8, ge=0, le=64)
-    drafter: str | None = Field(default="ngram", max_length=256)
-    # the telemetry contract's own tag types: a tag its RequestRecord would refuse is refused here, up front
-    tags: dict[TagKey, TagValue] = Field(default_factory=dict, max_length=MAX_TAGS)
-    # not supported: refused (400) when asked for, rather than silently answered without them
-    logprobs: bool | int | None = None
-    top_logprobs: int | None = None
-
-    def unsupported(self) -> str | None:
-        """The first parameter asked for that this engine does not support, else None."""
-        return next((name for name in ("logprobs", "top_logprobs") if getattr(self, name) not in (None, False)), None)
-
-    def generate_request(self, drafters: Mapping[str, str], identity: RequestIdentity, **content) -> GenerateRequest:
-        """`drafters`: the server's registered drafter names and their specs."""
-        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
-        return GenerateRequest(
-            **content,
-            max_tokens=self.max_tokens or 16,
-            drafter=request_drafter(self.drafter, drafters),
-            gamma=self.gamma,
-            sampling=SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=max(self.top_k, 0)),
-            stop=stop,
-            seed=self.seed,
-            tags=self.tags,
-            request_id=identity.request_id,
-            started_at=identity.started_at,
-        )
-
-
-class CompletionBody(_Common):
-    prompt: str | list[str]
-
-
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(strict=True)
-
-    role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str
-
-
-class ChatBody(_Common):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1, le=32_768)
+from specwatch.telemetry.schema import RequestRecord
 
 
 class ModeBody(BaseModel):
@@ -135,43 +80,6 @@ class StreamsBody(BaseModel):
 
     target: Literal["high", "low"] = "high"
     draft: Literal["high", "low"] = "low"
-
-
-BUILTIN_DRAFTERS = ("none", "ngram", "suffix", "early-exit:K", "auto")
-
-
-@dataclass(frozen=True)
-class RequestIdentity:
-    """The record's `request_id` and `started_at`: a gateway's (its `x-request-id` and
-    `x-specwatch-started-at`), so the gateway's record and the engine's are one row at the collector;
-    else a fresh id and the engine's own clock (started_at None)."""
-
-    request_id: str
-    started_at: float | None = None
-
-    @classmethod
-    def of(cls, request: Request) -> RequestIdentity:
-        """400 (OpenAIError) for a malformed header; a started-at without an id is not adopted."""
-        request_id = incoming_request_id(request)
-        if request_id is None:
-            return cls(uuid.uuid4().hex)
-        return cls(request_id, incoming_started_at(request, time.time()))
-
-
-def request_drafter(name: str | None, drafters: Mapping[str, str]) -> str | None:
-    """The drafter spec for a request's `drafter`: a built-in one, or a name the server registered.
-
-    Never a path from the request (`model:PATH`): a caller could probe the host's files or load any model."""
-    if name in (None, "none"):
-        return None
-    if name in ("ngram", "suffix", "auto") or (
-        name.startswith("early-exit:") and name[len("early-exit:") :].isdecimal()
-    ):
-        return name
-    if name in drafters:
-        return drafters[name]
-    allowed = ", ".join([*BUILTIN_DRAFTERS, *drafters])
-    raise RequestError(f"unknown drafter {name[:64]!r}: use one of {allowed}", "drafter")
 
 
 def create_app(
@@ -214,14 +122,7 @@ def create_app(
     control_routes.post("/draft")(_draft)
     control_routes.post("/streams")(_streams)
 
-    @app.exception_handler(RequestValidationError)
-    async def bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        if first.get("type") == "json_invalid":  # its loc is a character offset, not a parameter
-            return openai_error(400, f"request body is not valid JSON: {first.get('msg')}", code="json_invalid")
-        loc = [str(part) for part in first.get("loc", ())][1:]  # after 'body'
-        message = f"{'.'.join(loc) or 'request body'}: {first.get('msg', 'invalid request')}"
-        return openai_error(400, message, param=loc[0] if loc else None, code=first.get("type"))
+    app.exception_handler(RequestValidationError)(_bad_request)
 
     app.get("/v1/models")(
         lambda: {
@@ -237,17 +138,33 @@ def create_app(
     return app
 
 
+async def _bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """A body that fails its model: 400 naming the field; on the OpenAI routes a refusal with its trace."""
+    first = exc.errors()[0] if exc.errors() else {}
+    if first.get("type") == "json_invalid":  # its loc is a character offset, not a parameter
+        fields = {"message": f"request body is not valid JSON: {first.get('msg')}", "code": "json_invalid"}
+    else:
+        loc = [str(part) for part in first.get("loc", ())][1:]  # after 'body'
+        message = f"{'.'.join(loc) or 'request body'}: {first.get('msg', 'invalid request')}"
+        fields = {"message": message, "param": loc[0] if loc else None, "code": first.get("type")}
+    if request.url.path not in OPENAI_ROUTES:
+        return openai_error(400, **fields)
+    return refuse(
+        request, 400, reason="unsupported" if fields["code"] == "unsupported_content" else "invalid", **fields
+    )
+
+
 async def _completions(body: CompletionBody, request: Request) -> Response:
     prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
     if len(prompts) != 1:
-        return openai_error(400, "prompt: exactly one prompt per request is supported", param="prompt")
+        return refuse(request, 400, "prompt: exactly one prompt per request is supported", "unsupported", "prompt")
     return await _serve(request, body, {"prompt": prompts[0]}, chat=False)
 
 
 async def _chat_completions(body: ChatBody, request: Request) -> Response:
     if body.max_completion_tokens and not body.max_tokens:
         body.max_tokens = body.max_completion_tokens
-    return await _serve(request, body, {"messages": [m.model_dump() for m in body.messages]}, chat=True)
+    return await _serve(request, body, {"messages": [m.rendered() for m in body.messages]}, chat=True)
 
 
 async def _set_mode(body: ModeBody, request: Request) -> dict:
@@ -295,18 +212,22 @@ async def _state(request: Request) -> dict:
     }
 
 
-async def _serve(request: Request, body: _Common, content: dict, chat: bool) -> Response:
+async def _serve(request: Request, body: OpenAIBody, content: dict, chat: bool) -> Response:
     scheduler: Scheduler = request.app.state.scheduler
     if body.model and body.model != request.app.state.model_name:
-        return openai_error(
-            404,
-            f"model {body.model!r} does not exist; this server serves {request.app.state.model_name!r}",
-        )
+        message = f"model {body.model!r} does not exist; this server serves {request.app.state.model_name!r}"
+        return refuse(request, 404, message, "model_not_found")
     if unsupported := body.unsupported():
-        return openai_error(400, f"{unsupported}: not supported by this engine", param=unsupported)
+        message = f"{unsupported}: not supported by this engine"
+        if unsupported == "stream_options":
+            message = "stream_options: only allowed when stream is true"
+        return refuse(request, 400, message, "unsupported", param=unsupported.partition(".")[0])
     if "drafter" not in body.model_fields_set:  # the server's default: 'none' makes a plain upstream for a gateway
         body.drafter = request.app.state.default_drafter
-    identity = RequestIdentity.of(request)
+    try:
+        identity = RequestIdentity.of(request)
+    except OpenAIError as exc:
+        return refuse(request, exc.status, str(exc), "invalid", param=exc.param, code=exc.code)
     scheduler.sink.begin_span(identity.request_id, request.headers, request.url.path, dict(body))
     try:
         generate = body.generate_request(request.app.state.drafters, identity, **content)
@@ -314,11 +235,12 @@ async def _serve(request: Request, body: _Common, content: dict, chat: bool) -> 
         ticket = scheduler.submit(generate, asyncio.get_running_loop())
     except ValueError as exc:
         scheduler.sink.drop_span(identity.request_id)  # refused before it ran: no record ends its span
-        return openai_error(400, str(exc), param=getattr(exc, "param", None), code=getattr(exc, "code", None))
+        param, code = getattr(exc, "param", None), getattr(exc, "code", None)
+        return refuse(request, 400, str(exc), reason_of(exc), param=param, code=code)
     except Overloaded as exc:
         scheduler.sink.drop_span(identity.request_id)  # refused before it ran: no record ends its span
-        return openai_error(429, str(exc), headers={"Retry-After": str(exc.retry_after_s)})
-    frame = _Frame(request.app.state.model_name, chat, len(ticket.prompt_ids))
+        return refuse(request, 429, str(exc), "overloaded", headers={"Retry-After": str(exc.retry_after_s)})
+    frame = _Frame(request.app.state.model_name, chat, len(ticket.prompt_ids), body.continuous_usage)
     named = {INSTANCE_HEADER: scheduler.engine.config.instance}  # a gateway in front records it under this too
     if body.stream:
         return StreamingResponse(_sse(ticket, frame), media_type="text/event-stream", headers=named)
@@ -327,7 +249,7 @@ async def _serve(request: Request, body: _Common, content: dict, chat: bool) -> 
     return found
 
 
-async def _events(ticket: Ticket) -> AsyncIterator[str | GenerateResult]:
+async def _events(ticket: Ticket) -> AsyncIterator[Delta | GenerateResult]:
     """Deltas then the result; a client that goes away cancels the request."""
     try:
         while True:
@@ -356,7 +278,7 @@ async def _sse(ticket: Ticket, frame: _Frame) -> AsyncIterator[bytes]:
                 if item.finish_reason == "cancelled":
                     yield _data(error_body(SHUT_DOWN, code="engine_shutdown"))
             else:
-                yield _data(frame.chunk(item, None, None))
+                yield _data(frame.chunk(item.text, None, None, item.tokens))
     except Exception as exc:  # headers are sent: report in-band, as OpenAI does
         yield _data(error_body(str(exc)))
     yield b"data: [DONE]\n\n"
@@ -394,15 +316,17 @@ def _data(payload: dict) -> bytes:
 class _Frame:
     """The OpenAI response envelope for one request."""
 
-    def __init__(self, model: str, chat: bool, prompt_tokens: int) -> None:
+    def __init__(self, model: str, chat: bool, prompt_tokens: int, continuous_usage: bool = False) -> None:
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.model, self.chat, self.prompt_tokens, self.created = model, chat, prompt_tokens, int(time.time())
+        self.continuous_usage = continuous_usage  # every chunk carries the usage so far (vLLM's extension)
         self.first = True
 
     def _envelope(self, kind: str) -> dict:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
-    def chunk(self, text: str, finish: str | None, result: GenerateResult | None) -> dict:
+    def chunk(self, text: str, finish: str | None, result: GenerateResult | None, tokens: int = 0) -> dict:
+        """One stream chunk; `tokens`: the output tokens so far, for continuous usage."""
         if self.chat:
             delta = {"role": "assistant", "content": text} if self.first else ({"content": text} if text else {})
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": _finish(finish)}
@@ -413,6 +337,8 @@ class _Frame:
         self.first = False
         if result is not None:
             payload.update(self._final(result))
+        elif self.continuous_usage:
+            payload["usage"] = self._usage(tokens)
         return payload
 
     def whole(self, result: GenerateResult) -> dict:
@@ -426,13 +352,11 @@ class _Frame:
 
     def _final(self, result: GenerateResult) -> dict:
         """What a whole response, or a stream's final chunk, ends with: usage and vLLM's per-request metrics."""
-        out = result.record.output_tokens
-        usage = {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": out,
-            "total_tokens": self.prompt_tokens + out,
-        }
-        return {"usage": usage, "metrics": vllm_metrics(result.record)}
+        return {"usage": self._usage(result.record.output_tokens), "metrics": vllm_metrics(result.record)}
+
+    def _usage(self, completion_tokens: int) -> dict:
+        total = self.prompt_tokens + completion_tokens
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": total}
 
 
 def _finish(reason: str | None) -> str | None:

@@ -151,9 +151,11 @@ class SpeculativeDecoder:
         params: SamplingParams,
         stop_ids: frozenset[int] = frozenset(),
         seed: int | None = None,
+        min_new_tokens: int = 0,
     ) -> None:
         """Start a request: the first rounds then feed its prompt (`propose`, in chunks where asked),
-        the round after the last chunk commits the first generated token."""
+        the round after the last chunk commits the first generated token. No stop token is chosen before
+        `min_new_tokens` tokens (`_hold_stops`)."""
         if not prompt:
             raise ValueError("the prompt holds no tokens")
         if max_new_tokens < 1:
@@ -164,7 +166,7 @@ class SpeculativeDecoder:
         self.model = LookaheadModel(self.gamma, costs=self.costs, shared=shared)
         # a drafter that sizes its drafts from its own estimates: asked for the cap, trimmed (LookaheadModel.trim)
         self.trims_drafts = self.adaptive == "cost" and getattr(self.drafter, "sizes_drafts", False)
-        self.params, self.stop_ids, self.max_new = params, stop_ids, max_new_tokens
+        self.params, self.stop_ids, self.max_new, self.min_new = params, stop_ids, max_new_tokens, min_new_tokens
         self.generator = torch.Generator(device="cpu").manual_seed(seed) if seed is not None else None
         self.stats = DecodeStats(gamma=self.gamma)
         self.tokens = list(prompt)
@@ -205,7 +207,7 @@ class SpeculativeDecoder:
             return self._accept_prompt(logits, forward_s)
         draft = self._draft_tokens
         start = time.monotonic()
-        accepted, next_token = self._verify(logits, draft, self._draft_probs)
+        accepted, next_token = self._verify(self._hold_stops(logits), draft, self._draft_probs)
         self.stats.verify_s += forward_s + time.monotonic() - start
         self.target.crop(len(self.tokens) + accepted)  # drop the rejected drafts' keys and values
         if self.drafter is not None:
@@ -223,9 +225,20 @@ class SpeculativeDecoder:
         if self.prompt_left:
             return []
         start = time.monotonic()
-        first = self._choose(logits[-1])
+        first = self._choose(self._hold_stops(logits[-1:])[0])
         self.stats.prefill_s += time.monotonic() - start
         return self._commit([first], drafted=0, accepted=0)
+
+    def _hold_stops(self, logits: torch.Tensor) -> torch.Tensor:
+        """The target's logits with the stop tokens at -inf in the rows (row j: output token generated + j)
+        that come before `min_new` tokens (vLLM's min_tokens). Verification reads these rows, so speculation
+        stays exact: it reproduces plain decoding from the same masked distribution."""
+        rows = min(self.min_new - self.generated, logits.shape[0])
+        if rows <= 0 or not self.stop_ids:
+            return logits
+        held = logits.clone()  # the forward's logits may be a view shared with other rows
+        held[:rows, sorted(self.stop_ids)] = float("-inf")
+        return held
 
     def _next_lookahead(self) -> int:
         """Tokens to ask the drafter for this round (0: a plain step); recorded in the stats."""

@@ -261,8 +261,11 @@ async def _relay(
     reader: SseReader | WholeReader,
     t0: float,
 ) -> AsyncIterator[bytes]:
-    """The answer's bytes as they arrive, through `reader` (SSE events, or a whole answer's chunks)."""
-    finished = False
+    """The answer's bytes as they arrive, through `reader` (SSE events, or a whole answer's chunks).
+
+    A stream whose `[DONE]` was passed on is finished, whatever the client does next (it may close before
+    the upstream's connection ends); one cut before it is cancelled, with the tokens it delivered."""
+    finished = done_sent = False
     try:
         async for data in chunks:  # decoded, what is there (events that came together pass as one write)
             out = reader.feed(data)
@@ -270,6 +273,7 @@ async def _relay(
                 outcome.ttft_s = time.monotonic() - t0
             if out:
                 yield out
+                done_sent = reader.done
         if rest := reader.rest():
             yield rest
         if outcome.status == "ok":
@@ -285,9 +289,11 @@ async def _relay(
             raise  # a whole answer cut short: the connection is aborted, the client's body left incomplete
         yield said
     finally:
-        if not finished:  # the client left (cancelled or closed): closing the connection aborts it upstream
+        if not finished and done_sent and outcome.status == "ok":  # the client left after the end it was sent
+            reader.note(outcome)
+        elif not finished:  # the client left (cancelled or closed): closing the connection aborts it upstream
             outcome.status, outcome.error = "cancelled", "client:disconnected"
-            outcome.usage, outcome.metrics = reader.usage, reader.metrics
+            outcome.usage, outcome.metrics = reader.delivered_usage(), reader.metrics
         if finished and outcome.status == "ok":
             response.release()  # read to its end: the connection goes back to the pool
         else:

@@ -199,7 +199,8 @@ class SseReader:
         self.metrics: dict | None = None
         self.error: str | None = None
         self.malformed = 0
-        self.done = False
+        self.done = False  # the upstream's [DONE] went through
+        self.content_chunks = 0  # chunks passed on that carried generated text (each at least one token)
 
     def feed(self, data: bytes) -> bytes:
         """The complete events in `data` (and before it) to pass on; a partial event waits for the rest."""
@@ -223,6 +224,13 @@ class SseReader:
         """What the client gets when the upstream broke off: an in-band error, as OpenAI sends one, and the end."""
         return b"data: " + orjson.dumps(error_body(message)) + b"\n\ndata: [DONE]\n\n"
 
+    def delivered_usage(self) -> dict | None:
+        """A stream cut before its end: the last usage an upstream sent (vLLM's continuous usage), else the
+        content chunks passed on as its completion tokens (a lower bound: a chunk holds one step's tokens)."""
+        if self.usage is not None:
+            return self.usage
+        return {"completion_tokens": self.content_chunks} if self.content_chunks else None
+
     def note(self, outcome: Outcome) -> None:
         """The outcome of a stream that ended: its usage and metrics; an error unless it ended well."""
         if self.error or self.malformed or not self.done:
@@ -240,6 +248,8 @@ class SseReader:
             # upstream may share, so only its outline is checked
             if not (payload.startswith(b"{") and payload.rstrip().endswith(b"}")):
                 self.malformed += 1
+            else:
+                self.content_chunks += 1
             return event + b"\n\n"
         try:
             chunk = orjson.loads(payload)
@@ -257,8 +267,9 @@ class SseReader:
             error = chunk["error"]
             self.error = str(error.get("message") if isinstance(error, dict) else error)[:200]
         choices = chunk.get("choices") or []
-        if not self.saw_content and any(_has_content(choice) for choice in choices):
+        if any(_has_content(choice) for choice in choices):
             self.saw_content = True
+            self.content_chunks += 1
         if isinstance(chunk.get("usage"), dict):
             self.usage = chunk["usage"]
             if isinstance(chunk.get("metrics"), dict):

@@ -24,6 +24,7 @@ class WholeReader:
 
     saw_content = False  # no first token to time: the record takes the upstream's own TTFT
     usage = metrics = None  # known only once the whole answer is through (`note`)
+    done = False  # no end marker: only the answer's last byte finishes it
 
     def __init__(self, limit: int) -> None:
         self.limit, self.size = limit, 0
@@ -40,6 +41,9 @@ class WholeReader:
 
     def rest(self) -> bytes:
         return b""
+
+    def delivered_usage(self) -> None:
+        return None  # a whole answer cut short: its usage was in the part that never came
 
     def broken(self, message: str) -> bytes | None:
         """Nothing can be said in-band inside a JSON body: the connection is cut, the body left incomplete."""

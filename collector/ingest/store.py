@@ -4,7 +4,9 @@ The hot path skips the ORM on purpose (SQLAlchemy Core costs ~4x raw executemany
 SQLite gets `INSERT OR IGNORE` through the driver's `executemany`, PostgreSQL a binary
 `COPY` into a temporary table followed by `INSERT ... SELECT ... ON CONFLICT DO NOTHING`.
 Either way a batch is one transaction, and a row whose key is already stored (or
-appears earlier in the same batch) is skipped and counted as a duplicate.
+appears earlier in the same batch) is skipped and counted as a duplicate; a duplicate that is the
+other producer's report of one request (an engine's and its gateway's) is merged into the stored row
+by the one rule of collector.ingest.merge.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.types import JSON, BigInteger, Boolean, Double, Integer, String
 
 from specwatch.collector.db import INGEST_BUSY_S, write_transaction
+from specwatch.collector.ingest import merge
 from specwatch.collector.models import DeviceSampleRow, EngineEventRow, Request
 from specwatch.collector.tiers import aggregates
 from specwatch.telemetry.schema import GATEWAY_TAG, DeviceSample, IngestBatch, RequestRecord
@@ -219,7 +222,9 @@ class Store:
             try:
                 stored = [write_table(cursor, spec, records) for spec, records in parts]
                 aggregates.write_for_records(cursor, stored[0], self.is_sqlite)  # only the new requests
-                return stored, _conflicting_ids(cursor, parts[0][1], stored[0], self.is_sqlite)
+                conflicts = _conflicting_ids(cursor, parts[0][1], stored[0], self.is_sqlite)
+                merge.merge_producers(cursor, parts[0][1], stored[0], self.is_sqlite)  # engine + gateway: one row
+                return stored, conflicts
             finally:
                 cursor.close()
 
@@ -300,7 +305,7 @@ def _conflicting_ids(cursor, records: Sequence[Any], new: Sequence[Any], sqlite:
     A duplicate is compared with the row of its own key (on PostgreSQL request_id and started_at).
     A duplicate from another producer is no conflict: a gateway and the engine behind it each record
     the request they share (under the gateway's id and the engine's instance; the gateway's record is the
-    one tagged `gateway`), and the first one stored is kept (docs/gateway.md)."""
+    one tagged `gateway`), and the two are merged into one row (collector.ingest.merge)."""
     if len(new) == len(records):
         return []
     stored_new = {id(record) for record in new}

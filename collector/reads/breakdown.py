@@ -8,7 +8,6 @@ dataclasses.
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -153,7 +152,7 @@ def _exact_headline(rows: list, window: Window) -> dict:
     """Counts, acceptance, rates and exact TTFT/e2e of the group's raw rows."""
     status = [r[0] for r in rows]
     ttft, e2e, out, drafts, drafted, accepted, _, started = (np.array(c, dtype=float) for c in list(zip(*rows))[2:])
-    active = active_span(window, math.floor(started.min()), math.floor(started.max()) + 1)
+    active = active_span(window, started.min(), (started + e2e).max())  # first start to last finish
     return {
         "requests": len(rows),
         "errors": sum(s == "error" for s in status),
@@ -327,7 +326,7 @@ def sources(db: Engine, window: Window) -> list[Source]:
         vllm = conn.execute(scrapes).all()
         snapshots = conn.execute(_latest_upstream_snapshots(window.end)).all()
     by_instance = {  # from the tiered reader: the start of the last second holding a request
-        name: (min(t.last_s, window.end) - 1, t.requests, t.first_s, t.last_s)
+        name: (min(t.last_s, window.end), t.requests, t.first_s, t.last_s)
         for (name,), t in reader.totals(db, window, Filters(), ("instance",), ()).items()
     }
     activity = _Activity(by_instance, last_sample, window)
@@ -342,7 +341,7 @@ def sources(db: Engine, window: Window) -> list[Source]:
 
 @dataclass(frozen=True)
 class _Activity:
-    """Per instance: (latest request, requests, first and last second with requests) in the window,
+    """Per instance: (latest activity, requests, first start and last finish) in the window,
     and its latest device sample ever. Rates are per second of the active span of the instances
     counted, as the signals' `request_rate_per_s` is, so a lone engine shows the Overview's req/s."""
 

@@ -136,8 +136,8 @@ _SIGNAL_COLUMNS = (*LATENCY_AND_DRAFT_COLUMNS, Request.status, Request.error, Re
 
 
 def active_span(window: Window, first_s: float, last_s: float) -> float:
-    """Seconds of `window` from `first_s` (the start of the first second, or period, holding a
-    request) to `last_s` (the end of the last one): what rates are per."""
+    """Seconds of `window` from `first_s` (the first request's start) to `last_s` (the last one's
+    finish): the time the work took, what rates are per (collector.tiers.totals)."""
     return max(0.0, min(window.end, last_s) - max(window.start, first_s))
 
 
@@ -148,7 +148,7 @@ def signals(db: Engine, window: Window, filters: Filters = Filters()) -> Signals
     status = [r[6] for r in rows]
     per_request = np.divide(accepted, drafted, out=np.full_like(accepted, np.nan), where=drafted > 0)
     started = [r[8] for r in rows]
-    active = active_span(window, math.floor(min(started)), math.floor(max(started)) + 1) if rows else 0.0
+    active = active_span(window, min(started), float(np.max(np.add(started, e2e)))) if rows else 0.0
     return Signals(
         window=window,
         requests=len(rows),

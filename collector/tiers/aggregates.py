@@ -9,7 +9,8 @@ signals need, in mergeable form:
   * the per-request acceptance rate over requests that drafted as (n, sum, M2 = sum of squared
     deviations from the row's mean): rows merge exactly with Chan's formula, and unlike a raw
     sum of squares M2 does not cancel catastrophically when every rate is the same;
-  * DDSketches (`collector.tiers.sketch`, 1% relative accuracy) of TTFT, e2e and TPOT.
+  * DDSketches (`collector.tiers.sketch`, 1% relative accuracy) of TTFT, e2e and TPOT;
+  * the span of the work: the first request's start and the last one's finish (start + e2e).
 
 Why per second: a window's ends rarely fall on a period boundary, and the partial periods at
 its ends are read from raw rows. With one-second periods those are < 1 s of requests at each
@@ -86,12 +87,16 @@ class WindowAggregate(Base):
     rate_sum: Mapped[float] = mapped_column(Double)
     rate_m2: Mapped[float] = mapped_column(Double)
     cost_device_s: Mapped[float] = mapped_column(Double)
+    # the work's span: the first request's start, the last one's finish (start + e2e); null in rows stored
+    # before migration 0016, read as their second's start and end
+    first_start_s: Mapped[float | None] = mapped_column(Double)
+    last_end_s: Mapped[float | None] = mapped_column(Double)
     ttft_sketch: Mapped[bytes | None] = mapped_column(LargeBinary)
     e2e_sketch: Mapped[bytes | None] = mapped_column(LargeBinary)
     tpot_sketch: Mapped[bytes | None] = mapped_column(LargeBinary)
 
 
-STORED_COLUMNS = ("period_start", *LABELS, *COUNTS, *SUMS, "rate_m2", *SKETCHES)
+STORED_COLUMNS = ("period_start", *LABELS, *COUNTS, *SUMS, "rate_m2", "first_start_s", "last_end_s", *SKETCHES)
 
 
 def columns_of_records(records: Sequence[Any]) -> dict[str, list]:
@@ -194,7 +199,7 @@ def totals_of(columns: dict[str, list], group: np.ndarray, n: int) -> dict:
         "cost_device_s": total(np.nan_to_num(device_s), costed),
         "rate_m2": total(deviation * deviation, drafting),
     }
-    out |= _span(np.asarray(columns["started_at"], dtype=float), group, n)
+    out |= _span(np.asarray(columns["started_at"], dtype=float), e2e, group, n)
     for name, values in latencies(ttft, e2e, output).items():
         out[f"{name}_sketch"] = sketches_per_group(group, values, n)
     return out
@@ -209,11 +214,12 @@ def latencies(ttft: np.ndarray, e2e: np.ndarray, output: np.ndarray) -> dict[str
     return {"ttft": ttft, "e2e": e2e, "tpot": tpot}
 
 
-def _span(started: np.ndarray, group: np.ndarray, n: int) -> dict[str, np.ndarray]:
-    """Per group: the start of the first second holding a request and the end of the last."""
+def _span(started: np.ndarray, e2e: np.ndarray, group: np.ndarray, n: int) -> dict[str, np.ndarray]:
+    """Per group: the time its work took, from the first request's start to the last one's finish
+    (start + e2e): what rates divide by, so tokens made after the last start get their time."""
     first, last = np.full(n, np.inf), np.full(n, -np.inf)
-    np.minimum.at(first, group, np.floor(started))
-    np.maximum.at(last, group, np.floor(started) + PERIOD_S)
+    np.minimum.at(first, group, started)
+    np.maximum.at(last, group, started + np.nan_to_num(e2e))
     return {"first_s": first, "last_s": last}
 
 
@@ -228,7 +234,7 @@ def sketches_per_group(group: np.ndarray, values: np.ndarray, n: int) -> list[sk
 def stored_rows(keys: list[tuple], totals: dict) -> list[tuple]:
     """Per-second aggregates (`aggregate(..., LABELS, per_second=True)`) -> rows in STORED_COLUMNS order."""
     ints = np.rint(np.column_stack([totals[c] for c in COUNTS])).astype(np.int64).tolist()
-    floats = np.column_stack([totals[c] for c in (*SUMS, "rate_m2")]).tolist()
+    floats = np.column_stack([totals[c] for c in (*SUMS, "rate_m2", "first_s", "last_s")]).tolist()
     blobs = zip(*(map(sketch.encode, totals[c]) for c in SKETCHES))
     return [tuple(k) + tuple(i) + tuple(f) + tuple(b) for k, i, f, b in zip(keys, ints, floats, blobs)]
 

@@ -4,12 +4,14 @@ A `Totals` holds, for the requests of one group over a window, what every tier (
 per-second aggregates, the per-minute and hourly rollups) can give in mergeable form: counts and
 sums (`aggregates.COUNTS`, `aggregates.SUMS`; a rollup has no `cost_*` sums), the per-request
 acceptance rate's M2 (sum of squared deviations, merged with Chan's formula), DDSketches of
-TTFT, e2e and TPOT (`collector.tiers.sketch`), and the span the requests started in.
+TTFT, e2e and TPOT (`collector.tiers.sketch`), and the span of the requests' work.
 
-The active span (`active_s`) is the part of the window from the start of the first period
-holding a request to the end of the last one, clipped to the window: per second from raw rows and
-the per-second aggregates, per minute or hour from the rollups. Rates are per active second, so
-a run 4 minutes old in a one-hour window is rated over its 4 minutes, not diluted over the hour.
+The active span (`active_s`) is the time the work actually took, clipped to the window: from the first
+request's start to the last one's finish (start + e2e), from raw rows and the per-second aggregates; from
+the start of the first period to the end of the last from the minute and hourly rollups (whose periods
+dwarf a request). Rates are per active second, so a run 4 minutes old in a one-hour window is rated over
+its 4 minutes, not diluted over the hour, and the tokens a run makes after its last request started get
+their time (issue 57: a span ending at the last start + 1 s rated a load stopping inside the window 18% high).
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ class Totals:
     sums: dict[str, float]  # COUNTS and SUMS by name
     rate_m2: float = 0.0
     sketches: dict[str, sketch.Bins] = field(default_factory=dict)  # by "ttft", "e2e", "tpot" (those read)
-    first_s: float = math.inf  # start of the first period holding a request
-    last_s: float = -math.inf  # end of the last one
+    first_s: float = math.inf  # the first request's start (a rollup's: its first period's)
+    last_s: float = -math.inf  # the last one's finish (a rollup's: the end of its last period)
 
     @property
     def requests(self) -> int:
@@ -49,7 +51,7 @@ class Totals:
         return math.sqrt(max(0.0, self.rate_m2 / n)) if n else None
 
     def active_s(self, window: Window) -> float:
-        """Seconds of `window` from its first period with requests to the end of its last."""
+        """Seconds of `window` from the first start to the last finish (the module doc)."""
         return active_span(window, self.first_s, self.last_s) if self.requests else 0.0
 
     def rate(self, name: str, window: Window) -> float:

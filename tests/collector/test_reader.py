@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 from collector_payloads import T0
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, func, select, update
 from test_window_aggregates import store_in_batches, workload
 
 from specwatch.collector.models import MaintenanceState, Request
@@ -79,9 +79,13 @@ def test_signals_and_their_rates_equal_raw_rows_across_tier_boundaries(stored, c
 
 
 def test_active_span_is_the_part_of_the_window_with_traffic(stored):
-    window = Window(T0 - 3600, T0 + 3600)  # traffic only in [T0, T0 + 200)
+    window = Window(T0 - 3600, T0 + 3600)  # requests start only in [T0, T0 + 200), each runs for its e2e
     got = reader.signals(stored, window)
-    assert 195 <= got.active_s <= 200
+    with stored.connect() as conn:
+        first_start, last_finish = conn.execute(
+            select(func.min(Request.started_at), func.max(Request.started_at + Request.e2e_s))
+        ).one()
+    assert got.active_s == pytest.approx(last_finish - first_start)
     assert got.request_rate_per_s == pytest.approx(got.requests / got.active_s)
     empty = reader.signals(stored, Window(T0 - 600, T0 - 300))
     assert (empty.requests, empty.active_s, empty.request_rate_per_s, empty.output_tokens_per_s) == (0, 0.0, 0.0, 0.0)

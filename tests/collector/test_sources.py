@@ -79,17 +79,20 @@ def test_upstream_requests_are_counted_once_and_not_as_engines(stored):
     ]
     rows = by_name(found)
     assert (rows["vllm-a"].records_in_window, rows["vllm-b"].records_in_window) == (6, 3)
-    # rates per second of the active span, as the Overview's: vllm-a's 6 requests fill T0+200..T0+206
-    assert rows["vllm-a"].per_s == pytest.approx(6 / 6) and rows["vllm-a"].last_seen_at == T0 + 205
+    # rates per second of the active span, as the Overview's: from the first start to the last finish
+    # (start + e2e; request_dict's e2e is 1 + (i % 7) / 10): vllm-a's 6 requests run T0+200..T0+206.5
+    assert rows["vllm-a"].per_s == pytest.approx(6 / 6.5) and rows["vllm-a"].last_seen_at == pytest.approx(T0 + 206.5)
     gateway = rows["edge"]
-    assert (gateway.records_in_window, gateway.reported_at, gateway.last_seen_at) == (11, T0 + 5, T0 + 201)
-    assert gateway.per_s == pytest.approx(11 / 6)  # its upstreams' and its own requests over their joint span
+    assert (gateway.records_in_window, gateway.reported_at) == (11, T0 + 5)
+    assert gateway.last_seen_at == pytest.approx(T0 + 202.3)  # its own last request's finish
+    assert gateway.per_s == pytest.approx(11 / 6.5)  # its upstreams' and its own requests over their joint span
     assert gateway.healthy is None and gateway.gateway is None  # health is its upstreams'
 
 
 def test_an_instance_without_upstream_events_stays_an_engine(stored):
     (db,) = [s for s in sources(stored, WINDOW) if s.kind == "engine"]
-    assert db == Source("engine", "gpu-0", T0 + 5 * 50, 4, 4 / 4)  # its sample is its latest sign of life
+    # its sample is its latest sign of life; its 4 requests run from T0+200 to T0+204.1 (the last start + e2e)
+    assert db == Source("engine", "gpu-0", T0 + 5 * 50, 4, pytest.approx(4 / 4.1))
 
 
 def test_a_gateway_without_traffic_in_the_window_still_shows_its_upstreams(db):
@@ -119,9 +122,9 @@ def test_api_keeps_the_old_keys_and_adds_the_gateway_fields(client, db):
     assert rows["gpu-0"] == {
         "kind": "engine",
         "name": "gpu-0",
-        "last_seen_at": T0 + 201,
+        "last_seen_at": pytest.approx(T0 + 202.4),  # its last request's finish
         "records_in_window": 2,
-        "per_s": pytest.approx(2 / 2),  # per second of its active span (T0+200..T0+202)
+        "per_s": pytest.approx(2 / 2.4),  # per second of its active span (T0+200..T0+202.4: the last finish)
         **dict.fromkeys(("gateway", "url", "pool", "drafter", "healthy", "reason", "reported_at")),
     }
     assert (rows["vllm-b"]["healthy"], rows["vllm-b"]["reason"]) == (False, "connect: connection refused")

@@ -301,3 +301,20 @@ def test_a_reader_s_windows_read_in_any_order_equal_fresh_reads(db):
                 whole.counts.tolist(),
             )
     log.close()
+
+
+def test_rates_divide_by_the_time_the_work_took(db):
+    """Issue 57 #6: rates ran from the first start to the last start + 1 s, so the tokens made after the
+    last start got no time, and a load stopping inside the window read high (90.1 tok/s against the
+    client's 76.3). Now from the first start to the last finish, clipped to the window; raw rows and
+    aggregates alike."""
+    starts = [T0 + 10.4 + 1.25 * i for i in range(8)]
+    records = [request_dict(i, started_at=s, e2e_s=10.0, output_tokens=96) for i, s in enumerate(starts)]
+    store_in_batches(db, records, batches=2)
+    work = starts[-1] + 10.0 - starts[0]
+    for window, active in ((Window(T0, T0 + 60), work), (Window(T0, T0 + 20), T0 + 20 - starts[0])):
+        for read in (signals, window_signals.signals):
+            got = read(db, window)
+            assert got.active_s == pytest.approx(active, abs=1e-6), (read, window)
+            assert got.output_tokens_per_s == pytest.approx(8 * 96 / active, rel=1e-9), (read, window)
+            assert got.request_rate_per_s == pytest.approx(8 / active, rel=1e-9), (read, window)

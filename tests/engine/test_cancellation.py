@@ -8,6 +8,7 @@ take minutes."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sqlite3
 import subprocess
@@ -124,3 +125,25 @@ def _statuses(database, instance: str, expected: int) -> list[str] | None:
     with sqlite3.connect(database) as db:
         rows = db.execute("SELECT status FROM requests WHERE instance = ?", (instance,)).fetchall()
     return sorted(row[0] for row in rows) if len(rows) >= expected else None
+
+
+def test_a_request_abandoned_while_queued_is_recorded_cancelled(bundled_engine):
+    """Issue 57: GuideLLM cut 8 streams at its end while 4 waited for a slot; those 4 left no record, so the
+    store held fewer requests than the client sent. Now each is recorded, cancelled with no output."""
+    with Server(bundled_engine, slots=1) as server:
+
+        def first() -> None:
+            with contextlib.suppress(httpx.TimeoutException):  # it runs for minutes: its client leaves at 3 s
+                httpx.post(f"{server.url}/v1/completions", json=COUNTING, timeout=3)
+
+        running = threading.Thread(target=first)
+        running.start()
+        wait_for(lambda: server.scheduler.active == 1, "the first request to run")
+        headers = {"x-request-id": "waited-then-left"}
+        with pytest.raises(httpx.TimeoutException):  # queued behind the first; its client leaves after 1 s
+            httpx.post(f"{server.url}/v1/completions", json=COUNTING, headers=headers, timeout=1.0)
+        running.join()
+        records = wait_for(lambda: len(server.records) >= 2 and server.records, "both records")
+        queued = next(r for r in records if r.request_id == "waited-then-left")
+        assert (queued.status, queued.output_tokens, queued.ttft_s) == ("cancelled", 0, None)
+        assert queued.queue_s >= 0.9 and queued.prompt_tokens > 0

@@ -59,7 +59,8 @@ CHUNK = b'data: {"id":"x","object":"chat.completion.chunk","choices":[{"index":0
 
 def faulty_upstream() -> Starlette:
     """An OpenAI-shaped upstream whose answer the request's `prompt` chooses: 'fail500', 'malformed',
-    'huge' (a 3 MB body), 'break' (a stream cut off mid-way: the connection drops), 'slow' (a stream of
+    'huge' (a 3 MB body), 'break' (a stream cut off mid-way: the connection drops), 'lingering' (a whole stream,
+    3 chunks, usage and [DONE], whose connection stays open 2 s after [DONE]), 'slow' (a stream of
     200 chunks, 20 ms apart; `app.state.slow_sent` gets how many it sent once it ended), 'stall' (a normal
     reply after 1.5 s), 'cookie' (a normal reply setting a cookie),
     'large' (a whole answer of about the request's `size` bytes, sent in 1 MiB chunks
@@ -84,6 +85,8 @@ def faulty_upstream() -> Starlette:
             await asyncio.sleep(1.5)
         if kind == "slow":
             return StreamingResponse(_slow_stream(request.app.state), media_type="text/event-stream")
+        if kind == "lingering":
+            return StreamingResponse(_lingering_stream(), media_type="text/event-stream")
         usage = {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
         answer = JSONResponse({"object": "text_completion", "choices": [{"index": 0, "text": "ok"}], "usage": usage})
         if kind == "cookie":  # an upstream that sets a session cookie
@@ -126,6 +129,14 @@ async def _broken_stream():
     yield CHUNK
     await asyncio.sleep(0.05)
     raise RuntimeError("the upstream process died")  # uvicorn drops the connection mid-body
+
+
+async def _lingering_stream():
+    for _ in range(3):
+        yield CHUNK
+    usage = {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5}
+    yield b"data: " + orjson.dumps({"id": "x", "choices": [], "usage": usage}) + b"\n\ndata: [DONE]\n\n"
+    await asyncio.sleep(2.0)  # an engine whose closing lags behind its [DONE]: the client has left by then
 
 
 async def _slow_stream(state):

@@ -115,6 +115,23 @@ def test_a_client_leaving_mid_stream_closes_the_upstream_request(upstream):
         record = gw.wait_records(1)[0]
         assert (record.status, record.error) == ("cancelled", "client:disconnected")
         assert gw.gateway.states["p"].in_flight == 0
+        # issue 57 #5: a cut stream keeps the tokens it delivered (a chunk per step: at least one token each)
+        assert 3 <= record.output_tokens <= sent[-1]
+
+
+def test_a_client_leaving_right_after_done_is_served_not_cancelled(upstream):
+    """Issue 57 #4: the client closed after [DONE] before the upstream's connection ended: it got everything."""
+    with GatewayServer([f"p={upstream.url}"]) as gw:
+        body = {"prompt": "lingering", "stream": True, "stream_options": {"include_usage": True}}
+        with httpx.stream("POST", f"{gw.url}/v1/completions", json=body, timeout=30) as response:
+            lines = []
+            for line in response.iter_lines():
+                lines.append(line)
+                if line == "data: [DONE]":
+                    break
+        record = gw.wait_records(1)[0]
+        assert (record.status, record.error, record.output_tokens) == ("ok", None, 3)
+        assert sum(line.startswith("data: {") for line in lines) == 4
 
 
 def test_bad_requests_are_4xx_with_a_message_and_never_reach_an_upstream(upstream):
