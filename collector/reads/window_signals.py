@@ -162,7 +162,7 @@ def _stored_sums(conn: Connection, first: int, last: int, filters: Filters, step
     deviation = agg.rate_sum / agg.rate_n - means.c.set_mean
     spread = case((agg.rate_n > 0, agg.rate_n * deviation * deviation), else_=0.0)
     totals = [func.sum(getattr(agg, c)) for c in (*COUNTS, *SUMS)] + [func.sum(agg.rate_m2 + spread)]
-    # rows from before migration 0016 have no span of their own: their second's
+    # rows from before migration 0017 have no span of their own: their second's
     span = [
         func.min(func.coalesce(agg.first_start_s, agg.period_start)),
         func.max(func.coalesce(agg.last_end_s, agg.period_start + aggregates.PERIOD_S)),

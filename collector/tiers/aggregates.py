@@ -88,7 +88,7 @@ class WindowAggregate(Base):
     rate_m2: Mapped[float] = mapped_column(Double)
     cost_device_s: Mapped[float] = mapped_column(Double)
     # the work's span: the first request's start, the last one's finish (start + e2e); null in rows stored
-    # before migration 0016, read as their second's start and end
+    # before migration 0017, read as their second's start and end
     first_start_s: Mapped[float | None] = mapped_column(Double)
     last_end_s: Mapped[float | None] = mapped_column(Double)
     ttft_sketch: Mapped[bytes | None] = mapped_column(LargeBinary)

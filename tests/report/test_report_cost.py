@@ -133,7 +133,8 @@ def test_cost_section_shows_assumptions_concurrency_and_estimates(filled, tmp_pa
 
     # cost against concurrency: the rows, the crossover, and a plot that draws both modes and marks it
     block = _div(html, "concurrency")
-    assert "Crossover: speculation costs more than plain decoding from concurrency level 4." in block
+    (group,) = costs.groups
+    assert f"{group.drafter} on {group.gpu_type}: speculation costs more per token from level 4" in block
     assert [row[:3] for row in _cells(block)] == [(str(r.level), r.mode, str(r.requests)) for r in costs.rows]
     (uri,) = re.findall(r'<img src="data:image/svg\+xml;base64,([^"]+)" alt="USD per 1M output tokens', block)
     svg = base64.b64decode(uri).decode()

@@ -1,7 +1,7 @@
 """request_window_aggregates: the span of the work (first start, last finish) per row
 
-Revision ID: 0016
-Revises: 0015
+Revision ID: 0017
+Revises: 0016
 Create Date: 2026-12-06
 
 Rates divide by the time the work took: from the first request's start to the last one's finish
@@ -14,8 +14,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0016"
-down_revision = "0015"
+revision = "0017"
+down_revision = "0016"
 branch_labels = None
 depends_on = None
 
