@@ -47,6 +47,7 @@ _ACCEPTANCE_N = "specwatch_acceptance_rate_requests_total"
 DRIFT_LABELS = ("instance", "model", "drafter", "tag")
 DRIFT_SERIES = {"instance": "gpu-0", "model": "smollm2-135m", "drafter": "ngram", "tag": "none"}
 _DRIFT, _REGRESSION = "specwatch_acceptance_drift_score", "specwatch_acceptance_regression_drop"
+_DRAFTED_STEPS = "specwatch_drafted_step_fraction"
 _FRAGMENTATION, _UTIL_DRAFT = "specwatch_device_fragmentation_ratio", "specwatch_device_util_draft_ratio"
 
 SIGNALS: dict[str, Signal] = {
@@ -188,11 +189,28 @@ SIGNALS: dict[str, Signal] = {
         promql_note="The gauge carries only drops a one-sided Mann-Whitney U test confirmed (p < alpha); the "
         "store's count is the smaller side's requests, PromQL's the scrapes.",
     ),
+    "drafted_step_fraction": Signal(  # collector.reads.speculation: is speculation drafting at all?
+        ("instance",),
+        "ratio",
+        "drafts / decode steps of an instance configured to speculate",
+        m.drafted_step_fraction,
+        q.PromQL(
+            {"instance": "instance"},
+            {"instance": "gpu-0"},
+            lambda by, w: f"avg by ({by}) (avg_over_time({_DRAFTED_STEPS}[{w}]))",
+            q.scrapes(_DRAFTED_STEPS),
+            q.gauge_series(_DRAFTED_STEPS, lambda v: [v]),
+            (0.0, 1.0),
+            gauge=True,
+        ),
+        promql_note="The collector exports the fraction over its own speculation window "
+        "(SPECWATCH_SPECULATION_WINDOW_S) as a gauge; the store's count is the decode steps, PromQL's the scrapes.",
+    ),
     "vllm_acceptance_rate": Signal(
         VLLM_LABELS,
         "ratio",
         "vLLM accepted / drafted tokens",
-        m.vllm(lambda s: s.acceptance_rate),
+        m.vllm(lambda s: s.acceptance_rate, acceptance=True),
         q.PromQL(
             q.VLLM,
             q.VLLM_SERIES,

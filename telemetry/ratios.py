@@ -2,6 +2,7 @@
 
     acceptance rate          = accepted / draft tokens     (vLLM's definition; the 0.6 alert applies to it)
     mean acceptance length   = 1 + accepted / drafts       (tokens emitted per target forward while drafting)
+    drafted step fraction    = drafts / (generated - accepted)  (share of decode steps that drafted at all)
 
 PromQL over the counters: `rate(..._num_accepted_tokens_total[5m]) / rate(..._num_draft_tokens_total[5m])`.
 """
@@ -17,3 +18,14 @@ def acceptance_rate(accepted: float, draft_tokens: float) -> float | None:
 def mean_acceptance_length(accepted: float, drafts: float) -> float | None:
     """1 + accepted / drafts; None when nothing was drafted."""
     return 1.0 + float(accepted) / float(drafts) if drafts else None
+
+
+def drafted_step_fraction(drafts: float, accepted: float, generated: float) -> float | None:
+    """Share of decode steps that drafted, clamped to [0, 1]; None without a decode step.
+
+    A step that drafts yields its accepted tokens plus the target's own, a step that does not yields
+    one, so `generated - accepted` counts the decode steps and `drafts` the ones that drafted."""
+    steps = float(generated) - float(accepted)
+    if steps <= 0:
+        return None
+    return min(1.0, max(0.0, float(drafts) / steps))

@@ -18,9 +18,10 @@ from specwatch.alerts.detector_store import SeriesRow, save_rows
 from specwatch.alerts.prometheus import GROUP, VLLM_GROUP, export, rule_groups, unit_tests
 from specwatch.alerts.rules import DEFAULT_RULES, RulesError, load_config, parse_config
 from specwatch.collector.db import make_db, upgrade, write_transaction
-from specwatch.collector.ingest.store import IngestCounts
+from specwatch.collector.ingest.store import IngestCounts, Store
 from specwatch.collector.metrics import CollectorMetrics
-from specwatch.telemetry.schema import DeviceSample, RequestRecord
+from specwatch.collector.speculation_gauges import SpeculationGauges
+from specwatch.telemetry.schema import DeviceSample, IngestBatch, RequestRecord
 
 VLLM_FIXTURE = Path(__file__).parents[1] / "collector" / "fixtures" / "vllm_metrics.txt"
 USER_RULES = {
@@ -201,6 +202,8 @@ def collector_exposition() -> dict[str, set[str]]:
     with write_transaction(db) as conn:
         save_rows(conn, [drift, drop])
     DetectorGauges(db, registry=metrics.registry)
+    Store(db).insert(IngestBatch(requests=requests))  # speculative records: the speculation gauges' instance
+    SpeculationGauges(db, registry=metrics.registry, window_s=120, min_fraction=0.05, clock=lambda: 1.7e9 + 60)
     return exposed_labels(generate_latest(metrics.registry).decode())
 
 
