@@ -19,6 +19,7 @@ from sqlalchemy import Engine
 from specwatch.alerts.detector_store import series_rows
 from specwatch.collector.ingest.vllm import vllm_signals
 from specwatch.collector.reads import reads
+from specwatch.collector.reads.acceptance_definitions import first_position_counts
 from specwatch.collector.reads.queries import Window
 from specwatch.collector.reads.speculation import is_inactive, recent, record_counts, speculation_activity
 from specwatch.collector.reads.window_signals import WindowReader
@@ -62,6 +63,16 @@ def acceptance_rate(db: Engine, window: Window, group_by: Sequence[str]) -> list
 def acceptance_stddev(db: Engine, window: Window, group_by: Sequence[str]) -> list[Reading]:
     """Standard deviation across requests of each request's acceptance rate."""
     found = _per_drafting_group(db, window, group_by, lambda drafted, accepted: np.std(accepted / drafted))
+    return _unless_inactive(found, _inactive(db, window, group_by))
+
+
+def conditional_acceptance(db: Engine, window: Window, group_by: Sequence[str]) -> list[Reading]:
+    """Drafts whose first token was accepted / drafts, over requests that drafted (position 0: the same
+    meaning at every k, where the mean falls as k grows); count: those requests."""
+    found = [
+        Reading(_labels(group_by, key), first / drafts, n)
+        for key, (drafts, first, n) in first_position_counts(db, window, group_by).items()
+    ]
     return _unless_inactive(found, _inactive(db, window, group_by))
 
 

@@ -196,6 +196,10 @@ class VllmSignals:
     e2e: Percentiles
     generation_tokens: float = 0.0
     speculating: bool = False  # some row in the window exposed the spec-decode families
+    # other acceptance definitions (telemetry/ratios.py): position 0 (vLLM's per-position counters are
+    # unconditional: position 0 is the one conditional share), and mean length / (k + 1), k the positions
+    conditional_acceptance: float | None = None
+    acceptance_length_ratio: float | None = None
 
     @property
     def drafted_step_fraction(self) -> float | None:
@@ -228,6 +232,8 @@ def vllm_signals(db: Engine, window: Window, source: str | None = None, model: s
         _histogram_percentiles(rows, "e2e"),
         float(sum(r["generation_tokens"] for r in rows)),
         any(r["speculating"] for r in rows),
+        ratios.conditional_acceptance(per_pos[0], drafts) if width else None,
+        ratios.acceptance_length_ratio(accepted, drafts, width),
     )
 
 

@@ -39,6 +39,16 @@ USER_RULES = {
             "group_by": [],
             "summary": "acceptance {{ $value }} of {{ $labels.model }}",
         },
+        {  # the acceptance rule on another definition: position 0 (docs/glossary.md), with its vLLM equivalent
+            "name": "FirstTokenAcceptanceLow",
+            "signal": "conditional_acceptance",
+            "op": "<",
+            "threshold": 0.6,
+            "window": "5m",
+            "for": "1m",
+            "min_samples": 20,
+            "group_by": ["instance", "model"],
+        },
         {
             "name": "TTFTByMode",
             "signal": "ttft_p99",
@@ -139,7 +149,9 @@ def test_vllm_group_has_equivalents_but_no_duplicates():
     # SpecAcceptanceLow / TTFTP99High over vLLM would be VllmAcceptanceLow / VllmTTFTP99High verbatim
     assert default[VLLM_GROUP] == ["VllmAcceptanceLow", "VllmTTFTP99High"]
     user = {r["alert"]: r for r in rule_groups(parse_config(USER_RULES))["groups"][1]["rules"]}
-    assert list(user) == ["VllmTTFTAll", "VllmAcceptanceLowAnywhere", "VllmTTFTByMode"]
+    assert list(user) == ["VllmTTFTAll", "VllmAcceptanceLowAnywhere", "VllmFirstTokenAcceptanceLow", "VllmTTFTByMode"]
+    first = user["VllmFirstTokenAcceptanceLow"]["expr"]  # conditional acceptance over vLLM's own counters
+    assert 'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="0"}' in first
     assert "{{ $labels.model_name }}" in user["VllmAcceptanceLowAnywhere"]["annotations"]["summary"]
     assert "by (le, model_name)" in user["VllmTTFTByMode"]["expr"]  # mode: vLLM serves one
     assert user["VllmAcceptanceLowAnywhere"]["keep_firing_for"] == "2m"
