@@ -148,6 +148,7 @@ class Schedule:
     stale: bool = False
     stale_reason: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
+    static: bool = False  # one k for every batch size, emitted without a per-batch-size schedule
 
     @property
     def max_k(self) -> int:
