@@ -20,6 +20,7 @@ from specwatch.alerts.detector_store import series_rows
 from specwatch.collector.ingest.vllm import vllm_signals
 from specwatch.collector.reads import reads
 from specwatch.collector.reads.acceptance_definitions import first_position_counts
+from specwatch.collector.reads.acceptance_modes import flagged_instances
 from specwatch.collector.reads.queries import Window
 from specwatch.collector.reads.speculation import is_inactive, recent, record_counts, speculation_activity
 from specwatch.collector.reads.window_signals import WindowReader
@@ -57,13 +58,13 @@ def _per_drafting_group(db: Engine, window: Window, group_by: Sequence[str], red
 def acceptance_rate(db: Engine, window: Window, group_by: Sequence[str]) -> list[Reading]:
     """Accepted / drafted tokens over the window (vLLM's definition), requests that drafted."""
     found = _per_drafting_group(db, window, group_by, lambda drafted, accepted: accepted.sum() / drafted.sum())
-    return _unless_inactive(found, _inactive(db, window, group_by))
+    return _unless_inactive(found, _inactive(db, window, group_by), _flagged(db, window))
 
 
 def acceptance_stddev(db: Engine, window: Window, group_by: Sequence[str]) -> list[Reading]:
     """Standard deviation across requests of each request's acceptance rate."""
     found = _per_drafting_group(db, window, group_by, lambda drafted, accepted: np.std(accepted / drafted))
-    return _unless_inactive(found, _inactive(db, window, group_by))
+    return _unless_inactive(found, _inactive(db, window, group_by), _flagged(db, window))
 
 
 def conditional_acceptance(db: Engine, window: Window, group_by: Sequence[str]) -> list[Reading]:
@@ -73,13 +74,26 @@ def conditional_acceptance(db: Engine, window: Window, group_by: Sequence[str]) 
         Reading(_labels(group_by, key), first / drafts, n)
         for key, (drafts, first, n) in first_position_counts(db, window, group_by).items()
     ]
-    return _unless_inactive(found, _inactive(db, window, group_by))
+    return _unless_inactive(found, _inactive(db, window, group_by), _flagged(db, window))
 
 
-def _unless_inactive(readings: list[Reading], inactive: set[Labels]) -> list[Reading]:
-    """Acceptance of a label set whose speculative requests mostly did not draft is stale (the last drafts'
-    figure): not significant, so it neither fires nor holds an alert (collector.reads.speculation)."""
-    return [replace(r, significant=False) if r.labels in inactive else r for r in readings]
+def _unless_inactive(readings: list[Reading], inactive: set[Labels], flagged: dict[str, str]) -> list[Reading]:
+    """Acceptance that says nothing about the drafter is marked not significant, so it neither fires nor holds
+    an alert: stale (the label set's speculative requests mostly did not draft: collector.reads.speculation)
+    or from an instance whose config makes acceptance lossy or forced (collector.reads.acceptance_modes)."""
+
+    def skipped(r: Reading) -> bool:
+        return r.labels in inactive or dict(r.labels).get("instance") in flagged
+
+    return [replace(r, significant=False) if skipped(r) else r for r in readings]
+
+
+def _flagged(db: Engine, window: Window, reader: WindowReader | None = None) -> dict[str, str]:
+    memo = {} if reader is None else reader.memo
+    key = ("acceptance_modes", window.end)
+    if key not in memo:
+        memo[key] = flagged_instances(db, window.end)
+    return memo[key]
 
 
 def _inactive(db: Engine, window: Window, group_by: Sequence[str], reader: WindowReader | None = None) -> set[Labels]:
@@ -143,14 +157,14 @@ def acceptance_rate_aggregated(reader: WindowReader, window: Window, group_by: S
     found = _from_aggregates(
         group_by, totals, lambda t: t.sums["accepted_tokens"] / t.sums["draft_tokens"], lambda t: t.sums["rate_n"]
     )
-    return _unless_inactive(found, _inactive(reader.db, window, group_by, reader))
+    return _unless_inactive(found, _inactive(reader.db, window, group_by, reader), _flagged(reader.db, window, reader))
 
 
 def acceptance_stddev_aggregated(reader: WindowReader, window: Window, group_by: Sequence[str]) -> list[Reading]:
     """`acceptance_stddev` from the aggregates' merged (n, sum, M2) of per-request acceptance."""
     totals = reader.totals(window.start, group_by, with_sketches=())
     found = _from_aggregates(group_by, totals, lambda t: t.acceptance_stddev(), lambda t: t.sums["rate_n"])
-    return _unless_inactive(found, _inactive(reader.db, window, group_by, reader))
+    return _unless_inactive(found, _inactive(reader.db, window, group_by, reader), _flagged(reader.db, window, reader))
 
 
 def ttft_p99_aggregated(reader: WindowReader, window: Window, group_by: Sequence[str]) -> list[Reading]:

@@ -41,6 +41,10 @@ def _row(a: dict) -> dict:
         "drafted steps": None if fraction is None else f"{fraction:.1%}",
         "inactive": "yes" if a["inactive"] else "no",
         "last drafted": _when(a["last_drafted_at"]),
+        # lossy or forced acceptance (config): the acceptance alerts and the drift detector skip it
+        "acceptance": {"lossy": "lossy: alerts skip it", "forced": "forced: alerts skip it"}.get(
+            a.get("acceptance_mode"), "as measured"
+        ),
     }
 
 

@@ -25,11 +25,12 @@ tokens were generated; no traffic is not inactivity (the fraction is None).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sqlalchemy import Engine, func, select
 
 from specwatch.collector.models import EngineEventRow, Request, VllmScrape
+from specwatch.collector.reads.acceptance_modes import flagged_instances
 from specwatch.collector.reads.queries import Window
 from specwatch.telemetry.ratios import drafted_step_fraction
 
@@ -59,6 +60,7 @@ class Activity:
     drafted_step_fraction: float | None  # None: no tokens generated in the window
     inactive: bool
     last_drafted_at: float | None  # epoch s of the last draft seen within LOOKBACK_S (when it stopped)
+    acceptance_mode: str | None = None  # 'lossy' | 'forced' (collector.reads.acceptance_modes); None: as measured
 
 
 def speculation_activity(db: Engine, window: Window, min_fraction: float = DEFAULT_MIN_FRACTION) -> list[Activity]:
@@ -73,8 +75,12 @@ def speculation_activity(db: Engine, window: Window, min_fraction: float = DEFAU
         evidence.setdefault(source, set()).add("scrape")
     for instance in _configured_by_events(db, window):
         evidence.setdefault(instance, set()).add("config")
+    modes = flagged_instances(db, window.end)
     return [
-        _activity(db, window, name, tuple(sorted(evidence[name])), counts.get(name), min_fraction)
+        replace(
+            _activity(db, window, name, tuple(sorted(evidence[name])), counts.get(name), min_fraction),
+            acceptance_mode=modes.get(name),
+        )
         for name in sorted(evidence)
     ]
 
