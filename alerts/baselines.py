@@ -17,6 +17,7 @@ from specwatch.alerts.detector_settings import DriftSettings
 from specwatch.alerts.detector_store import Labels, SeriesRow, cursor, save_cursor, save_rows, series_rows
 from specwatch.alerts.drift import SeriesState, step
 from specwatch.collector.db import write_transaction
+from specwatch.collector.reads.acceptance_modes import flagged_instances
 from specwatch.collector.reads.detector_reads import DraftedRequest, cursor_start, drafted_since
 
 log = logging.getLogger("specwatch.alerts")
@@ -76,8 +77,9 @@ def run_pass(db: Engine, settings: DriftSettings, now: float) -> DriftPass:
     if position is None:
         position = cursor_start(db, now - settings.initial_lookback)
     requests, last = drafted_since(db, position, settings.max_rows_per_cycle)
+    flagged = flagged_instances(db, now)  # lossy or forced acceptance: no baseline to learn from
     states = load_states(db)
-    changed, fed, untracked = feed(states, requests, settings)
+    changed, fed, untracked = feed(states, tuple(r for r in requests if r.instance not in flagged), settings)
     with write_transaction(db) as conn:
         save_rows(conn, [to_row(labels, states[labels], settings) for labels in changed])
         save_cursor(conn, KIND, last)

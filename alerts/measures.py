@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from sqlalchemy import Engine
@@ -19,10 +19,15 @@ from sqlalchemy import Engine
 from specwatch.alerts.detector_store import series_rows
 from specwatch.collector.ingest.vllm import vllm_signals
 from specwatch.collector.reads import reads
+from specwatch.collector.reads.acceptance_definitions import first_position_counts
+from specwatch.collector.reads.acceptance_modes import flagged_instances
 from specwatch.collector.reads.queries import Window
+from specwatch.collector.reads.speculation import is_inactive, recent, record_counts, speculation_activity
 from specwatch.collector.reads.window_signals import WindowReader
 from specwatch.collector.tiers import sketch
+from specwatch.collector.tiers.aggregates import LABELS
 from specwatch.cost.signals import excess_ratio
+from specwatch.telemetry.ratios import drafted_step_fraction as drafted_step_fraction_of
 
 Labels = tuple[tuple[str, str], ...]  # sorted (name, value) pairs
 
@@ -52,12 +57,81 @@ def _per_drafting_group(db: Engine, window: Window, group_by: Sequence[str], red
 
 def acceptance_rate(db: Engine, window: Window, group_by: Sequence[str]) -> list[Reading]:
     """Accepted / drafted tokens over the window (vLLM's definition), requests that drafted."""
-    return _per_drafting_group(db, window, group_by, lambda drafted, accepted: accepted.sum() / drafted.sum())
+    found = _per_drafting_group(db, window, group_by, lambda drafted, accepted: accepted.sum() / drafted.sum())
+    return _unless_inactive(found, _inactive(db, window, group_by), _flagged(db, window))
 
 
 def acceptance_stddev(db: Engine, window: Window, group_by: Sequence[str]) -> list[Reading]:
     """Standard deviation across requests of each request's acceptance rate."""
-    return _per_drafting_group(db, window, group_by, lambda drafted, accepted: np.std(accepted / drafted))
+    found = _per_drafting_group(db, window, group_by, lambda drafted, accepted: np.std(accepted / drafted))
+    return _unless_inactive(found, _inactive(db, window, group_by), _flagged(db, window))
+
+
+def conditional_acceptance(db: Engine, window: Window, group_by: Sequence[str]) -> list[Reading]:
+    """Drafts whose first token was accepted / drafts, over requests that drafted (position 0: the same
+    meaning at every k, where the mean falls as k grows); count: those requests."""
+    found = [
+        Reading(_labels(group_by, key), first / drafts, n)
+        for key, (drafts, first, n) in first_position_counts(db, window, group_by).items()
+    ]
+    return _unless_inactive(found, _inactive(db, window, group_by), _flagged(db, window))
+
+
+def _unless_inactive(readings: list[Reading], inactive: set[Labels], flagged: dict[str, str]) -> list[Reading]:
+    """Acceptance that says nothing about the drafter is marked not significant, so it neither fires nor holds
+    an alert: stale (the label set's speculative requests mostly did not draft: collector.reads.speculation)
+    or from an instance whose config makes acceptance lossy or forced (collector.reads.acceptance_modes)."""
+
+    def skipped(r: Reading) -> bool:
+        return r.labels in inactive or dict(r.labels).get("instance") in flagged
+
+    return [replace(r, significant=False) if skipped(r) else r for r in readings]
+
+
+def _flagged(db: Engine, window: Window, reader: WindowReader | None = None) -> dict[str, str]:
+    memo = {} if reader is None else reader.memo
+    key = ("acceptance_modes", window.end)
+    if key not in memo:
+        memo[key] = flagged_instances(db, window.end)
+    return memo[key]
+
+
+def _inactive(db: Engine, window: Window, group_by: Sequence[str], reader: WindowReader | None = None) -> set[Labels]:
+    """Label sets whose speculative requests (with known draft counts) say speculation is inactive now
+    (over the window's last `speculation.RECENT_S`); read once per alert cycle when a reader is shared."""
+    span = recent(window)
+    memo = {} if reader is None else reader.memo
+    key = ("speculation", span.start, span.end)
+    if key not in memo:
+        memo[key] = record_counts(db, span, LABELS)
+    counts = memo[key]
+    found: dict[tuple, np.ndarray] = defaultdict(lambda: np.zeros(3))
+    for full, values in counts.items():
+        found[tuple(full[LABELS.index(g)] for g in group_by)] += values
+    return {
+        _labels(group_by, key)
+        for key, (output, drafts, accepted) in found.items()
+        if is_inactive(drafts, accepted, output)
+    }
+
+
+def drafted_step_fraction(db: Engine, window: Window, group_by: Sequence[str]) -> list[Reading]:
+    """Per instance configured to speculate (or over all of them), the share of decode steps that drafted
+    (count: the decode steps; annotation: when it last drafted); no decode step in the window, no reading."""
+    found = [a for a in speculation_activity(db, window) if a.drafted_step_fraction is not None]
+    if group_by:
+        return [_fraction_reading(group_by, (a.instance,), [a]) for a in found]
+    return [_fraction_reading(group_by, (), found)] if found else []
+
+
+def _fraction_reading(group_by: Sequence[str], key: tuple, activities: list) -> Reading:
+    drafts, accepted, generated = (
+        sum(getattr(a, f) for a in activities) for f in ("drafts", "accepted_tokens", "generated_tokens")
+    )
+    last = max((a.last_drafted_at for a in activities if a.last_drafted_at is not None), default=None)
+    annotations = (("last_drafted_at", "none" if last is None else f"{last:.0f}"),)
+    fraction = drafted_step_fraction_of(drafts, accepted, generated) or 0.0
+    return Reading(_labels(group_by, key), fraction, int(generated - accepted), True, annotations)
 
 
 def ttft_p99(db: Engine, window: Window, group_by: Sequence[str]) -> list[Reading]:
@@ -80,15 +154,17 @@ def _from_aggregates(group_by: Sequence[str], totals: dict, value, count) -> lis
 def acceptance_rate_aggregated(reader: WindowReader, window: Window, group_by: Sequence[str]) -> list[Reading]:
     """`acceptance_rate` from the aggregates (requests that did not draft add 0 to both sums)."""
     totals = reader.totals(window.start, group_by, with_sketches=())
-    return _from_aggregates(
+    found = _from_aggregates(
         group_by, totals, lambda t: t.sums["accepted_tokens"] / t.sums["draft_tokens"], lambda t: t.sums["rate_n"]
     )
+    return _unless_inactive(found, _inactive(reader.db, window, group_by, reader), _flagged(reader.db, window, reader))
 
 
 def acceptance_stddev_aggregated(reader: WindowReader, window: Window, group_by: Sequence[str]) -> list[Reading]:
     """`acceptance_stddev` from the aggregates' merged (n, sum, M2) of per-request acceptance."""
     totals = reader.totals(window.start, group_by, with_sketches=())
-    return _from_aggregates(group_by, totals, lambda t: t.acceptance_stddev(), lambda t: t.sums["rate_n"])
+    found = _from_aggregates(group_by, totals, lambda t: t.acceptance_stddev(), lambda t: t.sums["rate_n"])
+    return _unless_inactive(found, _inactive(reader.db, window, group_by, reader), _flagged(reader.db, window, reader))
 
 
 def ttft_p99_aggregated(reader: WindowReader, window: Window, group_by: Sequence[str]) -> list[Reading]:
@@ -204,18 +280,28 @@ def draft_util_swing(db: Engine, window: Window, group_by: Sequence[str]) -> lis
     return _per_device(db, window, group_by, "util_draft", lambda v: np.ptp(v) * 100.0)
 
 
-def vllm(pick: Callable) -> Callable[[Engine, Window, Sequence[str]], list[Reading]]:
-    """A signal over scraped vLLM metrics: `pick(VllmSignals)` per (source, model) scraped in the window."""
+def vllm(pick: Callable, acceptance: bool = False) -> Callable[[Engine, Window, Sequence[str]], list[Reading]]:
+    """A signal over scraped vLLM metrics: `pick(VllmSignals)` per (source, model) scraped in the window.
+    `acceptance`: the value is stale, so not significant, where the source speculates but mostly stopped
+    drafting."""
 
     def compute(db: Engine, window: Window, group_by: Sequence[str]) -> list[Reading]:
         samples = []
         for key in reads.vllm_keys(db, window, group_by):
             found = vllm_signals(db, window, **dict(zip(group_by, key)))
             if (value := pick(found)) is not None:
-                samples.append(Reading(_labels(group_by, key), float(value), found.e2e.count))
+                stale = acceptance and _stale_vllm(db, window, dict(zip(group_by, key)))
+                samples.append(Reading(_labels(group_by, key), float(value), found.e2e.count, not stale))
         return samples
 
     return compute
+
+
+def _stale_vllm(db: Engine, window: Window, key: dict) -> bool:
+    """A speculating vLLM source that stopped drafting (over the window's last `speculation.RECENT_S`):
+    its acceptance is the last drafts' figure."""
+    now = vllm_signals(db, recent(window), **key)
+    return now.speculating and is_inactive(now.drafts, now.accepted_tokens, now.generation_tokens)
 
 
 def detector(kind: str) -> Callable[[Engine, Window, Sequence[str]], list[Reading]]:

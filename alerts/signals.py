@@ -47,6 +47,9 @@ _ACCEPTANCE_N = "specwatch_acceptance_rate_requests_total"
 DRIFT_LABELS = ("instance", "model", "drafter", "tag")
 DRIFT_SERIES = {"instance": "gpu-0", "model": "smollm2-135m", "drafter": "ngram", "tag": "none"}
 _DRIFT, _REGRESSION = "specwatch_acceptance_drift_score", "specwatch_acceptance_regression_drop"
+_DRAFTED_STEPS = "specwatch_drafted_step_fraction"
+_FIRST_ACCEPTED, _DRAFTS = "specwatch_first_position_accepted_total", "specwatch_drafts_total"
+_VLLM_PER_POS, _VLLM_DRAFTS = "vllm:spec_decode_num_accepted_tokens_per_pos_total", "vllm:spec_decode_num_drafts_total"
 _FRAGMENTATION, _UTIL_DRAFT = "specwatch_device_fragmentation_ratio", "specwatch_device_util_draft_ratio"
 
 SIGNALS: dict[str, Signal] = {
@@ -65,6 +68,21 @@ SIGNALS: dict[str, Signal] = {
         ),
         m.acceptance_rate_aggregated,
         vllm_equivalent="vllm_acceptance_rate",
+    ),
+    "conditional_acceptance": Signal(  # another definition for the acceptance rules (docs/glossary.md)
+        REQUEST_LABELS,
+        "ratio",
+        "drafts whose first token was accepted / drafts (position 0)",
+        m.conditional_acceptance,
+        q.PromQL(
+            q.REQUESTS,
+            q.REQUEST_SERIES,
+            q.ratio(_FIRST_ACCEPTED, _DRAFTS),
+            q.increase(_ACCEPTANCE_N),
+            q.acceptance_series(_FIRST_ACCEPTED, _DRAFTS, _ACCEPTANCE_N),
+            (0.0, 1.0),
+        ),
+        vllm_equivalent="vllm_conditional_acceptance",
     ),
     "acceptance_stddev": Signal(
         REQUEST_LABELS,
@@ -188,17 +206,52 @@ SIGNALS: dict[str, Signal] = {
         promql_note="The gauge carries only drops a one-sided Mann-Whitney U test confirmed (p < alpha); the "
         "store's count is the smaller side's requests, PromQL's the scrapes.",
     ),
+    "drafted_step_fraction": Signal(  # collector.reads.speculation: is speculation drafting at all?
+        ("instance",),
+        "ratio",
+        "drafts / decode steps of an instance configured to speculate",
+        m.drafted_step_fraction,
+        q.PromQL(
+            {"instance": "instance"},
+            {"instance": "gpu-0"},
+            lambda by, w: f"avg by ({by}) (avg_over_time({_DRAFTED_STEPS}[{w}]))",
+            q.scrapes(_DRAFTED_STEPS),
+            q.gauge_series(_DRAFTED_STEPS, lambda v: [v]),
+            (0.0, 1.0),
+            gauge=True,
+        ),
+        promql_note="The collector exports the fraction over its own speculation window "
+        "(SPECWATCH_SPECULATION_WINDOW_S) as a gauge; the store's count is the decode steps, PromQL's the scrapes.",
+    ),
     "vllm_acceptance_rate": Signal(
         VLLM_LABELS,
         "ratio",
         "vLLM accepted / drafted tokens",
-        m.vllm(lambda s: s.acceptance_rate),
+        m.vllm(lambda s: s.acceptance_rate, acceptance=True),
         q.PromQL(
             q.VLLM,
             q.VLLM_SERIES,
             q.ratio(_VLLM_ACCEPTED, _VLLM_DRAFTED),
             q.increase(_VLLM_REQUESTS),
             q.acceptance_series(_VLLM_ACCEPTED, _VLLM_DRAFTED, _VLLM_REQUESTS),
+            (0.0, 1.0),
+        ),
+    ),
+    "vllm_conditional_acceptance": Signal(
+        VLLM_LABELS,
+        "ratio",
+        "vLLM drafts whose first token was accepted / drafts (position 0)",
+        m.vllm(lambda s: s.conditional_acceptance, acceptance=True),
+        q.PromQL(
+            q.VLLM,
+            q.VLLM_SERIES,
+            q.ratio(_VLLM_PER_POS + '{position="0"}', _VLLM_DRAFTS),
+            q.increase(_VLLM_REQUESTS),
+            lambda s: [
+                s.counter(_VLLM_PER_POS, 100 * s.value, position="0"),
+                s.counter(_VLLM_DRAFTS, 100),
+                s.counter(_VLLM_REQUESTS, s.per_window),
+            ],
             (0.0, 1.0),
         ),
     ),

@@ -49,6 +49,8 @@ _SUM_DOCS = {
     "drafts": "Draft rounds (target verification passes while drafting).",
     "draft_tokens": "Tokens proposed by the drafter.",
     "accepted_tokens": "Draft tokens accepted by the target.",
+    # conditional acceptance (position 0) = this / drafts: the first token of a draft accepted
+    "first_position_accepted": "Drafts whose first token was accepted (accepted_per_position[0]).",
     "output_tokens": "Tokens generated.",
     "acceptance_rate_requests": "Requests that drafted (the count behind the acceptance-rate moments).",
     "acceptance_rate_sum": "Sum over requests that drafted of each one's accepted / draft tokens.",
@@ -65,7 +67,10 @@ _ARM_DOCS = {
     "arm_e2e_seconds_per_token": "Sum over those requests of e2e latency / output tokens; / arm_requests = the mean.",
 }
 # What the request metrics read from a record: the four labels first, then the summed fields.
-_ROW_FIELDS = (*REQUEST_LABELS, "status", "arm", "error", "e2e_s", "ttft_s", "device_s", *_SUM_FIELDS)
+_ROW_FIELDS = (
+    *REQUEST_LABELS,
+    *("status", "arm", "error", "e2e_s", "ttft_s", "device_s", "accepted_per_position", *_SUM_FIELDS),
+)
 _read_row = itemgetter(*_ROW_FIELDS)  # from a record's __dict__: much faster than attribute access
 _HISTOGRAMS = {
     "ttft": ("specwatch_time_to_first_token_seconds", "Time to first token."),
@@ -151,6 +156,9 @@ class RequestTotals:
         stats.sums["acceptance_rate_sum"] += float(rates.sum())
         stats.sums["acceptance_rate_squares"] += float(np.square(rates).sum())
         stats.sums["oom_errors"] += sum(1 for error in columns["error"] if error and "oom" in error)
+        stats.sums["first_position_accepted"] += sum(
+            per_pos[0] for per_pos in columns["accepted_per_position"] if per_pos
+        )
         RequestTotals._add_device_time(stats, columns)
         ttft = [v for v in columns["ttft_s"] if v is not None]
         for name, values in (("e2e", columns["e2e_s"]), ("ttft", ttft)):

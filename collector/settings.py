@@ -47,6 +47,10 @@ class Settings(BaseSettings):
     # SPECWATCH_SCRAPE_VLLM: a JSON list or comma-separated URLs of vLLM /metrics endpoints
     scrape_vllm: Annotated[list[str], NoDecode] = Field(default_factory=list)
     scrape_interval_s: float = Field(default=15.0, gt=0)
+    # Speculation inactive (collector.reads.speculation): an instance configured to speculate that drafted on
+    # fewer than this share of its decode steps over the last `speculation_window_s` seconds (/metrics, API).
+    speculation_min_fraction: float = Field(default=0.05, ge=0, le=1)
+    speculation_window_s: float = Field(default=120.0, gt=0)
     # The alert runner evaluates the rules file (default: the shipped alerts/default_rules.yaml).
     alerts_enabled: bool = True
     alert_rules: Path | None = None

@@ -148,6 +148,7 @@ class Schedule:
     stale: bool = False
     stale_reason: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
+    static: bool = False  # one k for every batch size, emitted without a per-batch-size schedule
 
     @property
     def max_k(self) -> int:
@@ -180,6 +181,22 @@ def choose_k(curve: tuple[float, ...], interval: Interval | None = None) -> tupl
     return k, "most tokens/s" if k == best else "most tokens/s among k that beat plain with 95% confidence"
 
 
+def keep_unless_told(
+    today_k: int, k: int, why: str, curve: tuple[float, ...], interval: Interval | None
+) -> tuple[int, str]:
+    """Today's k unless the data tell the chosen k apart from it: the chosen k's 95% interval of tokens/s lies
+    wholly above today's (a gain whose interval excludes "no gain"). Without an interval, or with today's k
+    outside the curve, the choice stands."""
+    if interval is None or k == today_k or today_k >= len(curve):
+        return k, why
+    if interval.low[k] > interval.high[today_k]:
+        return k, why
+    return today_k, (
+        f"the data cannot tell k = {k} ({curve[k]:.1f} tokens/s) from today's k = {today_k} "
+        f"({curve[today_k]:.1f}): their 95% intervals overlap, so it keeps today's k"
+    )
+
+
 def plan_bucket(
     span: tuple[int, int, int],
     today_k: int,
@@ -202,7 +219,7 @@ def plan_bucket(
     if cost is None:
         return replace(keep, reason="no step-cost data at this level: keeps today's k", **facts)
     curve = predicted(level, acceptance, cost, top)
-    k, why = choose_k(curve, interval)
+    k, why = keep_unless_told(today_k, *choose_k(curve, interval), curve, interval)
     bounds = dict(low=interval.low[: top + 1], high=interval.high[: top + 1]) if interval else {}
     return BucketPlan(level, start, end, today_k, k, True, why, curve, cost_source=cost.source, **facts, **bounds)
 

@@ -276,10 +276,27 @@ def _dated(plan: Schedule, rows: TuningRows, markers, profile: Profile) -> Sched
 
 
 def recommend_from_store(db, window, filters=None, **options) -> Schedule:
-    """`recommend` over the store's `window` (collector.reads.tuning_reads), version markers included."""
+    """`recommend` over the store's `window` (collector.reads.tuning_reads), version markers included; static
+    (`static_only`) where the instances' latest markers report more than one data-parallel rank."""
     from specwatch.collector.reads.queries import Filters
-    from specwatch.collector.reads.tuning_reads import tuning_rows, version_markers
+    from specwatch.collector.reads.tuning_reads import data_parallel_ranks, tuning_rows, version_markers
 
     filters = filters or Filters()
     rows = tuning_rows(db, window, filters)
-    return recommend(rows, markers=version_markers(db, window, filters), **options)
+    plan = recommend(rows, markers=version_markers(db, window, filters), **options)
+    ranks = data_parallel_ranks(db, window, filters)
+    return static_only(plan, ranks) if ranks > 1 else plan
+
+
+def static_only(plan: Schedule, ranks: int) -> Schedule:
+    """vLLM drops `num_speculative_tokens_per_batch_size` at data-parallel size > 1 and runs static k, so a
+    schedule would be a no-op: today's k for every batch size, and a note saying why and what it gives up."""
+    last = max((end for _, end, _ in plan.ranges), default=1)
+    k = plan.today_k
+    scheduled = ", ".join(f"[{a}, {b}, {kk}]" for a, b, kk in plan.ranges)
+    note = (
+        f"data-parallel size {ranks} > 1: vLLM drops num_speculative_tokens_per_batch_size and runs static k, "
+        f"so no schedule is emitted; static k = {k} (today's) stays. The schedule it would have been: {scheduled}; "
+        "compare another static k with --current-k."
+    )
+    return replace(plan, ranges=((1, last, k),), static=True, notes=(*plan.notes, note))

@@ -26,7 +26,8 @@ def vllm_config(plan: Schedule, method: str | None = None) -> dict | None:
         return None
     method = method or plan.drafter or "ngram"
     config = {"method": method, **DRAFTERS.get(method, {}), "num_speculative_tokens": plan.max_k}
-    config["num_speculative_tokens_per_batch_size"] = [list(r) for r in plan.ranges]
+    if not plan.static:  # a static plan: vLLM would drop the schedule (data-parallel size > 1)
+        config["num_speculative_tokens_per_batch_size"] = [list(r) for r in plan.ranges]
     return config
 
 

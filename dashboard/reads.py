@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from specwatch.dashboard import cost_service, fleet, requests_service, services, tuning_service
+from specwatch.dashboard import cost_service, fleet, requests_service, services, speculation_service, tuning_service
 from specwatch.dashboard.state import cached
 
 overview = cached(services.overview)
@@ -26,6 +26,7 @@ events = cached(fleet.events)
 deploy_markers = cached(fleet.deploy_markers)
 sources = cached(fleet.sources)
 vllm_signals = cached(fleet.vllm_signals)
+speculation_activity = cached(speculation_service.speculation_activity)
 
 cost = cached(cost_service.cost)
 cost_daily = cached(cost_service.cost_daily)

@@ -6,7 +6,8 @@ compares acceptance before and after it.
 The identity comes from the upstream's own endpoints: vLLM's `/version`, the served models of `/v1/models`
 (ids, `max_model_len`, and any speculative settings a model card shows), and the number of draft
 positions of its `/metrics` (`vllm:spec_decode_num_accepted_tokens_per_pos`: `num_speculative_tokens`,
-0 without speculation). It is probed when an upstream is first healthy, when it comes back up (a restart)
+0 without speculation) and its `engine` label values (`data_parallel_ranks`: the tuner emits no per-batch-size
+schedule above 1). It is probed when an upstream is first healthy, when it comes back up (a restart)
 and every `recheck_s` while it stays up; a failed probe changes nothing.
 """
 
@@ -20,6 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from specwatch.telemetry.schema import EngineEvent
 from specwatch.telemetry.sink import TelemetrySink
@@ -42,6 +44,19 @@ def speculative_settings(card: dict) -> dict:
     return {k: v for k, v in card.items() if "specul" in k.lower()}
 
 
+def data_parallel_ranks(metrics_text: str) -> int:
+    """How many engines vLLM's /metrics reports for (its `engine` label: one per data-parallel rank); 0 when
+    none. Above 1, vLLM drops `num_speculative_tokens_per_batch_size` and runs static k."""
+    try:
+        families = list(text_string_to_metric_families(metrics_text))
+    except ValueError:  # not an exposition: no engines to count
+        return 0
+    engines = {
+        s.labels["engine"] for f in families if f.name.startswith("vllm:") for s in f.samples if "engine" in s.labels
+    }
+    return len(engines)
+
+
 def draft_positions(metrics_text: str) -> int:
     """How many draft positions vLLM counts acceptance for: its num_speculative_tokens (0: no speculation)."""
     return len(set(POSITION.findall(metrics_text)))
@@ -60,6 +75,7 @@ async def identify(http: httpx.AsyncClient, url: str, timeout: float) -> dict | 
         "model": ",".join(sorted(str(c.get("id")) for c in cards)),
         "max_model_len": next((c.get("max_model_len") for c in cards if "max_model_len" in c), None),
         "num_speculative_tokens": draft_positions(metrics.text) if metrics.status_code == 200 else None,
+        "data_parallel_ranks": data_parallel_ranks(metrics.text) if metrics.status_code == 200 else None,
     }
     for card in cards:
         detail |= speculative_settings(card)

@@ -15,6 +15,10 @@ In order of precedence, as the engine's own policy (engine/policy.py) decides fo
    (today's config), None ending the split
 6. the spec pool's recent acceptance below `min_acceptance` (every `probe_every`-th
    request still goes there to re-measure)                   -> 'low_acceptance'
+   Recent speculative requests that drafted nothing (a k = 0 schedule entry) count too, so the
+   acceptance is never the stale figure of drafts long gone: where fewer than
+   `min_drafted_fraction` of their decode steps drafted, the state says `speculation_inactive`
+   and the acceptance is unknown (None), neither low nor healthy.
 7. otherwise the spec pool                                   -> 'default'
 
 A request routed to the plain pool while no plain upstream is healthy goes to the spec pool
@@ -32,6 +36,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from specwatch.common.policy import LoadSwitch
+from specwatch.telemetry import ratios
 from specwatch.telemetry.schema import RequestRecord
 
 Override = Literal["auto", "speculative", "autoregressive"]
@@ -44,6 +49,7 @@ class RoutingConfig:
     load_on: float = 0.60
     long_prompt_tokens: int = 2048
     min_acceptance: float = 0.3
+    min_drafted_fraction: float = 0.05  # below this share of decode steps drafting, speculation is inactive
     acceptance_window: int = 32  # recent speculative requests with draft counts
     min_window: int = 4
     probe_every: int = 8
@@ -58,6 +64,8 @@ class RoutingConfig:
             raise ValueError("long_prompt_tokens, acceptance_window, min_window and probe_every must be >= 1")
         if not 0.0 <= self.min_acceptance <= 1.0:
             raise ValueError("min_acceptance must be in [0, 1]")
+        if not 0.0 <= self.min_drafted_fraction <= 1.0:
+            raise ValueError("min_drafted_fraction must be in [0, 1]")
 
 
 @dataclass(frozen=True)
@@ -79,7 +87,8 @@ class Router:
         self._lock = threading.Lock()
         self._override: tuple[Override, str] = ("auto", "manual")
         self._load = LoadSwitch(config.load_off, config.load_on, config.cooldown_s)
-        self._acceptance: deque[tuple[int, int]] = deque(maxlen=config.acceptance_window)
+        # (draft tokens, accepted tokens, drafts, output tokens) of recent speculative requests
+        self._acceptance: deque[tuple[int, int, int, int]] = deque(maxlen=config.acceptance_window)
         self._low_count = 0
         self._canary = config.canary
 
@@ -120,27 +129,43 @@ class Router:
             return Route("spec", "default")
 
     def _acceptance_low(self) -> bool:
+        if len(self._acceptance) < self.config.min_window or self._inactive():
+            return False
+        acceptance = self._recent_acceptance()
+        return acceptance is not None and acceptance < self.config.min_acceptance
+
+    def _recent_acceptance(self) -> float | None:
+        """Accepted / drafted tokens of the recent speculative requests; None while speculation is inactive."""
+        drafted, accepted = (sum(entry[i] for entry in self._acceptance) for i in (0, 1))
+        return None if self._inactive() else ratios.acceptance_rate(accepted, drafted)
+
+    def _inactive(self) -> bool:
+        """At least `min_window` recent speculative requests, fewer than `min_drafted_fraction` of whose
+        decode steps drafted."""
         if len(self._acceptance) < self.config.min_window:
             return False
-        drafted = sum(d for d, _ in self._acceptance)
-        return drafted > 0 and sum(a for _, a in self._acceptance) / drafted < self.config.min_acceptance
+        _, accepted, drafts, output = (sum(entry[i] for entry in self._acceptance) for i in range(4))
+        fraction = ratios.drafted_step_fraction(drafts, accepted, output)
+        return fraction is not None and fraction < self.config.min_drafted_fraction
 
     def observe(self, record: RequestRecord) -> None:
-        """Feed back a finished request: speculative ones with draft counts update the acceptance window."""
-        if record.mode == "speculative" and record.status == "ok" and record.num_draft_tokens:
+        """Feed back a finished request: speculative ones whose draft counts are known (drafting or not)
+        update the acceptance window."""
+        if record.mode == "speculative" and record.status == "ok" and record.draft_counts_known:
+            entry = (record.num_draft_tokens, record.num_accepted_tokens, record.num_drafts, record.output_tokens)
             with self._lock:
-                self._acceptance.append((record.num_draft_tokens, record.num_accepted_tokens))
+                self._acceptance.append(entry)
 
     @property
     def state(self) -> dict:
         with self._lock:
-            drafted = sum(d for d, _ in self._acceptance)
             return {
                 "override": self._override[0],
                 "override_reason": self._override[1],
                 "canary": self._canary,
                 "load_allows_speculation": self._load.allows,
-                "recent_acceptance": sum(a for _, a in self._acceptance) / drafted if drafted else None,
+                "recent_acceptance": self._recent_acceptance(),
                 "recent_speculative_requests": len(self._acceptance),
+                "speculation_inactive": self._inactive(),
                 "config": {k: getattr(self.config, k) for k in self.config.__dataclass_fields__},
             }

@@ -25,6 +25,7 @@ from specwatch.collector.leader import LeaderMetrics, Leadership
 from specwatch.collector.maintenance import maintenance_loop
 from specwatch.collector.metrics import CapacityGauge, CollectorMetrics
 from specwatch.collector.settings import Settings
+from specwatch.collector.speculation_gauges import SpeculationGauges
 from specwatch.service import (
     routes_alerts,
     routes_cost,
@@ -34,6 +35,7 @@ from specwatch.service import (
     routes_query,
     routes_report,
     routes_requests,
+    routes_speculation,
     routes_tune,
 )
 from specwatch.service.cost_gauges import CostGauge, DailyCosts
@@ -55,6 +57,12 @@ def create_app(settings: Settings | None = None, registry: CollectorRegistry | N
         leader_only = CollectorRegistry()  # store-derived gauges: the same on every replica
         CostGauge(db, routes_cost.shipped_prices(), registry=leader_only)
         CapacityGauge(db, registry=leader_only)
+        SpeculationGauges(
+            db,
+            registry=leader_only,
+            window_s=settings.speculation_window_s,
+            min_fraction=settings.speculation_min_fraction,
+        )
         _detector_gauges(db, app.state.alert_config, leader_only)
         app.state.daily_costs = DailyCosts(db, routes_cost.shipped_prices())
         LeaderMetrics(app.state.leadership, app.state.metrics.registry, leader_only)
@@ -77,6 +85,7 @@ def create_app(settings: Settings | None = None, registry: CollectorRegistry | N
     app.include_router(routes_ingest.router)
     app.include_router(routes_otlp.router)
     app.include_router(routes_query.router)
+    app.include_router(routes_speculation.router)
     app.include_router(routes_requests.router)
     app.include_router(routes_alerts.router)
     app.include_router(routes_alerts.rules_router)

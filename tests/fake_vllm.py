@@ -59,10 +59,20 @@ LABELS = ["model_name", "engine"]
 class FakeVllm:
     """One vLLM process; a new instance is a restarted vLLM (counters from zero, new _created)."""
 
-    def __init__(self, model: str = "HuggingFaceTB/SmolLM2-135M-Instruct", engines: int = 1, gamma: int = 3) -> None:
+    def __init__(
+        self,
+        model: str = "HuggingFaceTB/SmolLM2-135M-Instruct",
+        engines: int = 1,
+        gamma: int = 3,
+        speculative: bool = True,
+    ) -> None:
+        """`speculative=False`: a vLLM without a speculative config, which registers no spec-decode family."""
         self.registry = CollectorRegistry()
         self.gamma, r = gamma, self.registry
         Gauge("vllm:num_requests_running", "Number of requests in model execution batches.", LABELS, registry=r)
+        self.generated = Counter("vllm:generation_tokens", "Number of generation tokens processed.", LABELS, registry=r)
+        if not speculative:
+            r = CollectorRegistry()  # the spec-decode families below go nowhere
         self.drafts = Counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", LABELS, registry=r)
         self.draft_tokens = Counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", LABELS, registry=r)
         self.accepted = Counter(
@@ -79,18 +89,18 @@ class FakeVllm:
             "Histogram of time to first token in seconds.",
             LABELS,
             buckets=TTFT_BUCKETS,
-            registry=r,
+            registry=self.registry,
         )
         self.e2e = Histogram(
             "vllm:e2e_request_latency_seconds",
             "Histogram of e2e request latency in seconds.",
             LABELS,
             buckets=E2E_BUCKETS,
-            registry=r,
+            registry=self.registry,
         )
         self.labelsets = [[model, str(i)] for i in range(engines)]
         for lv in self.labelsets:  # vLLM creates every child up front, so zeros are exposed
-            for metric in (self.drafts, self.draft_tokens, self.accepted, self.ttft, self.e2e):
+            for metric in (self.generated, self.drafts, self.draft_tokens, self.accepted, self.ttft, self.e2e):
                 metric.labels(*lv)
             for pos in range(gamma):
                 self.per_pos.labels(*lv, str(pos))
@@ -101,8 +111,13 @@ class FakeVllm:
         self.drafts.labels(*lv).inc()
         self.draft_tokens.labels(*lv).inc(self.gamma)
         self.accepted.labels(*lv).inc(accepted)
+        self.generated.labels(*lv).inc(accepted + 1)  # the accepted tokens and the target's own
         for pos in range(accepted):
             self.per_pos.labels(*lv, str(pos)).inc()
+
+    def observe_plain_steps(self, steps: int, engine: int = 0) -> None:
+        """Decode steps without a draft (k = 0): one token each, and no spec-decode counter moves."""
+        self.generated.labels(*self.labelsets[engine]).inc(steps)
 
     def observe_request(self, ttft: float, e2e: float, engine: int = 0) -> None:
         self.ttft.labels(*self.labelsets[engine]).observe(ttft)

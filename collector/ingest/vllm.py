@@ -34,7 +34,9 @@ COUNTERS = {
     "vllm:spec_decode_num_drafts": "drafts",
     "vllm:spec_decode_num_draft_tokens": "draft_tokens",
     "vllm:spec_decode_num_accepted_tokens": "accepted_tokens",
+    "vllm:generation_tokens": "generation_tokens",  # what drafts are compared with (drafting coverage)
 }
+SPEC_FAMILIES = {*list(COUNTERS)[:3], "vllm:spec_decode_num_accepted_tokens_per_pos"}  # present only when speculating
 PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
 HISTOGRAMS = {"vllm:time_to_first_token_seconds": "ttft", "vllm:e2e_request_latency_seconds": "e2e"}
 
@@ -48,6 +50,7 @@ class Snapshot:
     buckets: dict[str, dict[float, float]] = field(default_factory=dict)  # histogram -> le -> cumulative count
     sums: dict[str, float] = field(default_factory=dict)
     created: dict[str, float] = field(default_factory=dict)  # series -> _created timestamp
+    speculating: bool = False  # the exposition carries spec-decode families (vLLM registers them only then)
 
 
 def parse(text: str) -> dict[tuple[str, str], Snapshot]:
@@ -60,7 +63,9 @@ def parse(text: str) -> dict[tuple[str, str], Snapshot]:
             continue
         for sample in family.samples:
             key = (sample.labels.get("model_name", ""), sample.labels.get("engine", ""))
-            _take(snapshots.setdefault(key, Snapshot()), name, sample)
+            snap = snapshots.setdefault(key, Snapshot())
+            snap.speculating |= name in SPEC_FAMILIES
+            _take(snap, name, sample)
     return snapshots
 
 
@@ -107,6 +112,7 @@ def delta(
         "at": at,
         "interval_s": interval_s,
         "counter_reset": reset,
+        "speculating": current.speculating,
     }
     row.update({name: diff(current.counters, base.counters, name) for name in COUNTERS.values()})
     positions = range(max(current.per_position, default=-1) + 1)
@@ -188,6 +194,17 @@ class VllmSignals:
     per_position: list[float]
     ttft: Percentiles
     e2e: Percentiles
+    generation_tokens: float = 0.0
+    speculating: bool = False  # some row in the window exposed the spec-decode families
+    # other acceptance definitions (telemetry/ratios.py): position 0 (vLLM's per-position counters are
+    # unconditional: position 0 is the one conditional share), and mean length / (k + 1), k the positions
+    conditional_acceptance: float | None = None
+    acceptance_length_ratio: float | None = None
+
+    @property
+    def drafted_step_fraction(self) -> float | None:
+        """Share of decode steps that drafted (collector.reads.speculation); None without tokens."""
+        return ratios.drafted_step_fraction(self.drafts, self.accepted_tokens, self.generation_tokens)
 
 
 def vllm_signals(db: Engine, window: Window, source: str | None = None, model: str | None = None) -> VllmSignals:
@@ -213,6 +230,10 @@ def vllm_signals(db: Engine, window: Window, source: str | None = None, model: s
         (per_pos / drafts).tolist() if drafts else [],
         _histogram_percentiles(rows, "ttft"),
         _histogram_percentiles(rows, "e2e"),
+        float(sum(r["generation_tokens"] for r in rows)),
+        any(r["speculating"] for r in rows),
+        ratios.conditional_acceptance(per_pos[0], drafts) if width else None,
+        ratios.acceptance_length_ratio(accepted, drafts, width),
     )
 
 

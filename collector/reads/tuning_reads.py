@@ -102,6 +102,21 @@ def version_markers(db: Engine, window: Window, filters: Filters = Filters()) ->
     return tuple((i, float(at), v) for i, at, detail in found if (v := _version(detail)) is not None)
 
 
+def data_parallel_ranks(db: Engine, window: Window, filters: Filters = Filters()) -> int:
+    """The most data-parallel ranks (`data_parallel_ranks`, the engines an upstream's /metrics reports: the
+    gateway's markers) among the latest `config` event of each (filtered) instance up to the window's end;
+    1 when none says."""
+    stmt = select(EngineEventRow.instance, EngineEventRow.detail).where(
+        EngineEventRow.kind == "config", EngineEventRow.at < window.end
+    )
+    if filters.instance is not None:
+        stmt = stmt.where(EngineEventRow.instance == filters.instance)
+    with db.connect() as conn:
+        latest = dict(conn.execute(stmt.order_by(EngineEventRow.at)).all())
+    ranks = [d.get("data_parallel_ranks") for d in latest.values() if isinstance(d, dict)]
+    return max((r for r in ranks if type(r) is int), default=1)
+
+
 def _version(detail) -> str | None:
     if not isinstance(detail, dict):
         return None

@@ -76,6 +76,7 @@ class WindowReader:
         self._segment_end: dict[int, int] = {}  # by segment start
         self._sketches: dict[tuple[int, str], dict[tuple, sketch.Bins]] = {}  # by (segment start, name)
         self._raw: dict[tuple[float, float], _Part] = {}  # by span
+        self.memo: dict[tuple, object] = {}  # other reads of this instant, made once per reader (by their key)
 
     def totals(
         self, start: float, group_by: Sequence[str], with_sketches: Sequence[str] = ALL_SKETCHES

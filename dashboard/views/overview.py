@@ -14,6 +14,8 @@ if not s.requests:
     empty_state()
     st.stop()
 verdict_panel(reads.cost(v).summary.get("verdict"))
+for line in reads.speculation_activity(v).inactive:  # speculation configured but not drafting
+    st.warning(line, icon="⏸️")
 lines = reads.thresholds()
 acceptance_line, ttft_line = lines.get("acceptance_rate"), lines.get("ttft_p99")
 

@@ -9,6 +9,8 @@ from specwatch.dashboard.state import empty_state, fmt, table, view
 
 v = view()
 st.title("Requests")
+for line in reads.speculation_activity(v).inactive:  # their requests carry no draft counts to list
+    st.warning(line, icon="⏸️")
 cols = st.columns(4)
 sort = cols[0].selectbox("Sort", list(SORTS), key="requests_sort")
 status = cols[1].selectbox("Status", ["all", *STATUSES], key="requests_status")

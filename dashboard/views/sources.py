@@ -36,6 +36,17 @@ for gateway in found.gateways:
     else:
         table(gateway.upstreams)
 
+activity = reads.speculation_activity(v)
+st.subheader("Speculation activity")
+for line in activity.inactive:
+    st.warning(line, icon="⏸️")
+if activity.refused:
+    empty_state("Speculation activity covers every tenant: this dashboard's token may not read it.")
+elif activity.rows.empty:
+    empty_state("No instance configured to speculate has reported in this window.")
+else:
+    table(activity.rows)
+
 vllm = reads.vllm_signals(v)
 if vllm.intervals:
     st.subheader("vLLM (scraped /metrics)")

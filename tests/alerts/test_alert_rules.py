@@ -114,7 +114,7 @@ def test_cli_check_and_bad_file_exit_code(tmp_path, capsys):
 
 def test_cli_run_once_over_an_empty_store(tmp_path, capsys):
     assert main(["alerts", "run", "--once", "--db", f"sqlite:///{tmp_path / 'db.sqlite'}"]) == 0
-    assert "12 rules in" in capsys.readouterr().out
+    assert "13 rules in" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

@@ -18,9 +18,10 @@ from specwatch.alerts.detector_store import SeriesRow, save_rows
 from specwatch.alerts.prometheus import GROUP, VLLM_GROUP, export, rule_groups, unit_tests
 from specwatch.alerts.rules import DEFAULT_RULES, RulesError, load_config, parse_config
 from specwatch.collector.db import make_db, upgrade, write_transaction
-from specwatch.collector.ingest.store import IngestCounts
+from specwatch.collector.ingest.store import IngestCounts, Store
 from specwatch.collector.metrics import CollectorMetrics
-from specwatch.telemetry.schema import DeviceSample, RequestRecord
+from specwatch.collector.speculation_gauges import SpeculationGauges
+from specwatch.telemetry.schema import DeviceSample, IngestBatch, RequestRecord
 
 VLLM_FIXTURE = Path(__file__).parents[1] / "collector" / "fixtures" / "vllm_metrics.txt"
 USER_RULES = {
@@ -37,6 +38,16 @@ USER_RULES = {
             "min_samples": 5,
             "group_by": [],
             "summary": "acceptance {{ $value }} of {{ $labels.model }}",
+        },
+        {  # the acceptance rule on another definition: position 0 (docs/glossary.md), with its vLLM equivalent
+            "name": "FirstTokenAcceptanceLow",
+            "signal": "conditional_acceptance",
+            "op": "<",
+            "threshold": 0.6,
+            "window": "5m",
+            "for": "1m",
+            "min_samples": 20,
+            "group_by": ["instance", "model"],
         },
         {
             "name": "TTFTByMode",
@@ -138,7 +149,9 @@ def test_vllm_group_has_equivalents_but_no_duplicates():
     # SpecAcceptanceLow / TTFTP99High over vLLM would be VllmAcceptanceLow / VllmTTFTP99High verbatim
     assert default[VLLM_GROUP] == ["VllmAcceptanceLow", "VllmTTFTP99High"]
     user = {r["alert"]: r for r in rule_groups(parse_config(USER_RULES))["groups"][1]["rules"]}
-    assert list(user) == ["VllmTTFTAll", "VllmAcceptanceLowAnywhere", "VllmTTFTByMode"]
+    assert list(user) == ["VllmTTFTAll", "VllmAcceptanceLowAnywhere", "VllmFirstTokenAcceptanceLow", "VllmTTFTByMode"]
+    first = user["VllmFirstTokenAcceptanceLow"]["expr"]  # conditional acceptance over vLLM's own counters
+    assert 'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="0"}' in first
     assert "{{ $labels.model_name }}" in user["VllmAcceptanceLowAnywhere"]["annotations"]["summary"]
     assert "by (le, model_name)" in user["VllmTTFTByMode"]["expr"]  # mode: vLLM serves one
     assert user["VllmAcceptanceLowAnywhere"]["keep_firing_for"] == "2m"
@@ -201,6 +214,8 @@ def collector_exposition() -> dict[str, set[str]]:
     with write_transaction(db) as conn:
         save_rows(conn, [drift, drop])
     DetectorGauges(db, registry=metrics.registry)
+    Store(db).insert(IngestBatch(requests=requests))  # speculative records: the speculation gauges' instance
+    SpeculationGauges(db, registry=metrics.registry, window_s=120, min_fraction=0.05, clock=lambda: 1.7e9 + 60)
     return exposed_labels(generate_latest(metrics.registry).decode())
 
 

@@ -49,6 +49,8 @@ def test_counters_match_stored_records_and_skip_duplicates(client, ingested):
     assert total(m, "specwatch_requests_total", instance="gpu-1") == 25
     assert total(m, "specwatch_draft_tokens_total") == sum(r["num_draft_tokens"] for r in ingested)
     assert total(m, "specwatch_accepted_tokens_total") == sum(r["num_accepted_tokens"] for r in ingested)
+    first = sum(r["accepted_per_position"][0] for r in ingested)  # conditional acceptance's numerator
+    assert total(m, "specwatch_first_position_accepted_total") == first
     assert total(m, "specwatch_e2e_request_latency_seconds_count") == 50
     assert total(m, "specwatch_time_to_first_token_seconds_sum") == pytest.approx(sum(r["ttft_s"] for r in ingested))
     assert total(m, "specwatch_ingest_records_total", kind="request", outcome="accepted") == 50

@@ -11,6 +11,7 @@ from specwatch.cost.tuner import (
     TuneRules,
     bucket_ranges,
     choose_k,
+    keep_unless_told,
     line,
     mark_stale,
     measured_guard,
@@ -194,3 +195,16 @@ def test_a_records_curve_is_read_at_the_draft_tokens_a_step_verifies():
     assert plan.k == 4 and plan.predicted(4) == pytest.approx(1.1625 / 0.044)
     by_k = StepCurve(1, by_step.points, "profile")  # the same points read as a server's k: k = 4 costs 0.056
     assert plan_bucket((1, 1, 1), 0, acc, by_k).k == 0
+
+
+def test_a_change_of_k_needs_a_gain_whose_interval_excludes_no_gain():
+    """The reported case: k = 6 predicted 1.5% above today's k = 8 at batch 1, on intervals that overlap;
+    the bucket keeps k = 8 and says why. Intervals wholly apart move it; without intervals the argmax stands."""
+    curve = (50.0, 60.0, 66.0, 69.0, 70.0, 71.0, 72.1, 71.5, 71.0)  # tokens/s at k = 0..8
+    overlapping = Interval(tuple(c * 0.95 for c in curve), tuple(c * 1.05 for c in curve))
+    k, why = keep_unless_told(8, 6, "most tokens/s", curve, overlapping)
+    assert k == 8 and why.startswith("the data cannot tell k = 6 (72.1 tokens/s) from today's k = 8 (71.0)")
+    apart = Interval(tuple(c - 0.1 for c in curve), tuple(c + 0.1 for c in curve))
+    assert keep_unless_told(8, 6, "most tokens/s", curve, apart) == (6, "most tokens/s")
+    assert keep_unless_told(8, 6, "most tokens/s", curve, None) == (6, "most tokens/s")
+    assert keep_unless_told(12, 6, "most tokens/s", curve, overlapping) == (6, "most tokens/s")  # today's k unmeasured

@@ -16,6 +16,7 @@ from specwatch.collector.reads.queries import Window
 from specwatch.collector.reads.tuning_reads import tuning_rows
 from specwatch.cost.tuner import TuneRules
 from specwatch.cost.tuner_data import recommend, recommend_from_store
+from specwatch.cost.tuner_emit import plan_json
 from specwatch.telemetry.schema import IngestBatch
 
 WINDOW = Window(T0 - 10, T0 + 5000)
@@ -137,3 +138,20 @@ def test_per_position_acceptance_divides_by_the_drafts_that_reached_each_positio
         "for 25 of 50 requests" in one.acceptance_source and "each draft taken to reach gamma" in one.acceptance_source
     )
     assert len(mixed.notes) == 1 and "detailed" in mixed.notes[0]
+
+
+def test_data_parallel_upstream_gets_static_k_and_the_reason(db):
+    """An upstream whose /metrics reports two `engine` ranks (the gateway's marker): vLLM would drop a
+    per-batch-size schedule, so the tuner emits today's k for every batch size, without the schedule key."""
+    marker = {"version": "0.32.0", "num_speculative_tokens": 4, "data_parallel_ranks": 2, "role": "upstream"}
+    fill(db, [event_dict(0, at=T0 - 5, kind="config", detail=marker)])
+    plan = recommend_from_store(db, WINDOW, rules=RULES)
+    assert plan.static and plan.ranges == ((1, 16, 4),)
+    note = plan.notes[-1]
+    assert note.startswith("data-parallel size 2 > 1: vLLM drops num_speculative_tokens_per_batch_size")
+    assert "[1, 5, 4], [6, 11, 0], [12, 16, 4]" in note  # what it would have scheduled
+    emitted = plan_json(plan)["vllm_speculative_config"]
+    assert emitted["num_speculative_tokens"] == 4 and "num_speculative_tokens_per_batch_size" not in emitted
+    single = {**marker, "data_parallel_ranks": 1}
+    fill(db, [event_dict(1, at=T0 - 4, kind="config", detail=single)])  # the latest marker counts
+    assert not recommend_from_store(db, WINDOW, rules=RULES).static

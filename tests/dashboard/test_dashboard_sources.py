@@ -46,3 +46,21 @@ def test_sources_page_says_no_gateway_has_reported(collector, monkeypatch):
     page = open_page(dashboard_over(collector, monkeypatch), "views/sources.py")
     assert "laptop" in set(tables(page)[0]["name"])
     assert any("No gateway has reported; start one with `specwatch gateway serve" in i.value for i in page.info)
+
+
+def test_sources_page_names_an_instance_that_speculates_on_paper_only(collector, monkeypatch):
+    """Speculative-mode records that drafted nothing (a k = 0 schedule) beside ones that drafted: the page
+    warns about the first, with when it last drafted, and lists both in the activity table."""
+    now = time.time()
+    k0 = dict(num_drafts=0, num_draft_tokens=0, num_accepted_tokens=0, accepted_per_position=[0, 0, 0, 0])
+    records = [request_dict(i, instance="drafting", started_at=now - 60 + i) for i in range(3)]
+    records += [request_dict(10 + i, instance="k0", started_at=now - 60 + i, **k0) for i in range(3)]
+    assert httpx.post(f"{collector}/v1/ingest", json={"requests": records}, timeout=30).status_code == 200
+    page = open_page(dashboard_over(collector, monkeypatch), "views/sources.py")
+    (warning,) = [w.value for w in page.warning]
+    assert warning.startswith("**k0** is configured to speculate but drafted on 0.0% of its decode steps")
+    assert "last drafted not within a day" in warning
+    (activity,) = [frame for frame in tables(page) if "drafted steps" in frame]
+    shown = {row["instance"]: row for row in activity.to_dict("records")}
+    assert (shown["k0"]["inactive"], shown["drafting"]["inactive"]) == ("yes", "no")
+    assert shown["drafting"]["configured by"] == "records"

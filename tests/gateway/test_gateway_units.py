@@ -244,8 +244,32 @@ def test_low_acceptance_falls_back_but_probes():
     assert router.state["recent_acceptance"] == pytest.approx(0.05)
 
 
+def test_requests_that_stop_drafting_leave_no_stale_acceptance_behind():
+    """Speculative requests at k = 0 (vLLM's per-request metrics with an all-zero histogram) push the old
+    drafts out of the window: the acceptance becomes unknown and the state says speculation is inactive,
+    where it used to keep the last drafts' figure (low or healthy) for as long as nothing drafted."""
+    router = Router(RoutingConfig(min_acceptance=0.3, min_window=4, acceptance_window=8))
+    usage = {"prompt_tokens": 7, "completion_tokens": 40}
+    for _ in range(8):
+        router.observe(outcome(usage=usage, metrics={"speculative_decoding": _spec([9, 1, 0], 20)}).record())
+    assert router.state["recent_acceptance"] == pytest.approx(0.05) and decide(router).reason == "low_acceptance"
+    for _ in range(8):
+        router.observe(outcome(usage=usage, metrics={"speculative_decoding": _spec([0, 0, 0], 0)}).record())
+    assert router.state["recent_acceptance"] is None and router.state["speculation_inactive"] is True
+    assert decide(router).reason == "default"  # a stale low figure no longer sends traffic away...
+    router.observe(outcome(usage=usage, metrics={}).record())  # ...and unknown counts change nothing
+    assert router.state["recent_speculative_requests"] == 8
+
+
 def test_routing_config_refuses_nonsense():
-    for bad in (dict(canary=1.5), dict(load_on=0.9, load_off=0.5), dict(probe_every=0), dict(min_acceptance=-1)):
+    bad_configs = (
+        dict(canary=1.5),
+        dict(load_on=0.9, load_off=0.5),
+        dict(probe_every=0),
+        dict(min_acceptance=-1),
+        dict(min_drafted_fraction=2),
+    )
+    for bad in bad_configs:
         with pytest.raises(ValueError):
             RoutingConfig(**bad)
 

@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from thread_server import ThreadServer
 
-from specwatch.gateway.markers import draft_positions, speculative_settings
+from specwatch.gateway.markers import data_parallel_ranks, draft_positions, speculative_settings
 from specwatch.telemetry.schema import EngineEvent
 
 
@@ -73,5 +73,7 @@ def test_markers_on_first_sight_and_on_each_change():
 def test_identity_pieces():
     assert draft_positions(FakeVllm(gamma=4).text()) == 4
     assert draft_positions("vllm:num_requests_running 0\n") == 0
+    assert data_parallel_ranks(FakeVllm(engines=2).text()) == 2  # one `engine` label value per rank
+    assert data_parallel_ranks(FakeVllm().text()) == 1 and data_parallel_ranks("not {an exposition") == 0
     card = {"id": "m", "speculative_config": {"method": "ngram", "num_speculative_tokens": 4}, "root": "m"}
     assert speculative_settings(card) == {"speculative_config": {"method": "ngram", "num_speculative_tokens": 4}}
