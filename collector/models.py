@@ -257,7 +257,7 @@ class VllmScrape(Base):
     e2e_counts: Mapped[list[float]]
     e2e_sum: Mapped[float]
     generation_tokens: Mapped[float] = mapped_column(server_default=text("0"))  # vllm:generation_tokens_total delta
-    speculating: Mapped[bool | None]  # the spec-decode families are exposed (None: scraped before 0016)
+    speculating: Mapped[bool | None]  # the spec-decode families are exposed (None: scraped before 0018)
 
 
 # Tables the migrations create for another package, which defines them: the alerts' state, history,

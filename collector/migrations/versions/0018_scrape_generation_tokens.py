@@ -1,7 +1,7 @@
 """vllm_scrapes: generated tokens and whether the engine is configured to speculate
 
-Revision ID: 0016
-Revises: 0015
+Revision ID: 0018
+Revises: 0017
 Create Date: 2026-12-06
 
 `generation_tokens` (the delta of vllm:generation_tokens_total) is what drafts are compared with to
@@ -15,8 +15,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0016"
-down_revision = "0015"
+revision = "0018"
+down_revision = "0017"
 branch_labels = None
 depends_on = None
 
