@@ -3,6 +3,7 @@
 import streamlit as st
 
 from specwatch.dashboard import charts, reads
+from specwatch.dashboard.formats import as_markdown_text
 from specwatch.dashboard.state import empty_state, fmt, table, view
 
 v = view()
@@ -29,7 +30,7 @@ estimated = d.power_source == "estimate"
 cols[2].metric(
     "Power" + (" (estimated)" if estimated else ""),
     fmt(d.power_w, " W", digits=1),
-    help=f"source: {d.power_source or 'none'}",
+    help=f"source: {as_markdown_text(d.power_source or 'none')}",
 )
 cols[3].metric(
     "Draft utilisation swing",
