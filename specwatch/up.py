@@ -193,7 +193,7 @@ def _start_children(args: argparse.Namespace, stack: Stack) -> None:
     stack.processes.append(start_engine(args, stack, token))
     print(f"engine     {stack.engine}/v1   (OpenAI-compatible; log {args.data_dir}/engine.log)", flush=True)
     print("engine     measuring this machine's prefill and decode: a few plain requests ...", flush=True)
-    speed = asyncio.run(calibrate(stack.engine))
+    speed = asyncio.run(calibrate(stack.engine, tuple({s for phase in PHASES for s in phase[1]})))
     stack.done, stack.failed = CALIBRATION_REQUESTS, CALIBRATION_REQUESTS - speed.requests
     rules, said = write_rules(args.data_dir, stack.engine, args.device == "cpu", speed, args.concurrency)
     print("\n".join(said), flush=True)

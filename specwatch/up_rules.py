@@ -3,10 +3,10 @@ engine, and the machine-dependent rules set for this machine, each change said i
 
 - Latency: the shipped TTFT SLO (300 ms) is a GPU serving figure; a laptop's CPU misses it in either
   mode, and TTFTP99High's remediation (plain decoding) would then stop all drafting, the early-exit
-  phase's included. `up` measures this machine's prefill and decode with a few plain requests at start
-  (`calibrate`) and sets the threshold to `HEADROOM` x what `concurrency` clients queued behind one
-  another see (a prefill and a decode step each), never below the shipped one: the rule fires when
-  serving degrades, not because the machine is slow.
+  phase's included. `up` measures this machine's prefill and decode with a few plain requests of the
+  phases' longest prompt at start (`calibrate`) and sets the threshold to `HEADROOM` x what
+  `concurrency` clients queued behind one another see (a prefill and a decode step each), never below
+  the shipped one: the rule fires when serving degrades, not because the machine is slow.
 - Memory: MemoryFragmentationHigh watches reserved / allocated memory, a CUDA caching allocator's
   figure that `defragment` can act on. On a CPU the sampler's figure is the glibc heap's ratio, which
   has no such remedy: not applicable on a CPU, so the rule is left out there.
@@ -43,13 +43,16 @@ class Calibration:
         return max(shipped_s, float(f"{HEADROOM * concurrency * (self.prefill_s + self.decode_s):.2g}"))
 
 
-async def calibrate(engine_url: str) -> Calibration:
-    """`CALIBRATION_REQUESTS` plain chat requests, one at a time, stored under the scenario "calibration"."""
+async def calibrate(engine_url: str, scenarios: tuple[str, ...]) -> Calibration:
+    """`CALIBRATION_REQUESTS` plain requests, one at a time, of the longest prompt among `scenarios` (the
+    phases' traffic: prefill grows with the prompt), stored under the scenario "calibration"."""
     from specwatch.traffic import TrafficConfig, one_request
+    from specwatch.workload import PROMPTS
 
-    config = TrafficConfig(url=engine_url, scenarios=("chat",), max_tokens=CALIBRATION_TOKENS, drafter=None)
+    longest = max(scenarios, key=lambda scenario: len(PROMPTS[scenario]))
+    config = TrafficConfig(url=engine_url, scenarios=(longest,), max_tokens=CALIBRATION_TOKENS, drafter=None)
     async with httpx.AsyncClient(base_url=engine_url, timeout=httpx.Timeout(600, connect=10)) as http:
-        outcomes = [await one_request(http, config, "chat", tag="calibration") for _ in range(CALIBRATION_REQUESTS)]
+        outcomes = [await one_request(http, config, longest, tag="calibration") for _ in range(CALIBRATION_REQUESTS)]
     timed = [o for o in outcomes if o.ok and o.ttft_s is not None and o.tokens > 1]
     if not timed:
         errors = ", ".join(sorted({o.error or "no tokens" for o in outcomes}))
@@ -86,7 +89,7 @@ def _set_ttft(rules: dict, speed: Calibration, concurrency: int) -> str:
     ttft["summary"] = ttft["summary"].replace(f"> {shipped:g} s", f"> {slo:g} s (this machine's demo SLO)")
     measured = (
         f"this machine: prefill {speed.prefill_s * 1000:,.0f} ms, decode {speed.decode_s * 1000:,.0f} ms/token "
-        f"(median of {speed.requests} plain requests)"
+        f"(median of {speed.requests} plain requests of the longest prompt the phases send)"
     )
     if slo == shipped:
         return f"{measured}; TTFTP99High stays at {shipped:g} s"

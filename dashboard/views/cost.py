@@ -93,6 +93,15 @@ cols[3].metric(
     help="fixed costs / month (draft training, monitoring, incidents, opportunity, reserve) / saving per token",
 )
 priced = f"{summary['tco']['gpu_type']} ({summary['tco']['pricing']})"
+bill = cost_service.window_bill(summary)
+if bill is not None:
+    mark = "~" if bill.estimate else ""
+    st.subheader(f"The bill for this window: {mark}{as_markdown_text(usd(bill.usd))}" + (" (estimate)" if mark else ""))
+    st.altair_chart(charts.bill_stack(bill.parts), width="stretch")
+    st.caption(
+        "Σ instance price x hours in the window; the parts add up to it. "
+        + ("~: some part is an estimate (hover a part)." if mark else "")
+    )
 st.subheader(f"Cost per 1M output tokens on {as_markdown_text(priced)}")
 table(model.arms)
 idle = summary["tco"]["idle"]

@@ -60,8 +60,18 @@ st.altair_chart(
     charts.line(d.samples, "power_w", "power (W)" + (" — estimated" if estimated else ""), color="instance"),
     width="stretch",
 )
+sampled = reads.sampled_energy(v)
+marked = " (estimate)" if sampled.estimated else ""
+st.metric(
+    "Energy per output token" + marked,
+    fmt(sampled.per_token, " J", digits=3, missing="not measured (no power readings)"),
+    help="Σ device power x sampling interval / output tokens in the window, all modes together",
+)
 energy = reads.power_by_mode(v)
 table(energy.table)
+st.caption(
+    "Per mode, from the records' own energy where producers send it (the bundled engine does not: 'not metered')."
+)
 if d.power_estimated or energy.estimated:
     st.warning(
         "Some power and energy figures are **estimates** (no NVML or RAPL reading on this machine): "
