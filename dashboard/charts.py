@@ -1,6 +1,9 @@
 """Altair charts with units on the axes and the collector's alert thresholds drawn (no Streamlit here).
 
-Time axes are UTC and 24-hour (`%H:%M`; the date too when a chart spans more than a day).
+Time axes are UTC and 24-hour (`%H:%M`; the date too when a chart spans more than a day). The UTC
+comes from the scale (`type: utc`), which Vega-Lite's axis labels follow; an axis's `formatType: "utc"`
+would make the Vega build Streamlit ships drop the format and fall back to its 12-hour default
+("06 PM"), as tests/dashboard/test_browser.py saw rendered.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ def time_format(times: pd.Series) -> str:
 
 def time_x(times: pd.Series, title: str = "time (UTC)", fmt: str | None = None) -> alt.X:
     """An x axis of the `time` column in UTC."""
-    axis = alt.Axis(format=fmt or time_format(times), formatType="utc", labelOverlap=True)
+    axis = alt.Axis(format=fmt or time_format(times), labelOverlap=True)  # UTC from the scale (module docstring)
     return alt.X("time:T", title=title, scale=alt.Scale(type="utc"), axis=axis)
 
 
