@@ -30,7 +30,7 @@ table(found.buckets)
 st.subheader("Emitted configuration")
 st.code(found.found["vllm_argument"] or "no speculation: start vLLM without --speculative-config", language="bash")
 st.code(f"draft_len_schedule: {found.found['trtllm_draft_len_schedule']}", language="yaml")
-sources = "; ".join(f"{k}: {', '.join(v) or '—'}" for k, v in found.found["sources"].items())
-st.caption(f"Sources: {as_markdown_text(sources)}")
+for what, named in (("acceptance", "Acceptance"), ("step_cost", "Step cost")):
+    st.caption(f"{named} from: {as_markdown_text('; '.join(found.found['sources'][what]) or 'no bucket had data')}")
 for note in found.found["notes"]:
     st.caption(as_markdown_text(note))
