@@ -179,7 +179,7 @@ st.caption(
 table(model.assumptions)
 
 st.subheader("Recommendations per scenario")
-table(model.advice[["scenario", "action", "rule", "reason"]] if not model.advice.empty else model.advice)
+table(model.advice[["scenario", "action", "sentence"]] if not model.advice.empty else model.advice)
 
 st.subheader("Monthly cost-benefit report")
 month = st.text_input("Month (YYYY-MM)", value=this_month(), max_chars=7)
