@@ -18,12 +18,18 @@ if d.empty:
 lines = reads.thresholds()
 limit, swing_limit = lines.get("fragmentation"), lines.get("draft_util_swing")
 
+# on a CPU the sampler's ratio is the glibc heap's (arena + mmap) / in use: no allocator cache to defragment
+on_cpu = bool(d.samples["device"].eq("cpu").all())
 cols = st.columns(4)
 cols[0].metric(
-    "Fragmentation (latest)",
+    "Heap ratio (latest; fragmentation not applicable on CPU)" if on_cpu else "Fragmentation (latest)",
     fmt(d.fragmentation),
     limit and limit.versus(d.fragmentation, digits=2),
     delta_color="inverse",
+    help="(arena + mmap) / in-use bytes of the glibc heap; MemoryFragmentationHigh reads a CUDA allocator's "
+    "reserved / allocated and does not apply here"
+    if on_cpu
+    else "reserved / allocated memory of the CUDA caching allocator",
 )
 cols[1].metric("Memory reserved", fmt(d.reserved_mib, " MiB", digits=0))
 estimated = d.power_source == "estimate"
@@ -42,7 +48,14 @@ cols[3].metric(
 
 defrags = reads.events(v, "defrag")
 st.altair_chart(
-    charts.line(d.samples, "fragmentation", "fragmentation", limit, color="instance", markers=defrags),
+    charts.line(
+        d.samples,
+        "fragmentation",
+        "heap ratio (CPU)" if on_cpu else "fragmentation",
+        limit,
+        color="instance",
+        markers=defrags,
+    ),
     width="stretch",
 )
 st.caption(lines.caption("fragmentation", "fragmentation"))
