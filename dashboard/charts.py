@@ -207,12 +207,12 @@ def bill_stack(parts: pd.DataFrame) -> alt.Chart:
     """The window's bill as one horizontal bar stacked by what makes it up (arms, retries, idle, ...)."""
     return (
         alt.Chart(parts.assign(bill="bill"))
-        .mark_bar()
+        .mark_bar(size=32)
         .encode(
             x=alt.X("usd:Q", title="$ in this window", stack="zero"),
             y=alt.Y("bill:N", title=None, axis=None),
-            color=alt.Color("part:N", title=None, legend=alt.Legend(orient="bottom")),
+            color=alt.Color("part:N", title="part of the bill", legend=alt.Legend(orient="right")),
             tooltip=["part:N", alt.Tooltip("usd:Q", format="$,.4f"), "estimate:N"],
         )
-        .properties(height=60)
+        .properties(height=48)
     )
