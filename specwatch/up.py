@@ -279,28 +279,29 @@ def run_phases(args: argparse.Namespace, stack: Stack) -> int:
 
 
 def run_phase(args: argparse.Namespace, stack: Stack, phase: tuple) -> None:
-    """One phase of traffic; one with an alert runs on until that alert fires (or the stretch is spent)."""
+    """One phase of traffic; one with an alert runs on until that alert fires for the phase's drafter (or
+    the stretch is spent)."""
     started = time.monotonic()
     asyncio.run(send_traffic(args, stack, phase, duration_s=args.phase_seconds))
     if (alert := phase[3]) is None:
         return
     deadline = started + (1 + STRETCH_MAX) * args.phase_seconds
-    if not firing(stack, alert):
+    if not firing(stack, alert, phase[2]):
         print(f"traffic    {alert} is not firing yet: the phase runs on until it does", flush=True)
-    while not (fired := firing(stack, alert)) and time.monotonic() < deadline:
+    while not (fired := firing(stack, alert, phase[2])) and time.monotonic() < deadline:
         asyncio.run(send_traffic(args, stack, phase, duration_s=STRETCH_S))
     minutes = (time.monotonic() - started) / 60
     said = f"firing, {minutes:.1f} min into the phase" if fired else f"did not fire in {minutes:.1f} min"
-    print(f"alerts     {alert} {said}", flush=True)
+    print(f"alerts     {alert} ({phase[2]}) {said}", flush=True)
 
 
-def firing(stack: Stack, rule: str) -> bool:
-    """Whether the collector has an alert of `rule` firing now."""
+def firing(stack: Stack, rule: str, drafter: str) -> bool:
+    """Whether the collector has an alert of `rule` firing now for `drafter`."""
     try:
         alerts = httpx.get(f"{stack.collector}/v1/alerts", headers=stack.reads, timeout=10).json()["alerts"]
     except (httpx.HTTPError, ValueError, KeyError):
         return False
-    return any(a["rule"] == rule and a["state"] == "firing" for a in alerts)
+    return any(a["rule"] == rule and a["state"] == "firing" and a["labels"].get("drafter") == drafter for a in alerts)
 
 
 def stored_requests(collector: str, expected: int, last_s: float, headers: dict, timeout_s: float = 5.0) -> int | None:
