@@ -214,5 +214,5 @@ def bill_stack(parts: pd.DataFrame) -> alt.Chart:
             color=alt.Color("part:N", title="part of the bill", legend=alt.Legend(orient="right")),
             tooltip=["part:N", alt.Tooltip("usd:Q", format="$,.4f"), "estimate:N"],
         )
-        .properties(height=48)
+        .properties(height=110)  # room for the legend of 4-5 parts
     )

@@ -62,6 +62,12 @@ def p_value(value: float | None, missing: str = "—") -> str:
     return "< 0.0001" if value < 1e-4 else f"{value:.4f}"
 
 
+def p_is(value: float | None) -> str:
+    """ "p < 0.0001" or "p = 0.0312": a p-value inside a sentence."""
+    shown = p_value(value)
+    return f"p {shown}" if shown.startswith("<") else f"p = {shown}"
+
+
 def seconds(value: float) -> str:
     """0.3 -> '300 ms', 1.0 -> '1 s', 2.5 -> '2.5 s'."""
     return f"{value * 1000:.4g} ms" if value < 1 else f"{value:.4g} s"

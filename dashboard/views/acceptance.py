@@ -3,7 +3,7 @@
 import streamlit as st
 
 from specwatch.dashboard import charts, reads
-from specwatch.dashboard.formats import as_markdown_text, p_value
+from specwatch.dashboard.formats import as_markdown_text, p_is
 from specwatch.dashboard.state import empty_state, fmt, table, view
 
 v = view()
@@ -62,8 +62,7 @@ for by, label in (("prompt_tokens", "prompt length"), ("output_tokens", "output 
     within = reads.length_within_scenarios(v, by)
     st.subheader(f"Acceptance vs {label}")
     overall = (
-        f"Spearman ρ = {fmt(found.rho, digits=3)} (p = {p_value(found.p_value)}) over {found.requests:,} "
-        "requests that drafted"
+        f"Spearman ρ = {fmt(found.rho, digits=3)} ({p_is(found.p_value)}) over {found.requests:,} requests that drafted"
     )
     if len(within) > 1:
         st.caption(

@@ -3,7 +3,7 @@
 import streamlit as st
 
 from specwatch.dashboard import charts, reads
-from specwatch.dashboard.formats import duration, p_value
+from specwatch.dashboard.formats import duration, p_is
 from specwatch.dashboard.state import empty_state, fmt, table, verdict_panel, view
 
 v = view()
@@ -30,7 +30,7 @@ c = o.comparison
 row[3].metric(
     "Speed-up (by mode, biased)" if c.biased else "Speed-up (A/B arms)",
     fmt(c.speedup, "×"),
-    help=f"plain latency per token / speculative latency per token; Mann-Whitney p = {p_value(c.p_value)}",
+    help=f"plain latency per token / speculative latency per token; Mann-Whitney {p_is(c.p_value)}",
 )
 row = st.columns(4)
 rate = s.acceptance_rate

@@ -74,6 +74,7 @@ def test_empty_cells_say_what_is_missing():
 @pytest.mark.parametrize(("p", "shown"), [(1.5e-7, "< 0.0001"), (0.0, "< 0.0001"), (0.0312, "0.0312"), (None, "—")])
 def test_p_values_below_four_decimals_say_so(p, shown):
     assert formats.p_value(p) == shown
+    assert formats.p_is(p) == (f"p {shown}" if shown.startswith("<") else f"p = {shown}")
 
 
 def test_tables_print_thousands_separators():
