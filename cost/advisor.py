@@ -87,6 +87,24 @@ class ScenarioEvidence:
         object.__setattr__(self, "memory_headroom", headroom)
 
 
+ACTION_WORDS = {"enable": "Enable speculation", "disable": "Disable speculation",
+                "canary": "Run speculation as a canary (an A/B share)"}  # fmt: skip
+RULE_WORDS = {
+    "edge_device": "the device is an edge device with little memory",
+    "memory_beyond_one_device": "the model needs more than one device's memory",
+    "long_context": "the contexts are long",
+    "tight_memory": "memory is tight",
+    "latency_sensitive_chat": "the traffic is latency-sensitive chat",
+    "short_batch": "the requests are short",
+    "no_guidance": "no guidance rule applies",
+    "insufficient_data": "there are too few requests to judge",
+    "measured_slowdown": "speculation measured slower",
+    "measured_speedup": "speculation measured faster",
+    "unclear": "the measurement is not conclusive",
+    "costs_more_per_token": "speculation costs more per token at the load served",
+}
+
+
 @dataclass(frozen=True)
 class Recommendation:
     scenario: str
@@ -95,6 +113,21 @@ class Recommendation:
     reason: str  # the rule with its numbers, in words
     contradictions: tuple[str, ...]
     evidence: ScenarioEvidence
+    sentence: str = field(init=False)  # the advice as one sentence, for people (made from the fields above)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sentence", advice_sentence(self.scenario, self.action, self.rule, self.reason))
+
+
+def advice_sentence(scenario: str, action: str, rule: str, reason: str) -> str:
+    """'Run speculation as a canary (an A/B share) for chat: the guidance that the device is an edge device
+    ... says otherwise, but the measurement disagrees (device memory ...; speed-up 3.98x ...).'"""
+    doing = f"{ACTION_WORDS.get(action, action)} for {scenario}"
+    if rule.endswith("_contradicted"):
+        base = rule.removesuffix("_contradicted")
+        said = RULE_WORDS.get(base, base.replace("_", " "))
+        return f"{doing}: the guidance ({said}) says otherwise, but the measurement disagrees ({reason})."
+    return f"{doing}: {RULE_WORDS.get(rule, rule.replace('_', ' '))} ({reason})."
 
 
 # --- the rules (pure) -------------------------------------------------------------------

@@ -344,7 +344,7 @@ def _tornado_lines(rows: tuple[TornadoRow, ...], top: int = 8) -> list[str]:
 def _advice_lines(advice: tuple[Recommendation, ...]) -> list[str]:
     lines = ["", "Advice per scenario:"] if advice else []
     for r in advice:
-        lines.append(f"  {r.scenario}: {r.action.upper()} [{r.rule}] {r.reason}")
+        lines.append(f"  {r.sentence}")
         lines += [f"    ! {c}" for c in r.contradictions]
     return lines
 

@@ -36,8 +36,14 @@ from specwatch.cost.tuner import Acceptance, Interval, Schedule, StepCurve, Tune
 
 MIN_SPREAD = 0.25  # draft tokens per step between a level's two most distant points
 MIN_STEPS = 20.0  # decoding steps behind a step-cost point
-PER_STEP = "accepted_per_position / drafts_per_position (per-step drafts: vLLM detailed)"
-SUMMARY = "accepted_per_position, each draft taken to reach gamma (vLLM summary)"
+PER_STEP = (
+    "accepted / drafted at each position, from the drafts the producer counted per step (the bundled engine; "
+    "vLLM with --per-request-spec-decode-metrics detailed)"
+)
+SUMMARY = (
+    "accepted at each position, every draft taken to reach gamma (no per-step counts: vLLM with "
+    "--per-request-spec-decode-metrics summary)"
+)
 UNDERCOUNT = (
     "requests without drafts_per_position (vLLM at --per-request-spec-decode-metrics summary) take every draft "
     "to reach their gamma: under a varying k (a schedule, drafts cut short near max_tokens) that undercounts "

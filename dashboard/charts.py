@@ -1,6 +1,9 @@
 """Altair charts with units on the axes and the collector's alert thresholds drawn (no Streamlit here).
 
-Time axes are UTC and 24-hour (`%H:%M`; the date too when a chart spans more than a day).
+Time axes are UTC and 24-hour (`%H:%M`; the date too when a chart spans more than a day). The UTC
+comes from the scale (`type: utc`), which Vega-Lite's axis labels follow; an axis's `formatType: "utc"`
+would make the Vega build Streamlit ships drop the format and fall back to its 12-hour default
+("06 PM"), as tests/dashboard/test_browser.py saw rendered.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ if TYPE_CHECKING:
 
 HEIGHT = 220
 DAY = pd.Timedelta(days=1)
+FEW_POINTS = 5  # a time series with fewer points is drawn as dots, and says so, not as a line
 
 
 def time_format(times: pd.Series) -> str:
@@ -24,7 +28,7 @@ def time_format(times: pd.Series) -> str:
 
 def time_x(times: pd.Series, title: str = "time (UTC)", fmt: str | None = None) -> alt.X:
     """An x axis of the `time` column in UTC."""
-    axis = alt.Axis(format=fmt or time_format(times), formatType="utc", labelOverlap=True)
+    axis = alt.Axis(format=fmt or time_format(times), labelOverlap=True)  # UTC from the scale (module docstring)
     return alt.X("time:T", title=title, scale=alt.Scale(type="utc"), axis=axis)
 
 
@@ -56,11 +60,16 @@ def line(
 ) -> alt.Chart:
     """A time series (x = `time`, UTC), optionally with a rule's threshold line, a shaded band (low,
     high columns) and `markers`: a vertical line at each `time` of that frame (events, deploys)."""
-    x = time_x(frame.get("time", pd.Series(dtype="datetime64[ns, UTC]")))
+    times = frame.get("time", pd.Series(dtype="datetime64[ns, UTC]"))
+    x = time_x(times)
     encoding = {"x": x, "y": alt.Y(f"{y}:Q", title=title)}
     if color:
         encoding["color"] = alt.Color(f"{color}:N")
-    chart = alt.Chart(frame).mark_line(point=True).encode(**encoding, tooltip=[time_tooltip(), f"{y}:Q"])
+    few = times.nunique() < FEW_POINTS
+    base = alt.Chart(frame, title=_few_title(times.nunique()) if few else alt.Undefined)
+    chart = (base.mark_point(filled=True, size=60) if few else base.mark_line(point=True)).encode(
+        **encoding, tooltip=[time_tooltip(), f"{y}:Q"]
+    )
     layers = [chart]
     if band:
         layers.insert(0, alt.Chart(frame).mark_area(opacity=0.2).encode(x=x, y=f"{band[0]}:Q", y2=f"{band[1]}:Q"))
@@ -69,6 +78,11 @@ def line(
     if markers is not None and not markers.empty:
         layers.append(_markers(markers, x))
     return alt.layer(*layers).properties(height=HEIGHT)
+
+
+def _few_title(points: int) -> alt.TitleParams:
+    said = "no point" if points == 0 else f"only {points} point{'s' if points > 1 else ''}"
+    return alt.TitleParams(f"{said} in this window so far: too few for a line", fontSize=11, fontWeight="normal")
 
 
 def bars(
@@ -82,7 +96,11 @@ def bars(
     chart = (
         alt.Chart(frame)
         .mark_bar()
-        .encode(x=alt.X(f"{x}:O", title=x_title), y=alt.Y(f"{y}:Q", title=y_title), tooltip=[f"{x}:O", f"{y}:Q"])
+        .encode(
+            x=alt.X(f"{x}:O", title=x_title, sort=None),  # the frame's order: buckets low to high, not as text
+            y=alt.Y(f"{y}:Q", title=y_title),
+            tooltip=[f"{x}:O", f"{y}:Q"],
+        )
     )
     layers = [chart] + ([_threshold(threshold)] if threshold is not None else [])
     return alt.layer(*layers).properties(height=HEIGHT)
@@ -176,10 +194,25 @@ def tornado(rows: pd.DataFrame) -> alt.Chart:
         alt.Chart(rows)
         .mark_bar()
         .encode(
-            y=alt.Y("name:N", sort=None, title=None),
+            y=alt.Y("name:N", sort=None, title=None, axis=alt.Axis(labelLimit=400)),  # whole input names
             x=alt.X("net_at_low:Q", title="net benefit $/month"),
             x2="net_at_high:Q",
             tooltip=["name:N", "low:Q", "high:Q", "net_at_low:Q", "net_at_high:Q"],
         )
         .properties(height=HEIGHT)
+    )
+
+
+def bill_stack(parts: pd.DataFrame) -> alt.Chart:
+    """The window's bill as one horizontal bar stacked by what makes it up (arms, retries, idle, ...)."""
+    return (
+        alt.Chart(parts.assign(bill="bill"))
+        .mark_bar(size=32)
+        .encode(
+            x=alt.X("usd:Q", title="$ in this window", stack="zero"),
+            y=alt.Y("bill:N", title=None, axis=None),
+            color=alt.Color("part:N", title="part of the bill", legend=alt.Legend(orient="right")),
+            tooltip=["part:N", alt.Tooltip("usd:Q", format="$,.4f"), "estimate:N"],
+        )
+        .properties(height=110)  # room for the legend of 4-5 parts
     )

@@ -54,12 +54,43 @@ def cost(view: View, gpu_type: str | None = None, overrides: tuple[tuple[str, fl
     )
 
 
+# a bill line's kind as the stacked bar names it (an arm's line is named by its arm)
+BILL_PARTS = {"outside_view": "outside this view", "other_tenants": "other tenants"}
+
+
+@dataclass(frozen=True)
+class WindowBill:
+    """The window's bill (Σ instance bills) and what makes it up: `parts` (part, usd, estimate), Σ = the bill."""
+
+    usd: float
+    parts: pd.DataFrame
+    estimate: bool  # some instance priced as the inputs' GPU type, or a line rests on derived device time
+
+
+def window_bill(summary: dict) -> WindowBill | None:
+    """The bill of the cost model's allocation (None: nothing billed in the window)."""
+    allocation = summary["tco"].get("allocation") or {}
+    bills, lines = allocation.get("bills") or [], allocation.get("lines") or []
+    if not bills:
+        return None
+    parts: dict[str, list] = {}
+    for line in lines:
+        name = f"arm {line['arm']}" if line["kind"] == "arm" else BILL_PARTS.get(line["kind"], line["kind"])
+        usd, estimate = parts.get(name, [0.0, False])
+        parts[name] = [usd + line["compute_usd"] + line["energy_usd"], estimate or line["estimate"]]
+    frame = pd.DataFrame([(k, usd, est) for k, (usd, est) in parts.items()], columns=["part", "usd", "estimate"])
+    total = sum(b["compute_usd"] + b["energy_usd"] for b in bills)
+    estimate = any(b["source"].startswith("estimate") for b in bills) or bool(frame["estimate"].any())
+    return WindowBill(total, frame, estimate)
+
+
 def _arms(arms: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(
         [
             {
                 "arm": a["key"],
                 "$ / 1M tokens": a["total_usd_per_mtok"],
+                "monthly $": a["monthly_usd"],
                 "compute $": a["compute_usd_per_mtok"],
                 "energy $": a["energy_usd_per_mtok"],
                 "energy source": a["energy_source"],
@@ -69,7 +100,6 @@ def _arms(arms: list[dict]) -> pd.DataFrame:
                 "GPU-hours / 1M tokens": a["gpu_hours_per_mtok"],
                 "device time from": a["device_s_source"],
                 "memory share": a["memory_share"],
-                "monthly $": a["monthly_usd"],
             }
             for a in arms
         ]
@@ -81,15 +111,15 @@ def _benefits(benefits: list[dict]) -> pd.DataFrame:
         [
             {
                 "drafter arm": b["key"],
+                "net $/month": b["net_usd"],
+                "payback (months)": b["payback_months"],
                 "explicit saving $/month": b["explicit_saving_usd"],
                 "draft training $/month": b["hidden"]["draft_training_usd"],
                 "monitoring $/month": b["hidden"]["monitoring_usd"],
                 "incidents $/month": b["hidden"]["incidents_usd"],
                 "opportunity $/month": b["hidden"]["opportunity_usd"],
                 "tech-debt reserve $/month": b["hidden"]["tech_debt_usd"],
-                "net $/month": b["net_usd"],
                 "estimated from": ", ".join(b["estimated_from"]),
-                "payback (months)": b["payback_months"],
             }
             for b in benefits
         ]
@@ -111,8 +141,15 @@ def step_times(b: dict) -> str:
 
 
 def _assumptions(assumptions: list[dict]) -> pd.DataFrame:
-    rows = [{"input": a["name"], "value": a["value"], "unit": a["unit"], "source": a["source"]} for a in assumptions]
-    return pd.DataFrame(rows).astype({"value": str}, errors="ignore")
+    rows = [(a["name"], _figure(a["value"]), a["unit"], a["source"]) for a in assumptions]
+    return pd.DataFrame(rows, columns=["input", "value", "unit", "source"])
+
+
+def _figure(value: object) -> str:
+    """75429713.06 -> "75,429,713"; 0.0123 -> "0.0123"; text as it is (one column holds both)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:,.4g}"
 
 
 def cost_daily(days: int) -> DailyCost:

@@ -84,9 +84,10 @@ def _number(value: object) -> float | None:
 
 
 def _memory(samples: pd.DataFrame) -> pd.DataFrame:
-    kinds = ["mem_allocated_bytes", "mem_reserved_bytes"]
-    memory = samples.melt(id_vars=["time"], value_vars=kinds, var_name="kind", value_name="bytes")
+    kinds = {"mem_allocated_bytes": "allocated", "mem_reserved_bytes": "reserved"}
+    memory = samples.melt(id_vars=["time"], value_vars=list(kinds), var_name="kind", value_name="bytes")
     memory["MiB"] = memory["bytes"] / MIB
+    memory["kind"] = memory["kind"].map(kinds)
     return memory
 
 
@@ -165,3 +166,41 @@ def vllm_signals(view: View) -> VllmSignals:
     found = get("/v1/vllm/signals", view.params(with_filters=False))
     figures = (found["acceptance_rate"], found["mean_acceptance_length"], found["ttft"]["p99"])
     return VllmSignals(found["intervals"], *figures)
+
+
+@dataclass(frozen=True)
+class SampledEnergy:
+    """Energy over the window from the device samples' power, and the output tokens served meanwhile."""
+
+    joules: float | None  # None: no sample carried power
+    output_tokens: int
+    estimated: bool  # some power figure was an estimate (no NVML or RAPL reading)
+
+    @property
+    def per_token(self) -> float | None:
+        return self.joules / self.output_tokens if self.joules is not None and self.output_tokens else None
+
+
+def sampled_energy(view: View) -> SampledEnergy:
+    """Σ power x the time each sample stands for (the gap to the instance's next sample, at most
+    `MAX_GAP` sampling intervals, so a pause is not billed as busy), over the instance's output tokens.
+    All modes together: the samples cannot tell speculative from plain work apart."""
+    samples = device_series(view)
+    tokens = get("/v1/signals", _device_params(view))["output_tokens"]
+    if samples.empty or samples["power_w"].isna().all():
+        return SampledEnergy(None, tokens, False)
+    joules = sum(_joules(group) for _, group in samples.dropna(subset=["power_w"]).groupby("instance"))
+    return SampledEnergy(joules, tokens, bool((samples["power_source"] == "estimate").any()))
+
+
+MAX_GAP = 3.0
+
+
+def _joules(samples: pd.DataFrame) -> float:
+    at = samples["at"].to_numpy(dtype=float)
+    if len(at) < 2:
+        return 0.0
+    gaps = pd.Series(at).diff().shift(-1)
+    typical = float(gaps.median())
+    gaps = gaps.fillna(typical).clip(upper=MAX_GAP * typical)
+    return float((samples["power_w"].to_numpy(dtype=float) * gaps.to_numpy()).sum())

@@ -25,6 +25,11 @@ MISSING = {
     "last_sent_at": "not sent",
     "value": "no value",
     "last evaluated": "not yet",
+    "delivered": "not yet",
+    "last error": "none",
+    "instance": "all",
+    "labels": "none",
+    "detail": "none",
 }
 NOT_MEASURED = "not measured"
 
@@ -48,6 +53,19 @@ def usd(value: float | None, missing: str = "—") -> str:
     else:
         text = f"{size:.{max(2, 1 - math.floor(math.log10(size)))}f}"
     return f"{sign}${text}"
+
+
+def p_value(value: float | None, missing: str = "—") -> str:
+    """A test's p-value as a reader takes it: "< 0.0001" below that, else four decimals."""
+    if _missing(value):
+        return missing
+    return "< 0.0001" if value < 1e-4 else f"{value:.4f}"
+
+
+def p_is(value: float | None) -> str:
+    """ "p < 0.0001" or "p = 0.0312": a p-value inside a sentence."""
+    shown = p_value(value)
+    return f"p {shown}" if shown.startswith("<") else f"p = {shown}"
 
 
 def seconds(value: float) -> str:
@@ -107,7 +125,7 @@ def styled(frame: pd.DataFrame, money: tuple[str, ...] = (), digits: int = 3):
             frame[column] = frame[column].map(lambda v, c=column: _cell(v, c, money, digits))
     formatters = {c: usd for c in money if frame[c].dtype.kind in "fi"}
     formatters |= {c: _time for c in frame.columns if frame[c].dtype.kind == "M"}
-    return frame.style.format(formatters, precision=digits)
+    return frame.style.format(formatters, precision=digits, thousands=",")
 
 
 def _time(value: pd.Timestamp) -> str:

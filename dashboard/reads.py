@@ -3,7 +3,15 @@
 
 from __future__ import annotations
 
-from specwatch.dashboard import cost_service, fleet, requests_service, services, speculation_service, tuning_service
+from specwatch.dashboard import (
+    alerts_service,
+    cost_service,
+    fleet,
+    requests_service,
+    services,
+    speculation_service,
+    tuning_service,
+)
 from specwatch.dashboard.state import cached
 
 overview = cached(services.overview)
@@ -11,6 +19,7 @@ series = cached(services.series)
 acceptance_series = cached(services.acceptance_series)
 positions = cached(services.positions)
 length_points = cached(services.length_points)
+length_within_scenarios = cached(services.length_within_scenarios)
 breakdown = cached(services.breakdown)
 cdfs = cached(services.cdfs)
 compare = cached(services.compare)
@@ -19,9 +28,10 @@ power_by_mode = cached(services.power_by_mode)
 thresholds = cached(services.thresholds)
 alerts = cached(services.alerts)
 rules = cached(services.rules)
-alert_history = cached(services.alert_history)
+alert_history = cached(alerts_service.alert_history)
 
 devices = cached(fleet.devices)
+sampled_energy = cached(fleet.sampled_energy)
 events = cached(fleet.events)
 deploy_markers = cached(fleet.deploy_markers)
 sources = cached(fleet.sources)

@@ -21,7 +21,11 @@ SORTS = {"newest first": ("time", "desc"), "oldest first": ("time", "asc")} | {
 }
 STATUSES = ("ok", "error", "cancelled")
 FLAGS = ("any", "outlier", "repetition", "collapse")
-COLUMNS = ["request_id", "time", "instance", "drafter", "mode", "status", "acceptance", "ttft_s", "e2e_s", "flags"]
+# mode_reason: why the policy chose the mode (default, canary, load, long_prompt, low_acceptance, alert, ...)
+COLUMNS = [
+    "request_id", "time", "instance", "drafter", "mode", "mode_reason", "status", "acceptance", "ttft_s", "e2e_s",
+    "flags",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -124,13 +124,17 @@ class Alert:
     def severity(self) -> str | None:
         return dict(self.labels).get("severity")
 
-    def row(self, with_labels: bool = True) -> dict:
-        """The alert as a table row (the labels that tell alerts of one rule apart, when asked)."""
-        row = {"state": self.state, "rule": self.rule, "summary": self.summary}
-        if with_labels:
-            shown = (f"{k}={v}" for k, v in self.labels if k not in ("alertname", "severity"))
-            row |= {"labels": ", ".join(shown), "severity": self.severity}
-        return row | {"value": self.value}
+    def row(self) -> dict:
+        """The alert as a person reads it: state, rule, summary, instance, severity, value."""
+        instance = dict(self.labels).get("instance")
+        return {"state": self.state, "rule": self.rule, "summary": self.summary, "instance": instance} | {
+            "severity": self.severity,
+            "value": self.value,
+        }
+
+    def internals(self) -> dict:
+        """The labels that tell alerts of one rule apart, as `key=value` text."""
+        return {"rule": self.rule, "labels": ", ".join(f"{k}={v}" for k, v in self.labels if k != "alertname")}
 
 
 @dataclass(frozen=True)
@@ -182,11 +186,12 @@ def series(view: View) -> pd.DataFrame:
 
 
 def acceptance_series(view: View) -> pd.DataFrame:
-    """Acceptance over time with the ±1 stddev band of per-request acceptance."""
+    """Acceptance over time with the ±1 stddev band of per-request acceptance, clipped to [0, 1]."""
     frame = series(view)
     if not frame.empty:
-        frame["band_low"] = frame["acceptance_rate_mean"] - frame["acceptance_rate_stddev"]
-        frame["band_high"] = frame["acceptance_rate_mean"] + frame["acceptance_rate_stddev"]
+        spread = frame["acceptance_rate_stddev"]  # a rate lies in [0, 1]: so does its band
+        frame["band_low"] = (frame["acceptance_rate_mean"] - spread).clip(0.0, 1.0)
+        frame["band_high"] = (frame["acceptance_rate_mean"] + spread).clip(0.0, 1.0)
     return frame
 
 
@@ -213,6 +218,19 @@ def length_points(view: View, by: str) -> LengthAcceptance:
         buckets["bucket"] = [f"{b['low']}–{b['high'] or '∞'}" for b in found["buckets"]]
     points = pd.DataFrame(found["points"], columns=["length", "acceptance"])
     return LengthAcceptance(found["requests"], found["spearman_rho"], found["p_value"], buckets, points)
+
+
+def length_within_scenarios(view: View, by: str) -> pd.DataFrame:
+    """Spearman's ρ of acceptance against `by` within each scenario of the window (scenarios differ in
+    both prompt length and acceptance, so ρ over all of them together is confounded)."""
+    scenarios = sorted(labels(view)["tag:scenario"]) if view.tag is None else []
+    rows = []
+    for scenario in scenarios:
+        found = get("/v1/acceptance/length", view.params() | {"by": by, "tag": f"scenario:{scenario}"})
+        if found["requests"]:
+            rows.append({"scenario": scenario, "requests": found["requests"], "ρ": found["spearman_rho"],
+                         "p": formats.p_value(found["p_value"], "not measured")})  # fmt: skip
+    return pd.DataFrame(rows, columns=["scenario", "requests", "ρ", "p"])
 
 
 def breakdown(view: View, by: str) -> pd.DataFrame:
@@ -312,27 +330,6 @@ def _rule_row(rule: dict, health: dict) -> dict:
         "last evaluated": None if evaluated is None else pd.to_datetime(evaluated, unit="s", utc=True),
         "error": health.get("error"),
     }
-
-
-@dataclass(frozen=True)
-class AlertHistory:
-    """The window's alert transitions, remediation actions and webhook deliveries (a `time` column each)."""
-
-    transitions: pd.DataFrame
-    actions: pd.DataFrame
-    notifications: pd.DataFrame
-
-
-def alert_history(view: View) -> AlertHistory:
-    found = get("/v1/alerts/history", view.params(with_filters=False))
-    frames = {}
-    for name in ("transitions", "actions", "notifications"):
-        frame = pd.DataFrame(found[name])
-        if not frame.empty:
-            time_column = "created_at" if name == "notifications" else "at"
-            frame.insert(0, "time", pd.to_datetime(frame[time_column], unit="s", utc=True))
-        frames[name] = frame
-    return AlertHistory(**frames)
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,11 @@ def previous_month(month: str) -> str:
     return f"{year - 1}-12" if mon == 1 else f"{year}-{mon - 1:02d}"
 
 
+def this_month(now: float | None = None) -> str:
+    """The current UTC month, YYYY-MM."""
+    return datetime.fromtimestamp(time.time() if now is None else now, UTC).strftime("%Y-%m")
+
+
 def last_month(now: float | None = None) -> str:
     """The month before the current UTC one."""
     today = datetime.fromtimestamp(time.time() if now is None else now, UTC)

@@ -3,7 +3,8 @@
     specwatch report [--month YYYY-MM] [--out DIR] [--db URL] [--gpu TYPE] [--prices FILE]
                      [--pricing P] [--hidden-costs FILE.toml] [--incidents seed|alerts] [--idle-allocation A]
 
---month defaults to last month (UTC); the files are `specwatch-report-YYYY-MM.html` and `.json`
+--month defaults to the current month to date (UTC), and says so on stderr: the first report after
+`specwatch up` reads what it stored. The files are `specwatch-report-YYYY-MM.html` and `.json`
 in DIR (default: the current directory). Prints both paths. --hidden-costs: overrides of the
 hidden costs (the keys of [hidden] in cost/cost_example.toml), shown with source "given" in the
 report's assumptions table; a bad file exits 2 with one line, before the store is read.
@@ -12,6 +13,8 @@ report's assumptions table; a bad file exits 2 with one line, before the store i
 from __future__ import annotations
 
 import argparse
+import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 from specwatch.collector.cli import add_db_option
@@ -22,7 +25,7 @@ from specwatch.cost.options import add_model_options, add_price_options
 def register(subparsers: argparse._SubParsersAction) -> None:
     report = subparsers.add_parser("report", help="write the monthly cost-benefit report (HTML + JSON)")
     report.add_argument(
-        "--month", metavar="YYYY-MM", default=None, help="the month to report (default: last month, UTC)"
+        "--month", metavar="YYYY-MM", default=None, help="the month to report (default: this month to date, UTC)"
     )
     report.add_argument("--out", metavar="DIR", type=Path, default=Path("."), help="output directory (default: .)")
     add_db_option(report)
@@ -32,17 +35,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def report_command(args: argparse.Namespace) -> int:
-    from specwatch.report.build import last_month, month_window
+    from specwatch.report.build import month_window, this_month
 
-    month = args.month or last_month()
+    month = args.month or this_month()
     try:
-        month_window(month)
+        window = month_window(month)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if args.month is None:
+        print(f"specwatch report: {month} to date ({_utc(window.start)} to {_utc(window.end)} UTC); "
+              "--month YYYY-MM for another month", file=sys.stderr)  # fmt: skip
     html_path, json_path = _write(args, month)
     print(html_path)
     print(json_path)
     return 0
+
+
+def _utc(epoch_s: float) -> str:
+    return datetime.fromtimestamp(epoch_s, UTC).strftime("%Y-%m-%d %H:%M")
 
 
 def _write(args: argparse.Namespace, month: str) -> tuple[Path, Path]:

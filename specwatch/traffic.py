@@ -94,7 +94,8 @@ class Backoff:
         return None
 
 
-async def one_request(http: httpx.AsyncClient, config: TrafficConfig, scenario: str) -> Outcome:
+async def one_request(http: httpx.AsyncClient, config: TrafficConfig, scenario: str, tag: str | None = None) -> Outcome:
+    """One streamed request of `scenario`'s prompt, tagged `scenario: <tag or scenario>`."""
     body = {
         "messages": [{"role": "user", "content": PROMPTS[scenario]}],
         "max_tokens": config.max_tokens,
@@ -102,7 +103,7 @@ async def one_request(http: httpx.AsyncClient, config: TrafficConfig, scenario: 
         "stream": True,
         "stream_options": {"include_usage": True},
         "drafter": config.drafter or "none",
-        "tags": {"scenario": scenario},
+        "tags": {"scenario": tag or scenario},
     }
     started, ttft, tokens = time.monotonic(), None, 0
     try:

@@ -150,7 +150,8 @@ def print_plan(plan, method: str | None, as_json: bool) -> None:
         sys.stdout.write(orjson.dumps(found, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY).decode() + "\n")
         return
     print("\n".join(plan_table(plan)))
-    print(f"sources: {found['sources']}")
+    for what, named in (("acceptance", "acceptance"), ("step_cost", "step cost")):
+        print(f"{named} from: {'; '.join(found['sources'][what]) or 'no bucket had data'}")
     print(f"vLLM: {found['vllm_argument'] or 'no speculation: start vLLM without --speculative-config'}")
     print(f"TensorRT-LLM draft_len_schedule: {found['trtllm_draft_len_schedule']}")
     for note in plan.notes:

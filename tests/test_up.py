@@ -16,6 +16,7 @@ from processes import children, running
 from waiting import wait_for
 
 from specwatch.common.procs import child_env, free_port, specwatch_command
+from specwatch.up_rules import CALIBRATION_REQUESTS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -27,13 +28,15 @@ def test_up_once_stores_the_sample_traffic(tmp_path):
     cmd += ["--port", ports[0], "--engine-port", ports[1], "--dashboard-port", ports[2]]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert (
-        "collector, last 60 min: 3 requests" in done.stdout
-    )  # stored with up's ingest token, read with its read token
+    # stored with up's ingest token, read with its read token; the calibration's plain requests come first
+    assert f"collector, last 60 min: {3 + CALIBRATION_REQUESTS} requests" in done.stdout
     assert "access control: tokens for ingest, read, admin" in (tmp_path / "collector.log").read_text()
     assert f"dashboard  http://127.0.0.1:{ports[2]}" in done.stdout
     with sqlite3.connect(tmp_path / "specwatch.db") as db:
-        rows = db.execute("select arm, drafter, json_extract(tags, '$.scenario') from requests").fetchall()
+        rows = db.execute(
+            "select arm, drafter, json_extract(tags, '$.scenario') from requests "
+            "where json_extract(tags, '$.scenario') != 'calibration'"
+        ).fetchall()
         events = {kind for (kind,) in db.execute("select kind from engine_events")}
     assert len(rows) == 3 and {(arm, drafter) for arm, drafter, _ in rows} <= {("spec", "ngram"), ("control", None)}
     assert {scenario for *_, scenario in rows} <= {"grounded", "code-edit"}
@@ -41,7 +44,11 @@ def test_up_once_stores_the_sample_traffic(tmp_path):
     rules = yaml.safe_load((tmp_path / "alert-rules.yaml").read_text())
     assert rules["remediation"]["engines"] == {"*": f"http://127.0.0.1:{ports[1]}"}
     ttft = next(rule for rule in rules["rules"] if rule["name"] == "TTFTP99High")
-    assert ttft["threshold"] == 1.0 and "TTFTP99High threshold raised from 0.3 s to 1 s" in done.stdout
+    measured = re.search(r"this machine: prefill ([\d,]+) ms, decode ([\d,]+) ms/token", done.stdout)
+    assert measured, done.stdout
+    assert ttft["threshold"] >= 0.3 and f"TTFTP99High set from 0.3 s to {ttft['threshold']:g} s" in done.stdout
+    assert "MemoryFragmentationHigh" not in {rule["name"] for rule in rules["rules"]}  # on a CPU
+    assert "MemoryFragmentationHigh: not applicable on a CPU" in done.stdout
 
 
 def test_up_rejects_bad_arguments():
@@ -91,7 +98,7 @@ def test_sigterm_while_the_model_loads_leaves_no_child(tmp_path):
     output = up.communicate(timeout=60)[0]
     assert up.returncode == 0 and "Traceback" not in output
     assert "0 requests done (0 failed)" in output
-    assert len(family) >= 2 and not [pid for pid in family if running(pid)]
+    assert family and not [pid for pid in family if running(pid)]
 
 
 def test_children_exit_when_up_is_killed(tmp_path):
@@ -103,13 +110,13 @@ def test_children_exit_when_up_is_killed(tmp_path):
 
 
 def _up_loading_the_model(tmp_path: Path) -> tuple[subprocess.Popen, list[int]]:
-    """`specwatch up` once its collector runs and its engine process loads the model; its descendants."""
+    """`specwatch up` once its engine process loads the model (the collector starts after it); its descendants."""
     ports = [str(free_port()) for _ in range(2)]
     cmd = specwatch_command("up", "--no-dashboard", "--data-dir", str(tmp_path), "--port", ports[0])
     cmd += ["--engine-port", ports[1]]
     up = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env())
     wait_for(lambda: "loading the model" in up.stdout.readline(), "the engine to start loading", timeout=120)
-    wait_for(lambda: len(children(up.pid)) >= 2, "the engine process", timeout=30)
+    wait_for(lambda: len(children(up.pid)) >= 1, "the engine process", timeout=30)
     return up, _descendants(up.pid)
 
 

@@ -75,6 +75,7 @@ class RequestRow:
     model: str
     drafter: str | None
     mode: str
+    mode_reason: str  # why the policy chose `mode` (default, canary, load, long_prompt, ...)
     status: str
     ttft_s: float | None
     e2e_s: float
@@ -96,6 +97,7 @@ _ROW_COLUMNS = (
     Request.model,
     Request.drafter,
     Request.mode,
+    Request.mode_reason,
     Request.status,
     Request.ttft_s,
     Request.e2e_s,

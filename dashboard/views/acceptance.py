@@ -3,6 +3,7 @@
 import streamlit as st
 
 from specwatch.dashboard import charts, reads
+from specwatch.dashboard.formats import as_markdown_text, p_is
 from specwatch.dashboard.state import empty_state, fmt, table, view
 
 v = view()
@@ -58,11 +59,21 @@ with right:
 
 for by, label in (("prompt_tokens", "prompt length"), ("output_tokens", "output length")):
     found = reads.length_points(v, by)
+    within = reads.length_within_scenarios(v, by)
     st.subheader(f"Acceptance vs {label}")
-    st.caption(
-        f"Spearman ρ = {fmt(found.rho, digits=3)} (p = {fmt(found.p_value, digits=4)}) over {found.requests:,} "
-        "requests that drafted"
+    overall = (
+        f"Spearman ρ = {fmt(found.rho, digits=3)} ({p_is(found.p_value)}) over {found.requests:,} requests that drafted"
     )
+    if len(within) > 1:
+        st.caption(
+            f"{overall}, all scenarios together: **confounded** (scenarios differ in both {label} and "
+            "acceptance). Within each scenario:"
+        )
+        table(within)
+    elif v.tag or len(within):
+        st.caption(f"{overall}, within {as_markdown_text(v.tag or 'scenario:' + within['scenario'][0])}")
+    else:
+        st.caption(f"{overall} (no scenario tags: it may mix kinds of traffic)")
     left, right = st.columns(2)
     left.altair_chart(
         charts.scatter(found.points, "length", "acceptance", f"{label} (tokens)", "acceptance rate"), width="stretch"

@@ -3,7 +3,7 @@
 import streamlit as st
 
 from specwatch.dashboard import charts, cost_service, reads
-from specwatch.dashboard.formats import usd
+from specwatch.dashboard.formats import as_markdown_text, usd
 from specwatch.dashboard.state import empty_state, fmt, table, this_month, verdict_panel, view
 
 PRICINGS = ("on-demand", "spot", "reserved", "on-prem")
@@ -77,7 +77,7 @@ judged = summary.get("verdict") or {}
 per_mtok = {a["key"]: a["total_usd_per_mtok"] for a in summary["tco"]["arms"]}
 cols = st.columns(4)
 cols[0].metric(
-    f"{summary['tco']['primary'] or 'speculative'} $ / 1M tokens",
+    f"{as_markdown_text(summary['tco']['primary'] or 'speculative')} $ / 1M tokens",
     usd(per_mtok.get(summary["tco"]["primary"]), "no speculative requests"),
 )
 cols[1].metric("Plain $ / 1M tokens", usd(per_mtok.get("autoregressive"), "no plain requests"))
@@ -92,7 +92,17 @@ cols[3].metric(
     estimate + fmt(judged.get("break_even_tokens_per_month"), " tokens/month", digits=0, missing="never"),
     help="fixed costs / month (draft training, monitoring, incidents, opportunity, reserve) / saving per token",
 )
-st.subheader(f"Cost per 1M output tokens on {summary['tco']['gpu_type']} ({summary['tco']['pricing']})")
+priced = f"{summary['tco']['gpu_type']} ({summary['tco']['pricing']})"
+bill = cost_service.window_bill(summary)
+if bill is not None:
+    mark = "~" if bill.estimate else ""
+    st.subheader(f"The bill for this window: {mark}{as_markdown_text(usd(bill.usd))}" + (" (estimate)" if mark else ""))
+    st.altair_chart(charts.bill_stack(bill.parts), width="stretch")
+    st.caption(
+        "Σ instance price x hours in the window; the parts add up to it. "
+        + ("~: some part is an estimate (hover a part)." if mark else "")
+    )
+st.subheader(f"Cost per 1M output tokens on {as_markdown_text(priced)}")
 table(model.arms)
 idle = summary["tco"]["idle"]
 if idle is None:
@@ -104,7 +114,7 @@ else:
         f"{usd(idle['monthly_usd'])} / month ({how})."
     )
 for note in dict.fromkeys(summary["tco"]["notes"] + summary["notes"]):  # each note once
-    st.caption(f"⚠️ {note}" if "estimate" in note else note)
+    st.caption(f"⚠️ {as_markdown_text(note)}" if "estimate" in note else as_markdown_text(note))
 
 st.subheader("Cost per 1M output tokens against concurrency")
 if model.concurrency.empty:
@@ -125,9 +135,10 @@ if daily.rows.empty:
     st.info(f"No arm served requests in the last {days} days.")
 else:
     st.altair_chart(charts.daily_cost(daily.rows), width="stretch")
-    st.caption(f"All instances, priced on {daily.gpu_type} ({daily.gpu_type_source}); each UTC day on its own.")
+    priced_on = as_markdown_text(f"{daily.gpu_type} ({daily.gpu_type_source})")
+    st.caption(f"All instances, priced on {priced_on}; each UTC day on its own.")
     for note in daily.notes:
-        st.caption(f"⚠️ estimate: {note}")
+        st.caption(f"⚠️ estimate: {as_markdown_text(note)}")
 
 st.subheader("Does speculation pay? (monthly, hidden costs included)")
 if model.benefits.empty:
@@ -146,13 +157,14 @@ with left:
         st.altair_chart(charts.break_even(curves, measured), width="stretch")
         for b in summary["break_even"]:
             st.caption(
-                f"{b['key']}: speculation stops paying below acceptance α = {fmt(b['speedup_alpha'], digits=3)} "
-                f"(speed-up) / {fmt(b['benefit_alpha'], digits=3)} (net benefit); measured α = "
-                f"{fmt(b['measured_alpha'], digits=3)} ({b.get('source', '')})"
+                f"{as_markdown_text(b['key'])}: speculation stops paying below acceptance α = "
+                f"{fmt(b['speedup_alpha'], digits=3)} (speed-up) / {fmt(b['benefit_alpha'], digits=3)} (net "
+                f"benefit); measured α = {fmt(b['measured_alpha'], digits=3)} ({as_markdown_text(b.get('source', ''))})"
             )
-            st.caption(f"step times from: **{b.get('times_from') or 'n/a'}** · {cost_service.step_times(b)}")
+            times_from = as_markdown_text(b.get("times_from") or "n/a")
+            st.caption(f"step times from: **{times_from}** · {cost_service.step_times(b)}")
             for warning in b.get("warnings", []):
-                st.caption(f"⚠️ {warning}")
+                st.caption(f"⚠️ {as_markdown_text(warning)}")
 with right:
     st.subheader("Sensitivity (±20%)")
     if model.tornado.empty:
@@ -167,7 +179,7 @@ st.caption(
 table(model.assumptions)
 
 st.subheader("Recommendations per scenario")
-table(model.advice[["scenario", "action", "rule", "reason"]] if not model.advice.empty else model.advice)
+table(model.advice[["scenario", "action", "sentence"]] if not model.advice.empty else model.advice)
 
 st.subheader("Monthly cost-benefit report")
 month = st.text_input("Month (YYYY-MM)", value=this_month(), max_chars=7)

@@ -3,6 +3,7 @@
 import streamlit as st
 
 from specwatch.dashboard import charts, reads
+from specwatch.dashboard.formats import p_value
 from specwatch.dashboard.state import empty_state, fmt, table, view
 
 v = view()
@@ -17,7 +18,8 @@ slo = lines.get("ttft_p99")
 left, middle, right = st.columns(3)
 left.altair_chart(charts.line(over_time, "ttft_p99", "TTFT P99 (s)", slo), width="stretch")
 left.caption(lines.caption("ttft_p99", "TTFT P99"))
-middle.altair_chart(charts.line(over_time, "tpot_p99", "time per output token P99 (s)"), width="stretch")
+middle.altair_chart(charts.line(over_time, "tpot_p99", "TPOT P99 (s)"), width="stretch")
+middle.caption("TPOT: time per output token after the first.")
 right.altair_chart(charts.line(over_time, "e2e_p99", "end-to-end P99 (s)"), width="stretch")
 
 c = reads.compare(v)
@@ -26,7 +28,7 @@ if c.speculative and c.plain:
     sides = c.groups
     cols = st.columns(4)
     cols[0].metric("Speed-up per token", fmt(c.speedup, "×"))
-    cols[1].metric("Mann-Whitney U p", fmt(c.p_value, digits=4), c.significance, delta_color="off")
+    cols[1].metric("Mann-Whitney U p", p_value(c.p_value), c.significance, delta_color="off")
     cols[2].metric("Speculative ms/token (P50)", fmt(c.speculative.s_per_token.p50, " ms", 1000, 1))
     cols[3].metric("Plain ms/token (P50)", fmt(c.plain.s_per_token.p50, " ms", 1000, 1))
     st.caption(
@@ -52,9 +54,8 @@ if by_load.empty:
     st.info("No request recorded its load at admission in this window (the bundled engine does).")
 else:
     st.altair_chart(
-        charts.scatter(
-            by_load, "low", "tokens_per_s", "load at admission", "tokens/s per request", color="mode"
-        ).mark_line(point=True),
+        charts.scatter(by_load, "low", "tokens_per_s", "load at admission", "tokens/s per request", color="mode"),
         width="stretch",
     )
+    st.caption("One dot per load level and mode: where tokens/s per request falls as load rises is the knee.")
     table(by_load)

@@ -3,7 +3,7 @@
 import streamlit as st
 
 from specwatch.dashboard import charts, reads
-from specwatch.dashboard.formats import duration
+from specwatch.dashboard.formats import duration, p_is
 from specwatch.dashboard.state import empty_state, fmt, table, verdict_panel, view
 
 v = view()
@@ -32,7 +32,7 @@ c = o.comparison
 row[3].metric(
     "Speed-up (by mode, biased)" if c.biased else "Speed-up (A/B arms)",
     fmt(c.speedup, "×"),
-    help=f"plain latency per token / speculative latency per token; Mann-Whitney p = {fmt(c.p_value, digits=4)}",
+    help=f"plain latency per token / speculative latency per token; Mann-Whitney {p_is(c.p_value)}",
 )
 row = st.columns(4)
 rate = s.acceptance_rate
@@ -59,4 +59,4 @@ right.caption(lines.caption("ttft_p99", "TTFT P99"))
 
 st.subheader(f"Alerts: {o.count('firing')} firing, {o.count('pending')} pending")
 if o.alerts:
-    table([a.row(with_labels=False) for a in o.alerts])
+    table([a.row() for a in o.alerts])

@@ -4,6 +4,7 @@ device time, tags, anomaly flags)."""
 import streamlit as st
 
 from specwatch.dashboard import charts, paging, reads
+from specwatch.dashboard.formats import as_markdown_text
 from specwatch.dashboard.requests_service import FLAGS, SORTS, STATUSES, RequestFilter
 from specwatch.dashboard.state import empty_state, fmt, table, view
 
@@ -29,7 +30,7 @@ picked = st.selectbox("Open a request", ["—", *found.rows["request_id"]], key=
 if picked == "—":
     st.stop()
 detail = reads.request_detail(picked)
-st.subheader(f"Request {detail.request_id}")
+st.subheader(f"Request {as_markdown_text(detail.request_id)}")
 row = st.columns(len(detail.summary))
 for col, (label, value) in zip(row, detail.summary.items()):
     col.metric(label, fmt(value, digits=3) if isinstance(value, float) else fmt(value, digits=0))

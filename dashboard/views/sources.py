@@ -3,6 +3,7 @@
 import streamlit as st
 
 from specwatch.dashboard import reads
+from specwatch.dashboard.formats import as_markdown_text
 from specwatch.dashboard.state import empty_state, fmt, table, view
 
 NO_GATEWAY = (
@@ -26,13 +27,14 @@ st.subheader("Gateways and upstreams")
 if not found.gateways:
     empty_state(NO_GATEWAY)
 for gateway in found.gateways:
-    st.markdown(f"**{gateway.name}**: {len(gateway.upstreams)} upstreams, {gateway.down} down")
+    name = as_markdown_text(gateway.name)
+    st.markdown(f"**{name}**: {len(gateway.upstreams)} upstreams, {gateway.down} down")
     st.caption(
         f"last health report {gateway.reported:%Y-%m-%d %H:%M:%S} UTC; {gateway.requests} requests "
         f"in this window ({fmt(gateway.per_s, ' req/s')}), counting those no upstream took"
     )
     if gateway.upstreams.empty:
-        empty_state(f"Gateway {gateway.name} reported no upstreams.")
+        empty_state(f"Gateway {name} reported no upstreams.")
     else:
         table(gateway.upstreams)
 

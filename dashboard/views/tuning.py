@@ -3,6 +3,7 @@
 import streamlit as st
 
 from specwatch.dashboard import reads
+from specwatch.dashboard.formats import as_markdown_text
 from specwatch.dashboard.state import empty_state, table, view
 from specwatch.dashboard.tuning_charts import tuning_curves
 
@@ -16,7 +17,7 @@ st.caption(
 max_batch = st.number_input("server's max_num_seqs", min_value=1, max_value=4096, value=256, step=1)
 found = reads.tuning(v, int(max_batch))
 if found.stale:
-    st.warning(f"Stale: {found.stale}")
+    st.warning(f"Stale: {as_markdown_text(found.stale)}")
 cols = st.columns(3)
 cols[0].metric("today's k", found.found["today_k"])
 cols[1].metric("recommended max k", found.found["max_k"])
@@ -29,6 +30,7 @@ table(found.buckets)
 st.subheader("Emitted configuration")
 st.code(found.found["vllm_argument"] or "no speculation: start vLLM without --speculative-config", language="bash")
 st.code(f"draft_len_schedule: {found.found['trtllm_draft_len_schedule']}", language="yaml")
-st.caption("Sources: " + "; ".join(f"{k}: {', '.join(v) or '—'}" for k, v in found.found["sources"].items()))
+for what, named in (("acceptance", "Acceptance"), ("step_cost", "Step cost")):
+    st.caption(f"{named} from: {as_markdown_text('; '.join(found.found['sources'][what]) or 'no bucket had data')}")
 for note in found.found["notes"]:
-    st.caption(note)
+    st.caption(as_markdown_text(note))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import replace
 
 import numpy as np
@@ -145,3 +146,20 @@ def test_evidence_and_advice_from_a_store(db):
     assert "no reason to disable" in advice["chat"].contradictions[0]
     assert (advice["long-doc"].action, advice["long-doc"].rule) == ("disable", "long_context")
     assert (advice["untagged"].action, advice["untagged"].rule) == ("canary", "insufficient_data")
+
+
+def test_the_advice_reads_as_a_sentence():
+    """Issue 55: no 'canary — edge_device_contradicted' for a measured 3.98x: the rule in words, then why."""
+    from specwatch.cost.advisor import Recommendation, advice_sentence
+
+    why = "device memory 0.5 GiB <= 8 GiB; speed-up 3.98x"
+    said = advice_sentence("chat", "canary", "edge_device_contradicted", why)
+    assert said == (
+        "Run speculation as a canary (an A/B share) for chat: the guidance (the device is an edge device with "
+        "little memory) says otherwise, but the measurement disagrees (device memory 0.5 GiB <= 8 GiB; "
+        "speed-up 3.98x)."
+    )
+    assert advice_sentence("code", "enable", "measured_speedup", "speed-up 2.10x") == (
+        "Enable speculation for code: speculation measured faster (speed-up 2.10x)."
+    )
+    assert "sentence" in {f.name for f in dataclasses.fields(Recommendation)}  # it reaches the API's JSON

@@ -141,7 +141,7 @@ def test_measured_window(tmp_path, capsys):
     _fill(url, time.time() - 3600)
     assert main(["cost", "--db", url, "--last", "86400", "--gpu", "L4"]) == 0
     out = capsys.readouterr().out
-    assert "last 1.0 days measured" in out and "speculative:ngram" in out and "grounded: ENABLE" in out
+    assert "last 1.0 days measured" in out and "speculative:ngram" in out and "Enable speculation for grounded: " in out
     assert main(["cost", "--db", url, "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got["source"] == "measured" and got["tco"]["gpu_type"] == "cpu-laptop"  # the sampled device is "cpu"

@@ -128,14 +128,14 @@ def test_per_position_acceptance_divides_by_the_drafts_that_reached_each_positio
     plan = recommend_from_store(db, WINDOW, rules=RULES)
     one = next(b for b in plan.buckets if b.level == 1)
     assert one.acceptance == pytest.approx((0.5, 0.5, 0.5, 0.5))
-    assert "drafts_per_position" in one.acceptance_source and "for" not in one.acceptance_source
+    assert "counted per step" in one.acceptance_source and "for" not in one.acceptance_source
     assert plan.notes == ()
     Store(db).insert(IngestBatch.model_validate({"requests": summary}))
     mixed = recommend_from_store(db, WINDOW, rules=RULES)
     one = next(b for b in mixed.buckets if b.level == 1)
     assert one.acceptance == pytest.approx((16 / 32, 12 / 28, 8 / 24, 4 / 20))
     assert (
-        "for 25 of 50 requests" in one.acceptance_source and "each draft taken to reach gamma" in one.acceptance_source
+        "for 25 of 50 requests" in one.acceptance_source and "every draft taken to reach gamma" in one.acceptance_source
     )
     assert len(mixed.notes) == 1 and "detailed" in mixed.notes[0]
 

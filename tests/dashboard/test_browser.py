@@ -13,8 +13,11 @@ the module is skipped without them. No browser is downloaded (`playwright instal
 
 from __future__ import annotations
 
+import re
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 from browser_harness import (
     VIEWPORT,
@@ -129,3 +132,87 @@ def test_overview_and_cost_page_state_the_same_verdict(browser, dashboard_url):
     assert overview.startswith(("Speculation (", "Not measured")), overview
     assert overview.split(" at the load served")[0] == cost.split(" at the load served")[0], (overview, cost)
     assert "$" in overview and "\\" not in overview  # shown as text: no Markdown or LaTeX ate a character
+
+
+# Issue 55: every page as an engineer reads it, at 1,280 px.
+NARROW = {"width": 1280, "height": 900}
+ZONE = "Asia/Kolkata"  # the browser's clock, UTC+5:30: an axis in local time would tick at :30
+TIME_LABEL = re.compile(r"^(\d{2}-\d{2} )?\d{2}:\d{2}$|^\d{4}-\d{2}-\d{2}$")  # 24-hour %H:%M, dated beyond a day
+EPOCH = re.compile(r"\b1[6-9]\d{8}(\.\d+)?\b")  # epoch seconds (2020-2033) as a raw number
+DICT_REPR = re.compile(r"\{'[^']*': ")  # a Python dict's repr
+INTERNALS = {"id", "fingerprint", "key", "at", "created_at", "payload", "labels", "started_at"}
+# every time-axis tick label, and every visible text, read from the page as rendered (charts are SVG)
+READ_AXES = """() => [...document.querySelectorAll('[data-testid="stVegaLiteChart"] svg')].flatMap(svg =>
+    [...svg.querySelectorAll('g.role-axis')].filter(axis =>
+        [...axis.querySelectorAll('g.role-axis-title text')].some(t => t.textContent.includes('(UTC)')))
+    .map(axis => [...axis.querySelectorAll('g.role-axis-label text')].map(t => t.textContent)))"""
+READ_TEXT = """() => [document.querySelector('[data-testid="stMain"]')?.innerText ?? '',
+    ...[...document.querySelectorAll('[data-testid="stVegaLiteChart"] svg text')].map(t => t.textContent),
+    ...[...document.querySelectorAll('[data-testid="stDataFrame"]')]
+        .filter(d => !d.closest('[data-testid="stExpander"] details:not([open])'))
+        .flatMap(d => [...d.querySelectorAll('table th, table td')].map(c => c.textContent))].join('\\n')"""
+READ_TABLES = """() => [...document.querySelectorAll('[data-testid="stDataFrame"]')]
+    .filter(d => d.offsetParent !== null)
+    .map(d => ({right: d.getBoundingClientRect().right,
+                first: d.querySelector('table th')?.textContent ?? null}))"""
+
+
+def _open(browser, url: str):
+    context = browser.new_context(viewport=NARROW, timezone_id=ZONE)
+    page = context.new_page()
+    page.goto(url, wait_until="domcontentloaded", timeout=30_000)
+    sidebar_filters(page).wait_for(state="visible", timeout=60_000)
+    page.locator("h1").first.wait_for(state="visible", timeout=60_000)
+    settle(page)
+    return context, page
+
+
+@pytest.mark.parametrize("name", list(PAGES))
+def test_page_reads_as_an_engineer_reads_it(browser, dashboard_url, name):
+    """At 1,280 px after a short run on the real engine: time axes tick in 24-hour UTC, no epoch seconds or
+    dict reprs are visible, and each table fits the width with a human column first."""
+    path, rendered = PAGES[name]
+    context, page = _open(browser, f"{dashboard_url}/{path}")
+    try:
+        page.locator(rendered).first.wait_for(state="visible", timeout=30_000)
+        for labels in page.evaluate(READ_AXES):
+            assert labels and all(TIME_LABEL.match(label) for label in labels), labels
+        text = page.evaluate(READ_TEXT)
+        assert not EPOCH.search(text), EPOCH.search(text).group()
+        assert not DICT_REPR.search(text), DICT_REPR.search(text).group()
+        for table in page.evaluate(READ_TABLES):
+            assert table["right"] <= NARROW["width"], table
+            assert table["first"] not in INTERNALS, table
+    finally:
+        context.close()
+
+
+def _hourly_records(now: float) -> list[dict]:
+    """A request every 30 minutes over the last 23 hours: the window's axis crosses noon or midnight."""
+    from collector_payloads import request_dict
+
+    return [request_dict(i, started_at=now - 23 * 3600 + 1800 * i) for i in range(46)]
+
+
+def test_time_axes_tick_in_24_hour_utc_as_rendered(browser, collector, tmp_path):
+    """The ticks Vega renders over a day of telemetry, in a browser whose clock is not UTC: %H:%M, so hours
+    past 12 show (a 12-hour clock never shows 13-23), in time order with one wrap at midnight at most, on
+    whole UTC hours (the browser's local time would put them at :30)."""
+    sent = httpx.post(f"{collector}/v1/ingest", json={"requests": _hourly_records(time.time())}, timeout=30)
+    assert sent.status_code == 200, sent.text
+    with dashboard(collector, tmp_path / "dashboard.log") as url:
+        context, page = _open(browser, url)
+        try:
+            page.get_by_test_id("stSidebar").get_by_test_id("stSelectbox").first.click()
+            page.get_by_role("option", name="last 24 hours").click()
+            page.locator(METRIC).first.wait_for(state="visible", timeout=60_000)
+            settle(page)
+            axes = page.evaluate(READ_AXES)
+        finally:
+            context.close()
+    assert axes, "no time axis rendered"
+    for labels in axes:
+        assert all(re.fullmatch(r"\d{2}:00", label) for label in labels), labels
+        minutes = [int(label[:2]) * 60 + int(label[3:]) for label in labels]
+        assert sum(b < a for a, b in zip(minutes, minutes[1:])) <= 1, labels  # one wrap: midnight
+        assert max(m // 60 for m in minutes) >= 13, labels

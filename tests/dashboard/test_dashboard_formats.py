@@ -51,7 +51,7 @@ def x_axis(chart) -> dict:
 def test_time_axes_are_24_hour_utc():
     minutes = pd.DataFrame({"time": pd.to_datetime([0, 3600 * 16 + 49 * 60], unit="s", utc=True), "v": [1, 2]})
     x = x_axis(charts.line(minutes, "v", "v"))
-    assert (x["axis"]["format"], x["axis"]["formatType"], x["scale"]["type"]) == ("%H:%M", "utc", "utc")
+    assert (x["axis"]["format"], x["scale"]["type"]) == ("%H:%M", "utc") and "formatType" not in x["axis"]
     days = minutes.assign(time=pd.to_datetime([0, 3 * 86400], unit="s", utc=True))
     assert x_axis(charts.line(days, "v", "v"))["axis"]["format"] == "%m-%d %H:%M"  # the date once it spans days
     assert x_axis(charts.line(pd.DataFrame(), "v", "v"))["axis"]["format"] == "%H:%M"
@@ -61,7 +61,7 @@ def test_markers_draw_a_line_at_each_event():
     frame = pd.DataFrame({"time": pd.to_datetime([0, 60], unit="s", utc=True), "v": [1.0, 2.0]})
     events = pd.DataFrame({"time": pd.to_datetime([30], unit="s", utc=True), "kind": ["defrag"]})
     layers = charts.line(frame, "v", "v", markers=events).to_dict()["layer"]
-    assert [layer["mark"]["type"] for layer in layers] == ["line", "rule"]
+    assert [layer["mark"]["type"] for layer in layers] == ["point", "rule"]  # two points: dots, no line
     assert len(charts.line(frame, "v", "v", markers=events.iloc[:0]).to_dict()["layer"]) == 1
 
 
@@ -69,3 +69,48 @@ def test_empty_cells_say_what_is_missing():
     frame = pd.DataFrame({"energy_source": [None, "nvml"], "ttft_p99_ms": [None, 12.5], "monthly $": [None, 1500.0]})
     html = formats.styled(frame, money=("monthly $",)).to_html()
     assert "not metered" in html and "not measured" in html and "$1.5k" in html and "None" not in html
+
+
+@pytest.mark.parametrize(("p", "shown"), [(1.5e-7, "< 0.0001"), (0.0, "< 0.0001"), (0.0312, "0.0312"), (None, "—")])
+def test_p_values_below_four_decimals_say_so(p, shown):
+    assert formats.p_value(p) == shown
+    assert formats.p_is(p) == (f"p {shown}" if shown.startswith("<") else f"p = {shown}")
+
+
+def test_tables_print_thousands_separators():
+    html = formats.styled(pd.DataFrame({"tokens": [75429713.06244761]})).to_html()
+    assert "75,429,713.062" in html and "75429713" not in html
+
+
+def test_bucket_bars_keep_the_frames_order():
+    buckets = pd.DataFrame({"bucket": ["0–64", "64–128", "128–1024", "1024–∞"], "rate": [0.1, 0.2, 0.3, 0.4]})
+    x = x_axis(charts.bars(buckets, "bucket", "rate", "prompt length", "acceptance"))
+    assert "sort" in x and x["sort"] is None  # Vega-Lite's "no sort": the data's order, not alphabetical
+
+
+def test_a_time_series_with_few_points_is_dots_that_say_so():
+    few = pd.DataFrame({"time": pd.to_datetime([0, 60, 120], unit="s", utc=True), "v": [1.0, 2.0, 3.0]})
+    layer = charts.line(few, "v", "v").to_dict()["layer"][0]
+    assert layer["mark"]["type"] == "point" and "only 3 points" in layer["title"]["text"]
+    many = few.assign(time=pd.to_datetime([0, 60, 120], unit="s", utc=True))
+    many = pd.concat([many, many.assign(time=many["time"] + pd.Timedelta(minutes=5))])
+    layer = charts.line(many, "v", "v").to_dict()["layer"][0]
+    assert layer["mark"]["type"] == "line" and "title" not in layer
+
+
+def test_the_bill_is_the_sum_of_its_stacked_parts():
+    from specwatch.dashboard.cost_service import window_bill
+
+    line = {"compute_usd": 0.0, "energy_usd": 0.0, "estimate": False}
+    lines = [
+        line | {"kind": "arm", "arm": "spec-ngram", "compute_usd": 0.30},
+        line | {"kind": "arm", "arm": "control", "compute_usd": 0.10, "energy_usd": 0.01},
+        line | {"kind": "idle", "arm": None, "compute_usd": 0.09, "estimate": True},
+    ]
+    bills = [{"compute_usd": 0.49, "energy_usd": 0.01, "source": "device samples"}]
+    bill = window_bill({"tco": {"allocation": {"lines": lines, "bills": bills}}})
+    assert bill.usd == pytest.approx(0.50) and bill.parts["usd"].sum() == pytest.approx(bill.usd)
+    assert list(bill.parts["part"]) == ["arm spec-ngram", "arm control", "idle"] and bill.estimate
+    assert window_bill({"tco": {"allocation": None}}) is None
+    chart = charts.bill_stack(bill.parts).to_dict()
+    assert chart["encoding"]["x"]["stack"] == "zero" and chart["encoding"]["color"]["field"] == "part"

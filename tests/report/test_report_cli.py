@@ -76,3 +76,12 @@ def test_console_entry_point(tmp_path):
     )
     assert done.returncode == 2 and done.stderr == "specwatch report: error: month must be YYYY-MM, got '2026/05'\n"
     assert time.monotonic() - started < 60
+
+
+def test_without_month_it_reports_this_month_to_date_and_says_so(db, tmp_path, capsys):
+    """Issue 55: the first report after `specwatch up` reads what it stored, not an empty last month."""
+    month = datetime.now(UTC).strftime("%Y-%m")
+    assert main(["report", "--db", db, "--out", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.split()[0] == str(tmp_path / f"specwatch-report-{month}.html")
+    assert captured.err.startswith(f"specwatch report: {month} to date ({month}-01 00:00 to ")
