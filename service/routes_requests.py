@@ -44,7 +44,7 @@ def get_requests(
         raise HTTPException(422, {"error": "invalid_cursor", "message": str(exc)}) from None
 
 
-@router.get("/requests/{request_id}")
+@router.get("/requests/{request_id:path}")
 def get_request(db: DbDep, grant: ReadGrantDep, request_id: str) -> Response:
     """One request: every stored field, per-position acceptance, TPOT and its anomaly flags."""
     found = request_reads.request_detail(db, request_id)
