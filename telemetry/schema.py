@@ -36,7 +36,8 @@ LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.25, 0.3, 0.5, 0.75, 1.0, 2.5, 
 
 # No NUL characters: PostgreSQL text cannot hold them, so they would fail at insert time.
 NO_NUL = r"^[^\x00]*$"
-Name = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=NO_NUL)]
+MAX_NAME_CHARS = 128  # ids and names; the store's columns hold this many (a tenant's scoped id too)
+Name = Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME_CHARS, pattern=NO_NUL)]
 ShortText = Annotated[str, StringConstraints(max_length=256, pattern=NO_NUL)]
 TagKey = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=NO_NUL)]
 TagValue = Annotated[str, StringConstraints(max_length=128, pattern=NO_NUL)]

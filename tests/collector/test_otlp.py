@@ -184,5 +184,5 @@ def test_a_tenant_bound_token_writes_only_its_instances(secured):
     assert post(secured, export([span("cmpl-a")]), headers=headers).status_code == 403
     mine = export([span("cmpl-b")], {"service.name": "acme-0"})
     assert post(secured, mine, headers=headers).status_code == 200
-    record = secured.get("/v1/requests/cmpl-b", headers={"authorization": "Bearer r1"}).json()["record"]
+    record = secured.get("/v1/requests/acme:cmpl-b", headers={"authorization": "Bearer r1"}).json()["record"]
     assert record["tags"]["tenant"] == "acme"
