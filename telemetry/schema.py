@@ -23,6 +23,7 @@ MIN_EPOCH_S = 946_684_800.0
 MAX_EPOCH_S = 4_102_444_800.0
 MAX_GAMMA = 64
 MAX_TAGS = 16
+MAX_BATCH_RECORDS = 100_000  # of each kind in one batch
 # The tag naming the gateway that proxied a request (its --name): the cost model shares an upstream's
 # time among all gateways' requests in flight there (cost.sharing).
 GATEWAY_TAG = "gateway"
@@ -282,6 +283,6 @@ class IngestBatch(_Strict):
         counts as a float, nothing else converts). ValidationError otherwise."""
         return cls.model_validate(payload, strict=True)
 
-    requests: list[RequestRecord] = Field(default_factory=list, max_length=100_000)
-    samples: list[DeviceSample] = Field(default_factory=list, max_length=100_000)
-    events: list[EngineEvent] = Field(default_factory=list, max_length=100_000)
+    requests: list[RequestRecord] = Field(default_factory=list, max_length=MAX_BATCH_RECORDS)
+    samples: list[DeviceSample] = Field(default_factory=list, max_length=MAX_BATCH_RECORDS)
+    events: list[EngineEvent] = Field(default_factory=list, max_length=MAX_BATCH_RECORDS)

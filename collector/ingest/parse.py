@@ -130,6 +130,20 @@ def check_instances(batch: IngestBatch, grant: Grant) -> None:
                 )
 
 
+def media_type(content_type: str) -> str:
+    """The media type of a Content-Type header, lower-cased; 415 when it names a charset other than
+    UTF-8. The one charset rule of every intake (/v1/ingest, /v1/traces): JSON is UTF-8 (RFC 8259), and
+    a latin-1 body one route took would be refused by the other."""
+    kind, *params = [part.strip().lower() for part in content_type.split(";")]
+    charset = {key.strip(): value.strip().strip('"') for key, _, value in (p.partition("=") for p in params)}.get(
+        "charset", "utf-8"
+    )
+    if charset not in ("utf-8", "utf8"):
+        message = f"the body must be UTF-8, not charset {charset!r} (Content-Type {content_type!r})"
+        raise BatchRejected(415, "unsupported_media_type", {"error": "unsupported_media_type", "message": message})
+    return kind
+
+
 def scoped_id(tenant: str, request_id: str) -> str:
     """A tenant-bound token's request id as stored: `tenant:id`. Ids are the idempotency key, so a
     tenant's own could otherwise pre-claim another tenant's (or the operator engine's) id, whose later
