@@ -18,6 +18,7 @@ A rule whose signal failed keeps its alerts unchanged (as Prometheus does on a q
 from __future__ import annotations
 
 import hashlib
+import html
 import re
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -83,12 +84,24 @@ def fingerprint(labels: dict[str, str]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def as_text(value: str) -> str:
+    """A producer's string made inert for a receiver that renders Slack mrkdwn or HTML: `&`, `<`, `>`
+    as entities (Slack's escaping, and HTML's outside attributes)."""
+    return html.escape(value, quote=False)
+
+
 _TEMPLATE = re.compile(r"{{\s*\$(value|labels\.(\w+))\s*}}")
 
 
 def render(template: str, labels: dict[str, str], value: float) -> str:
-    """Fill `{{ $value }}` and `{{ $labels.name }}` (the subset of Prometheus templates rules use)."""
-    return _TEMPLATE.sub(lambda m: f"{value:.3g}" if m.group(1) == "value" else labels.get(m.group(2), ""), template)
+    """Fill `{{ $value }}` and `{{ $labels.name }}` (the subset of Prometheus templates rules use).
+
+    Label values come from producers (a drafter `model:<!channel>`): they go in `as_text`, so an
+    annotation a receiver renders shows them as text, never as a mention, a link or a tag. The labels
+    themselves stay raw (they are data, matched on by receivers)."""
+    return _TEMPLATE.sub(
+        lambda m: f"{value:.3g}" if m.group(1) == "value" else as_text(labels.get(m.group(2), "")), template
+    )
 
 
 def evaluate(
@@ -110,7 +123,7 @@ def evaluate(
         fp = fingerprint(labels)
         seen.add(fp)
         annotations = {
-            **dict(sample.annotations),
+            **{key: as_text(value) for key, value in sample.annotations},  # a marker's version: a producer's
             "summary": render(rule.summary, labels, sample.value),
             "description": render(rule.description, labels, sample.value),
         }

@@ -28,7 +28,7 @@ import httpx
 import orjson
 from sqlalchemy import Connection, Engine, insert, select, update
 
-from specwatch.alerts.evaluator import Alert, State
+from specwatch.alerts.evaluator import Alert, State, as_text
 from specwatch.alerts.rules import AlertConfig, Receiver
 from specwatch.alerts.tables import alert_notifications
 from specwatch.collector.db import write_transaction
@@ -79,10 +79,14 @@ def _alert_item(alert: Alert, external_url: str) -> dict:
 
 
 def slack_payload(payload: dict) -> dict:
-    """A Slack-compatible message (`text` + `blocks`) from an Alertmanager payload."""
+    """A Slack-compatible message (`text` + `blocks`) from an Alertmanager payload.
+
+    Producer strings render as text: a summary's label values are escaped already (`evaluator.render`),
+    and labels shown raw are escaped here (`&`, `<`, `>`: Slack's escaping), so `<!channel>` or
+    `<https://...|...>` in a drafter is neither a mention nor a disguised link."""
     icon = ":red_circle:" if payload["status"] == "firing" else ":large_green_circle:"
-    title = f"{icon} [{payload['status'].upper()}] {payload['groupLabels']['alertname']}"
-    lines = [f"• {a['annotations'].get('summary') or a['labels']}" for a in payload["alerts"]]
+    title = f"{icon} [{payload['status'].upper()}] {as_text(payload['groupLabels']['alertname'])}"
+    lines = [f"• {a['annotations'].get('summary') or as_text(str(a['labels']))}" for a in payload["alerts"]]
     return {
         "text": f"{title}: {len(payload['alerts'])} alert(s)",
         "blocks": [

@@ -38,6 +38,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from sqlalchemy.exc import SQLAlchemyError
 
 from specwatch.collector.ingest.store import IngestCounts
+from specwatch.collector.label_budget import FOLD_CAPS, LabelBudget, LabelLimits, Labels
 from specwatch.collector.reads.capacity import Capacity, CapacityRules, upstream_capacity
 from specwatch.telemetry.schema import LATENCY_BUCKETS, DeviceSample, RequestRecord
 
@@ -69,7 +70,7 @@ _ARM_DOCS = {
 # What the request metrics read from a record: the four labels first, then the summed fields.
 _ROW_FIELDS = (
     *REQUEST_LABELS,
-    *("status", "arm", "error", "e2e_s", "ttft_s", "device_s", "accepted_per_position", *_SUM_FIELDS),
+    *("tags", "status", "arm", "error", "e2e_s", "ttft_s", "device_s", "accepted_per_position", *_SUM_FIELDS),
 )
 _read_row = itemgetter(*_ROW_FIELDS)  # from a record's __dict__: much faster than attribute access
 _HISTOGRAMS = {
@@ -100,16 +101,17 @@ _BOUNDS = np.array(LATENCY_BUCKETS)
 
 
 class RequestTotals:
-    """What a set of stored requests adds to the request metrics, per label set.
+    """What a set of stored requests adds to the request metrics, per label set and tenant.
 
     An ingest worker process sums its batch's new records into one of these, which is small
     and picklable, and the service merges it into its `RequestMetrics` (shipping the records
-    themselves back would cost more than summing them).
+    themselves back would cost more than summing them). The tenant (the `tenant` tag) is kept so that
+    the service can cap the label sets each tenant creates (`collector.label_budget`).
     """
 
     def __init__(self) -> None:
-        self.by_labels: dict[tuple[str, ...], _LabelStats] = {}
-        self.arms: dict[tuple[str, ...], dict[str, float]] = {}  # (instance, model, arm) -> _ARM_DOCS totals
+        self.by_labels: dict[tuple[str, ...], _LabelStats] = {}  # (instance, model, mode, drafter, tenant)
+        self.arms: dict[tuple[str, ...], dict[str, float]] = {}  # by_labels' key + arm -> _ARM_DOCS totals
 
     @classmethod
     def of(cls, records: Iterable[RequestRecord]) -> RequestTotals:
@@ -117,31 +119,22 @@ class RequestTotals:
         totals = cls()
         groups: dict[tuple[str, ...], list[tuple]] = defaultdict(list)
         for row in map(_read_row, [r.__dict__ for r in records]):
-            groups[row[:4]].append(row)
-        for (instance, model, mode, drafter), rows in groups.items():
+            groups[(*row[:4], row[4].get("tenant"))].append(row)
+        for (instance, model, mode, drafter, tenant), rows in groups.items():
             columns = dict(zip(_ROW_FIELDS, zip(*rows)))
-            totals._add_group(
-                totals.by_labels.setdefault((instance, model, mode, drafter or "none"), _LabelStats()), columns
-            )
+            key = (instance, model, mode, drafter or "none", tenant)
+            totals._add_group(totals.by_labels.setdefault(key, _LabelStats()), columns)
             if any(columns["arm"]):
-                totals._add_arms(instance, model, columns)
+                totals._add_arms(key, columns)
         return totals
 
-    def add(self, other: RequestTotals) -> None:
-        for labels, stats in other.by_labels.items():
-            self.by_labels.setdefault(labels, _LabelStats()).add(stats)
-        for key, sums in other.arms.items():
-            mine = self.arms.setdefault(key, dict.fromkeys(_ARM_DOCS, 0))
-            for name, value in sums.items():
-                mine[name] += value
-
-    def _add_arms(self, instance: str, model: str, columns: dict[str, tuple]) -> None:
+    def _add_arms(self, key: tuple, columns: dict[str, tuple]) -> None:
         """The requests `spec_latency_regression` compares: ok, with output, under an arm."""
         for arm, status, output_tokens, e2e_s in zip(
             columns["arm"], columns["status"], columns["output_tokens"], columns["e2e_s"]
         ):
             if arm is not None and status == "ok" and output_tokens > 0:
-                totals = self.arms.setdefault((instance, model, arm), dict.fromkeys(_ARM_DOCS, 0))
+                totals = self.arms.setdefault((*key, arm), dict.fromkeys(_ARM_DOCS, 0))
                 totals["arm_requests"] += 1
                 totals["arm_e2e_seconds_per_token"] += e2e_s / output_tokens
 
@@ -178,10 +171,13 @@ class RequestTotals:
 
 
 class RequestMetrics:
-    """Counters and latency histograms of stored requests, by instance/model/mode/drafter."""
+    """Counters and latency histograms of stored requests, by instance/model/mode/drafter, in a
+    bounded label space (`collector.label_budget`: past its caps a label set folds into `other`)."""
 
-    def __init__(self) -> None:
-        self._totals = RequestTotals()
+    def __init__(self, limits: LabelLimits = LabelLimits()) -> None:
+        self.budget = LabelBudget(limits)
+        self._by_labels: dict[Labels, _LabelStats] = {}
+        self._arms: dict[tuple[str, str, str], dict[str, float]] = {}  # (instance, model, arm) -> _ARM_DOCS totals
         self._lock = threading.Lock()
 
     def observe(self, records: Iterable[RequestRecord]) -> None:
@@ -189,7 +185,18 @@ class RequestMetrics:
 
     def add(self, totals: RequestTotals) -> None:
         with self._lock:
-            self._totals.add(totals)
+            for key, stats in totals.by_labels.items():
+                labels = self.budget.labels(*key, requests=sum(stats.status.values()))
+                self._by_labels.setdefault(labels, _LabelStats()).add(stats)
+            for (*key, arm), sums in totals.arms.items():
+                instance, model, _, _ = self.budget.labels(*key, requests=0)
+                mine = self._arms.setdefault((instance, model, arm), dict.fromkeys(_ARM_DOCS, 0))
+                for name, value in sums.items():
+                    mine[name] += value
+
+    def device_labels(self, instance: str, device: str) -> tuple[str, str]:
+        with self._lock:
+            return self.budget.device(instance, device)
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
@@ -201,9 +208,10 @@ class RequestMetrics:
                     {k: v.copy() for k, v in s.buckets.items()},
                     s.value_sums.copy(),
                 )
-                for labels, s in self._totals.by_labels.items()
+                for labels, s in self._by_labels.items()
             ]
-            arms = [(labels, totals.copy()) for labels, totals in self._totals.arms.items()]
+            arms = [(labels, totals.copy()) for labels, totals in self._arms.items()]
+            folded = dict(self.budget.folded)
         requests = CounterMetricFamily("specwatch_requests", "Finished requests.", labels=[*REQUEST_LABELS, "status"])
         sums = {n: CounterMetricFamily(f"specwatch_{n}", doc, labels=REQUEST_LABELS) for n, doc in _SUM_DOCS.items()}
         hists = {
@@ -222,6 +230,19 @@ class RequestMetrics:
         yield from sums.values()
         yield from hists.values()
         yield from self._arm_families(arms)
+        yield self._folded_family(folded)
+
+    @staticmethod
+    def _folded_family(folded: dict[str, int]) -> Metric:
+        family = CounterMetricFamily(
+            "specwatch_metrics_folded_requests",
+            "Requests counted under model/drafter (or instance) `other` on /metrics, by the label cap that folded "
+            "them: tenant, instance or fleet (collector.label_budget).",
+            labels=["cap"],
+        )
+        for cap in FOLD_CAPS:
+            family.add_metric([cap], folded.get(cap, 0))
+        return family
 
     @staticmethod
     def _arm_families(arms: list[tuple[tuple[str, ...], dict[str, float]]]) -> Iterator[Metric]:
@@ -305,7 +326,7 @@ class CollectorMetrics:
 
     def _set_device_gauges(self, samples: Iterable[DeviceSample]) -> None:
         for s in samples:
-            labels = (s.instance, s.device)
+            labels = self.requests.device_labels(s.instance, s.device)
             if s.at < self._last_sample_at.get(labels, float("-inf")):
                 continue  # a late (e.g. replayed) reading must not overwrite a newer one
             self._last_sample_at[labels] = s.at
@@ -354,8 +375,11 @@ class CapacityGauge:
         yield GaugeMetricFamily(CAPACITY, CAPACITY_DOC, labels=["upstream"])
 
     def collect(self) -> Iterator[Metric]:
+        """The upstreams with the most recent requests, at most LabelLimits.label_sets (instance names
+        are producers' strings)."""
         family = GaugeMetricFamily(CAPACITY, CAPACITY_DOC, labels=["upstream"])
-        for capacity in self._current():
+        busiest = sorted(self._current(), key=lambda c: -c.requests)[: LabelLimits.label_sets]
+        for capacity in sorted(busiest, key=lambda c: c.instance):
             family.add_metric([capacity.instance], capacity.tokens_per_s)
         yield family
 

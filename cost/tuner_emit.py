@@ -16,6 +16,7 @@ import dataclasses
 import json
 
 from specwatch.cost.tuner import MAX_BATCH, BucketPlan, Schedule, bucket_ranges
+from specwatch.telemetry.schema import MAX_GAMMA
 
 DRAFTERS = {"ngram": {"prompt_lookup_max": 3, "prompt_lookup_min": 2}}  # vLLM's n-gram needs its window
 
@@ -104,8 +105,10 @@ def todays_ks(config: object, max_batch: int = MAX_BATCH) -> tuple[int, dict[int
         isinstance(r, list) and len(r) == 3 and all(type(x) is int and x >= 0 for x in r) for r in ranges
     ):
         raise ValueError("num_speculative_tokens_per_batch_size must be [[start, end, k], ...] of whole numbers")
-    if k < 0 or (ranges and min(r[0] for r in ranges) != 1):
-        raise ValueError("num_speculative_tokens must be >= 0 and the first range must start at 1")
+    if not 0 <= k <= MAX_GAMMA or any(not 0 <= r[2] <= MAX_GAMMA for r in ranges):
+        raise ValueError(f"num_speculative_tokens and each range's k must be from 0 to {MAX_GAMMA}")
+    if ranges and min(r[0] for r in ranges) != 1:
+        raise ValueError("the first range must start at 1")
     return k, {level: min(k, _k_at(level, ranges, k)) for level, _, _ in bucket_ranges(max_batch)}
 
 

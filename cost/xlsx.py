@@ -36,7 +36,7 @@ from specwatch.cost.model import (
     needs_training,
     tco,
 )
-from specwatch.cost.xlsx_sheets import LINES_FIRST_ROW, break_even_sheet, concurrency_sheet, lines_sheet
+from specwatch.cost.xlsx_sheets import LINES_FIRST_ROW, break_even_sheet, concurrency_sheet, lines_sheet, text
 
 # name -> (unit, note); values come from the inputs.
 GLOBAL_INPUTS = {
@@ -251,7 +251,8 @@ def fleet_values(inputs: CostInputs, allocation: Allocation) -> list[list]:
         price = f"={input_ref('gpu_hour_usd')}" if same else device.gpu_hour_usd
         count = f"={input_ref('gpu_count')}" if device.gpu_count == inputs.gpu_count else device.gpu_count
         energy = f"={input_ref('energy_added')}" if device.pricing == inputs.pricing else int(device.energy_added)
-        table.append([bill.instance, device.gpu_type, count, device.pricing, price, energy, device.source])
+        names = (text(bill.instance), text(device.gpu_type))
+        table.append([*names, count, device.pricing, price, energy, text(device.source)])
     return table
 
 
@@ -277,14 +278,14 @@ def write_workbook(
 def _inputs_sheet(sheet, inputs: CostInputs, arms, allocation: Allocation) -> None:
     sheet.title = "Inputs"
     note = f"{inputs.pricing} prices as of {inputs.prices.as_of}; edit the values in column B"
-    sheet.append(["gpu_type", inputs.gpu_type, "", note])
+    sheet.append(["gpu_type", text(inputs.gpu_type), "", note])
     sheet.append(["input", "value", "unit", "note"])
     volume_source = monthly_volume(inputs)[1]
     for name, value in global_values(inputs, allocation).items():
         unit, note = GLOBAL_INPUTS[name]
         sheet.append([name, value, unit, f"{note} ({volume_source})" if name == "monthly_output_tokens" else note])
     sheet.append([])
-    sheet.append(["arm", *(arm.key for arm in arms)])
+    sheet.append(["arm", *(text(arm.key) for arm in arms)])
     columns = [arm_values(arm, inputs, allocation) for arm in arms]
     for name, note in ARM_INPUTS.items():
         sheet.append([name, *(column[name] for column in columns), note])
@@ -320,7 +321,7 @@ def formula(template: str, column: str) -> str:
 
 
 def _model_sheet(sheet, arms, has_plain: bool, idle_cells: list[str]) -> None:
-    sheet.append(["USD (per 1M output tokens, or per month)", *(arm.key for arm in arms)])
+    sheet.append(["USD (per 1M output tokens, or per month)", *(text(arm.key) for arm in arms)])
     for label, template in ARM_ROWS.items():
         sheet.append([label, *(formula(template, get_column_letter(i + 2)) for i in range(len(arms)))])
     for label, template in BENEFIT_ROWS.items():
@@ -340,7 +341,7 @@ def _assumptions_sheet(sheet, inputs: CostInputs) -> None:
     """Every input with its value and source (cost.assumptions), as the report shows them."""
     sheet.append(["input", "value", "unit", "source"])
     for row in tco(inputs).assumptions:
-        sheet.append([row.name, row.value, row.unit, row.source])
+        sheet.append([row.name, text(row.value), row.unit, text(row.source)])
     for cell in sheet[1]:
         cell.font = Font(bold=True)
     sheet.column_dimensions["A"].width = 40

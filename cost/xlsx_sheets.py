@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from openpyxl.cell.rich_text import CellRichText
 from openpyxl.styles import Font
 
 from specwatch.cost.allocation import Allocation
@@ -26,6 +27,13 @@ LINE_HEADER = [
 CHARGED = ("arm", "retries", "idle")  # the kinds of line a view is charged
 BILL_HEADER = ["bill", "instance", "", "billed_s", "", "kwh", "usd", "estimate", "compute_usd", "energy_usd", "source"]
 LINES_FIRST_ROW = 2
+
+
+def text(value: object) -> object:
+    """A producer's string (an instance, a drafter) as a text cell: openpyxl writes any string that
+    starts with `=` as a formula, so `=HYPERLINK(...)` in an instance name would run in Excel. Rich
+    text is always written as a string."""
+    return CellRichText(value) if isinstance(value, str) and value.startswith("=") else value
 
 
 def _bold(sheet, row: int = 1) -> None:
@@ -56,8 +64,8 @@ def lines_sheet(
     for row, line in enumerate(allocation.lines, start=LINES_FIRST_ROW):
         share = 1 - shares[line.instance] if line.kind == "other_tenants" else shares[line.instance]
         total, compute, energy = usd(row, line.instance, f"E{row}*")
-        values = [line.instance, line.kind, line.arm, line.device_s, share, line.energy_kwh or 0.0]
-        charged = view if line.kind in CHARGED else ""
+        values = [text(line.instance), line.kind, text(line.arm), line.device_s, share, line.energy_kwh or 0.0]
+        charged = text(view) if line.kind in CHARGED else ""
         sheet.append([*values, total, int(line.estimate), compute, energy, charged])
         if line.kind == "idle":
             idle.append(f"Lines!G{row}")
@@ -69,8 +77,8 @@ def lines_sheet(
     for bill in allocation.bills:
         row = sheet.max_row + 1
         total, compute, energy = usd(row, bill.instance, "")
-        values = ["bill", bill.instance, "", bill.billed_s, 1, bill.energy_kwh or 0.0, total, int(bill.estimate)]
-        sheet.append([*values, compute, energy, bill.source])
+        values = ["bill", text(bill.instance), "", bill.billed_s, 1, bill.energy_kwh or 0.0, total, int(bill.estimate)]
+        sheet.append([*values, compute, energy, text(bill.source)])
     bill_last = sheet.max_row
     lines_sum = f"SUM(G{LINES_FIRST_ROW}:G{last})" if allocation.lines else "0"
     bills_sum = f"SUM(G{bill_first}:G{bill_last})" if allocation.bills else "0"
@@ -105,7 +113,7 @@ def break_even_sheet(sheet, inputs: CostInputs) -> None:
     """Per speculative arm: inputs in rows, S(alpha) at 21 alphas as formulas."""
     for b in break_even(inputs):
         start = sheet.max_row + (1 if sheet.max_row > 1 else 0)
-        sheet.append(["arm", b.key, b.source])
+        sheet.append(["arm", text(b.key), text(b.source)])
         g, tp, tv, td = (start + i for i in range(1, 5))
         times = (
             ("gamma", b.gamma),

@@ -30,7 +30,7 @@ import orjson
 from pydantic import ValidationError
 
 from specwatch.common.http import error_body
-from specwatch.telemetry.schema import GATEWAY_TAG, MAX_GAMMA, RequestRecord
+from specwatch.telemetry.schema import GATEWAY_TAG, MAX_GAMMA, MAX_TOKENS, RequestRecord
 
 UPSTREAM_TAG = "upstream"  # the gateway's name for the upstream, where the record carries the engine's own
 
@@ -152,8 +152,8 @@ class Outcome:
         usage = self.usage if isinstance(self.usage, dict) else {}
         prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
         return {
-            "prompt_tokens": prompt if type(prompt) is int and prompt >= 0 else self.prompt_tokens_estimate,
-            "output_tokens": completion if type(completion) is int and completion >= 0 else 0,
+            "prompt_tokens": prompt if _is_count(prompt) else self.prompt_tokens_estimate,
+            "output_tokens": completion if _is_count(completion) else 0,
         }
 
     @staticmethod
@@ -285,3 +285,8 @@ def _has_content(choice: Any) -> bool:
         return False
     delta = choice.get("delta")
     return bool(choice.get("text") or (isinstance(delta, dict) and (delta.get("content") or delta.get("tool_calls"))))
+
+
+def _is_count(value: object) -> bool:
+    """A token count the contract takes (an upstream's usage past MAX_TOKENS would fail the record)."""
+    return type(value) is int and 0 <= value <= MAX_TOKENS

@@ -31,6 +31,9 @@ _STYLE = {
     "axes.spines.right": False,
     "axes.grid": True,
     "grid.alpha": 0.3,
+    # Titles and legends carry producers' strings (an arm's drafter `model:NAME`): text, never mathtext
+    # (`$...$` would be typeset, and a malformed one would fail the whole report).
+    "text.parse_math": False,
 }
 SIZE = (6.4, 3.2)  # inches
 

@@ -39,6 +39,9 @@ DAY_S = 86400
 MAX_DAYS = 90  # the longest daily series
 FINAL_AFTER_S = 3600.0  # a day's figures are final this long after it ended (late telemetry is in)
 GAUGE = "specwatch_cost_usd_per_mtok"
+# The arms exported (those with the most output tokens): a drafter `model:NAME` is a producer's string,
+# so the arms a window holds are not bounded (issue 53 #2).
+MAX_ARMS = 32
 GAUGE_DOC = "Total USD per 1M output tokens of each arm (mode:drafter) over the last hour, from the cost model."
 
 
@@ -201,10 +204,8 @@ class CostGauge:
         window = Window(now - self._window_s, now)
         try:
             gpu_type, _ = _gpu_type(self._engine, window, self._prices)
-            return tuple(
-                (arm.key, arm.total_usd_per_mtok)
-                for arm, _, _ in arm_costs(self._engine, window, self._prices, gpu_type)
-            )
+            costs = sorted(arm_costs(self._engine, window, self._prices, gpu_type), key=lambda c: -c[1])
+            return tuple((arm.key, arm.total_usd_per_mtok) for arm, _, _ in costs[:MAX_ARMS])
         except (ValueError, SQLAlchemyError) as exc:
             log.warning("%s not exported: the cost model failed: %s", GAUGE, exc)
             return ()

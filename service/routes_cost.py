@@ -27,6 +27,7 @@ output_tokens, requests, estimate, estimated).
 from __future__ import annotations
 
 import io
+import re
 from dataclasses import replace
 from functools import lru_cache
 from typing import Annotated, Literal
@@ -133,8 +134,9 @@ def get_cost_focus(
 
 
 def days_param(days: str = "30") -> int:
-    """A whole number of days in [1, MAX_DAYS]; anything else is a 400 that says so."""
-    if not days.strip().isdigit() or not 1 <= int(days) <= MAX_DAYS:
+    """A whole number of days in [1, MAX_DAYS], in ASCII digits (str.isdigit takes "²", which int()
+    refuses: a 500); anything else is a 400 that says so."""
+    if not re.fullmatch(r"[0-9]{1,4}", days) or not 1 <= int(days) <= MAX_DAYS:
         message = f"days must be a whole number from 1 to {MAX_DAYS}, got {days!r}"
         raise HTTPException(400, {"error": "invalid_parameter", "message": message})
     return int(days)

@@ -13,7 +13,7 @@ from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect
 
 from specwatch.collector.db import is_current
-from specwatch.collector.ingest.parse import BatchRejected, gunzip
+from specwatch.collector.ingest.parse import BatchRejected, gunzip, media_type
 from specwatch.collector.ingest.store import IngestCounts
 from specwatch.collector.settings import Settings
 from specwatch.common.bodies import TooLarge, read_capped
@@ -48,11 +48,7 @@ async def _body(request: Request, settings: Settings) -> bytes:
 def _is_gzip(headers: Headers) -> bool:
     """415 unless the body is JSON: a form or text/plain POST needs no CORS preflight, so any web page
     an operator opens could send one. True when it is gzip-encoded (415 for other encodings)."""
-    media_type, *params = [part.strip().lower() for part in headers.get("content-type", "").split(";")]
-    charset = {key.strip(): value.strip().strip('"') for key, _, value in (p.partition("=") for p in params)}.get(
-        "charset", "utf-8"
-    )
-    if media_type != "application/json" or charset not in ("utf-8", "utf8"):
+    if media_type(headers.get("content-type", "")) != "application/json":
         given = headers.get("content-type", "none")
         raise _unsupported(f"Content-Type must be application/json (charset utf-8), not {given!r}")
     encoding = headers.get("content-encoding", "identity").strip().lower()

@@ -88,7 +88,7 @@ def get_errors_by_hour(db: DbDep, window: WindowDep, filters: FiltersDep) -> Res
 
 @router.get("/series")
 def get_series(
-    db: DbDep, window: WindowDep, filters: FiltersDep, step: Annotated[float, Query(ge=1)] = 60.0
+    db: DbDep, window: WindowDep, filters: FiltersDep, step: Annotated[float, Query(ge=1, allow_inf_nan=False)] = 60.0
 ) -> Response:
     """Per-step series: from the per-second aggregates up to 6 h, from the rollups beyond (sketch
     percentiles in both), exact from raw rows with tag filters (`collector.reads.reader`)."""

@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Response
 
+from specwatch.collector.ingest.parse import scoped_id
 from specwatch.collector.reads import request_reads
 from specwatch.collector.reads.request_reads import BadCursor, RequestQuery
 from specwatch.service.deps import DbDep, ReadGrantDep, json_response, read_access
@@ -44,11 +45,18 @@ def get_requests(
         raise HTTPException(422, {"error": "invalid_cursor", "message": str(exc)}) from None
 
 
-@router.get("/requests/{request_id}")
+@router.get("/requests/{request_id:path}")
 def get_request(db: DbDep, grant: ReadGrantDep, request_id: str) -> Response:
-    """One request: every stored field, per-position acceptance, TPOT and its anomaly flags."""
-    found = request_reads.request_detail(db, request_id)
+    """One request: every stored field, per-position acceptance, TPOT and its anomaly flags. A
+    tenant-bound token finds its tenant's requests by the stored id (`tenant:id`) or the id it sent."""
     tenant = grant.tenant if grant else None
-    if found is None or (tenant is not None and found.record.get("tags", {}).get("tenant") != tenant):
+    found = request_reads.request_detail(db, request_id)
+    if tenant is not None and not _of_tenant(found, tenant):
+        found = request_reads.request_detail(db, scoped_id(tenant, request_id))
+    if found is None or (tenant is not None and not _of_tenant(found, tenant)):
         raise HTTPException(404, {"error": "not_found", "message": f"no request {request_id!r}"})
     return json_response(found)
+
+
+def _of_tenant(found, tenant: str) -> bool:
+    return found is not None and found.record.get("tags", {}).get("tenant") == tenant

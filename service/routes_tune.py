@@ -67,6 +67,9 @@ def today_param(current_k: int | None, current_config: str | None, max_batch: in
         if current_k is not None:
             raise ValueError("give current_k or current_config, not both")
         k, today = todays_ks(json.loads(current_config), max_batch)
+    except RecursionError:  # JSON nested past the parser's stack (4 KiB of brackets is enough)
+        message = "current_config: nested too deeply to be a vLLM speculative config"
+        raise HTTPException(422, {"error": "invalid_parameter", "message": message}) from None
     except ValueError as exc:  # json.JSONDecodeError is one
         raise HTTPException(422, {"error": "invalid_parameter", "message": f"current_config: {exc}"}) from None
     return {"current_k": k, "today": today}

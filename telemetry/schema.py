@@ -23,6 +23,7 @@ MIN_EPOCH_S = 946_684_800.0
 MAX_EPOCH_S = 4_102_444_800.0
 MAX_GAMMA = 64
 MAX_TAGS = 16
+MAX_BATCH_RECORDS = 100_000  # of each kind in one batch
 # The tag naming the gateway that proxied a request (its --name): the cost model shares an upstream's
 # time among all gateways' requests in flight there (cost.sharing).
 GATEWAY_TAG = "gateway"
@@ -36,13 +37,25 @@ LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.25, 0.3, 0.5, 0.75, 1.0, 2.5, 
 
 # No NUL characters: PostgreSQL text cannot hold them, so they would fail at insert time.
 NO_NUL = r"^[^\x00]*$"
-Name = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=NO_NUL)]
+MAX_NAME_CHARS = 128  # ids and names; the store's columns hold this many (a tenant's scoped id too)
+Name = Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME_CHARS, pattern=NO_NUL)]
 ShortText = Annotated[str, StringConstraints(max_length=256, pattern=NO_NUL)]
 TagKey = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=NO_NUL)]
 TagValue = Annotated[str, StringConstraints(max_length=128, pattern=NO_NUL)]
 Epoch = Annotated[float, Field(ge=MIN_EPOCH_S, le=MAX_EPOCH_S, allow_inf_nan=False)]
 Seconds = Annotated[float, Field(ge=0.0, le=86_400.0, allow_inf_nan=False)]
-Count = Annotated[int, Field(ge=0, le=2**62)]
+# Realistic caps on counts, so that no sum of them overflows int64 (SQL SUM, rollups, sketches,
+# Prometheus): tokens per request at most the largest context a model has (10M, Llama 4 Scout) rounded
+# up; drafted tokens at most MAX_GAMMA per output token; bytes at most 1 PiB; queue lengths 1M. Summing
+# int64's 9.2e18 then takes over 8e9 requests at the cap in one aggregate (docs/collector.md).
+MAX_TOKENS = 2**24
+MAX_DRAFT_TOKENS = MAX_GAMMA * MAX_TOKENS
+MAX_BYTES = 2**50
+MAX_QUEUE = 1_000_000
+Tokens = Annotated[int, Field(ge=0, le=MAX_TOKENS)]
+DraftTokens = Annotated[int, Field(ge=0, le=MAX_DRAFT_TOKENS)]
+Bytes = Annotated[int, Field(ge=0, le=MAX_BYTES)]
+Count = Annotated[int, Field(ge=0, le=MAX_QUEUE)]
 Fraction = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 NonNegative = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
 
@@ -104,17 +117,17 @@ class RequestRecord(_Strict):
     queue_s: Seconds = 0.0
     ttft_s: Seconds | None = None
     e2e_s: Seconds
-    prompt_tokens: Count
-    output_tokens: Count
-    num_drafts: Count = 0
-    num_draft_tokens: Count = 0
-    num_accepted_tokens: Count = 0
-    accepted_per_position: list[Count] = Field(default_factory=list, max_length=MAX_GAMMA)
+    prompt_tokens: Tokens
+    output_tokens: Tokens
+    num_drafts: Tokens = 0
+    num_draft_tokens: DraftTokens = 0
+    num_accepted_tokens: Tokens = 0
+    accepted_per_position: list[Tokens] = Field(default_factory=list, max_length=MAX_GAMMA)
     gamma: Annotated[int, Field(ge=0, le=MAX_GAMMA)] = 0
     # Drafts that proposed a token at position i (the denominators of per-position acceptance), when the
     # producer saw each draft's length (vLLM's `detailed` per_step_drafted; the engine's own drafts);
     # empty: not reported, and every draft is taken to reach gamma.
-    drafts_per_position: list[Count] = Field(default_factory=list, max_length=MAX_GAMMA)
+    drafts_per_position: list[Tokens] = Field(default_factory=list, max_length=MAX_GAMMA)
     draft_s: Seconds = 0.0
     verify_s: Seconds = 0.0
     retries: Annotated[int, Field(ge=0, le=1000)] = 0
@@ -223,8 +236,8 @@ class DeviceSample(_Strict):
     instance: Name
     at: Epoch
     device: Name
-    mem_allocated_bytes: Count
-    mem_reserved_bytes: Count
+    mem_allocated_bytes: Bytes
+    mem_reserved_bytes: Bytes
     fragmentation: Annotated[float, Field(ge=0.0, le=1e6, allow_inf_nan=False)] | None = None
     power_w: Annotated[float, Field(ge=0.0, le=1e5, allow_inf_nan=False)] | None = None
     power_source: EnergySource | None = None
@@ -283,6 +296,6 @@ class IngestBatch(_Strict):
         counts as a float, nothing else converts). ValidationError otherwise."""
         return cls.model_validate(payload, strict=True)
 
-    requests: list[RequestRecord] = Field(default_factory=list, max_length=100_000)
-    samples: list[DeviceSample] = Field(default_factory=list, max_length=100_000)
-    events: list[EngineEvent] = Field(default_factory=list, max_length=100_000)
+    requests: list[RequestRecord] = Field(default_factory=list, max_length=MAX_BATCH_RECORDS)
+    samples: list[DeviceSample] = Field(default_factory=list, max_length=MAX_BATCH_RECORDS)
+    events: list[EngineEvent] = Field(default_factory=list, max_length=MAX_BATCH_RECORDS)

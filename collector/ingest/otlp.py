@@ -24,8 +24,11 @@ without per-request metrics. The instance is the resource's `service.name` (`OTE
 else its `host.name`; the trace id goes into the `trace_id` tag.
 
 Spans of other names are ignored (not rejected); an `llm_request` span that cannot make a valid
-record is rejected and counted in the response's `partial_success`. A body that is not an OTLP
-ExportTraceServiceRequest in the declared encoding is a 400 (415 for another media type).
+record is rejected and counted in the response's `partial_success` (OTLP's partial success: the export's
+other spans are stored), as are those past the first 100,000 of one export (one ingest batch's worth).
+The Content-Type's charset, if given, must be UTF-8, the rule /v1/ingest keeps (`parse.media_type`).
+A body that is not an OTLP ExportTraceServiceRequest in the declared encoding is a 400 (415 for another
+media type or charset).
 """
 
 from __future__ import annotations
@@ -46,14 +49,16 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 from pydantic import ValidationError
 
+from specwatch.collector.ingest import parse
 from specwatch.collector.ingest.parse import BatchRejected
-from specwatch.telemetry.schema import RequestRecord
+from specwatch.telemetry.schema import MAX_BATCH_RECORDS, RequestRecord
 
 SPAN_NAME = "llm_request"
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
 MEDIA_TYPES = (PROTOBUF, JSON)
 MAX_MESSAGES = 5  # rejection reasons quoted in partial_success.error_message
+MAX_RECORDS = MAX_BATCH_RECORDS  # what one ingest batch holds
 ID_KEYS = ("traceId", "spanId", "parentSpanId")
 
 
@@ -68,7 +73,7 @@ class Intake:
 
 def content_kind(content_type: str, content_encoding: str) -> tuple[str, bool]:
     """The body's media type (protobuf or JSON) and whether it is gzipped; 415 for anything else."""
-    media_type = content_type.split(";")[0].strip().lower()
+    media_type = parse.media_type(content_type)  # the charset rule /v1/ingest keeps
     if media_type not in MEDIA_TYPES:
         raise _reject(415, "unsupported_media_type", f"Content-Type must be {PROTOBUF} or {JSON}, not {content_type!r}")
     encoding = content_encoding.strip().lower() or "identity"
@@ -136,19 +141,25 @@ def _hex_to_base64(value: str) -> str:
 
 
 def records_from(request: ExportTraceServiceRequest) -> Intake:
-    """One record per valid llm_request span; the others of that name are counted with their reason."""
-    records, reasons = [], []
+    """One record per valid llm_request span, up to MAX_RECORDS; the others of that name are counted with
+    their reason (OTLP's partial success: the rest of an export is stored, not refused whole)."""
+    records, reasons, past_cap = [], [], 0
     for resource_spans in request.resource_spans:
         resource = attributes(resource_spans.resource.attributes)
         for scope_spans in resource_spans.scope_spans:
             for span in scope_spans.spans:
                 if span.name != SPAN_NAME:
                     continue
+                if len(records) == MAX_RECORDS:
+                    past_cap += 1  # not converted: it would be refused anyway
+                    continue
                 try:
                     records.append(record(span, resource))
                 except SpanRejected as exc:
                     reasons.append(f"span {span.span_id.hex() or '?'}: {exc}")
-    return Intake(tuple(records), len(reasons), tuple(reasons[:MAX_MESSAGES]))
+    if past_cap:
+        reasons.insert(0, f"{past_cap} llm_request spans past the first {MAX_RECORDS:,} of one export: send them again")
+    return Intake(tuple(records), len(reasons) - bool(past_cap) + past_cap, tuple(reasons[:MAX_MESSAGES]))
 
 
 class SpanRejected(ValueError):

@@ -33,7 +33,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from specwatch.collector.ingest.store import DataRejected, IngestCounts, Store, StoreUnavailable
 from specwatch.collector.metrics import RequestTotals
 from specwatch.common.auth import Grant
-from specwatch.telemetry.schema import IngestBatch
+from specwatch.telemetry.schema import MAX_NAME_CHARS, IngestBatch
 
 MAX_REPORTED_ERRORS = 20
 
@@ -130,9 +130,40 @@ def check_instances(batch: IngestBatch, grant: Grant) -> None:
                 )
 
 
+def media_type(content_type: str) -> str:
+    """The media type of a Content-Type header, lower-cased; 415 when it names a charset other than
+    UTF-8. The one charset rule of every intake (/v1/ingest, /v1/traces): JSON is UTF-8 (RFC 8259), and
+    a latin-1 body one route took would be refused by the other."""
+    kind, *params = [part.strip().lower() for part in content_type.split(";")]
+    charset = {key.strip(): value.strip().strip('"') for key, _, value in (p.partition("=") for p in params)}.get(
+        "charset", "utf-8"
+    )
+    if charset not in ("utf-8", "utf8"):
+        message = f"the body must be UTF-8, not charset {charset!r} (Content-Type {content_type!r})"
+        raise BatchRejected(415, "unsupported_media_type", {"error": "unsupported_media_type", "message": message})
+    return kind
+
+
+def scoped_id(tenant: str, request_id: str) -> str:
+    """A tenant-bound token's request id as stored: `tenant:id`. Ids are the idempotency key, so a
+    tenant's own could otherwise pre-claim another tenant's (or the operator engine's) id, whose later
+    record would be dropped as a duplicate, and a duplicate answer would tell it that an id exists."""
+    return f"{tenant}:{request_id}"
+
+
 def with_tenant(batch: IngestBatch, tenant: str) -> IngestBatch:
-    requests = [r.model_copy(update={"tags": {**r.tags, "tenant": tenant}}) for r in batch.requests]
-    return batch.model_copy(update={"requests": requests})
+    """The batch as a tenant-bound token writes it: its tenant in each request's `tenant` tag and in each
+    event's detail (a deploy marker then concerns that tenant's views only), request ids scoped."""
+    requests = []
+    for index, r in enumerate(batch.requests):
+        request_id = scoped_id(tenant, r.request_id)
+        if len(request_id) > MAX_NAME_CHARS:
+            message = f"a request id of tenant {tenant!r} is at most {MAX_NAME_CHARS - len(tenant) - 1} characters"
+            error = {"item": f"requests[{index}]", "field": "request_id", "message": message, "type": "too_long"}
+            raise BatchRejected(422, "invalid_batch", {"error": "invalid_batch", "count": 1, "errors": [error]})
+        requests.append(r.model_copy(update={"request_id": request_id, "tags": {**r.tags, "tenant": tenant}}))
+    events = [e.model_copy(update={"detail": {**e.detail, "tenant": tenant}}) for e in batch.events]
+    return batch.model_copy(update={"requests": requests, "events": events})
 
 
 def _describe(error: dict[str, Any]) -> dict[str, Any]:

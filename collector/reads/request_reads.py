@@ -113,11 +113,17 @@ def encode_cursor(sort: str, value: float, row_id: int) -> str:
 def decode_cursor(cursor: str, sort: str) -> tuple[float, int]:
     try:
         kind, value, row_id = json.loads(base64.urlsafe_b64decode(cursor.encode()))
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, RecursionError) as exc:
         raise BadCursor("cursor is not one this listing handed out") from exc
-    if kind != sort or not isinstance(value, int | float) or not isinstance(row_id, int):
+    if kind != sort or not _finite(value) or type(row_id) is not int or not 0 <= row_id < 2**63:
         raise BadCursor(f"cursor is not one of a listing sorted by {sort}")
     return float(value), row_id
+
+
+def _finite(value: object) -> bool:
+    """A sort value a listing can hand out (epoch or latency seconds, a rate): a huge int would
+    overflow the database's bind parameter."""
+    return type(value) in (int, float) and abs(value) <= 1e12
 
 
 def _flagged(window: Window, flag: str) -> Select:

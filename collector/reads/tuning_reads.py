@@ -91,7 +91,10 @@ def rows_from_tuples(rows: list[tuple]) -> TuningRows:
 
 
 def version_markers(db: Engine, window: Window, filters: Filters = Filters()) -> tuple[tuple[str, float, str], ...]:
-    """(instance, at, version) of the `config` events up to the window's end that name a version, oldest first."""
+    """(instance, at, version) of the `config` events up to the window's end that name a version, oldest first.
+
+    A marker a tenant-bound token wrote (its detail names the tenant) counts only where the filters ask
+    for that tenant (`tag=tenant:NAME`): one tenant's deploy must not mark the fleet-wide plan stale."""
     stmt = select(EngineEventRow.instance, EngineEventRow.at, EngineEventRow.detail).where(
         EngineEventRow.kind == "config", EngineEventRow.at < window.end
     )
@@ -99,7 +102,16 @@ def version_markers(db: Engine, window: Window, filters: Filters = Filters()) ->
         stmt = stmt.where(EngineEventRow.instance == filters.instance)
     with db.connect() as conn:
         found = conn.execute(stmt.order_by(EngineEventRow.at)).all()
-    return tuple((i, float(at), v) for i, at, detail in found if (v := _version(detail)) is not None)
+    tenant = dict(filters.tags).get("tenant")
+    return tuple(
+        (i, float(at), v)
+        for i, at, detail in found
+        if (v := _version(detail)) is not None and _marker_tenant(detail) in (None, tenant)
+    )
+
+
+def _marker_tenant(detail) -> str | None:
+    return detail.get("tenant") if isinstance(detail, dict) else None
 
 
 def data_parallel_ranks(db: Engine, window: Window, filters: Filters = Filters()) -> int:

@@ -31,6 +31,7 @@ sum that includes such a row onto the bounds it has (`histogram_of`).
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -110,6 +111,10 @@ RAW_COLUMNS = (
 RAW_NAMES = tuple(c.key for c in RAW_COLUMNS)
 ROLLUP_LABELS = KEY_COLUMNS[1:]  # instance, model, mode, drafter, arm ("" for no drafter / no arm)
 Aggregates = tuple[list[tuple], np.ndarray, np.ndarray, dict[str, list[sketch.Bins]]]  # keys, ints, floats, sketches
+# No stored count may pass this: the columns are int64 (2**63 - 1), and an upsert adds to what a row holds.
+# The contract's caps (telemetry.schema.MAX_TOKENS, ...) keep honest sums far below it.
+MAX_SUM = 2**62
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -187,7 +192,10 @@ def histogram_of(counts: np.ndarray, legacy: float) -> tuple[np.ndarray, tuple[f
 def _upsert(conn: Connection, table: Table, groups: Aggregates) -> None:
     """Add the aggregates to the stored ones (insert, or add column by column on conflict; the
     sketches are merged with the stored ones here and replace them)."""
-    keys, ints, floats, sketches = groups
+    stored, width = _stored(conn, table, groups[0]), len(INT_COLUMNS)
+    held = [stored[key][:width] if key in stored else (0,) * width for key in groups[0]]
+    held_counts = np.nan_to_num(np.array(held, dtype=float).reshape(len(held), width))  # NULL: a legacy bucket
+    keys, ints, floats, sketches = within_int64(groups, held_counts)
     columns = (*KEY_COLUMNS, *INT_COLUMNS, *FLOAT_COLUMNS, *SKETCH_COLUMNS)
     mark = "?" if conn.dialect.name == "sqlite" else "%s"
     sql = (
@@ -196,7 +204,7 @@ def _upsert(conn: Connection, table: Table, groups: Aggregates) -> None:
         + ", ".join(_add_to_stored(table.name, c) for c in (*INT_COLUMNS, *FLOAT_COLUMNS) if c != "rate_m2")
         + "".join(f", {c} = excluded.{c}" for c in ("rate_m2", *SKETCH_COLUMNS))
     )
-    m2, blobs = _merged_with_stored(conn, table, keys, ints, floats, sketches)
+    m2, blobs = _merged_with_stored(stored, keys, ints, floats, sketches)
     floats = floats.copy()
     floats[:, FLOAT_COLUMNS.index("rate_m2")] = m2
     rows = [key + tuple(i) + tuple(f) + b for key, i, f, b in zip(keys, ints.tolist(), floats.tolist(), blobs)]
@@ -207,20 +215,44 @@ def _upsert(conn: Connection, table: Table, groups: Aggregates) -> None:
         cursor.close()
 
 
-def _merged_with_stored(
-    conn: Connection, table: Table, keys: list[tuple], ints: np.ndarray, floats: np.ndarray, sketches: dict
-) -> tuple[np.ndarray, list[tuple]]:
-    """Per key, the acceptance spread (rate_m2) and the encoded SKETCH_COLUMNS of the new aggregates
-    merged with the stored row's (if any): neither adds up column by column."""
-    moments = ("rate_n", "rate_sum", "rate_m2")
+def _stored(conn: Connection, table: Table, keys: list[tuple]) -> dict[tuple, tuple]:
+    """The stored rows of `keys`' periods: key -> (*INT_COLUMNS, rate_sum, rate_m2, *SKETCH_COLUMNS)."""
     stored: dict[tuple, tuple] = {}
     starts = sorted({key[0] for key in keys})
     for i in range(0, len(starts), 1000):  # bound the IN list (SQLite's variable limit)
-        stmt = select(*(table.c[c] for c in (*KEY_COLUMNS, *moments, *SKETCH_COLUMNS))).where(
+        stmt = select(*(table.c[c] for c in (*KEY_COLUMNS, *INT_COLUMNS, *_STORED_MOMENTS, *SKETCH_COLUMNS))).where(
             table.c.period_start.in_(starts[i : i + 1000])
         )
         stored.update({tuple(row[: len(KEY_COLUMNS)]): row[len(KEY_COLUMNS) :] for row in conn.execute(stmt)})
-    old = [stored.get(key, (0, 0.0, 0.0, *(None,) * len(SKETCH_COLUMNS))) for key in keys]
+    return stored
+
+
+_STORED_MOMENTS = ("rate_sum", "rate_m2")
+
+
+def within_int64(groups: Aggregates, held: np.ndarray | float = 0.0) -> Aggregates:
+    """The groups whose every count, added to what its row holds (`held`, per group), stays at most
+    MAX_SUM; any other group is refused and logged: a wrapped int64 would be kept for the rollups'
+    whole retention (negative token totals)."""
+    keys, ints, floats, sketches = groups
+    fits = np.all(np.asarray(ints, dtype=float) + held <= MAX_SUM, axis=1)
+    if not fits.all():
+        for key in (k for k, ok in zip(keys, fits) if not ok):
+            log.error("rollup row %s refused: a count would pass %d (int64 would wrap)", key, MAX_SUM)
+        kept = np.flatnonzero(fits)
+        keys, ints, floats = [keys[i] for i in kept], ints[kept], floats[kept]
+        sketches = {name: [bins[i] for i in kept] for name, bins in sketches.items()}
+    return keys, np.rint(ints).astype(np.int64), floats, sketches
+
+
+def _merged_with_stored(
+    stored: dict[tuple, tuple], keys: list[tuple], ints: np.ndarray, floats: np.ndarray, sketches: dict
+) -> tuple[np.ndarray, list[tuple]]:
+    """Per key, the acceptance spread (rate_m2) and the encoded SKETCH_COLUMNS of the new aggregates
+    merged with the stored row's (`_stored`, if any): neither adds up column by column."""
+    rate_n = INT_COLUMNS.index("rate_n")
+    empty = (0.0, 0.0, 0.0, *(None,) * len(SKETCH_COLUMNS))
+    old = [(row[rate_n], *row[len(INT_COLUMNS) :]) if (row := stored.get(key)) else empty for key in keys]
     new_moments = np.column_stack(
         [
             ints[:, INT_COLUMNS.index("rate_n")],
@@ -277,7 +309,7 @@ def aggregate(rows: list[tuple], period_s: int) -> Aggregates:
     ttft_sum = np.bincount(group[has_ttft], weights=ttft[has_ttft], minlength=n)
     floats = np.column_stack([totals["rate_sum"], totals["rate_m2"], ttft_sum, np.bincount(group, e2e, minlength=n)])
     sketches = {name: totals[f"{name}_sketch"] for name in ("ttft", "e2e", "tpot")}
-    return keys, np.rint(ints).astype(np.int64), floats, sketches
+    return within_int64((keys, ints, floats, sketches))
 
 
 def _histogram(group: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:

@@ -6,15 +6,20 @@ import json
 
 import httpx
 import pytest
+from collector_payloads import T0, request_dict
 from sqlalchemy import select
 from webhook_receiver import Receiver
 
 from specwatch.alerts.evaluator import Alert, State
 from specwatch.alerts.notify import backoff_s, deliver_due, enqueue
 from specwatch.alerts.rules import parse_config
+from specwatch.alerts.runner import AlertRunner
+from specwatch.alerts.signals import StoreSignals
 from specwatch.alerts.tables import alert_notifications
 from specwatch.collector.db import write_transaction
+from specwatch.collector.ingest.store import Store
 from specwatch.common.procs import free_port
+from specwatch.telemetry.schema import IngestBatch
 
 
 def alert(fp: str, severity: str, state: State = State.FIRING) -> Alert:
@@ -95,3 +100,37 @@ def test_a_receiver_removed_from_the_config_dead_letters_its_backlog(db):
         deliver_due(db, parse_config({}), http, 100.0)
     (row,) = outbox(db)
     assert (row["status"], row["last_error"]) == ("dead", "receiver no longer configured")
+
+
+HOSTILE_DRAFTER = "model:<!channel><https://evil.example/login|Re-authenticate_now>"
+
+
+def test_a_producer_string_reaches_slack_and_alertmanager_as_text(db):
+    """Issue 53 #4: a drafter sent by a producer reached a Slack alert unescaped (an @channel ping and a
+    disguised link). Its `&`, `<`, `>` now travel as entities in every annotation and Slack line."""
+    low = dict(accepted_per_position=[1, 0, 0, 0], num_accepted_tokens=1, drafter=HOSTILE_DRAFTER)
+    Store(db).insert(IngestBatch.model_validate({"requests": [request_dict(i, **low) for i in range(10)]}))
+    rule = {
+        "name": "SpecAcceptanceLow",
+        "signal": "acceptance_rate",
+        "op": "<",
+        "threshold": 0.6,
+        "window": "5m",
+        "for": "0s",
+        "min_samples": 5,
+        "group_by": ["instance", "drafter"],
+        "summary": "acceptance {{ $value }} with {{ $labels.drafter }}",
+    }
+    receivers = [
+        {"name": "chat", "url": "http://127.0.0.1:9/", "format": "slack"},
+        {"name": "am", "url": "http://127.0.0.1:9/"},
+    ]
+    config = parse_config({"rules": [rule], "receivers": receivers})
+    AlertRunner(db, config, source=StoreSignals(db)).cycle(T0 + 20)
+    slack, alertmanager = (row["payload"] for row in outbox(db))
+    text = json.dumps(slack)
+    assert "<!channel>" not in text and "<https://" not in text
+    assert "&lt;!channel&gt;&lt;https://evil.example/login|Re-authenticate_now&gt;" in text
+    (item,) = alertmanager["alerts"]
+    assert item["labels"]["drafter"] == HOSTILE_DRAFTER  # labels are data, kept as sent
+    assert "<" not in item["annotations"]["summary"] and "&lt;!channel&gt;" in item["annotations"]["summary"]

@@ -64,6 +64,12 @@ BENCHES = (
         rf"^\| 16 \| 1 \| 1 \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| \+{NUMBER}% \|$",
     ),
     Bench(
+        "metrics_labels",
+        ("--models", "300", "--drafters", "40", "--tenants", "3", "--batch", "100"),
+        rf"^/metrics after 300 distinct models .*: {NUMBER} MB, {NUMBER} samples, scrape {NUMBER} s; "
+        rf"{NUMBER} requests folded into `other`; goal < 5 MB: met$",
+    ),
+    Bench(
         "cost",
         ("--levels", "1", "--requests-per-client", "1", "--max-tokens", "4", "--json", "{tmp}/cost.json"),
         rf"^\s+1 speculative\s+1\s+\d+\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+\d+%\s+{NUMBER}$",

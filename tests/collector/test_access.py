@@ -67,7 +67,7 @@ def read_routes(client: TestClient) -> list[str]:
     all of them GETs, so a route of another kind added later makes the tests look at it."""
     routes = [r for r in iter_route_contexts(client.app.routes) if r.path not in OPEN | {"/v1/ingest", "/v1/traces"}]
     assert all(r.methods == {"GET"} for r in routes), [(r.path, r.methods) for r in routes]
-    return [r.path.replace("{name}", REPORT).replace("{request_id}", "req-1") for r in routes]
+    return [r.path.replace("{name}", REPORT).replace("{request_id:path}", "req-1") for r in routes]
 
 
 def ingest(client: TestClient, records: list[dict], token: str | None = None, samples: list[dict] = ()):
@@ -141,7 +141,8 @@ def test_a_tenant_bound_ingest_token_stamps_its_tenant(secured):
     assert ingest(secured, [request_dict(i) for i in range(4)], "i-globex", [sample_dict(1)]).status_code == 200
     assert ingest(secured, [acme(i) for i in range(4, 7)], "i-acme").status_code == 200
     assert ingest(secured, [request_dict(7)], "i1").status_code == 200  # unbound: the producer's tag stays
-    expected = {f"req-{i}": "globex" for i in range(4)} | {f"req-{i}": "acme" for i in range(4, 7)}
+    # a tenant-bound token's ids are scoped to its tenant (issue 53 #5)
+    expected = {f"globex:req-{i}": "globex" for i in range(4)} | {f"acme:req-{i}": "acme" for i in range(4, 7)}
     assert stored_tenants(secured) == expected | {"req-7": "acme"}
 
 

@@ -13,8 +13,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 from otlp_payloads import TRACE_ID, as_json, export, span
 
+from specwatch.collector.ingest import otlp
 from specwatch.collector.settings import Settings
 from specwatch.service.app import create_app
+from specwatch.telemetry.schema import MAX_BATCH_RECORDS
 
 PROTOBUF = {"content-type": "application/x-protobuf"}
 JSON = {"content-type": "application/json"}
@@ -184,5 +186,38 @@ def test_a_tenant_bound_token_writes_only_its_instances(secured):
     assert post(secured, export([span("cmpl-a")]), headers=headers).status_code == 403
     mine = export([span("cmpl-b")], {"service.name": "acme-0"})
     assert post(secured, mine, headers=headers).status_code == 200
-    record = secured.get("/v1/requests/cmpl-b", headers={"authorization": "Bearer r1"}).json()["record"]
+    record = secured.get("/v1/requests/acme:cmpl-b", headers={"authorization": "Bearer r1"}).json()["record"]
     assert record["tags"]["tenant"] == "acme"
+
+
+@pytest.mark.parametrize("charset, status", [("latin-1", 415), ("ISO-8859-1", 415), ('"utf-8"', 200), ("UTF8", 200)])
+def test_one_charset_rule_for_traces_and_ingest(client, charset, status):
+    """Issue 53 #7: OTLP took a latin-1 charset that /v1/ingest refused; both keep one rule now."""
+    content_type = {"content-type": f"application/json; charset={charset}"}
+    traces = client.post("/v1/traces", content=as_json(export([span("cmpl-a")])), headers=content_type)
+    body = b'{"requests": [], "samples": [], "events": []}'
+    ingest = client.post("/v1/ingest", content=body, headers=content_type)
+    assert (traces.status_code, ingest.status_code) == (status, status)
+    if status == 415:
+        assert "UTF-8" in traces.json()["detail"]["message"] and "UTF-8" in ingest.json()["detail"]["message"]
+
+
+def test_spans_past_one_batch_are_a_partial_success(client, monkeypatch):
+    """Issue 53 #7: an export of 100,001 spans was refused whole after seconds of work; now the spans one
+    ingest batch holds are stored and the rest counted as rejected (OTLP's partial success)."""
+    monkeypatch.setattr(otlp, "MAX_RECORDS", 3)
+    spans = [span("cmpl-bad", 9, **{"gen_ai.latency.e2e": -1.0})] + [span(f"cmpl-{i}", i) for i in range(4)]
+    response = post(client, export(spans))
+    assert response.status_code == 200
+    partial = answer(response).partial_success
+    assert partial.rejected_spans == 2 and "1 llm_request spans past the first 3 of one export" in partial.error_message
+    assert "e2e_s" in partial.error_message and count(client) == 3
+
+
+@pytest.mark.slow
+def test_an_export_of_100001_spans_stores_100000(settings, registry):
+    body = export([span(f"c{i}", i % 3000) for i in range(MAX_BATCH_RECORDS + 1)]).SerializeToString()
+    roomy = Settings(**(settings.model_dump() | {"max_body_bytes": 2 * len(body)}))  # vLLM's spans: ~50 MB
+    with TestClient(create_app(roomy, registry)) as client:
+        response = client.post("/v1/traces", content=body, headers=PROTOBUF)
+        assert response.status_code == 200 and answer(response).partial_success.rejected_spans == 1

@@ -21,7 +21,7 @@ from specwatch.collector.reads.series import series
 from specwatch.collector.settings import Settings
 from specwatch.collector.tiers.rollups import apply_retention, roll_up
 from specwatch.service.app import create_app
-from specwatch.telemetry.schema import IngestBatch
+from specwatch.telemetry.schema import MAX_TOKENS, IngestBatch
 
 DAY = 86400.0
 HOUR0 = T0 - T0 % 3600  # 20:00 UTC, the hour the data starts in
@@ -213,11 +213,13 @@ def test_errors_by_hour_from_rollups_match_raw(db, stored):
 
 def test_the_acceptance_spread_survives_rates_close_to_one_another(db):
     """Rates that differ in their 9th digit: merged from M2 (Chan) the rollups give numpy's stddev, where
-    a sum of squares (sumsq - sum^2 / n) loses it to cancellation (issue 51)."""
-    drafted, quarter = 400_000_000, 100_000_000
+    a sum of squares (sumsq - sum^2 / n) loses it to cancellation (issue 51). The counts are near the
+    contract's cap (MAX_TOKENS: accepted tokens are output tokens)."""
+    drafted = MAX_TOKENS - 4
+    quarter = drafted // 4
     rows = [
-        request_dict(i, num_drafts=quarter, num_draft_tokens=drafted, num_accepted_tokens=drafted - i % 10)
-        | {"accepted_per_position": [quarter] * 3 + [quarter - i % 10], "output_tokens": drafted + quarter}
+        request_dict(i, num_drafts=quarter, num_draft_tokens=drafted, num_accepted_tokens=drafted - i % 2)
+        | {"accepted_per_position": [quarter] * 3 + [quarter - i % 2], "output_tokens": MAX_TOKENS}
         for i in range(600)
     ]
     Store(db).insert(IngestBatch.model_validate({"requests": rows}))
@@ -229,3 +231,23 @@ def test_the_acceptance_spread_survives_rates_close_to_one_another(db):
     assert long_signals(db, window).acceptance_rate_stddev == pytest.approx(rates.std(), rel=1e-6)
     (point,) = [p for p in long_series(db, Window(HOUR0, HOUR0 + 3600), step_s=3600) if p.requests]
     assert point.acceptance_rate_stddev == pytest.approx(rates.std(), rel=1e-6)
+
+
+def test_a_rollup_that_would_wrap_int64_is_refused_and_logged(db, caplog):
+    """Rows stored before the contract capped counts (issue 53 #1: two records of 2**62 output tokens
+    wrapped the rollups' int64 sums negative): their group is refused and logged, every other group is
+    rolled up, and the pass does not fail."""
+    rows = [request_dict(i, instance="hostile" if i < 2 else "gpu-0") for i in range(6)]
+    Store(db).insert(IngestBatch.model_validate({"requests": rows}))
+    with db.begin() as conn:
+        conn.execute(update(Request).where(Request.instance == "hostile").values(output_tokens=2**62))
+    with caplog.at_level("ERROR", logger="specwatch.collector.tiers.rollups"):
+        assert roll_up(db, now=T0 + DAY).rows_folded == 6
+    assert "int64 would wrap" in caplog.text and "hostile" in caplog.text
+    with db.connect() as conn:
+        for table in (RequestRollup, RequestRollupHourly):
+            by_instance = dict(
+                conn.execute(select(table.instance, func.sum(table.requests)).group_by(table.instance)).all()
+            )
+            assert by_instance == {"gpu-0": 4}
+            assert conn.scalar(select(func.min(table.output_tokens))) >= 0

@@ -15,6 +15,7 @@ from specwatch.common.errors import UsageError
 from specwatch.gateway.records import SseReader, draft_counts
 from specwatch.gateway.routing import Router, RoutingConfig, session_share
 from specwatch.gateway.upstreams import Upstream, UpstreamState, parse_upstream
+from specwatch.telemetry.schema import MAX_TOKENS
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -141,6 +142,13 @@ def test_inconsistent_upstream_counts_keep_timings_and_tokens():
     metrics = {"speculative_decoding": _spec([0, 0, 5], 3)}  # 5 steps accepted 2 each, but only 3 drafted
     record = outcome(usage={"prompt_tokens": 4, "completion_tokens": 9}, metrics=metrics, e2e_s=0.5).record()
     assert not record.draft_counts_known and record.output_tokens == 9 and record.e2e_s == 0.5
+
+
+def test_usage_past_the_contracts_cap_is_not_taken():
+    """Issue 53 #1: counts are capped (MAX_TOKENS); an upstream's usage past the cap keeps the record."""
+    usage = {"prompt_tokens": MAX_TOKENS + 1, "completion_tokens": 2**62}
+    record = outcome(usage=usage, metrics=None, e2e_s=0.5).record()
+    assert (record.prompt_tokens, record.output_tokens, record.e2e_s) == (7, 0, 0.5)
 
 
 def test_missing_usage_falls_back_to_the_prompt_estimate():
