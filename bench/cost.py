@@ -210,7 +210,8 @@ def print_model(costs: ConcurrencyCosts) -> None:
 def print_calibration(group) -> None:
     """The per-request model beside the measured ratios, per level, and the knee."""
     print(
-        f"\n{group.drafter} on {group.gpu_type}: the per-request model against the measurement (cost.calibration)\n"
+        f"\n{group.drafter} on {group.gpu_type}: the per-request model against the measurement (cost.calibration;"
+        f" step times from {_times_from(group)})\n"
         f"{'level':>5} {'gamma':>5} {'E':>5} {'t_plain ms':>10} {'t_round ms':>10} {'t_draft ms':>10} "
         f"{'measured device ratio':>21} {'model':>6} {'error':>6} {'latency speed-up':>16}"
     )
@@ -223,13 +224,17 @@ def print_calibration(group) -> None:
             f"{c.level:>5} {c.gamma:>5.2f} {c.mean_acceptance_length:>5.2f} {1e3 * c.t_plain_s:>10.1f} "
             f"{1e3 * c.t_round_s:>10.1f} {1e3 * c.t_draft_s:>10.3f} {_x(c.measured_ratio):>21} "
             f"{_x(c.model_ratio):>6} {c.error:>+6.0%} {_x(c.latency_speedup):>16}"
-            f"  decode only {_x(c.decode_ratio)}{within}"
+            f"  on the curve alone {_x(c.curve_ratio)}, decode only {_x(c.decode_ratio)}{within}"
         )
     errors = [abs(c.error) for c in group.calibration if c.error is not None]
     if errors:
         print(f"largest model error: {max(errors):.0%} (goal: <= {TOLERANCE:.0%} at every level)")
     knee = group.crossover
     print(f"knee: {'concurrency ' + str(knee.level) if knee.level else 'none'} ({knee.reason})")
+
+
+def _times_from(group) -> str:
+    return ", ".join(sorted({c.times_from for c in group.calibration if c.times_from})) or "-"
 
 
 def _x(value: float | None) -> str:
@@ -252,13 +257,14 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--gpu-type", default="cpu-laptop", help="the price table's row (cost/prices.toml)")
     parser.add_argument("--json", type=Path, help="write the rows here")
+    parser.add_argument("--keep-db", type=Path, help="keep the SQLite store here (default: a temporary one)")
     args = parser.parse_args()
     args.slots = args.slots or max(args.levels)
     if args.slots < max(args.levels):
         parser.error("--slots must be >= the highest level (queued requests are not concurrency)")
     engine, prices = Engine(EngineConfig(instance=INSTANCE)), load_prices()
     with tempfile.TemporaryDirectory() as tmp:
-        db = make_db(f"sqlite:///{Path(tmp) / 'cost.db'}")
+        db = make_db(f"sqlite:///{args.keep_db or Path(tmp) / 'cost.db'}")
         upgrade(db)
         runs, window = sweep(engine, Store(db), args)
         rows = [run_row(db, run, prices, args.gpu_type) for run in runs]

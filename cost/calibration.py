@@ -7,9 +7,12 @@ one GPU type, against plain decoding there), the model predicts speculation's de
                                           tokens N: rounds R = N - A (each round commits one token beyond
                                           those accepted; R - D of them drafted nothing: the cost-aware
                                           lookahead's k = 0), t_draft = draft s / K, gamma = K / D
-    the step-cost curve at batch L        t_plain(L) = curve(L, 1 row per request) and t_round(L) =
-                                          curve(L, 1 + K / R rows per request), the mean rows its forwards
-                                          fed; at L's own size, or linearly between the sizes around it
+    the level's step times                t_plain(L): plain's seconds per target forward at the level, and
+                                          t_round(L): speculative's per round (a verify at the mean rows its
+                                          forwards fed), both measured over the level's forwards (the records'
+                                          verify_s / forwards, binned like the rows); where a level has none,
+                                          the step-cost curve at batch L: curve(L, 1 row) and curve(L, 1 + K / R
+                                          rows), at L's own size or linearly between the sizes around it
 
 per request (cost.breakeven's units: each request pays 1/L of a forward and all of its own drafting):
 
@@ -20,15 +23,20 @@ per request (cost.breakeven's units: each request pays 1/L of a forward and all 
                                       (same prompts, same lengths), so taken from plain's measurement
     model ratio                     = plain's measured s per token / (the rest + speculative decode s per token)
 
-so the model predicts speculation from the plain arm's measurement, the curve and the level's acceptance;
-`decode_ratio` is the decode steps alone, (t_plain / L) / speculative decode s per token. Measured beside it:
+so the model predicts speculation's device time per token from the plain arm's measurement, the step times
+and the level's acceptance and drafting: it checks the per-request units (each request pays 1/L of a forward,
+all of its drafting) against the device time the engine attributed. `curve_ratio` is the same model on the
+engine's step-cost curve alone (an exponentially weighted snapshot of the latest forwards, which the
+lookahead reads: it can stand far from a level's mean), `decode_ratio` the decode steps alone,
+(t_plain / L) / speculative decode s per token. Measured beside them:
 
     measured ratio     plain device s per token / speculative's (the level's rows)
     latency speed-up   plain e2e s per ok token / speculative's (requests binned by their life at the level)
     error              model / measured - 1
 
-A level the curve does not reach (no size at L, or on both sides of it, with 1 and 1 + K / R rows within its
-measured rows) has no model figure and says so; so does a level whose speculative requests drafted nothing.
+A level with no timed forwards that the curve does not reach either (no size at L, or on both sides of it,
+with 1 and 1 + K / R rows within its measured rows) has no model figure and says so; so does a level whose
+speculative requests drafted nothing.
 """
 
 from __future__ import annotations
@@ -39,6 +47,8 @@ from dataclasses import dataclass
 from specwatch.collector.reads.curve_reads import StoredCurve
 from specwatch.cost.step_curve import by_batch, seconds_at
 
+LEVEL, CURVE = "the level's forwards", "the step-cost curve"  # LevelCheck.times_from
+
 
 @dataclass(frozen=True)
 class LevelCheck:
@@ -48,9 +58,11 @@ class LevelCheck:
     latency_speedup: float | None  # plain e2e per token / speculative's, measured
     error: float | None  # model / measured - 1
     decode_ratio: float | None = None  # the model's decode steps alone (no prefill or overheads)
+    curve_ratio: float | None = None  # the model on the step-cost curve's times (None: the curve lacks them)
+    times_from: str = ""  # "the level's forwards" | "the step-cost curve"
     gamma: float | None = None
     mean_acceptance_length: float | None = None
-    t_plain_s: float | None = None  # forward of `level` requests, from the curve
+    t_plain_s: float | None = None  # a plain forward of `level` requests (`times_from`)
     t_round_s: float | None = None  # a forward of `level` requests at the mean rows the speculative ones fed
     t_draft_s: float | None = None
     why: str = ""
@@ -76,20 +88,35 @@ def _check(level: int, spec, plain, curves: Sequence[StoredCurve]) -> LevelCheck
     gamma = spec.draft_tokens / spec.drafts
     rounds = max(spec.output_tokens - spec.accepted_tokens, spec.drafts)
     rows = 1 + spec.draft_tokens / rounds
-    times = times_at(curves, level, rows)
+    curve = times_at(curves, level, rows)
+    measured_times = (_ratio(plain.verify_s, plain.forwards), _ratio(spec.verify_s, spec.forwards))
+    times, source = (measured_times, LEVEL) if None not in measured_times else (curve, CURVE)
     if times is None:
-        why = f"the step-cost curve has no batch size at or around {level} with 1 and {rows:.2f} rows measured"
-        return LevelCheck(level, measured, None, latency, None, None, gamma, why=why)
-    t_plain, t_round = times
-    t_draft = spec.draft_s / spec.draft_tokens
-    decode = (rounds * t_round / level + spec.draft_tokens * t_draft) / spec.output_tokens
-    plain_measured = _ratio(plain.device_s, plain.output_tokens)
-    rest = max(plain_measured - t_plain / level, 0.0) if plain_measured is not None else None
-    model = _ratio(plain_measured, None if rest is None else rest + decode)
+        why = f"no forwards timed at this level, and no step-cost curve at or around {level} with 1 and {rows:.2f} rows"
+        return LevelCheck(level, measured, None, latency, None, gamma=gamma, why=why)
+    predict = _model(level, spec, plain, rounds)
+    model, decode = predict(*times)
     error = model / measured - 1 if model is not None and measured else None
     length = 1 + spec.accepted_tokens / spec.drafts
-    decode_ratio = _ratio(t_plain / level, decode)
-    return LevelCheck(level, measured, model, latency, error, decode_ratio, gamma, length, t_plain, t_round, t_draft)
+    curve_ratio = predict(*curve)[0] if curve is not None else None
+    t_plain, t_round = times
+    return LevelCheck(
+        level, measured, model, latency, error, decode, curve_ratio, source, gamma, length, t_plain, t_round,
+        spec.draft_s / spec.draft_tokens,
+    )  # fmt: skip
+
+
+def _model(level: int, spec, plain, rounds: float):
+    """(t_plain, t_round) -> (model ratio, decode-only ratio) at this level (module docstring)."""
+    t_draft = spec.draft_s / spec.draft_tokens
+    plain_measured = _ratio(plain.device_s, plain.output_tokens)
+
+    def predict(t_plain: float, t_round: float) -> tuple[float | None, float | None]:
+        decode = (rounds * t_round / level + spec.draft_tokens * t_draft) / spec.output_tokens
+        rest = max(plain_measured - t_plain / level, 0.0) if plain_measured is not None else None
+        return _ratio(plain_measured, None if rest is None else rest + decode), _ratio(t_plain / level, decode)
+
+    return predict
 
 
 def times_at(curves: Sequence[StoredCurve], batch: int, rows: float) -> tuple[float, float] | None:

@@ -82,6 +82,8 @@ class ConcurrencyRow:
     draft_s: float = 0.0
     e2e_s: float = 0.0  # of ok requests, beside `ok_tokens`: latency per token
     ok_tokens: float = 0.0
+    verify_s: float = 0.0  # whole target forwards the requests were in, beside `forwards` (their count)
+    forwards: float = 0.0  # target forwards after the prefill: output tokens - 1 - accepted
 
 
 @dataclass(frozen=True)
@@ -270,6 +272,8 @@ def _row(level, mode, picked, weight, dominant, binned: Binned) -> ConcurrencyRo
         ratios.acceptance_rate(accepted, drafted), bool(enough), low, high, ttft, tpot, meets,
         float((c.drafts[picked] * w).sum()), float(drafted), float(accepted),
         float((c.draft_s[picked] * w).sum()), float((c.e2e_s[picked] * w)[ok].sum()), float(tokens[ok].sum()),
+        float((c.verify_s[picked] * w).sum()),
+        float((np.maximum(c.output_tokens[picked] - 1 - c.accepted_tokens[picked], 0) * w).sum()),
     )  # fmt: skip
 
 

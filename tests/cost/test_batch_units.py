@@ -10,6 +10,8 @@ say the same, not the 1.6x that setting one request's drafting against the whole
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from specwatch.collector.reads.curve_reads import CurvePoint, StoredCurve
@@ -104,7 +106,16 @@ def test_calibration_puts_the_per_request_model_beside_the_measured_ratio():
     assert at16.error == pytest.approx(at16.model_ratio / at16.measured_ratio - 1)
     assert at16.latency_speedup == pytest.approx(2.0 / 3.0)
     assert at16.gamma == pytest.approx(GAMMA) and at16.mean_acceptance_length == pytest.approx(e)
-    assert at32.model_ratio is None and "no batch size at or around 32" in at32.why
+    assert at16.times_from == "the step-cost curve"  # these rows timed no forwards
+    assert at32.model_ratio is None and "no step-cost curve at or around 32" in at32.why
+    # the level's own forwards, where timed, stand before the curve: here the curve's times, doubled
+    timed = (
+        replace(rows[0], verify_s=1000 * 2 * T_PLAIN, forwards=1000),
+        replace(rows[1], verify_s=(n - accepted) * 2 * (T_PLAIN + T_VERIFY) / 2, forwards=n - accepted),
+    )
+    (at16,) = calibrate(timed, [CURVE])
+    assert at16.times_from == "the level's forwards" and at16.t_plain_s == pytest.approx(2 * T_PLAIN)
+    assert at16.curve_ratio is not None and at16.model_ratio != pytest.approx(at16.curve_ratio)
 
 
 def test_a_batch_size_between_measured_ones_is_read_between_them():
