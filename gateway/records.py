@@ -248,7 +248,7 @@ class SseReader:
             error = chunk["error"]
             self.error = str(error.get("message") if isinstance(error, dict) else error)[:200]
         choices = chunk.get("choices") or []
-        if any(_has_content(choice) for choice in choices):
+        if any(_has_content(choice) for choice in choices) or _native_text(chunk):
             self.saw_content = True
             self.content_chunks += 1
         if isinstance(chunk.get("usage"), dict):
@@ -268,3 +268,8 @@ def _has_content(choice: Any) -> bool:
         return False
     delta = choice.get("delta")
     return bool(choice.get("text") or (isinstance(delta, dict) and (delta.get("content") or delta.get("tool_calls"))))
+
+
+def _native_text(chunk: dict) -> bool:
+    """A chunk of SGLang's native /generate stream that carries generated text (it has no `choices`)."""
+    return "meta_info" in chunk and isinstance(chunk.get("text"), str) and bool(chunk["text"])

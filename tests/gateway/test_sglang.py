@@ -23,7 +23,7 @@ import pytest
 from gateway_harness import GatewayServer, ThreadServer, outcome
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from specwatch.collector.ingest.store import Store
@@ -118,12 +118,26 @@ def test_the_sse_reader_keeps_the_last_cumulative_meta_info():
     result = outcome(usage=None)
     reader.note(result)
     assert result.status == "ok" and result.meta_info["spec_verify_ct"] == 10
+    assert reader.saw_content and reader.content_chunks == 2  # the gateway's TTFT starts at the first
+
+
+# SGLang's native stream: each chunk's meta_info is cumulative, the last one holds the finished counts
+STREAM = (
+    b"".join(
+        b"data: " + orjson.dumps({"text": ANSWER["text"][:n], "meta_info": meta(completion_tokens=n)}) + b"\n\n"
+        for n in (1, 28)
+    )
+    + b"data: [DONE]\n\n"
+)
 
 
 def sglang_upstream() -> Starlette:
-    async def generate(request: Request) -> JSONResponse:
+    async def generate(request: Request) -> Response:
         body = orjson.loads(await request.body())
-        assert "stream_options" not in body  # /generate takes no OpenAI options
+        if "stream_options" in body:  # /generate takes no OpenAI options
+            return JSONResponse({"error": "unexpected stream_options"}, status_code=400)
+        if body.get("stream"):
+            return StreamingResponse(iter([STREAM]), media_type="text/event-stream")
         return JSONResponse(ANSWER)
 
     async def ok(request: Request) -> PlainTextResponse:
@@ -144,3 +158,12 @@ def test_a_record_through_the_gateway_lands_in_the_store_with_normalised_accepta
     read = signals(db, window, Filters(instance=record.instance))
     assert read.acceptance_rate == pytest.approx(17 / 30)
     assert read.mean_acceptance_length == pytest.approx(2.7)
+
+
+def test_a_streamed_generate_is_passed_on_and_recorded():
+    with ThreadServer(sglang_upstream()) as upstream, GatewayServer([f"sgl={upstream.url},drafter=ngram"]) as gw:
+        answer = httpx.post(f"{gw.url}/generate", json={"text": "the quick", "stream": True}, timeout=30)
+        assert answer.status_code == 200 and answer.content == STREAM
+        record = gw.wait_records(1)[0]
+    assert record.status == "ok" and record.ttft_s is not None
+    assert (record.num_drafts, record.num_accepted_tokens, record.output_tokens) == (10, 17, 28)
