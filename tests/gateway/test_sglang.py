@@ -136,6 +136,8 @@ def sglang_upstream() -> Starlette:
         body = orjson.loads(await request.body())
         if "stream_options" in body:  # /generate takes no OpenAI options
             return JSONResponse({"error": "unexpected stream_options"}, status_code=400)
+        if body.get("text") == "clamp":  # SGLang's counting bug: more accepted than drafted
+            return JSONResponse({**ANSWER, "meta_info": meta(spec_num_correct_drafts=45)})
         if body.get("stream"):
             return StreamingResponse(iter([STREAM]), media_type="text/event-stream")
         return JSONResponse(ANSWER)
@@ -167,3 +169,13 @@ def test_a_streamed_generate_is_passed_on_and_recorded():
         record = gw.wait_records(1)[0]
     assert record.status == "ok" and record.ttft_s is not None
     assert (record.num_drafts, record.num_accepted_tokens, record.output_tokens) == (10, 17, 28)
+
+
+def test_a_clamped_record_is_counted_on_the_gateways_metrics():
+    with ThreadServer(sglang_upstream()) as upstream, GatewayServer([f"sgl={upstream.url},drafter=ngram"]) as gw:
+        for text in ("clamp", "fine"):
+            assert httpx.post(f"{gw.url}/generate", json={"text": text}, timeout=30).status_code == 200
+        records = gw.wait_records(2)
+        exposition = httpx.get(f"{gw.url}/metrics", timeout=30).text
+    assert [r.tags.get(CLAMPED_TAG) for r in records] == ["over_drafted+over_completion:45", None]
+    assert 'specwatch_gateway_clamped_counts_total{upstream="sgl"} 1.0' in exposition
