@@ -29,6 +29,7 @@ def create_app(gateway: Gateway) -> Starlette:
     routes = [
         Route("/v1/chat/completions", proxy, methods=["POST"]),
         Route("/v1/completions", proxy, methods=["POST"]),
+        Route("/generate", proxy, methods=["POST"]),  # SGLang's native API (meta_info: gateway.sglang)
         Route("/v1/models", _models, methods=["GET"]),
         Route("/health", _health, methods=["GET"]),
         Route("/metrics", _metrics, methods=["GET"]),

@@ -5,6 +5,8 @@ specwatch_gateway_request_seconds{upstream}   e2e latency at the gateway (histog
 specwatch_gateway_upstream_up{upstream, pool} 1 healthy, 0 down
 specwatch_gateway_upstream_load{upstream}     (running + waiting) / capacity
 specwatch_gateway_upstream_in_flight{upstream}
+specwatch_gateway_clamped_counts_total{upstream} records whose engine-reported accepted count was impossible,
+                                               clamped and tagged `spec_clamped` (gateway.sglang)
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Mapping
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
+from specwatch.gateway.sglang import CLAMPED_TAG
 from specwatch.gateway.upstreams import UpstreamState
 from specwatch.telemetry.schema import LATENCY_BUCKETS, RequestRecord
 
@@ -31,12 +34,20 @@ class GatewayMetrics:
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
+        self.clamped = Counter(
+            f"{prefix}_clamped_counts",
+            "Records whose engine-reported accepted count was impossible, clamped and tagged spec_clamped.",
+            ["upstream"],
+            registry=registry,
+        )
         registry.register(_UpstreamGauges(states))
 
     def observe(self, record: RequestRecord) -> None:
         """A finished request (a consumer of the gateway's sink)."""
         self.requests.labels(record.instance, record.mode, record.status).inc()
         self.latency.labels(record.instance).observe(record.e2e_s)
+        if CLAMPED_TAG in record.tags:
+            self.clamped.labels(record.instance).inc()
 
 
 class _UpstreamGauges:

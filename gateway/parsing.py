@@ -76,7 +76,7 @@ def prompt_text(body: dict) -> str:
     messages = body.get("messages")
     if isinstance(messages, list):
         return "\n".join(text for message in messages for text in _message_texts(message))
-    prompt = body.get("prompt")
+    prompt = body.get("prompt", body.get("text"))  # `text`: SGLang's native /generate
     if isinstance(prompt, list):
         return "\n".join(p for p in prompt if isinstance(p, str))
     return prompt if isinstance(prompt, str) else ""

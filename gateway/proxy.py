@@ -57,7 +57,8 @@ async def proxy(request: Request) -> Response:
     raw = await parsing.read_body(request, gateway.settings.max_body_bytes, gateway.settings.body_timeout_s)
     body = parsing.json_object(raw)
     stream = parsing.stream_flag(body)
-    drop_usage = stream and not parsing.client_wants_usage(body)
+    # SGLang's native /generate has no stream_options: its chunks carry meta_info
+    drop_usage = stream and request.url.path.startswith("/v1/") and not parsing.client_wants_usage(body)
     if drop_usage:  # the final usage chunk carries the per-request metrics: ask for it
         body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
         raw = orjson.dumps(body)
@@ -217,6 +218,7 @@ def _checked(
             message = f"upstream {state.upstream.name} returned a malformed body (not a JSON object)"
             return _refuse(gateway, state, outcome, t0, "malformed", message)
         outcome.usage, outcome.metrics = body.get("usage"), body.get("metrics")
+        outcome.meta_info = body.get("meta_info")  # SGLang's per-request counts (gateway.sglang)
     gateway.finish(outcome, t0, state)
     return Response(content, response.status, headers=_headers(response, state, outcome))
 
@@ -294,6 +296,7 @@ async def _relay(
         elif not finished:  # the client left (cancelled or closed): closing the connection aborts it upstream
             outcome.status, outcome.error = "cancelled", "client:disconnected"
             outcome.usage, outcome.metrics = reader.delivered_usage(), reader.metrics
+            outcome.meta_info = reader.meta_info
         if finished and outcome.status == "ok":
             response.release()  # read to its end: the connection goes back to the pool
         else:

@@ -23,63 +23,19 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from operator import gt
 from typing import Any
 
 import orjson
 from pydantic import ValidationError
 
 from specwatch.common.http import error_body
-from specwatch.telemetry.schema import GATEWAY_TAG, MAX_GAMMA, MAX_TOKENS, RequestRecord
+from specwatch.gateway.counts import DraftCounts, draft_counts
+from specwatch.gateway.sglang import has_spec_counts, sglang_counts
+from specwatch.telemetry.schema import GATEWAY_TAG, MAX_TAGS, MAX_TOKENS, RequestRecord
 
 UPSTREAM_TAG = "upstream"  # the gateway's name for the upstream, where the record carries the engine's own
 
 log = logging.getLogger("specwatch.gateway")
-
-
-@dataclass(frozen=True)
-class DraftCounts:
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    accepted_per_position: tuple[int, ...] = ()
-    drafts_per_position: tuple[int, ...] = ()  # from `detailed` per_step_drafted; () at `summary`
-
-    @property
-    def gamma(self) -> int:
-        return len(self.accepted_per_position)
-
-
-def draft_counts(spec: Any) -> DraftCounts | None:
-    """The record's draft counts from vLLM's `metrics.speculative_decoding`; None when absent or unreadable."""
-    if not isinstance(spec, dict):
-        return None
-    histogram = spec.get("acceptance_histogram")
-    drafted = spec.get("num_draft_tokens")
-    if (
-        not isinstance(histogram, list)
-        or not 1 <= len(histogram) <= MAX_GAMMA + 1
-        or not all(type(n) is int and n >= 0 for n in histogram)
-        or type(drafted) is not int
-    ):
-        return None
-    per_position, tail = [], 0
-    for count in reversed(histogram[1:]):
-        tail += count
-        per_position.append(tail)
-    per_position.reverse()
-    reached = drafts_reaching(spec.get("per_step_drafted"), len(per_position))
-    if reached and (sum(reached) != drafted or reached[0] > sum(histogram) or any(map(gt, per_position, reached))):
-        reached = ()  # lists that disagree with the summary: keep the summary's counts, drop only them
-    return DraftCounts(sum(histogram), drafted, sum(per_position), tuple(per_position), reached)
-
-
-def drafts_reaching(per_step_drafted: Any, gamma: int) -> tuple[int, ...]:
-    """Drafts that proposed a token at each position 0..gamma-1, from vLLM's `detailed` per-step drafted
-    counts (a step drafting d tokens reached positions 0..d-1); () when absent or unreadable."""
-    if not isinstance(per_step_drafted, list) or not all(type(d) is int and 0 <= d <= gamma for d in per_step_drafted):
-        return ()
-    return tuple(sum(1 for d in per_step_drafted if d > i) for i in range(gamma)) if per_step_drafted else ()
 
 
 @dataclass
@@ -105,6 +61,7 @@ class Outcome:
     error: str | None = None
     usage: dict | None = None
     metrics: dict | None = None
+    meta_info: dict | None = None  # SGLang's per-request `meta_info` (gateway.sglang), where the answer has one
     shared_from: float | None = None  # its upstream's ProcessorSharing mark while it is in flight there
     device_s: float | None = None  # its processor-sharing share of the upstream's time; None: never sent
 
@@ -115,7 +72,7 @@ class Outcome:
         if self.reported_instance and self.reported_instance != self.instance:
             self.tags[UPSTREAM_TAG] = self.instance  # the engine's own name is the record's instance
         metrics = self.metrics if isinstance(self.metrics, dict) else {}
-        counts = draft_counts(metrics.get("speculative_decoding")) if self.drafter else DraftCounts()
+        counts = self._draft_counts(metrics) if self.drafter else DraftCounts()
         fields = {
             "request_id": self.request_id,
             "instance": self.reported_instance or self.instance,
@@ -143,13 +100,36 @@ class Outcome:
             log.warning("request %s: upstream %s sent inconsistent metrics (%s)", self.request_id, self.instance, exc)
             return RequestRecord.model_validate({**fields, **_counts_fields(None)})
 
+    def _draft_counts(self, metrics: dict) -> DraftCounts | None:
+        """vLLM's `metrics.speculative_decoding`, else SGLang's `meta_info` (its own figures and any clamp
+        become tags: a clamped count is flagged, never stored as sound)."""
+        if not has_spec_counts(self.meta_info) or metrics.get("speculative_decoding") is not None:
+            return draft_counts(metrics.get("speculative_decoding"))
+        found = sglang_counts(self.meta_info, self._tokens()["output_tokens"] if self._has_usage() else None)
+        for key, value in found.tags.items():
+            if key in self.tags or len(self.tags) < MAX_TAGS:
+                self.tags[key] = value
+            else:
+                log.warning("request %s: no room for tag %s=%s", self.request_id, key, value)
+        return found.counts
+
+    def _has_usage(self) -> bool:
+        usage = self._usage()
+        return type(usage.get("completion_tokens")) is int
+
+    def _usage(self) -> dict:
+        """OpenAI's `usage`, else the token counts in SGLang's native `meta_info`."""
+        if isinstance(self.usage, dict):
+            return self.usage
+        return self.meta_info if isinstance(self.meta_info, dict) else {}
+
     def _device_fields(self) -> dict:
         if self.device_s is None:
             return {}
         return {"device_s": min(self.device_s, 86_400.0), "device_s_source": "processor_sharing"}
 
     def _tokens(self) -> dict:
-        usage = self.usage if isinstance(self.usage, dict) else {}
+        usage = self._usage()
         prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
         return {
             "prompt_tokens": prompt if _is_count(prompt) else self.prompt_tokens_estimate,
@@ -182,7 +162,7 @@ def _seconds(ms: Any) -> float | None:
     return ms / 1000.0
 
 
-NOTED_KEYS = (b'"usage"', b'"metrics"', b'"error"')
+NOTED_KEYS = (b'"usage"', b'"metrics"', b'"meta_info"', b'"error"')
 MAX_EVENT_BYTES = 1024 * 1024
 
 
@@ -197,6 +177,7 @@ class SseReader:
         self.saw_content = False
         self.usage: dict | None = None
         self.metrics: dict | None = None
+        self.meta_info: dict | None = None  # SGLang's, the last one sent (it is cumulative)
         self.error: str | None = None
         self.malformed = 0
         self.done = False  # the upstream's [DONE] went through
@@ -236,7 +217,7 @@ class SseReader:
         if self.error or self.malformed or not self.done:
             outcome.status = "error"
             outcome.error = "upstream:stream_error" if self.error else "upstream:malformed_stream"
-        outcome.usage, outcome.metrics = self.usage, self.metrics
+        outcome.usage, outcome.metrics, outcome.meta_info = self.usage, self.metrics, self.meta_info
 
     def _event(self, event: bytes) -> bytes:
         payload = event[6:] if event.startswith(b"data: ") else (event[5:] if event.startswith(b"data:") else None)
@@ -267,7 +248,7 @@ class SseReader:
             error = chunk["error"]
             self.error = str(error.get("message") if isinstance(error, dict) else error)[:200]
         choices = chunk.get("choices") or []
-        if any(_has_content(choice) for choice in choices):
+        if any(_has_content(choice) for choice in choices) or _native_text(chunk):
             self.saw_content = True
             self.content_chunks += 1
         if isinstance(chunk.get("usage"), dict):
@@ -277,6 +258,8 @@ class SseReader:
             return not (self.drop_usage_chunk and not choices)
         if isinstance(chunk.get("metrics"), dict):
             self.metrics = chunk["metrics"]
+        if isinstance(chunk.get("meta_info"), dict):
+            self.meta_info = chunk["meta_info"]
         return True
 
 
@@ -290,3 +273,8 @@ def _has_content(choice: Any) -> bool:
 def _is_count(value: object) -> bool:
     """A token count the contract takes (an upstream's usage past MAX_TOKENS would fail the record)."""
     return type(value) is int and 0 <= value <= MAX_TOKENS
+
+
+def _native_text(chunk: dict) -> bool:
+    """A chunk of SGLang's native /generate stream that carries generated text (it has no `choices`)."""
+    return "meta_info" in chunk and isinstance(chunk.get("text"), str) and bool(chunk["text"])
