@@ -1,6 +1,6 @@
 """Cost per 1M output tokens against concurrency, speculation on and off, on the bundled engine.
 
-    python bench/cost.py [--levels 1 2 4 8 16] [--requests-per-client 6 | --seconds S] [--max-tokens 64]
+    python bench/cost.py [--levels 1 2 4 8 16] [--requests-per-client 12 | --seconds S] [--max-tokens 64]
                          [--gpu-type cpu-laptop] [--json out.json]
 
 One engine (bundled model, batched verification, `--slots` >= the highest level) serves, at
@@ -252,7 +252,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--levels", type=power_of_two, nargs="+", default=[1, 2, 4, 8, 16])
     parser.add_argument("--slots", type=int, help="engine slots (default: the highest level)")
-    parser.add_argument("--requests-per-client", type=int, default=6)
+    parser.add_argument("--requests-per-client", type=int, default=12)
     parser.add_argument("--seconds", type=float, help="per level and arm, instead of --requests-per-client")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--gpu-type", default="cpu-laptop", help="the price table's row (cost/prices.toml)")
