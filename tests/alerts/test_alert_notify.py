@@ -7,6 +7,7 @@ import json
 import httpx
 import pytest
 from collector_payloads import T0, request_dict
+from rule_dicts import acceptance_rule
 from sqlalchemy import select
 from webhook_receiver import Receiver
 
@@ -110,17 +111,8 @@ def test_a_producer_string_reaches_slack_and_alertmanager_as_text(db):
     disguised link). Its `&`, `<`, `>` now travel as entities in every annotation and Slack line."""
     low = dict(accepted_per_position=[1, 0, 0, 0], num_accepted_tokens=1, drafter=HOSTILE_DRAFTER)
     Store(db).insert(IngestBatch.model_validate({"requests": [request_dict(i, **low) for i in range(10)]}))
-    rule = {
-        "name": "SpecAcceptanceLow",
-        "signal": "acceptance_rate",
-        "op": "<",
-        "threshold": 0.6,
-        "window": "5m",
-        "for": "0s",
-        "min_samples": 5,
-        "group_by": ["instance", "drafter"],
-        "summary": "acceptance {{ $value }} with {{ $labels.drafter }}",
-    }
+    summary = "acceptance {{ $value }} with {{ $labels.drafter }}"
+    rule = acceptance_rule(**{"for": "0s"}, group_by=["instance", "drafter"], summary=summary)
     receivers = [
         {"name": "chat", "url": "http://127.0.0.1:9/", "format": "slack"},
         {"name": "am", "url": "http://127.0.0.1:9/"},

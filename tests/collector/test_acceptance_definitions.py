@@ -5,7 +5,7 @@ its definition named: the mean falls as k grows where position-0 acceptance does
 from __future__ import annotations
 
 import pytest
-from collector_payloads import T0, request_dict
+from collector_payloads import T0, plain_request_dict, request_dict
 from fake_vllm import FakeVllm
 
 from specwatch.alerts.signals import StoreSignals
@@ -42,17 +42,7 @@ def test_conditional_acceptance_from_records_per_instance(db):
         request_dict(0, instance="a", accepted_per_position=[4, 3, 2, 1], num_accepted_tokens=10),
         request_dict(1, instance="a", accepted_per_position=[2, 1, 0, 0], num_accepted_tokens=3),
         request_dict(2, instance="b", accepted_per_position=[1, 0, 0, 0], num_accepted_tokens=1),
-        request_dict(
-            3,
-            instance="b",
-            mode="autoregressive",
-            drafter=None,
-            num_drafts=0,
-            num_draft_tokens=0,
-            num_accepted_tokens=0,
-            accepted_per_position=[],
-            gamma=0,
-        ),
+        plain_request_dict(3, instance="b"),
     ]
     Store(db).insert(IngestBatch.model_validate({"requests": records}))
     got = {
