@@ -7,6 +7,7 @@ never measured), "estimate" (derived, not metered: e.g. CPU power from CPU-secon
 
 from __future__ import annotations
 
+from specwatch.cost.fleet import DEDICATED
 from specwatch.cost.instances import GIVEN
 from specwatch.cost.sharing import derived_in
 from specwatch.cost.terms import (
@@ -29,6 +30,7 @@ def assumptions(inputs: CostInputs) -> tuple[Assumption, ...]:
         *_retries(inputs),
         *_arms(inputs),
         *_idle(inputs),
+        *_shares(inputs),
         *_hidden(inputs),
     )
 
@@ -106,6 +108,16 @@ def _idle(inputs: CostInputs) -> list[Assumption]:
         Assumption("instance up-time", inputs.idle.up_s, "s", "measured (device samples)"),
         Assumption("idle device time", inputs.idle.idle_s, "s", "measured (up-time - Σ device_s)"),
         Assumption("idle allocation", inputs.idle_allocation, "separate | by_share", "config"),
+    ]
+
+
+def _shares(inputs: CostInputs) -> list[Assumption]:
+    """Each instance's share m of its devices: the rest of its bill is the "other tenants" line (say so, as
+    a laptop or a vLLM server reserving part of a GPU shows a large one; a fleet file's `dedicated` makes m 1)."""
+    return [
+        Assumption(f"{i.name} share of its device (m)", i.share, "the rest is the other tenants' line", i.share_source)
+        for i in inputs.instances
+        if i.share < 1.0 or i.share_source == DEDICATED
     ]
 
 
