@@ -34,7 +34,7 @@ def marker_name(marker: Marker) -> str:
 def describe(marker: Marker, previous: Marker | None) -> str:
     """What the marker says changed (from the previous marker of its instance), else what it holds."""
     detail, before = marker.detail, previous.detail if previous else {}
-    changed = [f"{k}: {before[k]} -> {detail[k]}" for k in sorted(detail) if k in before and before[k] != detail[k]]
+    changed = [f"{k}: {before[k]} → {detail[k]}" for k in sorted(detail) if k in before and before[k] != detail[k]]
     if changed:
         return "; ".join(str(c)[:200] for c in changed[:6])
     shown = [f"{k}={detail[k]}" for k in _SHOWN if k in detail]

@@ -192,7 +192,7 @@ def test_regression_fires_at_the_marker_with_before_and_after(db):
     alert = alerts[0]
     assert alert.labels["marker"] == "2026-05-28T20:43:20Z" and alert.value == pytest.approx(1 - (1 / 16) / 0.75)
     notes = alert.annotations
-    assert notes["marker"] == "2026-05-28T20:43:20Z (drafter: ngram -> early-exit:4)"
+    assert notes["marker"] == "2026-05-28T20:43:20Z (drafter: ngram → early-exit:4)"
     assert (notes["before"], notes["after"], notes["n_before"], notes["n_after"]) == ("0.750", "0.062", "40", "35")
     assert float(notes["p_value"]) < 1e-6 and notes["drafters_after"] == "early-exit:4"
 

@@ -119,7 +119,7 @@ def test_switching_to_an_untrained_early_exit_fires_the_regression_at_its_marker
     (alert,) = switched.alerts
     assert alert.state.value == "firing" and alert.labels["instance"] == switched.marker.instance
     assert alert.labels["marker"] in alert.annotations["marker"] and alert.annotations["marker"].endswith(
-        "(default_drafter: ngram -> early-exit:4; drafter: ngram -> early-exit:4)"
+        "(default_drafter: ngram → early-exit:4; drafter: ngram → early-exit:4)"
     )
     assert float(alert.annotations["before"]) > 0.3 > float(alert.annotations["after"])
     assert float(alert.annotations["p_value"]) < 0.01 and alert.annotations["drafters_after"] == "early-exit:4"
