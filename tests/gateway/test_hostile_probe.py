@@ -88,10 +88,16 @@ def probe(url: str, cases: dict) -> dict[str, int]:
     return statuses
 
 
-def test_hostile_bodies_are_4xx_at_the_engine_and_leave_no_record(engine_server):
+def _refusals_only(records) -> bool:
+    """Issue 57: a refused request leaves a trace, a whole record of the refusal (status error, error
+    `refused:<reason>`, nothing generated), never a part of the hostile body's request."""
+    return all(r.status == "error" and r.error.startswith("refused:") and r.output_tokens == 0 for r in records)
+
+
+def test_hostile_bodies_are_4xx_at_the_engine_and_leave_only_a_refusal_record(engine_server):
     before = len(engine_server.records)
     probe(engine_server.url, BOTH | ENGINE)
-    assert len(engine_server.records) == before
+    assert _refusals_only(engine_server.records[before:])
     served = httpx.post(f"{engine_server.url}/v1/completions", json=OK, timeout=60)
     assert served.status_code == 200  # still serving
 
@@ -103,5 +109,5 @@ def test_hostile_bodies_are_4xx_at_the_gateway_and_reach_no_upstream(engine_serv
         assert gateway.records == [] and len(engine_server.records) == before
         passed_on = probe(gateway.url, ENGINE)  # the engine's refusal reaches the client unchanged
         assert set(passed_on.values()) <= {400, 404}
-        assert len(engine_server.records) == before
+        assert _refusals_only(engine_server.records[before:])
         assert {r.status for r in gateway.wait_records(len(ENGINE))} == {"error"}
