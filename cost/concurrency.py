@@ -15,7 +15,7 @@ A (level, mode) needs `BinRules.min_requests` requests (Σ of their fractions) a
 tokens, or it is listed as too small and takes no part in the crossover; its 95% bootstrap
 interval (scipy, requests resampled) is given with it.
 
-The crossover (`crossover`, the one definition the API, the Cost page, the report and the xlsx
+The crossover (`crossing`, the one definition the API, the Cost page, the report and the xlsx
 show) is found per group, a drafter on a GPU type against plain decoding on that GPU type (`groups`):
 the lowest level, among those where both modes have enough data, from which speculation costs more at
 every such level above, "more" meaning that its 95% interval lies above plain's (`Crossover.levels` says
@@ -39,6 +39,7 @@ from sqlalchemy import Engine
 from specwatch.collector.reads.queries import Filters, Window
 from specwatch.cost.allocation import Allocation, allocate
 from specwatch.cost.attribution import Spans, level_fractions
+from specwatch.cost.calibration import LevelCheck, calibrate
 from specwatch.cost.measured import Usage, read_usage
 from specwatch.cost.model import MTOK, CostInputs
 from specwatch.telemetry import ratios
@@ -105,7 +106,7 @@ class GroupCosts:
     drafter: str | None
     rows: tuple[ConcurrencyRow, ...]
     crossover: Crossover
-    calibration: tuple = ()  # cost.calibration.LevelCheck per level with both modes
+    calibration: tuple[LevelCheck, ...] = ()  # per level with both modes
     speculative_tokens: float = 0.0
 
 
@@ -182,9 +183,10 @@ def concurrency_costs(
     c = u.columns
     spans = Spans(c.instance, *_clipped_life(u, window), u.device_s)
     seen, fractions = level_fractions(spans)
-    binned = Binned(u, seen, fractions, request_charges(inputs, u), gpu_counts(inputs, u), rules, service)
+    charge, gpus = request_charges(inputs, u), gpu_counts(inputs, u)
+    binned = Binned(u, seen, fractions, charge, gpus, _gpu_types(inputs, u), rules, service)
     rows = binned.rows(np.ones(len(c), dtype=bool))
-    groups = tuple(_group(binned, inputs, gpu, drafter) for gpu, drafter in _group_keys(inputs, u))
+    groups = tuple(_group(binned, inputs, gpu, drafter) for gpu, drafter in _group_keys(binned))
     main = max(groups, key=lambda g: g.speculative_tokens, default=None)
     return ConcurrencyCosts(
         rows,
@@ -205,7 +207,8 @@ class Binned:
     levels: np.ndarray
     fractions: np.ndarray  # request x level
     charge: np.ndarray
-    gpus: np.ndarray
+    gpus: np.ndarray  # each request's instance's GPU count
+    gpu_types: np.ndarray  # and its GPU type
     rules: BinRules
     service: ServiceRules
 
@@ -221,12 +224,11 @@ class Binned:
         return tuple(sorted(found, key=lambda row: (row.level, row.mode)))
 
 
-def _group_keys(inputs: CostInputs, u: Usage) -> list[tuple[str, str | None]]:
+def _group_keys(binned: Binned) -> list[tuple[str, str | None]]:
     """(GPU type, drafter) of every speculative request, ordered."""
-    c = u.columns
-    types = _gpu_types(inputs, u)
+    c = binned.u.columns
     spec = c.mode == "speculative"
-    return sorted({(t, d) for t, d in zip(types[spec].tolist(), c.drafter[spec].tolist())}, key=str)
+    return sorted({(t, d) for t, d in zip(binned.gpu_types[spec].tolist(), c.drafter[spec].tolist())}, key=str)
 
 
 def _gpu_types(inputs: CostInputs, u: Usage) -> np.ndarray:
@@ -235,10 +237,8 @@ def _gpu_types(inputs: CostInputs, u: Usage) -> np.ndarray:
 
 
 def _group(binned: Binned, inputs: CostInputs, gpu_type: str, drafter: str | None) -> GroupCosts:
-    from specwatch.cost.calibration import calibrate
-
     c = binned.u.columns
-    on_gpu = _gpu_types(inputs, binned.u) == gpu_type
+    on_gpu = binned.gpu_types == gpu_type
     spec = on_gpu & (c.mode == "speculative") & (c.drafter == drafter)
     rows = binned.rows(spec | (on_gpu & (c.mode == "autoregressive")))
     found = crossing(rows, gpu_type, drafter)
@@ -337,11 +337,6 @@ def _compare(modes: dict[str, ConcurrencyRow]) -> str:
     if spec.usd_low > plain.usd_high:
         return "dearer"
     return "cheaper" if spec.usd_high < plain.usd_low else "overlap"
-
-
-def crossover(rows: tuple[ConcurrencyRow, ...]) -> int | None:
-    """The crossover level of rows of one group (`crossing`)."""
-    return crossing(rows).level
 
 
 def best_within_slo(rows: tuple[ConcurrencyRow, ...]) -> tuple[tuple[str, int, float], ...]:

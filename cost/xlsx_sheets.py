@@ -4,7 +4,7 @@ Lines: one row per allocation line and per instance bill; compute $ = seconds x 
 $/GPU-hour / 3600 and energy $ = kWh x share x PUE x $/kWh x energy_added, with gpu_count, $/GPU-hour
 and energy_added its instance's cells of the Inputs sheet's fleet table; a check cell holds
 Σ lines - Σ bills (0). Concurrency: the binned rows, $ per 1M tokens a formula of their $ and tokens,
-the crossover as `cost.concurrency.crossover` found it. Break-even: gamma and the three step times as
+each group's crossover as `cost.concurrency.crossing` found it. Break-even: gamma and the three step times as
 inputs, S(alpha) per alpha as a formula, the break-even alpha beside it.
 """
 

@@ -24,7 +24,7 @@ from specwatch.collector.ingest.store import Store
 from specwatch.collector.reads.queries import Window
 from specwatch.cost.allocation import allocate
 from specwatch.cost.breakeven import break_even_alpha, expected_speedup, speedup_from_times
-from specwatch.cost.concurrency import ConcurrencyRow, crossover
+from specwatch.cost.concurrency import ConcurrencyRow, crossing
 from specwatch.cost.inputs import load_prices
 from specwatch.cost.measured import measured_inputs
 from specwatch.cost.model import CostInputs, HiddenCosts, ModeMeasure, tco
@@ -198,8 +198,8 @@ def test_one_request_cannot_set_a_crossover():
         _row(8, "speculative", 3.0, enough=False),
         _row(8, "autoregressive", 1.0),
     )
-    assert crossover(rows) is None
-    assert crossover(rows[:2] + (_row(8, "speculative", 3.0), rows[3])) == 8
+    assert crossing(rows).level is None
+    assert crossing(rows[:2] + (_row(8, "speculative", 3.0), rows[3])).level == 8
 
 
 def test_concurrency_levels_need_enough_requests(store_url):
