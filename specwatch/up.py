@@ -20,6 +20,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -116,6 +117,7 @@ def run_up(args: argparse.Namespace) -> int:
     args.data_dir.mkdir(parents=True, exist_ok=True)
     stack = Stack(f"http://127.0.0.1:{args.port}", f"http://127.0.0.1:{args.engine_port}", None, [])
     previous = signal.signal(signal.SIGTERM, _sigterm_as_ctrl_c)
+    unraisable, sys.unraisablehook = sys.unraisablehook, _ctrl_c_in_a_finalizer(sys.unraisablehook)
     give_back_terminal = lead_the_terminal()
     code = 0
     try:
@@ -136,8 +138,25 @@ def run_up(args: argparse.Namespace) -> int:
         print(stack.stop(), flush=True)  # a second Ctrl-C does not cut the ordered stop short
         signal.signal(signal.SIGINT, handlers[0])
         signal.signal(signal.SIGTERM, previous)
+        sys.unraisablehook = unraisable
         give_back_terminal()
     return code
+
+
+def _ctrl_c_in_a_finalizer(hook: Callable) -> Callable:
+    """A Ctrl-C (or SIGTERM) can land while Python runs a finalizer (a socket's or generator's cleanup
+    collected mid-request); Python then prints 'Exception ignored ... KeyboardInterrupt' and drops it, and
+    `up` would run on. This hook delivers it again, as SIGTERM (which `up` reads as Ctrl-C, even when
+    started with SIGINT ignored), from a thread a moment later: a handler run inside the hook would raise
+    into the hook, and be dropped again. Other unraisable errors go to `hook`."""
+
+    def on_unraisable(unraisable) -> None:
+        if issubclass(unraisable.exc_type, KeyboardInterrupt):
+            threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        else:
+            hook(unraisable)
+
+    return on_unraisable
 
 
 def lead_the_terminal() -> Callable[[], None]:

@@ -8,6 +8,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ import yaml
 from processes import children, running
 from waiting import wait_for
 
+from specwatch import up
 from specwatch.common.procs import child_env, free_port, specwatch_command
 from specwatch.up_rules import CALIBRATION_REQUESTS
 
@@ -71,7 +73,9 @@ def test_ctrl_c_stops_up_in_order_with_one_line_and_no_child_left(tmp_path):
             cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env(), start_new_session=True, preexec_fn=_ctrl_c_live
         )
     try:
-        wait_for(lambda: _stored(tmp_path / "specwatch.db") >= 2, lambda: log.read_text(), timeout=300)
+        # mid-phase: the collector may store the calibration's records before it answers /readyz
+        in_phase = lambda: "traffic    phase:" in log.read_text() and _stored(tmp_path / "specwatch.db") >= 2  # noqa: E731
+        wait_for(in_phase, lambda: log.read_text(), timeout=300)
         family = _descendants(up.pid)
         os.killpg(up.pid, signal.SIGINT)
         try:
@@ -90,6 +94,32 @@ def test_ctrl_c_stops_up_in_order_with_one_line_and_no_child_left(tmp_path):
     assert failed == 0  # the engine outlived the traffic
     assert stored >= done >= 2  # the engine stopped before the collector: its last telemetry is stored
     assert len(family) >= 3 and not [pid for pid in family if running(pid)]
+
+
+def test_a_ctrl_c_that_lands_in_a_finalizer_still_stops_up():
+    """Python drops a KeyboardInterrupt raised while a finalizer runs (and prints a traceback); `up`'s hook
+    delivers it again, so the stop happens where it can; other unraisable errors reach the previous hook."""
+
+    class Finalized:
+        def __init__(self, error: type[BaseException]) -> None:
+            self.error = error
+
+        def __del__(self) -> None:
+            raise self.error
+
+    seen = []
+    previous = signal.signal(signal.SIGTERM, up._sigterm_as_ctrl_c)
+    hook, sys.unraisablehook = sys.unraisablehook, up._ctrl_c_in_a_finalizer(seen.append)
+    try:
+        Finalized(ValueError)  # collected at once: its error is unraisable
+        assert [u.exc_type for u in seen] == [ValueError]
+        with pytest.raises(KeyboardInterrupt):
+            Finalized(KeyboardInterrupt)
+            time.sleep(5)  # the interrupt arrives long before this ends
+        assert len(seen) == 1
+    finally:
+        sys.unraisablehook = hook
+        signal.signal(signal.SIGTERM, previous)
 
 
 def test_sigterm_while_the_model_loads_leaves_no_child(tmp_path):
