@@ -31,7 +31,7 @@ from pydantic import ValidationError
 
 from specwatch.common.http import error_body
 from specwatch.gateway import vllm_metrics
-from specwatch.gateway.counts import DraftCounts
+from specwatch.gateway.counts import DraftCounts, draft_counts  # noqa: F401 - also read from here (tune_profile)
 from specwatch.gateway.sglang import has_spec_counts, sglang_counts
 from specwatch.telemetry.schema import GATEWAY_TAG, MAX_TAGS, MAX_TOKENS, RequestRecord
 

@@ -2,7 +2,9 @@
 
 - `lossy`: verification that accepts tokens the target would not have produced (vLLM
   `rejection_sample_method: fly`): acceptance measures a looser test.
-- `forced`: acceptance made up by the engine (vLLM's `synthetic` method, SGLang's `SGLANG_SIMULATE_ACC_LEN`,
+- `forced`: acceptance made up by the engine (vLLM's synthetic rejection sampling: `rejection_sample_method:
+  synthetic` in vLLM 0.33.0's `vllm/config/speculative.py`, whose `RejectionSampleMethod` is
+  `Literal["standard", "synthetic", "block", "fly"]`, or a `method: synthetic`; SGLang's `SGLANG_SIMULATE_ACC_LEN`,
   TensorRT-LLM's `TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS`): a number the engine was told to produce.
 
 The settings are looked for anywhere in the event's detail (a model card's `speculative_config`, an engine's
@@ -58,7 +60,7 @@ def _modes(node: object, depth: int = 0):
         for key, value in node.items():
             if key == "rejection_sample_method" and value == "fly":
                 yield LOSSY, f"{key}: {value}"
-            elif (key == "method" and value == "synthetic") or (
+            elif (key in ("method", "rejection_sample_method") and value == "synthetic") or (
                 key in FORCING_SETTINGS and value not in (None, "", 0, "0")
             ):
                 yield FORCED, f"{key}: {value}"

@@ -38,7 +38,7 @@ st.caption(
 defs = reads.acceptance_definitions(v)
 overall = defs.overall
 st.subheader("Acceptance by definition")
-mean, first, ratio, length = st.columns(4)
+mean, first, ratio, length = st.columns([1, 1.45, 1.15, 1])  # room for each label at 1,280 px
 mean.metric("Acceptance rate (mean)", fmt(overall["acceptance_rate"], digits=3))
 first.metric("Conditional acceptance (position 0)", fmt(overall["conditional_acceptance"], digits=3))
 ratio.metric(

