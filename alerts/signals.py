@@ -21,7 +21,7 @@ from specwatch.alerts.measures import Labels, Reading
 from specwatch.collector.reads.queries import Window
 from specwatch.collector.reads.window_signals import WindowReader
 
-__all__ = ["SIGNALS", "Labels", "Reading", "Signal", "StoreSignals"]
+__all__ = ["DEFINITIONS", "SIGNALS", "Labels", "Reading", "Signal", "StoreSignals"]
 
 
 @dataclass(frozen=True)
@@ -269,6 +269,22 @@ SIGNALS: dict[str, Signal] = {
             q.FOREVER,
         ),
     ),
+}
+
+
+# Which acceptance definition each acceptance signal's threshold applies to: the glossary's term
+# (docs/glossary.md, "which definition each threshold uses"), shown beside each rule on the Acceptance page.
+MEAN = "acceptance rate (the mean: accepted / drafted tokens)"
+POSITION_0 = "conditional acceptance (position 0: drafts whose first token was accepted / drafts)"
+DEFINITIONS: dict[str, str] = {
+    "acceptance_rate": MEAN,
+    "vllm_acceptance_rate": MEAN + ", over vLLM's counters",
+    "conditional_acceptance": POSITION_0,
+    "vllm_conditional_acceptance": POSITION_0 + ", over vLLM's counters",
+    "acceptance_stddev": "the standard deviation of per-request acceptance rates",
+    "acceptance_drift": "per-request acceptance rates (a CUSUM score over them)",
+    "acceptance_regression": "per-request acceptance rates (the relative drop at a deploy marker)",
+    "drafted_step_fraction": "drafted step fraction (not an acceptance: whether drafting happens at all)",
 }
 
 

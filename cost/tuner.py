@@ -149,6 +149,8 @@ class Schedule:
     stale_reason: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
     static: bool = False  # one k for every batch size, emitted without a per-batch-size schedule
+    # the schedule against static k and vLLM's adaptive verification, in words (`cost.tuner_compare`)
+    comparisons: tuple[str, ...] = field(default_factory=tuple)
 
     @property
     def max_k(self) -> int:

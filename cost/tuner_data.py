@@ -33,6 +33,7 @@ import numpy as np
 from specwatch.collector.reads.tuning_reads import TuningRows
 from specwatch.cost.attribution import Spans, level_fractions
 from specwatch.cost.tuner import Acceptance, Interval, Schedule, StepCurve, TuneRules, mark_stale, schedule
+from specwatch.cost.tuner_compare import compared
 
 MIN_SPREAD = 0.25  # draft tokens per step between a level's two most distant points
 MIN_STEPS = 20.0  # decoding steps behind a step-cost point
@@ -282,14 +283,15 @@ def _dated(plan: Schedule, rows: TuningRows, markers, profile: Profile) -> Sched
 
 
 def recommend_from_store(db, window, filters=None, **options) -> Schedule:
-    """`recommend` over the store's `window` (collector.reads.tuning_reads), version markers included; static
-    (`static_only`) where the instances' latest markers report more than one data-parallel rank."""
+    """`recommend` over the store's `window` (collector.reads.tuning_reads), version markers included, with
+    notes against static k and on vLLM's adaptive verification (`cost.tuner_compare`); static (`static_only`)
+    where the instances' latest markers report more than one data-parallel rank."""
     from specwatch.collector.reads.queries import Filters
     from specwatch.collector.reads.tuning_reads import data_parallel_ranks, tuning_rows, version_markers
 
     filters = filters or Filters()
     rows = tuning_rows(db, window, filters)
-    plan = recommend(rows, markers=version_markers(db, window, filters), **options)
+    plan = compared(recommend(rows, markers=version_markers(db, window, filters), **options))
     ranks = data_parallel_ranks(db, window, filters)
     return static_only(plan, ranks) if ranks > 1 else plan
 

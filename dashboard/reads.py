@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from specwatch.dashboard import (
+    acceptance_service,
     alerts_service,
     cost_service,
     fleet,
@@ -18,6 +19,7 @@ overview = cached(services.overview)
 series = cached(services.series)
 acceptance_series = cached(services.acceptance_series)
 positions = cached(services.positions)
+acceptance_definitions = cached(acceptance_service.definitions)
 length_points = cached(services.length_points)
 length_within_scenarios = cached(services.length_within_scenarios)
 breakdown = cached(services.breakdown)

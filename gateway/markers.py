@@ -89,6 +89,12 @@ class UpstreamMarkers:
         self.sink, self.recheck_s = sink, recheck_s
         self.seen: dict[str, _Seen] = {}
 
+    def version(self, name: str) -> str | None:
+        """The upstream's version as its /version last said (None before its first probe)."""
+        seen = self.seen.get(name)
+        found = seen.detail.get("version") if seen and seen.detail else None
+        return found if isinstance(found, str) else None
+
     def due(self, name: str, healthy: bool, now: float) -> bool:
         seen = self.seen.setdefault(name, _Seen())
         came_up, seen.healthy = healthy and not seen.healthy, healthy

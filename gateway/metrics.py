@@ -7,6 +7,9 @@ specwatch_gateway_upstream_load{upstream}     (running + waiting) / capacity
 specwatch_gateway_upstream_in_flight{upstream}
 specwatch_gateway_clamped_counts_total{upstream} records whose engine-reported accepted count was impossible,
                                                clamped and tagged `spec_clamped` (gateway.sglang)
+specwatch_gateway_unknown_draft_counts_total{upstream, reason} speculative requests answered ok whose draft
+                                               counts are unknown (stored as unknown, never guessed), by why
+                                               (gateway.vllm_metrics.REASONS; `untagged` when no tag fit)
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from specwatch.gateway.sglang import CLAMPED_TAG
 from specwatch.gateway.upstreams import UpstreamState
+from specwatch.gateway.vllm_metrics import UNKNOWN_TAG
 from specwatch.telemetry.schema import LATENCY_BUCKETS, RequestRecord
 
 
@@ -40,6 +44,12 @@ class GatewayMetrics:
             ["upstream"],
             registry=registry,
         )
+        self.unknown_counts = Counter(
+            f"{prefix}_unknown_draft_counts",
+            "Speculative requests answered ok whose draft counts are unknown (stored as unknown), by why.",
+            ["upstream", "reason"],
+            registry=registry,
+        )
         registry.register(_UpstreamGauges(states))
 
     def observe(self, record: RequestRecord) -> None:
@@ -48,6 +58,8 @@ class GatewayMetrics:
         self.latency.labels(record.instance).observe(record.e2e_s)
         if CLAMPED_TAG in record.tags:
             self.clamped.labels(record.instance).inc()
+        if record.mode == "speculative" and record.status == "ok" and not record.draft_counts_known:
+            self.unknown_counts.labels(record.instance, record.tags.get(UNKNOWN_TAG, "untagged")).inc()
 
 
 class _UpstreamGauges:

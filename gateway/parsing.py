@@ -62,6 +62,12 @@ def stream_flag(body: dict) -> bool:
     return bool(stream)
 
 
+def choices_requested(body: dict) -> int:
+    """The choices asked for (`n`, 1 when absent); the upstream answers a bad one, so it is not refused here."""
+    n = body.get("n")
+    return n if type(n) is int and n > 1 else 1
+
+
 def client_wants_usage(body: dict) -> bool:
     return bool((body.get("stream_options") or {}).get("include_usage"))
 

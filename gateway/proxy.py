@@ -89,6 +89,8 @@ def _admit(gateway: Gateway, request: Request, body: dict, started_at: float) ->
         arm=route.arm,
         load_at_admission=None,
         pool=route.pool,
+        n=parsing.choices_requested(body),
+        streamed=parsing.stream_flag(body),
     )
 
 
@@ -128,6 +130,7 @@ def _next_upstream(gateway: Gateway, outcome: Outcome, tried: set[str]) -> Upstr
         outcome.mode_reason, outcome.arm = "failover", None
     tried.add(state.upstream.name)
     outcome.instance, outcome.drafter = state.upstream.name, state.upstream.drafter
+    outcome.engine_version = gateway.markers.version(state.upstream.name)  # gates its per-request metrics
     outcome.load_at_admission = state.load
     state.in_flight += 1
     outcome.shared_from = state.sharing.enter()

@@ -13,7 +13,8 @@ position i (0-based) was accepted in every step with more than i accepted:
 `accepted_per_position[i] = sum(histogram[i + 1:])` - the list vLLM's
 `vllm:spec_decode_num_accepted_tokens_per_pos` counter adds up over all requests.
 A speculative upstream's response without `speculative_decoding` is recorded with
-`draft_counts_known = False` (timings and tokens only), so acceptance queries skip it.
+`draft_counts_known = False` (timings and tokens only), so acceptance queries skip it, and tagged
+`spec_counts_unknown` with why (n > 1, no usage chunk, a vLLM before 0.29, not enabled: gateway.vllm_metrics).
 With `--per-request-spec-decode-metrics detailed`, vLLM adds `per_step_drafted` (and
 `per_step_accepted`): the drafts that reached each position are counted from it
 (`drafts_per_position`), the denominators of per-position acceptance when drafts vary in length.
@@ -29,7 +30,8 @@ import orjson
 from pydantic import ValidationError
 
 from specwatch.common.http import error_body
-from specwatch.gateway.counts import DraftCounts, draft_counts
+from specwatch.gateway import vllm_metrics
+from specwatch.gateway.counts import DraftCounts, draft_counts  # noqa: F401 - also read from here (tune_profile)
 from specwatch.gateway.sglang import has_spec_counts, sglang_counts
 from specwatch.telemetry.schema import GATEWAY_TAG, MAX_TAGS, MAX_TOKENS, RequestRecord
 
@@ -64,6 +66,9 @@ class Outcome:
     meta_info: dict | None = None  # SGLang's per-request `meta_info` (gateway.sglang), where the answer has one
     shared_from: float | None = None  # its upstream's ProcessorSharing mark while it is in flight there
     device_s: float | None = None  # its processor-sharing share of the upstream's time; None: never sent
+    n: int = 1  # the choices the client asked for (vLLM reports per-request metrics for n = 1 only)
+    streamed: bool = False
+    engine_version: str | None = None  # the upstream's vLLM version (gateway.markers), where known
 
     def record(self, gateway: str | None = None) -> RequestRecord:
         """The telemetry record; `gateway` (its name) tags it `gateway=<name>`, over a client's tag of that key."""
@@ -101,17 +106,26 @@ class Outcome:
             return RequestRecord.model_validate({**fields, **_counts_fields(None)})
 
     def _draft_counts(self, metrics: dict) -> DraftCounts | None:
-        """vLLM's `metrics.speculative_decoding`, else SGLang's `meta_info` (its own figures and any clamp
-        become tags: a clamped count is flagged, never stored as sound)."""
+        """vLLM's `metrics.speculative_decoding` (gateway.vllm_metrics: unknown counts tagged with why), else
+        SGLang's `meta_info` (its own figures and any clamp become tags: a clamped count is flagged, never
+        stored as sound)."""
         if not has_spec_counts(self.meta_info) or metrics.get("speculative_decoding") is not None:
-            return draft_counts(metrics.get("speculative_decoding"))
+            found = vllm_metrics.read(
+                metrics, n=self.n, streamed=self.streamed, usage=self._has_usage(), version=self.engine_version
+            )
+            if found.unknown and self.status == "ok":
+                self._tag(vllm_metrics.UNKNOWN_TAG, found.unknown)
+            return found.counts
         found = sglang_counts(self.meta_info, self._tokens()["output_tokens"] if self._has_usage() else None)
         for key, value in found.tags.items():
-            if key in self.tags or len(self.tags) < MAX_TAGS:
-                self.tags[key] = value
-            else:
-                log.warning("request %s: no room for tag %s=%s", self.request_id, key, value)
+            self._tag(key, value)
         return found.counts
+
+    def _tag(self, key: str, value: str) -> None:
+        if key in self.tags or len(self.tags) < MAX_TAGS:
+            self.tags[key] = value
+        else:
+            log.warning("request %s: no room for tag %s=%s", self.request_id, key, value)
 
     def _has_usage(self) -> bool:
         usage = self._usage()

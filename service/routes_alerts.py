@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request, Response
 
 from specwatch.alerts.rules import AlertConfig, Rule
-from specwatch.alerts.signals import SIGNALS
+from specwatch.alerts.signals import DEFINITIONS, SIGNALS
 from specwatch.alerts.store import active_alerts, history
 from specwatch.service.deps import DbDep, json_response, read_access, read_all_tenants
 from specwatch.service.routes_query import WindowDep
@@ -43,6 +43,7 @@ def _rule(rule: Rule) -> dict:
     return {
         "name": rule.name,
         "signal": rule.signal,
+        "definition": DEFINITIONS.get(rule.signal),  # the acceptance definition its threshold applies to
         "unit": SIGNALS[rule.signal].unit,
         "op": rule.op,
         "threshold": rule.threshold,

@@ -71,6 +71,14 @@ def get_positions(db: DbDep, window: WindowDep, filters: FiltersDep) -> Response
     return json_response(reader.positions(db, window, filters))
 
 
+@router.get("/acceptance/definitions")
+def get_definitions(db: DbDep, window: WindowDep, filters: FiltersDep) -> Response:
+    """Acceptance as the mean, at position 0 (conditional) and as acceptance length / (k + 1), overall and
+    per k, and the instances among the window's records whose acceptance is lossy or forced, and why
+    (docs/glossary.md)."""
+    return json_response(reader.definitions(db, window, filters))
+
+
 @router.get("/acceptance/length")
 def get_length(
     db: DbDep,

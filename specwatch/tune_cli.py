@@ -156,3 +156,5 @@ def print_plan(plan, method: str | None, as_json: bool) -> None:
     print(f"TensorRT-LLM draft_len_schedule: {found['trtllm_draft_len_schedule']}")
     for note in plan.notes:
         print(f"note: {note}")
+    for line in plan.comparisons:
+        print(f"compared: {line}")

@@ -79,13 +79,13 @@ def settle(page) -> None:
     page.wait_for_timeout(750)
 
 
-def full_page_screenshot(page, path: Path) -> None:
+def full_page_screenshot(page, path: Path, width: int = VIEWPORT["width"]) -> None:
     """Streamlit scrolls inside its own container, so `full_page` alone would give one screen:
-    grow the viewport to the content's height first."""
+    grow the viewport to the content's height first (keeping `width`)."""
     height = page.evaluate("""() => Math.max(document.body.scrollHeight,
         ...[...document.querySelectorAll('[data-testid="stMain"], [data-testid="stAppViewContainer"], section.main')]
            .map(e => e.scrollHeight))""")
     if height > VIEWPORT["height"]:
-        page.set_viewport_size({"width": VIEWPORT["width"], "height": min(int(height) + 40, 8000)})
+        page.set_viewport_size({"width": width, "height": min(int(height) + 40, 8000)})
         page.wait_for_timeout(500)
     page.screenshot(path=str(path), full_page=True)

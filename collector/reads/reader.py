@@ -28,7 +28,7 @@ from collections.abc import Iterable, Sequence
 from sqlalchemy import Engine, func, select
 
 from specwatch.collector.models import Request
-from specwatch.collector.reads import history, long_signals, queries, window_signals
+from specwatch.collector.reads import acceptance_definitions, history, long_signals, queries, window_signals
 from specwatch.collector.reads.queries import Filters, Signals, Window
 from specwatch.collector.reads.series import SeriesPoint
 from specwatch.collector.tiers.aggregates import LABELS
@@ -74,6 +74,12 @@ def population_of(window: Window, groups: Iterable[Totals]) -> queries.Populatio
 
 def positions(db: Engine, window: Window, filters: Filters = Filters()) -> queries.PositionAcceptance:
     return queries.per_position_acceptance(db, window, filters, population(db, window, filters))
+
+
+def definitions(
+    db: Engine, window: Window, filters: Filters = Filters()
+) -> acceptance_definitions.AcceptanceDefinitions:
+    return acceptance_definitions.definitions(db, window, filters, population(db, window, filters))
 
 
 def acceptance_vs_length(

@@ -35,6 +35,39 @@ st.caption(
     + lines.caption("acceptance_rate", "acceptance")
 )
 
+defs = reads.acceptance_definitions(v)
+overall = defs.overall
+st.subheader("Acceptance by definition")
+mean, first, ratio, length = st.columns([1, 1.45, 1.15, 1])  # room for each label at 1,280 px
+mean.metric("Acceptance rate (mean)", fmt(overall["acceptance_rate"], digits=3))
+first.metric("Conditional acceptance (position 0)", fmt(overall["conditional_acceptance"], digits=3))
+ratio.metric(
+    "Acceptance length / (k + 1)",
+    fmt(overall["acceptance_length_ratio"], digits=3) if overall["k"] else "per k, below",
+)
+length.metric("Mean acceptance length", fmt(overall["mean_acceptance_length"], digits=2))
+st.caption(
+    f"Over the {overall['requests']:,} requests that drafted (k = {defs.ks})"
+    + (f", a sample of {defs.sampled}" if defs.sampled else "")
+    + ". **Acceptance rate** (the mean): accepted / drafted tokens; it falls as k grows, since a later position "
+    "needs every earlier one accepted. **Conditional acceptance** (position 0): drafts whose first token was "
+    "accepted / drafts; the same meaning at every k. **Acceptance length / (k + 1)**: the share of the k + 1 "
+    "tokens a drafting step could yield that it did. Definitions: docs/glossary.md."
+)
+if len(defs.by_k) > 1:
+    table(defs.by_k)
+for line in defs.flagged:
+    st.warning(line)
+st.markdown("**Which definition each threshold uses**")
+if defs.rules.empty:
+    st.caption("No acceptance rule is set in the collector (alerting is off there).")
+else:
+    table(defs.rules)
+    st.caption(
+        "To put the 0.6 rule on position 0 instead of the mean, give it `signal: conditional_acceptance` in "
+        'your rules file (docs/glossary.md, "which definition each threshold uses").'
+    )
+
 left, right = st.columns(2)
 with left:
     st.subheader("Per draft position")

@@ -37,6 +37,7 @@ def test_rules_are_the_ones_in_the_collectors_rules_file(settings, registry, tmp
     assert by_name["TTFTP99High"] | {"summary": ""} == {
         "name": "TTFTP99High",
         "signal": "ttft_p99",
+        "definition": None,
         "unit": "seconds",
         "op": ">",
         "threshold": 1.0,
@@ -50,6 +51,7 @@ def test_rules_are_the_ones_in_the_collectors_rules_file(settings, registry, tmp
         "actions": ["fallback_autoregressive"],
     }
     assert (by_name["SpecAcceptanceLow"]["op"], by_name["SpecAcceptanceLow"]["threshold"]) == ("<", 0.45)
+    assert by_name["SpecAcceptanceLow"]["definition"].startswith("acceptance rate (the mean")  # the glossary's term
 
 
 def test_without_a_rules_file_the_shipped_rules_apply(client):

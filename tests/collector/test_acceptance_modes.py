@@ -23,6 +23,8 @@ from specwatch.telemetry.schema import IngestBatch
     [
         ({"speculative_config": {"method": "ngram", "rejection_sample_method": "fly"}}, LOSSY),
         ({"speculative_config": {"method": "synthetic", "num_speculative_tokens": 3}}, FORCED),
+        # vLLM 0.33.0 (vllm/config/speculative.py): synthetic is a rejection_sample_method, with its rates
+        ({"speculative_config": {"rejection_sample_method": "synthetic", "synthetic_acceptance_length": 2.5}}, FORCED),
         ({"env": {"SGLANG_SIMULATE_ACC_LEN": "3.2"}}, FORCED),
         ({"env": [{"TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS": 2}]}, FORCED),
         ({"env": {"TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS": "0"}}, None),  # unset

@@ -187,6 +187,37 @@ def test_page_reads_as_an_engineer_reads_it(browser, dashboard_url, name):
         context.close()
 
 
+DOCS_PAGES = Path(__file__).resolve().parents[2] / "docs" / "screenshots" / "pages"
+READ_METRIC = """label => [...document.querySelectorAll('[data-testid="stMetric"]')]
+    .filter(m => m.querySelector('[data-testid="stMetricLabel"]')?.innerText.trim() === label)
+    .map(m => m.querySelector('[data-testid="stMetricValue"]').innerText.trim())"""
+
+
+def test_acceptance_page_shows_position_0_beside_the_mean_with_each_definition(browser, dashboard_url, live_collector):
+    """Issue 54, as rendered at 1,280 px over the real engine's last hour: conditional acceptance (position 0)
+    and acceptance length / (k + 1) beside the mean, the collector's figures, and the definition each
+    acceptance threshold uses. The screenshot is docs/screenshots/pages/acceptance.png."""
+    context, page = _open(browser, f"{dashboard_url}/acceptance")
+    try:
+        page.get_by_test_id("stSidebar").get_by_test_id("stSelectbox").first.click()
+        page.get_by_role("option", name="last hour").click()
+        page.get_by_text("Acceptance by definition", exact=True).wait_for(state="visible", timeout=60_000)
+        page.get_by_text("Which definition each threshold uses", exact=True).wait_for(state="visible", timeout=30_000)
+        settle(page)
+        (position_0,) = page.evaluate(READ_METRIC, "Conditional acceptance (position 0)")
+        (mean,) = page.evaluate(READ_METRIC, "Acceptance rate (mean)")
+        stored = httpx.get(f"{live_collector['url']}/v1/acceptance/definitions", params={"last": 3600}).json()
+        assert position_0 == f"{stored['overall']['conditional_acceptance']:.3f}", (position_0, stored["overall"])
+        assert mean == f"{stored['overall']['acceptance_rate']:.3f}", (mean, stored["overall"])
+        assert page.evaluate(READ_METRIC, "Acceptance length / (k + 1)"), "no length ratio shown"
+        text = page.evaluate(READ_TEXT)
+        assert "SpecAcceptanceLow" in text and "acceptance rate (the mean" in text, text[-2000:]
+        DOCS_PAGES.mkdir(parents=True, exist_ok=True)
+        full_page_screenshot(page, DOCS_PAGES / "acceptance.png", width=NARROW["width"])
+    finally:
+        context.close()
+
+
 def _hourly_records(now: float) -> list[dict]:
     """A request every 30 minutes over the last 23 hours: the window's axis crosses noon or midnight."""
     from collector_payloads import request_dict

@@ -12,7 +12,8 @@ import pytest
 from gateway_harness import outcome
 
 from specwatch.common.errors import UsageError
-from specwatch.gateway.records import SseReader, draft_counts
+from specwatch.gateway.counts import draft_counts
+from specwatch.gateway.records import SseReader
 from specwatch.gateway.routing import Router, RoutingConfig, session_share
 from specwatch.gateway.upstreams import Upstream, UpstreamState, parse_upstream
 from specwatch.telemetry.schema import MAX_TOKENS
