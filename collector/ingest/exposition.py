@@ -22,7 +22,11 @@ class EngineSchema:
     name: str  # the engine, as docs and logs name it
     prefix: str  # every family of the engine starts with it; it identifies the exposition
     counters: dict[str, str]  # family (without `_total`) -> counter name in the Snapshot
-    per_position: str | None = None  # family of accepted tokens per draft position (label `position`)
+    per_position: str | None = None  # family of accepted tokens per draft position
+    position_label: str = "position"
+    # family of drafted tokens per position (TensorRT-LLM): its position 0 counts the drafts, its sum the
+    # draft tokens; with it, the accepted tokens are the sum over `per_position` too
+    drafted_per_position: str | None = None
     histograms: dict[str, str] = field(default_factory=dict)  # family -> ttft | e2e
     model_label: str = "model_name"
     rank_label: str = "engine"  # data-parallel rank label: one row per value
@@ -33,7 +37,8 @@ class EngineSchema:
     derive: Callable[[dict[str, float]], dict[str, float]] | None = None
 
     def families(self) -> set[str]:
-        return {*self.counters, *self.histograms, *([self.per_position] if self.per_position else [])}
+        positions = [f for f in (self.per_position, self.drafted_per_position) if f]
+        return {*self.counters, *self.histograms, *positions}
 
     def columns(self, deltas: dict[str, float]) -> dict[str, float]:
         """The row's four counter columns from this scrape's deltas."""

@@ -1,5 +1,6 @@
-"""Scraping vLLM's Prometheus /metrics (and SGLang's, llama.cpp's: collector.ingest.sglang_metrics,
-collector.ingest.llamacpp_metrics, found by their prefix) into per-interval deltas, and querying them.
+"""Scraping vLLM's Prometheus /metrics (and SGLang's, llama.cpp's, TensorRT-LLM's: collector.ingest.
+sglang_metrics, llamacpp_metrics, trtllm_metrics, each found by its prefix) into per-interval deltas,
+and querying them.
 
 vLLM (v1) exposes, per (model_name, engine):
   vllm:spec_decode_num_drafts_total, vllm:spec_decode_num_draft_tokens_total,
@@ -28,6 +29,7 @@ from specwatch.collector.db import write_transaction
 from specwatch.collector.ingest.exposition import EngineSchema, schema_for
 from specwatch.collector.ingest.llamacpp_metrics import LLAMACPP
 from specwatch.collector.ingest.sglang_metrics import SGLANG
+from specwatch.collector.ingest.trtllm_metrics import TRTLLM
 from specwatch.collector.models import VllmScrape
 from specwatch.collector.reads.history import histogram_quantile
 from specwatch.collector.reads.queries import Percentiles, Window
@@ -43,8 +45,10 @@ COUNTERS = {
 SPEC_FAMILIES = {*list(COUNTERS)[:3], "vllm:spec_decode_num_accepted_tokens_per_pos"}  # present only when speculating
 PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
 HISTOGRAMS = {"vllm:time_to_first_token_seconds": "ttft", "vllm:e2e_request_latency_seconds": "e2e"}
-VLLM = EngineSchema("vLLM", "vllm:", COUNTERS, PER_POSITION, HISTOGRAMS, spec_families=frozenset(SPEC_FAMILIES))
-OTHER_ENGINES = (SGLANG, LLAMACPP)
+VLLM = EngineSchema(
+    "vLLM", "vllm:", COUNTERS, PER_POSITION, histograms=HISTOGRAMS, spec_families=frozenset(SPEC_FAMILIES)
+)
+OTHER_ENGINES = (SGLANG, LLAMACPP, TRTLLM)
 
 
 @dataclass
@@ -84,20 +88,25 @@ def parse(text: str, schema: EngineSchema | None = None) -> dict[tuple[str, str]
 def _take(snap: Snapshot, schema: EngineSchema, family: str, sample) -> None:
     suffix = sample.name[len(family) :]
     if suffix == "_created":
-        snap.created[family + sample.labels.get("position", "")] = sample.value
+        snap.created[family + sample.labels.get(schema.position_label, "")] = sample.value
     elif family in schema.counters and suffix == "_total":
-        name = schema.counters[family]
-        snap.counters[name] = snap.counters.get(name, 0.0) + sample.value
+        _add(snap.counters, schema.counters[family], sample.value)
     elif family == schema.per_position and suffix == "_total":
-        position = int(sample.labels["position"])
-        snap.per_position[position] = snap.per_position.get(position, 0.0) + sample.value
+        _add(snap.per_position, int(sample.labels[schema.position_label]), sample.value)
+        if schema.drafted_per_position:
+            _add(snap.counters, "accepted_tokens", sample.value)
+    elif family == schema.drafted_per_position and suffix == "_total":
+        _add(snap.counters, "draft_tokens", sample.value)
+        if int(sample.labels[schema.position_label]) == 0:
+            _add(snap.counters, "drafts", sample.value)
     elif family in schema.histograms and suffix == "_bucket":
-        hist = snap.buckets.setdefault(schema.histograms[family], {})
-        le = float(sample.labels["le"])
-        hist[le] = hist.get(le, 0.0) + sample.value
+        _add(snap.buckets.setdefault(schema.histograms[family], {}), float(sample.labels["le"]), sample.value)
     elif family in schema.histograms and suffix == "_sum":
-        name = schema.histograms[family]
-        snap.sums[name] = snap.sums.get(name, 0.0) + sample.value
+        _add(snap.sums, schema.histograms[family], sample.value)
+
+
+def _add(totals: dict, key, value: float) -> None:
+    totals[key] = totals.get(key, 0.0) + value
 
 
 def is_reset(previous: Snapshot, current: Snapshot) -> bool:

@@ -1,6 +1,7 @@
-"""SGLang's and llama.cpp's /metrics through the one scraper: counters used, gauges and `_created` never
+"""SGLang's, llama.cpp's and TensorRT-LLM's /metrics through the one scraper: counters used, gauges and `_created` never
 summed, acceptance normalised to the same definitions as vLLM's (collector.ingest.sglang_metrics,
-collector.ingest.llamacpp_metrics). Fixtures: tests/collector/fixtures/{sglang,llamacpp}_metrics_*.txt,
+collector.ingest.llamacpp_metrics, collector.ingest.trtllm_metrics). Fixtures: tests/collector/fixtures/
+{sglang,llamacpp,trtllm}_metrics_*.txt,
 each naming the engine source file and commit it was built from."""
 
 from __future__ import annotations
@@ -89,3 +90,21 @@ def test_llamacpp_without_drafts_is_not_speculating():
     idle = "\n".join(line for line in idle.splitlines() if "per_pos" not in line) + "\n"
     assert not parse(idle)[("", "")].speculating
     assert parse(text)[("", "")].speculating
+
+
+def test_trtllm_scrape_reads_per_position_counters(db):
+    row = scrape_pair(db, "trtllm")
+    # drafted per position [300, 300, 240]: drafts = position 0, draft tokens = the sum; the iteration-level
+    # num_draft_tokens / num_accepted_tokens counters (99999, 88888) and the acceptance gauge are not read
+    assert (row["drafts"], row["draft_tokens"], row["accepted_tokens"]) == (300, 840, 420)
+    assert row["accepted_per_position"] == [210, 140, 70] and row["generation_tokens"] == 1600
+
+
+def test_trtllm_scrape_lands_with_normalised_acceptance(db):
+    scrape_pair(db, "trtllm")
+    signals = vllm_signals(db, Window(999.0, 1016.0), source="http://trtllm:8000/metrics")
+    assert signals.acceptance_rate == pytest.approx(420 / 840)
+    assert signals.mean_acceptance_length == pytest.approx(1 + 420 / 300)
+    assert signals.conditional_acceptance == pytest.approx(210 / 300)
+    assert signals.acceptance_length_ratio == pytest.approx((1 + 420 / 300) / 4)
+    assert signals.speculating
