@@ -1,7 +1,6 @@
-"""SGLang's, llama.cpp's and TensorRT-LLM's /metrics through the one scraper: counters used, gauges and `_created` never
-summed, acceptance normalised to the same definitions as vLLM's (collector.ingest.sglang_metrics,
-collector.ingest.llamacpp_metrics, collector.ingest.trtllm_metrics). Fixtures: tests/collector/fixtures/
-{sglang,llamacpp,trtllm}_metrics_*.txt,
+"""SGLang's, llama.cpp's and TensorRT-LLM's /metrics through the one scraper: counters used, gauges and
+`_created` never summed, acceptance normalised to the same definitions as vLLM's (collector.ingest.
+sglang_metrics, llamacpp_metrics, trtllm_metrics). Fixtures: tests/collector/fixtures/{engine}_metrics_*.txt,
 each naming the engine source file and commit it was built from."""
 
 from __future__ import annotations
