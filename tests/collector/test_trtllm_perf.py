@@ -63,9 +63,11 @@ def test_without_an_offset_the_clock_is_estimated_from_the_file_time():
     [
         ("{not json", "line 3: not JSON"),
         ('{"request_id": 9}', "line 3: not a perf-metrics record: no field 'perf_metrics'"),
-        ('{"request_id": 9, "perf_metrics": {"first_iter": 1.5, "last_iter": 2, "timing_metrics": '
-         '{"arrival_time": 1, "first_scheduled_time": 1, "first_token_time": 1, "last_token_time": 1}}}',
-         "line 3: not a perf-metrics record: 1.5 is no integer count"),  # fmt: skip
+        (
+            '{"request_id": 9, "perf_metrics": {"first_iter": 1.5, "last_iter": 2, "timing_metrics": '
+            '{"arrival_time": 1, "first_scheduled_time": 1, "first_token_time": 1, "last_token_time": 1}}}',
+            "line 3: not a perf-metrics record: 1.5 is no integer count",
+        ),  # fmt: skip
         ('"a string"', "line 3: not a perf-metrics record: a JSON object is expected"),
     ],
 )
