@@ -86,7 +86,7 @@ def parse(text: str, schema: EngineSchema | None = None) -> dict[tuple[str, str]
 
 
 def _take(snap: Snapshot, schema: EngineSchema, family: str, sample) -> None:
-    suffix = sample.name[len(family) :]
+    suffix = sample.name[len(family) :] or "_total"  # a counter named without `_total` (llama.cpp PR #26389)
     if suffix == "_created":
         snap.created[family + sample.labels.get(schema.position_label, "")] = sample.value
     elif family in schema.counters and suffix == "_total":

@@ -107,3 +107,11 @@ def test_trtllm_scrape_lands_with_normalised_acceptance(db):
     assert signals.conditional_acceptance == pytest.approx(210 / 300)
     assert signals.acceptance_length_ratio == pytest.approx((1 + 420 / 300) / 4)
     assert signals.speculating
+
+
+def test_llamacpp_counters_named_without_total_read_the_same():
+    """PR #26389 (ggml-org/llama.cpp) lists the counters without `_total`; either spelling is read."""
+    text = (FIXTURES / "llamacpp_metrics_2.txt").read_text().replace("_total", "")
+    snap = parse(text)[("", "")]
+    assert snap.counters == {"generation_tokens": 1.2e6, "draft_tokens": 9000, "accepted_tokens": 5400, "drafts": 3000}
+    assert snap.per_position == {0: 2400, 1: 1800, 2: 1200}
