@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from pathlib import Path
 
 import httpx
@@ -17,6 +18,7 @@ import httpx
 from specwatch.collector.ingest.trtllm_perf import BadLine, Source, read_records
 from specwatch.common.auth import first_token
 from specwatch.common.errors import UsageError
+from specwatch.telemetry.schema import DRAFTER_PATTERN, VLLM_METHODS
 
 BATCH = 5000
 
@@ -56,6 +58,8 @@ def run_trtllm_perf(args: argparse.Namespace) -> int:
 
 
 def _read(args: argparse.Namespace) -> list:
+    if args.drafter is not None and not re.fullmatch(DRAFTER_PATTERN, args.drafter):
+        raise UsageError(f"--drafter {args.drafter!r} is none of {', '.join(VLLM_METHODS)}, draft_model:NAME")
     source = Source(args.instance, args.model, args.drafter, args.clock_offset)
     try:
         with args.file.open(encoding="utf-8") as lines:

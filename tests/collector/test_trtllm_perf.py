@@ -105,3 +105,9 @@ def test_cli_bad_line_sends_nothing(settings, db, tmp_path, capsys):
         assert ingest(url, bad, "--clock-offset", str(OFFSET)) == 2
     assert "line 3: not a perf-metrics record: no field 'perf_metrics'; nothing was sent" in capsys.readouterr().err
     assert signals(db, Window(OFFSET + 18_000, time.time()), Filters(instance="trt-0")).requests == 0
+
+
+def test_cli_refuses_an_unknown_drafter(capsys):
+    assert main(["ingest", "trtllm-perf", str(FIXTURE), "--collector", "http://127.0.0.1:9", "--instance", "t",
+                 "--model", "m", "--drafter", "Eagle3"]) == 2  # fmt: skip
+    assert "--drafter 'Eagle3' is none of ngram, suffix, eagle, eagle3" in capsys.readouterr().err
