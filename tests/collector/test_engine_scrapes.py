@@ -5,6 +5,7 @@ each naming the engine source file and commit it was built from."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -115,3 +116,22 @@ def test_llamacpp_counters_named_without_total_read_the_same():
     snap = parse(text)[("", "")]
     assert snap.counters == {"generation_tokens": 1.2e6, "draft_tokens": 9000, "accepted_tokens": 5400, "drafts": 3000}
     assert snap.per_position == {0: 2400, 1: 1800, 2: 1200}
+
+
+def test_every_engine_through_the_signals_api(db, client):
+    """One store, four engines scraped, each read back over `GET /v1/vllm/signals` in the same definitions."""
+    now = time.time()
+    for engine in ("sglang", "llamacpp", "trtllm"):
+        scraper = Scraper(f"http://{engine}:8000/metrics", db, 15)
+        scraper.observe((FIXTURES / f"{engine}_metrics_1.txt").read_text(), at=now - 30)
+        scraper.observe((FIXTURES / f"{engine}_metrics_2.txt").read_text(), at=now - 15)
+
+    def read(engine: str) -> dict:
+        params = {"last": 120, "source": f"http://{engine}:8000/metrics"}
+        return client.get("/v1/vllm/signals", params=params).json()
+
+    assert read("sglang")["acceptance_rate"] is None
+    assert read("sglang")["mean_acceptance_length"] == pytest.approx(1 + 641 / 450)
+    assert read("llamacpp")["acceptance_rate"] == pytest.approx(5220 / 8700)
+    assert read("trtllm")["conditional_acceptance"] == pytest.approx(210 / 300)
+    assert all(read(engine)["speculating"] for engine in ("sglang", "llamacpp", "trtllm"))
