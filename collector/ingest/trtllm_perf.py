@@ -87,7 +87,7 @@ def _items(lines: Iterable[str]) -> Iterable[tuple[int, Any]]:
 
 def _last_token(number: int, item: Any) -> float:
     try:
-        return _times(item["perf_metrics"]["timing_metrics"])[-1]
+        return _times(_object(_object(item, "record")["perf_metrics"], "perf_metrics")["timing_metrics"])[-1]
     except (KeyError, TypeError) as exc:
         raise BadLine(number, f"not a perf-metrics record: {_missing(exc)}") from None
 
@@ -112,9 +112,7 @@ def _explain(exc: ValueError) -> str:
 
 
 def _fields(item: Any, source: Source, extra_tags: dict[str, str]) -> dict:
-    if not isinstance(item, dict):
-        raise TypeError("a JSON object is expected")
-    metrics = item["perf_metrics"]
+    metrics = _object(_object(item, "record")["perf_metrics"], "perf_metrics")
     request_id, times = item["request_id"], _times(metrics["timing_metrics"])
     tags: dict[str, str] = {**ESTIMATE_TAGS, **extra_tags}
     counts = _counts(metrics, tags)
@@ -137,8 +135,8 @@ def _fields(item: Any, source: Source, extra_tags: dict[str, str]) -> dict:
     }
 
 
-def _times(timing: dict) -> list[float]:
-    times = [timing[name] for name in _TIMES]
+def _times(timing: Any) -> list[float]:
+    times = [_object(timing, "timing_metrics")[name] for name in _TIMES]
     if not all(type(t) in (int, float) and math.isfinite(t) for t in times):
         raise TypeError("timing_metrics must hold finite numbers")
     return [float(t) for t in times]
@@ -157,7 +155,7 @@ def _ordered(times: list[float], tags: dict[str, str]) -> list[float]:
 def _counts(metrics: dict, tags: dict[str, str]) -> dict:
     """Draft counts and output tokens; steps = generation iterations (estimate)."""
     steps = _int(metrics["last_iter"]) - _int(metrics["first_iter"])
-    spec = metrics.get("speculative_decoding") or {}
+    spec = _object(metrics.get("speculative_decoding") or {}, "speculative_decoding")
     drafted = _int(spec.get("total_draft_tokens", 0))
     accepted_reported = _int(spec.get("total_accepted_draft_tokens", 0))
     if type(spec.get("acceptance_rate")) in (int, float):
@@ -167,7 +165,8 @@ def _counts(metrics: dict, tags: dict[str, str]) -> dict:
         broke.append("negative_drafted")
     steps, drafted = max(0, steps), max(0, drafted)
     accepted, reason = clamp_accepted(accepted_reported, drafted, None)
-    drafts = min(steps, drafted) if drafted else 0  # a verify step holds at least one draft token
+    # a verify step holds at least one draft token, and a request that drafted verified at least once
+    drafts = max(1, min(steps, drafted)) if drafted else 0
     broke += [reason] if reason else []
     if broke:
         tags[CLAMPED_TAG] = f"{'+'.join(broke)}:{accepted_reported}"
@@ -178,6 +177,12 @@ def _counts(metrics: dict, tags: dict[str, str]) -> dict:
 def _int(value: Any) -> int:
     if type(value) is not int:
         raise TypeError(f"{value!r} is no integer count")
+    return value
+
+
+def _object(value: Any, name: str) -> dict:
+    if not isinstance(value, dict):
+        raise TypeError(f"{name} must be a JSON object")
     return value
 
 

@@ -68,7 +68,11 @@ def test_without_an_offset_the_clock_is_estimated_from_the_file_time():
             '{"arrival_time": 1, "first_scheduled_time": 1, "first_token_time": 1, "last_token_time": 1}}}',
             "line 3: not a perf-metrics record: 1.5 is no integer count",
         ),  # fmt: skip
-        ('"a string"', "line 3: not a perf-metrics record: a JSON object is expected"),
+        ('"a string"', "line 3: not a perf-metrics record: record must be a JSON object"),
+        (
+            '{"request_id": 9, "perf_metrics": []}',
+            "line 3: not a perf-metrics record: perf_metrics must be a JSON object",
+        ),
     ],
 )
 def test_a_bad_line_is_named(line, message):
