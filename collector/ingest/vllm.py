@@ -88,7 +88,8 @@ def parse(text: str, schema: EngineSchema | None = None) -> dict[tuple[str, str]
 def _take(snap: Snapshot, schema: EngineSchema, family: str, sample) -> None:
     suffix = sample.name[len(family) :] or "_total"  # a counter named without `_total` (llama.cpp PR #26389)
     if suffix == "_created":
-        snap.created[family + sample.labels.get(schema.position_label, "")] = sample.value
+        # one timestamp per series: a series that appears later (SGLang's is_streaming="true") is no restart
+        snap.created[family + repr(sorted(sample.labels.items()))] = sample.value
     elif family in schema.counters and suffix == "_total":
         _add(snap.counters, schema.counters[family], sample.value)
     elif family == schema.per_position and suffix == "_total":

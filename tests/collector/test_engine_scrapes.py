@@ -135,3 +135,21 @@ def test_every_engine_through_the_signals_api(db, client):
     assert read("llamacpp")["acceptance_rate"] == pytest.approx(5220 / 8700)
     assert read("trtllm")["conditional_acceptance"] == pytest.approx(210 / 300)
     assert all(read(engine)["speculating"] for engine in ("sglang", "llamacpp", "trtllm"))
+
+
+def test_a_series_appearing_later_is_no_counter_reset(db):
+    """SGLang creates `is_streaming="true"` children on the first streamed request: with their own `_created`,
+    they must not read as a restart of the series already there."""
+    first = "\n".join(
+        line
+        for line in (FIXTURES / "sglang_metrics_1.txt").read_text().splitlines()
+        if 'is_streaming="true"' not in line
+    )
+    scraper = Scraper("http://sglang:8000/metrics", db, 15)
+    scraper.observe(first + "\n", at=1000.0)
+    second = (FIXTURES / "sglang_metrics_2.txt").read_text()
+    later = 'sglang:generation_tokens_created{model_name="Qwen/Qwen3-8B",is_streaming="true"} 1.7650e+09'
+    assert later in second
+    [row] = scraper.observe(second.replace(later, later.replace("1.7650e+09", "1.7650009e+09")), at=1015.0)
+    assert not row["counter_reset"]
+    assert (row["drafts"], row["generation_tokens"]) == (450, 1500 - 300)
