@@ -6,7 +6,7 @@ specwatch_gateway_upstream_up{upstream, pool} 1 healthy, 0 down
 specwatch_gateway_upstream_load{upstream}     (running + waiting) / capacity
 specwatch_gateway_upstream_in_flight{upstream}
 specwatch_gateway_clamped_counts_total{upstream} records whose engine-reported accepted count was impossible,
-                                               clamped and tagged `spec_clamped` (gateway.sglang)
+                                               clamped and tagged `spec_clamped` (telemetry.clamps)
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
-from specwatch.gateway.sglang import CLAMPED_TAG
 from specwatch.gateway.upstreams import UpstreamState
+from specwatch.telemetry.clamps import CLAMPED_TAG
 from specwatch.telemetry.schema import LATENCY_BUCKETS, RequestRecord
 
 
