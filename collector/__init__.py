@@ -2,7 +2,9 @@
 
 Arranged by storage tier, in the order data flows:
   ingest/   request bodies into rows (`parse`), bulk idempotent writes (`store`, with the per-second
-            aggregates of each batch), OTLP spans (`otlp`), vLLM scrapes (`vllm`)
+            aggregates of each batch), OTLP spans (`otlp`), engine scrapes (`vllm`, one `exposition` schema
+            per engine: `sglang_metrics`, `llamacpp_metrics`, `trtllm_metrics`), TensorRT-LLM perf-metrics
+            files (`trtllm_perf`)
   tiers/    raw rows (day `partitions` on PostgreSQL), per-second `aggregates`, per-minute and hourly
             `rollups` and retention; one aggregate definition and one merge of acceptance spreads
             (`aggregates.totals_of`, `aggregates.merge_m2`), one `sketch` and one `totals` type for all
@@ -36,7 +38,8 @@ dataclasses; ORM rows never leave the package):
   breakdown.breakdown, breakdown.compare, breakdown.throughput_by_load, breakdown.device_series,
   breakdown.sources              the dashboard's group-wise views
   series.latest_device_samples, series.engine_events
-  vllm.vllm_signals              acceptance and latency percentiles of scraped vLLM engines
+  vllm.vllm_signals              acceptance and latency percentiles of scraped engines (vLLM, SGLang,
+                                 llama.cpp, TensorRT-LLM)
   reads.*, detector_reads.*      what alert signals, change detectors, the report and the vLLM check read
   usage.*                        what the cost model reads (columns and rows; the formulas live in cost/)
 """

@@ -44,7 +44,8 @@ class Settings(BaseSettings):
     # follower tries to become the leader / the leader checks its lock (see collector.leader).
     replica_id: str = ""
     leader_retry_s: float = Field(default=5.0, gt=0)
-    # SPECWATCH_SCRAPE_VLLM: a JSON list or comma-separated URLs of vLLM /metrics endpoints
+    # SPECWATCH_SCRAPE_VLLM: a JSON list or comma-separated URLs of /metrics endpoints (vLLM, SGLang, llama.cpp,
+    # TensorRT-LLM: collector.ingest.exposition finds the engine by its metric prefix)
     scrape_vllm: Annotated[list[str], NoDecode] = Field(default_factory=list)
     scrape_interval_s: float = Field(default=15.0, gt=0)
     # Speculation inactive (collector.reads.speculation): an instance configured to speculate that drafted on

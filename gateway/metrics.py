@@ -6,7 +6,7 @@ specwatch_gateway_upstream_up{upstream, pool} 1 healthy, 0 down
 specwatch_gateway_upstream_load{upstream}     (running + waiting) / capacity
 specwatch_gateway_upstream_in_flight{upstream}
 specwatch_gateway_clamped_counts_total{upstream} records whose engine-reported accepted count was impossible,
-                                               clamped and tagged `spec_clamped` (gateway.sglang)
+                                               clamped and tagged `spec_clamped` (telemetry.clamps)
 specwatch_gateway_unknown_draft_counts_total{upstream, reason} speculative requests answered ok whose draft
                                                counts are unknown (stored as unknown, never guessed), by why
                                                (gateway.vllm_metrics.REASONS; `untagged` when no tag fit)
@@ -19,9 +19,9 @@ from collections.abc import Mapping
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
-from specwatch.gateway.sglang import CLAMPED_TAG
 from specwatch.gateway.upstreams import UpstreamState
 from specwatch.gateway.vllm_metrics import UNKNOWN_TAG
+from specwatch.telemetry.clamps import CLAMPED_TAG
 from specwatch.telemetry.schema import LATENCY_BUCKETS, RequestRecord
 
 

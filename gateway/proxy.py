@@ -222,6 +222,7 @@ def _checked(
             return _refuse(gateway, state, outcome, t0, "malformed", message)
         outcome.usage, outcome.metrics = body.get("usage"), body.get("metrics")
         outcome.meta_info = body.get("meta_info")  # SGLang's per-request counts (gateway.sglang)
+        outcome.timings = body.get("timings")  # llama.cpp's (gateway.llamacpp)
     gateway.finish(outcome, t0, state)
     return Response(content, response.status, headers=_headers(response, state, outcome))
 

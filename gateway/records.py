@@ -32,6 +32,7 @@ from pydantic import ValidationError
 from specwatch.common.http import error_body
 from specwatch.gateway import vllm_metrics
 from specwatch.gateway.counts import DraftCounts, draft_counts  # noqa: F401 - also read from here (tune_profile)
+from specwatch.gateway.llamacpp import has_draft_timings, llamacpp_tags
 from specwatch.gateway.sglang import has_spec_counts, sglang_counts
 from specwatch.telemetry.schema import GATEWAY_TAG, MAX_TAGS, MAX_TOKENS, RequestRecord
 
@@ -64,6 +65,7 @@ class Outcome:
     usage: dict | None = None
     metrics: dict | None = None
     meta_info: dict | None = None  # SGLang's per-request `meta_info` (gateway.sglang), where the answer has one
+    timings: dict | None = None  # llama.cpp's per-request `timings` (gateway.llamacpp), where the answer has one
     shared_from: float | None = None  # its upstream's ProcessorSharing mark while it is in flight there
     device_s: float | None = None  # its processor-sharing share of the upstream's time; None: never sent
     n: int = 1  # the choices the client asked for (vLLM reports per-request metrics for n = 1 only)
@@ -107,25 +109,29 @@ class Outcome:
 
     def _draft_counts(self, metrics: dict) -> DraftCounts | None:
         """vLLM's `metrics.speculative_decoding` (gateway.vllm_metrics: unknown counts tagged with why), else
-        SGLang's `meta_info` (its own figures and any clamp become tags: a clamped count is flagged, never
-        stored as sound)."""
-        if not has_spec_counts(self.meta_info) or metrics.get("speculative_decoding") is not None:
-            found = vllm_metrics.read(
-                metrics, n=self.n, streamed=self.streamed, usage=self._has_usage(), version=self.engine_version
-            )
-            if found.unknown and self.status == "ok":
-                self._tag(vllm_metrics.UNKNOWN_TAG, found.unknown)
+        SGLang's `meta_info`, else llama.cpp's `timings` (their own figures and any clamp become tags: a clamped
+        count is flagged, never stored as sound)."""
+        completion = self._tokens()["output_tokens"] if self._has_usage() else None
+        if metrics.get("speculative_decoding") is None and has_spec_counts(self.meta_info):
+            found = sglang_counts(self.meta_info, completion)
+            self._add_tags(found.tags)
             return found.counts
-        found = sglang_counts(self.meta_info, self._tokens()["output_tokens"] if self._has_usage() else None)
-        for key, value in found.tags.items():
-            self._tag(key, value)
+        if metrics.get("speculative_decoding") is None and has_draft_timings(self.timings):
+            self._add_tags(llamacpp_tags(self.timings, completion))
+            return None  # no verify-step count: draft counts unknown (gateway.llamacpp)
+        found = vllm_metrics.read(
+            metrics, n=self.n, streamed=self.streamed, usage=self._has_usage(), version=self.engine_version
+        )
+        if found.unknown and self.status == "ok":
+            self._add_tags({vllm_metrics.UNKNOWN_TAG: found.unknown})
         return found.counts
 
-    def _tag(self, key: str, value: str) -> None:
-        if key in self.tags or len(self.tags) < MAX_TAGS:
-            self.tags[key] = value
-        else:
-            log.warning("request %s: no room for tag %s=%s", self.request_id, key, value)
+    def _add_tags(self, tags: dict[str, str]) -> None:
+        for key, value in tags.items():
+            if key in self.tags or len(self.tags) < MAX_TAGS:
+                self.tags[key] = value
+            else:
+                log.warning("request %s: no room for tag %s=%s", self.request_id, key, value)
 
     def _has_usage(self) -> bool:
         usage = self._usage()
@@ -176,7 +182,7 @@ def _seconds(ms: Any) -> float | None:
     return ms / 1000.0
 
 
-NOTED_KEYS = (b'"usage"', b'"metrics"', b'"meta_info"', b'"error"')
+NOTED_KEYS = (b'"usage"', b'"metrics"', b'"meta_info"', b'"timings"', b'"error"')
 MAX_EVENT_BYTES = 1024 * 1024
 
 
@@ -192,6 +198,7 @@ class SseReader:
         self.usage: dict | None = None
         self.metrics: dict | None = None
         self.meta_info: dict | None = None  # SGLang's, the last one sent (it is cumulative)
+        self.timings: dict | None = None  # llama.cpp's, the last one sent (on the last chunk)
         self.error: str | None = None
         self.malformed = 0
         self.done = False  # the upstream's [DONE] went through
@@ -232,6 +239,7 @@ class SseReader:
             outcome.status = "error"
             outcome.error = "upstream:stream_error" if self.error else "upstream:malformed_stream"
         outcome.usage, outcome.metrics, outcome.meta_info = self.usage, self.metrics, self.meta_info
+        outcome.timings = self.timings
 
     def _event(self, event: bytes) -> bytes:
         payload = event[6:] if event.startswith(b"data: ") else (event[5:] if event.startswith(b"data:") else None)
@@ -265,6 +273,8 @@ class SseReader:
         if any(_has_content(choice) for choice in choices) or _native_text(chunk):
             self.saw_content = True
             self.content_chunks += 1
+        if isinstance(chunk.get("timings"), dict):  # llama.cpp: on its usage chunk too, which may be dropped
+            self.timings = chunk["timings"]
         if isinstance(chunk.get("usage"), dict):
             self.usage = chunk["usage"]
             if isinstance(chunk.get("metrics"), dict):

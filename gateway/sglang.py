@@ -24,9 +24,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specwatch.gateway.counts import DraftCounts, draft_counts
+from specwatch.telemetry.clamps import CLAMPED_TAG, clamp_accepted, clamped_tag
 from specwatch.telemetry.schema import MAX_GAMMA
 
-CLAMPED_TAG = "spec_clamped"  # which bound an impossible engine count was clamped to, and its reported value
+__all__ = ["CLAMPED_TAG", "SglangCounts", "has_spec_counts", "sglang_counts"]
 ENGINE_TAGS = {"spec_accept_length": "sglang_accept_length", "spec_accept_rate": "sglang_accept_rate"}
 _ACCEPTED = ("spec_num_correct_drafts", "spec_accepted_drafts", "spec_accept_token_num")
 _PROPOSED = ("spec_num_proposed_drafts", "spec_proposed_drafts", "spec_draft_token_num")
@@ -56,23 +57,12 @@ def sglang_counts(meta_info: dict, completion_tokens: int | None) -> SglangCount
     if not (_count(accepted) and _count(proposed)) or proposed < verify_ct:
         return SglangCounts(None)
     tags = _engine_tags(meta_info)
-    clamped, reason = _clamp(accepted, proposed, completion_tokens)
+    clamped, reason = clamp_accepted(accepted, proposed, completion_tokens)
     if reason:
-        tags = {CLAMPED_TAG: f"{reason}:{accepted}", **tags}
+        tags = {**clamped_tag(reason, accepted), **tags}
         return SglangCounts(DraftCounts(verify_ct, proposed, clamped), tags)
     from_histogram = _from_histogram(meta_info, proposed, accepted, verify_ct)
     return SglangCounts(from_histogram or DraftCounts(verify_ct, proposed, accepted), tags)
-
-
-def _clamp(accepted: int, proposed: int, completion_tokens: int | None) -> tuple[int, str | None]:
-    """`accepted` within what is possible, and the bounds it broke, joined by `+` (None: it broke none)."""
-    broke = []
-    if accepted > proposed:
-        broke.append("over_drafted")
-    if completion_tokens is not None and accepted > completion_tokens:
-        broke.append("over_completion")
-    bound = min(proposed, proposed if completion_tokens is None else completion_tokens)
-    return (min(accepted, bound), "+".join(broke)) if broke else (accepted, None)
 
 
 def _from_histogram(meta_info: dict, proposed: int, accepted: int, verify_ct: int) -> DraftCounts | None:

@@ -23,7 +23,7 @@ class WholeReader:
     """The SseReader's interface for a whole JSON answer: bytes pass unchanged, the tail is kept."""
 
     saw_content = False  # no first token to time: the record takes the upstream's own TTFT
-    usage = metrics = meta_info = None  # known only once the whole answer is through (`note`)
+    usage = metrics = meta_info = timings = None  # known only once the whole answer is through (`note`)
     done = False  # no end marker: only the answer's last byte finishes it
 
     def __init__(self, limit: int) -> None:
@@ -57,6 +57,7 @@ class WholeReader:
         text = self.tail.decode("utf-8", "ignore")  # 'ignore': a character cut at the tail's start
         outcome.usage, outcome.metrics = top_level_object(text, "usage"), top_level_object(text, "metrics")
         outcome.meta_info = top_level_object(text, "meta_info")
+        outcome.timings = top_level_object(text, "timings")
 
 
 def top_level_object(text: str, key: str) -> dict | None:

@@ -29,7 +29,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="URL",
         nargs="+",
         default=None,
-        help="vLLM /metrics URLs to poll (default: SPECWATCH_SCRAPE_VLLM)",
+        help="/metrics URLs to poll: vLLM, SGLang, llama.cpp or TensorRT-LLM (/prometheus/metrics), each found by its "
+        "metric prefix (default: SPECWATCH_SCRAPE_VLLM)",
     )
     serve.add_argument(
         "--alert-rules",

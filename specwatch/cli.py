@@ -28,6 +28,7 @@ COMMANDS = {
     "up": "specwatch.up",
     "vllm": "specwatch.vllm_check",
     "tune": "specwatch.tune_cli",
+    "ingest": "specwatch.ingest_cli",
 }
 
 

@@ -1,4 +1,6 @@
-"""Scraping vLLM's Prometheus /metrics into per-interval deltas, and querying them.
+"""Scraping vLLM's Prometheus /metrics (and SGLang's, llama.cpp's, TensorRT-LLM's: collector.ingest.
+sglang_metrics, llamacpp_metrics, trtllm_metrics, each found by its prefix) into per-interval deltas,
+and querying them.
 
 vLLM (v1) exposes, per (model_name, engine):
   vllm:spec_decode_num_drafts_total, vllm:spec_decode_num_draft_tokens_total,
@@ -24,6 +26,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, insert, select
 
 from specwatch.collector.db import write_transaction
+from specwatch.collector.ingest.exposition import EngineSchema, schema_for
+from specwatch.collector.ingest.llamacpp_metrics import LLAMACPP
+from specwatch.collector.ingest.sglang_metrics import SGLANG
+from specwatch.collector.ingest.trtllm_metrics import TRTLLM
 from specwatch.collector.models import VllmScrape
 from specwatch.collector.reads.history import histogram_quantile
 from specwatch.collector.reads.queries import Percentiles, Window
@@ -39,6 +45,10 @@ COUNTERS = {
 SPEC_FAMILIES = {*list(COUNTERS)[:3], "vllm:spec_decode_num_accepted_tokens_per_pos"}  # present only when speculating
 PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
 HISTOGRAMS = {"vllm:time_to_first_token_seconds": "ttft", "vllm:e2e_request_latency_seconds": "e2e"}
+VLLM = EngineSchema(
+    "vLLM", "vllm:", COUNTERS, PER_POSITION, histograms=HISTOGRAMS, spec_families=frozenset(SPEC_FAMILIES)
+)
+OTHER_ENGINES = (SGLANG, LLAMACPP, TRTLLM)
 
 
 @dataclass
@@ -53,34 +63,51 @@ class Snapshot:
     speculating: bool = False  # the exposition carries spec-decode families (vLLM registers them only then)
 
 
-def parse(text: str) -> dict[tuple[str, str], Snapshot]:
-    """The spec-decode counters and latency histograms of a vLLM exposition, by (model_name, engine)."""
+def parse(text: str, schema: EngineSchema | None = None) -> dict[tuple[str, str], Snapshot]:
+    """The spec-decode counters and latency histograms of an exposition, by (model, data-parallel rank);
+    `schema` None: the engine its prefix names (vLLM unless another engine's). Series that differ only
+    in other labels (SGLang's `is_streaming`) are summed; gauges and `_created` never enter a sum."""
+    schema = schema or schema_for(text, OTHER_ENGINES, VLLM)
+    families = schema.families()
     snapshots: dict[tuple[str, str], Snapshot] = {}
     for family in text_string_to_metric_families(text):
         # The text format declares `<name>_created` as a gauge family of its own.
         name = family.name.removesuffix("_created")
-        if name not in COUNTERS and name != PER_POSITION and name not in HISTOGRAMS:
+        if name not in families:
             continue
         for sample in family.samples:
-            key = (sample.labels.get("model_name", ""), sample.labels.get("engine", ""))
+            key = (sample.labels.get(schema.model_label, ""), sample.labels.get(schema.rank_label, ""))
             snap = snapshots.setdefault(key, Snapshot())
-            snap.speculating |= name in SPEC_FAMILIES
-            _take(snap, name, sample)
+            snap.speculating |= name in schema.spec_families
+            _take(snap, schema, name, sample)
+    for snap in snapshots.values():
+        snap.speculating |= not schema.spec_families and snap.counters.get("drafts", 0.0) > 0
     return snapshots
 
 
-def _take(snap: Snapshot, family: str, sample) -> None:
-    suffix = sample.name[len(family) :]
+def _take(snap: Snapshot, schema: EngineSchema, family: str, sample) -> None:
+    suffix = sample.name[len(family) :] or "_total"  # a counter named without `_total` (llama.cpp PR #26389)
     if suffix == "_created":
-        snap.created[family + sample.labels.get("position", "")] = sample.value
-    elif family in COUNTERS and suffix == "_total":
-        snap.counters[COUNTERS[family]] = sample.value
-    elif family == PER_POSITION and suffix == "_total":
-        snap.per_position[int(sample.labels["position"])] = sample.value
-    elif family in HISTOGRAMS and suffix == "_bucket":
-        snap.buckets.setdefault(HISTOGRAMS[family], {})[float(sample.labels["le"])] = sample.value
-    elif family in HISTOGRAMS and suffix == "_sum":
-        snap.sums[HISTOGRAMS[family]] = sample.value
+        # one timestamp per series: a series that appears later (SGLang's is_streaming="true") is no restart
+        snap.created[family + repr(sorted(sample.labels.items()))] = sample.value
+    elif family in schema.counters and suffix == "_total":
+        _add(snap.counters, schema.counters[family], sample.value)
+    elif family == schema.per_position and suffix == "_total":
+        _add(snap.per_position, int(sample.labels[schema.position_label]), sample.value)
+        if schema.drafted_per_position:
+            _add(snap.counters, "accepted_tokens", sample.value)
+    elif family == schema.drafted_per_position and suffix == "_total":
+        _add(snap.counters, "draft_tokens", sample.value)
+        if int(sample.labels[schema.position_label]) == 0:
+            _add(snap.counters, "drafts", sample.value)
+    elif family in schema.histograms and suffix == "_bucket":
+        _add(snap.buckets.setdefault(schema.histograms[family], {}), float(sample.labels["le"]), sample.value)
+    elif family in schema.histograms and suffix == "_sum":
+        _add(snap.sums, schema.histograms[family], sample.value)
+
+
+def _add(totals: dict, key, value: float) -> None:
+    totals[key] = totals.get(key, 0.0) + value
 
 
 def is_reset(previous: Snapshot, current: Snapshot) -> bool:
@@ -96,9 +123,15 @@ def is_reset(previous: Snapshot, current: Snapshot) -> bool:
 
 
 def delta(
-    previous: Snapshot, current: Snapshot, source: str, key: tuple[str, str], at: float, interval_s: float
+    previous: Snapshot,
+    current: Snapshot,
+    source: str,
+    key: tuple[str, str],
+    at: float,
+    interval_s: float,
+    schema: EngineSchema = VLLM,
 ) -> dict:
-    """A `vllm_scrapes` row: what happened between two snapshots."""
+    """A `vllm_scrapes` row (every engine's): what happened between two snapshots."""
     reset = is_reset(previous, current)
     base = Snapshot() if reset else previous
 
@@ -114,7 +147,7 @@ def delta(
         "counter_reset": reset,
         "speculating": current.speculating,
     }
-    row.update({name: diff(current.counters, base.counters, name) for name in COUNTERS.values()})
+    row.update(schema.columns({name: diff(current.counters, base.counters, name) for name in current.counters}))
     positions = range(max(current.per_position, default=-1) + 1)
     row["accepted_per_position"] = [diff(current.per_position, base.per_position, p) for p in positions]
     for hist in HISTOGRAMS.values():
@@ -136,11 +169,11 @@ class Scraper:
 
     def observe(self, text: str, at: float) -> list[dict]:
         """Turn one scrape into delta rows (stored) and remember it as the next baseline."""
-        rows = []
-        for key, snap in parse(text).items():
+        rows, schema = [], schema_for(text, OTHER_ENGINES, VLLM)
+        for key, snap in parse(text, schema).items():
             if key in self._last:
                 before_at, before = self._last[key]
-                rows.append(delta(before, snap, self.url, key, at, at - before_at))
+                rows.append(delta(before, snap, self.url, key, at, at - before_at, schema))
             self._last[key] = (at, snap)
         if rows:
             with write_transaction(self.db) as conn:
