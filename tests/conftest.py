@@ -1,5 +1,10 @@
 """Fixtures shared by all tests: a migrated database per test, SQLite and PostgreSQL.
 
+Migrating a new database costs ~1 s, and ~900 tests take one: the session migrates one template per
+backend, and each test that takes `db`, `settings` or `client` gets a copy of it (a file copy; a
+PostgreSQL `CREATE DATABASE ... TEMPLATE`). A test that takes `db_url` alone gets an empty database, to
+migrate (or not) as it likes.
+
 PostgreSQL: unless SPECWATCH_TEST_POSTGRES_URL names a server, the session starts its own before
 collection, sets that variable to it, and removes it at the end (tests/postgres_server.py). Tests take
 the URL from the `postgres_url` fixture (or the variable); without server binaries they skip, saying
@@ -19,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import os
+import shutil
 import subprocess
 import time
 from collections import Counter
@@ -29,7 +35,8 @@ import pytest
 from fastapi.testclient import TestClient
 from postgres_server import ENV, MISSING, EphemeralPostgres, PostgresError, find_bin_dir
 from prometheus_client import CollectorRegistry
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, create_engine, make_url, text
+from sqlalchemy.exc import DBAPIError
 from waiting import wait_for
 
 from specwatch.collector.db import make_db, upgrade
@@ -94,13 +101,59 @@ def empty_postgres(postgres_url: str) -> str:
     return postgres_url
 
 
+MIGRATED = {"db", "settings", "client"}  # fixtures that want the schema at head
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def db_url(request: pytest.FixtureRequest, tmp_path) -> str:
+    """A new database per test: migrated to head where the test takes MIGRATED fixtures, else empty."""
+    migrated = not MIGRATED.isdisjoint(request.fixturenames)
     if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'specwatch.db'}"
+        path = tmp_path / "specwatch.db"
+        if migrated:
+            shutil.copyfile(request.getfixturevalue("sqlite_template"), path)
+        return f"sqlite:///{path}"
     url = request.getfixturevalue("postgres_url")
+    if migrated and (template := request.getfixturevalue("postgres_template")):
+        return _copy_database(url, template, "specwatch_per_test")
     _reset_postgres(url)
     return url
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory) -> Path:
+    """A SQLite file migrated to head, copied by every test that wants one."""
+    path = tmp_path_factory.mktemp("template") / "specwatch.db"
+    db = make_db(f"sqlite:///{path}")
+    upgrade(db)
+    db.dispose()  # the last connection closed: the WAL is folded into the file
+    return path
+
+
+@pytest.fixture(scope="session")
+def postgres_template(postgres_url: str) -> str | None:
+    """A database migrated to head on the test server, to copy per test; None where this role may not
+    create databases (then each test resets the schema and migrates, as before)."""
+    try:
+        url = _copy_database(postgres_url, "template0", "specwatch_template")
+    except DBAPIError:
+        return None
+    db = make_db(url)
+    upgrade(db)
+    db.dispose()
+    return "specwatch_template"
+
+
+def _copy_database(url: str, template: str, name: str) -> str:
+    """Database `name` on `url`'s server made anew from `template` (connections to it closed); its URL."""
+    admin = create_engine(url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+            conn.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{template}"'))
+    finally:
+        admin.dispose()
+    return make_url(url).set(database=name).render_as_string(hide_password=False)
 
 
 @pytest.fixture
