@@ -6,8 +6,9 @@ The sizes here prove the script runs end to end, not its figures. Benches that n
 machine may lack are skipped with the reason, by the condition the bench itself checks: vLLM
 (`vllm_server.installed()`), PostgreSQL (the suite's server or SPECWATCH_TEST_POSTGRES_URL), the
 `[engine]` extra and the bundled model. bench/gpu_check.py runs its dry run, on the CPU where torch
-sees no CUDA (the bench's own mode for that). `slow`: the vLLM benches (each starts vLLM: minutes) and
-gpu_check (~30 s). The rest takes ~3.5 min on 2 busy cores, ~55% of it the benches that load the model.
+sees no CUDA (the bench's own mode for that). `slow`: the vLLM benches (each starts vLLM: minutes), gpu_check (~30 s)
+and every bench that loads the model but bench/engine.py (each ~20 s: together they were ~40% of the
+default suite's bench time), so `make test-slow` runs them.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ BENCHES = (
         rf"^\s+1 ngram\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}x",
         (rf"^c=8, 1 ngram \(gamma 4\) among 7 plain, .*spec {NUMBER} ms/token vs plain {NUMBER} \({NUMBER}x\)",),
         needs=("model",),
+        slow=True,  # loads the model: `make test-slow` (bench/engine.py stays in the default suite)
     ),
     Bench(
         "cardinality",
@@ -75,6 +77,7 @@ BENCHES = (
         rf"^\s+1 speculative\s+1\s+\d+\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+\d+%\s+{NUMBER}$",
         (r"^crossover \(speculation costs more per 1M tokens from\): ",),
         needs=("model",),
+        slow=True,  # loads the model: `make test-slow` (bench/engine.py stays in the default suite)
     ),
     Bench(
         "dashboard",
@@ -95,6 +98,7 @@ BENCHES = (
         ("--requests", "2", "--bad", "1", "--max-tokens", "4", "--out", "{tmp}/acceptance.jsonl"),
         r"^2 support early-exit:4 (\d+) / (\d+)$",
         needs=("model",),
+        slow=True,  # loads the model: `make test-slow` (bench/engine.py stays in the default suite)
         stream="stderr",
         # what bench/drift_pools.py reads: one JSON line per request, the 2 n-gram ones then the bad drafter's
         writes=(
@@ -171,6 +175,7 @@ BENCHES = (
         rf"^auto vs the better of on/off, worst level: {NUMBER}x",
         (r"^\s+1 auto\s+[\d.]+\s+",),
         needs=("model",),
+        slow=True,  # loads the model: `make test-slow` (bench/engine.py stays in the default suite)
     ),
     Bench(
         "query",
@@ -203,12 +208,14 @@ BENCHES = (
         ("--requests", "1", "--records", "200", "--max-tokens", "4"),
         rf"^process CPU per request, every thread, until acknowledged: {NUMBER} us = {NUMBER}% of e2e",
         needs=("model",),
+        slow=True,  # loads the model: `make test-slow` (bench/engine.py stays in the default suite)
     ),
     Bench(
         "threads",
         ("--threads", "1", "--busy", "1", "--rounds", "1", "--steps", "3", "--context", "16"),
         rf"^\s+1\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}x",
         needs=("model",),
+        slow=True,  # loads the model: `make test-slow` (bench/engine.py stays in the default suite)
     ),
     Bench(
         "tune_vllm",
