@@ -66,7 +66,11 @@ def store_captures(
     stored = duplicates = over_cap = 0
     with lock or contextlib.nullcontext(), write_transaction(db) as conn:
         held = conn.scalar(select(func.coalesce(func.sum(CaptureRow.chars), 0)))
-        known = set(conn.scalars(select(CaptureRow.capture_id).where(CaptureRow.capture_id.in_([r["capture_id"] for r in rows]))))
+        known = set(
+            conn.scalars(
+                select(CaptureRow.capture_id).where(CaptureRow.capture_id.in_([r["capture_id"] for r in rows]))
+            )
+        )
         fresh = []
         for row in rows:
             if row["capture_id"] in known:
@@ -136,7 +140,7 @@ def read_captures(db: Engine, where: CaptureFilter) -> tuple[list[dict], int | N
 
 
 def _public(row) -> dict:
-    return {key: row[key] for key in row.keys() if key not in ("chars",)}
+    return {key: value for key, value in row.items() if key != "chars"}
 
 
 def expire_captures(conn: Connection, now: float) -> int:

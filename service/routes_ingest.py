@@ -39,7 +39,8 @@ async def ingest(request: Request, settings: SettingsDep, metrics: MetricsDep, g
 
 
 async def read_json_body(request: Request, settings: Settings) -> bytes:
-    """The batch's JSON (an ingest batch, or captures): headers checked (415), read whole within the body timeout, gzip inflated (in a thread)."""
+    """The batch's JSON (an ingest batch, or captures): headers checked (415), read whole within the body
+    timeout, gzip inflated (in a thread)."""
     gzipped = _is_gzip(request.headers)
     body = await _read_body(request, settings)
     return await asyncio.to_thread(gunzip, body, settings.max_body_bytes) if gzipped else body

@@ -37,7 +37,11 @@ class CaptureClient:
         if token is not None and not re.fullmatch(r"[!-~]+", token):
             raise ValueError("the collector token must be printable ASCII without spaces")
         self.url = url.rstrip("/") + "/v1/captures"
-        self.batch_size, self.flush_interval_s, self.retries = min(batch_size, MAX_CAPTURE_BATCH), flush_interval_s, retries
+        self.batch_size, self.flush_interval_s, self.retries = (
+            min(batch_size, MAX_CAPTURE_BATCH),
+            flush_interval_s,
+            retries,
+        )
         headers = {"content-type": "application/json"} | ({"authorization": f"Bearer {token}"} if token else {})
         self._http = httpx.Client(timeout=timeout_s, headers=headers, trust_env=False)
         self._queue: queue.Queue = queue.Queue(maxsize=max_queue)

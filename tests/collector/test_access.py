@@ -65,7 +65,9 @@ def bearer(token: str) -> dict[str, str]:
 def read_routes(client: TestClient) -> list[str]:
     """Every path of the app but ingest and the open health checks (path parameters filled in);
     all of them GETs, so a route of another kind added later makes the tests look at it."""
-    writes = {("/v1/captures", "POST")}  # producers' captures, behind the ingest token (tests/collector/test_captures.py)
+    writes = {
+        ("/v1/captures", "POST")
+    }  # producers' captures, behind the ingest token (tests/collector/test_captures.py)
     routes = [
         r
         for r in iter_route_contexts(client.app.routes)

@@ -10,8 +10,8 @@ import pytest
 from specwatch.telemetry.capture import (
     MAX_CAPTURE_CHARS,
     REDACTED,
-    Capturer,
     CapturePolicy,
+    Capturer,
     Redactor,
     _fraction,
     speculators_row,
