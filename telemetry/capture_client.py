@@ -17,7 +17,7 @@ import time
 import httpx
 import orjson
 
-from specwatch.telemetry.capture import MAX_CAPTURE_BATCH, Capture
+from specwatch.telemetry.capture import MAX_CAPTURE_BATCH, Capture, Capturer, CapturePolicy, Redactor
 
 log = logging.getLogger("specwatch.telemetry")
 
@@ -96,3 +96,18 @@ class CaptureClient:
             time.sleep(min(0.5 * 2**attempt, 5.0))
         self.dropped += len(batch)
         log.warning("dropped %d captures: the collector answered %s", len(batch), reason)
+
+
+def capture_setup(
+    spec: str | None, patterns: list[str], hook: str | None, collector: str | None, token: str | None
+) -> tuple[Capturer | None, CaptureClient | None]:
+    """The capture step and its sender from a server's `--capture`, `--capture-redact` and
+    `--capture-hook` (None, None: off, the default). ValueError saying what is wrong."""
+    if not spec:
+        if patterns or hook:
+            raise ValueError("--capture-redact and --capture-hook need --capture")
+        return None, None
+    if not collector:
+        raise ValueError("--capture needs --collector: captures are stored by the collector only")
+    capturer = Capturer(CapturePolicy.parse(spec), Redactor.of(patterns, hook))
+    return capturer, CaptureClient(collector, token)
