@@ -28,6 +28,7 @@ COMMANDS = {
     "up": "specwatch.up",
     "vllm": "specwatch.vllm_check",
     "tune": "specwatch.tune_cli",
+    "draft": "specwatch.draft_cli",
 }
 
 
