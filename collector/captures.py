@@ -40,6 +40,9 @@ class CaptureFilter:
     model: str | None = None
     below_acceptance: float | None = None
     prompt_tokens: tuple[int, int] | None = None
+    # the drift detector's series tag: the first of `tag_keys` a capture carries equals it ("none": none)
+    series_tag: str | None = None
+    tag_keys: tuple[str, ...] = ("scenario", "tenant")
     after_id: int = 0
     limit: int = EXPORT_PAGE
 
@@ -136,7 +139,14 @@ def read_captures(db: Engine, where: CaptureFilter) -> tuple[list[dict], int | N
     found = [_public(row) for row in rows]
     if where.scenario is not None:  # a JSON tag: filtered here (the page may come back short; paging goes on by id)
         found = [c for c in found if c["tags"].get("scenario") == where.scenario]
+    if where.series_tag is not None:
+        found = [c for c in found if series_tag(c["tags"], where.tag_keys) == where.series_tag]
     return found, (rows[-1]["id"] if len(rows) == where.limit else None)
+
+
+def series_tag(tags: dict[str, str], keys: tuple[str, ...]) -> str:
+    """The tag value a drift series is keyed by (alerts.baselines.series_labels): the first of `keys` present."""
+    return next((str(tags[k]) for k in keys if k in tags), "none")
 
 
 def _public(row) -> dict:

@@ -85,13 +85,16 @@ def capture_filter(
     model: Annotated[str | None, Query(max_length=128)] = None,
     below_acceptance: Annotated[float | None, Query(gt=0, le=1)] = None,
     prompt_tokens: Annotated[str | None, Query(pattern=r"^\d{1,9}-\d{1,9}$")] = None,
+    series_tag: Annotated[str | None, Query(max_length=128)] = None,
+    tag_keys: Annotated[str, Query(max_length=256)] = "scenario,tenant",
     after_id: Annotated[int, Query(ge=0)] = 0,
     limit: Annotated[int, Query(ge=1, le=EXPORT_PAGE)] = EXPORT_PAGE,
 ) -> CaptureFilter:
     band = tuple(int(v) for v in prompt_tokens.split("-")) if prompt_tokens else None
     if band is not None and band[0] > band[1]:
         raise HTTPException(422, {"error": "invalid_band", "message": "prompt_tokens must be LO-HI with LO <= HI"})
-    return CaptureFilter(tenant, scenario, drafter, model, below_acceptance, band, after_id, limit)
+    keys = tuple(k for k in tag_keys.split(",") if k)
+    return CaptureFilter(tenant, scenario, drafter, model, below_acceptance, band, series_tag, keys, after_id, limit)
 
 
 @router.get("/captures")

@@ -48,13 +48,23 @@ def add_slice_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="only captures of this served model")
     parser.add_argument("--below-acceptance", type=float, help="only captures whose acceptance was below this")
     parser.add_argument("--prompt-tokens", metavar="LO-HI", help="only prompts of this length band (tokens)")
+    parser.add_argument(
+        "--series-tag",
+        help="only captures of this drift series tag: the first of --tag-keys they carry has this value "
+        "(what a SpecAcceptanceDrift alert's `tag` label names)",
+    )
+    parser.add_argument(
+        "--tag-keys", default="scenario,tenant", help="the drift detector's tag_keys (default: %(default)s)"
+    )
 
 
-SLICE = ("tenant", "scenario", "drafter", "model", "below_acceptance", "prompt_tokens")
+SLICE = ("tenant", "scenario", "drafter", "model", "below_acceptance", "prompt_tokens", "series_tag")
 
 
 def run_export(args: argparse.Namespace) -> int:
     params = {key: value for key in SLICE if (value := getattr(args, key)) is not None}
+    if args.series_tag is not None:
+        params["tag_keys"] = args.tag_keys
     rows, skipped = [], 0
     for capture in _pages(args.collector, args.token, params):
         row = speculators_row(capture, args.target_model)
