@@ -17,7 +17,7 @@ import time
 import httpx
 import orjson
 
-from specwatch.telemetry.capture import MAX_CAPTURE_BATCH, Capture, Capturer, CapturePolicy, Redactor
+from specwatch.telemetry.capture import MAX_CAPTURE_BATCH, Capture, CapturePolicy, Capturer, Redactor
 
 log = logging.getLogger("specwatch.telemetry")
 
