@@ -39,6 +39,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="an admin token of the collector (default: SPECWATCH_ADMIN_TOKEN)",
     )
     export.set_defaults(handler=run_export)
+    _register_train(commands)
+
+
+def _register_train(commands: argparse._SubParsersAction) -> None:
+    train = commands.add_parser(
+        "train", help="train a shallow-exit draft for the bundled engine's target on an export (CPU, minutes)"
+    )
+    train.add_argument("--data", type=Path, required=True, help="a `specwatch draft export` file")
+    train.add_argument("--out", type=Path, required=True, help="the draft's directory (config, safetensors, tokenizer)")
+    train.add_argument("--model", default="bundled", help="the target: 'bundled' (SmolLM2), a .gguf or an HF directory")
+    train.add_argument("--layers", type=int, default=6, help="the exit: the target's first N layers (default: 6)")
+    train.add_argument("--train-layers", type=int, default=2, help="of those, the top N trained (default: 2)")
+    train.add_argument("--steps", type=int, default=200)
+    train.add_argument("--batch", type=int, default=4)
+    train.add_argument("--lr", type=float, default=3e-4)
+    train.add_argument("--max-tokens", type=int, default=256, help="tokens kept of each conversation")
+    train.add_argument("--held-out", type=int, default=8, help="conversations kept out to measure agreement")
+    train.set_defaults(handler=run_train)
 
 
 def add_slice_arguments(parser: argparse.ArgumentParser) -> None:
@@ -116,3 +134,32 @@ def _write(path: Path, rows: list[dict]) -> None:
         part.replace(path)
     except OSError as exc:
         raise UsageError(f"cannot write {path}: {exc.strerror}") from None
+
+
+def run_train(args: argparse.Namespace) -> int:
+    """Train, save, print what it measured and how the engine serves the draft."""
+    from specwatch.common.errors import require_engine
+
+    require_engine("draft train")
+    from specwatch.engine.draft_training import TrainConfig, conversation_tokens, save_draft, train_exit
+    from specwatch.engine.loading import ModelLoadError, load_model
+
+    try:
+        config = TrainConfig(args.layers, args.train_layers, args.steps, args.batch, args.lr)
+        target = load_model(args.model, "float32")
+        sequences = conversation_tokens(args.data, target.tokenizer, args.max_tokens)
+    except (ValueError, OSError, ModelLoadError) as exc:
+        raise UsageError(f"draft train: {exc}") from None
+    if not 1 <= args.layers < target.model.config.num_hidden_layers:
+        raise UsageError(f"--layers must be in [1, {target.model.config.num_hidden_layers - 1}]")
+    held = min(args.held_out, len(sequences) // 4)
+    draft, report = train_exit(target.model, sequences[held:], config, held_out=sequences[:held])
+    save_draft(draft, target.tokenizer, args.out)
+    agreement = f"{report.agreement_before:.3f} -> {report.agreement_after:.3f}" if held else "not measured"
+    loss = f"loss {report.first_loss:.3f} -> {report.last_loss:.3f}"
+    print(
+        f"trained a {args.layers}-layer exit (top {args.train_layers} trained) on {len(sequences) - held} "
+        f"conversations in {report.seconds:.0f} s: {loss}, held-out agreement {agreement}"
+    )
+    print(f"serve it: specwatch engine serve --drafters trained=model:{args.out}", file=sys.stderr)
+    return 0
