@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 
 from sqlalchemy import Connection, Engine, delete, func, select
+from sqlalchemy.exc import IntegrityError
 
 from specwatch.collector.db import write_transaction
 from specwatch.collector.models import CaptureRow
@@ -63,9 +64,17 @@ def store_captures(
     lock: contextlib.AbstractContextManager | None = None,
     now: float | None = None,
 ) -> CaptureCounts:
-    """Insert the captures not already stored, in one transaction, while the table's text fits."""
+    """Insert the captures not already stored, in one transaction, while the table's text fits. Two
+    replicas storing the same id at once (PostgreSQL): the loser's transaction is retried, then sees it stored."""
     now = time.time() if now is None else now
     rows = [_row(c, redact, now, retention_s) for c in captures]
+    try:
+        return _insert(db, rows, max_total_chars, lock)
+    except IntegrityError:  # another writer stored one of these ids between our read and our insert
+        return _insert(db, rows, max_total_chars, lock)
+
+
+def _insert(db: Engine, rows: list[dict], max_total_chars: int, lock) -> CaptureCounts:
     stored = duplicates = over_cap = 0
     with lock or contextlib.nullcontext(), write_transaction(db) as conn:
         held = conn.scalar(select(func.coalesce(func.sum(CaptureRow.chars), 0)))
