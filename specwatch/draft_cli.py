@@ -144,6 +144,8 @@ def run_train(args: argparse.Namespace) -> int:
     from specwatch.engine.draft_training import TrainConfig, conversation_tokens, save_draft, train_exit
     from specwatch.engine.loading import ModelLoadError, load_model
 
+    if not args.data.is_file():
+        raise UsageError(f"draft train: no export file {args.data} (write one with `specwatch draft export`)")
     try:
         config = TrainConfig(args.layers, args.train_layers, args.steps, args.batch, args.lr)
         target = load_model(args.model, "float32")

@@ -121,3 +121,11 @@ def test_speculators_own_loader_reads_the_export(collector, tmp_path):
         assert [t["role"] for t in turns] == ["system", "user", "assistant"] and turns[-1]["content"].startswith(
             "answer"
         )
+
+
+def test_draft_train_refuses_bad_input_before_loading_a_model(tmp_path, capsys):
+    assert main(["draft", "train", "--data", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "d")]) == 2
+    assert "no export file" in capsys.readouterr().err
+    (tmp_path / "x.jsonl").write_text("{}\n")
+    argv = ["draft", "train", "--data", str(tmp_path / "x.jsonl"), "--out", str(tmp_path / "d"), "--train-layers", "9"]
+    assert main(argv) == 2 and "train_layers must be in [1, layers=6]" in capsys.readouterr().err
