@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,9 +95,14 @@ def exit_model(target: PreTrainedModel, config: TrainConfig) -> PreTrainedModel:
 
 
 def train_exit(
-    target: PreTrainedModel, sequences: list[list[int]], config: TrainConfig, held_out: list[list[int]] = ()
+    target: PreTrainedModel,
+    sequences: list[list[int]],
+    config: TrainConfig,
+    held_out: list[list[int]] = (),
+    on_step: Callable[[int, float], None] | None = None,
 ) -> tuple[PreTrainedModel, TrainReport]:
-    """Train an exit on `sequences` (token ids) against `target`; agreement measured on `held_out`."""
+    """Train an exit on `sequences` (token ids) against `target`; agreement measured on `held_out`.
+    `on_step(step, loss)` after each step (progress)."""
     started = time.monotonic()
     generator = torch.Generator().manual_seed(config.seed)
     draft = exit_model(target, config)
@@ -111,6 +117,8 @@ def train_exit(
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
+        if on_step is not None:
+            on_step(len(losses), losses[-1])
     draft.eval()
     after = agreement(target, draft, held_out) if held_out else None
     report = TrainReport(config.steps, losses[0], losses[-1], before, after, time.monotonic() - started)

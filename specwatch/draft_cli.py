@@ -136,6 +136,14 @@ def _write(path: Path, rows: list[dict]) -> None:
         raise UsageError(f"cannot write {path}: {exc.strerror}") from None
 
 
+def _progress(steps: int):
+    """A line on stderr every tenth of the run."""
+    every = max(1, steps // 10)
+    return lambda step, loss: (
+        print(f"step {step}/{steps}: loss {loss:.3f}", file=sys.stderr) if step % every == 0 else None
+    )
+
+
 def run_train(args: argparse.Namespace) -> int:
     """Train, save, print what it measured and how the engine serves the draft."""
     from specwatch.common.errors import require_engine
@@ -155,7 +163,7 @@ def run_train(args: argparse.Namespace) -> int:
     if not 1 <= args.layers < target.model.config.num_hidden_layers:
         raise UsageError(f"--layers must be in [1, {target.model.config.num_hidden_layers - 1}]")
     held = min(args.held_out, len(sequences) // 4)
-    draft, report = train_exit(target.model, sequences[held:], config, held_out=sequences[:held])
+    draft, report = train_exit(target.model, sequences[held:], config, sequences[:held], _progress(args.steps))
     save_draft(draft, target.tokenizer, args.out)
     agreement = f"{report.agreement_before:.3f} -> {report.agreement_after:.3f}" if held else "not measured"
     loss = f"loss {report.first_loss:.3f} -> {report.last_loss:.3f}"
