@@ -24,7 +24,7 @@ from functools import partial
 import httpx
 from sqlalchemy import Engine
 
-from specwatch.alerts import anomaly_pass, baselines, canary, notify, regression
+from specwatch.alerts import anomaly_pass, baselines, canary, notify, regression, retrain
 from specwatch.alerts.actions import ActionResult, Remediator
 from specwatch.alerts.evaluator import Alert, State, Transition, evaluate, needs_sending
 from specwatch.alerts.rules import AlertConfig, Rule
@@ -99,6 +99,9 @@ class AlertRunner:
             log.warning("alert rule %s: signal %s failed: %s", rule.name, rule.signal, exc)
             samples = exc
         outcome = evaluate(now, rule, samples, previous, self.config.evaluation.resolved_retention)
+        if retrain.ACTION in rule.actions:  # name the capture and the commands that retrain from it
+            hinted = retrain.with_retrain_hints(outcome.alerts, self.external_url, self.config.detectors.drift.tag_keys)
+            outcome = replace(outcome, alerts=hinted)
         due = [a for a in outcome.alerts.values() if needs_sending(a, now, self.config.evaluation.repeat_interval)]
         alerts = {**outcome.alerts, **{a.fingerprint: replace(a, last_sent_at=now) for a in due}}
         with write_transaction(self.db) as conn:

@@ -1,5 +1,5 @@
 """The collector's background jobs, every `maintenance_interval_s`: on PostgreSQL the raw tables' day
-partitions ahead (`collector.tiers.partitions`), roll-ups, retention."""
+partitions ahead (`collector.tiers.partitions`), roll-ups, retention (expired captures too)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 from functools import partial
 
+from specwatch.collector.captures import expire_captures
 from specwatch.collector.db import write_transaction
 from specwatch.collector.ingest.store import Store
 from specwatch.collector.settings import Settings
@@ -32,6 +33,9 @@ def run_once(store: Store, settings: Settings, now: float | None = None, expirie
     deleted_raw, deleted_rollups = apply_retention(
         store.db, now, raw_s, rollup_s, lock=store.write_lock(), expiries=expiries
     )
+    with store.write_lock(), write_transaction(store.db) as conn:
+        if deleted := expire_captures(conn, now):  # each capture at its own expires_at (collector.captures)
+            log.info("deleted %d expired captures", deleted)
     if report.rows_folded or deleted_raw or deleted_rollups:
         log.info(
             "rolled up %d requests; deleted %d raw requests and %d rollup rows",

@@ -20,6 +20,7 @@ from sqlalchemy import (
     LargeBinary,
     MetaData,
     String,
+    Text,
     UniqueConstraint,
     text,
     true,
@@ -258,6 +259,39 @@ class VllmScrape(Base):
     e2e_sum: Mapped[float]
     generation_tokens: Mapped[float] = mapped_column(server_default=text("0"))  # vllm:generation_tokens_total delta
     speculating: Mapped[bool | None]  # the spec-decode families are exposed (None: scraped before 0018)
+
+
+class CaptureRow(Base):
+    """One captured request's prompt and output (telemetry.capture; issue 56), kept apart from `requests`
+    so that no request read ever touches users' text; deleted at `expires_at` by the retention pass.
+    `tenant` is the capture's tenant tag (a tenant-bound ingest token's own); `chars` its stored text."""
+
+    __tablename__ = "captures"
+    __table_args__ = (
+        Index("ix_captures_expires_at", "expires_at"),
+        Index("ix_captures_tenant_started_at", "tenant", "started_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    capture_id: Mapped[str] = mapped_column(String(128), unique=True)
+    tenant: Mapped[str | None] = mapped_column(String(128))
+    instance: Mapped[str] = mapped_column(String(128))
+    model: Mapped[str] = mapped_column(String(128))
+    drafter: Mapped[str | None] = mapped_column(String(256))
+    kind: Mapped[str] = mapped_column(String(16))
+    tags: Mapped[dict[str, str]]
+    started_at: Mapped[float]
+    prompt: Mapped[list[dict[str, str]]] = mapped_column(JSON())
+    output: Mapped[str] = mapped_column(Text())
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger)
+    output_tokens: Mapped[int] = mapped_column(BigInteger)
+    num_draft_tokens: Mapped[int] = mapped_column(BigInteger)
+    num_accepted_tokens: Mapped[int] = mapped_column(BigInteger)
+    truncated: Mapped[bool]
+    redactions: Mapped[int] = mapped_column(BigInteger)
+    chars: Mapped[int] = mapped_column(BigInteger)
+    stored_at: Mapped[float]
+    expires_at: Mapped[float]
 
 
 # Tables the migrations create for another package, which defines them: the alerts' state, history,

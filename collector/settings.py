@@ -62,6 +62,18 @@ class Settings(BaseSettings):
     # Hidden-cost overrides for that report (TOML, the keys of [hidden] in cost/cost_example.toml).
     report_hidden_costs: Path | None = None
 
+    # Captures (issue 56; producers opt in with --capture): the most text the table holds (characters; new
+    # captures past it are refused), the longest any capture is kept, and regexes redacted again at ingest.
+    capture_max_total_chars: int = Field(default=256 * 1024 * 1024, gt=0)
+    capture_retention_days: float = Field(default=30.0, gt=0, le=400)
+    capture_redact: Annotated[list[str], NoDecode] = Field(default_factory=list)
+
+    @field_validator("capture_redact", mode="before")
+    @classmethod
+    def _split_patterns(cls, value: object) -> object:
+        """A JSON list of regexes (a regex may hold commas, so no comma-separated form)."""
+        return json.loads(value) if isinstance(value, str) and value.strip() else ([] if value == "" else value)
+
     @field_validator("scrape_vllm", mode="before")
     @classmethod
     def _split_urls(cls, value: object) -> object:

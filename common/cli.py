@@ -42,6 +42,31 @@ def add_producer_arguments(parser: argparse.ArgumentParser, spool_dir: Path) -> 
     )
 
 
+def add_capture_arguments(parser: argparse.ArgumentParser) -> None:
+    """--capture, --capture-redact and --capture-hook of a producer (telemetry.capture; off by default)."""
+    parser.add_argument(
+        "--capture",
+        default=None,
+        metavar="rate=R[,tenant=T][,tag=K:V][,below-acceptance=A][,prompt-tokens=LO-HI][,max-chars=N]"
+        "[,max-total-chars=N][,retention-days=D]",
+        help="keep a sample of prompts and outputs at the collector, to retrain a draft (docs/security.md, "
+        "'Captures'); off unless given; needs --collector",
+    )
+    parser.add_argument(
+        "--capture-redact",
+        action="append",
+        default=[],
+        metavar="REGEX",
+        help="replace this regex's matches by [redacted] before a capture leaves the process (repeatable)",
+    )
+    parser.add_argument(
+        "--capture-hook",
+        default=None,
+        metavar="MODULE:FUNCTION",
+        help="a str -> str redaction function run after the regexes; if it raises, nothing is kept",
+    )
+
+
 API_KEY_ENV = "SPECWATCH_API_KEY"
 
 

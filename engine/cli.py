@@ -9,7 +9,13 @@ import socket
 import sys
 from pathlib import Path
 
-from specwatch.common.cli import add_exposure_arguments, add_producer_arguments, check_exposure, tcp_port
+from specwatch.common.cli import (
+    add_capture_arguments,
+    add_exposure_arguments,
+    add_producer_arguments,
+    check_exposure,
+    tcp_port,
+)
 from specwatch.common.errors import UsageError, require_engine
 from specwatch.engine.policy import PolicyConfig
 
@@ -54,6 +60,7 @@ def _register_serve(subparsers: argparse._SubParsersAction) -> None:
         help="on SIGTERM/SIGINT, seconds in-flight requests may finish before they are cancelled (default: 30)",
     )
     add_producer_arguments(serve, Path("data/engine-spool"))
+    add_capture_arguments(serve)
     serve.add_argument("--instance", default=socket.gethostname())
     serve.add_argument("--sample-interval", type=float, default=5.0, help="seconds between device samples")
     serve.add_argument("--load-off", type=float, default=0.75, help="speculation off above this load (default: 0.75)")
@@ -268,6 +275,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from specwatch.engine.shutdown import serve_until_signal
     from specwatch.engine.step_cost_events import StepCostEvents
     from specwatch.telemetry import spans
+    from specwatch.telemetry.capture_client import capture_setup
     from specwatch.telemetry.client import TelemetryClient
     from specwatch.telemetry.sink import TelemetrySink
 
@@ -277,11 +285,14 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         policy_config, scheduler_config, guard_config, engine_config = _serve_configs(args)
         client = TelemetryClient(args.collector, args.spool_dir, args.collector_token) if args.collector else None
+        capturer, captures = capture_setup(
+            args.capture, args.capture_redact, args.capture_hook, args.collector, args.collector_token
+        )
         engine = Engine(engine_config)
         drafters = register_drafters(engine, args.drafters)
     except (ValueError, ModelLoadError) as exc:
         raise UsageError(str(exc)) from exc
-    sink = TelemetrySink(args.instance, client, spans.RequestSpans.from_env("specwatch-engine"))
+    sink = TelemetrySink(args.instance, client, spans.RequestSpans.from_env("specwatch-engine"), capturer, captures)
     policy = Policy(policy_config, sink=sink)
     scheduler = Scheduler(engine, scheduler_config, policy, sink)
     cold_start = {"model": engine.target.name, "from_cache": engine.target.from_cache}
@@ -321,6 +332,8 @@ def run_serve(args: argparse.Namespace) -> int:
             sampler.stop()
             step_costs.stop()  # the curve as it ends
             client.close()
+        if captures:
+            captures.close()
     return 0
 
 

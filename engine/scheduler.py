@@ -25,6 +25,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,6 +79,7 @@ class Ticket:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     queued_at: float = field(default_factory=time.monotonic)
     cancelled: threading.Event = field(default_factory=threading.Event)
+    keep: Callable[[Any], None] | None = None  # the server's capture step for the finished request (or None)
 
     def send(self, item: Any) -> None:
         with contextlib.suppress(RuntimeError):  # the client's event loop is closed (shutdown): nobody waits

@@ -240,6 +240,7 @@ async def _serve(request: Request, body: OpenAIBody, content: dict, chat: bool) 
     except Overloaded as exc:
         scheduler.sink.drop_span(identity.request_id)  # refused before it ran: no record ends its span
         return refuse(request, 429, str(exc), "overloaded", headers={"Retry-After": str(exc.retry_after_s)})
+    ticket.keep = _keeper(scheduler, content, chat)
     frame = _Frame(request.app.state.model_name, chat, len(ticket.prompt_ids), body.continuous_usage)
     named = {INSTANCE_HEADER: scheduler.engine.config.instance}  # a gateway in front records it under this too
     if body.stream:
@@ -249,8 +250,18 @@ async def _serve(request: Request, body: OpenAIBody, content: dict, chat: bool) 
     return found
 
 
+def _keeper(scheduler: Scheduler, content: dict, chat: bool):
+    """What hands a finished request's text to the capture step (telemetry.capture; None: captures are off)."""
+    if scheduler.sink.capturer is None:
+        return None
+    prompt = content["messages"] if chat else [{"role": "user", "content": content["prompt"]}]
+    kind = "chat" if chat else "completion"
+    return lambda result: scheduler.sink.capture(result.record, prompt, result.text, kind)
+
+
 async def _events(ticket: Ticket) -> AsyncIterator[Delta | GenerateResult]:
-    """Deltas then the result; a client that goes away cancels the request."""
+    """Deltas then the result; a client that goes away cancels the request. A finished request's text
+    goes to the capture step (`ticket.keep`) when captures are on."""
     try:
         while True:
             item = await ticket.events.get()
@@ -258,6 +269,8 @@ async def _events(ticket: Ticket) -> AsyncIterator[Delta | GenerateResult]:
                 raise item
             if isinstance(item, GenerateResult) and item.finish_reason == "error":
                 raise RuntimeError(item.record.error or "generation failed")
+            if isinstance(item, GenerateResult) and ticket.keep is not None:
+                ticket.keep(item)
             yield item
             if isinstance(item, GenerateResult):
                 return

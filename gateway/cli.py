@@ -6,7 +6,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from specwatch.common.cli import add_exposure_arguments, add_producer_arguments, check_exposure, tcp_port
+from specwatch.common.cli import (
+    add_capture_arguments,
+    add_exposure_arguments,
+    add_producer_arguments,
+    check_exposure,
+    tcp_port,
+)
 from specwatch.common.errors import UsageError
 
 
@@ -34,6 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "model can share an upstream's time among several gateways: give each gateway its own name",
     )
     add_producer_arguments(serve, Path("data/gateway-spool"))
+    add_capture_arguments(serve)
     serve.add_argument(
         "--canary", type=float, default=None, help="share of traffic for the spec pool, the rest to plain (A/B arms)"
     )
@@ -57,6 +64,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from specwatch.gateway.routing import Router, RoutingConfig
     from specwatch.gateway.upstreams import check_upstreams, parse_upstream
     from specwatch.telemetry import spans
+    from specwatch.telemetry.capture_client import capture_setup
     from specwatch.telemetry.client import TelemetryClient
     from specwatch.telemetry.sink import TelemetrySink
 
@@ -73,9 +81,13 @@ def run_serve(args: argparse.Namespace) -> int:
             min_acceptance=args.min_acceptance,
         )
         client = TelemetryClient(args.collector, args.spool_dir, args.collector_token) if args.collector else None
+        capturer, captures = capture_setup(
+            args.capture, args.capture_redact, args.capture_hook, args.collector, args.collector_token
+        )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    sink = TelemetrySink(settings.name, client, spans.RequestSpans.from_env("specwatch-gateway"))
+    spans_out = spans.RequestSpans.from_env("specwatch-gateway")
+    sink = TelemetrySink(settings.name, client, spans_out, capturer, captures)
     gateway = Gateway(upstreams, Router(config), settings, sink)
     pools = ", ".join(f"{u.name}={u.url} ({u.pool}{', ' + u.drafter if u.drafter else ''})" for u in upstreams)
     print(
@@ -88,6 +100,8 @@ def run_serve(args: argparse.Namespace) -> int:
     finally:
         if client is not None:
             client.close()
+        if captures is not None:
+            captures.close()
     return 0
 
 

@@ -145,6 +145,9 @@ class Gateway:
             state.served[outcome.status] = state.served.get(outcome.status, 0) + 1
         record = outcome.record(self.settings.name)
         self.sink.put(record)
+        if outcome.capture is not None and outcome.output_text is not None:  # captures on (telemetry.capture)
+            prompt, kind = outcome.capture
+            self.sink.capture(record, prompt, outcome.output_text, kind)
         return record
 
 

@@ -97,6 +97,29 @@ def _message_texts(message) -> list[str]:
     return []
 
 
+def capture_prompt(body: dict) -> tuple[list[dict], str]:
+    """The prompt as a capture keeps it (telemetry.capture): the chat messages' roles and texts, or a
+    completion's text as one user turn; and the capture's kind."""
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        turns = [
+            {"role": str(m.get("role")), "content": "\n".join(_message_texts(m))}
+            for m in messages
+            if isinstance(m, dict)
+        ]
+        return turns, "chat"
+    return [{"role": "user", "content": prompt_text(body)}], "completion"
+
+
+def answer_text(body: dict) -> str:
+    """A whole OpenAI answer's generated text: the first choice's message content, or its text."""
+    choices = body.get("choices")
+    choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+    message = choice.get("message")
+    text = message.get("content") if isinstance(message, dict) else choice.get("text", body.get("text"))
+    return text if isinstance(text, str) else ""
+
+
 def session(request: Request, body: dict) -> str | None:
     user = body.get("user")
     return request.headers.get("x-specwatch-session") or (user if isinstance(user, str) and user else None)

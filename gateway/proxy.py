@@ -69,7 +69,7 @@ async def proxy(request: Request) -> Response:
     response, state = sent
     if response.status >= 400 or not stream:
         return await _whole(gateway, response, state, outcome, t0)
-    reader = SseReader(drop_usage_chunk=drop_usage)
+    reader = SseReader(drop_usage_chunk=drop_usage, collect_text=outcome.capture is not None)
     relay = _relay(gateway, response.content.iter_any(), response, state, outcome, reader, t0)
     return StreamingResponse(relay, status_code=response.status, headers=_headers(response, state, outcome))
 
@@ -79,18 +79,20 @@ def _admit(gateway: Gateway, request: Request, body: dict, started_at: float) ->
     prompt_tokens = parsing.prompt_tokens(body, gateway.settings.count_tokens)
     spec_load = gateway.pool_load("spec")  # inf when no spec upstream is healthy
     route = gateway.router.decide(prompt_tokens, parsing.session(request, body), spec_load != float("inf"), spec_load)
+    rid, tags = parsing.request_id(request), parsing.tags(request, body)
     return Outcome(
-        request_id=parsing.request_id(request),
+        request_id=rid,
         started_at=started_at,
         model=parsing.model_label(body),
         prompt_tokens_estimate=prompt_tokens,
-        tags=parsing.tags(request, body),
+        tags=tags,
         mode_reason=route.reason,
         arm=route.arm,
         load_at_admission=None,
         pool=route.pool,
         n=parsing.choices_requested(body),
         streamed=parsing.stream_flag(body),
+        capture=parsing.capture_prompt(body) if gateway.sink.wants_capture(rid, tags, prompt_tokens) else None,
     )
 
 
@@ -223,6 +225,8 @@ def _checked(
         outcome.usage, outcome.metrics = body.get("usage"), body.get("metrics")
         outcome.meta_info = body.get("meta_info")  # SGLang's per-request counts (gateway.sglang)
         outcome.timings = body.get("timings")  # llama.cpp's (gateway.llamacpp)
+        if outcome.capture is not None:
+            outcome.output_text = parsing.answer_text(body)
     gateway.finish(outcome, t0, state)
     return Response(content, response.status, headers=_headers(response, state, outcome))
 

@@ -34,6 +34,7 @@ from specwatch.gateway import vllm_metrics
 from specwatch.gateway.counts import DraftCounts, draft_counts  # noqa: F401 - also read from here (tune_profile)
 from specwatch.gateway.llamacpp import has_draft_timings, llamacpp_tags
 from specwatch.gateway.sglang import has_spec_counts, sglang_counts
+from specwatch.telemetry.capture import MAX_CAPTURE_CHARS
 from specwatch.telemetry.schema import GATEWAY_TAG, MAX_TAGS, MAX_TOKENS, RequestRecord
 
 UPSTREAM_TAG = "upstream"  # the gateway's name for the upstream, where the record carries the engine's own
@@ -71,6 +72,8 @@ class Outcome:
     n: int = 1  # the choices the client asked for (vLLM reports per-request metrics for n = 1 only)
     streamed: bool = False
     engine_version: str | None = None  # the upstream's vLLM version (gateway.markers), where known
+    capture: tuple[list[dict], str] | None = None  # the prompt and kind, when the request may be captured
+    output_text: str | None = None  # the answer's text, kept only for a capture (capped)
 
     def record(self, gateway: str | None = None) -> RequestRecord:
         """The telemetry record; `gateway` (its name) tags it `gateway=<name>`, over a client's tag of that key."""
@@ -184,6 +187,7 @@ def _seconds(ms: Any) -> float | None:
 
 NOTED_KEYS = (b'"usage"', b'"metrics"', b'"meta_info"', b'"timings"', b'"error"')
 MAX_EVENT_BYTES = 1024 * 1024
+MAX_COLLECTED = 2 * MAX_CAPTURE_CHARS  # a captured answer's text kept while it streams (the capture cuts it again)
 
 
 class SseReader:
@@ -191,8 +195,11 @@ class SseReader:
     the first content chunk, the final usage and metrics, an in-band error. Events are passed on
     whole and unchanged, except the usage-only chunk the gateway asked for on the client's behalf."""
 
-    def __init__(self, drop_usage_chunk: bool) -> None:
+    def __init__(self, drop_usage_chunk: bool, collect_text: bool = False) -> None:
         self.drop_usage_chunk = drop_usage_chunk
+        # a capture's answer: every content chunk parsed and its text kept, up to MAX_COLLECTED characters
+        self.collected: list[str] | None = [] if collect_text else None
+        self.collected_chars = 0
         self.buffer = b""
         self.saw_content = False
         self.usage: dict | None = None
@@ -240,13 +247,15 @@ class SseReader:
             outcome.error = "upstream:stream_error" if self.error else "upstream:malformed_stream"
         outcome.usage, outcome.metrics, outcome.meta_info = self.usage, self.metrics, self.meta_info
         outcome.timings = self.timings
+        if self.collected is not None:
+            outcome.output_text = "".join(self.collected)
 
     def _event(self, event: bytes) -> bytes:
         payload = event[6:] if event.startswith(b"data: ") else (event[5:] if event.startswith(b"data:") else None)
         if payload is None or payload == b"[DONE]":
             self.done = self.done or payload == b"[DONE]"
             return event + b"\n\n"
-        if self.saw_content and not any(key in payload for key in NOTED_KEYS):
+        if self.saw_content and self.collected is None and not any(key in payload for key in NOTED_KEYS):
             # a content chunk after the first: nothing to note; parsing every token's chunk costs CPU the
             # upstream may share, so only its outline is checked
             if not (payload.startswith(b"{") and payload.rstrip().endswith(b"}")):
@@ -273,6 +282,7 @@ class SseReader:
         if any(_has_content(choice) for choice in choices) or _native_text(chunk):
             self.saw_content = True
             self.content_chunks += 1
+            self._collect(choices, chunk)
         if isinstance(chunk.get("timings"), dict):  # llama.cpp: on its usage chunk too, which may be dropped
             self.timings = chunk["timings"]
         if isinstance(chunk.get("usage"), dict):
@@ -285,6 +295,22 @@ class SseReader:
         if isinstance(chunk.get("meta_info"), dict):
             self.meta_info = chunk["meta_info"]
         return True
+
+    def _collect(self, choices: list, chunk: dict) -> None:
+        if self.collected is None or self.collected_chars >= MAX_COLLECTED:
+            return
+        texts = [_choice_text(c) for c in choices[:1]] if choices else [chunk.get("text")]
+        for text in texts:
+            if isinstance(text, str):
+                self.collected.append(text[: MAX_COLLECTED - self.collected_chars])
+                self.collected_chars += len(self.collected[-1])
+
+
+def _choice_text(choice: Any) -> str | None:
+    delta = choice.get("delta") if isinstance(choice, dict) else None
+    return (
+        delta.get("content") if isinstance(delta, dict) else (choice.get("text") if isinstance(choice, dict) else None)
+    )
 
 
 def _has_content(choice: Any) -> bool:

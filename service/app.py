@@ -28,6 +28,7 @@ from specwatch.collector.settings import Settings
 from specwatch.collector.speculation_gauges import SpeculationGauges
 from specwatch.service import (
     routes_alerts,
+    routes_captures,
     routes_cost,
     routes_docs,
     routes_ingest,
@@ -93,6 +94,7 @@ def create_app(settings: Settings | None = None, registry: CollectorRegistry | N
     app.include_router(routes_report.router)
     app.include_router(routes_report.on_demand)
     app.include_router(routes_tune.router)
+    app.include_router(routes_captures.router)
     app.include_router(routes_docs.router)
     return app
 

@@ -29,7 +29,7 @@ async def ingest(request: Request, settings: SettingsDep, metrics: MetricsDep, g
     """Store one batch atomically; duplicates (by idempotency key) are skipped and counted.
     A tenant-bound token writes its own instances only (403), its requests tagged with its tenant."""
     try:
-        body = await _body(request, settings)
+        body = await read_json_body(request, settings)
         result = await request.app.state.ingest.ingest(body, grant)  # in a worker process (see collector.ingest.parse)
     except BatchRejected as exc:
         metrics.record_rejected(exc.reason)
@@ -38,8 +38,9 @@ async def ingest(request: Request, settings: SettingsDep, metrics: MetricsDep, g
     return json_response(_summary(result.counts))
 
 
-async def _body(request: Request, settings: Settings) -> bytes:
-    """The batch's JSON: headers checked (415), read whole within the body timeout, gzip inflated (in a thread)."""
+async def read_json_body(request: Request, settings: Settings) -> bytes:
+    """The batch's JSON (an ingest batch, or captures): headers checked (415), read whole within the body
+    timeout, gzip inflated (in a thread)."""
     gzipped = _is_gzip(request.headers)
     body = await _read_body(request, settings)
     return await asyncio.to_thread(gunzip, body, settings.max_body_bytes) if gzipped else body

@@ -29,6 +29,7 @@ COMMANDS = {
     "vllm": "specwatch.vllm_check",
     "tune": "specwatch.tune_cli",
     "ingest": "specwatch.ingest_cli",
+    "draft": "specwatch.draft_cli",
 }
 
 

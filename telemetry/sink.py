@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
+from specwatch.telemetry.capture import Capturer, Kind
 from specwatch.telemetry.client import TelemetryClient
 from specwatch.telemetry.schema import DeviceSample, EngineEvent, RequestRecord
 from specwatch.telemetry.spans import RequestSpans, operation, request_attributes
@@ -30,7 +31,12 @@ class TelemetrySink:
     """`spans`: one OpenTelemetry span per request (telemetry.spans; None: off), ended as its record comes."""
 
     def __init__(
-        self, instance: str | None = None, client: TelemetryClient | None = None, spans: RequestSpans | None = None
+        self,
+        instance: str | None = None,
+        client: TelemetryClient | None = None,
+        spans: RequestSpans | None = None,
+        capturer: Capturer | None = None,
+        capture_client=None,
     ) -> None:
         self.instance = instance or socket.gethostname()  # the `instance` of its events (and of the engine's samples)
         self.client = client  # for /metrics: whether its deliveries are refused, what waits in its spool
@@ -42,6 +48,23 @@ class TelemetrySink:
         self.spans = spans  # the servers begin a request's span when it arrives (RequestSpans.begin)
         if spans is not None:
             self.subscribe(RequestRecord, spans.finish)
+        # captures (telemetry.capture): off unless a policy is given; sent by a CaptureClient (or kept by a test)
+        self.capturer, self.capture_client = capturer, capture_client
+
+    def wants_capture(self, request_id: str, tags: Mapping[str, str], prompt_tokens: int | None = None) -> bool:
+        """Whether the request may be captured (decided at arrival: the gateway then keeps its stream's text)."""
+        return self.capturer is not None and self.capturer.policy.selects(request_id, dict(tags), prompt_tokens)
+
+    def capture(self, record: RequestRecord, prompt: list[dict], output: str, kind: Kind) -> None:
+        """Capture a finished request's text when the policy keeps it (redacted and capped first)."""
+        if self.capturer is None:
+            return
+        try:
+            found = self.capturer.capture(record, prompt, output, kind)
+            if found is not None and self.capture_client is not None:
+                self.capture_client.submit(found)
+        except Exception:
+            log.exception("capture failed")
 
     def subscribe(self, kind: type[Item], consumer: Callable[[Item], None]) -> None:
         self._consumers[kind].append(consumer)

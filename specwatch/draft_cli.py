@@ -1,0 +1,175 @@
+"""`specwatch draft export`: a slice of the collector's captures as a training set for a draft model.
+
+specwatch draft export --collector URL --out FILE.jsonl --target-model NAME
+    [--tenant T] [--scenario S] [--drafter D] [--model M] [--below-acceptance A] [--prompt-tokens LO-HI]
+    [--token TOKEN (default: SPECWATCH_ADMIN_TOKEN)]
+
+Writes vLLM `speculators`' conversation JSONL, one chat capture a line (`telemetry.capture.speculators_row`:
+`conversations` of role/content turns, the captured output as the last assistant turn, the target model
+named in each line), for `python scripts/prepare_data.py --model NAME --data FILE.jsonl --output DIR`.
+Completion captures (raw text, no turns) are left out and counted. Reading captures needs the admin role.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import httpx
+import orjson
+
+from specwatch.common.auth import first_token
+from specwatch.common.errors import UsageError
+from specwatch.telemetry.capture import speculators_row
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    draft = subparsers.add_parser("draft", help="draft adaptation: export captured traffic as a training set")
+    commands = draft.add_subparsers(dest="draft_command", required=True, metavar="SUBCOMMAND")
+    export = commands.add_parser("export", help="write a slice of the captures as speculators' conversation JSONL")
+    export.add_argument("--collector", required=True, help="the collector's URL")
+    export.add_argument("--out", type=Path, required=True, help="the JSONL file to write (replaced whole)")
+    export.add_argument("--target-model", required=True, help="the target model the draft is trained for")
+    add_slice_arguments(export)
+    export.add_argument(
+        "--token",
+        default=first_token(os.environ.get("SPECWATCH_ADMIN_TOKEN")),
+        help="an admin token of the collector (default: SPECWATCH_ADMIN_TOKEN)",
+    )
+    export.set_defaults(handler=run_export)
+    _register_train(commands)
+
+
+def _register_train(commands: argparse._SubParsersAction) -> None:
+    train = commands.add_parser(
+        "train", help="train a shallow-exit draft for the bundled engine's target on an export (CPU, minutes)"
+    )
+    train.add_argument("--data", type=Path, required=True, help="a `specwatch draft export` file")
+    train.add_argument("--out", type=Path, required=True, help="the draft's directory (config, safetensors, tokenizer)")
+    train.add_argument("--model", default="bundled", help="the target: 'bundled' (SmolLM2), a .gguf or an HF directory")
+    train.add_argument("--layers", type=int, default=6, help="the exit: the target's first N layers (default: 6)")
+    train.add_argument("--train-layers", type=int, default=2, help="of those, the top N trained (default: 2)")
+    train.add_argument("--steps", type=int, default=200)
+    train.add_argument("--batch", type=int, default=4)
+    train.add_argument("--lr", type=float, default=3e-4)
+    train.add_argument("--max-tokens", type=int, default=256, help="tokens kept of each conversation")
+    train.add_argument("--held-out", type=int, default=8, help="conversations kept out to measure agreement")
+    train.set_defaults(handler=run_train)
+
+
+def add_slice_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tenant", help="only this tenant's captures")
+    parser.add_argument("--scenario", help="only captures tagged with this scenario")
+    parser.add_argument("--drafter", help="only captures of requests this drafter drafted")
+    parser.add_argument("--model", help="only captures of this served model")
+    parser.add_argument("--below-acceptance", type=float, help="only captures whose acceptance was below this")
+    parser.add_argument("--prompt-tokens", metavar="LO-HI", help="only prompts of this length band (tokens)")
+    parser.add_argument(
+        "--series-tag",
+        help="only captures of this drift series tag: the first of --tag-keys they carry has this value "
+        "(what a SpecAcceptanceDrift alert's `tag` label names)",
+    )
+    parser.add_argument(
+        "--tag-keys", default="scenario,tenant", help="the drift detector's tag_keys (default: %(default)s)"
+    )
+
+
+SLICE = ("tenant", "scenario", "drafter", "model", "below_acceptance", "prompt_tokens", "series_tag")
+
+
+def run_export(args: argparse.Namespace) -> int:
+    params = {key: value for key in SLICE if (value := getattr(args, key)) is not None}
+    if args.series_tag is not None:
+        params["tag_keys"] = args.tag_keys
+    rows, skipped = [], 0
+    for capture in _pages(args.collector, args.token, params):
+        row = speculators_row(capture, args.target_model)
+        if row is None or not row["conversations"][-1]["content"]:
+            skipped += 1
+        else:
+            rows.append(row)
+    if not rows:
+        raise UsageError(f"no chat captures match {params or 'any slice'} at {args.collector} ({skipped} left out)")
+    _write(args.out, rows)
+    print(f"wrote {len(rows)} conversations to {args.out} ({skipped} completion or empty captures left out)")
+    print(
+        f"next: python scripts/prepare_data.py --model {args.target_model} --data {args.out} --output DIR",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _pages(url: str, token: str | None, params: dict):
+    """Every capture of the slice, page by page (`next_after_id`)."""
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    after: int | None = 0
+    with httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=60, trust_env=False) as http:
+        while after is not None:
+            try:
+                answer = http.get("/v1/captures", params={**params, "after_id": after})
+            except httpx.HTTPError as exc:
+                raise UsageError(f"cannot reach the collector at {url}: {exc}") from None
+            if answer.status_code != 200:
+                raise UsageError(f"the collector refused the export ({answer.status_code}): {_message(answer)}")
+            page = answer.json()
+            yield from page["captures"]
+            after = page["next_after_id"]
+
+
+def _message(answer: httpx.Response) -> str:
+    try:
+        detail = answer.json().get("detail")
+    except ValueError:
+        return answer.text[:200]
+    return str(detail.get("message") if isinstance(detail, dict) else detail)[:300]
+
+
+def _write(path: Path, rows: list[dict]) -> None:
+    """Written beside, then renamed: a reader never sees half a file."""
+    part = path.with_name(path.name + ".part")
+    try:
+        part.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in rows))
+        part.replace(path)
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror}") from None
+
+
+def _progress(steps: int):
+    """A line on stderr every tenth of the run."""
+    every = max(1, steps // 10)
+    return lambda step, loss: (
+        print(f"step {step}/{steps}: loss {loss:.3f}", file=sys.stderr) if step % every == 0 else None
+    )
+
+
+def run_train(args: argparse.Namespace) -> int:
+    """Train, save, print what it measured and how the engine serves the draft."""
+    from specwatch.common.errors import require_engine
+
+    require_engine("draft train")
+    from specwatch.engine.draft_training import TrainConfig, conversation_tokens, save_draft, train_exit
+    from specwatch.engine.loading import ModelLoadError, load_model
+
+    if not args.data.is_file():
+        raise UsageError(f"draft train: no export file {args.data} (write one with `specwatch draft export`)")
+    try:
+        config = TrainConfig(args.layers, args.train_layers, args.steps, args.batch, args.lr)
+        target = load_model(args.model, "float32")
+        sequences = conversation_tokens(args.data, target.tokenizer, args.max_tokens)
+    except (ValueError, OSError, ModelLoadError) as exc:
+        raise UsageError(f"draft train: {exc}") from None
+    if not 1 <= args.layers < target.model.config.num_hidden_layers:
+        raise UsageError(f"--layers must be in [1, {target.model.config.num_hidden_layers - 1}]")
+    held = min(args.held_out, len(sequences) // 4)
+    draft, report = train_exit(target.model, sequences[held:], config, sequences[:held], _progress(args.steps))
+    save_draft(draft, target.tokenizer, args.out)
+    agreement = f"{report.agreement_before:.3f} -> {report.agreement_after:.3f}" if held else "not measured"
+    loss = f"loss {report.first_loss:.3f} -> {report.last_loss:.3f}"
+    print(
+        f"trained a {args.layers}-layer exit (top {args.train_layers} trained) on {len(sequences) - held} "
+        f"conversations in {report.seconds:.0f} s: {loss}, held-out agreement {agreement}"
+    )
+    print(f"serve it: specwatch engine serve --drafters trained=model:{args.out}", file=sys.stderr)
+    return 0
