@@ -86,6 +86,15 @@ def lane_attention_kernel() -> bool:
     return _ready("lane", _same_shape_as_q, _lane_attention_agrees)
 
 
+def why_not(kernel: str) -> str:
+    """Why `kernel` is not in use here, in words (for a test's skip reason or a log line)."""
+    if missing := [feature for feature in NEEDS[kernel] if feature not in host_features()]:
+        return f"this CPU lacks {', '.join(missing)}"
+    if kernel not in chosen():
+        return "SPECWATCH_CPU_KERNELS leaves it out"
+    return "its library could not be built, loaded or checked here (see stderr: C++ compiler, ninja)"
+
+
 def _ready(kernel: str, shape, agrees) -> bool:
     """`kernel` chosen, its library built and loaded, its op given a shape function for torch.compile, and checked."""
     if kernel not in chosen() or not load(kernel):

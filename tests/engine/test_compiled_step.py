@@ -19,7 +19,7 @@ from specwatch.engine.decoder import (
     pool_caches,
     warm_up,
 )
-from specwatch.engine.kernels import row_times_kernel
+from specwatch.engine.kernels import row_times_kernel, why_not
 from tests.engine.conftest import tiny_llama
 
 pool_forward = CachePool.forward
@@ -97,7 +97,7 @@ def test_compiled_bf16_step_matches_eager_and_compiles_once(model, monkeypatch, 
     if not cpu_prepack(torch.bfloat16):
         pytest.skip("this torch build or CPU packs no bf16 weights for oneDNN (nothing to compile)")
     if kernel and not row_times_kernel():
-        pytest.skip("the row-times kernel could not be built here (see stderr: compiler or ninja)")
+        pytest.skip(f"the row-times kernel is not in use: {why_not('row')}")
     model = copy.deepcopy(model).to(torch.bfloat16)
     eager, compiled = LlamaDecoder(model), LlamaDecoder(model, for_compile=True)
     assert not eager.row_kernel  # only a decoder built for compile takes the kernel

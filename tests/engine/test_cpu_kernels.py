@@ -16,17 +16,17 @@ import torch.nn.functional as F
 
 from specwatch.engine import decoder as decoders
 from specwatch.engine.decoder import LlamaDecoder, _lane_attention_by_torch, forward_batch, pool_caches, warm_up
-from specwatch.engine.kernels import lane_attention_kernel, prefill_attention_kernel
+from specwatch.engine.kernels import lane_attention_kernel, prefill_attention_kernel, why_not
 from tests.engine.conftest import tiny_llama
 
 # each kernel is a library of its own: a CPU with AVX512F but not AVX512-BF16 tests the lane kernel alone
 needs_prefill = pytest.mark.skipif(
     not prefill_attention_kernel(),
-    reason="the prefill-attention kernel could not be built here (no AVX512-BF16, C++ compiler or ninja)",
+    reason=f"the prefill-attention kernel is not in use: {why_not('prefill')}",
 )
 needs_lane = pytest.mark.skipif(
     not lane_attention_kernel(),
-    reason="the lane-attention kernel could not be built here (no AVX512F, C++ compiler or ninja)",
+    reason=f"the lane-attention kernel is not in use: {why_not('lane')}",
 )
 
 

@@ -6,11 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specwatch.engine.kernels import row_times_kernel
+from specwatch.engine.kernels import row_times_kernel, why_not
 
-pytestmark = pytest.mark.skipif(
-    not row_times_kernel(), reason="the row-times kernel could not be built here (C++ compiler or ninja missing)"
-)
+pytestmark = pytest.mark.skipif(not row_times_kernel(), reason=f"the row-times kernel is not in use: {why_not('row')}")
 
 
 @pytest.mark.parametrize(
