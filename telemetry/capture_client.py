@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import re
 import threading
 import time
 
@@ -18,6 +17,7 @@ import httpx
 import orjson
 
 from specwatch.telemetry.capture import MAX_CAPTURE_BATCH, Capture, CapturePolicy, Capturer, Redactor
+from specwatch.telemetry.client import collector_headers
 
 log = logging.getLogger("specwatch.telemetry")
 
@@ -34,15 +34,13 @@ class CaptureClient:
         retries: int = 3,
         timeout_s: float = 10.0,
     ) -> None:
-        if token is not None and not re.fullmatch(r"[!-~]+", token):
-            raise ValueError("the collector token must be printable ASCII without spaces")
+        headers = collector_headers(token)
         self.url = url.rstrip("/") + "/v1/captures"
         self.batch_size, self.flush_interval_s, self.retries = (
             min(batch_size, MAX_CAPTURE_BATCH),
             flush_interval_s,
             retries,
         )
-        headers = {"content-type": "application/json"} | ({"authorization": f"Bearer {token}"} if token else {})
         self._http = httpx.Client(timeout=timeout_s, headers=headers, trust_env=False)
         self._queue: queue.Queue = queue.Queue(maxsize=max_queue)
         self._stop = threading.Event()

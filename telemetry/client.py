@@ -98,14 +98,12 @@ class TelemetryClient:
         timeout_s: float = 5.0,
         retries: int = 3,
     ) -> None:
-        if token is not None and not re.fullmatch(r"[!-~]+", token):
-            raise ValueError("the collector token must be printable ASCII without spaces")
+        headers = collector_headers(token)
         self.url = url.rstrip("/") + "/v1/ingest"
         self.batch_size, self.flush_interval_s, self.retries = batch_size, flush_interval_s, retries
         self._queue: queue.Queue = queue.Queue(maxsize=max_queue)
         self._wake = threading.Event()  # a full batch, a flush or a stop: send now, not at the interval's end
         self._spool = _open_spool(spool_dir, max_spool_bytes)
-        headers = {"content-type": "application/json"} | ({"authorization": f"Bearer {token}"} if token else {})
         self._http = httpx.Client(timeout=timeout_s, headers=headers)
         self._counts_lock = threading.Lock()
         self._counts = dict.fromkeys(
@@ -325,6 +323,13 @@ class TelemetryClient:
                 return
             self._spool.pop(length)
         self._backoff = 0.0
+
+
+def collector_headers(token: str | None) -> dict[str, str]:
+    """The headers of a producer's POSTs to the collector; ValueError for a token no header can carry."""
+    if token is not None and not re.fullmatch(r"[!-~]+", token):
+        raise ValueError("the collector token must be printable ASCII without spaces")
+    return {"content-type": "application/json"} | ({"authorization": f"Bearer {token}"} if token else {})
 
 
 def _open_spool(spool_dir: str | Path | None, max_bytes: int) -> Spool | None:
