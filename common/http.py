@@ -1,5 +1,6 @@
 """The HTTP edges the engine's server and the gateway share: OpenAI's error body, the control API's
-bearer-token guard, the OpenAI routes' API key, and the `x-request-id` a request may bring with it.
+bearer-token guard, the OpenAI routes' API key, the `x-request-id` a request may bring with it, and the
+moment a request arrived (`ArrivalStamp`), from which its TTFT and e2e are measured.
 
 Every refusal is `{"error": {"message", "type", "param", "code"}}` (OpenAI's shape), its `type`
 following the status unless given: 401 authentication_error, 403 permission_error,
@@ -9,6 +10,7 @@ following the status unless given: 401 authentication_error, 403 permission_erro
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Mapping
 
 from starlette.datastructures import Headers
@@ -107,6 +109,26 @@ class ApiKeyMiddleware:
 
     def _allows(self, scope: Scope) -> bool:
         return self.tokens.grant(Headers(scope=scope).get("authorization")) is not None
+
+
+class ArrivalStamp:
+    """Stamps `scope["state"]["arrived"]` (time.monotonic) when the server hands the request to the app,
+    as soon as its headers are read: before its body is read and parsed, so a record's TTFT and e2e
+    count that time too, as the client's clock does. Outermost middleware; pure ASGI, so it costs one
+    clock read and streams pass untouched."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            scope.setdefault("state", {})["arrived"] = time.monotonic()
+        await self.app(scope, receive, send)
+
+
+def arrived(request: Request) -> float:
+    """When `request` arrived (ArrivalStamp's stamp; now, for an app served without the stamp)."""
+    return request.scope.get("state", {}).get("arrived") or time.monotonic()
 
 
 def _needs_key(path: str) -> bool:

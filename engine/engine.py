@@ -312,9 +312,12 @@ class Run:
         queue_s: float = 0.0,
         load: float | None = None,
         prompt_ids: list[int] | None = None,
+        arrived: float | None = None,
     ) -> None:
         self.engine, self.request, self.slot = engine, request, slot
-        self.started_at, self.started = time.time() - queue_s, time.monotonic() - queue_s
+        # from the request's arrival (monotonic; else from its queueing): its TTFT and e2e start there
+        self.started = arrived if arrived is not None else time.monotonic() - queue_s
+        self.started_at = time.time() - (time.monotonic() - self.started)
         self.started_at = request.started_at if request.started_at is not None else self.started_at
         self.queue_s, self.load, self.mode_reason, self.arm = queue_s, load, mode_reason, arm
         self.prompt_ids = prompt_ids if prompt_ids is not None else engine.encode(request)
@@ -411,7 +414,12 @@ class Run:
         delta = self.text.update(self.generated)
         return delta + self.text.flush() if self.finished else delta
 
-    def result(self, status: str = "ok", error: str | None = None) -> GenerateResult:
+    def result(self, status: str = "ok", error: str | None = None, first_sent: float | None = None) -> GenerateResult:
+        """The answer and its record; `first_sent`: when the server sent the first chunk with text
+        (monotonic), which ends the record's TTFT; without it (not streamed, or not sent yet) the TTFT
+        ends when the first token was decoded."""
+        if first_sent is not None:
+            self.ttft = first_sent - self.started
         error = error or self.error
         generated = self.generated
         if status != "ok":

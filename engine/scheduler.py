@@ -78,8 +78,16 @@ class Ticket:
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     queued_at: float = field(default_factory=time.monotonic)
+    arrived: float | None = None  # monotonic, when the server got the request (its headers); else queued_at
     cancelled: threading.Event = field(default_factory=threading.Event)
     keep: Callable[[Any], None] | None = None  # the server's capture step for the finished request (or None)
+    # monotonic, when the server handed the stream's first chunk with text to the transport: the record's
+    # TTFT ends there, where the client's clock stops too (None: not streamed, or not yet sent)
+    first_sent: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.arrived is None:
+            self.arrived = self.queued_at
 
     def send(self, item: Any) -> None:
         with contextlib.suppress(RuntimeError):  # the client's event loop is closed (shutdown): nobody waits
@@ -140,8 +148,9 @@ class Scheduler:
     def active(self) -> int:
         return len(self._active)
 
-    def submit(self, request: GenerateRequest, loop: asyncio.AbstractEventLoop) -> Ticket:
-        ticket = Ticket(request, self.engine.encode(request), loop)
+    def submit(self, request: GenerateRequest, loop: asyncio.AbstractEventLoop, arrived: float | None = None) -> Ticket:
+        """Queue `request`; `arrived`: when the server got it (monotonic; default now), where its TTFT starts."""
+        ticket = Ticket(request, self.engine.encode(request), loop, arrived=arrived)
         with self._wake:
             if len(self._queue) + len(self._active) >= self.config.slots + self.config.max_queue:
                 raise Overloaded(retry_after_s=max(1, round(len(self._queue) / self.config.slots)))
@@ -196,16 +205,17 @@ class Scheduler:
         """The record of a request cancelled while it waited (its client left, or the shutdown's deadline
         came): `cancelled`, no output, its wait as its queue time, run in no mode (autoregressive, no drafter),
         so every request a client sent is stored."""
-        waited = time.monotonic() - ticket.queued_at
+        now = time.monotonic()
+        waited, since_arrival = now - ticket.queued_at, now - ticket.arrived
         request, engine = ticket.request, self.engine
         return RequestRecord(
             request_id=request.request_id or uuid.uuid4().hex,
             instance=engine.config.instance,
             model=engine.target.name,
             mode="autoregressive",
-            started_at=request.started_at if request.started_at is not None else time.time() - waited,
+            started_at=request.started_at if request.started_at is not None else time.time() - since_arrival,
             queue_s=waited,
-            e2e_s=waited,
+            e2e_s=since_arrival,
             prompt_tokens=len(ticket.prompt_ids),
             output_tokens=0,
             status="cancelled",
@@ -230,6 +240,7 @@ class Scheduler:
                 queue_s=time.monotonic() - ticket.queued_at,
                 load=load,
                 prompt_ids=ticket.prompt_ids,
+                arrived=ticket.arrived,
             )
             run.choice = choice
         except Exception as exc:  # e.g. a draft model that fails to load
@@ -356,7 +367,7 @@ class Scheduler:
     def _finish(self, index: int, status: str, error: str | None = None) -> None:
         ticket, run = self._active.pop(index)
         try:
-            result: GenerateResult = run.result(status, error)
+            result: GenerateResult = run.result(status, error, ticket.first_sent)
         except Exception as exc:  # a record the telemetry contract refuses: the client still gets an answer
             log.exception("request %s: no telemetry record", run.request.request_id)
             ticket.send(exc)

@@ -20,6 +20,11 @@ A request's `x-request-id` header (a gateway's, or a client's idempotency key) b
 `request_id`, and with it `x-specwatch-started-at` the record's `started_at`, so that a gateway's record
 and this engine's of one request are one row at the collector (docs/gateway.md). With spans on
 (docs/otlp.md, "Spans out") each request that runs gets a span, a child of its `traceparent`.
+
+A record's TTFT and e2e run from the request's arrival (its headers read: common.http.ArrivalStamp), as a
+client's clock does; a stream's TTFT ends when its first chunk with text is handed to the transport (a
+whole answer's, when its first token is decoded; a stream that finishes before its first chunk is sent,
+too). Measured where the engine decodes, it missed the event loop's delay, which a loaded host makes large.
 """
 
 from __future__ import annotations
@@ -42,8 +47,10 @@ from specwatch.common.http import (
     ERROR_HANDLERS,
     INSTANCE_HEADER,
     ApiKeyMiddleware,
+    ArrivalStamp,
     ControlGuard,
     OpenAIError,
+    arrived,
     error_body,
     openai_error,
 )
@@ -106,6 +113,7 @@ def create_app(
     app = FastAPI(title="specwatch engine", lifespan=lifespan, exception_handlers=ERROR_HANDLERS)
     if api_key:
         app.add_middleware(ApiKeyMiddleware, keys=api_key)
+    app.add_middleware(ArrivalStamp)  # added last: outermost, so the stamp precedes the key check
     app.state.scheduler, app.state.model_name = scheduler, model_name
     app.state.drafters = dict(drafters or {})
     request_drafter(default_drafter, app.state.drafters)  # a bad default fails at start, not per request
@@ -232,7 +240,7 @@ async def _serve(request: Request, body: OpenAIBody, content: dict, chat: bool) 
     try:
         generate = body.generate_request(request.app.state.drafters, identity, **content)
         scheduler.engine.check_drafter(generate.drafter)
-        ticket = scheduler.submit(generate, asyncio.get_running_loop())
+        ticket = scheduler.submit(generate, asyncio.get_running_loop(), arrived(request))
     except ValueError as exc:
         scheduler.sink.drop_span(identity.request_id)  # refused before it ran: no record ends its span
         param, code = getattr(exc, "param", None), getattr(exc, "code", None)
@@ -292,6 +300,8 @@ async def _sse(ticket: Ticket, frame: _Frame) -> AsyncIterator[bytes]:
                     yield _data(error_body(SHUT_DOWN, code="engine_shutdown"))
             else:
                 yield _data(frame.chunk(item.text, None, None, item.tokens))
+                if ticket.first_sent is None:  # resumed once the transport took the chunk: the TTFT ends
+                    ticket.first_sent = time.monotonic()
     except Exception as exc:  # headers are sent: report in-band, as OpenAI does
         yield _data(error_body(str(exc)))
     yield b"data: [DONE]\n\n"

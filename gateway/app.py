@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from specwatch.common.http import ERROR_HANDLERS, ApiKeyMiddleware, openai_error
+from specwatch.common.http import ERROR_HANDLERS, ApiKeyMiddleware, ArrivalStamp, openai_error
 from specwatch.gateway import control
 from specwatch.gateway.core import Gateway
 from specwatch.gateway.proxy import proxy
@@ -38,6 +38,7 @@ def create_app(gateway: Gateway) -> Starlette:
     app = Starlette(routes=routes, lifespan=_lifespan, exception_handlers=ERROR_HANDLERS)
     if gateway.settings.api_key:
         app.add_middleware(ApiKeyMiddleware, keys=gateway.settings.api_key)
+    app.add_middleware(ArrivalStamp)  # added last: outermost, so the stamp precedes the key check
     app.state.gateway = gateway
     return app
 

@@ -31,6 +31,7 @@ from specwatch.common.http import (
     INSTANCE_HEADER,
     REQUEST_ID_HEADER,
     STARTED_AT_HEADER,
+    arrived,
     openai_error,
     reported_instance,
 )
@@ -53,7 +54,8 @@ UPSTREAM_FAILED = (aiohttp.ClientError, asyncio.TimeoutError)
 
 async def proxy(request: Request) -> Response:
     gateway: Gateway = request.app.state.gateway
-    t0, started_at = time.monotonic(), time.time()
+    t0 = arrived(request)  # the record's TTFT and e2e run from here, as the client's clock does
+    started_at = time.time() - (time.monotonic() - t0)
     raw = await parsing.read_body(request, gateway.settings.max_body_bytes, gateway.settings.body_timeout_s)
     body = parsing.json_object(raw)
     stream = parsing.stream_flag(body)
@@ -279,11 +281,12 @@ async def _relay(
     try:
         async for data in chunks:  # decoded, what is there (events that came together pass as one write)
             out = reader.feed(data)
-            if outcome.ttft_s is None and reader.saw_content:
-                outcome.ttft_s = time.monotonic() - t0
+            first = outcome.ttft_s is None and reader.saw_content
             if out:
                 yield out
                 done_sent = reader.done
+            if first:  # after the yield: the transport took the first content chunk, the client's TTFT ends
+                outcome.ttft_s = time.monotonic() - t0
         if rest := reader.rest():
             yield rest
         if outcome.status == "ok":

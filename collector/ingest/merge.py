@@ -6,9 +6,11 @@ and one instance (the engine's name, `x-specwatch-instance`; the gateway keeps t
 `upstream` tag). The gateway's record is the one tagged `gateway`. Whichever arrives first is stored;
 when the other arrives, the stored row becomes the merge of the two, the same in either order:
 
-- the engine's fields win: it ran the request, so its timings (queue, TTFT, e2e), tokens, mode, drafter,
-  acceptance counts, draft and verify time, energy, device time and load are what happened; a
-  gateway's mode and drafter are only those its upstream declared;
+- the engine's fields win: it ran the request, so its queue time, tokens, mode, drafter, acceptance
+  counts, draft and verify time, energy, device time and load are what happened; a gateway's mode and
+  drafter are only those its upstream declared;
+- but TTFT and e2e are the gateway's where it measured them: the client talks to the gateway, so its
+  clock is what the client's clock says (the hop and the gateway's own delays included);
 - the gateway's routing fields are kept: `arm` and `mode_reason` (where it set them: an arm, a reason
   other than `default`), and its tags (`gateway`, `upstream`) over the engine's;
 - status and error are the engine's, unless the engine finished well and the gateway saw the request
@@ -47,6 +49,9 @@ def merged(engine: dict[str, Any], gateway: dict[str, Any]) -> dict[str, Any]:
         row["status"], row["error"] = gateway["status"], gateway["error"]
     row["retries"] = max(engine["retries"], gateway["retries"])
     row["tags"] = {**(engine["tags"] or {}), **(gateway["tags"] or {})}
+    for timing in ("ttft_s", "e2e_s"):
+        if gateway[timing] is not None:
+            row[timing] = gateway[timing]
     if engine["device_s"] is None:
         row["device_s"], row["device_s_source"] = gateway["device_s"], gateway["device_s_source"]
     return row

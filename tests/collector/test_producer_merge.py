@@ -61,8 +61,10 @@ def test_one_row_whichever_producer_arrives_first(db, order):
     records = (engine, gateway) if order != "gateway first" else (gateway, engine)
     store(db, *records, together=order == "one batch")
     (row,) = stored_rows(db)
-    for field in ("mode", "drafter", "ttft_s", "e2e_s", "queue_s", "output_tokens", "device_s", "device_s_source"):
+    for field in ("mode", "drafter", "queue_s", "output_tokens", "device_s", "device_s_source"):
         assert row[field] == engine[field], field  # what ran, from the producer that ran it
+    for field in ("ttft_s", "e2e_s"):
+        assert row[field] == gateway[field], field  # what the client saw: it talked to the gateway
     assert row["draft_counts_known"] is True or row["draft_counts_known"] == 1
     assert (row["arm"], row["mode_reason"]) == ("spec", "canary")  # the gateway's routing
     assert row["tags"] == {"tenant": "acme", "gateway": "edge", "upstream": "e"}
@@ -80,7 +82,14 @@ def test_the_aggregates_follow_the_merged_row(db):
         assert (plain.requests, plain.output_tokens) == (1, 96), read
         assert read(db, window).requests == 2, read
     exact = window_signals.signals(db, window, Filters(mode="autoregressive")).ttft
-    assert exact.count == 1 and exact.p50 == pytest.approx(0.31, rel=0.01)
+    assert exact.count == 1 and exact.p50 == pytest.approx(0.35, rel=0.01)  # the gateway's, its client's
+
+
+def test_a_gateway_without_its_own_ttft_keeps_the_engines(db):
+    """A whole (non-streamed) answer gives the gateway no first chunk to time: the engine's TTFT stays."""
+    store(db, gateway_record(ttft_s=None), engine_record())
+    (row,) = stored_rows(db)
+    assert (row["ttft_s"], row["e2e_s"]) == (0.31, 1.86)
 
 
 def test_a_failure_only_the_gateway_saw_is_kept_and_engine_errors_keep_their_detail(db):
