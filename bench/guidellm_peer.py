@@ -18,7 +18,9 @@ at each number of concurrent streams, each `--seconds` long, synthetic prompts o
 GuideLLM's JSON) beside the collector's over the benchmark's own window:
 - errors: the client's errored requests; and the store's records with status `error`;
 - requests: the client's completed + incomplete, and the records stored;
-- TTFT median (ms) of the completed requests: the client's, and the store's over its `ok` records;
+- TTFT median (ms) of the completed requests: the client's (GuideLLM's), and the store's over the same
+  requests, joined by id (a response's `id` is `chatcmpl-<request_id>`); `join` says how many of the
+  client's completed requests were found, `|d| p50/max` the per-request gaps (store - client) in ms;
 - output tokens/s: the client's (output tokens over the benchmark's duration) and `/v1/signals`';
 - cancelled: records stored `cancelled` (never more than the client's incomplete requests).
 The goals (issue 57): 0 errors, stored = completed + incomplete, TTFT within 20 ms, tokens/s within 5%,
@@ -169,25 +171,42 @@ def client_figures(benchmark: dict) -> dict:
         "incomplete": totals["incomplete"],
         "ttft_ms": metrics["time_to_first_token_ms"]["successful"]["median"],
         "output_tok_s": output / benchmark["duration"],
+        "client_ttft_by_id": dict(filter(None, map(_client_ttft, benchmark["requests"]["successful"]))),
     }
 
 
-def stored_figures(stack: Stack, start: float, end: float) -> dict:
-    """What the collector stored of the requests that started in [start, end)."""
+def _client_ttft(request: dict) -> tuple[str, float] | None:
+    """(the engine's request_id, the client's TTFT in ms) of one completed request GuideLLM kept."""
+    timings, response_id = request["info"]["timings"], request.get("response_id") or ""
+    start, first = timings.get("request_start"), timings.get("first_token_iteration")
+    if not response_id or start is None or first is None:
+        return None
+    return response_id.partition("-")[2], (first - start) * 1000
+
+
+def stored_figures(stack: Stack, start: float, end: float, client_ttft_by_id: dict[str, float]) -> dict:
+    """What the collector stored of the requests that started in [start, end), and the TTFT it stored
+    for each of the client's completed requests (joined by request id)."""
     signals = httpx.get(f"{stack.collector}/v1/signals", params={"start": start, "end": end}, timeout=60).json()
     within = "started_at >= ? AND started_at < ?"
     with sqlite3.connect(stack.db) as conn:
         statuses = dict(
             conn.execute(f"SELECT status, count(*) FROM requests WHERE {within} GROUP BY status", (start, end))
         )
-        # the client's TTFT median is over its completed requests: the store's over the same, its `ok` ones
-        ok = [t for (t,) in conn.execute(f"SELECT ttft_s FROM requests WHERE {within} AND status = 'ok'", (start, end))]
-    ttft = statistics.median(t for t in ok if t is not None) if any(t is not None for t in ok) else None
+        ids = list(client_ttft_by_id)
+        marks = ",".join("?" * len(ids))
+        stored = dict(conn.execute(f"SELECT request_id, ttft_s FROM requests WHERE request_id IN ({marks})", ids))
+    pairs = [(client_ttft_by_id[i], t * 1000) for i, t in stored.items() if t is not None]
+    gaps = sorted(abs(s - c) for c, s in pairs)
     return {
         "stored": signals["requests"],
         "stored_errors": statuses.get("error", 0),
         "stored_cancelled": statuses.get("cancelled", 0),
-        "stored_ttft_ms": None if ttft is None else ttft * 1000,
+        "joined": len(pairs),
+        "stored_ttft_ms": statistics.median(s for _, s in pairs) if pairs else None,
+        "joined_client_ttft_ms": statistics.median(c for c, _ in pairs) if pairs else None,
+        "gap_p50_ms": statistics.median(gaps) if gaps else None,
+        "gap_max_ms": gaps[-1] if gaps else None,
         "stored_output_tok_s": signals["output_tokens_per_s"],
     }
 
@@ -199,7 +218,9 @@ def verdict(row: dict) -> list[str]:
         misses.append("errors")
     if row["stored"] != row["completed"] + row["incomplete"]:
         misses.append("stored != completed + incomplete")
-    if row["completed"] and row["stored_ttft_ms"] is not None and abs(row["stored_ttft_ms"] - row["ttft_ms"]) > 20:
+    if row["joined"] < row["completed"]:
+        misses.append(f"{row['completed'] - row['joined']} completed not found by id")
+    if row["stored_ttft_ms"] is not None and abs(row["stored_ttft_ms"] - row["joined_client_ttft_ms"]) > 20:
         misses.append("TTFT off by > 20 ms")
     if row["output_tok_s"] and abs(row["stored_output_tok_s"] / row["output_tok_s"] - 1) > 0.05:
         misses.append("tok/s off by > 5%")
@@ -210,17 +231,21 @@ def verdict(row: dict) -> list[str]:
 
 HEADER = (
     f"{'target':8} {'format':11} {'level':10} {'err':>3} {'done+cut':>8} {'stored':>6} {'cancl':>5} "
-    f"{'TTFT ms':>8} {'stored':>8} {'tok/s':>7} {'stored':>7}  misses"
+    f"{'TTFT ms':>8} {'stored':>8} {'join':>4} {'|d| p50/max':>11} {'tok/s':>7} {'stored':>7}  misses"
 )
 
 
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
 def line(row: dict) -> str:
-    stored_ttft = "-" if row["stored_ttft_ms"] is None else f"{row['stored_ttft_ms']:.0f}"
+    gaps = f"{_ms(row['gap_p50_ms'])}/{_ms(row['gap_max_ms'])}"
     return (
         f"{row['target']:8} {row['format']:11} {row['level']:10} {row['errors'] + row['stored_errors']:>3} "
         f"{row['completed']:>4}+{row['incomplete']:<3} {row['stored']:>6} {row['stored_cancelled']:>5} "
-        f"{row['ttft_ms']:>8.0f} {stored_ttft:>8} {row['output_tok_s']:>7.1f} {row['stored_output_tok_s']:>7.1f}  "
-        + (", ".join(row["misses"]) or "-")
+        f"{row['ttft_ms']:>8.0f} {_ms(row['stored_ttft_ms']):>8} {row['joined']:>4} {gaps:>11} "
+        f"{row['output_tok_s']:>7.1f} {row['stored_output_tok_s']:>7.1f}  " + (", ".join(row["misses"]) or "-")
     )
 
 
@@ -238,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(FLUSH_S)  # the producers' last records reach the collector
                 for benchmark in benchmarks:
                     row = {"target": target, "format": name, **client_figures(benchmark)}
-                    row |= stored_figures(stack, row["start"], row["end"])
+                    row |= stored_figures(stack, row["start"], row["end"], row.pop("client_ttft_by_id"))
                     row["misses"] = verdict(row)
                     rows.append(row)
                     print(line(row), flush=True)

@@ -18,7 +18,8 @@ engine/bodies.py's; each refusal leaves a record and a count on /metrics (engine
 
 A request's `x-request-id` header (a gateway's, or a client's idempotency key) becomes its record's
 `request_id`, and with it `x-specwatch-started-at` the record's `started_at`, so that a gateway's record
-and this engine's of one request are one row at the collector (docs/gateway.md). With spans on
+and this engine's of one request are one row at the collector (docs/gateway.md). A response's `id` is
+`chatcmpl-<request_id>` (`cmpl-` for completions), as vLLM's: a client's log joins the stored rows. With spans on
 (docs/otlp.md, "Spans out") each request that runs gets a span, a child of its `traceparent`.
 
 A record's TTFT and e2e run from the request's arrival (its headers read: common.http.ArrivalStamp), as a
@@ -31,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Literal
@@ -249,7 +249,8 @@ async def _serve(request: Request, body: OpenAIBody, content: dict, chat: bool) 
         scheduler.sink.drop_span(identity.request_id)  # refused before it ran: no record ends its span
         return refuse(request, 429, str(exc), "overloaded", headers={"Retry-After": str(exc.retry_after_s)})
     ticket.keep = _keeper(scheduler, content, chat)
-    frame = _Frame(request.app.state.model_name, chat, len(ticket.prompt_ids), body.continuous_usage)
+    model_name, usage = request.app.state.model_name, body.continuous_usage
+    frame = _Frame(model_name, chat, len(ticket.prompt_ids), identity.request_id, usage)
     named = {INSTANCE_HEADER: scheduler.engine.config.instance}  # a gateway in front records it under this too
     if body.stream:
         return StreamingResponse(_sse(ticket, frame), media_type="text/event-stream", headers=named)
@@ -339,8 +340,11 @@ def _data(payload: dict) -> bytes:
 class _Frame:
     """The OpenAI response envelope for one request."""
 
-    def __init__(self, model: str, chat: bool, prompt_tokens: int, continuous_usage: bool = False) -> None:
-        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+    def __init__(
+        self, model: str, chat: bool, prompt_tokens: int, request_id: str, continuous_usage: bool = False
+    ) -> None:
+        # vLLM's shape: the record's request_id in the response's id, so a client's log joins the store's rows
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{request_id}"
         self.model, self.chat, self.prompt_tokens, self.created = model, chat, prompt_tokens, int(time.time())
         self.continuous_usage = continuous_usage  # every chunk carries the usage so far (vLLM's extension)
         self.first = True

@@ -55,6 +55,25 @@ def test_developer_is_the_system_role_and_name_is_accepted(server):
     assert asked("system", name="setup") and text(chat(server, messages=[{**SHORT[0], "name": "ana"}]))
 
 
+def test_the_response_id_carries_the_records_request_id(server):
+    """As vLLM's (`chatcmpl-<request_id>`): a client's log (GuideLLM's `response_id`) joins the stored rows."""
+    for path, prefix, body in [
+        ("chat/completions", "chatcmpl-", {"messages": SHORT}),
+        ("completions", "cmpl-", {"prompt": "Hi"}),
+    ]:
+        given = httpx.post(
+            f"{server.url}/v1/{path}",
+            json={"max_tokens": 2, **body},
+            headers={"x-request-id": f"client-{prefix}7"},
+            timeout=120,
+        )
+        assert served(given)["id"] == f"{prefix}client-{prefix}7"
+        streamed = httpx.post(f"{server.url}/v1/{path}", json={"max_tokens": 2, "stream": True, **body})
+        ids = {orjson.loads(line[6:])["id"] for line in streamed.text.splitlines() if line.startswith("data: {")}
+        record = wait_for(lambda: server.records and server.records[-1], "the record")
+        assert ids == {f"{prefix}{record.request_id}"}
+
+
 def test_max_completion_tokens_bounds_the_answer(server):
     usage = served(chat(server, messages=SHORT, max_completion_tokens=3, ignore_eos=True, max_tokens=None))["usage"]
     assert usage["completion_tokens"] == 3
