@@ -29,3 +29,4 @@ def test_guidellm_sees_what_the_store_records(tmp_path):
         assert row["completed"] + row["incomplete"] > 0, row
         assert row["stored"] == row["completed"] + row["incomplete"], row
         assert row["stored_cancelled"] <= row["incomplete"], row
+        assert row["joined"] == row["completed"], row  # each completed request found by its response id
