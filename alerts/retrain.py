@@ -67,7 +67,8 @@ def slice_export(
     external_url: str, drafter: str, model: str, tenant: str | None, scenario: str | None, band: tuple[int, int | None]
 ) -> str:
     """The command that exports one acceptance slice's captures (`collector.reads.slices`; a missing tenant or
-    scenario tag is `none`, a band [low, high) is `--prompt-tokens low-(high - 1)`), shell-quoted, inert text."""
+    scenario tag is `none`, a band [low, high) is `--prompt-tokens low-(high - 1)`), each argument shell-quoted.
+    Not HTML-escaped as the annotations are: it travels in JSON and the dashboard shows it as text."""
     low, high = band
     last = MAX_BAND_TOKENS if high is None else high - 1
     query = {"drafter": drafter, "model": model, "tenant": tenant or "none", "scenario": scenario or "none"}
