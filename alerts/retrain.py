@@ -24,6 +24,7 @@ from specwatch.alerts.evaluator import Alert, as_text
 
 ACTION = "recommend_draft_retraining"
 COLLECTOR_PLACEHOLDER = "$SPECWATCH_COLLECTOR_URL"
+MAX_BAND_TOKENS = 999_999_999  # an open band's top, as GET /v1/captures' prompt_tokens=LO-HI takes it (9 digits)
 
 
 def with_retrain_hints(alerts: dict[str, Alert], external_url: str, tag_keys: tuple[str, ...]) -> dict[str, Alert]:
@@ -60,6 +61,23 @@ def retrain_annotations(labels: dict[str, str], external_url: str, tag_keys: tup
         "retrain_prepare": _shell(prepare),
     }
     return {key: as_text(value) for key, value in hints.items()}
+
+
+def slice_export(
+    external_url: str, drafter: str, model: str, tenant: str | None, scenario: str | None, band: tuple[int, int | None]
+) -> str:
+    """The command that exports one acceptance slice's captures (`collector.reads.slices`; a missing tenant or
+    scenario tag is `none`, a band [low, high) is `--prompt-tokens low-(high - 1)`), each argument shell-quoted.
+    Not HTML-escaped as the annotations are: it travels in JSON and the dashboard shows it as text."""
+    low, high = band
+    last = MAX_BAND_TOKENS if high is None else high - 1
+    query = {"drafter": drafter, "model": model, "tenant": tenant or "none", "scenario": scenario or "none"}
+    query["prompt_tokens"] = f"{low}-{last}"
+    flags = [arg for key, value in query.items() for arg in (f"--{key.replace('_', '-')}", value)]
+    collector = external_url.rstrip("/") or COLLECTOR_PLACEHOLDER
+    out = f"capture-{_slug(query)}.jsonl"
+    export = ["specwatch", "draft", "export", "--collector", collector, *flags, "--target-model", model, "--out", out]
+    return _shell(export, keep_first=collector == COLLECTOR_PLACEHOLDER)
 
 
 def _shell(argv: list[str], keep_first: bool = False) -> str:

@@ -21,6 +21,7 @@ from specwatch.telemetry.capture import MAX_CAPTURE_CHARS, Capture, Redactor, ca
 from specwatch.telemetry.schema import MAX_NAME_CHARS
 
 EXPORT_PAGE = 500  # captures per read page (GET /v1/captures `limit` at most this)
+NONE = "none"  # a filter's value for "without this tag"
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,8 @@ class CaptureCounts:
 @dataclass(frozen=True)
 class CaptureFilter:
     """Which captures a read returns: a slice (tenant, scenario tag, drafter, model, prompt-length band),
-    only those below an acceptance, after an id (paging)."""
+    only those below an acceptance, after an id (paging). `tenant` or `scenario` "none": captures without
+    that tag (as `drafter=none` in the query API's filters)."""
 
     tenant: str | None = None
     scenario: str | None = None
@@ -131,11 +133,9 @@ def read_captures(db: Engine, where: CaptureFilter) -> tuple[list[dict], int | N
     """One page of captures in id order, as plain dicts (the admin export's rows), and the id to read the
     next page after (None: this was the last page)."""
     query = select(CaptureRow).where(CaptureRow.id > where.after_id).order_by(CaptureRow.id).limit(where.limit)
-    for column, value in (
-        (CaptureRow.tenant, where.tenant),
-        (CaptureRow.drafter, where.drafter),
-        (CaptureRow.model, where.model),
-    ):
+    if where.tenant is not None:
+        query = query.where(CaptureRow.tenant.is_(None) if where.tenant == NONE else CaptureRow.tenant == where.tenant)
+    for column, value in ((CaptureRow.drafter, where.drafter), (CaptureRow.model, where.model)):
         if value is not None:
             query = query.where(column == value)
     if where.prompt_tokens is not None:
@@ -147,10 +147,39 @@ def read_captures(db: Engine, where: CaptureFilter) -> tuple[list[dict], int | N
         rows = conn.execute(query).mappings().all()
     found = [_public(row) for row in rows]
     if where.scenario is not None:  # a JSON tag: filtered here (the page may come back short; paging goes on by id)
-        found = [c for c in found if c["tags"].get("scenario") == where.scenario]
+        wanted = None if where.scenario == NONE else where.scenario
+        found = [c for c in found if c["tags"].get("scenario") == wanted]
     if where.series_tag is not None:
         found = [c for c in found if series_tag(c["tags"], where.tag_keys) == where.series_tag]
     return found, (rows[-1]["id"] if len(rows) == where.limit else None)
+
+
+@dataclass(frozen=True)
+class CapturedKey:
+    """What a slice count needs of one capture: no text."""
+
+    drafter: str
+    model: str
+    tenant: str | None
+    scenario: str | None
+    prompt_tokens: int
+
+
+def exportable_keys(db: Engine, drafters: set[str], now: float) -> list[CapturedKey]:
+    """The unexpired captures of `drafters` that `specwatch draft export` writes (chat, with an output),
+    without their text (`collector.reads.slices` counts them per slice)."""
+    if not drafters:
+        return []
+    columns = (CaptureRow.drafter, CaptureRow.model, CaptureRow.tenant, CaptureRow.tags, CaptureRow.prompt_tokens)
+    query = select(*columns).where(
+        CaptureRow.drafter.in_(sorted(drafters)),
+        CaptureRow.kind == "chat",
+        CaptureRow.output != "",
+        CaptureRow.expires_at > now,
+    )
+    with db.connect() as conn:
+        rows = conn.execute(query).all()
+    return [CapturedKey(d, m, t, (tags or {}).get("scenario"), n) for d, m, t, tags, n in rows]
 
 
 def series_tag(tags: dict[str, str], keys: tuple[str, ...]) -> str:

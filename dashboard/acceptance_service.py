@@ -1,7 +1,9 @@
 """Acceptance under each definition, for the Acceptance page (no streamlit here): the collector's
 `GET /v1/acceptance/definitions` (the mean, conditional acceptance at position 0 and acceptance length /
 (k + 1), overall and per k; the instances whose acceptance is lossy or forced) and, from `GET /v1/rules`,
-which definition each acceptance threshold applies to (docs/glossary.md)."""
+which definition each acceptance threshold applies to (docs/glossary.md). And the slices of each drafter's
+traffic that lost acceptance against the window before, with their retrain candidates
+(`GET /v1/acceptance/slices`)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from specwatch.dashboard.api import View, get
-from specwatch.dashboard.formats import as_markdown_text
+from specwatch.dashboard.formats import as_markdown_text, p_value
 
 BY_K = {
     "k": "k (gamma)",
@@ -66,3 +68,55 @@ def _flag_line(flag: dict) -> str:
         f"`{flag['setting'].replace('`', chr(39))}` ({flag['mode']}): {flag['why']}. Its records are in the figures "
         "on this page; the acceptance alerts and the drift detector skip it."
     )
+
+
+@dataclass(frozen=True)
+class LostSlices:
+    """The slices that lost acceptance, one table per drafter (its name as the key: producer text)."""
+
+    by_drafter: dict[str, pd.DataFrame] = field(default_factory=dict)
+    tested: int = 0
+    untested: int = 0
+    truncated: bool = False
+    settings: dict = field(default_factory=dict)  # alpha, min_requests, min_captures
+    sampled: str | None = None  # "N of M requests" where either window was sampled
+
+
+def lost_slices(view: View) -> LostSlices:
+    """The window against the window as long just before it (`GET /v1/acceptance/slices`)."""
+    found = get("/v1/acceptance/slices", view.params())
+    by_drafter: dict[str, list[dict]] = {}
+    for row in found["slices"]:
+        if row["lost"]:
+            by_drafter.setdefault(row["drafter"], []).append(_slice_row(row, found["settings"]["min_captures"]))
+    sampled = [s for s in (found["sampled_now"], found["sampled_before"]) if s]
+    return LostSlices(
+        {drafter: pd.DataFrame(rows) for drafter, rows in by_drafter.items()},
+        found["tested"],
+        found["untested"],
+        found["truncated"],
+        found["settings"],
+        ", ".join(f"{s['rows']:,} of {s['of']:,} requests" for s in sampled) or None,
+    )
+
+
+def slice_name(row: dict) -> str:
+    """tenant · scenario · prompt band, e.g. "acme · chat · 0–63 tokens" ("none": no such tag)."""
+    low, high = row["prompt_tokens"]
+    band = f"{low:,}+ tokens" if high is None else f"{low:,}–{high - 1:,} tokens"
+    return f"{row['tenant'] or 'none'} · {row['scenario'] or 'none'} · {band}"
+
+
+def _slice_row(row: dict, min_captures: int) -> dict:
+    before, now = row["before"], row["now"]
+    candidate = "yes" if row["retrain_candidate"] else f"no (needs {min_captures:,})"
+    return {
+        "slice (tenant · scenario · prompt)": slice_name(row),
+        "model": row["model"],
+        "acceptance before → now": f"{before['acceptance_rate']:.3f} → {now['acceptance_rate']:.3f}",
+        "requests before → now": f"{before['requests']:,} → {now['requests']:,}",
+        "p-value": p_value(row["p_value"]),
+        "q-value": p_value(row["q_value"]),
+        "retrain candidate": f"{candidate}: {row['captures']:,} captures",
+        "export command": row["export_command"] if row["retrain_candidate"] else None,
+    }

@@ -30,6 +30,7 @@ MISSING = {
     "instance": "all",
     "labels": "none",
     "detail": "none",
+    "export command": "too few captures",
 }
 NOT_MEASURED = "not measured"
 

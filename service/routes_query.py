@@ -15,10 +15,11 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Response
 
+from specwatch.alerts.retrain import slice_export
 from specwatch.collector.ingest import vllm
-from specwatch.collector.reads import breakdown, reader, series
+from specwatch.collector.reads import breakdown, reader, series, slices
 from specwatch.collector.reads.queries import Filters, Window
-from specwatch.service.deps import DbDep, ReadGrantDep, json_response, read_access, read_all_tenants
+from specwatch.service.deps import DbDep, ReadGrantDep, SettingsDep, json_response, read_access, read_all_tenants
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(read_access)])
 MAX_WINDOW_S = 400 * 86400
@@ -87,6 +88,34 @@ def get_length(
     by: Literal["prompt_tokens", "output_tokens"] = "prompt_tokens",
 ) -> Response:
     return json_response(reader.acceptance_vs_length(db, window, filters, by))
+
+
+@router.get("/acceptance/slices")
+def get_slices(
+    db: DbDep,
+    settings: SettingsDep,
+    window: WindowDep,
+    filters: FiltersDep,
+    baseline: Annotated[float | None, Query(gt=0, le=MAX_WINDOW_S, allow_inf_nan=False)] = None,
+    alpha: Annotated[float, Query(gt=0, lt=1)] = 0.05,
+    min_requests: Annotated[int, Query(ge=2, le=1_000_000)] = 20,
+    min_captures: Annotated[int, Query(ge=1, le=1_000_000)] = 16,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> Response:
+    """Per drafter, model, tenant, scenario and prompt-length band: acceptance in the window against the
+    `baseline` seconds before it (default: as long as the window), a one-sided Mann-Whitney U p-value and its
+    Benjamini-Hochberg q-value, `lost` (q < alpha and acceptance fell), and the slice's exportable captures
+    (a count, never text), `retrain_candidate` (at least `min_captures`) and the command that exports them
+    (`collector.reads.slices`, docs/collector.md)."""
+    config = slices.SliceSettings(alpha, min_requests, min_captures, limit)
+    report = slices.acceptance_slices(db, window, slices.baseline_before(window, baseline), filters, config)
+    body = {**report.__dict__, "slices": [_with_export(s, settings.external_url) for s in report.slices]}
+    return json_response(body)
+
+
+def _with_export(found: slices.AcceptanceSlice, external_url: str) -> dict:
+    command = slice_export(external_url, found.drafter, found.model, found.tenant, found.scenario, found.prompt_tokens)
+    return {**found.__dict__, "export_command": command}
 
 
 @router.get("/errors/by-hour")

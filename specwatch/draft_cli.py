@@ -60,8 +60,8 @@ def _register_train(commands: argparse._SubParsersAction) -> None:
 
 
 def add_slice_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tenant", help="only this tenant's captures")
-    parser.add_argument("--scenario", help="only captures tagged with this scenario")
+    parser.add_argument("--tenant", help="only this tenant's captures (none: those without a tenant tag)")
+    parser.add_argument("--scenario", help="only captures tagged with this scenario (none: those without one)")
     parser.add_argument("--drafter", help="only captures of requests this drafter drafted")
     parser.add_argument("--model", help="only captures of this served model")
     parser.add_argument("--below-acceptance", type=float, help="only captures whose acceptance was below this")

@@ -90,6 +90,27 @@ with right:
         width="stretch",
     )
 
+st.subheader("Slices that lost acceptance")
+lost = reads.lost_slices(v)
+for drafter, slices in lost.by_drafter.items():
+    st.markdown(f"**{as_markdown_text(drafter)}**")
+    table(slices)
+if not lost.by_drafter:
+    st.caption(f"No slice lost acceptance against the window before ({lost.tested:,} slices tested).")
+rule = lost.settings
+st.caption(
+    "A slice is one drafter's requests of one tenant, scenario and prompt-length band, compared with the same "
+    f"slice in the window before this one (as long). Tested: {lost.tested:,} slices with at least "
+    f"{rule.get('min_requests', 0):,} requests that drafted on each side ({lost.untested:,} had fewer"
+    + (f"; read from a sample of {lost.sampled}" if lost.sampled else "")
+    + "). Test: one-sided Mann-Whitney U on per-request acceptance, the p-values adjusted for the slices tested "
+    f"together (Benjamini-Hochberg q). Lost: q < {rule.get('alpha', 0):g} and acceptance fell. "
+    f"**Retrain candidate**: at least {rule.get('min_captures', 0):,} stored chat captures of the slice (counted "
+    "here; their text needs the admin token). The export command writes them as a training set for "
+    "`specwatch draft train` or speculators (admin token in SPECWATCH_ADMIN_TOKEN)."
+    + (" The collector returned only the first slices." if lost.truncated else "")
+)
+
 for by, label in (("prompt_tokens", "prompt length"), ("output_tokens", "output length")):
     found = reads.length_points(v, by)
     within = reads.length_within_scenarios(v, by)

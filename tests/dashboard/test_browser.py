@@ -212,10 +212,22 @@ def test_acceptance_page_shows_position_0_beside_the_mean_with_each_definition(b
         assert page.evaluate(READ_METRIC, "Acceptance length / (k + 1)"), "no length ratio shown"
         text = page.evaluate(READ_TEXT)
         assert "SpecAcceptanceLow" in text and "acceptance rate (the mean" in text, text[-2000:]
+        _check_lost_slices(page, live_collector["url"])
         DOCS_PAGES.mkdir(parents=True, exist_ok=True)
         full_page_screenshot(page, DOCS_PAGES / "acceptance.png", width=NARROW["width"])
     finally:
         context.close()
+
+
+def _check_lost_slices(page, url: str) -> None:
+    """Issue 56: the "Slices that lost acceptance" section renders, saying what the collector found (the
+    session's telemetry may all lie in this hour: then nothing is tested against the hour before)."""
+    page.get_by_text("Slices that lost acceptance", exact=True).wait_for(state="visible", timeout=30_000)
+    found = httpx.get(f"{url}/v1/acceptance/slices", params={"last": 3600}).json()
+    text = page.evaluate(READ_TEXT)
+    assert f"Tested: {found['tested']:,} slices" in text and "Benjamini-Hochberg" in text, text[-2000:]
+    if not found["lost"]:
+        assert f"No slice lost acceptance against the window before ({found['tested']:,} slices tested)" in text
 
 
 def _hourly_records(now: float) -> list[dict]:
