@@ -18,6 +18,7 @@ The timeline (seconds from the start) is printed: `pytest -s tests/test_draft_lo
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 import threading
@@ -38,6 +39,7 @@ pytestmark = pytest.mark.slow
 TOKENS = {"SPECWATCH_INGEST_TOKEN": "ing", "SPECWATCH_READ_TOKEN": "rd", "SPECWATCH_ADMIN_TOKEN": "adm",
           "SPECWATCH_CONTROL_TOKEN": "ctl"}  # fmt: skip
 THRESHOLD = 0.5
+CODES = r"([A-H][0-9]{3}-[XYZ] ?)+"  # a domain B prompt (tests/draft_domains.py)
 RULES = f"""
 evaluation:
   interval: 1s
@@ -206,7 +208,7 @@ def run_loop(stack: Stack, target: Path, current: Path, timeline: Timeline) -> d
     gateway, url = stack.gateway([f"today={today},drafter=model:current"])
     timeline.mark("collector, engine (current drafter) and gateway up")
     found |= drop_and_alert(stack, url, timeline)
-    retrained = retrain(stack, found["alert"], target, timeline)
+    retrained, found["exported"] = retrain(stack, found["alert"], target, timeline)
     candidate = stack.engine("retrained", target, retrained)
     stop_process(gateway, 15)  # the operator's change: the gateway again, with the candidate as its spec pool
     _, url = stack.gateway(
@@ -237,8 +239,9 @@ def drop_and_alert(stack: Stack, url: str, timeline: Timeline) -> dict:
     return {"before": before, "quiet_on_a": quiet, "after": after, "alert": firing(stack.receiver, "model:current")[0]}
 
 
-def retrain(stack: Stack, alert: dict, target: Path, timeline: Timeline) -> Path:
-    """The webhook's export command as written (its first word the CLI), then `draft train` on its file."""
+def retrain(stack: Stack, alert: dict, target: Path, timeline: Timeline) -> tuple[Path, list[str]]:
+    """The webhook's export command as written (its first word the CLI), then `draft train` on its file:
+    (the retrained draft, the exported conversations' user turns)."""
     argv = shlex.split(alert["annotations"]["retrain_export"])
     assert argv[0] == "specwatch"
     exported = stack.run(*argv[1:])
@@ -247,7 +250,8 @@ def retrain(stack: Stack, alert: dict, target: Path, timeline: Timeline) -> Path
     trained = stack.run("draft", "train", "--data", str(data), "--out", str(stack.tmp / "retrained"),
                         "--model", str(target), *TRAIN)  # fmt: skip
     timeline.mark(f"draft train: {trained.stdout.strip()}")
-    return stack.tmp / "retrained"
+    users = [json.loads(line)["conversations"][-2]["content"] for line in data.read_text().splitlines()]
+    return stack.tmp / "retrained", users
 
 
 def canary(stack: Stack, url: str, timeline: Timeline) -> dict:
@@ -270,6 +274,8 @@ def test_the_drop_fires_the_alert_on_the_drafter_and_names_the_retrain(loop):
     annotations = loop["alert"]["annotations"]
     assert annotations["capture"] == "drafter=model:current model=tiny-chat"
     assert "--drafter model:current --model tiny-chat --target-model tiny-chat" in annotations["retrain_export"]
+    # the engines capture requests below 0.5 acceptance: the export is domain B's traffic, which lost it
+    assert len(loop["exported"]) >= 8 and all(re.fullmatch(CODES, user) for user in loop["exported"]), loop["exported"]
 
 
 def test_the_canary_promotes_the_retrained_drafter(loop):
