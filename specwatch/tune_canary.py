@@ -11,6 +11,8 @@ Mann-Whitney test on per-request s/token) at matched load (each pool's load samp
 state meanwhile), decides (`specwatch.alerts.canary_verdict`), promotes (share 1) or rolls back (share 0), and
 records a `canary_verdict` event through the collector's ingest API; the collector's alert runner turns
 it into an alert-history entry and an Alertmanager webhook (`alerts.canary`). Ctrl-C rolls back.
+The verdict states each arm's drafters and its acceptance on the canary's traffic beside the speed-up
+(`specwatch draft canary`, specwatch/draft_canary.py, runs this with both arms drafting).
 Bad input, an unreachable service or a refused token exit 2; a verdict that could not be applied or
 recorded exits 1.
 """
