@@ -141,16 +141,17 @@ class Stack:
 
 
 class Traffic:
-    """Client threads sending the domain's chats (a new prompt each) through the gateway until stopped."""
+    """Client threads sending the domain's chats (a new prompt each, seeds from `first`) through the gateway
+    until stopped."""
 
-    def __init__(self, url: str, domain: str, threads: int = 1) -> None:
-        self.url, self.domain, self.stop, self.sent = url, domain, threading.Event(), 0
+    def __init__(self, url: str, domain: str, threads: int = 1, first: int = 0) -> None:
+        self.url, self.domain, self.stop = url, domain, threading.Event()
         self.answers: list[int] = []
-        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(threads)]
+        self.threads = [threading.Thread(target=self._run, args=(first + i,), daemon=True) for i in range(threads)]
 
     def _run(self, first: int) -> None:
         with httpx.Client(timeout=120) as client:
-            for seed in range(first, 10**6, len(self.threads)):
+            for seed in range(first, first + 10**6, len(self.threads)):
                 if self.stop.is_set():
                     return
                 self.answers.append(
@@ -217,7 +218,7 @@ def run_loop(stack: Stack, target: Path, current: Path, timeline: Timeline) -> d
     timeline.mark("engine (retrained drafter) up; gateway restarted: spec pool = retrained, plain pool = current")
     found |= canary(stack, url, timeline)
     promoted = time.time()
-    send(url, "codes", 12, first=5000)
+    send(url, "codes", 12, first=3 * 10**6)  # and others again
     found["recovered"] = stack.acceptance(promoted, time.time() + 1, "codes", 12)
     timeline.mark(f"after the promotion: domain B acceptance through the gateway {found['recovered']:.3f}")
     print(f"\ndraft adaptation loop, timeline:\n{timeline}", flush=True)
@@ -255,7 +256,7 @@ def retrain(stack: Stack, alert: dict, target: Path, timeline: Timeline) -> tupl
 
 
 def canary(stack: Stack, url: str, timeline: Timeline) -> dict:
-    with Traffic(url, "codes", threads=2) as traffic:
+    with Traffic(url, "codes", threads=2, first=10**6) as traffic:  # prompts the retrain never saw
         done = stack.run(
             "draft", "canary", "--gateway", url, "--collector", stack.collector, "--share", "0.5",
             "--min-requests", "8", "--max-minutes", "4", "--poll", "0.5", "--json",
