@@ -21,7 +21,7 @@ from dataclasses import asdict
 from sqlalchemy import Connection, Engine, insert, select
 
 from specwatch.alerts import notify
-from specwatch.alerts.evaluator import Alert, State, Transition, fingerprint
+from specwatch.alerts.evaluator import Alert, State, Transition, as_text, fingerprint
 from specwatch.alerts.rules import AlertConfig
 from specwatch.alerts.tables import alert_actions, alert_transitions
 from specwatch.collector.db import write_transaction
@@ -49,6 +49,15 @@ def _figure(value, unit: str = "", digits: int = 3) -> str:
     return "n/a" if value is None else f"{value:.{digits}g}{unit}"
 
 
+def _arm_figures(arm: dict) -> str:
+    """ms/token and requests; with the arm's drafters and acceptance where the verdict has them (a draft canary)."""
+    figures = f"{_figure(arm.get('ms_per_token'), ' ms/token')}, {arm.get('requests')} requests"
+    if arm.get("drafters") and arm["drafters"] != ["none"]:
+        drafters = as_text(", ".join(str(d) for d in arm["drafters"][:8]))
+        figures += f", {drafters} acceptance {_figure(arm.get('acceptance_rate'))}"
+    return figures
+
+
 def annotations_of(event: EventRecord) -> dict[str, str]:
     """What happened and why: the decision, the figures before (control) and after (candidate), p."""
     d = event.detail
@@ -61,8 +70,8 @@ def annotations_of(event: EventRecord) -> dict[str, str]:
     return {
         "summary": summary,
         "description": str(d.get("reason", ""))[:500],
-        "before": f"control: {_figure(before.get('ms_per_token'), ' ms/token')}, {before.get('requests')} requests",
-        "after": f"candidate: {_figure(after.get('ms_per_token'), ' ms/token')}, {after.get('requests')} requests",
+        "before": f"control: {_arm_figures(before)}",
+        "after": f"candidate: {_arm_figures(after)}",
         "p_value": _figure(d.get("p_value")),
         "share": f"{share.get('from')} -> {share.get('to')}" + ("" if d.get("applied", True) else " (refused)"),
     }

@@ -22,11 +22,12 @@ import orjson
 
 from specwatch.common.auth import first_token
 from specwatch.common.errors import UsageError
+from specwatch.draft_canary import register_draft_canary
 from specwatch.telemetry.capture import speculators_row
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    draft = subparsers.add_parser("draft", help="draft adaptation: export captured traffic as a training set")
+    draft = subparsers.add_parser("draft", help="draft adaptation: export captures, train a draft, canary it")
     commands = draft.add_subparsers(dest="draft_command", required=True, metavar="SUBCOMMAND")
     export = commands.add_parser("export", help="write a slice of the captures as speculators' conversation JSONL")
     export.add_argument("--collector", required=True, help="the collector's URL")
@@ -40,6 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     export.set_defaults(handler=run_export)
     _register_train(commands)
+    register_draft_canary(commands)  # specwatch/draft_canary.py
 
 
 def _register_train(commands: argparse._SubParsersAction) -> None:

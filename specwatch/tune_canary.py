@@ -11,6 +11,8 @@ Mann-Whitney test on per-request s/token) at matched load (each pool's load samp
 state meanwhile), decides (`specwatch.alerts.canary_verdict`), promotes (share 1) or rolls back (share 0), and
 records a `canary_verdict` event through the collector's ingest API; the collector's alert runner turns
 it into an alert-history entry and an Alertmanager webhook (`alerts.canary`). Ctrl-C rolls back.
+The verdict states each arm's drafters and its acceptance on the canary's traffic beside the speed-up
+(`specwatch draft canary`, specwatch/draft_canary.py, runs this with both arms drafting).
 Bad input, an unreachable service or a refused token exit 2; a verdict that could not be applied or
 recorded exits 1.
 """
@@ -65,6 +67,12 @@ def _token(variable: str) -> str | None:
 
 def register_canary(actions: argparse._SubParsersAction) -> None:
     canary = actions.add_parser("canary", help="send a share of traffic to the candidate, then promote or roll back")
+    add_canary_arguments(canary)
+    canary.set_defaults(handler=canary_command)
+
+
+def add_canary_arguments(canary: argparse.ArgumentParser) -> None:
+    """The options `tune canary` and `draft canary` share."""
     add = canary.add_argument
     add("--gateway", required=True, help="the gateway's base URL (its spec pool is the candidate)")
     add("--control-token", default=os.environ.get("SPECWATCH_CONTROL_TOKEN"), help="the gateway's admin token "
@@ -80,7 +88,6 @@ def register_canary(actions: argparse._SubParsersAction) -> None:
     add("--max-load-gap", type=float, default=CanaryRules.max_load_gap, help="most the arms' mean loads may differ")
     add("--poll", type=_positive(float), default=2.0, help="seconds between progress reads (default 2)")
     add("--json", action="store_true", help="print the verdict event's detail as JSON")
-    canary.set_defaults(handler=canary_command)
 
 
 def _base_url(name: str, url: str | None) -> str:
@@ -199,34 +206,51 @@ def wait_for_arms(canary: Canary, start: float, rules: CanaryRules) -> tuple[dic
         time.sleep(canary.args.poll)
 
 
+def pool_members(state: dict, pool: str) -> dict[str, list]:
+    """A pool's upstreams and the drafters they serve (None: plain decoding), from the gateway's state."""
+    members = [u for u in state["upstreams"] if u["pool"] == pool][:8]
+    return {"upstreams": [u["name"] for u in members], "drafters": sorted({u["drafter"] or "none" for u in members})}
+
+
+def acceptance_of(group: dict | None) -> dict:
+    """An arm's acceptance on the canary's traffic (accepted / drafted tokens; None: nothing drafted)."""
+    group = group or {}
+    return {key: group.get(key) for key in ("acceptance_rate", "mean_acceptance_length", "drafted", "accepted")}
+
+
 def verdict_event(state: dict, verdict: Verdict, arms: dict[str, Arm], comparison: dict, run: dict) -> dict:
     """The `canary_verdict` event (the ingest API's EngineEvent), `instance` the gateway's name."""
-    pools = {name: [u["name"] for u in state["upstreams"] if u["pool"] == pool][:8] for name, pool in POOLS.items()}
+    groups = {"candidate": comparison.get("speculative"), "control": comparison.get("plain")}
     detail = {
         "decision": verdict.decision,
         "reason": verdict.reason[:400],
         "p_value": comparison.get("p_value"),
         "speedup": comparison.get("speedup"),
-        **{name: {**arm.as_detail(), "upstreams": pools[name]} for name, arm in arms.items()},
+        **{
+            name: {**arm.as_detail(), **acceptance_of(groups[name]), **pool_members(state, POOLS[name])}
+            for name, arm in arms.items()
+        },
         **run,
     }
     return {"instance": state["name"], "at": time.time(), "kind": "canary_verdict", "detail": detail}
 
 
-def run_canary(canary: Canary, rules: CanaryRules) -> tuple[dict, bool]:
-    """Set the share, wait, decide, act on the gateway, record the verdict; (the event, all went through)."""
+def run_canary(canary: Canary, rules: CanaryRules, reason: str = REASON, check=check_pools) -> tuple[dict, bool]:
+    """Set the share, wait, decide, act on the gateway, record the verdict; (the event, all went through).
+    `reason`: the command, in the gateway's log of share changes; `check(state)` refuses a gateway whose
+    pools cannot serve this canary."""
     state = canary.state()
-    check_pools(state)
+    check(state)
     start = time.time()
-    if not canary.set_share(canary.args.share, REASON):
+    if not canary.set_share(canary.args.share, reason):
         raise UsageError(f"gateway: refused the canary share {canary.args.share}")
     try:
         arms, comparison = wait_for_arms(canary, start, rules)
     except KeyboardInterrupt:
-        canary.set_share(0.0, f"{REASON}: interrupted, rolled back")
+        canary.set_share(0.0, f"{reason}: interrupted, rolled back")
         raise
     verdict = decide(arms["candidate"], arms["control"], comparison.get("speedup"), comparison.get("p_value"), rules)
-    applied = canary.set_share(verdict.share_after, f"{REASON}: {verdict.decision}")
+    applied = canary.set_share(verdict.share_after, f"{reason}: {verdict.decision}")
     run = {
         "share": {"from": canary.args.share, "to": verdict.share_after},
         "applied": applied,
@@ -237,20 +261,36 @@ def run_canary(canary: Canary, rules: CanaryRules) -> tuple[dict, bool]:
     return event, applied and canary.record(event)
 
 
-def canary_command(args: argparse.Namespace) -> int:
+def canary_command(args: argparse.Namespace, reason: str = REASON, check=check_pools) -> int:
+    """Run the canary and print its verdict (`--json`: the event's detail); `reason` and `check` as `run_canary`."""
     rules = rules_of(args)
     with httpx.Client(timeout=10.0, trust_env=False) as http:
-        event, done = run_canary(Canary(args, http), rules)
+        event, done = run_canary(Canary(args, http), rules, reason, check)
     detail = event["detail"]
-    if args.json:
-        print(json.dumps(detail, indent=2))
-    else:
-        print(f"verdict: {detail['decision']} ({detail['reason']})")
-        for name in ("control", "candidate"):
-            arm = detail[name]
-            print(f"  {name}: {arm['requests']} requests, {arm['errors']} errors, {arm['ms_per_token']} ms/token")
-        share = detail["share"]
-        print(f"  share {share['from']} -> {share['to']}: {'applied' if detail['applied'] else 'REFUSED'}")
+    print(json.dumps(detail, indent=2) if args.json else "\n".join(verdict_lines(detail)))
     if not done:
         print("the verdict was not applied on the gateway or not recorded in the collector", file=sys.stderr)
     return 0 if done else 1
+
+
+def _figure(value, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def verdict_lines(detail: dict) -> list[str]:
+    """The verdict for a terminal: each arm's drafters, acceptance and speed on the canary's traffic."""
+    lines = [f"verdict: {detail['decision']} ({detail['reason']})"]
+    for name in ("control", "candidate"):
+        arm = detail[name]
+        lines.append(
+            f"  {name} ({', '.join(arm['drafters']) or 'no upstream'}): acceptance "
+            f"{_figure(arm['acceptance_rate'], '.3f')}, {arm['requests']} requests, {arm['errors']} errors, "
+            f"{arm['ms_per_token']} ms/token"
+        )
+    lines.append(
+        f"  speed-up {_figure(detail['speedup'], '.3f')}x (control s/token / candidate s/token, per request), "
+        f"p={_figure(detail['p_value'], '.3g')}"
+    )
+    share = detail["share"]
+    lines.append(f"  share {share['from']} -> {share['to']}: {'applied' if detail['applied'] else 'REFUSED'}")
+    return lines
