@@ -385,12 +385,22 @@ _LIBRARY.define("cache_attention(Tensor q, Tensor keys, Tensor values, SymInt st
 _LIBRARY.impl("cache_attention", _cache_attention, "CPU")
 
 
+# a head -> {its rows: a head of those rows}; every decoder (slot) over the same draft shares one
+_REDUCED: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[int, ...], torch.nn.Linear]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 def _rows_of(head: torch.nn.Linear, rows: torch.Tensor) -> torch.nn.Linear:
-    """A head of its own holding `rows` of `head`'s weight (a copy: the target's head stays whole)."""
-    weight = head.weight.detach()[rows.to(head.weight.device)].clone()
-    reduced = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device, dtype=weight.dtype)
-    reduced.weight = torch.nn.Parameter(weight, requires_grad=False)
-    return reduced
+    """A head of its own holding `rows` of `head`'s weight (a copy: the model's head stays whole)."""
+    of_head = _REDUCED.setdefault(head, {})
+    key = tuple(rows.tolist())
+    if key not in of_head:
+        weight = head.weight.detach()[rows.to(head.weight.device)].clone()
+        reduced = torch.nn.Linear(weight.shape[1], len(key), bias=False, device=weight.device, dtype=weight.dtype)
+        reduced.weight = torch.nn.Parameter(weight, requires_grad=False)
+        of_head[key] = reduced
+    return of_head[key]
 
 
 @torch.library.register_fake("specwatch::lane_attention")
@@ -527,11 +537,13 @@ class LlamaDecoder:
         return forward_batch([self], [tokens], [keep])[0]
 
     def shares_weights(self, other: object) -> bool:
-        """Whether `other` runs the same layers (so their forwards can share one pass over the weights)."""
+        """Whether `other` runs the same layers and scores the same head rows (so their forwards can share
+        one pass over the weights: the first decoder's head scores every row)."""
         return (
             isinstance(other, LlamaDecoder)
             and other.layers[0].wqkv is self.layers[0].wqkv
             and len(other.layers) == len(self.layers)
+            and other.head is self.head
         )
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -54,3 +54,14 @@ def test_a_reduced_drafter_proposes_target_ids_from_its_vocabulary_only():
     drafter.begin(64)
     greedy, _ = drafter.propose([1, 2, 3], 4, SamplingParams(temperature=0.0), None)
     assert set(greedy) <= set(keep.tolist())
+
+
+def test_slots_share_one_reduced_head_and_never_batch_with_a_whole_one():
+    """Drafters of several slots over one draft share its reduced head (one copy, one batched forward); a
+    decoder scoring another set of rows must not join that forward (its first decoder's head scores all)."""
+    target, draft = tiny_llama(seed=1, vocab=32, layers=2), tiny_llama(seed=2, vocab=32, layers=1)
+    keep = torch.tensor([3, 5, 8])
+    one, two = (model_drafter(draft, target, "small", keep).decoder for _ in range(2))
+    whole = model_drafter(draft, target, "small").decoder
+    assert one.head is two.head and one.shares_weights(two)
+    assert not one.shares_weights(whole) and not whole.shares_weights(one)
