@@ -56,13 +56,21 @@ class Decoder(Protocol):
     def length(self) -> int: ...
 
 
-def make_decoder(model: PreTrainedModel, num_layers: int | None = None, for_compile: bool = False) -> Decoder:
-    """The fast Llama path when the architecture allows it (`for_compile`: see LlamaDecoder), else
-    transformers' own forward."""
+def make_decoder(
+    model: PreTrainedModel,
+    num_layers: int | None = None,
+    for_compile: bool = False,
+    head_rows: torch.Tensor | None = None,
+) -> Decoder:
+    """The fast Llama path when the architecture allows it (`for_compile`, `head_rows`: see LlamaDecoder),
+    else transformers' own forward."""
     if LlamaDecoder.supports(model):
-        return LlamaDecoder(model, num_layers, for_compile)
+        return LlamaDecoder(model, num_layers, for_compile, head_rows)
     if num_layers is not None:
         raise ValueError(f"early exit needs a Llama-architecture target, not {model.config.model_type!r}")
+    if head_rows is not None:
+        kind = model.config.model_type
+        raise ValueError(f"a reduced draft vocabulary needs a Llama-architecture draft, not {kind!r}")
     return HFDecoder(model)
 
 
@@ -377,6 +385,24 @@ _LIBRARY.define("cache_attention(Tensor q, Tensor keys, Tensor values, SymInt st
 _LIBRARY.impl("cache_attention", _cache_attention, "CPU")
 
 
+# a head -> {its rows: a head of those rows}; every decoder (slot) over the same draft shares one
+_REDUCED: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[int, ...], torch.nn.Linear]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _rows_of(head: torch.nn.Linear, rows: torch.Tensor) -> torch.nn.Linear:
+    """A head of its own holding `rows` of `head`'s weight (a copy: the model's head stays whole)."""
+    of_head = _REDUCED.setdefault(head, {})
+    key = tuple(rows.tolist())
+    if key not in of_head:
+        weight = head.weight.detach()[rows.to(head.weight.device)].clone()
+        reduced = torch.nn.Linear(weight.shape[1], len(key), bias=False, device=weight.device, dtype=weight.dtype)
+        reduced.weight = torch.nn.Parameter(weight, requires_grad=False)
+        of_head[key] = reduced
+    return of_head[key]
+
+
 @torch.library.register_fake("specwatch::lane_attention")
 @torch.library.register_fake("specwatch::cache_attention")
 def _lane_attention_shape(q: torch.Tensor, *_) -> torch.Tensor:
@@ -398,8 +424,16 @@ class LlamaDecoder:
             and not getattr(cfg, "mlp_bias", False)
         )
 
-    def __init__(self, model: PreTrainedModel, num_layers: int | None = None, for_compile: bool = False) -> None:
-        """`for_compile`: its forwards will run through torch.compile (EngineConfig.compile), so that in
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        num_layers: int | None = None,
+        for_compile: bool = False,
+        head_rows: torch.Tensor | None = None,
+    ) -> None:
+        """`head_rows`: only these rows of the head are scored (a reduced draft vocabulary, EAGLE-3's:
+        logits [n, len(head_rows)], row i for token head_rows[i]).
+        `for_compile`: its forwards will run through torch.compile (EngineConfig.compile), so that in
         float32 too the single-row step multiplies as in bf16, by reductions Inductor writes over the
         [out, in] weights (2-core Zen 4 EPYC, 2 threads, 300 tokens of context: 15.5-20 ms a step
         against 35-44 ms by the input-major weights). The layout is chosen by the first decoder built
@@ -416,12 +450,14 @@ class LlamaDecoder:
         by_columns = on_cpu and self.embed.dtype == torch.float32 and not (for_compile and self.packed)
         self.layers = [_Layer(layer, self.packed, by_columns) for layer in inner.layers[: num_layers or total]]
         self.final_norm = inner.norm.weight
-        self.lm_head = _matrix([model.lm_head], self.packed, by_columns)
+        # the reduced head's module is kept: `_matrix`'s cache is keyed weakly by it
+        self.head = model.lm_head if head_rows is None else _rows_of(model.lm_head, head_rows)
+        self.lm_head = _matrix([self.head], self.packed, by_columns)
         self.eps = cfg.rms_norm_eps
         self.n_heads = cfg.num_attention_heads
         self.n_kv = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
-        self.vocab_size = model.lm_head.weight.shape[0]
+        self.vocab_size = self.head.weight.shape[0]
         self.dtype = self.embed.dtype
         self.device = self.embed.device
         # attention runs in float32 on CPU (`_cache_attention`), so the cache is kept there in float32: no
@@ -501,11 +537,13 @@ class LlamaDecoder:
         return forward_batch([self], [tokens], [keep])[0]
 
     def shares_weights(self, other: object) -> bool:
-        """Whether `other` runs the same layers (so their forwards can share one pass over the weights)."""
+        """Whether `other` runs the same layers and scores the same head rows (so their forwards can share
+        one pass over the weights: the first decoder's head scores every row)."""
         return (
             isinstance(other, LlamaDecoder)
             and other.layers[0].wqkv is self.layers[0].wqkv
             and len(other.layers) == len(self.layers)
+            and other.head is self.head
         )
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -88,12 +88,17 @@ class NgramDrafter:
 
 
 class ModelDrafter:
-    """Drafts autoregressively with a decoder of its own (a small model, or the target's first k layers)."""
+    """Drafts autoregressively with a decoder of its own (a small model, or the target's first k layers).
+    `to_target` (a reduced draft vocabulary, engine/draft_vocab.py): the decoder scores only these
+    target ids; the drafter proposes target ids, its proposal distribution [len, `vocab`] zero elsewhere."""
 
-    def __init__(self, decoder: Decoder, name: str) -> None:
+    def __init__(self, decoder: Decoder, name: str, to_target: torch.Tensor | None = None, vocab: int = 0) -> None:
         self.decoder = decoder
         self.name = name
         self.device = getattr(decoder, "device", torch.device("cpu"))
+        self.to_target = None if to_target is None else to_target.tolist()  # draft id -> target id
+        self._columns = None if to_target is None else to_target.to(self.device)
+        self.vocab = vocab
 
     def begin(self, max_len: int) -> None:
         self.decoder.reset(max_len)
@@ -109,18 +114,28 @@ class ModelDrafter:
             else:
                 step_probs.append(probabilities(logits, params))
                 token = sample(step_probs[-1], generator)
+            token = token if self.to_target is None else self.to_target[token]
             draft.append(token)
             if len(draft) == k:
                 break
             logits = self.decoder.forward(torch.tensor([token], device=self.device))[-1]
-        return draft, (torch.stack(step_probs) if step_probs else None)
+        return draft, (self._widened(torch.stack(step_probs)) if step_probs else None)
+
+    def _widened(self, probs: torch.Tensor) -> torch.Tensor:
+        """Proposal probabilities over the target's vocabulary: a reduced vocabulary's, zero elsewhere."""
+        if self.to_target is None:
+            return probs
+        return probs.new_zeros((probs.shape[0], self.vocab)).index_copy_(1, self._columns, probs)
 
     def rollback(self, committed: int) -> None:
         self.decoder.crop(committed)
 
 
-def model_drafter(draft_model: PreTrainedModel, target_model: PreTrainedModel, name: str) -> ModelDrafter:
-    """A separate draft model; its vocabulary must be the target's, token for token."""
+def model_drafter(
+    draft_model: PreTrainedModel, target_model: PreTrainedModel, name: str, to_target: torch.Tensor | None = None
+) -> ModelDrafter:
+    """A separate draft model; its vocabulary must be the target's, token for token. `to_target`: its
+    head scores only these target ids (a reduced draft vocabulary, engine/draft_vocab.py)."""
     draft_vocab = draft_model.get_output_embeddings().weight.shape[0]
     target_vocab = target_model.get_output_embeddings().weight.shape[0]
     if draft_vocab != target_vocab:
@@ -128,7 +143,8 @@ def model_drafter(draft_model: PreTrainedModel, target_model: PreTrainedModel, n
             f"draft model {name!r} has a vocabulary of {draft_vocab} tokens, the target has {target_vocab}: "
             "a draft must share the target's tokenizer"
         )
-    return ModelDrafter(make_decoder(draft_model), f"model:{name}")
+    decoder = make_decoder(draft_model, head_rows=to_target)
+    return ModelDrafter(decoder, f"model:{name}", to_target, target_vocab)
 
 
 def early_exit_drafter(target_model: PreTrainedModel, layers: int) -> ModelDrafter:

@@ -20,6 +20,7 @@ from specwatch.engine import kernels
 from specwatch.engine.cuda import Streams, apply_memory_fraction, check_memory_fraction
 from specwatch.engine.decoder import make_decoder, pool_caches, warm_up
 from specwatch.engine.device_time import record_source
+from specwatch.engine.draft_vocab import load_vocabulary
 from specwatch.engine.drafters import Drafter, NgramConfig, NgramDrafter, early_exit_drafter, model_drafter
 from specwatch.engine.loading import BUNDLED, LoadedModel, load_model, resolve_device
 from specwatch.engine.lookahead import CostCurve
@@ -224,7 +225,9 @@ class Engine:
                 arg, _dtype_name(self.target.dtype), str(self.target.device), self.config.cache_dir
             )
         draft = self._draft_models[arg]
-        return model_drafter(draft.model, self.target.model, draft.name)
+        vocab = self.target.model.get_output_embeddings().weight.shape[0]
+        to_target = load_vocabulary(Path(arg), vocab) if Path(arg).is_dir() else None  # a reduced draft vocabulary
+        return model_drafter(draft.model, self.target.model, draft.name, to_target)
 
     def learn(self, prompt: list[int], output: list[int]) -> None:
         """A request finished: the `suffix` drafter's shared trie learns its output (once that drafter is in use)."""

@@ -58,6 +58,14 @@ def _register_train(commands: argparse._SubParsersAction) -> None:
     train.add_argument("--lr", type=float, default=3e-4)
     train.add_argument("--max-tokens", type=int, default=256, help="tokens kept of each conversation")
     train.add_argument("--held-out", type=int, default=8, help="conversations kept out to measure agreement")
+    train.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=4096,
+        help="the draft's head scores only the N most frequent answer tokens of the data, plus the special "
+        "tokens (EAGLE-3's reduced vocabulary; 0: the target's whole vocabulary; default: %(default)s)",
+    )
+    train.add_argument("--gamma", type=int, default=3, help="draft length the held-out acceptance is replayed at")
     train.set_defaults(handler=run_train)
 
 
@@ -151,27 +159,53 @@ def run_train(args: argparse.Namespace) -> int:
     from specwatch.common.errors import require_engine
 
     require_engine("draft train")
-    from specwatch.engine.draft_training import TrainConfig, conversation_tokens, save_draft, train_exit
+    from specwatch.engine.draft_training import TrainConfig, conversation_tokens, draft_vocabulary, save_draft
     from specwatch.engine.loading import ModelLoadError, load_model
 
     if not args.data.is_file():
         raise UsageError(f"draft train: no export file {args.data} (write one with `specwatch draft export`)")
+    if args.draft_vocab < 0:
+        raise UsageError("--draft-vocab must be 0 (the whole vocabulary) or a positive count of tokens")
     try:
-        config = TrainConfig(args.layers, args.train_layers, args.steps, args.batch, args.lr)
+        config = TrainConfig(args.layers, args.train_layers, args.steps, args.batch, args.lr, gamma=args.gamma)
         target = load_model(args.model, "float32")
-        sequences = conversation_tokens(args.data, target.tokenizer, args.max_tokens)
+        samples = conversation_tokens(args.data, target.tokenizer, args.max_tokens)
     except (ValueError, OSError, ModelLoadError) as exc:
         raise UsageError(f"draft train: {exc}") from None
     if not 1 <= args.layers < target.model.config.num_hidden_layers:
         raise UsageError(f"--layers must be in [1, {target.model.config.num_hidden_layers - 1}]")
-    held = min(args.held_out, len(sequences) // 4)
-    draft, report = train_exit(target.model, sequences[held:], config, sequences[:held], _progress(args.steps))
-    save_draft(draft, target.tokenizer, args.out)
-    agreement = f"{report.agreement_before:.3f} -> {report.agreement_after:.3f}" if held else "not measured"
-    loss = f"loss {report.first_loss:.3f} -> {report.last_loss:.3f}"
-    print(
-        f"trained a {args.layers}-layer exit (top {args.train_layers} trained) on {len(sequences) - held} "
-        f"conversations in {report.seconds:.0f} s: {loss}, held-out agreement {agreement}"
-    )
+    held = min(args.held_out, len(samples) // 4)
+    vocab = target.model.get_output_embeddings().weight.shape[0]
+    specials = target.tokenizer.all_special_ids
+    to_target = draft_vocabulary(samples[held:], args.draft_vocab, vocab, specials) if args.draft_vocab else None
+    draft, report = _train(target.model, samples, held, config, to_target)
+    save_draft(draft, target.tokenizer, args.out, to_target, _target_name(args.model), args.gamma)
+    print(_summary(args, report, len(samples) - held, to_target))
     print(f"serve it: specwatch engine serve --drafters trained=model:{args.out}", file=sys.stderr)
     return 0
+
+
+def _train(target, samples, held: int, config, to_target):
+    from specwatch.engine.draft_training import train_exit
+
+    return train_exit(target, samples[held:], config, samples[:held], _progress(config.steps), to_target)
+
+
+def _target_name(model: str) -> str:
+    """The verifier named in the draft's speculators config: the bundled target's Hugging Face id, or the path."""
+    return "HuggingFaceTB/SmolLM2-135M-Instruct" if model == "bundled" else model
+
+
+def _summary(args: argparse.Namespace, report, conversations: int, to_target) -> str:
+    vocab = f"a {len(to_target)}-token draft vocabulary" if to_target is not None else "the whole vocabulary"
+    measured = "held-out: not measured"
+    if report.before is not None:
+        before, after = report.before, report.after
+        measured = (
+            f"held-out answers: agreement {before.agreement:.3f} -> {after.agreement:.3f}, "
+            f"greedy acceptance at gamma {args.gamma} (replayed) {before.acceptance:.3f} -> {after.acceptance:.3f}"
+        )
+    return (
+        f"trained a {args.layers}-layer exit (top {args.train_layers} trained, {vocab}) on {conversations} "
+        f"conversations in {report.seconds:.0f} s: loss {report.first_loss:.3f} -> {report.last_loss:.3f}; {measured}"
+    )

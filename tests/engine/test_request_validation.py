@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -13,11 +14,15 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 from engine_harness import BackgroundServer
+from safetensors.torch import save_file
 from waiting import wait_for
 
 import specwatch.engine.engine as engine_module
 from specwatch.engine.cli import register_drafters
+from specwatch.engine.draft_vocab import FILE as VOCAB_FILE
+from specwatch.engine.draft_vocab import save_vocabulary
 from specwatch.engine.lookahead import CostCurve
 from specwatch.engine.policy import PolicyConfig
 from specwatch.engine.scheduler import SchedulerConfig
@@ -238,6 +243,22 @@ def test_a_registered_drafter_is_chosen_by_name(bundled_engine, tiny_draft_dir, 
     record = next(record for record in running.records if record.status == "ok")  # the refusals have theirs
     assert (record.drafter, record.mode) == (f"model:{tiny_draft_dir.name}", "speculative")
     assert record.num_drafts >= 1
+
+
+def test_a_registered_draft_with_a_reduced_vocabulary_serves_through_its_map(
+    bundled_engine, tiny_draft_dir, tmp_path, restore_drafters
+):
+    vocab = bundled_engine.target.model.get_output_embeddings().weight.shape[0]
+    reduced, bad = tmp_path / "reduced", tmp_path / "bad"
+    for path in (reduced, bad):
+        shutil.copytree(tiny_draft_dir, path)
+    save_vocabulary(reduced, torch.tensor([2, 5, 9]), vocab)
+    register_drafters(bundled_engine, [f"reduced=model:{reduced}"])
+    drafter = bundled_engine.drafter(f"model:{reduced}")
+    assert drafter.to_target == [2, 5, 9] and drafter.decoder.vocab_size == 3
+    save_file({"d2t": torch.tensor([0, 0]), "t2d": torch.ones(vocab, dtype=torch.bool)}, str(bad / VOCAB_FILE))
+    with pytest.raises(ValueError, match="d2t and t2d name different tokens"):
+        register_drafters(bundled_engine, [f"bad=model:{bad}"])
 
 
 @pytest.mark.parametrize(

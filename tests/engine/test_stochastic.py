@@ -101,11 +101,13 @@ def assert_same_distribution(counts: np.ndarray, expected_probs: np.ndarray) -> 
     assert result.pvalue > 0.01, f"chi-square p = {result.pvalue:.4g}"
 
 
-@pytest.mark.parametrize("kind", ["model", "ngram", "suffix"])
+@pytest.mark.parametrize("kind", ["model", "reduced-vocab", "ngram", "suffix"])
 def test_speculative_sampling_keeps_target_distribution(peaky_target, kind):
     draft = tiny_llama(seed=12, vocab=VOCAB, layers=1, hidden=32, init=0.5)
     drafter = {
         "model": lambda: model_drafter(draft, peaky_target, "draft"),
+        # a reduced draft vocabulary (EAGLE-3's): never proposes 0, 2 or 5, which the target still emits
+        "reduced-vocab": lambda: model_drafter(draft, peaky_target, "draft", torch.tensor([1, 3, 4])),
         "ngram": NgramDrafter,
         "suffix": SuffixDrafter,
     }
