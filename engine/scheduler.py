@@ -81,9 +81,12 @@ class Ticket:
     arrived: float | None = None  # monotonic, when the server got the request (its headers); else queued_at
     cancelled: threading.Event = field(default_factory=threading.Event)
     keep: Callable[[Any], None] | None = None  # the server's capture step for the finished request (or None)
+    stream: bool = False  # a stream: its record is put when the server has sent it (`hold`, `release`)
     # monotonic, when the server handed the stream's first chunk with text to the transport: the record's
     # TTFT ends there, where the client's clock stops too (None: not streamed, or not yet sent)
     first_sent: float | None = None
+    _held: tuple[RequestRecord, Callable[[RequestRecord], None]] | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         if self.arrived is None:
@@ -92,6 +95,34 @@ class Ticket:
     def send(self, item: Any) -> None:
         with contextlib.suppress(RuntimeError):  # the client's event loop is closed (shutdown): nobody waits
             self.loop.call_soon_threadsafe(self.events.put_nowait, item)
+
+    def hold(self, record: RequestRecord, put: Callable[[RequestRecord], None]) -> bool:
+        """The scheduler, at the end: True when the server puts `record` once the stream is sent (`release`),
+        its TTFT ending at the first chunk with text sent and its e2e at the last, as on the client's clock."""
+        with self._lock:
+            if not self.stream or self.cancelled.is_set():
+                return False
+            self._held = (record, put)
+            return True
+
+    def sent_first(self) -> None:
+        """The server, once the transport took the first chunk with text."""
+        with self._lock:
+            self.first_sent = time.monotonic()
+
+    def settled(self, record: RequestRecord) -> RequestRecord:
+        """`record` with the server's times: TTFT to the first chunk with text sent (if one was), e2e to now."""
+        now, first = time.monotonic(), self.first_sent
+        ttft = record.ttft_s if first is None else first - self.arrived
+        return record.model_copy(update={"ttft_s": ttft, "e2e_s": max(now - self.arrived, ttft or 0.0)})
+
+    def release(self) -> None:
+        """The server, when the stream ended or its client left: the held record is put (never lost)."""
+        with self._lock:
+            held, self._held = self._held, None
+        if held is not None:
+            record, put = held
+            put(self.settled(record))
 
 
 @dataclass
@@ -148,9 +179,16 @@ class Scheduler:
     def active(self) -> int:
         return len(self._active)
 
-    def submit(self, request: GenerateRequest, loop: asyncio.AbstractEventLoop, arrived: float | None = None) -> Ticket:
-        """Queue `request`; `arrived`: when the server got it (monotonic; default now), where its TTFT starts."""
-        ticket = Ticket(request, self.engine.encode(request), loop, arrived=arrived)
+    def submit(
+        self,
+        request: GenerateRequest,
+        loop: asyncio.AbstractEventLoop,
+        arrived: float | None = None,
+        stream: bool = False,
+    ) -> Ticket:
+        """Queue `request`; `arrived`: when the server got it (monotonic; default now), where its TTFT starts;
+        `stream`: its TTFT ends when the server sends its first chunk with text (Ticket.sent_first)."""
+        ticket = Ticket(request, self.engine.encode(request), loop, arrived=arrived, stream=stream)
         with self._wake:
             if len(self._queue) + len(self._active) >= self.config.slots + self.config.max_queue:
                 raise Overloaded(retry_after_s=max(1, round(len(self._queue) / self.config.slots)))
@@ -373,7 +411,10 @@ class Scheduler:
             ticket.send(exc)
             return
         self.policy.observe(result.record, run.choice)
-        self.sink.put(result.record)
+        # a stream's record is put by the server once sent (its TTFT and e2e on the client's clock); at a
+        # stop nobody may be left to send it: put now
+        if self._stopped or not ticket.hold(result.record, self.sink.put):
+            self.sink.put(result.record)
         ticket.send(result)
 
 

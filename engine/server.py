@@ -31,6 +31,7 @@ too). Measured where the engine decodes, it missed the event loop's delay, which
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -240,7 +241,7 @@ async def _serve(request: Request, body: OpenAIBody, content: dict, chat: bool) 
     try:
         generate = body.generate_request(request.app.state.drafters, identity, **content)
         scheduler.engine.check_drafter(generate.drafter)
-        ticket = scheduler.submit(generate, asyncio.get_running_loop(), arrived(request))
+        ticket = scheduler.submit(generate, asyncio.get_running_loop(), arrived(request), body.stream)
     except ValueError as exc:
         scheduler.sink.drop_span(identity.request_id)  # refused before it ran: no record ends its span
         param, code = getattr(exc, "param", None), getattr(exc, "code", None)
@@ -280,11 +281,14 @@ async def _events(ticket: Ticket) -> AsyncIterator[Delta | GenerateResult]:
                 raise RuntimeError(item.record.error or "generation failed")
             if isinstance(item, GenerateResult) and ticket.keep is not None:
                 ticket.keep(item)
+            if isinstance(item, GenerateResult) and ticket.stream:  # the final chunk's metrics: the server's times
+                item = dataclasses.replace(item, record=ticket.settled(item.record))
             yield item
             if isinstance(item, GenerateResult):
                 return
     finally:
         ticket.cancelled.set()  # no-op once finished; frees the slot if the client left
+        ticket.release()  # a stream's record, held until it was sent, is put now
 
 
 SHUT_DOWN = "the engine shut down before the request finished"
@@ -302,7 +306,7 @@ async def _sse(ticket: Ticket, frame: _Frame) -> AsyncIterator[bytes]:
             else:
                 yield _data(frame.chunk(item.text, None, None, item.tokens))
                 if ticket.first_sent is None:  # resumed once the transport took the chunk: the TTFT ends
-                    ticket.first_sent = time.monotonic()
+                    ticket.sent_first()
     except Exception as exc:  # headers are sent: report in-band, as OpenAI does
         yield _data(error_body(str(exc)))
     yield b"data: [DONE]\n\n"

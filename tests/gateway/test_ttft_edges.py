@@ -1,7 +1,9 @@
 """A record's TTFT is the client's (issue 57): from the request's arrival, before its body is read, to the
 moment its first chunk with text is handed to the transport; so a slow body or a slow transport (a loaded
 host's event loop) counts in it, as it does on the client's clock. The engine's server and the gateway
-are each wrapped in an ASGI layer that delays the body and the first chunk with text."""
+are each wrapped in an ASGI layer that delays the body and the first chunk with text. A 2-token answer is
+decoded whole before its first chunk goes out (its record is held until then: Ticket.hold); a 48-token one
+is still decoding when it goes out."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from gateway_harness import GatewayServer
 from specwatch.engine.scheduler import SchedulerConfig
 
 BODY_DELAY_S = FIRST_SEND_DELAY_S = 0.5
-BODY = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 12, "temperature": 0, "stream": True}
+BODY = {"messages": [{"role": "user", "content": "Say hello."}], "temperature": 0, "stream": True, "ignore_eos": True}
 
 
 class SlowEdges:
@@ -51,30 +53,33 @@ def slowed(server):
     return server
 
 
-def client_ttft(url: str) -> float:
-    """The client's TTFT: from sending the request to reading the first chunk with text."""
-    started = time.monotonic()
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json=BODY, timeout=120) as answer:
+def client_ttft(url: str, max_tokens: int) -> float:
+    """The client's TTFT: from sending the request to reading the first chunk with text (read to its end)."""
+    started, first = time.monotonic(), None
+    body = {**BODY, "max_tokens": max_tokens}
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=120) as answer:
         assert answer.status_code == 200
         for line in answer.iter_lines():
-            if '"content":"' in line.replace(" ", "") and '"content":""' not in line.replace(" ", ""):
-                return time.monotonic() - started
-    raise AssertionError("no chunk with text")
+            compact = line.replace(" ", "")
+            if first is None and '"content":"' in compact and '"content":""' not in compact:
+                first = time.monotonic() - started
+    assert first is not None, "no chunk with text"
+    return first
 
 
-@pytest.mark.parametrize("edge", ["engine", "gateway"])
-def test_ttft_counts_a_slow_body_and_a_slow_first_send(bundled_engine, edge):
+@pytest.mark.parametrize("edge, max_tokens", [("engine", 2), ("engine", 48), ("gateway", 2)])
+def test_ttft_counts_a_slow_body_and_a_slow_first_send(bundled_engine, edge, max_tokens):
     engine = BackgroundServer(bundled_engine, SchedulerConfig(slots=1, max_queue=4))
     with slowed(engine) if edge == "engine" else engine as upstream:
         if edge == "engine":
-            seen, records = client_ttft(upstream.url), upstream.records
+            seen, records = client_ttft(upstream.url, max_tokens), upstream.records
         else:
             with slowed(GatewayServer([f"e={upstream.url}"])) as gateway:
-                seen, records = client_ttft(gateway.url), gateway.wait_records(1)
+                seen, records = client_ttft(gateway.url, max_tokens), gateway.wait_records(1)
         deadline = time.monotonic() + 30
         while not records and time.monotonic() < deadline:
             time.sleep(0.01)
         record = records[-1]
     # both delays are in the record, as in the client's figure (which adds the loopback and the client's reading)
     assert BODY_DELAY_S + FIRST_SEND_DELAY_S <= record.ttft_s <= seen
-    assert record.ttft_s <= record.e2e_s
+    assert record.ttft_s <= record.e2e_s and record.output_tokens == max_tokens
