@@ -86,6 +86,7 @@ class Ticket:
     # TTFT ends there, where the client's clock stops too (None: not streamed, or not yet sent)
     first_sent: float | None = None
     _held: tuple[RequestRecord, Callable[[RequestRecord], None]] | None = None
+    _final: RequestRecord | None = None  # the held record as the stream's final chunk showed it
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -110,19 +111,28 @@ class Ticket:
         with self._lock:
             self.first_sent = time.monotonic()
 
-    def settled(self, record: RequestRecord) -> RequestRecord:
-        """`record` with the server's times: TTFT to the first chunk with text sent (if one was), e2e to now."""
-        now, first = time.monotonic(), self.first_sent
-        ttft = record.ttft_s if first is None else first - self.arrived
-        return record.model_copy(update={"ttft_s": ttft, "e2e_s": max(now - self.arrived, ttft or 0.0)})
+    def settle(self, record: RequestRecord) -> RequestRecord:
+        """The server, building the stream's final chunk: the held record with the server's times, which the
+        chunk's metrics show and `release` puts (a record not held: `record` as it is)."""
+        with self._lock:
+            if self._held is None:
+                return record
+            self._final = self._timed(self._held[0])
+            return self._final
 
     def release(self) -> None:
         """The server, when the stream ended or its client left: the held record is put (never lost)."""
         with self._lock:
-            held, self._held = self._held, None
+            held, final, self._held = self._held, self._final, None
         if held is not None:
             record, put = held
-            put(self.settled(record))
+            put(final or self._timed(record))
+
+    def _timed(self, record: RequestRecord) -> RequestRecord:
+        """TTFT to the first chunk with text sent (if one was), e2e to now."""
+        ttft = record.ttft_s if self.first_sent is None else self.first_sent - self.arrived
+        e2e = max(time.monotonic() - self.arrived, ttft or 0.0)
+        return record.model_copy(update={"ttft_s": ttft, "e2e_s": e2e})
 
 
 @dataclass

@@ -282,7 +282,7 @@ async def _events(ticket: Ticket) -> AsyncIterator[Delta | GenerateResult]:
             if isinstance(item, GenerateResult) and ticket.keep is not None:
                 ticket.keep(item)
             if isinstance(item, GenerateResult) and ticket.stream:  # the final chunk's metrics: the server's times
-                item = dataclasses.replace(item, record=ticket.settled(item.record))
+                item = dataclasses.replace(item, record=ticket.settle(item.record))
             yield item
             if isinstance(item, GenerateResult):
                 return
