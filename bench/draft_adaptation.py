@@ -141,6 +141,7 @@ def run(args: argparse.Namespace, work: Path) -> None:
     engine.generate(GenerateRequest(messages=[{"role": "user", "content": "Hi"}], max_tokens=4, drafter=None))
     # suffix first on each prompt: it learns every finished output, so after the others it would copy this answer
     drafters = {"suffix": "suffix", "plain": None, "ngram": "ngram", "trained": f"model:{work / 'draft'}"}
+    (work / "held.json").write_bytes(orjson.dumps(held))  # bench/draft_gap.py's --prompts
     print(f"held out: {len(held)} prompts over {args.held_topics} topics, bf16, {args.threads} thread(s), batch 1")
     report(measure(engine, held, drafters, args))
 
@@ -165,7 +166,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=256, help="tokens kept of each training conversation")
     parser.add_argument("--gamma", type=int, default=3, help="draft length, fixed, for every drafter")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--keep", type=Path, help="keep the capture and the draft in this directory")
+    parser.add_argument(
+        "--keep", type=Path, help="keep the capture (train.jsonl), the draft (draft/) and held.json in this directory"
+    )
     args = parser.parse_args(argv)
     if not 1 <= args.held_topics < len(TOPICS) or not 1 <= args.train_topics <= len(TOPICS) - args.held_topics:
         parser.error(f"need 1 <= --held-topics and --train-topics >= 1 with their sum <= {len(TOPICS)}")

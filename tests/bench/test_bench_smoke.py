@@ -43,6 +43,7 @@ class Bench:
     stream: str = "stdout"
     writes: tuple[str, str] = ("", "")  # a file it writes under {tmp} and a regex its text must match
     slow: bool = False
+    before: tuple[str, ...] = ()  # another bench and its args, run first in the same {tmp} (what this one reads)
 
 
 BENCHES = (
@@ -147,6 +148,25 @@ BENCHES = (
         (r"^throughput fp32 grounded\s+ok\s+plain \d+ tok/s, ngram \d+ tok/s",),
         needs=("model",),
         slow=True,  # ~30 s even this small; its CPU dry run is slow in tests/engine/test_cuda_paths.py too
+    ),
+    Bench(
+        "draft_adaptation",
+        ("--train-topics", "2", "--held-topics", "1", "--answer-tokens", "6", "--steps", "2", "--batch", "2"),
+        rf"^plain\s+-\s+{NUMBER}\s+{NUMBER}x",
+        (r"^trained\s+(?:[\d.]+|-)\s+[\d.]+\s+[\d.]+x", r"^trained in \d+ s; peak RSS"),
+        needs=("model",),
+        slow=True,  # loads the model, generates, trains
+    ),
+    Bench(
+        "draft_gap",
+        ("--draft", "{tmp}/kept/draft", "--data", "{tmp}/kept/train.jsonl", "--prompts", "{tmp}/kept/held.json")
+        + ("--held", "1", "--tokens", "6"),
+        rf"^served answers: agreement {NUMBER}, acceptance replayed at gamma 3 {NUMBER}$",
+        (r"^float32: agreement over every position", r"^served: acceptance"),
+        needs=("model",),
+        slow=True,
+        before=("draft_adaptation", "--train-topics", "2", "--held-topics", "1", "--answer-tokens", "6")
+        + ("--steps", "2", "--batch", "2", "--keep", "{tmp}/kept"),
     ),
     Bench(
         "guidellm_peer",
@@ -287,6 +307,9 @@ def test_bench_runs_at_tiny_sizes(bench: Bench, tmp_path: Path, request: pytest.
         pytest.skip(reason)
     postgres = request.getfixturevalue("empty_postgres") if "postgres" in bench.needs else ""
     args = [arg.format(tmp=tmp_path, postgres=postgres) for arg in bench.args]
+    if bench.before:
+        first = run_bench(bench.before[0], [arg.format(tmp=tmp_path) for arg in bench.before[1:]])
+        assert first.returncode == 0, f"bench/{bench.before[0]}.py (run first) exited {first.returncode}\n{tail(first)}"
     if bench.script == "gpu_check":
         args += ["--device", "cuda" if cuda_available() else "cpu"]
     done = run_bench(bench.script, args)
