@@ -5,10 +5,12 @@ types ^C into the terminal."""
 
 from __future__ import annotations
 
+import fcntl
 import os
-import pty
 import shutil
+import subprocess
 import sys
+import termios
 import time
 from pathlib import Path
 
@@ -45,15 +47,26 @@ def test_ctrl_c_under_make_exits_0(tmp_path):
     script.write_text(STAND_IN)
     makefile = tmp_path / "Makefile"
     makefile.write_text(f"up:\n\t@PYTHONPATH={REPO} {sys.executable} {script}\n")
-    pid, terminal = pty.fork()
-    if pid == 0:  # the child: a session leading the terminal, as a shell's foreground job
-        os.execvp("make", ["make", "-s", "-f", str(makefile), "up"])
+    terminal, side = os.openpty()
+    # make leads a new session whose controlling terminal is the pty, as a shell's foreground job; this
+    # process keeps the terminal's other side open, so what make's child writes last is never dropped by
+    # the hang-up when they exit (Linux may discard unread output then)
+    make = subprocess.Popen(
+        ["make", "-s", "-f", str(makefile), "up"],
+        stdin=side,
+        stdout=side,
+        stderr=side,
+        start_new_session=True,
+        preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),
+    )
     try:
         assert b"ready" in _read_until(terminal, b"ready", 60)
         os.write(terminal, b"\x03")  # Ctrl-C, as typed
         said = _read_until(terminal, b"stopped in order", 30)
-        _, status = os.waitpid(pid, 0)
+        code = make.wait(timeout=30)
     finally:
+        make.kill()
         os.close(terminal)
+        os.close(side)
     assert b"stopped in order" in said, said
-    assert os.waitstatus_to_exitcode(status) == 0, (os.waitstatus_to_exitcode(status), said)
+    assert code == 0, (code, said)
