@@ -23,9 +23,10 @@ and this engine's of one request are one row at the collector (docs/gateway.md).
 (docs/otlp.md, "Spans out") each request that runs gets a span, a child of its `traceparent`.
 
 A record's TTFT and e2e run from the request's arrival (its headers read: common.http.ArrivalStamp), as a
-client's clock does; a stream's TTFT ends when its first chunk with text is handed to the transport (a
-whole answer's, when its first token is decoded; a stream that finishes before its first chunk is sent,
-too). Measured where the engine decodes, it missed the event loop's delay, which a loaded host makes large.
+client's clock does; a stream's TTFT ends when its first chunk with text is handed to the transport and
+its e2e at its final chunk (its record is put once the stream is sent: scheduler.Ticket.hold); a whole
+answer's TTFT ends when its first token is decoded. Measured where the engine decodes, it missed the event
+loop's delay, which a loaded host makes large.
 """
 
 from __future__ import annotations
