@@ -483,6 +483,9 @@ class LlamaDecoder:
         self.v_cache: list[torch.Tensor] = []
         self.pool: CachePool | None = None  # where its cache is a lane of a pool shared with other slots
         self.lane = 0
+        # the final-norm hidden states [rows, hidden] of the rows its last forward scored (a feature head's input)
+        self.features: torch.Tensor | None = None
+        self.features_from = 0  # the cache position of features' first row
 
     def reset(self, max_len: int) -> None:
         """Allocate the KV cache and rotary tables for a request of up to `max_len` tokens."""
@@ -596,12 +599,13 @@ class LlamaDecoder:
         return self._advance(_compiled_prompt(), tokens)
 
     def _advance(self, layers, tokens: torch.Tensor) -> torch.Tensor:
-        """`layers(self, tokens, position)`, the cache advanced once it returned."""
+        """`layers(self, tokens, position)`'s logits; its states kept (`features`), the cache advanced."""
         pos, n = self._len, tokens.shape[0]
         if pos + n > self.k_cache[0].shape[2]:
             raise RuntimeError(f"KV cache holds {self.k_cache[0].shape[2]} tokens, asked for {pos + n}")
-        logits = layers(self, tokens, pos)
+        logits, self.features = layers(self, tokens, pos)
         self._len = pos + n
+        self.features_from = self._len - self.features.shape[0]
         return logits
 
     def _step_layers(self, token: torch.Tensor, pos: int) -> torch.Tensor:
@@ -624,21 +628,22 @@ class LlamaDecoder:
             x = times(out.to(x.dtype).view(1, heads * dim), layer.wo, x)
             gate, up = times(self._rms_norm(x, layer.mlp_norm), layer.w_gate_up).chunk(2, dim=-1)
             x = times(F.silu(gate).mul_(up), layer.w_down, x)
-        return times(self._rms_norm(x, self.final_norm), self.lm_head)
+        states = self._rms_norm(x, self.final_norm)
+        return times(states, self.lm_head), states
 
     def _rows_layers(self, tokens: torch.Tensor, pos: int) -> torch.Tensor:
         """`forward_batch` for one sequence's rows at cache positions pos.., written for torch.compile:
         the products on the packed weights (`packed_linear`), everything between them fused by
         Inductor (eager, the norms, rotary, residual and mask kernels cost a third of a 9-row forward
         on the 2-core AVX2 machine); attention by `specwatch::cache_attention`."""
-        x = self._cached_rows(tokens, pos, prompt=False)
-        return torch.ops.specwatch.packed_linear(self._rms_norm(x, self.final_norm), self.lm_head.packed)
+        states = self._rms_norm(self._cached_rows(tokens, pos, prompt=False), self.final_norm)
+        return torch.ops.specwatch.packed_linear(states, self.lm_head.packed), states
 
     def _prompt_layers(self, tokens: torch.Tensor, pos: int) -> torch.Tensor:
         """`_rows_layers` for a prompt (pos 0), keeping only its last row's logits: attention by the engine's
         prompt kernel where it runs (`_prompt_attention`), one row through the head instead of all."""
-        x = self._cached_rows(tokens, pos, prompt=True)
-        return torch.ops.specwatch.packed_linear(self._rms_norm(x[-1:], self.final_norm), self.lm_head.packed)
+        states = self._rms_norm(self._cached_rows(tokens, pos, prompt=True)[-1:], self.final_norm)
+        return torch.ops.specwatch.packed_linear(states, self.lm_head.packed), states
 
     def _cached_rows(self, tokens: torch.Tensor, pos: int, prompt: bool) -> torch.Tensor:
         """Hidden states of `tokens` at cache positions pos.. after every layer, their keys and values
@@ -704,7 +709,8 @@ class LlamaDecoder:
             pool.v[i][lanes, :, positions] = qkv[:, (heads + kv) * dim :].view(n, kv, dim).to(pool.v[i].dtype)
             out = attention(qk[:, :heads].to(pool.k[i].dtype), pool.k[i], pool.v[i], bounds).to(x.dtype)
             x = self._packed_mlp(layer, x + linear(out.reshape(n, heads * dim), layer.wo.packed))
-        return linear(self._rms_norm(x[kept], self.final_norm), self.lm_head.packed)
+        states = self._rms_norm(x[kept], self.final_norm)
+        return linear(states, self.lm_head.packed), states
 
 
 class CachePool:
@@ -766,12 +772,14 @@ class CachePool:
             bounds.append((decoder.lane, start, n))
         index = functools.partial(torch.tensor, dtype=torch.long, device=decoders[0].device)
         with torch.inference_mode():
-            logits = _compiled_batch()(
+            logits, states = _compiled_batch()(
                 decoders[0], torch.cat(list(tokens)), index(lanes), index(positions), torch.tensor(bounds), index(kept)
             )
-        for decoder, ids in zip(decoders, tokens):
+        sizes = [keep_n or ids.shape[0] for ids, keep_n in zip(tokens, keep)]
+        for decoder, ids, rows in zip(decoders, tokens, states.split(sizes)):
             decoder._len += ids.shape[0]
-        return list(logits.split([keep_n or ids.shape[0] for ids, keep_n in zip(tokens, keep)]))
+            decoder.features, decoder.features_from = rows, decoder._len - rows.shape[0]
+        return list(logits.split(sizes))
 
 
 def _lane(pool: torch.Tensor, lane: int) -> torch.Tensor:
@@ -974,9 +982,11 @@ def forward_batch(
         sizes = [k or s.end - s.start for s, k in zip(seqs, keep)]
     else:
         sizes = [s.end - s.start for s in seqs]
-    logits = lead.lm_head(lead._rms_norm(x, lead.final_norm))[0]
-    for seq in seqs:
+    states = lead._rms_norm(x, lead.final_norm)  # [1, rows, hidden]
+    logits, states = lead.lm_head(states)[0], states[0]
+    for seq, rows in zip(seqs, states.split(sizes)):
         seq.decoder._len = seq.end
+        seq.decoder.features, seq.decoder.features_from = rows, seq.end - rows.shape[0]
     return list(logits.split(sizes))
 
 

@@ -104,10 +104,11 @@ class ModelDrafter:
         self.decoder.reset(max_len)
 
     def propose(self, tokens, k, params, generator):
-        pending = tokens[self.decoder.length :]  # what the draft cache has not seen yet
         draft: list[int] = []
         step_probs: list[torch.Tensor] = []
-        logits = self.decoder.forward(torch.tensor(pending, device=self.device), keep=1)[-1]
+        logits = self._first_logits(tokens)
+        if logits is None:
+            return [], None
         while True:
             if params.greedy:
                 token = int(greedy(logits))
@@ -118,8 +119,17 @@ class ModelDrafter:
             draft.append(token)
             if len(draft) == k:
                 break
-            logits = self.decoder.forward(torch.tensor([token], device=self.device))[-1]
+            logits = self._next_logits(token)
         return draft, (self._widened(torch.stack(step_probs)) if step_probs else None)
+
+    def _first_logits(self, tokens: list[int]) -> torch.Tensor | None:
+        """Scores of the token after `tokens` (None: no draft this round)."""
+        pending = tokens[self.decoder.length :]  # what the draft cache has not seen yet
+        return self.decoder.forward(torch.tensor(pending, device=self.device), keep=1)[-1]
+
+    def _next_logits(self, token: int) -> torch.Tensor:
+        """Scores of the token after `token` (a target id), just drafted."""
+        return self.decoder.forward(torch.tensor([token], device=self.device))[-1]
 
     def _widened(self, probs: torch.Tensor) -> torch.Tensor:
         """Proposal probabilities over the target's vocabulary: a reduced vocabulary's, zero elsewhere."""

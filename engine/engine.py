@@ -18,8 +18,9 @@ import torch
 
 from specwatch.engine import kernels
 from specwatch.engine.cuda import Streams, apply_memory_fraction, check_memory_fraction
-from specwatch.engine.decoder import make_decoder, pool_caches, warm_up
+from specwatch.engine.decoder import LlamaDecoder, make_decoder, pool_caches, warm_up
 from specwatch.engine.device_time import record_source
+from specwatch.engine.draft_head import FeatureHead, HeadDrafter, is_head, load_head
 from specwatch.engine.draft_vocab import load_vocabulary
 from specwatch.engine.drafters import Drafter, NgramConfig, NgramDrafter, early_exit_drafter, model_drafter
 from specwatch.engine.loading import BUNDLED, LoadedModel, load_model, resolve_device
@@ -145,6 +146,7 @@ class Engine:
         self.tokenizer_lock = threading.Lock()
         self.stop_ids = _stop_token_ids(self.target)
         self._draft_models: dict[str, LoadedModel] = {}
+        self._heads: dict[str, FeatureHead] = {}  # feature heads (engine/draft_head.py) by path
         self.streams = Streams(self.target.device)  # target high, draft low priority (CUDA; CPU: no-ops)
         self.default_slot = Slot(self)
         # seconds spent compiling the decode step at start (None: not compiled); see engine/decoder.py
@@ -191,10 +193,10 @@ class Engine:
             return None
         if spec == "auto":
             raise ValueError("drafter 'auto' is chosen per request by the server's policy (specwatch engine serve)")
-        drafters = (slot or self.default_slot).drafters
-        if spec not in drafters:
-            drafters[spec] = self._build_drafter(spec)
-        return drafters[spec]
+        slot = slot or self.default_slot
+        if spec not in slot.drafters:
+            slot.drafters[spec] = self._build_drafter(spec, slot)
+        return slot.drafters[spec]
 
     def add_drafter(self, spec: str, drafter: Drafter) -> None:
         """Use a drafter built elsewhere (e.g. an in-memory draft model) under `spec` on the default slot."""
@@ -211,7 +213,7 @@ class Engine:
         if kind == "model" and not (arg in self._draft_models or arg == "bundled" or Path(arg).exists()):
             raise RequestError(f"draft model not found: {arg}", "drafter")
 
-    def _build_drafter(self, spec: str) -> Drafter:
+    def _build_drafter(self, spec: str, slot: Slot) -> Drafter:
         kind, arg = _parse_drafter(spec)
         if kind == "ngram":
             return NgramDrafter(self.config.ngram)
@@ -220,6 +222,8 @@ class Engine:
             return SuffixDrafter(self.suffix_cache)
         if kind == "early-exit":
             return early_exit_drafter(self.target.model, int(arg))
+        if is_head(Path(arg)):
+            return self._head_drafter(Path(arg), slot)
         if arg not in self._draft_models:
             self._draft_models[arg] = load_model(
                 arg, _dtype_name(self.target.dtype), str(self.target.device), self.config.cache_dir
@@ -228,6 +232,16 @@ class Engine:
         vocab = self.target.model.get_output_embeddings().weight.shape[0]
         to_target = load_vocabulary(Path(arg), vocab) if Path(arg).is_dir() else None  # a reduced draft vocabulary
         return model_drafter(draft.model, self.target.model, draft.name, to_target)
+
+    def _head_drafter(self, path: Path, slot: Slot) -> HeadDrafter:
+        """A feature head (engine/draft_head.py) over `slot`'s target decoder, its weights loaded once."""
+        if not isinstance(slot.decoder, LlamaDecoder):
+            raise ValueError(f"{path}: a feature head needs the engine's Llama decoder for the target's states")
+        if str(path) not in self._heads:
+            self._heads[str(path)] = load_head(path, self.target.model).to(self.target.device)
+        head = self._heads[str(path)]
+        vocab = self.target.model.get_output_embeddings().weight.shape[0]
+        return HeadDrafter(head, slot.decoder, f"model:{path.name}", vocab)
 
     def learn(self, prompt: list[int], output: list[int]) -> None:
         """A request finished: the `suffix` drafter's shared trie learns its output (once that drafter is in use)."""
