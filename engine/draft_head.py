@@ -173,14 +173,18 @@ def train_head(
     held_out: list[Sample] = (),
     on_step: Callable[[int, float], None] | None = None,
     blocks: int = 1,
+    init: FeatureHead | None = None,
 ):
-    """A head trained on `samples` (their answers' positions) against `target`; measured on `held_out`.
-    Returns (head, TrainReport-like dict of figures)."""
+    """A head trained on `samples` (their answers' positions) against `target`, from `init`'s weights where
+    given (a retrain: its blocks, its vocabulary's rows re-read from the target); measured on `held_out`.
+    Returns (head, TrainReport)."""
     from specwatch.engine.draft_training import TrainReport
 
     started = time.monotonic()
     torch.manual_seed(config.seed)
-    head = new_head(target, to_target, blocks)
+    head = new_head(target, to_target, init.config.blocks if init is not None else blocks)
+    if init is not None:
+        head.load_state_dict({k: v for k, v in init.state_dict().items() if k != "lm_head"}, strict=False)
     embed = target.get_input_embeddings().weight.detach().float()
     corpus = _Corpus(samples, target_states(target, samples), config.depth)
     if not len(corpus.starts):

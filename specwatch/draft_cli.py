@@ -13,6 +13,7 @@ Completion captures (raw text, no turns) are left out and counted. Reading captu
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 from pathlib import Path
@@ -45,17 +46,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _register_train(commands: argparse._SubParsersAction) -> None:
-    train = commands.add_parser(
-        "train", help="train a shallow-exit draft for the bundled engine's target on an export (CPU, minutes)"
+    train = commands.add_parser("train", help="train a draft for the bundled engine's target on exports (CPU, minutes)")
+    train.add_argument(
+        "--data", type=Path, nargs="+", required=True, help="`specwatch draft export` files (read together)"
     )
-    train.add_argument("--data", type=Path, required=True, help="a `specwatch draft export` file")
-    train.add_argument("--out", type=Path, required=True, help="the draft's directory (config, safetensors, tokenizer)")
+    train.add_argument("--out", type=Path, required=True, help="the draft's directory")
     train.add_argument("--model", default="bundled", help="the target: 'bundled' (SmolLM2), a .gguf or an HF directory")
-    train.add_argument("--layers", type=int, default=6, help="the exit: the target's first N layers (default: 6)")
-    train.add_argument("--train-layers", type=int, default=2, help="of those, the top N trained (default: 2)")
-    train.add_argument("--steps", type=int, default=200)
-    train.add_argument("--batch", type=int, default=4)
-    train.add_argument("--lr", type=float, default=3e-4)
+    train.add_argument(
+        "--kind",
+        choices=KINDS,
+        default="head",
+        help="head: a feature head on the target's own states (engine/draft_head.py); exit: a trained shallow "
+        "exit, the target's first layers (default: %(default)s)",
+    )
+    train.add_argument("--init", type=Path, help="head: start from this head (a retrain on a new slice)")
+    train.add_argument("--depth", type=int, default=3, help="head: steps unrolled on its own states (default: 3)")
+    train.add_argument("--layers", type=int, default=6, help="exit: the target's first N layers (default: 6)")
+    train.add_argument("--train-layers", type=int, default=2, help="exit: of those, the top N trained (default: 2)")
+    train.add_argument("--steps", type=int, help="optimiser steps (default: head 600, exit 200)")
+    train.add_argument("--batch", type=int, help="answer positions (head, default 256) or conversations (exit, 4)")
+    train.add_argument("--lr", type=float, help="learning rate (default: head 3e-3, exit 3e-4)")
     train.add_argument("--max-tokens", type=int, default=256, help="tokens kept of each conversation")
     train.add_argument("--held-out", type=int, default=8, help="conversations kept out to measure agreement")
     train.add_argument(
@@ -63,10 +73,14 @@ def _register_train(commands: argparse._SubParsersAction) -> None:
         type=int,
         default=4096,
         help="the draft's head scores only the N most frequent answer tokens of the data, plus the special "
-        "tokens (EAGLE-3's reduced vocabulary; 0: the target's whole vocabulary; default: %(default)s)",
+        "tokens (EAGLE-3's reduced vocabulary; 0: the target's whole vocabulary, exit only; default: %(default)s)",
     )
     train.add_argument("--gamma", type=int, default=3, help="draft length the held-out acceptance is replayed at")
     train.set_defaults(handler=run_train)
+
+
+KINDS = ("head", "exit")
+DEFAULTS = {"head": {"steps": 600, "batch": 256, "lr": 3e-3}, "exit": {"steps": 200, "batch": 4, "lr": 3e-4}}
 
 
 def add_slice_arguments(parser: argparse.ArgumentParser) -> None:
@@ -159,36 +173,104 @@ def run_train(args: argparse.Namespace) -> int:
     from specwatch.common.errors import require_engine
 
     require_engine("draft train")
-    from specwatch.engine.draft_training import TrainConfig, conversation_tokens, draft_vocabulary, save_draft
     from specwatch.engine.loading import ModelLoadError, load_model
 
-    if not args.data.is_file():
-        raise UsageError(f"draft train: no export file {args.data} (write one with `specwatch draft export`)")
-    if args.draft_vocab < 0:
-        raise UsageError("--draft-vocab must be 0 (the whole vocabulary) or a positive count of tokens")
+    _check_train_args(args)
     try:
-        config = TrainConfig(args.layers, args.train_layers, args.steps, args.batch, args.lr, gamma=args.gamma)
         target = load_model(args.model, "float32")
-        samples = conversation_tokens(args.data, target.tokenizer, args.max_tokens)
+        samples = _samples(args, target.tokenizer)
+        init = _init_head(args, target.model)
     except (ValueError, OSError, ModelLoadError) as exc:
         raise UsageError(f"draft train: {exc}") from None
-    if not 1 <= args.layers < target.model.config.num_hidden_layers:
+    if args.kind == "exit" and not 1 <= args.layers < target.model.config.num_hidden_layers:
         raise UsageError(f"--layers must be in [1, {target.model.config.num_hidden_layers - 1}]")
     held = min(args.held_out, len(samples) // 4)
-    vocab = target.model.get_output_embeddings().weight.shape[0]
-    specials = target.tokenizer.all_special_ids
-    to_target = draft_vocabulary(samples[held:], args.draft_vocab, vocab, specials) if args.draft_vocab else None
-    draft, report = _train(target.model, samples, held, config, to_target)
-    save_draft(draft, target.tokenizer, args.out, to_target, _target_name(args.model), args.gamma)
+    to_target = _vocabulary(args, target, samples[held:], init)
+    if args.kind == "head":
+        report = _train_head(args, target, samples, held, to_target, init)
+    else:
+        report = _train_exit(args, target, samples, held, to_target)
     print(_summary(args, report, len(samples) - held, to_target))
     print(f"serve it: specwatch engine serve --drafters trained=model:{args.out}", file=sys.stderr)
     return 0
 
 
-def _train(target, samples, held: int, config, to_target):
-    from specwatch.engine.draft_training import train_exit
+def _check_train_args(args: argparse.Namespace) -> None:
+    """Usage errors found before a model is loaded; the kind's defaults filled in."""
+    for path in args.data:
+        if not path.is_file():
+            raise UsageError(f"draft train: no export file {path} (write one with `specwatch draft export`)")
+    if args.draft_vocab < 0 or (args.kind == "head" and args.draft_vocab == 0):
+        raise UsageError("--draft-vocab must be a positive count of tokens (0, the whole vocabulary: exit only)")
+    if args.init is not None and args.kind != "head":
+        raise UsageError("--init starts a head from another: it needs --kind head")
+    for name, value in DEFAULTS[args.kind].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    try:
+        if args.kind == "head":
+            from specwatch.engine.draft_head import HeadTraining
 
-    return train_exit(target, samples[held:], config, samples[:held], _progress(config.steps), to_target)
+            args.config = HeadTraining(args.steps, args.batch, args.depth, args.lr, gamma=args.gamma)
+        else:
+            from specwatch.engine.draft_training import TrainConfig
+
+            args.config = TrainConfig(args.layers, args.train_layers, args.steps, args.batch, args.lr, gamma=args.gamma)
+    except ValueError as exc:
+        raise UsageError(f"draft train: {exc}") from None
+
+
+def _samples(args: argparse.Namespace, tokenizer) -> list:
+    """Every file's conversations, interleaved so that the held-out ones come from each file."""
+    from specwatch.engine.draft_training import conversation_tokens
+
+    files = [conversation_tokens(path, tokenizer, args.max_tokens) for path in args.data]
+    return [sample for group in itertools.zip_longest(*files) for sample in group if sample is not None]
+
+
+def _init_head(args: argparse.Namespace, target):
+    if args.init is None:
+        return None
+    from specwatch.engine.draft_head import is_head, load_head
+
+    if not is_head(args.init):
+        raise ValueError(f"--init {args.init}: not a feature head (`draft train --kind head` writes one)")
+    return load_head(args.init, target)
+
+
+def _vocabulary(args: argparse.Namespace, target, samples: list, init):
+    """The draft vocabulary: the data's most frequent answer tokens, the special tokens and, from --init, its own."""
+    from specwatch.engine.draft_training import draft_vocabulary
+
+    if not args.draft_vocab:
+        return None
+    vocab = target.model.get_output_embeddings().weight.shape[0]
+    always = [*target.tokenizer.all_special_ids, *(init.to_target.tolist() if init is not None else [])]
+    return draft_vocabulary(samples, args.draft_vocab, vocab, always)
+
+
+def _train_head(args: argparse.Namespace, target, samples: list, held: int, to_target, init):
+    from specwatch.engine.draft_head import save_head, train_head
+
+    try:
+        head, report = train_head(
+            target.model, samples[held:], to_target, args.config, samples[:held], _progress(args.steps), init=init
+        )
+    except ValueError as exc:
+        raise UsageError(f"draft train: {exc}") from None
+    vocab = target.model.get_output_embeddings().weight.shape[0]
+    save_head(head, args.out, vocab, _target_name(args.model))
+    return report
+
+
+def _train_exit(args: argparse.Namespace, target, samples: list, held: int, to_target):
+    from specwatch.engine.draft_training import save_draft, train_exit
+
+    draft, report = train_exit(
+        target.model, samples[held:], args.config, samples[:held], _progress(args.steps), to_target
+    )
+    save_draft(draft, target.tokenizer, args.out, to_target, _target_name(args.model), args.gamma)
+    return report
 
 
 def _target_name(model: str) -> str:
@@ -205,7 +287,12 @@ def _summary(args: argparse.Namespace, report, conversations: int, to_target) ->
             f"held-out answers: agreement {before.agreement:.3f} -> {after.agreement:.3f}, "
             f"greedy acceptance at gamma {args.gamma} (replayed) {before.acceptance:.3f} -> {after.acceptance:.3f}"
         )
+    what = (
+        f"a feature head ({'from ' + str(args.init) + ', ' if args.init else ''}{vocab})"
+        if args.kind == "head"
+        else f"a {args.layers}-layer exit (top {args.train_layers} trained, {vocab})"
+    )
     return (
-        f"trained a {args.layers}-layer exit (top {args.train_layers} trained, {vocab}) on {conversations} "
-        f"conversations in {report.seconds:.0f} s: loss {report.first_loss:.3f} -> {report.last_loss:.3f}; {measured}"
+        f"trained {what} on {conversations} conversations in {report.seconds:.0f} s: "
+        f"loss {report.first_loss:.3f} -> {report.last_loss:.3f}; {measured}"
     )

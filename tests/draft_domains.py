@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer, decoders, models
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from specwatch.engine.draft_training import TrainConfig, _padded, save_draft, train_exit
+from specwatch.engine.draft_training import Sample, TrainConfig, _padded, save_draft, train_exit
 
 SPECIAL = ["<unk>", "<|im_start|>", "<|im_end|>"]
 TEMPLATE = (
@@ -98,7 +98,8 @@ def train_target(tok, steps: int = 200, seed: int = 0) -> LlamaForCausalLM:
     model, rng = LlamaForCausalLM(config), random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     for _ in range(steps):
-        tokens, mask = _padded([_chat_ids(tok, rng.choice(DOMAINS), rng) for _ in range(16)], torch.device("cpu"))
+        batch = [Sample(_chat_ids(tok, rng.choice(DOMAINS), rng)) for _ in range(16)]
+        tokens, mask, _ = _padded(batch, torch.device("cpu"))
         logits = model(tokens, attention_mask=mask).logits[:, :-1].reshape(-1, config.vocab_size)
         loss = F.cross_entropy(logits, tokens[:, 1:].reshape(-1), reduction="none") * mask[:, 1:].reshape(-1)
         optimizer.zero_grad(set_to_none=True)
@@ -116,5 +117,5 @@ def build(root: Path, target_steps: int = 200) -> tuple[Path, Path]:
     target.save_pretrained(target_dir)
     tok.save_pretrained(target_dir)
     rng = random.Random(1)
-    draft, _ = train_exit(target, [_chat_ids(tok, "prose", rng) for _ in range(200)], EXIT)
+    draft, _ = train_exit(target, [Sample(_chat_ids(tok, "prose", rng)) for _ in range(200)], EXIT)
     return target_dir, save_draft(draft, tok, root / "current")

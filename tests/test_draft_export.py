@@ -127,5 +127,11 @@ def test_draft_train_refuses_bad_input_before_loading_a_model(tmp_path, capsys):
     assert main(["draft", "train", "--data", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "d")]) == 2
     assert "no export file" in capsys.readouterr().err
     (tmp_path / "x.jsonl").write_text("{}\n")
-    argv = ["draft", "train", "--data", str(tmp_path / "x.jsonl"), "--out", str(tmp_path / "d"), "--train-layers", "9"]
-    assert main(argv) == 2 and "train_layers must be in [1, layers=6]" in capsys.readouterr().err
+    argv = ["draft", "train", "--data", str(tmp_path / "x.jsonl"), "--out", str(tmp_path / "d")]
+    assert main([*argv, "--kind", "exit", "--train-layers", "9"]) == 2
+    assert "train_layers must be in [1, layers=6]" in capsys.readouterr().err
+    assert main([*argv, "--depth", "0"]) == 2 and "must be positive" in capsys.readouterr().err
+    assert main([*argv, "--draft-vocab", "0"]) == 2 and "exit only" in capsys.readouterr().err
+    assert main([*argv, "--kind", "exit", "--init", str(tmp_path)]) == 2 and "--kind head" in capsys.readouterr().err
+    argv[3:4] = [str(tmp_path / "x.jsonl"), str(tmp_path / "gone.jsonl")]  # two files, the second missing
+    assert main(argv) == 2 and "no export file" in capsys.readouterr().err

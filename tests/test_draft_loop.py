@@ -58,7 +58,7 @@ receivers:
     url: http://127.0.0.1:{{port}}/hook
     retry_backoff: 0.5s
 """
-TRAIN = ["--layers", "1", "--train-layers", "1", "--steps", "60", "--batch", "16", "--lr", "0.01", "--held-out", "4"]
+TRAIN = ["--kind", "head", "--steps", "150", "--batch", "64", "--lr", "0.01", "--held-out", "4"]
 
 
 class Timeline:

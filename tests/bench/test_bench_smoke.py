@@ -151,9 +151,10 @@ BENCHES = (
     ),
     Bench(
         "draft_adaptation",
-        ("--train-topics", "2", "--held-topics", "1", "--answer-tokens", "6", "--steps", "2", "--batch", "2"),
+        ("--train-topics", "2", "--held-topics", "1", "--domain-tasks", "1", "--held-tasks", "1")
+        + ("--answer-tokens", "6", "--steps", "2"),
         rf"^plain\s+-\s+{NUMBER}\s+{NUMBER}x",
-        (r"^trained\s+(?:[\d.]+|-)\s+[\d.]+\s+[\d.]+x", r"^trained in \d+ s; peak RSS"),
+        (r"^adapted\s+(?:[\d.]+|-)\s+[\d.]+\s+[\d.]+x", r"^trained in \d+ s; peak RSS", r"^goal domain: code"),
         needs=("model",),
         slow=True,  # loads the model, generates, trains
     ),
@@ -166,7 +167,7 @@ BENCHES = (
         needs=("model",),
         slow=True,
         before=("draft_adaptation", "--train-topics", "2", "--held-topics", "1", "--answer-tokens", "6")
-        + ("--steps", "2", "--batch", "2", "--keep", "{tmp}/kept"),
+        + ("--kind", "exit", "--domain-tasks", "0", "--steps", "2", "--keep", "{tmp}/kept"),
     ),
     Bench(
         "guidellm_peer",
