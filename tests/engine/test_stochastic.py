@@ -8,6 +8,7 @@ import torch
 from scipy.stats import chisquare
 
 from specwatch.engine.decoder import make_decoder
+from specwatch.engine.draft_head import HeadDrafter, new_head
 from specwatch.engine.drafters import NgramDrafter, model_drafter
 from specwatch.engine.sampling import SamplingParams, probabilities, verify_stochastic
 from specwatch.engine.speculative import SpeculativeDecoder
@@ -75,11 +76,11 @@ def exact_joint(model, prompt: list[int]) -> np.ndarray:
     return joint
 
 
-def sampled_joint(model, drafter, prompt: list[int]) -> tuple[np.ndarray, int]:
+def sampled_joint(model, drafter, prompt: list[int], decoder=None) -> tuple[np.ndarray, int]:
     counts, drafted = np.zeros((VOCAB, VOCAB)), 0
     # "fixed": every round drafts, so every draw tests the verification rule (the cost-aware default
     # stops drafting for a drafter this random model rejects)
-    loop = SpeculativeDecoder(make_decoder(model), drafter, adaptive="fixed")
+    loop = SpeculativeDecoder(decoder or make_decoder(model), drafter, adaptive="fixed")
     for seed in range(DRAWS):
         loop.prefill(prompt, 3, 3, PARAMS, seed=seed)  # the round after the first token drafts 1 token
         loop.accept(loop.target.forward(loop.propose()), forward_s=0.0)  # one round
@@ -101,19 +102,22 @@ def assert_same_distribution(counts: np.ndarray, expected_probs: np.ndarray) -> 
     assert result.pvalue > 0.01, f"chi-square p = {result.pvalue:.4g}"
 
 
-@pytest.mark.parametrize("kind", ["model", "reduced-vocab", "ngram", "suffix"])
+@pytest.mark.parametrize("kind", ["model", "reduced-vocab", "feature-head", "ngram", "suffix"])
 def test_speculative_sampling_keeps_target_distribution(peaky_target, kind):
     draft = tiny_llama(seed=12, vocab=VOCAB, layers=1, hidden=32, init=0.5)
+    decoder = make_decoder(peaky_target)
     drafter = {
         "model": lambda: model_drafter(draft, peaky_target, "draft"),
         # a reduced draft vocabulary (EAGLE-3's): never proposes 0, 2 or 5, which the target still emits
         "reduced-vocab": lambda: model_drafter(draft, peaky_target, "draft", torch.tensor([1, 3, 4])),
+        # a feature head (engine/draft_head.py) on the target decoder's own states, over 4 of the 6 tokens
+        "feature-head": lambda: HeadDrafter(new_head(peaky_target, torch.tensor([0, 1, 3, 4])), decoder, "h", VOCAB),
         "ngram": NgramDrafter,
         "suffix": SuffixDrafter,
     }
     drafter = drafter[kind]()
     prompt = DE_BRUIJN
-    counts, drafted = sampled_joint(peaky_target, drafter, prompt)
+    counts, drafted = sampled_joint(peaky_target, drafter, prompt, decoder)
     assert drafted >= DRAWS  # every second token came out of a verified draft
     assert_same_distribution(counts, exact_joint(peaky_target, prompt))
 
