@@ -4,6 +4,7 @@ bundled engine (bf16, batch 1) beside plain, n-gram and suffix decoding, on prom
 Run (the lead's size; about 10 minutes of capture, then training, then the measure):
     .venv/bin/python -m bench.draft_adaptation --train-topics 120 --held-topics 8 --domain-tasks 40 \\
         --held-tasks 8 --answer-tokens 96 --steps 600
+The drafts a `--keep DIR` run left, measured again (another gamma or lookahead): add `--reuse`.
 A tiny run that proves the path (about a minute):
     .venv/bin/python -m bench.draft_adaptation --train-topics 2 --held-topics 1 --domain-tasks 0 \\
         --answer-tokens 8 --steps 3
@@ -14,7 +15,7 @@ A tiny run that proves the path (about a minute):
 3. domain (`--domain-tasks N` > 0): capture answers to coding questions over N tasks and retrain from `generic`
    on both captures (`draft train --init`): `adapted`;
 4. measure: plain, `ngram`, `suffix` and each trained draft (`model:DIR`) in one engine, one thread, batch 1,
-   a fixed draft length `--gamma`, drafters rotated per prompt (suffix first: it learns each finished
+   a fixed draft length `--gamma` (or the engine's own, `--lookahead cost`), drafters rotated per prompt (suffix first: it learns each finished
    output, the others' answers to the same prompt included), on the held-out topics' and tasks' questions
    (never in a training file: checked). Prints acceptance (accepted / drafted tokens), tok/s (output tokens
    / end-to-end seconds, prefill included, the same for every row), the ratio to plain, and the goals.
@@ -204,6 +205,9 @@ def goals(chat: dict[str, Tally], code: dict[str, Tally] | None) -> None:
 def run(args: argparse.Namespace, work: Path) -> None:
     held_chat = questions(QUESTIONS, TOPICS[: args.held_topics])
     held_code = questions(CODE, TASKS[: args.held_tasks]) if args.domain_tasks else []
+    if args.reuse:
+        measure_all(args, work, held_chat, held_code)
+        return
     chat_data, code_data = args.data or work / "train.jsonl", work / "code.jsonl"
     target = load_model("bundled", "float32") if args.data is None or args.domain_tasks else None
     if args.data is None:
@@ -222,16 +226,22 @@ def run(args: argparse.Namespace, work: Path) -> None:
         sys.exit(f"the training files hold {len(overlap)} of the held-out prompts, e.g. {sorted(overlap)[0]!r}")
     seconds, peak = train(args, [chat_data], work / "draft")
     print(f"trained in {seconds:.0f} s; peak RSS of the training process {peak:.0f} MiB")
-    drafters = {"suffix": "suffix", "plain": None, "ngram": "ngram", "trained": f"model:{work / 'draft'}"}
     if args.domain_tasks:
         seconds, peak = train(args, data, work / "adapted", init=work / "draft")
         print(f"retrained on both captures from the generic draft in {seconds:.0f} s; peak RSS {peak:.0f} MiB")
-        drafters["adapted"] = f"model:{work / 'adapted'}"
     (work / "held.json").write_bytes(orjson.dumps(held_chat))  # bench/draft_gap.py's --prompts
-    engine = Engine(EngineConfig(dtype="bfloat16", threads=args.threads, lookahead="fixed"))
+    measure_all(args, work, held_chat, held_code)
+
+
+def measure_all(args: argparse.Namespace, work: Path, held_chat: list[str], held_code: list[str]) -> None:
+    """Every drafter, the trained ones in `work`, on the held-out prompts; the goals."""
+    drafters = {"suffix": "suffix", "plain": None, "ngram": "ngram", "trained": f"model:{work / 'draft'}"}
+    if held_code:
+        drafters["adapted"] = f"model:{work / 'adapted'}"
+    engine = Engine(EngineConfig(dtype="bfloat16", threads=args.threads, lookahead=args.lookahead))
     engine.generate(GenerateRequest(messages=[{"role": "user", "content": "Hi"}], max_tokens=4, drafter=None))
     print(f"held out: {len(held_chat)} open-chat prompts over {args.held_topics} topics, bf16, "
-          f"{args.threads} thread(s), batch 1, gamma {args.gamma} fixed")  # fmt: skip
+          f"{args.threads} thread(s), batch 1, gamma {args.gamma}, lookahead {args.lookahead}")  # fmt: skip
     chat = measure(engine, held_chat, drafters, args)
     report("open chat (held-out topics)", chat)
     code = None
@@ -262,12 +272,19 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--draft-vocab", type=int, default=4096)
     parser.add_argument("--max-tokens", type=int, default=256, help="tokens kept of each training conversation")
-    parser.add_argument("--gamma", type=int, default=3, help="draft length, fixed, for every drafter")
+    parser.add_argument("--gamma", type=int, default=3, help="draft length (the most, under --lookahead cost)")
+    parser.add_argument(
+        "--lookahead", choices=("fixed", "cost"), default="fixed", help="fixed: every round drafts gamma; cost: "
+        "the engine's default, the draft length that maximises expected tokens/s (engine/lookahead.py)"
+    )  # fmt: skip
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument(
         "--keep", type=Path, help="keep the captures, the drafts (draft/, adapted/) and held.json in this directory"
     )
+    parser.add_argument("--reuse", action="store_true", help="measure the drafts an earlier --keep run left there")
     args = parser.parse_args(argv)
+    if args.reuse and not (args.keep and (args.keep / "draft").is_dir()):
+        parser.error("--reuse needs --keep DIR of an earlier run (its draft/ and, with --domain-tasks, adapted/)")
     if not 1 <= args.held_topics < len(TOPICS) or not 1 <= args.train_topics <= len(TOPICS) - args.held_topics:
         parser.error(f"need 1 <= --held-topics and --train-topics >= 1 with their sum <= {len(TOPICS)}")
     if args.domain_tasks and not (args.held_tasks >= 1 and args.held_tasks + args.domain_tasks <= len(TASKS)):

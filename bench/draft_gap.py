@@ -1,7 +1,7 @@
 """Why a draft's held-out agreement and its served acceptance differ: each suspect measured on one draft.
 
 Run: .venv/bin/python -m bench.draft_gap --draft DIR --data EXPORT.jsonl --prompts PROMPTS.json [--held 8]
-(DIR from `specwatch draft train`, EXPORT the file it trained on, its first --held conversations the ones
+(DIR from `specwatch draft train --kind exit`, EXPORT the file it trained on, its first --held conversations the ones
 `draft train` kept out; PROMPTS a JSON list of user prompts it never trained on). Prints:
 1. whether the trained layers are what loads (the exit's top layer differs from the target's, layer 0 not);
 2. teacher-forced agreement on the held-out conversations over every position and over answers only, in
@@ -19,6 +19,7 @@ from pathlib import Path
 import orjson
 import torch
 
+from specwatch.engine.draft_head import is_head
 from specwatch.engine.draft_training import Sample, conversation_tokens, matches, replayed_acceptance
 from specwatch.engine.draft_vocab import load_vocabulary
 from specwatch.engine.drafters import model_drafter
@@ -107,6 +108,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64, help="tokens of each served answer")
     parser.add_argument("--gamma", type=int, default=3)
     args = parser.parse_args()
+    if is_head(args.draft):
+        parser.error(f"{args.draft} is a feature head: this diagnoses a trained exit (`draft train --kind exit`)")
     torch.set_num_threads(1)
     tokenizer = load_model(str(args.draft), "float32").tokenizer
     held = conversation_tokens(args.data, tokenizer, args.max_tokens)[: args.held]
