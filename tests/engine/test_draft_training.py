@@ -83,6 +83,9 @@ def test_a_trained_exit_agrees_more_and_stays_lossless(tmp_path, one_thread):
     with torch.no_grad():
         assert torch.allclose(saved(probe).logits, draft(probe).logits, atol=1e-5)
     assert torch.equal(load_vocabulary(out, 256), to_target)
+    # vLLM loads every *.safetensors of a directory without an index: the index names the weights file only
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"].values()) == {"model.safetensors"} and "lm_head.weight" in index["weight_map"]
     config_json = json.loads((out / "config.json").read_text())
     assert config_json["speculators_model_type"] == "independent" and config_json["draft_vocab_size"] == 65
     assert config_json["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 4
