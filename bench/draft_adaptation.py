@@ -15,10 +15,11 @@ A tiny run that proves the path (about a minute):
 3. domain (`--domain-tasks N` > 0): capture answers to coding questions over N tasks and retrain from `generic`
    on both captures (`draft train --init`): `adapted`;
 4. measure: plain, `ngram`, `suffix` and each trained draft (`model:DIR`) in one engine, one thread, batch 1,
-   a fixed draft length `--gamma` (or the engine's own, `--lookahead cost`), drafters rotated per prompt (suffix first: it learns each finished
-   output, the others' answers to the same prompt included), on the held-out topics' and tasks' questions
-   (never in a training file: checked). Prints acceptance (accepted / drafted tokens), tok/s (output tokens
-   / end-to-end seconds, prefill included, the same for every row), the ratio to plain, and the goals.
+   a fixed draft length `--gamma` (or the engine's own, `--lookahead cost`), drafters rotated per prompt
+   (suffix first: it learns each finished output, the others' answers to the same prompt included), on the
+   held-out topics' and tasks' questions (never in a training file: checked). Prints acceptance (accepted /
+   drafted tokens), tok/s (output tokens / end-to-end seconds, prefill included, the same for every row), the
+   ratio to plain, and the goals.
 """
 
 from __future__ import annotations
