@@ -24,6 +24,7 @@ state (smooth L1), unrolled `depth` steps on its own predicted states, as it run
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -35,7 +36,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
-from specwatch.engine.draft_training import Heldout, Sample
+from specwatch.engine.draft_training import Heldout, Sample, TrainReport
 from specwatch.engine.draft_vocab import FILE, load_vocabulary, save_vocabulary
 from specwatch.engine.drafters import ModelDrafter
 
@@ -178,8 +179,6 @@ def train_head(
     """A head trained on `samples` (their answers' positions) against `target`, from `init`'s weights where
     given (a retrain: its blocks, its vocabulary's rows re-read from the target); measured on `held_out`.
     Returns (head, TrainReport)."""
-    from specwatch.engine.draft_training import TrainReport
-
     started = time.monotonic()
     torch.manual_seed(config.seed)
     head = new_head(target, to_target, init.config.blocks if init is not None else blocks)
@@ -213,9 +212,10 @@ def train_head(
 
 @torch.no_grad()
 def head_matches(head: FeatureHead, embed, head_weight, samples: list[Sample], states: list[torch.Tensor], gamma: int):
-    """Per sample, per answer position p (the token at p is the target's greedy choice): whether the
-    draft that starts `j` tokens before p matches the target's greedy token, for j = 1..gamma, as
-    [positions, gamma] booleans; chains run on the true tokens (a chain stops at its first miss anyway)."""
+    """Per sample, [starts, gamma] booleans: row s is a round that starts from the target's state at s and
+    the token at s + 1 (from the prompt's last position on); column j whether its (j + 1)-th draft token is
+    the target's greedy token after s + 1 + j. Chains run on the true tokens (a round stops at its first
+    miss anyway)."""
     out = []
     for sample, state in zip(samples, states):
         ids = torch.tensor(sample.ids)
@@ -257,15 +257,21 @@ def replayed_chains(chains: list[torch.Tensor], gamma: int) -> float:
 
 def save_head(head: FeatureHead, out: Path, vocab: int, target_name: str | None = None) -> Path:
     """The head as a directory: `config.json` (its kind, sizes and verifier), `model.safetensors`, and the
-    draft vocabulary's `d2t`/`t2d`; the engine serves it as `model:OUT`."""
+    draft vocabulary's `d2t`/`t2d`; the engine serves it as `model:OUT`. Written beside and then moved in
+    whole: an interrupted save leaves the earlier head at OUT, never one file of each."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    staged = out.with_name(f".{out.name}.part")
+    shutil.rmtree(staged, ignore_errors=True)
+    staged.mkdir(parents=True)
     config = {"model_type": MODEL_TYPE, "architectures": ["FeatureHead"], **asdict(head.config)}
     config |= {"draft_vocab_size": len(head.to_target), "verifier": target_name}
     weights = {name: tensor.detach().contiguous() for name, tensor in head.state_dict().items()}
-    save_file(weights, str(out / WEIGHTS), metadata={"format": "pt"})
-    save_vocabulary(out, head.to_target, vocab)
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    save_file(weights, str(staged / WEIGHTS), metadata={"format": "pt"})
+    save_vocabulary(staged, head.to_target, vocab)
+    (staged / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if out.exists():
+        shutil.rmtree(out)
+    staged.rename(out)
     return out
 
 

@@ -133,3 +133,12 @@ def test_a_head_drafts_nothing_without_the_targets_state_for_its_position():
     decoder.forward(torch.tensor([1, 2, 3]))
     assert drafter.propose([1, 2, 3], 3, GREEDY, None) == ([], None)  # the cache already holds the last token
     assert len(drafter.propose([1, 2, 3, 4], 3, GREEDY, None)[0]) == 3
+
+
+def test_a_head_saved_over_another_replaces_it_whole(tmp_path):
+    target = tiny_llama(seed=3)
+    out = save_head(new_head(target, torch.tensor([1, 2, 3])), tmp_path / "head", vocab=256)
+    (out / "stale.txt").write_text("from the earlier head")
+    save_head(new_head(target, torch.tensor([4, 5])), out, vocab=256)
+    assert load_head(out, target).to_target.tolist() == [4, 5]
+    assert not (out / "stale.txt").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["head"]
