@@ -67,6 +67,10 @@ QUESTIONS = (
     "Explain briefly why {} matters.",
     "What are common mistakes people make with {}?",
     "How do I get started with {}?",
+    "Write a short paragraph about {}.",
+    "What should a beginner know about {}?",
+    "Describe the benefits and drawbacks of {}.",
+    "Summarize the key facts about {}.",
 )
 TASKS = (
     "reverses a string", "checks whether a number is prime", "sums a list of numbers", "counts the vowels in a word",
@@ -259,9 +263,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--train-topics",
         type=int,
         default=120,
-        help=f"topics captured for training (4 questions each; at most {len(TOPICS)} less --held-topics)",
+        help=f"topics captured for training ({len(QUESTIONS)} questions each; at most {len(TOPICS)} less held)",
     )
-    parser.add_argument("--held-topics", type=int, default=8, help="topics held out, measured on (4 questions each)")
+    parser.add_argument(
+        "--held-topics", type=int, default=8, help=f"topics held out, measured on ({len(QUESTIONS)} questions each)"
+    )
     parser.add_argument(
         "--domain-tasks", type=int, default=40, help="coding tasks captured (3 questions each; 0: none)"
     )

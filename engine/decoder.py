@@ -43,7 +43,13 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedModel
 
-from specwatch.engine.kernels import lane_attention_kernel, prefill_attention_kernel, row_times_kernel
+from specwatch.engine.kernels import (
+    host_features,
+    lane_attention_kernel,
+    prefill_attention_kernel,
+    row_times_kernel,
+    rows_times_kernel,
+)
 
 
 class Decoder(Protocol):
@@ -95,16 +101,22 @@ class _Matrix:
     becomes a transposed view of it, so no copy). On the 2-core AVX2 machine (fp32, one thread)
     a decode step went from 129 to 97 ms with that (`x @ W` streams the weight in the order
     it lies; oneDNN's packed kernel and F.linear were slower for a single row); for four and
-    more rows the packed kernel was as fast or faster."""
+    more rows the packed kernel was as fast or faster. `few_rows`: in bf16 on a CPU without AVX512-BF16,
+    up to `FEW_ROWS` rows go through the engine's `rows_times` kernel (`few_rows_kernel`)."""
 
-    __slots__ = ("weight", "packed", "by_columns")
+    __slots__ = ("weight", "packed", "by_columns", "few_rows")
 
-    def __init__(self, weight: torch.Tensor, packed: torch.Tensor | None, by_columns: torch.Tensor | None) -> None:
-        self.weight, self.packed, self.by_columns = weight, packed, by_columns
+    def __init__(
+        self, weight: torch.Tensor, packed: torch.Tensor | None, by_columns: torch.Tensor | None, few_rows: bool
+    ) -> None:
+        self.weight, self.packed, self.by_columns, self.few_rows = weight, packed, by_columns, few_rows
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x @ weight.T (+ bias)."""
-        if x.shape[-2] == 1 and self.by_columns is not None:
+        if self.few_rows and x.numel() <= FEW_ROWS * x.shape[-1]:
+            rows = torch.ops.specwatch_cpu.rows_times(x.reshape(-1, x.shape[-1]), self.weight)
+            out = rows.view(*x.shape[:-1], rows.shape[-1])
+        elif x.shape[-2] == 1 and self.by_columns is not None:
             out = torch.matmul(x, self.by_columns)
         elif self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
@@ -143,8 +155,21 @@ def _matrix(linears: list[torch.nn.Linear], pack: bool, by_columns: bool) -> _Ma
         dense = _fuse(linears, "weight", by_columns)
         # oneDNN picks the blocked layout for the batch size it is told; one told 1 is 2x slower at 2-8 rows
         packed = torch.ops.mkldnn._reorder_linear_weight(dense.detach(), None if by_columns else 1) if pack else None
-        cached["matrix"] = _Matrix(dense, packed, dense.t() if by_columns else None)
+        few_rows = dense.device.type == "cpu" and dense.dtype == torch.bfloat16 and few_rows_kernel()
+        cached["matrix"] = _Matrix(dense, packed, dense.t() if by_columns else None, few_rows)
     return cached["matrix"]
+
+
+FEW_ROWS = 8  # the most rows `rows_times` takes
+
+
+@functools.cache
+def few_rows_kernel() -> bool:
+    """Whether bf16 products of up to `FEW_ROWS` rows go through the engine's `rows_times` kernel: only on a CPU
+    without AVX512-BF16, where oneDNN widens bf16 to float32 too and its packed kernel takes about as long again
+    for each further row, while the kernel reads each weight once for all the rows (docs/benchmarks.md has the
+    figures). Where the CPU has the bf16 dot product, oneDNN's own bf16 kernels are kept."""
+    return "avx512_bf16" not in host_features() and rows_times_kernel()
 
 
 def _row_times(

@@ -311,7 +311,15 @@ def load_head(directory: Path, target: PreTrainedModel) -> FeatureHead:
 
 class HeadDrafter(ModelDrafter):
     """Drafts with a feature head from the state the target's last forward left at the last committed token's
-    position (`LlamaDecoder.features`, read after each verification): no cache of its own."""
+    position (`LlamaDecoder.features`, read after each verification): no cache of its own.
+
+    It sizes its own drafts (`sizes_drafts`): under the 'cost' lookahead it drafts the cap and the engine keeps
+    the prefix worth verifying, read from `confidence` (each prefix's product of the head's own probabilities of
+    its tokens, calibrated against what verification accepts: LookaheadModel.trim), as EAGLE-2 sizes its draft
+    trees by the draft's confidence. A draft position costs the head a few million multiply-adds, so drafting
+    the cap and trimming costs little; the fewer doubtful tokens verified, the higher the acceptance."""
+
+    sizes_drafts = True
 
     def __init__(self, head: FeatureHead, target, name: str, vocab: int) -> None:
         super().__init__(target, name, head.to_target, vocab)

@@ -92,8 +92,11 @@ class ModelDrafter:
     `to_target` (a reduced draft vocabulary, engine/draft_vocab.py): the decoder scores only these
     target ids; the drafter proposes target ids, its proposal distribution [len, `vocab`] zero elsewhere."""
 
+    sizes_drafts = False  # a feature head sets it (engine/draft_head.py): its `confidence` sizes its drafts
+
     def __init__(self, decoder: Decoder, name: str, to_target: torch.Tensor | None = None, vocab: int = 0) -> None:
         self.decoder = decoder
+        self.confidence: list[float] = []  # the last draft's prefixes: the product of its tokens' own probabilities
         self.name = name
         self.device = getattr(decoder, "device", torch.device("cpu"))
         self.to_target = None if to_target is None else to_target.tolist()  # draft id -> target id
@@ -106,15 +109,19 @@ class ModelDrafter:
     def propose(self, tokens, k, params, generator):
         draft: list[int] = []
         step_probs: list[torch.Tensor] = []
+        self.confidence = []
         logits = self._first_logits(tokens)
         if logits is None:
             return [], None
         while True:
             if params.greedy:
                 token = int(greedy(logits))
+                chance = float(torch.softmax(logits.float(), -1)[token])
             else:
                 step_probs.append(probabilities(logits, params))
                 token = sample(step_probs[-1], generator)
+                chance = float(step_probs[-1][token])
+            self.confidence.append(chance * (self.confidence[-1] if self.confidence else 1.0))
             token = token if self.to_target is None else self.to_target[token]
             draft.append(token)
             if len(draft) == k:

@@ -7,11 +7,14 @@ starts load it without building:
 - `prefill` (`prefill_attention.cpp`): causal attention over a whole bf16 prompt, the prompt forward's
   attention; needs AVX512-BF16 likewise;
 - `lane` (`lane_attention.cpp`): a batched round's attention, each sequence over its own lane of the
-  slots' float32 cache pool; float32 FMAs, needs AVX512F only.
+  slots' float32 cache pool; float32 FMAs, needs AVX512F only;
+- `rows` (`rows_times.cpp`): up to 8 bf16 rows times a bf16 weight matrix, widened to float32 FMAs, the eager
+  forwards' products of a plain step or a verification; needs AVX512F only, and is used only where the CPU
+  lacks AVX512-BF16 (where it has it, oneDNN's own bf16 kernels are kept).
 
 `NEEDS` says which features (torch.cpu.get_capabilities() names) each needs; the first two were measured
 faster than torch's path only with the bf16 dot product, and written for AVX512F alone they would widen bf16
-to float32 as torch's path does. A CPU without AVX512-BF16 keeps `lane`.
+to float32 as torch's path does. A CPU without AVX512-BF16 keeps `lane` and `rows`.
 
 The cache: `<SPECWATCH_CACHE_DIR>/kernels/<kernel>-<key>/`, the key a hash of the kernel's source contents
 (its .cpp and the headers it includes, copied into that folder and built from there, so that two checkouts
@@ -41,19 +44,25 @@ import torch
 import torch.nn.functional as F
 
 ENGINE_DIR = Path(__file__).resolve().parent
-KERNELS = ("row", "prefill", "lane")
-OPS = {"row": "row_times", "prefill": "prefill_attention", "lane": "lane_attention"}
+KERNELS = ("row", "prefill", "lane", "rows")
+OPS = {"row": "row_times", "prefill": "prefill_attention", "lane": "lane_attention", "rows": "rows_times"}
 # each kernel's files, beside this module: its source first, then the headers it includes
 SOURCES = {
     "row": ("row_times.cpp",),
     "prefill": ("prefill_attention.cpp", "vector_math.h"),
     "lane": ("lane_attention.cpp", "vector_math.h"),
+    "rows": ("rows_times.cpp",),
 }
 # the CPU features each kernel is built for (torch.cpu.get_capabilities() names), each enabled by its own flag
 # and nothing else: what its intrinsics need and what the compiler's flags for them imply (-mavx512f: AVX2,
 # and FMA3 and F16C with clang; AVX2 stands for the AVX, SSE4.2 and POPCNT below it, on every CPU with it)
 AVX512 = ("avx2", "fma3", "f16c", "avx512_f")
-NEEDS = {"row": (*AVX512, "avx512_bw", "avx512_bf16"), "prefill": (*AVX512, "avx512_bw", "avx512_bf16"), "lane": AVX512}
+NEEDS = {
+    "row": (*AVX512, "avx512_bw", "avx512_bf16"),
+    "prefill": (*AVX512, "avx512_bw", "avx512_bf16"),
+    "lane": AVX512,
+    "rows": AVX512,
+}
 FEATURE_FLAGS = {
     "avx2": "-mavx2",
     "fma3": "-mfma",
@@ -86,6 +95,12 @@ def lane_attention_kernel() -> bool:
     return _ready("lane", _same_shape_as_q, _lane_attention_agrees)
 
 
+@functools.cache
+def rows_times_kernel() -> bool:
+    """Whether `torch.ops.specwatch_cpu.rows_times` is loaded and agrees with torch here."""
+    return _ready("rows", _rows_times_shape, _rows_times_agrees)
+
+
 def why_not(kernel: str) -> str:
     """Why `kernel` is not in use here, in words (for a test's skip reason or a log line)."""
     if missing := [feature for feature in NEEDS[kernel] if feature not in host_features()]:
@@ -105,17 +120,21 @@ def _ready(kernel: str, shape, agrees) -> bool:
 
 def chosen() -> frozenset[str]:
     """The kernels SPECWATCH_CPU_KERNELS leaves in (default: all; `none`, or a comma-separated subset of row,
-    prefill, lane); ValueError for a name that is none of them (`EngineConfig` checks it at start)."""
+    prefill, lane, rows); ValueError for a name that is none of them (`EngineConfig` checks it at start)."""
     value = os.environ.get("SPECWATCH_CPU_KERNELS", ",".join(KERNELS)).replace(" ", "").lower()
     names = frozenset() if value == "none" else frozenset(filter(None, value.split(",")))
     if unknown := names - set(KERNELS):
         unknown_names = ", ".join(sorted(unknown))
-        raise ValueError(f"SPECWATCH_CPU_KERNELS: unknown kernel(s) {unknown_names} (row, prefill, lane or none)")
+        raise ValueError(f"SPECWATCH_CPU_KERNELS: unknown kernel(s) {unknown_names} (row, prefill, lane, rows or none)")
     return names
 
 
 def _row_times_shape(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return x.new_empty((1, weight.shape[0]))
+
+
+def _rows_times_shape(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((x.shape[0], weight.shape[0]))
 
 
 def _same_shape_as_q(q: torch.Tensor, *_) -> torch.Tensor:
@@ -274,6 +293,20 @@ def _row_times_agrees() -> bool:
         got = torch.ops.specwatch_cpu.row_times(x, weight)
         if got.shape != want.shape or not torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-2):
             print("engine: row-times kernel disagrees with torch here; keeping Inductor's products", file=sys.stderr)
+            return False
+    return True
+
+
+def _rows_times_agrees() -> bool:
+    """The kernel against torch's float32 product for 1 to 8 rows, with and without a tail beyond 32 columns."""
+    generator = torch.Generator().manual_seed(0)
+    for rows, out_features, in_features in ((1, 37, 96), (3, 64, 1000), (8, 20, 576)):
+        weight = torch.randn(out_features, in_features, generator=generator).bfloat16()
+        x = torch.randn(rows, in_features, generator=generator).bfloat16()
+        want = (x.float() @ weight.float().t()).bfloat16()
+        got = torch.ops.specwatch_cpu.rows_times(x, weight)
+        if got.shape != want.shape or not torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-2):
+            print("engine: rows-times kernel disagrees with torch here; keeping oneDNN's products", file=sys.stderr)
             return False
     return True
 

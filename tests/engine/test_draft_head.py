@@ -5,6 +5,7 @@ and the acceptance it gets served is the one its held-out replay predicts."""
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -34,8 +35,8 @@ from tests.engine.test_greedy_identity import hf_greedy
 GREEDY = SamplingParams(temperature=0.0)
 
 
-def greedy_loop(target, drafter, decoder, prompt: list[int], max_new: int, gamma: int):
-    loop = SpeculativeDecoder(decoder, drafter, adaptive="fixed")
+def greedy_loop(target, drafter, decoder, prompt: list[int], max_new: int, gamma: int, adaptive: str = "fixed"):
+    loop = SpeculativeDecoder(decoder, drafter, adaptive=adaptive)
     loop.prefill(prompt, max_new, gamma, GREEDY)
     while not loop.finished:
         loop.accept(loop.target.forward(loop.propose()), forward_s=0.0)
@@ -103,6 +104,34 @@ def test_a_trained_head_agrees_more_and_stays_lossless(tmp_path, one_thread):  #
     replay = head_heldout(saved, embed, target.lm_head.weight.detach(), [served], target_states(target, [served]), 3)
     assert stats.num_accepted_tokens / stats.num_draft_tokens == pytest.approx(replay.acceptance), replay
     assert stats.num_accepted_tokens > 0
+
+
+def asking(propose, asked: list[int], tokens, k, *rest):
+    asked.append(k)
+    return propose(tokens, k, *rest)
+
+
+def test_a_head_sizes_its_drafts_by_its_own_confidence():
+    """Under the 'cost' lookahead the engine verifies only the prefix of a head's draft worth it by the head's
+    own probabilities (an untrained head's are low: most of its drafts are cut), losslessly."""
+    target = tiny_llama(seed=3)
+    prompt = sequences(1, seed=4)[0].ids[:4]
+    want = hf_greedy(target, prompt, 24)
+    drafted = {}
+    for adaptive in ("fixed", "cost"):
+        torch.manual_seed(0)
+        decoder = LlamaDecoder(target)
+        drafter = HeadDrafter(new_head(target, torch.arange(256)), decoder, f"model:head-{adaptive}", 256)
+        asked = []
+        drafter.propose = functools.partial(asking, drafter.propose, asked)
+        tokens, stats = greedy_loop(target, drafter, decoder, prompt, 24, 4, adaptive)
+        assert tokens == want
+        drafted[adaptive] = stats.num_draft_tokens
+        # asked for a whole draft every round (the last ones capped by max_new): what is verified is cut after
+        assert len(asked) == stats.lookahead_rounds and set(asked[:-3]) == {4}, (asked, stats)
+        prefixes = drafter.confidence  # the last draft's: each prefix's product of the head's probabilities
+        assert 1 <= len(prefixes) <= 4 and all(0 < b <= a <= 1 for a, b in zip([1.0, *prefixes], prefixes)), prefixes
+    assert drafted["cost"] < drafted["fixed"] / 2, drafted
 
 
 def test_replayed_rounds_leave_the_last_token_to_the_target():

@@ -177,7 +177,7 @@ def test_the_real_libraries_are_shared_by_another_checkout(tmp_path, monkeypatch
     """The libraries this machine built (the other kernel tests use them) are what a second checkout of the
     same sources loads: same folder, no build; their build files name the copies beside them."""
     loaded = {"row": kernels.row_times_kernel(), "prefill": kernels.prefill_attention_kernel()}
-    loaded["lane"] = kernels.lane_attention_kernel()
+    loaded |= {"lane": kernels.lane_attention_kernel(), "rows": kernels.rows_times_kernel()}
     if not any(loaded.values()):
         pytest.skip("no kernel of the engine's is built here (CPU features, C++ compiler or ninja)")
     second = checkout(tmp_path / "other" / "main")
@@ -210,6 +210,7 @@ def test_the_engine_keeps_torchs_path_where_every_cached_library_is_refused(tmp_
         from specwatch.engine.decoder import LlamaDecoder
 
         used = [kernels.row_times_kernel(), kernels.prefill_attention_kernel(), kernels.lane_attention_kernel()]
+        used.append(kernels.rows_times_kernel())
         torch.manual_seed(3)
         shape = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2)
         config = LlamaConfig(vocab_size=256, num_hidden_layers=2, tie_word_embeddings=False, **shape)
@@ -222,9 +223,9 @@ def test_the_engine_keeps_torchs_path_where_every_cached_library_is_refused(tmp_
     )
     run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert json.loads(run.stdout.splitlines()[-1]) == {"used": [False] * 3, "prefill": False, "finite": True}
+    assert json.loads(run.stdout.splitlines()[-1]) == {"used": [False] * 4, "prefill": False, "finite": True}
     lines = [line for line in run.stderr.splitlines() if line.startswith("engine:")]
-    assert len(lines) == 3, run.stderr[-3000:]
+    assert len(lines) == len(KERNELS), run.stderr[-3000:]
     for kernel, line in zip(KERNELS, lines):
         assert line.startswith(f"engine: C++ kernel {kernel} refused: its cached library ({entries[kernel]}) needs ")
         assert not list(entries[kernel].glob("*.o"))  # nothing built over it

@@ -169,7 +169,7 @@ def test_an_unknown_cpu_kernel_is_a_usage_error_at_start(monkeypatch):
     monkeypatch.setenv("SPECWATCH_CPU_KERNELS", "row,lanes")
     done = run_cli("generate", "--prompt", "hi", "--max-tokens", "1")
     assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert "SPECWATCH_CPU_KERNELS: unknown kernel(s) lanes (row, prefill, lane or none)" in done.stderr
+    assert "SPECWATCH_CPU_KERNELS: unknown kernel(s) lanes (row, prefill, lane, rows or none)" in done.stderr
 
 
 def test_cli_lookahead_rule_reaches_the_decoder(bundled_engine):
