@@ -285,28 +285,27 @@ def _write_atomically(target: Path, content: bytes) -> None:
 
 def _row_times_agrees() -> bool:
     """The kernel against torch's float32 product, on rows with and without a tail beyond a multiple of 32."""
-    generator = torch.Generator().manual_seed(0)
-    for out_features, in_features in ((37, 96), (64, 1000)):
-        weight = torch.randn(out_features, in_features, generator=generator).bfloat16()
-        x = torch.randn(1, in_features, generator=generator).bfloat16()
-        want = (x.float() @ weight.float().t()).bfloat16()
-        got = torch.ops.specwatch_cpu.row_times(x, weight)
-        if got.shape != want.shape or not torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-2):
-            print("engine: row-times kernel disagrees with torch here; keeping Inductor's products", file=sys.stderr)
-            return False
-    return True
+    cases = ((1, 37, 96), (1, 64, 1000))
+    return _product_agrees(torch.ops.specwatch_cpu.row_times, cases, "row-times", "Inductor's")
 
 
 def _rows_times_agrees() -> bool:
     """The kernel against torch's float32 product for 1 to 8 rows, with and without a tail beyond 32 columns."""
+    cases = ((1, 37, 96), (3, 64, 1000), (8, 20, 576))
+    return _product_agrees(torch.ops.specwatch_cpu.rows_times, cases, "rows-times", "oneDNN's")
+
+
+def _product_agrees(op, cases: tuple[tuple[int, int, int], ...], kernel: str, fallback: str) -> bool:
+    """`op`(x [rows, in], weight [out, in]) against torch's float32 product rounded to bf16, for each
+    (rows, out, in) of `cases`; one stderr line where it disagrees."""
     generator = torch.Generator().manual_seed(0)
-    for rows, out_features, in_features in ((1, 37, 96), (3, 64, 1000), (8, 20, 576)):
+    for rows, out_features, in_features in cases:
         weight = torch.randn(out_features, in_features, generator=generator).bfloat16()
         x = torch.randn(rows, in_features, generator=generator).bfloat16()
         want = (x.float() @ weight.float().t()).bfloat16()
-        got = torch.ops.specwatch_cpu.rows_times(x, weight)
+        got = op(x, weight)
         if got.shape != want.shape or not torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-2):
-            print("engine: rows-times kernel disagrees with torch here; keeping oneDNN's products", file=sys.stderr)
+            print(f"engine: {kernel} kernel disagrees with torch here; keeping {fallback} products", file=sys.stderr)
             return False
     return True
 

@@ -28,6 +28,18 @@ def tiny_llama(seed: int, vocab: int = 256, layers: int = 4, hidden: int = 64, i
     return LlamaForCausalLM(config).to(torch.float32).eval()
 
 
+def on_one_and_two_threads(op, *args) -> tuple[torch.Tensor, torch.Tensor]:
+    """`op(*args)` on one torch thread, then on two (the thread count restored after)."""
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = op(*args)
+        torch.set_num_threads(2)
+        return one, op(*args)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def tiny_gpt2(seed: int, vocab: int = 256, layers: int = 2) -> GPT2LMHeadModel:
     torch.manual_seed(seed)
     config = GPT2Config(

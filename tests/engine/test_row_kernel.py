@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from specwatch.engine.kernels import row_times_kernel, why_not
+from tests.engine.conftest import on_one_and_two_threads
 
 pytestmark = pytest.mark.skipif(not row_times_kernel(), reason=f"the row-times kernel is not in use: {why_not('row')}")
 
@@ -29,16 +30,8 @@ def test_row_times_is_the_float32_product_rounded_to_bf16(out_features, in_featu
 
 
 def test_row_times_runs_on_several_threads_as_on_one():
-    weight = torch.randn(4099, 576).bfloat16()
-    x = torch.randn(1, 576).bfloat16()
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = torch.ops.specwatch_cpu.row_times(x, weight)
-        torch.set_num_threads(2)
-        two = torch.ops.specwatch_cpu.row_times(x, weight)
-    finally:
-        torch.set_num_threads(threads)
+    one, two = on_one_and_two_threads(torch.ops.specwatch_cpu.row_times, torch.randn(1, 576).bfloat16(),
+                                      torch.randn(4099, 576).bfloat16())  # fmt: skip
     assert torch.equal(one, two)
 
 

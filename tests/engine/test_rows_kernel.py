@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from specwatch.engine.kernels import rows_times_kernel, why_not
+from tests.engine.conftest import on_one_and_two_threads
 
 pytestmark = pytest.mark.skipif(
     not rows_times_kernel(), reason=f"the rows-times kernel is not in use: {why_not('rows')}"
@@ -38,16 +39,8 @@ def test_a_row_scores_the_same_alone_and_among_others():
 
 
 def test_rows_times_runs_on_several_threads_as_on_one():
-    weight = torch.randn(4099, 576).bfloat16()
-    x = torch.randn(4, 576).bfloat16()
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = torch.ops.specwatch_cpu.rows_times(x, weight)
-        torch.set_num_threads(2)
-        two = torch.ops.specwatch_cpu.rows_times(x, weight)
-    finally:
-        torch.set_num_threads(threads)
+    one, two = on_one_and_two_threads(torch.ops.specwatch_cpu.rows_times, torch.randn(4, 576).bfloat16(),
+                                      torch.randn(4099, 576).bfloat16())  # fmt: skip
     assert torch.equal(one, two)
 
 
