@@ -96,7 +96,7 @@ class ModelDrafter:
 
     def __init__(self, decoder: Decoder, name: str, to_target: torch.Tensor | None = None, vocab: int = 0) -> None:
         self.decoder = decoder
-        self.confidence: list[float] = []  # the last draft's prefixes: the product of its tokens' own probabilities
+        self.confidence: list[float] = []  # `sizes_drafts`: the last draft's prefixes' products of probabilities
         self.name = name
         self.device = getattr(decoder, "device", torch.device("cpu"))
         self.to_target = None if to_target is None else to_target.tolist()  # draft id -> target id
@@ -116,12 +116,12 @@ class ModelDrafter:
         while True:
             if params.greedy:
                 token = int(greedy(logits))
-                chance = float(torch.softmax(logits.float(), -1)[token])
             else:
                 step_probs.append(probabilities(logits, params))
                 token = sample(step_probs[-1], generator)
-                chance = float(step_probs[-1][token])
-            self.confidence.append(chance * (self.confidence[-1] if self.confidence else 1.0))
+            if self.sizes_drafts:
+                chance = float(step_probs[-1][token] if step_probs else torch.softmax(logits.float(), -1)[token])
+                self.confidence.append(chance * (self.confidence[-1] if self.confidence else 1.0))
             token = token if self.to_target is None else self.to_target[token]
             draft.append(token)
             if len(draft) == k:
