@@ -348,3 +348,10 @@ def test_a_vllm_bench_without_vllm_exits_2_saying_how_to_install_it(script: str,
     done = run_bench(script, [arg.format(tmp=tmp_path, postgres="") for arg in bench.args], env)
     assert done.returncode == 2, tail(done)
     assert f"is not installed in {tmp_path / 'no-vllm'}" in done.stderr
+
+
+@pytest.mark.parametrize("args", [("--rows", "9"), ("--rows", "0"), ("--repeats", "0"), ("--threads", "0")])
+def test_rows_kernel_refuses_sizes_it_cannot_measure(args):
+    """Checked before torch or the model loads: exit 2 and the reason."""
+    done = run_bench("rows_kernel", list(args))
+    assert done.returncode == 2 and "--rows must be within 1..8" in done.stderr, tail(done)
