@@ -38,6 +38,7 @@ import torch
 
 from specwatch.engine.engine import Engine, EngineConfig, GenerateRequest
 from specwatch.engine.loading import load_model
+from specwatch.engine.lookahead import DEFAULT_DRAFT_FLOOR
 
 TOPICS = (
     "sleep", "exercise", "cooking rice", "saving money", "learning a language", "gardening", "public speaking",
@@ -243,10 +244,14 @@ def measure_all(args: argparse.Namespace, work: Path, held_chat: list[str], held
     drafters = {"suffix": "suffix", "plain": None, "ngram": "ngram", "trained": f"model:{work / 'draft'}"}
     if held_code:
         drafters["adapted"] = f"model:{work / 'adapted'}"
-    engine = Engine(EngineConfig(dtype="bfloat16", threads=args.threads, lookahead=args.lookahead))
+    config = EngineConfig(
+        dtype="bfloat16", threads=args.threads, lookahead=args.lookahead, draft_floor=args.draft_floor
+    )
+    engine = Engine(config)
     engine.generate(GenerateRequest(messages=[{"role": "user", "content": "Hi"}], max_tokens=4, drafter=None))
     print(f"held out: {len(held_chat)} open-chat prompts over {args.held_topics} topics, bf16, "
-          f"{args.threads} thread(s), batch 1, gamma {args.gamma}, lookahead {args.lookahead}")  # fmt: skip
+          f"{args.threads} thread(s), batch 1, gamma {args.gamma}, lookahead {args.lookahead}"
+          + (f", draft floor {args.draft_floor}" if args.lookahead == "cost" else ""))  # fmt: skip
     chat = measure(engine, held_chat, drafters, args)
     report("open chat (held-out topics)", chat)
     code = None
@@ -284,12 +289,18 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--lookahead", choices=("fixed", "cost"), default="fixed", help="fixed: every round drafts gamma; cost: "
         "the engine's default, the draft length that maximises expected tokens/s (engine/lookahead.py)"
     )  # fmt: skip
+    parser.add_argument(
+        "--draft-floor", type=float, default=DEFAULT_DRAFT_FLOOR, help="with --lookahead cost: the engine's "
+        f"--draft-floor (default {DEFAULT_DRAFT_FLOOR}; 0: the tokens/s optimum)",
+    )  # fmt: skip
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument(
         "--keep", type=Path, help="keep the captures, the drafts (draft/, adapted/) and held.json in this directory"
     )
     parser.add_argument("--reuse", action="store_true", help="measure the drafts an earlier --keep run left there")
     args = parser.parse_args(argv)
+    if not 0 <= args.draft_floor < 1:
+        parser.error("--draft-floor must be in [0, 1)")
     if args.reuse and not (args.keep and (args.keep / "draft").is_dir()):
         parser.error("--reuse needs --keep DIR of an earlier run (its draft/ and, with --domain-tasks, adapted/)")
     if not 1 <= args.held_topics < len(TOPICS) or not 1 <= args.train_topics <= len(TOPICS) - args.held_topics:

@@ -17,6 +17,7 @@ from specwatch.common.cli import (
     tcp_port,
 )
 from specwatch.common.errors import UsageError, require_engine
+from specwatch.engine.lookahead import DEFAULT_DRAFT_FLOOR, check_draft_floor
 from specwatch.engine.policy import PolicyConfig
 
 
@@ -181,6 +182,13 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         help="draft length per round: cost (maximise expected tokens/s from the measured verify cost and "
         "acceptance; the default), heuristic (+2 after a full accept, -1 after a rejection) or fixed (always --gamma)",
     )
+    parser.add_argument(
+        "--draft-floor",
+        type=float,
+        default=DEFAULT_DRAFT_FLOOR,
+        help="with --lookahead cost: a drafter that sizes its drafts (a trained head, suffix) has no token verified "
+        f"that it gives less chance of acceptance than this (default {DEFAULT_DRAFT_FLOOR}; 0: the tokens/s optimum)",
+    )
 
 
 def engine_config(args: argparse.Namespace):
@@ -188,6 +196,10 @@ def engine_config(args: argparse.Namespace):
 
     if args.threads < 0 or args.batch_threads < 0:
         raise UsageError("--threads and --batch-threads must be >= 0")
+    try:
+        check_draft_floor(getattr(args, "draft_floor", DEFAULT_DRAFT_FLOOR))
+    except ValueError as exc:
+        raise UsageError(f"--draft-floor: {exc}") from None
     from specwatch.engine.suffix import SuffixConfig
 
     try:

@@ -25,7 +25,8 @@ from specwatch.engine.sampling import SamplingParams, greedy, probabilities, sam
 class Drafter(Protocol):
     """A draft source. One that sizes its drafts from its own estimates (suffix decoding) also sets
     `sizes_drafts = True` and, after each `propose`, `confidence`: for each draft prefix, its estimate
-    that the prefix is accepted whole; the 'cost' lookahead then trims the draft (LookaheadModel.trim)."""
+    that the prefix is accepted whole; the 'cost' lookahead then trims the draft (LookaheadModel.trim). One that
+    drafts token by token also has `stop_below`: it stops drafting at a token it gives less chance than that."""
 
     name: str
 
@@ -93,6 +94,7 @@ class ModelDrafter:
     target ids; the drafter proposes target ids, its proposal distribution [len, `vocab`] zero elsewhere."""
 
     sizes_drafts = False  # a feature head sets it (engine/draft_head.py): its `confidence` sizes its drafts
+    stop_below = 0.0  # `sizes_drafts`: stop at a token of less chance (its decoder sets LookaheadModel.floor)
 
     def __init__(self, decoder: Decoder, name: str, to_target: torch.Tensor | None = None, vocab: int = 0) -> None:
         self.decoder = decoder
@@ -114,14 +116,19 @@ class ModelDrafter:
         if logits is None:
             return [], None
         while True:
-            if params.greedy:
+            probs = None if params.greedy else probabilities(logits, params)
+            if self.sizes_drafts:
+                # the likeliest token's chance, known before a token is drawn: sizing a sampled draft by its
+                # drawn tokens' own chances would bias what verification keeps (the target's distribution)
+                chance = float((probs if probs is not None else torch.softmax(logits.float(), -1)).max())
+                if chance < self.stop_below:  # `trim` would cut here: drafting on is wasted
+                    break
+                self.confidence.append(chance * (self.confidence[-1] if self.confidence else 1.0))
+            if probs is None:
                 token = int(greedy(logits))
             else:
-                step_probs.append(probabilities(logits, params))
-                token = sample(step_probs[-1], generator)
-            if self.sizes_drafts:
-                chance = float(step_probs[-1][token] if step_probs else torch.softmax(logits.float(), -1)[token])
-                self.confidence.append(chance * (self.confidence[-1] if self.confidence else 1.0))
+                step_probs.append(probs)
+                token = sample(probs, generator)
             token = token if self.to_target is None else self.to_target[token]
             draft.append(token)
             if len(draft) == k:

@@ -24,7 +24,7 @@ from specwatch.engine.draft_head import FeatureHead, HeadDrafter, is_head, load_
 from specwatch.engine.draft_vocab import load_vocabulary
 from specwatch.engine.drafters import Drafter, NgramConfig, NgramDrafter, early_exit_drafter, model_drafter
 from specwatch.engine.loading import BUNDLED, LoadedModel, load_model, resolve_device
-from specwatch.engine.lookahead import CostCurve
+from specwatch.engine.lookahead import DEFAULT_DRAFT_FLOOR, CostCurve, check_draft_floor
 from specwatch.engine.sampling import SamplingParams
 from specwatch.engine.speculative import DEFAULT_LOOKAHEAD, LOOKAHEAD_MODES, DecodeStats, SpeculativeDecoder
 from specwatch.engine.suffix import MODEL_FREE, SuffixCache, SuffixConfig, SuffixDrafter
@@ -48,11 +48,13 @@ class EngineConfig:
     max_prompt_tokens: int | None = None  # None: what the model's context leaves after max_tokens
     lookahead: str = DEFAULT_LOOKAHEAD  # how each round's draft length is chosen (engine/speculative.py)
     compile: bool = False  # CPU, float32 or bf16 packed for oneDNN: forwards after a prefix through torch.compile
+    draft_floor: float = DEFAULT_DRAFT_FLOOR  # 'cost': the least chance of a verified token (LookaheadModel.floor)
 
     def __post_init__(self) -> None:
         check_memory_fraction(self.memory_fraction)
         if self.lookahead not in LOOKAHEAD_MODES:
             raise ValueError(f"lookahead must be one of {', '.join(LOOKAHEAD_MODES)}, got {self.lookahead!r}")
+        check_draft_floor(self.draft_floor)
         if self.threads < 0 or self.batch_threads < 0:
             raise ValueError(f"threads and batch_threads must be >= 0, got {self.threads} and {self.batch_threads}")
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
@@ -343,7 +345,12 @@ class Run:
         self.mode = "speculative" if self.drafter else "autoregressive"  # as admitted (decided), for the record
         self.drafter_name = self.drafter.name if self.drafter else None
         self.loop = SpeculativeDecoder(
-            slot.decoder, self.drafter, engine.target.device, engine.config.lookahead, engine.step_costs
+            slot.decoder,
+            self.drafter,
+            engine.target.device,
+            engine.config.lookahead,
+            engine.step_costs,
+            engine.config.draft_floor,
         )
         self.text = TextStream(engine.tokenizer, request.stop, engine.tokenizer_lock)
         self.stop_ids = frozenset() if request.ignore_eos else engine.stop_ids  # the tokens that end this request

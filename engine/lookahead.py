@@ -30,6 +30,19 @@ from dataclasses import dataclass, field
 
 PRIOR_SLOPE = 0.05  # relative verify cost per extra token before two lengths are measured (CPU: ~0.04-0.07)
 
+# The engine's default `LookaheadModel.floor` (EngineConfig.draft_floor): verification is cheap at batch 1, so
+# the tokens/s optimum verifies tokens the drafter itself gives a 20-30% chance; each rejected one is a verify
+# row another request could have used, and a drafter whose verified tokens are mostly rejected trips the
+# acceptance alert. At 0.4 the trained head keeps its speed-up at batch 1 (bench/draft_adaptation.py
+# --draft-floor, docs/engine.md). A drafter that sizes its drafts stops drafting at such a token (SpecDec++'s
+# stopping rule, EAGLE-2's confidence).
+DEFAULT_DRAFT_FLOOR = 0.4
+
+
+def check_draft_floor(floor: float) -> None:
+    if not 0.0 <= floor < 1.0:
+        raise ValueError(f"draft floor must be in [0, 1), got {floor}")
+
 
 @dataclass
 class CostCurve:
@@ -205,6 +218,7 @@ class LookaheadModel:
     max_probe_every: int = 64  # a rejected probe doubles the wait up to this
     probe: int = 2
     draft_alpha: float = 0.2
+    floor: float = 0.0  # `trim`: no drafted token the drafter gives less chance than this is verified
     acceptance: Acceptance = field(init=False)
     calibration: Calibration = field(default_factory=Calibration)  # of a drafter's own estimates (`trim`)
     draft_s_per_token: float = 0.0  # exponentially weighted drafting seconds per drafted token
@@ -215,6 +229,7 @@ class LookaheadModel:
     def __post_init__(self) -> None:
         if self.gamma < 0:
             raise ValueError(f"gamma must be >= 0, got {self.gamma}")
+        check_draft_floor(self.floor)
         self.acceptance = Acceptance(self.gamma)
         self.wait = self.probe_every
 
@@ -266,11 +281,14 @@ class LookaheadModel:
     def trim(self, probs: list[float], batch: int = 1) -> int:
         """How many tokens of a drafter-sized draft to verify: the prefix with the most expected tokens
         per second, where probs[i] is the drafter's estimate that its first i + 1 tokens are all accepted
-        (scaled by `calibration`); drafting is already paid. Re-probes like `choose`; recorded."""
+        (scaled by `calibration`), and none of whose tokens has its own chance (probs[i] / probs[i - 1])
+        below `floor`; drafting is already paid. Re-probes like `choose`; recorded."""
         factor, expected = self.calibration.factor, [0.0]
-        for p in probs:
+        for i, p in enumerate(probs):
+            if p < self.floor * (probs[i - 1] if i else 1.0):
+                break
             expected.append(expected[-1] + min(1.0, factor * p))
-        k = max(range(len(probs) + 1), key=lambda k: (self._per_second(expected[k], k, batch), -k))
+        k = max(range(len(expected)), key=lambda k: (self._per_second(expected[k], k, batch), -k))
         return self._probe_or(k, len(probs))
 
     def _probe_or(self, k: int, limit: int) -> int:

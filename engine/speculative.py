@@ -20,7 +20,7 @@ import torch
 
 from specwatch.engine.decoder import Decoder
 from specwatch.engine.drafters import Drafter
-from specwatch.engine.lookahead import Acceptance, CostCurve, LookaheadModel
+from specwatch.engine.lookahead import DEFAULT_DRAFT_FLOOR, Acceptance, CostCurve, LookaheadModel, check_draft_floor
 from specwatch.engine.sampling import SamplingParams, greedy, probabilities, sample, verify_greedy, verify_stochastic
 
 
@@ -113,7 +113,8 @@ class SpeculativeDecoder:
     'heuristic' drafts 2 longer after a fully accepted draft and 1 shorter after a rejection,
     'fixed' always drafts gamma. `batch` is how many requests share the verify forward (the scheduler sets it).
     `costs`: the step-cost curve its lookahead reads and its own forwards feed (an engine's, shared by its
-    slots); by default one per target decoder."""
+    slots); by default one per target decoder. `draft_floor`: under 'cost', a drafter that sizes its drafts
+    has none of its tokens verified that it gives less chance than this (LookaheadModel.floor)."""
 
     def __init__(
         self,
@@ -122,9 +123,12 @@ class SpeculativeDecoder:
         device: torch.device | str = "cpu",
         adaptive: str = DEFAULT_LOOKAHEAD,
         costs: CostCurve | None = None,
+        draft_floor: float = DEFAULT_DRAFT_FLOOR,
     ) -> None:
         if adaptive not in LOOKAHEAD_MODES:
             raise ValueError(f"adaptive must be one of {', '.join(LOOKAHEAD_MODES)}, got {adaptive!r}")
+        check_draft_floor(draft_floor)
+        self.draft_floor = draft_floor
         self.target = target
         self.costs = costs if costs is not None else cost_curve(target)
         self.adaptive = adaptive
@@ -163,9 +167,10 @@ class SpeculativeDecoder:
         self.gamma = gamma if self.drafter is not None else 0
         self.lookahead = self.gamma  # adapted per round, at most gamma (see _adapt_lookahead)
         shared = drafter_acceptance(self.drafter, self.gamma) if self.drafter is not None else None
-        self.model = LookaheadModel(self.gamma, costs=self.costs, shared=shared)
         # a drafter that sizes its drafts from its own estimates: asked for the cap, trimmed (LookaheadModel.trim)
         self.trims_drafts = self.adaptive == "cost" and getattr(self.drafter, "sizes_drafts", False)
+        floor = self.draft_floor if self.trims_drafts else 0.0
+        self.model = LookaheadModel(self.gamma, costs=self.costs, shared=shared, floor=floor)
         self.params, self.stop_ids, self.max_new, self.min_new = params, stop_ids, max_new_tokens, min_new_tokens
         self.generator = torch.Generator(device="cpu").manual_seed(seed) if seed is not None else None
         self.stats = DecodeStats(gamma=self.gamma)
@@ -176,6 +181,8 @@ class SpeculativeDecoder:
         self.target.reset(max_len)
         if self.drafter is not None:
             self.drafter.begin(max_len)
+            if hasattr(self.drafter, "stop_below"):
+                self.drafter.stop_below = floor
         self.prompt_fed = 0  # prompt tokens in the target's cache
         self._chunk = 0  # prompt tokens in the proposal the target is running (0: a draft's proposal)
 
@@ -277,7 +284,13 @@ class SpeculativeDecoder:
         self._round_draft_s = time.monotonic() - start
         self.stats.draft_s += self._round_draft_s
         if self.trims_drafts:
-            kept = self.model.trim(self.drafter.confidence[: len(draft)], self.batch)
+            # a drawn draft (sampling) was sized as it was drawn (`stop_below`): trimming it by the chances of
+            # tokens drawn after a position would make keeping that position depend on its own draw (biased)
+            kept = (
+                len(draft)
+                if draft_probs is not None
+                else self.model.trim(self.drafter.confidence[: len(draft)], self.batch)
+            )
             self._record_lookahead(kept)
             draft, draft_probs = draft[:kept], draft_probs[:kept] if draft_probs is not None else None
         return draft, draft_probs

@@ -35,8 +35,8 @@ from tests.engine.test_greedy_identity import hf_greedy
 GREEDY = SamplingParams(temperature=0.0)
 
 
-def greedy_loop(target, drafter, decoder, prompt: list[int], max_new: int, gamma: int, adaptive: str = "fixed"):
-    loop = SpeculativeDecoder(decoder, drafter, adaptive=adaptive)
+def greedy_loop(target, drafter, decoder, prompt, max_new: int, gamma: int, adaptive: str = "fixed", floor=0.0):
+    loop = SpeculativeDecoder(decoder, drafter, adaptive=adaptive, draft_floor=floor)
     loop.prefill(prompt, max_new, gamma, GREEDY)
     while not loop.finished:
         loop.accept(loop.target.forward(loop.propose()), forward_s=0.0)
@@ -132,6 +132,37 @@ def test_a_head_sizes_its_drafts_by_its_own_confidence():
         prefixes = drafter.confidence  # the last draft's: each prefix's product of the head's probabilities
         assert 1 <= len(prefixes) <= 4 and all(0 < b <= a <= 1 for a, b in zip([1.0, *prefixes], prefixes)), prefixes
     assert drafted["cost"] < drafted["fixed"] / 2, drafted
+
+
+def test_a_head_stops_drafting_at_a_token_below_the_floor():
+    """With a draft floor the head drafts on only while its likeliest token's chance reaches it (the tokens after
+    one it doubts are not drafted at all); the output stays the target's."""
+    target = tiny_llama(seed=3)
+    prompt = sequences(1, seed=4)[0].ids[:4]
+    want = hf_greedy(target, prompt, 24)
+    torch.manual_seed(0)
+    head = new_head(target, torch.arange(256))
+    head.lm_head.mul_(40.0)  # sharp enough that some of its chances pass a floor of 0.5 and some do not
+    chances, drafted = [], {}
+    for floor in (0.0, 0.5):
+        decoder = LlamaDecoder(target)
+        drafter = HeadDrafter(head, decoder, f"model:head-{floor}", 256)
+        drafter.propose = functools.partial(kept_confidence, drafter, drafter.propose, chances)
+        tokens, stats = greedy_loop(target, drafter, decoder, prompt, 24, 4, "cost", floor)
+        assert tokens == want
+        drafted[floor] = stats.num_draft_tokens
+    passed = [b / a for draft in chances for a, b in zip([1.0, *draft], draft)]
+    assert min(passed) < 0.5 < max(passed), passed  # the unfloored run saw chances on both sides
+    assert 0 < drafted[0.5] < drafted[0.0], drafted
+
+
+def kept_confidence(drafter, propose, into, tokens, k, *rest):
+    """`propose`, with each draft's prefix confidences kept in `into` (the floored drafter's are checked)."""
+    out = propose(tokens, k, *rest)
+    if drafter.stop_below:
+        assert all(b / a >= drafter.stop_below for a, b in zip([1.0, *drafter.confidence], drafter.confidence))
+    into.append(list(drafter.confidence))
+    return out
 
 
 def test_replayed_rounds_leave_the_last_token_to_the_target():

@@ -155,6 +155,8 @@ def test_cli_bad_input_exits_2_with_a_message(args, message):
         ),
         (["engine", "serve", "--shutdown-timeout", "-1"], "--shutdown-timeout must be between 0 and 86400 seconds"),
         (["engine", "serve", "--lookahead", "greedy"], "argument --lookahead: invalid choice: 'greedy'"),
+        (["engine", "serve", "--draft-floor", "1"], "--draft-floor: draft floor must be in [0, 1), got 1.0"),
+        (["generate", "--prompt", "hi", "--draft-floor", "nan"], "--draft-floor: draft floor must be in [0, 1)"),
         (["traffic", "--scenarios", "poetry"], "unknown scenario 'poetry'"),
         (["traffic", "--concurrency", "0"], "--concurrency"),
         (["traffic", "--url", "http://127.0.0.1:9"], "no engine answering at http://127.0.0.1:9"),

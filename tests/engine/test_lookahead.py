@@ -233,6 +233,17 @@ def test_a_drafter_sized_draft_is_trimmed_where_its_calibrated_estimates_stop_pa
     assert model.idle_rounds == 1
 
 
+def test_a_floor_keeps_tokens_the_drafter_doubts_out_of_a_drafter_sized_draft():
+    costs = {1: 0.040, 2: 0.041, 9: 0.048}  # rows nearly free: the tokens/s optimum verifies doubtful tokens
+    draft = [0.9, 0.9 * 0.3, 0.9 * 0.3 * 0.9]  # own chances 0.9, 0.3, 0.9
+    for floor, kept in ((0.0, 3), (0.25, 3), (0.4, 1), (0.95, 0)):
+        model = LookaheadModel(8, floor=floor)
+        model.costs.seconds[1] = dict(costs)
+        assert model.trim(draft) == kept, floor
+    with pytest.raises(ValueError, match="draft floor"):
+        LookaheadModel(8, floor=1.0)
+
+
 def test_suffix_rounds_ask_gamma_and_verify_what_the_lookahead_keeps(bundled_engine):
     text = "alpha beta gamma delta epsilon zeta eta theta iota kappa " * 6
     repeat = [{"role": "user", "content": f"Repeat the following text exactly, then stop.\n\n{text}"}]

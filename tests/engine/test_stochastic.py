@@ -76,11 +76,11 @@ def exact_joint(model, prompt: list[int]) -> np.ndarray:
     return joint
 
 
-def sampled_joint(model, drafter, prompt: list[int], decoder=None) -> tuple[np.ndarray, int]:
+def sampled_joint(model, drafter, prompt: list[int], decoder=None, **loop_options) -> tuple[np.ndarray, int]:
     counts, drafted = np.zeros((VOCAB, VOCAB)), 0
-    # "fixed": every round drafts, so every draw tests the verification rule (the cost-aware default
-    # stops drafting for a drafter this random model rejects)
-    loop = SpeculativeDecoder(decoder or make_decoder(model), drafter, adaptive="fixed")
+    # "fixed" by default: every round drafts, so every draw tests the verification rule (the cost-aware
+    # default stops drafting for a drafter this random model rejects)
+    loop = SpeculativeDecoder(decoder or make_decoder(model), drafter, **({"adaptive": "fixed"} | loop_options))
     for seed in range(DRAWS):
         loop.prefill(prompt, 3, 3, PARAMS, seed=seed)  # the round after the first token drafts 1 token
         loop.accept(loop.target.forward(loop.propose()), forward_s=0.0)  # one round
@@ -120,6 +120,17 @@ def test_speculative_sampling_keeps_target_distribution(peaky_target, kind):
     counts, drafted = sampled_joint(peaky_target, drafter, prompt, decoder)
     assert drafted >= DRAWS  # every second token came out of a verified draft
     assert_same_distribution(counts, exact_joint(peaky_target, prompt))
+
+
+def test_a_head_that_stops_at_its_floor_keeps_target_distribution(peaky_target):
+    """Whether the head's draft stops (a token it gives less chance than the floor) depends on the token it drew;
+    the output keeps the target's distribution all the same: a stopped position is the target's own draw."""
+    decoder = make_decoder(peaky_target)
+    torch.manual_seed(2)  # this head's top chance after the first token: 0.77 or 0.90, by the token
+    drafter = HeadDrafter(new_head(peaky_target, torch.tensor([0, 1, 3, 4])), decoder, "h", VOCAB)
+    counts, drafted = sampled_joint(peaky_target, drafter, DE_BRUIJN, decoder, adaptive="cost", draft_floor=0.85)
+    assert DRAWS / 10 < drafted < DRAWS * 9 / 10  # both stopped and verified drafts, often
+    assert_same_distribution(counts, exact_joint(peaky_target, DE_BRUIJN))
 
 
 def test_verify_stochastic_matches_target_for_a_fixed_pair():
