@@ -4,7 +4,7 @@ bundled engine (bf16, batch 1) beside plain, n-gram and suffix decoding, on prom
 Run (docs/engine.md's figures; about 17 minutes of capture, 15 of training, then the measure):
     .venv/bin/python -m bench.draft_adaptation --train-topics 139 --held-topics 4 --domain-tasks 40 \\
         --held-tasks 3 --answer-tokens 96 --steps 1200 --gamma 5 --lookahead cost --keep DIR
-The drafts a `--keep DIR` run left, measured again (another gamma or lookahead): add `--reuse`.
+The drafts a `--keep DIR` run left, measured again (another gamma, lookahead or --draft-floor): add `--reuse`.
 A tiny run that proves the path (about a minute):
     .venv/bin/python -m bench.draft_adaptation --train-topics 2 --held-topics 1 --domain-tasks 0 \\
         --answer-tokens 8 --steps 3
