@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import fcntl
 import os
+import select
 import shutil
+import signal
 import subprocess
 import sys
 import termios
@@ -32,13 +34,27 @@ finally:
 
 
 def _read_until(fd: int, text: bytes, timeout_s: float) -> bytes:
+    """What the terminal shows until `text` or the timeout. Each read waits in `select` first: this process
+    holds the terminal's other side open, so a read after everything on it has exited would block for ever."""
     seen, deadline = b"", time.monotonic() + timeout_s
-    while text not in seen and time.monotonic() < deadline:
+    while text not in seen:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            break
         try:
             seen += os.read(fd, 1024)
         except OSError:  # the terminal closed: everything on it has exited
             break
     return seen
+
+
+def _foreground_job() -> None:
+    """In make's process before it runs: the job-control signals at their defaults, as a shell starts a
+    foreground job (ignored ones are inherited: under a test runner that ignores SIGINT, Ctrl-C would reach
+    nothing), and the pty as the controlling terminal."""
+    for number in (signal.SIGINT, signal.SIGQUIT, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU):
+        signal.signal(number, signal.SIG_DFL)
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
@@ -57,10 +73,11 @@ def test_ctrl_c_under_make_exits_0(tmp_path):
         stdout=side,
         stderr=side,
         start_new_session=True,
-        preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),
+        preexec_fn=_foreground_job,
     )
     try:
-        assert b"ready" in _read_until(terminal, b"ready", 60)
+        started = _read_until(terminal, b"ready", 60)
+        assert b"ready" in started, (started, make.poll())
         os.write(terminal, b"\x03")  # Ctrl-C, as typed
         said = _read_until(terminal, b"stopped in order", 30)
         code = make.wait(timeout=30)
@@ -68,5 +85,5 @@ def test_ctrl_c_under_make_exits_0(tmp_path):
         make.kill()
         os.close(terminal)
         os.close(side)
-    assert b"stopped in order" in said, said
+    assert b"stopped in order" in said, (said, code)
     assert code == 0, (code, said)
