@@ -38,7 +38,7 @@ import torch
 
 from specwatch.engine.engine import Engine, EngineConfig, GenerateRequest
 from specwatch.engine.loading import load_model
-from specwatch.engine.lookahead import DEFAULT_DRAFT_FLOOR
+from specwatch.engine.lookahead import DEFAULT_DRAFT_FLOOR, check_draft_floor
 
 TOPICS = (
     "sleep", "exercise", "cooking rice", "saving money", "learning a language", "gardening", "public speaking",
@@ -299,8 +299,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--reuse", action="store_true", help="measure the drafts an earlier --keep run left there")
     args = parser.parse_args(argv)
-    if not 0 <= args.draft_floor < 1:
-        parser.error("--draft-floor must be in [0, 1)")
+    try:
+        check_draft_floor(args.draft_floor)
+    except ValueError as exc:
+        parser.error(f"--draft-floor: {exc}")
     if args.reuse and not (args.keep and (args.keep / "draft").is_dir()):
         parser.error("--reuse needs --keep DIR of an earlier run (its draft/ and, with --domain-tasks, adapted/)")
     if not 1 <= args.held_topics < len(TOPICS) or not 1 <= args.train_topics <= len(TOPICS) - args.held_topics:

@@ -355,3 +355,10 @@ def test_rows_kernel_refuses_sizes_it_cannot_measure(args):
     """Checked before torch or the model loads: exit 2 and the reason."""
     done = run_bench("rows_kernel", list(args))
     assert done.returncode == 2 and "--rows must be within 1..8" in done.stderr, tail(done)
+
+
+@pytest.mark.parametrize("floor", ["1", "-0.1", "nan"])
+def test_draft_adaptation_refuses_a_draft_floor_outside_0_to_1(floor):
+    """Checked before anything is captured or trained: exit 2 and the reason."""
+    done = run_bench("draft_adaptation", ["--draft-floor", floor])
+    assert done.returncode == 2 and "--draft-floor: draft floor must be in [0, 1)" in done.stderr, tail(done)
